@@ -1,0 +1,38 @@
+# The front door: `make demo` and `make test`. Each installs what it needs (Debian 12),
+# configures, builds and runs. The other targets are the steps they are made of.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test demo bench format clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS) > $(BUILD_DIR).configure.log 2>&1 || \
+	  { cat $(BUILD_DIR).configure.log; exit 1; }
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+demo:
+	@scripts/install-deps.sh --demo
+	@$(MAKE) --no-print-directory build
+	@scripts/demo.sh $(BUILD_DIR)
+
+bench:
+	@scripts/install-deps.sh --bench
+	@$(MAKE) --no-print-directory build
+	@bench/run_training_bench.sh $(BUILD_DIR)
+
+format:
+	@find kernels worker cli daemon offload tests bench -name '*.h' -o -name '*.cc' -o -name '*.cu' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR) $(BUILD_DIR).configure.log

@@ -1,0 +1,18 @@
+# Every dependency comes from Debian's packages (scripts/install-deps.sh installs them).
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(GTest CONFIG REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+find_package(dnnl CONFIG REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+
+# OpenBLAS ships variables only; wrap them in a target.
+find_package(OpenBLAS CONFIG REQUIRED)
+add_library(zt_openblas INTERFACE)
+target_include_directories(zt_openblas INTERFACE ${OpenBLAS_INCLUDE_DIRS})
+target_link_libraries(zt_openblas INTERFACE ${OpenBLAS_LIBRARIES})

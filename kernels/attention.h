@@ -1,0 +1,38 @@
+// Causal multi-head self-attention with grouped key/value heads (GQA; MQA when Hkv = 1),
+// computed tile by tile with an online softmax (FlashAttention's algorithm): memory is linear
+// in T — no T×T buffer is ever formed; the forward saves only the output and the per-row
+// log-sum-exp, and the backward recomputes the probabilities tile by tile.
+//
+// Legend: B batch, T sequence, H query heads, Hkv key/value heads (H % Hkv == 0),
+// D head size. Query head h attends with key/value head h / (H / Hkv).
+// Scores are scaled by 1/sqrt(D).
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace zt {
+
+struct AttentionForwardArgs {
+  Tensor qkv;  // (B, T, (H + 2·Hkv)·D) packed [q heads | k heads | v heads]
+  Tensor out;  // (B, T, H·D), written
+  Tensor lse;  // (B, H, T) f32, written: log Σ_j exp(score_ij), saved for backward
+  int n_head = 0;
+  int n_kv_head = 0;
+};
+absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardArgs& args);
+
+struct AttentionBackwardArgs {
+  Tensor qkv;   // (B, T, (H + 2·Hkv)·D), the forward input
+  Tensor out;   // (B, T, H·D), the forward output
+  Tensor lse;   // (B, H, T), from the forward
+  Tensor dout;  // (B, T, H·D)
+  Tensor dqkv;  // (B, T, (H + 2·Hkv)·D), written (=)
+  int n_head = 0;
+  int n_kv_head = 0;
+};
+// Deterministic: every dk/dv row is reduced by one thread in a fixed order.
+absl::Status AttentionBackward(const DeviceContext& ctx, const AttentionBackwardArgs& args);
+
+}  // namespace zt

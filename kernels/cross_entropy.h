@@ -1,0 +1,28 @@
+// Fused softmax + cross-entropy over the vocabulary, llm.c-style: one pass computes each
+// row's loss and, when asked, overwrites the logits with their gradient in place, so the
+// (N, V) probabilities never need a buffer of their own.
+// Legend: N rows (B·T), V vocabulary.
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace zt {
+
+// Targets below 0 are ignored: their loss is 0 and their gradient row is all zeros.
+inline constexpr int32_t kIgnoreTarget = -1;
+
+struct CrossEntropyArgs {
+  Tensor logits;   // (N, V) f32; with write_grad, overwritten by dlogits
+  Tensor targets;  // (N) i32 in [0, V) or kIgnoreTarget
+  Tensor losses;   // (N) f32, written: −log softmax(logits)[target]
+  // dlogits = grad_scale · (softmax(logits) − onehot(target)): the caller passes
+  // 1 / (valid targets in the global batch) to average the loss over it.
+  float grad_scale = 1.0f;
+  bool write_grad = false;
+};
+// Returns InvalidArgument naming the first target ≥ V.
+absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArgs& args);
+
+}  // namespace zt

@@ -1,0 +1,30 @@
+// Token (and learned position) embedding.
+// Legend: B batch, T sequence, C channels, V vocabulary, P max positions.
+// Accumulation rule: dwte and dwpe are added to (+=).
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace zt {
+
+struct EmbeddingForwardArgs {
+  Tensor tokens;  // (B, T) i32, each in [0, V)
+  Tensor wte;     // (V, C)
+  Tensor wpe;     // (P, C) with P ≥ T, or empty (no learned positions)
+  Tensor out;     // (B, T, C) = wte[tokens] (+ wpe[t])
+};
+// Returns InvalidArgument naming the first token id outside [0, V).
+absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardArgs& args);
+
+struct EmbeddingBackwardArgs {
+  Tensor tokens;  // (B, T) i32
+  Tensor dout;    // (B, T, C)
+  Tensor dwte;    // (V, C) +=
+  Tensor dwpe;    // (P, C) += or empty
+};
+// Deterministic: the result does not depend on the thread count or schedule.
+absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackwardArgs& args);
+
+}  // namespace zt

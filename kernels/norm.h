@@ -1,0 +1,58 @@
+// LayerNorm and RMSNorm over the last dimension.
+// Legend: N rows (B·T), C channels.
+// Accumulation rule: dweight/dbias +=; dinp written or added as the caller says (a norm's
+// input is the residual stream, whose gradient usually accumulates).
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/device.h"
+#include "kernels/linear.h"
+#include "kernels/tensor.h"
+
+namespace zt {
+
+struct LayerNormForwardArgs {
+  Tensor inp;     // (N, C)
+  Tensor weight;  // (C)
+  Tensor bias;    // (C)
+  Tensor out;     // (N, C)
+  Tensor mean;    // (N) saved for backward
+  Tensor rstd;    // (N) saved for backward: 1/sqrt(var + eps)
+  float eps = 1e-5f;
+};
+absl::Status LayerNormForward(const DeviceContext& ctx, const LayerNormForwardArgs& args);
+
+struct LayerNormBackwardArgs {
+  Tensor dout;     // (N, C)
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (C)
+  Tensor mean;     // (N)
+  Tensor rstd;     // (N)
+  Tensor dinp;     // (N, C)
+  Tensor dweight;  // (C) +=
+  Tensor dbias;    // (C) +=
+  Accumulate dinp_mode = Accumulate::kOverwrite;
+};
+absl::Status LayerNormBackward(const DeviceContext& ctx, const LayerNormBackwardArgs& args);
+
+struct RmsNormForwardArgs {
+  Tensor inp;     // (N, C)
+  Tensor weight;  // (C)
+  Tensor out;     // (N, C) = inp · rstd · weight
+  Tensor rstd;    // (N) saved: 1/sqrt(mean(inp²) + eps)
+  float eps = 1e-5f;
+};
+absl::Status RmsNormForward(const DeviceContext& ctx, const RmsNormForwardArgs& args);
+
+struct RmsNormBackwardArgs {
+  Tensor dout;     // (N, C)
+  Tensor inp;      // (N, C)
+  Tensor weight;   // (C)
+  Tensor rstd;     // (N)
+  Tensor dinp;     // (N, C)
+  Tensor dweight;  // (C) +=
+  Accumulate dinp_mode = Accumulate::kOverwrite;
+};
+absl::Status RmsNormBackward(const DeviceContext& ctx, const RmsNormBackwardArgs& args);
+
+}  // namespace zt

@@ -1,0 +1,44 @@
+// Optimizer updates on flat f32 ranges (a unit's parameters, or a rank's shard of them).
+// Every update reads grad · grad_scale, so gradient clipping and loss-scale removal cost no
+// extra pass. Weight decay is decoupled (AdamW): param −= lr · weight_decay · param.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace zt {
+
+struct AdamWArgs {
+  Tensor param;  // (n) f32, updated in place
+  Tensor grad;   // (n) f32
+  Tensor m;      // (n) f32 first moment, updated
+  Tensor v;      // (n) f32 second moment, updated
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0;
+  int64_t step = 1;         // 1-based step count, for bias correction
+  float grad_scale = 1.0f;  // applied to grad before use
+};
+// m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²;
+// param −= lr · (m̂ / (√v̂ + ε) + weight_decay · param), m̂ = m/(1−β1^t), v̂ = v/(1−β2^t).
+absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args);
+
+struct SgdArgs {
+  Tensor param;     // (n) f32, updated in place
+  Tensor grad;      // (n) f32
+  Tensor momentum;  // (n) f32 buffer, or empty when momentum == 0
+  float lr = 0;
+  float momentum_factor = 0;
+  float weight_decay = 0;
+  float grad_scale = 1.0f;
+};
+// buf = μ·buf + g (buf = g on the first step is the caller's zeroed buffer: μ·0 + g);
+// param −= lr · (buf + weight_decay · param)  (PyTorch's SGD with decoupled decay).
+absl::Status SgdUpdate(const DeviceContext& ctx, const SgdArgs& args);
+
+}  // namespace zt

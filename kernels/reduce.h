@@ -1,0 +1,18 @@
+// Reductions used by the optimizer: the global gradient norm is the square root of the sum
+// of SumOfSquares over every gradient buffer (of this rank, then across ranks).
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace zt {
+
+// Σ x² over the f32 tensor, accumulated in double over fixed-size chunks combined in a fixed
+// order: the result is bitwise the same for any thread count.
+absl::StatusOr<double> SumOfSquares(const DeviceContext& ctx, const Tensor& t);
+
+// True when every element of the f32 tensor is finite (no inf, no NaN).
+absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const Tensor& t);
+
+}  // namespace zt

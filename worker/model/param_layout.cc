@@ -1,0 +1,87 @@
+#include "worker/model/param_layout.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace zt {
+namespace {
+
+class UnitBuilder {
+ public:
+  UnitBuilder(UnitKind kind, int block_index, std::string name) {
+    unit_.kind = kind;
+    unit_.block_index = block_index;
+    unit_.name = std::move(name);
+  }
+  UnitBuilder& Add(std::string name, std::vector<int64_t> shape, bool is_matrix = false,
+                   bool is_embedding = false) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.numel = 1;
+    for (int64_t s : shape) p.numel *= s;
+    p.shape = std::move(shape);
+    p.offset = unit_.numel;
+    p.is_matrix = is_matrix;
+    p.is_embedding = is_embedding;
+    unit_.numel += p.numel;
+    unit_.params.push_back(std::move(p));
+    return *this;
+  }
+  UnitLayout Build() { return std::move(unit_); }
+
+ private:
+  UnitLayout unit_;
+};
+
+}  // namespace
+
+const ParamSpec* UnitLayout::Find(const std::string& want) const {
+  for (const ParamSpec& p : params) {
+    if (p.name == want) return &p;
+  }
+  return nullptr;
+}
+
+ModelLayout BuildModelLayout(const zerotrain::ModelConfig& m) {
+  const bool gpt2 = m.family() == zerotrain::ModelConfig::GPT2;
+  const int64_t C = m.d_model(), V = m.vocab_size(), F = m.d_ff();
+  const int64_t D = C / m.n_head();
+  const int64_t Q = (m.n_head() + 2 * m.n_kv_head()) * D;
+  const int64_t HD = m.n_head() * D;
+  constexpr bool kMatrix = true;
+
+  ModelLayout layout;
+  layout.tied_embeddings = m.tie_embeddings();
+
+  UnitBuilder emb(UnitKind::kEmbedding, -1, "embedding");
+  emb.Add("wte", {V, C}, !kMatrix, /*is_embedding=*/true);
+  if (gpt2) emb.Add("wpe", {m.max_seq_len(), C}, !kMatrix, /*is_embedding=*/true);
+  layout.units.push_back(emb.Build());
+
+  for (int i = 0; i < m.n_layer(); ++i) {
+    UnitBuilder b(UnitKind::kBlock, i, absl::StrCat("block.", i));
+    b.Add("ln1.weight", {C});
+    if (gpt2) b.Add("ln1.bias", {C});
+    b.Add("attn.qkv.weight", {Q, C}, kMatrix);
+    if (gpt2) b.Add("attn.qkv.bias", {Q});
+    b.Add("attn.proj.weight", {C, HD}, kMatrix);
+    if (gpt2) b.Add("attn.proj.bias", {C});
+    b.Add("ln2.weight", {C});
+    if (gpt2) b.Add("ln2.bias", {C});
+    b.Add("mlp.fc.weight", {gpt2 ? F : 2 * F, C}, kMatrix);
+    if (gpt2) b.Add("mlp.fc.bias", {F});
+    b.Add("mlp.proj.weight", {C, F}, kMatrix);
+    if (gpt2) b.Add("mlp.proj.bias", {C});
+    layout.units.push_back(b.Build());
+  }
+
+  UnitBuilder head(UnitKind::kHead, -1, "head");
+  head.Add("ln_f.weight", {C});
+  if (gpt2) head.Add("ln_f.bias", {C});
+  if (!m.tie_embeddings()) head.Add("lm_head.weight", {V, C}, kMatrix);
+  layout.units.push_back(head.Build());
+
+  for (const UnitLayout& u : layout.units) layout.total_numel += u.numel;
+  return layout;
+}
+
+}  // namespace zt
