@@ -2,7 +2,7 @@
 
 namespace zt {
 
-std::string_view DTypeName(DType t) {
+const char* DTypeName(DType t) {
   switch (t) {
     case DType::kF32:
       return "f32";

@@ -34,7 +34,7 @@ constexpr int64_t DTypeSize(DType t) {
   return 0;
 }
 
-std::string_view DTypeName(DType t);
+const char* DTypeName(DType t);
 
 inline uint32_t FloatBits(float f) {
   uint32_t u;

@@ -1,0 +1,39 @@
+// The verbs of `zt`, separated from argument parsing (main.cc) so each is a plain function
+// of its flags that returns a status.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace zt::cli {
+
+struct TrainFlags {
+  std::string job_file;
+  int64_t stop_after_step = 0;
+  std::string run_dir;
+  std::string export_path;
+  std::string export_dtype = "fp32";
+  int64_t sample_tokens = 0;
+  std::string tokenizer = "bytes";
+  std::string prompt = "\n";
+  bool quiet = false;
+};
+absl::Status RunTrain(const TrainFlags& flags);
+
+struct PrepareFlags {
+  std::vector<std::string> inputs;
+  std::string tokenizer;
+  std::string out;
+  std::string val_out;
+  double val_fraction = 0.1;
+};
+absl::Status RunPrepare(const PrepareFlags& flags);
+
+// 2 for errors in the user's input (InvalidArgument, NotFound, PermissionDenied,
+// FailedPrecondition, OutOfRange, DataLoss), 1 otherwise.
+int ExitCodeFor(const absl::Status& status);
+
+}  // namespace zt::cli

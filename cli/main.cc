@@ -1,0 +1,64 @@
+// zt: the ZeroTrain client. The offline verbs run here, on this machine's devices:
+//   zt train JOBFILE     train a job in this process
+//   zt prepare ...       turn text files into token shards
+// Exit codes: 0 success; 1 the run failed; 2 the input (command line, job file, data) is
+// wrong — a batch script can tell "fix the job" from "retry".
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"zt: train transformer language models that do not fit one device"};
+  app.require_subcommand(1);
+
+  zt::cli::TrainFlags train;
+  CLI::App* train_cmd = app.add_subcommand("train", "Run a job in this process, on this machine");
+  train_cmd->add_option("job", train.job_file, "Job file (YAML or JSON)")->required();
+  train_cmd->add_option("--steps", train.stop_after_step,
+                        "Stop after this global step without changing the schedule");
+  train_cmd->add_option("--run-dir", train.run_dir,
+                        "Directory for metrics.jsonl (default runs/<job name>)");
+  train_cmd->add_option("--export", train.export_path,
+                        "Write the final weights as Hugging Face safetensors to this file");
+  train_cmd->add_option("--export-dtype", train.export_dtype, "fp32 (default), bf16 or fp16");
+  train_cmd->add_option("--sample", train.sample_tokens,
+                        "After training, print this many tokens sampled from the model");
+  train_cmd->add_option("--tokenizer", train.tokenizer,
+                        "Tokenizer to decode samples with: bytes (default) or a path");
+  train_cmd->add_option("--prompt", train.prompt, "Text the sample continues");
+  train_cmd->add_flag("--quiet", train.quiet, "No progress lines");
+
+  zt::cli::PrepareFlags prepare;
+  CLI::App* prepare_cmd =
+      app.add_subcommand("prepare", "Tokenize text files into a token shard (docs/formats.md)");
+  prepare_cmd->add_option("inputs", prepare.inputs, "Text files")->required();
+  prepare_cmd->add_option("--tokenizer", prepare.tokenizer,
+                          "bytes, a tokenizer.json, or a GPT-2 vocab.json (merges.txt beside it)")
+      ->required();
+  prepare_cmd->add_option("--out", prepare.out, "Output shard")->required();
+  prepare_cmd->add_option("--val-out", prepare.val_out,
+                          "Also write the last --val-fraction of the tokens to this shard");
+  prepare_cmd->add_option("--val-fraction", prepare.val_fraction,
+                          "Fraction of tokens for --val-out (default 0.1)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  absl::Status status;
+  if (*train_cmd) status = zt::cli::RunTrain(train);
+  if (*prepare_cmd) status = zt::cli::RunPrepare(prepare);
+  if (!status.ok()) {
+    std::cerr << "zt: " << status.message() << "\n";
+    return zt::cli::ExitCodeFor(status);
+  }
+  return 0;
+}

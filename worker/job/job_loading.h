@@ -1,0 +1,27 @@
+// The one entry every verb uses to turn a job file into a JobSpec the engine can run:
+// parse (YAML/JSON) → apply defaults → validate the rules → check the paths → check that
+// this engine supports what the job asks. The first failing stage's error is returned; each
+// stage reports all of its violations at once.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace zt {
+
+struct JobLoadOptions {
+  // Check that data files and init_from exist (off for tools that only plan, like estimate).
+  bool check_paths = true;
+  // Check that this engine can train the job (off for tools that only plan).
+  bool check_engine_support = true;
+};
+
+absl::StatusOr<zerotrain::JobSpec> LoadValidatedJob(const std::string& path,
+                                                    const JobLoadOptions& options = {});
+// The same stages for a job already parsed (from an RPC, or a test).
+absl::StatusOr<zerotrain::JobSpec> ValidatedJob(zerotrain::JobSpec job,
+                                                const JobLoadOptions& options = {});
+
+}  // namespace zt

@@ -1,0 +1,81 @@
+#include "worker/model/activation_table.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace zt {
+namespace {
+
+struct Dims {
+  int64_t BT, B, T, C, Q, HD, H, F, V;
+  bool gpt2;
+};
+
+Dims DimsOf(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len) {
+  const int64_t D = m.d_model() / m.n_head();
+  return Dims{.BT = batch * seq_len,
+              .B = batch,
+              .T = seq_len,
+              .C = m.d_model(),
+              .Q = (m.n_head() + 2 * m.n_kv_head()) * D,
+              .HD = m.n_head() * D,
+              .H = m.n_head(),
+              .F = m.d_ff(),
+              .V = m.vocab_size(),
+              .gpt2 = m.family() == zerotrain::ModelConfig::GPT2};
+}
+
+}  // namespace
+
+std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m, int64_t batch,
+                                        int64_t seq_len) {
+  const Dims d = DimsOf(m, batch, seq_len);
+  std::vector<BufferSpec> t;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    t.push_back({std::move(name), MemoryCategory::kActivations, DType::kF32, std::move(shape)});
+  };
+  for (int i = 0; i <= m.n_layer(); ++i) add(absl::StrCat("residual.", i), {d.BT, d.C});
+  for (int i = 0; i < m.n_layer(); ++i) {
+    const std::string p = absl::StrCat("block.", i, ".");
+    add(p + "ln1", {d.BT, d.C});
+    if (d.gpt2) add(p + "ln1_mean", {d.BT});
+    add(p + "ln1_rstd", {d.BT});
+    add(p + "qkv", {d.BT, d.Q});  // after RoPE for LLAMA: the attention's actual input
+    add(p + "atty", {d.BT, d.HD});
+    add(p + "att_lse", {d.B, d.H, d.T});
+    add(p + "res2", {d.BT, d.C});  // residual after attention, input of ln2
+    add(p + "ln2", {d.BT, d.C});
+    if (d.gpt2) add(p + "ln2_mean", {d.BT});
+    add(p + "ln2_rstd", {d.BT});
+    add(p + "fch", {d.BT, d.gpt2 ? d.F : 2 * d.F});  // MLP pre-activation ([gate|up] LLAMA)
+    add(p + "fch_act", {d.BT, d.F});
+  }
+  add("head.lnf", {d.BT, d.C});
+  if (d.gpt2) add("head.lnf_mean", {d.BT});
+  add("head.lnf_rstd", {d.BT});
+  add("head.losses", {d.BT});
+  return t;
+}
+
+std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t batch,
+                                       int64_t seq_len, bool backward) {
+  const Dims d = DimsOf(m, batch, seq_len);
+  std::vector<BufferSpec> t;
+  auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape) {
+    t.push_back({std::move(name), MemoryCategory::kWorkspace, dtype, std::move(shape)});
+  };
+  add("tokens", DType::kI32, {d.B, d.T});
+  add("targets", DType::kI32, {d.B, d.T});
+  add("logits", DType::kF32, {d.BT, d.V});
+  if (backward) {
+    // One set, reused by every unit in turn: the backward visits one unit at a time.
+    add("grad.residual", DType::kF32, {d.BT, d.C});  // dL/d residual stream, carried down
+    add("grad.ln", DType::kF32, {d.BT, d.C});
+    add("grad.qkv", DType::kF32, {d.BT, d.Q});
+    add("grad.atty", DType::kF32, {d.BT, d.HD});
+    add("grad.fch", DType::kF32, {d.BT, d.gpt2 ? d.F : 2 * d.F});
+    add("grad.fch_act", DType::kF32, {d.BT, d.F});
+  }
+  return t;
+}
+
+}  // namespace zt

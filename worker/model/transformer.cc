@@ -1,0 +1,448 @@
+#include "worker/model/transformer.h"
+
+#include <cmath>
+#include <numbers>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/linear.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+namespace {
+
+// FNV-1a: a stable hash, so initialisation streams do not depend on the standard library.
+uint64_t StableHash(std::string_view s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Fills [begin, end) of `p` with N(0, std) from a stream keyed by (seed, key, chunk), via
+// Box–Muller on 53-bit uniforms: the same numbers on every platform and thread count.
+void FillNormal(float* p, int64_t n, float std, uint64_t seed, std::string_view key) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const uint64_t base = StableHash(key, seed * 0x9E3779B97F4A7C15ull + 1);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    std::mt19937_64 rng(base ^ (static_cast<uint64_t>(c) * 0xD1B54A32D192ED03ull));
+    auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1p-53; };
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; i += 2) {
+      const double r = std::sqrt(-2.0 * std::log(uniform()));
+      const double a = 2.0 * std::numbers::pi * uniform();
+      p[i] = static_cast<float>(r * std::cos(a) * std);
+      if (i + 1 < end) p[i + 1] = static_cast<float>(r * std::sin(a) * std);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& config,
+                                              const Arenas& state, const Arenas& work,
+                                              int64_t batch, int64_t seq_len) {
+  Transformer m;
+  m.config_ = config;
+  m.layout_ = BuildModelLayout(config);
+  m.gpt2_ = config.family() == zerotrain::ModelConfig::GPT2;
+  m.B_ = batch;
+  m.T_ = seq_len;
+  m.C_ = config.d_model();
+  m.H_ = config.n_head();
+  m.Hkv_ = config.n_kv_head();
+  m.D_ = m.C_ / m.H_;
+  m.F_ = config.d_ff();
+  m.V_ = config.vocab_size();
+
+  // Gradients are bound when both the state has them and the workspace has the backward's
+  // scratch: an inference plan over trained parameters has neither need.
+  const bool with_grads =
+      state.Get(m.layout_.units[0].name + ".grads").ok() && work.Get("grad.residual").ok();
+  for (const UnitLayout& u : m.layout_.units) {
+    ZT_ASSIGN_OR_RETURN(Tensor p, state.Get(u.name + ".params"));
+    m.params_.push_back(p);
+    if (with_grads) {
+      ZT_ASSIGN_OR_RETURN(Tensor g, state.Get(u.name + ".grads"));
+      m.grads_.push_back(g);
+    }
+  }
+  for (int i = 0; i <= config.n_layer(); ++i) {
+    ZT_ASSIGN_OR_RETURN(Tensor r, work.Get(absl::StrCat("residual.", i)));
+    m.residual_.push_back(r);
+  }
+  // Buffers a family does not use (GPT-2's means, for RMSNorm) stay empty views.
+  auto optional = [&](const std::string& name) -> Tensor {
+    absl::StatusOr<Tensor> t = work.Get(name);
+    return t.ok() ? *t : Tensor();
+  };
+  for (int i = 0; i < config.n_layer(); ++i) {
+    const std::string p = absl::StrCat("block.", i, ".");
+    BlockActs a;
+    ZT_ASSIGN_OR_RETURN(a.ln1, work.Get(p + "ln1"));
+    a.ln1_mean = optional(p + "ln1_mean");
+    ZT_ASSIGN_OR_RETURN(a.ln1_rstd, work.Get(p + "ln1_rstd"));
+    ZT_ASSIGN_OR_RETURN(a.qkv, work.Get(p + "qkv"));
+    ZT_ASSIGN_OR_RETURN(a.atty, work.Get(p + "atty"));
+    ZT_ASSIGN_OR_RETURN(a.att_lse, work.Get(p + "att_lse"));
+    ZT_ASSIGN_OR_RETURN(a.res2, work.Get(p + "res2"));
+    ZT_ASSIGN_OR_RETURN(a.ln2, work.Get(p + "ln2"));
+    a.ln2_mean = optional(p + "ln2_mean");
+    ZT_ASSIGN_OR_RETURN(a.ln2_rstd, work.Get(p + "ln2_rstd"));
+    ZT_ASSIGN_OR_RETURN(a.fch, work.Get(p + "fch"));
+    ZT_ASSIGN_OR_RETURN(a.fch_act, work.Get(p + "fch_act"));
+    m.blocks_.push_back(a);
+  }
+  ZT_ASSIGN_OR_RETURN(m.lnf_, work.Get("head.lnf"));
+  m.lnf_mean_ = optional("head.lnf_mean");
+  ZT_ASSIGN_OR_RETURN(m.lnf_rstd_, work.Get("head.lnf_rstd"));
+  ZT_ASSIGN_OR_RETURN(m.losses_, work.Get("head.losses"));
+  ZT_ASSIGN_OR_RETURN(m.tokens_, work.Get("tokens"));
+  ZT_ASSIGN_OR_RETURN(m.targets_, work.Get("targets"));
+  ZT_ASSIGN_OR_RETURN(m.logits_, work.Get("logits"));
+  if (with_grads) {
+    ZT_ASSIGN_OR_RETURN(m.grad_.residual, work.Get("grad.residual"));
+    ZT_ASSIGN_OR_RETURN(m.grad_.ln, work.Get("grad.ln"));
+    ZT_ASSIGN_OR_RETURN(m.grad_.qkv, work.Get("grad.qkv"));
+    ZT_ASSIGN_OR_RETURN(m.grad_.atty, work.Get("grad.atty"));
+    ZT_ASSIGN_OR_RETURN(m.grad_.fch, work.Get("grad.fch"));
+    ZT_ASSIGN_OR_RETURN(m.grad_.fch_act, work.Get("grad.fch_act"));
+  }
+  return m;
+}
+
+Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char* name) const {
+  const ParamSpec* p = unit.Find(name);
+  if (p == nullptr) return Tensor();
+  float* data = flat.data<float>() + p->offset;
+  if (p->shape.size() == 1) return Tensor(data, DType::kF32, {p->shape[0]}, flat.device());
+  return Tensor(data, DType::kF32, {p->shape[0], p->shape[1]}, flat.device());
+}
+
+void Transformer::InitializeWeights(uint64_t seed) {
+  const float std = config_.init_std();
+  const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config_.n_layer()));
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const UnitLayout& unit = layout_.units[u];
+    for (const ParamSpec& p : unit.params) {
+      float* data = params_[u].data<float>() + p.offset;
+      const bool is_norm_weight = p.name.starts_with("ln") && p.name.ends_with(".weight");
+      if (is_norm_weight) {
+        std::fill(data, data + p.numel, 1.0f);
+      } else if (p.shape.size() == 1) {
+        std::fill(data, data + p.numel, 0.0f);  // biases
+      } else {
+        const bool residual_proj = p.name == "attn.proj.weight" || p.name == "mlp.proj.weight";
+        FillNormal(data, p.numel, residual_proj ? residual_std : std, seed,
+                   absl::StrCat(unit.name, ".", p.name));
+      }
+    }
+  }
+}
+
+absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tensor& params) {
+  const UnitLayout& u = layout_.embedding();
+  return zt::EmbeddingForward(ctx, {.tokens = tokens_,
+                                    .wte = View(u, params, "wte"),
+                                    .wpe = View(u, params, "wpe"),
+                                    .out = residual_[0].Reshape({B_, T_, C_})});
+}
+
+absl::Status Transformer::BlockForward(const DeviceContext& ctx, int i, const Tensor& params) {
+  const UnitLayout& u = layout_.block(i);
+  const BlockActs& a = blocks_[i];
+  const Tensor& x = residual_[i];          // (BT, C) block input
+  const Tensor& out = residual_[i + 1];    // (BT, C) block output
+
+  // Attention branch: x -> ln1 -> qkv -> (rope) -> attention -> proj, added to x.
+  if (gpt2_) {
+    ZT_RETURN_IF_ERROR(LayerNormForward(ctx, {.inp = x,
+                                              .weight = View(u, params, "ln1.weight"),
+                                              .bias = View(u, params, "ln1.bias"),
+                                              .out = a.ln1,
+                                              .mean = a.ln1_mean,
+                                              .rstd = a.ln1_rstd,
+                                              .eps = config_.norm_eps()}));
+  } else {
+    ZT_RETURN_IF_ERROR(RmsNormForward(ctx, {.inp = x,
+                                            .weight = View(u, params, "ln1.weight"),
+                                            .out = a.ln1,
+                                            .rstd = a.ln1_rstd,
+                                            .eps = config_.norm_eps()}));
+  }
+  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.ln1,
+                                         .weight = View(u, params, "attn.qkv.weight"),
+                                         .bias = View(u, params, "attn.qkv.bias"),
+                                         .out = a.qkv}));  // (BT, Q)
+  const Tensor qkv3 = a.qkv.Reshape({B_, T_, a.qkv.dim(1)});
+  if (!gpt2_) {
+    ZT_RETURN_IF_ERROR(RopeApply(ctx, {.qkv = qkv3,
+                                       .n_head = static_cast<int>(H_),
+                                       .n_kv_head = static_cast<int>(Hkv_),
+                                       .theta = config_.rope_theta()}));
+  }
+  ZT_RETURN_IF_ERROR(AttentionForward(ctx, {.qkv = qkv3,
+                                            .out = a.atty.Reshape({B_, T_, H_ * D_}),
+                                            .lse = a.att_lse,
+                                            .n_head = static_cast<int>(H_),
+                                            .n_kv_head = static_cast<int>(Hkv_)}));
+  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.atty,
+                                         .weight = View(u, params, "attn.proj.weight"),
+                                         .bias = View(u, params, "attn.proj.bias"),
+                                         .out = a.res2}));
+  ZT_RETURN_IF_ERROR(Add(ctx, a.res2, x, a.res2));  // res2 = x + attn(x)
+
+  // MLP branch: res2 -> ln2 -> fc -> gelu | swiglu -> proj, added to res2.
+  if (gpt2_) {
+    ZT_RETURN_IF_ERROR(LayerNormForward(ctx, {.inp = a.res2,
+                                              .weight = View(u, params, "ln2.weight"),
+                                              .bias = View(u, params, "ln2.bias"),
+                                              .out = a.ln2,
+                                              .mean = a.ln2_mean,
+                                              .rstd = a.ln2_rstd,
+                                              .eps = config_.norm_eps()}));
+  } else {
+    ZT_RETURN_IF_ERROR(RmsNormForward(ctx, {.inp = a.res2,
+                                            .weight = View(u, params, "ln2.weight"),
+                                            .out = a.ln2,
+                                            .rstd = a.ln2_rstd,
+                                            .eps = config_.norm_eps()}));
+  }
+  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.ln2,
+                                         .weight = View(u, params, "mlp.fc.weight"),
+                                         .bias = View(u, params, "mlp.fc.bias"),
+                                         .out = a.fch}));  // (BT, F) | (BT, 2F)
+  if (gpt2_) {
+    ZT_RETURN_IF_ERROR(GeluForward(ctx, a.fch, a.fch_act));
+  } else {
+    ZT_RETURN_IF_ERROR(SwigluForward(ctx, a.fch, a.fch_act));
+  }
+  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.fch_act,
+                                         .weight = View(u, params, "mlp.proj.weight"),
+                                         .bias = View(u, params, "mlp.proj.bias"),
+                                         .out = out}));
+  return Add(ctx, out, a.res2, out);  // out = res2 + mlp(res2)
+}
+
+absl::Status Transformer::HeadForward(const DeviceContext& ctx, const Tensor& params,
+                                      const Tensor& embedding_params) {
+  const UnitLayout& u = layout_.head();
+  const Tensor& x = residual_.back();
+  if (gpt2_) {
+    ZT_RETURN_IF_ERROR(LayerNormForward(ctx, {.inp = x,
+                                              .weight = View(u, params, "ln_f.weight"),
+                                              .bias = View(u, params, "ln_f.bias"),
+                                              .out = lnf_,
+                                              .mean = lnf_mean_,
+                                              .rstd = lnf_rstd_,
+                                              .eps = config_.norm_eps()}));
+  } else {
+    ZT_RETURN_IF_ERROR(RmsNormForward(ctx, {.inp = x,
+                                            .weight = View(u, params, "ln_f.weight"),
+                                            .out = lnf_,
+                                            .rstd = lnf_rstd_,
+                                            .eps = config_.norm_eps()}));
+  }
+  const Tensor w = layout_.tied_embeddings ? View(layout_.embedding(), embedding_params, "wte")
+                                           : View(u, params, "lm_head.weight");
+  return LinearForward(ctx, {.inp = lnf_, .weight = w, .out = logits_});  // (BT, V)
+}
+
+absl::Status Transformer::ComputeLoss(const DeviceContext& ctx, const LossOptions& options,
+                                      double* loss) {
+  ZT_RETURN_IF_ERROR(SoftmaxCrossEntropy(ctx, {.logits = logits_,
+                                               .targets = targets_.Reshape({B_ * T_}),
+                                               .losses = losses_,
+                                               .grad_scale = options.grad_scale,
+                                               .write_grad = options.write_grad}));
+  // Mean over the valid targets of this micro-batch, summed in double in a fixed order.
+  const int32_t* t = targets_.data<int32_t>();
+  const float* l = losses_.data<float>();
+  double sum = 0;
+  int64_t valid = 0;
+  for (int64_t i = 0; i < B_ * T_; ++i) {
+    if (t[i] >= 0) {
+      sum += l[i];
+      ++valid;
+    }
+  }
+  *loss = valid > 0 ? sum / static_cast<double>(valid) : 0.0;
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, params_.front()));
+  for (int i = 0; i < layout_.n_blocks(); ++i) {
+    ZT_RETURN_IF_ERROR(BlockForward(ctx, i, params_[1 + i]));
+  }
+  return HeadForward(ctx, params_.back(), params_.front());
+}
+
+absl::StatusOr<double> Transformer::ForwardLoss(const DeviceContext& ctx,
+                                                const LossOptions& options) {
+  if (options.write_grad && grads_.empty()) {
+    return absl::FailedPreconditionError("forward with gradients on a model bound without them");
+  }
+  ZT_RETURN_IF_ERROR(ForwardLogits(ctx));
+  double loss = 0;
+  ZT_RETURN_IF_ERROR(ComputeLoss(ctx, options, &loss));
+  return loss;
+}
+
+absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& params,
+                                       const Tensor& grads, const Tensor& embedding_params,
+                                       const Tensor& embedding_grads) {
+  const UnitLayout& u = layout_.head();
+  const bool tied = layout_.tied_embeddings;
+  const Tensor w = tied ? View(layout_.embedding(), embedding_params, "wte")
+                        : View(u, params, "lm_head.weight");
+  const Tensor dw = tied ? View(layout_.embedding(), embedding_grads, "wte")
+                         : View(u, grads, "lm_head.weight");
+  // logits_ holds dL/dlogits (the fused cross-entropy wrote it in place).
+  ZT_RETURN_IF_ERROR(LinearBackward(
+      ctx, {.dout = logits_, .inp = lnf_, .weight = w, .dinp = grad_.ln, .dweight = dw}));
+  const Tensor& x = residual_.back();
+  if (gpt2_) {
+    return LayerNormBackward(ctx, {.dout = grad_.ln,
+                                   .inp = x,
+                                   .weight = View(u, params, "ln_f.weight"),
+                                   .mean = lnf_mean_,
+                                   .rstd = lnf_rstd_,
+                                   .dinp = grad_.residual,
+                                   .dweight = View(u, grads, "ln_f.weight"),
+                                   .dbias = View(u, grads, "ln_f.bias")});
+  }
+  return RmsNormBackward(ctx, {.dout = grad_.ln,
+                               .inp = x,
+                               .weight = View(u, params, "ln_f.weight"),
+                               .rstd = lnf_rstd_,
+                               .dinp = grad_.residual,
+                               .dweight = View(u, grads, "ln_f.weight")});
+}
+
+absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const Tensor& params,
+                                        const Tensor& grads) {
+  const UnitLayout& u = layout_.block(i);
+  const BlockActs& a = blocks_[i];
+  const Tensor& x = residual_[i];
+  // grad_.residual holds dL/d(block output) on entry and dL/d(block input) on exit: both
+  // branches add their input gradient to it in place.
+
+  // MLP branch, reversed.
+  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.residual,
+                                          .inp = a.fch_act,
+                                          .weight = View(u, params, "mlp.proj.weight"),
+                                          .dinp = grad_.fch_act,
+                                          .dweight = View(u, grads, "mlp.proj.weight"),
+                                          .dbias = View(u, grads, "mlp.proj.bias")}));
+  if (gpt2_) {
+    ZT_RETURN_IF_ERROR(GeluBackward(ctx, a.fch, grad_.fch_act, grad_.fch));
+  } else {
+    ZT_RETURN_IF_ERROR(SwigluBackward(ctx, a.fch, grad_.fch_act, grad_.fch));
+  }
+  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.fch,
+                                          .inp = a.ln2,
+                                          .weight = View(u, params, "mlp.fc.weight"),
+                                          .dinp = grad_.ln,
+                                          .dweight = View(u, grads, "mlp.fc.weight"),
+                                          .dbias = View(u, grads, "mlp.fc.bias")}));
+  if (gpt2_) {
+    ZT_RETURN_IF_ERROR(LayerNormBackward(ctx, {.dout = grad_.ln,
+                                               .inp = a.res2,
+                                               .weight = View(u, params, "ln2.weight"),
+                                               .mean = a.ln2_mean,
+                                               .rstd = a.ln2_rstd,
+                                               .dinp = grad_.residual,
+                                               .dweight = View(u, grads, "ln2.weight"),
+                                               .dbias = View(u, grads, "ln2.bias"),
+                                               .dinp_mode = Accumulate::kAdd}));
+  } else {
+    ZT_RETURN_IF_ERROR(RmsNormBackward(ctx, {.dout = grad_.ln,
+                                             .inp = a.res2,
+                                             .weight = View(u, params, "ln2.weight"),
+                                             .rstd = a.ln2_rstd,
+                                             .dinp = grad_.residual,
+                                             .dweight = View(u, grads, "ln2.weight"),
+                                             .dinp_mode = Accumulate::kAdd}));
+  }
+
+  // Attention branch, reversed.
+  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.residual,
+                                          .inp = a.atty,
+                                          .weight = View(u, params, "attn.proj.weight"),
+                                          .dinp = grad_.atty,
+                                          .dweight = View(u, grads, "attn.proj.weight"),
+                                          .dbias = View(u, grads, "attn.proj.bias")}));
+  const int64_t Q = a.qkv.dim(1);
+  ZT_RETURN_IF_ERROR(AttentionBackward(ctx, {.qkv = a.qkv.Reshape({B_, T_, Q}),
+                                             .out = a.atty.Reshape({B_, T_, H_ * D_}),
+                                             .lse = a.att_lse,
+                                             .dout = grad_.atty.Reshape({B_, T_, H_ * D_}),
+                                             .dqkv = grad_.qkv.Reshape({B_, T_, Q}),
+                                             .n_head = static_cast<int>(H_),
+                                             .n_kv_head = static_cast<int>(Hkv_)}));
+  if (!gpt2_) {
+    // RoPE is a rotation: its backward rotates dq, dk back by −θ.
+    ZT_RETURN_IF_ERROR(RopeApply(ctx, {.qkv = grad_.qkv.Reshape({B_, T_, Q}),
+                                       .n_head = static_cast<int>(H_),
+                                       .n_kv_head = static_cast<int>(Hkv_),
+                                       .theta = config_.rope_theta(),
+                                       .direction = RopeDirection::kInverse}));
+  }
+  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.qkv,
+                                          .inp = a.ln1,
+                                          .weight = View(u, params, "attn.qkv.weight"),
+                                          .dinp = grad_.ln,
+                                          .dweight = View(u, grads, "attn.qkv.weight"),
+                                          .dbias = View(u, grads, "attn.qkv.bias")}));
+  if (gpt2_) {
+    return LayerNormBackward(ctx, {.dout = grad_.ln,
+                                   .inp = x,
+                                   .weight = View(u, params, "ln1.weight"),
+                                   .mean = a.ln1_mean,
+                                   .rstd = a.ln1_rstd,
+                                   .dinp = grad_.residual,
+                                   .dweight = View(u, grads, "ln1.weight"),
+                                   .dbias = View(u, grads, "ln1.bias"),
+                                   .dinp_mode = Accumulate::kAdd});
+  }
+  return RmsNormBackward(ctx, {.dout = grad_.ln,
+                               .inp = x,
+                               .weight = View(u, params, "ln1.weight"),
+                               .rstd = a.ln1_rstd,
+                               .dinp = grad_.residual,
+                               .dweight = View(u, grads, "ln1.weight"),
+                               .dinp_mode = Accumulate::kAdd});
+}
+
+absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads) {
+  const UnitLayout& u = layout_.embedding();
+  return zt::EmbeddingBackward(ctx, {.tokens = tokens_,
+                                     .dout = grad_.residual.Reshape({B_, T_, C_}),
+                                     .dwte = View(u, grads, "wte"),
+                                     .dwpe = View(u, grads, "wpe")});
+}
+
+absl::Status Transformer::Backward(const DeviceContext& ctx) {
+  if (grads_.empty()) {
+    return absl::FailedPreconditionError("backward on a model bound without gradients");
+  }
+  ZT_RETURN_IF_ERROR(
+      HeadBackward(ctx, params_.back(), grads_.back(), params_.front(), grads_.front()));
+  for (int i = layout_.n_blocks() - 1; i >= 0; --i) {
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, i, params_[1 + i], grads_[1 + i]));
+  }
+  return EmbeddingBackward(ctx, grads_.front());
+}
+
+}  // namespace zt

@@ -1,0 +1,110 @@
+// The decoder-only transformer (GPT-2 and Llama families), one unit at a time.
+//
+// Legend: B batch, T sequence, C d_model, H heads, Hkv kv heads, D head size, Q = (H+2Hkv)·D,
+// F d_ff, V vocab, L layers.
+//
+// Forward and backward are straight lists of op calls per unit (llm.c-style); the backward
+// is the forward reversed. Each per-unit function receives that unit's flat parameter (and
+// gradient) buffer as an argument instead of keeping pointers, so the sharding engine can hand
+// it a gathered buffer and the offload tier can move a shard between steps.
+//
+// Accumulation rule: parameter gradients are added to (+=) — micro-batches accumulate —
+// and the caller zeroes them at the start of a step; activation gradients are written (=),
+// except the residual stream's, which every branch adds to.
+//
+// Not thread-safe: one model per rank thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+#include "proto/job.pb.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/arena.h"
+
+namespace zt {
+
+class Transformer {
+ public:
+  // Binds the model to its buffers: "<unit>.params" (and "<unit>.grads" when `state` has
+  // them) from `state`; activations and workspace for `batch` × `seq_len` from `work`.
+  // Both may be the same Arenas. The arenas must outlive the model.
+  static absl::StatusOr<Transformer> Bind(const zerotrain::ModelConfig& config,
+                                          const Arenas& state, const Arenas& work,
+                                          int64_t batch, int64_t seq_len);
+
+  const ModelLayout& layout() const { return layout_; }
+  int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+
+  // The flat buffers of each unit, in layout order.
+  const std::vector<Tensor>& unit_params() const { return params_; }
+  const std::vector<Tensor>& unit_grads() const { return grads_; }
+
+  // Inputs and targets of the next forward: (B, T) i32 views of the workspace.
+  const Tensor& tokens() const { return tokens_; }
+  const Tensor& targets() const { return targets_; }
+  // (B·T, V): the last forward's logits, or their gradient after a forward with grad.
+  const Tensor& logits() const { return logits_; }
+
+  // GPT-2-style initialisation from `seed`: N(0, init_std) for matrices and embeddings,
+  // residual projections (attn.proj, mlp.proj) scaled by 1/sqrt(2·L), zero biases, unit
+  // norm weights. Deterministic: each tensor draws from its own stream keyed by its name.
+  void InitializeWeights(uint64_t seed);
+
+  struct LossOptions {
+    // Also compute dL/dlogits (in place) for a backward: dlogits = grad_scale · (p − y).
+    bool write_grad = false;
+    // 1 / (targets in the global batch): the loss is a mean over the global batch.
+    float grad_scale = 1.0f;
+  };
+  // Forward over tokens() → mean cross-entropy over targets() (targets < 0 ignored).
+  absl::StatusOr<double> ForwardLoss(const DeviceContext& ctx, const LossOptions& options);
+  // Forward only up to the logits (no loss): for sampling.
+  absl::Status ForwardLogits(const DeviceContext& ctx);
+  // Backward of the last ForwardLoss with write_grad: parameter gradients += ….
+  absl::Status Backward(const DeviceContext& ctx);
+
+  // The per-unit steps the two loops above are made of, for the sharding engine.
+  absl::Status EmbeddingForward(const DeviceContext& ctx, const Tensor& params);
+  absl::Status BlockForward(const DeviceContext& ctx, int i, const Tensor& params);
+  absl::Status HeadForward(const DeviceContext& ctx, const Tensor& params,
+                           const Tensor& embedding_params);
+  absl::Status HeadBackward(const DeviceContext& ctx, const Tensor& params, const Tensor& grads,
+                            const Tensor& embedding_params, const Tensor& embedding_grads);
+  absl::Status BlockBackward(const DeviceContext& ctx, int i, const Tensor& params,
+                             const Tensor& grads);
+  absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);
+
+ private:
+  struct BlockActs {
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch,
+        fch_act;
+  };
+  struct GradScratch {
+    Tensor residual, ln, qkv, atty, fch, fch_act;
+  };
+
+  Transformer() = default;
+  // A view of tensor `name` of unit `unit` inside that unit's flat buffer `flat`; empty if
+  // the family has no such tensor.
+  Tensor View(const UnitLayout& unit, const Tensor& flat, const char* name) const;
+  absl::Status ComputeLoss(const DeviceContext& ctx, const LossOptions& options, double* loss);
+
+  zerotrain::ModelConfig config_;
+  ModelLayout layout_;
+  bool gpt2_ = true;
+  int64_t B_ = 0, T_ = 0, C_ = 0, H_ = 0, Hkv_ = 0, D_ = 0, F_ = 0, V_ = 0;
+
+  std::vector<Tensor> params_, grads_;
+  std::vector<Tensor> residual_;  // L + 1 of (B·T, C)
+  std::vector<BlockActs> blocks_;
+  Tensor lnf_, lnf_mean_, lnf_rstd_, losses_;
+  Tensor tokens_, targets_, logits_;
+  GradScratch grad_;
+};
+
+}  // namespace zt

@@ -1,0 +1,92 @@
+// The trainer: one rank's step loop over a validated job.
+//
+// Create() does all the set-up — opens the data, plans memory, allocates the arenas, binds
+// the model, initialises or imports the weights, builds the optimizer — so Run() allocates
+// nothing. Each step: zero gradients; for each of grad_accum_steps micro-batches, forward +
+// backward (gradients accumulate in fp32, the loss is averaged over the global batch);
+// global gradient norm and clipping; learning rate from the schedule; optimizer update.
+// Every step appends one JSON line to <run_dir>/metrics.jsonl:
+//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms"} (+ "val_loss" when
+//   evaluated: every eval_interval steps and after the last one).
+// Not thread-safe; one per rank.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "proto/job.pb.h"
+#include "worker/data/sampler.h"
+#include "worker/data/token_stream.h"
+#include "worker/model/transformer.h"
+#include "worker/optim/optimizer.h"
+#include "worker/plan/arena.h"
+#include "worker/plan/memory_plan.h"
+
+namespace zt {
+
+struct TrainOptions {
+  // Where metrics.jsonl goes (created if missing). Empty: no files are written.
+  std::string run_dir;
+  // Stop after this global step (≤ max_steps) without changing the schedule; 0: max_steps.
+  int64_t stop_after_step = 0;
+  // Print a progress line to stderr every train.log_interval steps.
+  bool progress = false;
+};
+
+// What one optimizer step measured.
+struct StepRecord {
+  int64_t step = 0;  // 1-based
+  double loss = 0;
+  float lr = 0;
+  double grad_norm = 0;
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  std::optional<double> val_loss;
+};
+
+class Trainer {
+ public:
+  // `job` must have defaults applied and be validated (worker/job/).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const zerotrain::JobSpec& job,
+                                                         const TrainOptions& options);
+
+  // Runs to stop_after_step (or max_steps), calling `on_step` after each step if set.
+  absl::Status Run(const std::function<void(const StepRecord&)>& on_step = nullptr);
+
+  // One optimizer step (the unit Run() is made of).
+  absl::StatusOr<StepRecord> Step();
+  // Mean validation loss over eval_steps micro-batches from the start of data.val.
+  absl::StatusOr<double> Evaluate();
+
+  const MemoryPlan& plan() const { return plan_; }
+  const Arenas& arenas() const { return *arenas_; }
+  Transformer& model() { return *model_; }
+  const DeviceContext& context() const { return ctx_; }
+  // Which CPU GEMM the ops use (benchmarks compare them).
+  void set_cpu_gemm(CpuGemm gemm) { ctx_.cpu_gemm = gemm; }
+  int64_t step() const { return step_; }
+  const zerotrain::JobSpec& job() const { return job_; }
+
+ private:
+  Trainer() = default;
+  absl::Status AppendMetrics(const StepRecord& r);
+
+  zerotrain::JobSpec job_;
+  TrainOptions options_;
+  DeviceContext ctx_;
+  MemoryPlan plan_;
+  std::unique_ptr<Arenas> arenas_;
+  std::optional<Transformer> model_;
+  std::optional<Optimizer> optimizer_;
+  std::optional<TokenStream> train_data_, val_data_;
+  std::optional<Sampler> train_sampler_, val_sampler_;
+  int64_t step_ = 0;  // optimizer steps done
+  std::string metrics_path_;
+};
+
+}  // namespace zt
