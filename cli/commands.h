@@ -12,7 +12,7 @@ namespace zt::cli {
 
 struct TrainFlags {
   std::string job_file;
-  int64_t stop_after_step = 0;
+  int64_t stop_after_step = -1;  // < 0: run to train.max_steps
   std::string run_dir;
   std::string export_path;
   std::string export_dtype = "fp32";

@@ -20,8 +20,10 @@ int main(int argc, char** argv) {
   zt::cli::TrainFlags train;
   CLI::App* train_cmd = app.add_subcommand("train", "Run a job in this process, on this machine");
   train_cmd->add_option("job", train.job_file, "Job file (YAML or JSON)")->required();
-  train_cmd->add_option("--steps", train.stop_after_step,
-                        "Stop after this global step without changing the schedule");
+  train_cmd
+      ->add_option("--steps", train.stop_after_step,
+                   "Stop after this global step without changing the schedule (0: no steps)")
+      ->check(CLI::NonNegativeNumber);
   train_cmd->add_option("--run-dir", train.run_dir,
                         "Directory for metrics.jsonl (default runs/<job name>)");
   train_cmd->add_option("--export", train.export_path,

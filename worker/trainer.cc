@@ -174,8 +174,8 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
 
 absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step) {
   const auto& train = job_.train();
-  const int64_t last = options_.stop_after_step > 0
-                           ? std::min<int64_t>(options_.stop_after_step, train.max_steps())
+  const int64_t last = options_.stop_after_step
+                           ? std::min<int64_t>(*options_.stop_after_step, train.max_steps())
                            : train.max_steps();
   const auto start = Clock::now();
   const int64_t first = step_;

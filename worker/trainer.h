@@ -32,8 +32,9 @@ namespace zt {
 struct TrainOptions {
   // Where metrics.jsonl goes (created if missing). Empty: no files are written.
   std::string run_dir;
-  // Stop after this global step (≤ max_steps) without changing the schedule; 0: max_steps.
-  int64_t stop_after_step = 0;
+  // Stop after this global step (0 ≤ n ≤ max_steps) without changing the schedule;
+  // unset: run to max_steps. 0 trains nothing (import → export conversions).
+  std::optional<int64_t> stop_after_step;
   // Print a progress line to stderr every train.log_interval steps.
   bool progress = false;
 };

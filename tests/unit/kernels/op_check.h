@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -49,6 +50,18 @@ inline std::vector<double> FiniteDifferenceGradient(
     g[i] = (fp - fm) / (2 * h);
   }
   return g;
+}
+
+// The float64 copy of an f32 buffer, for references and finite differences.
+inline std::vector<double> ToDouble(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// Bitwise equality of two f32 buffers (NaN payloads and the sign of zero included): what the
+// thread-count determinism checks need, where == would call −0 and +0 equal.
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 }  // namespace zt::testing

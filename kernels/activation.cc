@@ -1,0 +1,80 @@
+#include "kernels/activation.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/arg_checks.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+namespace {
+
+constexpr DType kF32 = DType::kF32;
+
+absl::Status CheckF32(const char* op, const char* arg, const Tensor& t, const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
+  return CheckDType(op, arg, t, kF32);
+}
+
+// The packed SwiGLU input: (N, 2F) with an even last dimension.
+absl::Status CheckPacked(const char* op, const char* arg, const Tensor& t,
+                         const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(CheckF32(op, arg, t, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckRank(op, arg, t, 2));
+  if (t.dim(1) % 2 == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", arg, " has shape ", t.DebugString(),
+                   "; its last dimension must be even ([gate | up])"));
+}
+
+}  // namespace
+
+absl::Status GeluForward(const DeviceContext& ctx, const Tensor& inp, const Tensor& out) {
+  constexpr const char* kOp = "GeluForward";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckF32(kOp, "inp", inp, ctx));
+  ZT_RETURN_IF_ERROR(CheckF32(kOp, "out", out, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "out", out, "inp", inp));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::GeluForward(ctx, inp.data<float>(), out.data<float>(), inp.numel());
+  return absl::OkStatus();
+}
+
+absl::Status GeluBackward(const DeviceContext& ctx, const Tensor& inp, const Tensor& dout,
+                          const Tensor& dinp) {
+  constexpr const char* kOp = "GeluBackward";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckF32(kOp, "inp", inp, ctx));
+  ZT_RETURN_IF_ERROR(CheckF32(kOp, "dout", dout, ctx));
+  ZT_RETURN_IF_ERROR(CheckF32(kOp, "dinp", dinp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "dout", dout, "inp", inp));
+  ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "dinp", dinp, "inp", inp));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::GeluBackward(ctx, inp.data<float>(), dout.data<float>(), dinp.data<float>(), inp.numel());
+  return absl::OkStatus();
+}
+
+absl::Status SwigluForward(const DeviceContext& ctx, const Tensor& inp, const Tensor& out) {
+  constexpr const char* kOp = "SwigluForward";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckPacked(kOp, "inp", inp, ctx));
+  const int64_t n = inp.dim(0), f = inp.dim(1) / 2;
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "out", out, ctx, kF32, {n, f}));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::SwigluForward(ctx, inp.data<float>(), out.data<float>(), n, f);
+  return absl::OkStatus();
+}
+
+absl::Status SwigluBackward(const DeviceContext& ctx, const Tensor& inp, const Tensor& dout,
+                            const Tensor& dinp) {
+  constexpr const char* kOp = "SwigluBackward";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckPacked(kOp, "inp", inp, ctx));
+  const int64_t n = inp.dim(0), f = inp.dim(1) / 2;
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "dout", dout, ctx, kF32, {n, f}));
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "dinp", dinp, ctx, kF32, {n, 2 * f}));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::SwigluBackward(ctx, inp.data<float>(), dout.data<float>(), dinp.data<float>(), n, f);
+  return absl::OkStatus();
+}
+
+}  // namespace zt

@@ -1,0 +1,75 @@
+// Argument checks shared by the op entry points of embedding, norm, activation,
+// cross-entropy, element-wise, reduction and optimizer ops (kernels/<op>.cc). Each error is
+// InvalidArgument (or Unimplemented for a missing backend) and names the op, the argument and
+// the rule, so a caller can tell which buffer of which layer was wrong.
+#pragma once
+
+#include <initializer_list>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace zt::internal {
+
+// The context is usable: at least one CPU thread.
+inline absl::Status CheckContext(const char* op, const DeviceContext& ctx) {
+  if (ctx.num_threads >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ctx.num_threads is ", ctx.num_threads, ", must be at least 1"));
+}
+
+// The tensor has memory and lives on the context's device.
+inline absl::Status CheckOnDevice(const char* op, const char* arg, const Tensor& t,
+                                  const DeviceContext& ctx) {
+  // A default-constructed Tensor has numel() 1 and no data; a zero-element one may be null.
+  if (t.empty() && t.numel() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, " is empty (no data)"));
+  }
+  if (t.device() == ctx.device) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, " is on ", DeviceName(t.device()),
+                                                 ", the context runs on ", DeviceName(ctx.device)));
+}
+
+// CheckOnDevice, then dtype and shape.
+inline absl::Status CheckTensor(const char* op, const char* arg, const Tensor& t,
+                                const DeviceContext& ctx, DType dtype,
+                                std::initializer_list<int64_t> shape) {
+  if (absl::Status s = CheckOnDevice(op, arg, t, ctx); !s.ok()) return s;
+  if (absl::Status s = CheckDType(op, arg, t, dtype); !s.ok()) return s;
+  return CheckShape(op, arg, t, shape);
+}
+
+// The tensor has `rank` dimensions (their sizes are checked by the caller against the others').
+inline absl::Status CheckRank(const char* op, const char* arg, const Tensor& t, int rank) {
+  if (t.ndim() == rank) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, " has shape ", t.DebugString(),
+                                                 ", expected ", rank, " dimensions"));
+}
+
+// Flat ops: the same element count as a reference argument.
+inline absl::Status CheckSameNumel(const char* op, const char* arg, const Tensor& t,
+                                   const char* ref_arg, const Tensor& ref) {
+  if (t.numel() == ref.numel()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", arg, " ", t.DebugString(), " has ", t.numel(), " elements, ", ref_arg,
+                   " ", ref.DebugString(), " has ", ref.numel(), "; they must be equal"));
+}
+
+// Pointwise ops: exactly the shape of a reference argument.
+inline absl::Status CheckSameShape(const char* op, const char* arg, const Tensor& t,
+                                   const char* ref_arg, const Tensor& ref) {
+  bool same = t.ndim() == ref.ndim();
+  for (int i = 0; same && i < t.ndim(); ++i) same = t.dim(i) == ref.dim(i);
+  if (same) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, " has shape ", t.DebugString(),
+                                                 ", ", ref_arg, " has ", ref.DebugString(),
+                                                 "; they must be equal"));
+}
+
+inline absl::Status NoCudaKernel(const char* op) {
+  return absl::UnimplementedError(absl::StrCat(op, ": no CUDA kernel in this build"));
+}
+
+}  // namespace zt::internal

@@ -1,0 +1,78 @@
+// Entry points of kernels/attention.h: argument checks, then dispatch on the device kind.
+#include "kernels/attention.h"
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/arg_checks.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+namespace {
+
+// Checks the head counts and the packed qkv tensor and derives B, T, D from it.
+absl::StatusOr<cpu::AttentionDims> QkvDims(const char* op, const DeviceContext& ctx,
+                                           const Tensor& qkv, int n_head, int n_kv_head) {
+  ZT_RETURN_IF_ERROR(internal::CheckContext(op, ctx));
+  if (n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": n_head ", n_head, " and n_kv_head ", n_kv_head,
+                     " must both be >= 1 with n_head a multiple of n_kv_head"));
+  }
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "qkv", qkv, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(op, "qkv", qkv, DType::kF32));
+  const int64_t heads = n_head + 2 * static_cast<int64_t>(n_kv_head);
+  if (qkv.ndim() != 3 || qkv.dim(2) % heads != 0 || qkv.dim(2) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": qkv has shape ", qkv.DebugString(),
+        ", expected [B, T, (n_head + 2·n_kv_head)·D] with n_head + 2·n_kv_head = ", heads,
+        " and D >= 1"));
+  }
+  const int64_t d = qkv.dim(2) / heads;
+  if (ctx.device.kind == DeviceKind::kCpu && d > cpu::kAttentionMaxHeadDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": qkv has head size D = ", d,
+                     ", the CPU kernel supports D <= ", cpu::kAttentionMaxHeadDim));
+  }
+  return cpu::AttentionDims{.batch = qkv.dim(0),
+                            .seq = qkv.dim(1),
+                            .n_head = n_head,
+                            .n_kv_head = n_kv_head,
+                            .head_dim = static_cast<int>(d)};
+}
+
+}  // namespace
+
+absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardArgs& args) {
+  constexpr const char* kOp = "AttentionForward";
+  ZT_ASSIGN_OR_RETURN(const cpu::AttentionDims dims,
+                      QkvDims(kOp, ctx, args.qkv, args.n_head, args.n_kv_head));
+  const int64_t hd = static_cast<int64_t>(dims.n_head) * dims.head_dim;
+  ZT_RETURN_IF_ERROR(
+      internal::CheckTensor(kOp, "out", args.out, ctx, DType::kF32, {dims.batch, dims.seq, hd}));
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "lse", args.lse, ctx, DType::kF32,
+                                           {dims.batch, dims.n_head, dims.seq}));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::AttentionForward(ctx, dims, args);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionBackward(const DeviceContext& ctx, const AttentionBackwardArgs& args) {
+  constexpr const char* kOp = "AttentionBackward";
+  ZT_ASSIGN_OR_RETURN(const cpu::AttentionDims dims,
+                      QkvDims(kOp, ctx, args.qkv, args.n_head, args.n_kv_head));
+  const int64_t hd = static_cast<int64_t>(dims.n_head) * dims.head_dim;
+  ZT_RETURN_IF_ERROR(
+      internal::CheckTensor(kOp, "out", args.out, ctx, DType::kF32, {dims.batch, dims.seq, hd}));
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "lse", args.lse, ctx, DType::kF32,
+                                           {dims.batch, dims.n_head, dims.seq}));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckTensor(kOp, "dout", args.dout, ctx, DType::kF32, {dims.batch, dims.seq, hd}));
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "dqkv", args.dqkv, ctx, DType::kF32,
+                                           {dims.batch, dims.seq, args.qkv.dim(2)}));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::AttentionBackward(ctx, dims, args);
+  return absl::OkStatus();
+}
+
+}  // namespace zt

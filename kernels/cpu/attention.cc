@@ -1,0 +1,348 @@
+// CPU causal flash attention with grouped key/value heads.
+//
+// Legend: B batch, T sequence, H query heads, Hkv key/value heads, R = H / Hkv query heads per
+// key/value head, D head size, C3 = (H + 2·Hkv)·D the packed qkv row, CO = H·D the output row.
+// Queries and keys are cut into tiles of kTile rows; a query tile i and a key tile j meet only
+// when j ≤ i (causality), and only the diagonal pair needs a mask.
+//
+// Forward, one task per (b, h, query tile): scores are computed key-major, Sᵀ = K · (scale·Q)ᵀ,
+// so the online softmax's per-query max and sum run down the columns with whole vectors of
+// queries, and the queries are transposed once per task rather than the keys once per pair.
+//
+// Backward, one task per (b, key/value head): the task owns dk, dv of its head and dq of its R
+// query heads, so every gradient row is accumulated by one thread in one fixed order (key tile,
+// then query head, then query tile) and the result is bitwise the same for any thread count.
+// Probabilities are recomputed from the saved log-sum-exp: P = exp(scale·Q·Kᵀ − lse),
+// Di = rowsum(dO ∘ O), dS = scale · P ∘ (dO·Vᵀ − Di); dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K.
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/attention_tiles.h"
+
+namespace zt::cpu {
+namespace {
+
+using tiles::ALayout;
+using tiles::CInit;
+using tiles::kLanes;
+using tiles::TileMatMul;
+using tiles::Vec;
+
+// 64 queries × 64 keys: a score tile (16 KiB) and the operands it is built from stay in L1/L2,
+// and 64 is four 16-float vectors for the micro-kernel's widest block.
+constexpr int kTile = 64;
+constexpr int kMaxD = kAttentionMaxHeadDim;
+
+int RoundUpToLanes(int x) { return (x + kLanes - 1) / kLanes * kLanes; }
+
+struct Geometry {
+  explicit Geometry(const AttentionDims& d)
+      : B(d.batch),
+        T(d.seq),
+        H(d.n_head),
+        Hkv(d.n_kv_head),
+        R(d.n_head / d.n_kv_head),
+        D(d.head_dim),
+        C3(static_cast<int64_t>(d.n_head + 2 * d.n_kv_head) * d.head_dim),
+        CO(static_cast<int64_t>(d.n_head) * d.head_dim),
+        n_tiles(static_cast<int>((d.seq + kTile - 1) / kTile)),
+        scale(1.0f / std::sqrt(static_cast<float>(d.head_dim))) {}
+
+  int64_t B, T;
+  int H, Hkv, R, D;
+  int64_t C3, CO;
+  int n_tiles;
+  float scale;
+
+  int TileRows(int tile) const {
+    return static_cast<int>(std::min<int64_t>(kTile, T - static_cast<int64_t>(tile) * kTile));
+  }
+  // Offsets of row t of batch b.
+  int64_t QkvRow(int64_t b, int64_t t) const { return (b * T + t) * C3; }
+  int64_t OutRow(int64_t b, int64_t t) const { return (b * T + t) * CO; }
+  int64_t QCol(int h) const { return static_cast<int64_t>(h) * D; }
+  int64_t KCol(int g) const { return static_cast<int64_t>(H + g) * D; }
+  int64_t VCol(int g) const { return static_cast<int64_t>(H + Hkv + g) * D; }
+};
+
+// dst (D, kTile) = transpose of rows [0, rows) of src (row stride ld) times mul; columns
+// [rows, width) are zero so the micro-kernel can run whole vectors.
+void PackTransposed(const float* src, int64_t ld, int rows, int width, int d, float mul,
+                    float* dst) {
+  for (int c = 0; c < d; ++c) {
+    float* out = dst + c * kTile;
+    for (int r = 0; r < rows; ++r) out[r] = src[r * ld + c] * mul;
+    for (int r = rows; r < width; ++r) out[r] = 0.0f;
+  }
+}
+
+// dst (rows, d) contiguous = rows [0, rows) of src (row stride ld). Tiles are copied out of
+// the packed rows before use: consecutive rows of one head sit C3 floats apart, a stride that
+// maps a whole tile onto a few L1 sets, so reading them in place thrashes the cache.
+void CopyRows(const float* src, int64_t ld, int rows, int d, float* dst) {
+  for (int r = 0; r < rows; ++r) std::copy(src + r * ld, src + r * ld + d, dst + r * d);
+}
+
+void ForwardTask(const Geometry& g, const float* qkv, float* out, float* lse, int64_t b, int h,
+                 int it) {
+  alignas(64) float qt[kMaxD * kTile];  // (D, kTile): scale·Q of this tile, transposed
+  alignas(64) float o[kTile * kMaxD];   // (nq, D): unnormalized output
+  alignas(64) float s[kTile * kTile];   // (nk, kTile): scores, then probabilities, key-major
+  alignas(64) float m[kTile];           // running max per query
+  alignas(64) float l[kTile];           // running sum of exp(score − m) per query
+  alignas(64) float corr[kTile];        // exp(m_old − m_new) of this key tile
+  alignas(64) float k[kTile * kMaxD];   // (nk, D): this key tile
+  alignas(64) float v[kTile * kMaxD];   // (nk, D): its values
+
+  const int64_t i0 = static_cast<int64_t>(it) * kTile;
+  const int nq = g.TileRows(it);
+  const int nq_pad = RoundUpToLanes(nq);
+  const int kv = h / g.R;
+  const float* k_base = qkv + g.QkvRow(b, 0) + g.KCol(kv);
+  const float* v_base = qkv + g.QkvRow(b, 0) + g.VCol(kv);
+
+  PackTransposed(qkv + g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, nq_pad, g.D, g.scale, qt);
+  std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + kTile, 0.0f);
+
+  for (int jt = 0; jt <= it; ++jt) {
+    const int64_t j0 = static_cast<int64_t>(jt) * kTile;
+    const int nk = g.TileRows(jt);
+    CopyRows(k_base + j0 * g.C3, g.C3, nk, g.D, k);
+    CopyRows(v_base + j0 * g.C3, g.C3, nk, g.D, v);
+    // Sᵀ (nk, nq_pad) = K (nk, D) · (scale·Q)ᵀ (D, nq_pad)
+    TileMatMul({.m = nk,
+                .n = nq_pad,
+                .k = g.D,
+                .a = k,
+                .lda = g.D,
+                .b = qt,
+                .ldb = kTile,
+                .c = s,
+                .ldc = kTile});
+    if (jt == it) {
+      // Same tile for keys and queries: key j sees queries i ≥ j only.
+      for (int j = 1; j < nk; ++j) {
+        std::fill(s + j * kTile, s + j * kTile + std::min(j, nq_pad),
+                  -std::numeric_limits<float>::infinity());
+      }
+    }
+    // Online softmax, 16 queries per vector, walking down the keys.
+    for (int c = 0; c < nq_pad; c += kLanes) {
+      const Vec m_old = tiles::Load(m + c);
+      Vec m_new = m_old;
+      for (int j = 0; j < nk; ++j) m_new = tiles::Max(m_new, tiles::Load(s + j * kTile + c));
+      const Vec cr = tiles::Exp(m_old - m_new);
+      Vec sum{};
+      for (int j = 0; j < nk; ++j) {
+        const Vec p = tiles::Exp(tiles::Load(s + j * kTile + c) - m_new);
+        tiles::Store(s + j * kTile + c, p);
+        sum += p;
+      }
+      tiles::Store(l + c, tiles::Load(l + c) * cr + sum);
+      tiles::Store(m + c, m_new);
+      tiles::Store(corr + c, cr);
+    }
+    if (jt > 0) {
+      for (int i = 0; i < nq; ++i) {
+        float* row = o + i * g.D;
+        const float cr = corr[i];
+        for (int d = 0; d < g.D; ++d) row[d] *= cr;
+      }
+    }
+    // O (nq, D) += P (nq, nk) · V (nk, D), P read from the key-major tile.
+    TileMatMul({.m = nq,
+                .n = g.D,
+                .k = nk,
+                .a = s,
+                .lda = kTile,
+                .a_layout = ALayout::kTransposed,
+                .b = v,
+                .ldb = g.D,
+                .c = o,
+                .ldc = g.D,
+                .c_init = jt == 0 ? CInit::kOverwrite : CInit::kAccumulate});
+  }
+
+  float* out_tile = out + g.OutRow(b, i0) + g.QCol(h);
+  float* lse_row = lse + (b * g.H + h) * g.T + i0;
+  for (int i = 0; i < nq; ++i) {
+    const float inv = 1.0f / l[i];
+    const float* src = o + i * g.D;
+    float* dst = out_tile + i * g.CO;
+    for (int d = 0; d < g.D; ++d) dst[d] = src[d] * inv;
+    lse_row[i] = m[i] + std::log(l[i]);
+  }
+}
+
+void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t b, int kv) {
+  alignas(64) float k[kTile * kMaxD];    // (nk, D): this key tile
+  alignas(64) float kt[kMaxD * kTile];   // (D, kTile): K of this key tile, transposed
+  alignas(64) float vt[kMaxD * kTile];   // (D, kTile): V of this key tile, transposed
+  alignas(64) float dk[kTile * kMaxD];   // (nk, D)
+  alignas(64) float dv[kTile * kMaxD];   // (nk, D)
+  alignas(64) float p[kTile * kTile];    // (nq, kTile): probabilities
+  alignas(64) float ds[kTile * kTile];   // (nq, kTile): dP, then dS
+  alignas(64) float q[kTile * kMaxD];    // (nq, D): this query tile
+  alignas(64) float d_o[kTile * kMaxD];  // (nq, D): its output gradient
+  alignas(64) float dq[kTile * kMaxD];   // (nq, D): this pair's share of dQ
+  alignas(64) float di[kTile];           // rowsum(dO ∘ O)
+
+  const float* qkv = args.qkv.data<float>();
+  const float* out = args.out.data<float>();
+  const float* lse = args.lse.data<float>();
+  const float* dout = args.dout.data<float>();
+  float* dqkv = args.dqkv.data<float>();
+  const int h_first = kv * g.R;
+
+  for (int64_t t = 0; t < g.T; ++t) {
+    std::memset(dqkv + g.QkvRow(b, t) + g.QCol(h_first), 0, sizeof(float) * g.R * g.D);
+  }
+  for (int jt = 0; jt < g.n_tiles; ++jt) {
+    const int64_t j0 = static_cast<int64_t>(jt) * kTile;
+    const int nk = g.TileRows(jt);
+    const int nk_pad = RoundUpToLanes(nk);
+    CopyRows(qkv + g.QkvRow(b, j0) + g.KCol(kv), g.C3, nk, g.D, k);
+    PackTransposed(k, g.D, nk, nk_pad, g.D, 1.0f, kt);
+    PackTransposed(qkv + g.QkvRow(b, j0) + g.VCol(kv), g.C3, nk, nk_pad, g.D, 1.0f, vt);
+    std::fill(dk, dk + nk * g.D, 0.0f);
+    std::fill(dv, dv + nk * g.D, 0.0f);
+
+    for (int h = h_first; h < h_first + g.R; ++h) {
+      const float* lse_row = lse + (b * g.H + h) * g.T;
+      for (int it = jt; it < g.n_tiles; ++it) {
+        const int64_t i0 = static_cast<int64_t>(it) * kTile;
+        const int nq = g.TileRows(it);
+        const float* o = out + g.OutRow(b, i0) + g.QCol(h);
+        float* dq_rows = dqkv + g.QkvRow(b, i0) + g.QCol(h);
+        CopyRows(qkv + g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, g.D, q);
+        CopyRows(dout + g.OutRow(b, i0) + g.QCol(h), g.CO, nq, g.D, d_o);
+
+        // S (nq, nk_pad) = Q · Kᵀ, unscaled.
+        TileMatMul({.m = nq,
+                    .n = nk_pad,
+                    .k = g.D,
+                    .a = q,
+                    .lda = g.D,
+                    .b = kt,
+                    .ldb = kTile,
+                    .c = p,
+                    .ldc = kTile});
+        for (int i = 0; i < nq; ++i) {
+          const float* a = d_o + i * g.D;
+          const float* c = o + i * g.CO;
+          float acc = 0.0f;
+          for (int d = 0; d < g.D; ++d) acc += a[d] * c[d];
+          di[i] = acc;
+          float* row = p + i * kTile;
+          const Vec l_i = tiles::Splat(lse_row[i0 + i]);
+          for (int c0 = 0; c0 < nk_pad; c0 += kLanes) {
+            tiles::Store(row + c0, tiles::Exp(tiles::Load(row + c0) * g.scale - l_i));
+          }
+          // Padding columns, and on the diagonal tile the keys after query i, get probability 0.
+          const int visible = jt == it ? std::min(i + 1, nk) : nk;
+          std::fill(row + visible, row + nk_pad, 0.0f);
+        }
+        // dV (nk, D) += Pᵀ · dO
+        TileMatMul({.m = nk,
+                    .n = g.D,
+                    .k = nq,
+                    .a = p,
+                    .lda = kTile,
+                    .a_layout = ALayout::kTransposed,
+                    .b = d_o,
+                    .ldb = g.D,
+                    .c = dv,
+                    .ldc = g.D,
+                    .c_init = CInit::kAccumulate});
+        // dP (nq, nk_pad) = dO · Vᵀ
+        TileMatMul({.m = nq,
+                    .n = nk_pad,
+                    .k = g.D,
+                    .a = d_o,
+                    .lda = g.D,
+                    .b = vt,
+                    .ldb = kTile,
+                    .c = ds,
+                    .ldc = kTile});
+        for (int i = 0; i < nq; ++i) {
+          float* ds_row = ds + i * kTile;
+          const float* p_row = p + i * kTile;
+          const Vec di_i = tiles::Splat(di[i]);
+          for (int c0 = 0; c0 < nk_pad; c0 += kLanes) {
+            const Vec dsv = tiles::Load(p_row + c0) * (tiles::Load(ds_row + c0) - di_i) * g.scale;
+            tiles::Store(ds_row + c0, dsv);
+          }
+        }
+        // dK (nk, D) += dSᵀ · Q
+        TileMatMul({.m = nk,
+                    .n = g.D,
+                    .k = nq,
+                    .a = ds,
+                    .lda = kTile,
+                    .a_layout = ALayout::kTransposed,
+                    .b = q,
+                    .ldb = g.D,
+                    .c = dk,
+                    .ldc = g.D,
+                    .c_init = CInit::kAccumulate});
+        // dQ (nq, D) += dS · K, summed here and added to the rows once.
+        TileMatMul({.m = nq,
+                    .n = g.D,
+                    .k = nk,
+                    .a = ds,
+                    .lda = kTile,
+                    .b = k,
+                    .ldb = g.D,
+                    .c = dq,
+                    .ldc = g.D});
+        for (int i = 0; i < nq; ++i) {
+          float* dst = dq_rows + i * g.C3;
+          const float* src = dq + i * g.D;
+          for (int d = 0; d < g.D; ++d) dst[d] += src[d];
+        }
+      }
+    }
+    for (int j = 0; j < nk; ++j) {
+      float* row = dqkv + g.QkvRow(b, j0 + j);
+      std::memcpy(row + g.KCol(kv), dk + j * g.D, sizeof(float) * g.D);
+      std::memcpy(row + g.VCol(kv), dv + j * g.D, sizeof(float) * g.D);
+    }
+  }
+}
+
+}  // namespace
+
+void AttentionForward(const DeviceContext& ctx, const AttentionDims& dims,
+                      const AttentionForwardArgs& args) {
+  const Geometry g(dims);
+  const float* qkv = args.qkv.data<float>();
+  float* out = args.out.data<float>();
+  float* lse = args.lse.data<float>();
+  const int64_t heads = g.B * g.H;
+  const int64_t tasks = heads * g.n_tiles;
+  // A query tile's cost grows with its index (it meets it + 1 key tiles): hand out the last
+  // tiles first so the cheap ones fill in at the end.
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(dynamic, 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int it = g.n_tiles - 1 - static_cast<int>(task / heads);
+    const int64_t bh = task % heads;
+    ForwardTask(g, qkv, out, lse, bh / g.H, static_cast<int>(bh % g.H), it);
+  }
+}
+
+void AttentionBackward(const DeviceContext& ctx, const AttentionDims& dims,
+                       const AttentionBackwardArgs& args) {
+  const Geometry g(dims);
+  const int64_t tasks = g.B * g.Hkv;
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(dynamic, 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    BackwardTask(g, args, task / g.Hkv, static_cast<int>(task % g.Hkv));
+  }
+}
+
+}  // namespace zt::cpu

@@ -1,0 +1,20 @@
+// CPU element-wise ops on raw flat buffers. Arguments are validated by kernels/elementwise.cc.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/device.h"
+#include "kernels/dtype.h"
+
+namespace zt::cpu {
+
+// out = a + b; out may alias a or b.
+void Add(const DeviceContext& ctx, const float* a, const float* b, float* out, int64_t n);
+void Scale(const DeviceContext& ctx, float* t, float s, int64_t n);
+void ZeroBytes(const DeviceContext& ctx, void* data, int64_t bytes);
+// Between f32, bf16 and f16; src and dst must not overlap unless they are the same dtype and
+// the same buffer.
+void Cast(const DeviceContext& ctx, const void* src, DType src_dtype, void* dst, DType dst_dtype,
+          int64_t n);
+
+}  // namespace zt::cpu

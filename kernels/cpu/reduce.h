@@ -1,0 +1,14 @@
+// CPU reductions on raw f32 buffers. Arguments are validated by kernels/reduce.cc.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/device.h"
+
+namespace zt::cpu {
+
+// Σ x², bitwise the same for any thread count.
+double SumOfSquares(const DeviceContext& ctx, const float* x, int64_t n);
+bool AllFinite(const DeviceContext& ctx, const float* x, int64_t n);
+
+}  // namespace zt::cpu

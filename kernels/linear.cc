@@ -1,0 +1,104 @@
+// Entry points of kernels/linear.h: argument checks, then dispatch on the device kind.
+#include "kernels/linear.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/arg_checks.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+
+using internal::CheckContext;
+using internal::CheckOnDevice;
+using internal::CheckRank;
+using internal::CheckTensor;
+using internal::NoCudaKernel;
+
+namespace {
+
+// A 2-D f32 tensor on the context's device, sizes checked by the caller.
+absl::Status CheckMatrix(const char* op, const char* arg, const Tensor& t,
+                         const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(CheckOnDevice(op, arg, t, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(op, arg, t, DType::kF32));
+  return CheckRank(op, arg, t, 2);
+}
+
+}  // namespace
+
+absl::Status Gemm(const DeviceContext& ctx, const Tensor& a, const Tensor& b, const Tensor& c,
+                  const GemmArgs& args) {
+  constexpr const char* kOp = "Gemm";
+  ZT_RETURN_IF_ERROR(CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "a", a, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "b", b, ctx));
+  const bool ta = args.trans_a == Transpose::kYes;
+  const bool tb = args.trans_b == Transpose::kYes;
+  const int64_t m = ta ? a.dim(1) : a.dim(0);
+  const int64_t k = ta ? a.dim(0) : a.dim(1);
+  const int64_t n = tb ? b.dim(0) : b.dim(1);
+  const int64_t kb = tb ? b.dim(1) : b.dim(0);
+  if (kb != k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": b has shape ", b.DebugString(), (tb ? " (transposed)" : ""),
+                     ", inner dimension ", kb, " must equal a's inner dimension ", k, " (a ",
+                     a.DebugString(), (ta ? " transposed" : ""), ")"));
+  }
+  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "c", c, ctx, DType::kF32, {m, n}));
+  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  return cpu::Sgemm(ctx, {.trans_a = args.trans_a,
+                          .trans_b = args.trans_b,
+                          .m = m,
+                          .n = n,
+                          .k = k,
+                          .alpha = args.alpha,
+                          .a = a.data<float>(),
+                          .lda = a.dim(1),
+                          .b = b.data<float>(),
+                          .ldb = b.dim(1),
+                          .beta = args.beta,
+                          .c = c.data<float>(),
+                          .ldc = c.dim(1)});
+}
+
+absl::Status LinearForward(const DeviceContext& ctx, const LinearForwardArgs& args) {
+  constexpr const char* kOp = "LinearForward";
+  ZT_RETURN_IF_ERROR(CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "inp", args.inp, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "weight", args.weight, ctx));
+  const int64_t m = args.inp.dim(0);
+  const int64_t k = args.inp.dim(1);
+  const int64_t n = args.weight.dim(0);
+  ZT_RETURN_IF_ERROR(CheckShape(kOp, "weight", args.weight, {n, k}));
+  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, ctx, DType::kF32, {m, n}));
+  if (!args.bias.empty()) {
+    ZT_RETURN_IF_ERROR(CheckTensor(kOp, "bias", args.bias, ctx, DType::kF32, {n}));
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  return cpu::LinearForward(ctx, args);
+}
+
+absl::Status LinearBackward(const DeviceContext& ctx, const LinearBackwardArgs& args) {
+  constexpr const char* kOp = "LinearBackward";
+  ZT_RETURN_IF_ERROR(CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "dout", args.dout, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "weight", args.weight, ctx));
+  const int64_t m = args.dout.dim(0);
+  const int64_t n = args.dout.dim(1);
+  const int64_t k = args.weight.dim(1);
+  ZT_RETURN_IF_ERROR(CheckShape(kOp, "weight", args.weight, {n, k}));
+  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "inp", args.inp, ctx, DType::kF32, {m, k}));
+  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dweight", args.dweight, ctx, DType::kF32, {n, k}));
+  if (!args.dinp.empty()) {
+    ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dinp", args.dinp, ctx, DType::kF32, {m, k}));
+  }
+  if (!args.dbias.empty()) {
+    ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dbias", args.dbias, ctx, DType::kF32, {n}));
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  return cpu::LinearBackward(ctx, args);
+}
+
+std::string CpuGemmDescription(CpuGemm gemm) { return cpu::GemmDescription(gemm); }
+
+}  // namespace zt

@@ -1,0 +1,67 @@
+#include "kernels/optimizer.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/arg_checks.h"
+#include "kernels/cpu/optimizer.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+namespace {
+
+// An optimizer buffer: f32 on the context's device with param's element count.
+absl::Status CheckBuffer(const char* op, const char* arg, const Tensor& t, const Tensor& param,
+                         const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(op, arg, t, DType::kF32));
+  return internal::CheckSameNumel(op, arg, t, "param", param);
+}
+
+absl::Status CheckBeta(const char* op, const char* arg, float beta) {
+  if (beta >= 0.0f && beta < 1.0f) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", arg, " is ", beta, ", must be in [0, 1)"));
+}
+
+}  // namespace
+
+absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
+  constexpr const char* kOp = "AdamWUpdate";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
+  ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "grad", args.grad, args.param, ctx));
+  ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "m", args.m, args.param, ctx));
+  ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "v", args.v, args.param, ctx));
+  ZT_RETURN_IF_ERROR(CheckBeta(kOp, "beta1", args.beta1));
+  ZT_RETURN_IF_ERROR(CheckBeta(kOp, "beta2", args.beta2));
+  if (args.step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": step is ", args.step, ", must be at least 1 (it is 1-based)"));
+  }
+  if (!(args.eps > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": eps is ", args.eps, ", must be > 0"));
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::AdamWUpdate(ctx, args);
+  return absl::OkStatus();
+}
+
+absl::Status SgdUpdate(const DeviceContext& ctx, const SgdArgs& args) {
+  constexpr const char* kOp = "SgdUpdate";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
+  ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "grad", args.grad, args.param, ctx));
+  if (!args.momentum.empty()) {
+    ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "momentum", args.momentum, args.param, ctx));
+  } else if (args.momentum_factor != 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": momentum is empty but momentum_factor is ", args.momentum_factor,
+                     "; a buffer is required when it is not 0"));
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::SgdUpdate(ctx, args);
+  return absl::OkStatus();
+}
+
+}  // namespace zt

@@ -1,0 +1,27 @@
+#include "kernels/reduce.h"
+
+#include "kernels/arg_checks.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+
+absl::StatusOr<double> SumOfSquares(const DeviceContext& ctx, const Tensor& t) {
+  constexpr const char* kOp = "SumOfSquares";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "t", t, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(kOp, "t", t, DType::kF32));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  return cpu::SumOfSquares(ctx, t.data<float>(), t.numel());
+}
+
+absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const Tensor& t) {
+  constexpr const char* kOp = "AllFinite";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "t", t, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(kOp, "t", t, DType::kF32));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  return cpu::AllFinite(ctx, t.data<float>(), t.numel());
+}
+
+}  // namespace zt

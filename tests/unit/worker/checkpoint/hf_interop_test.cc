@@ -1,0 +1,325 @@
+#include "worker/checkpoint/hf_interop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/checkpoint/checkpoint_test_util.h"
+#include "tests/unit/worker/checkpoint/hf_test_names.h"
+#include "worker/checkpoint/safetensors.h"
+
+namespace zt {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::Gpt2Sources;
+using testing_util::HfOrderValues;
+using testing_util::HfSource;
+using testing_util::LlamaSources;
+using testing_util::Numel;
+using testing_util::RoundToSignificantBits;
+using testing_util::ScratchDir;
+using testing_util::TinyGpt2;
+using testing_util::TinyLlama;
+using testing_util::UnitBuffers;
+
+// Element j of file tensor k: distinct across the file, and exact in f32 for k < 2^11 and
+// j < 4096 ((k + 1) + j/4096 needs at most 12 + 12 significant bits).
+float SyntheticValue(size_t k, int64_t j) {
+  return static_cast<float>(k + 1) + static_cast<float>(j) / 4096.0f;
+}
+
+struct FileTensor {
+  std::string name;
+  StDType dtype = StDType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // for float dtypes; integer ones are written as zeros
+};
+
+std::vector<FileTensor> SyntheticTensors(const std::vector<HfSource>& sources) {
+  std::vector<FileTensor> t;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    FileTensor& f = t.emplace_back();
+    f.name = sources[k].name;
+    f.shape = sources[k].shape;
+    f.values.resize(Numel(f.shape));
+    for (int64_t j = 0; j < Numel(f.shape); ++j) f.values[j] = SyntheticValue(k, j);
+  }
+  return t;
+}
+
+void WriteFile(const std::string& path, const std::vector<FileTensor>& tensors) {
+  std::vector<SafetensorsTensorSpec> specs;
+  for (const FileTensor& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  auto w = SafetensorsWriter::Create(path, specs);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (const FileTensor& t : tensors) {
+    if (t.dtype == StDType::kF32 || t.dtype == StDType::kF16 || t.dtype == StDType::kBF16) {
+      ASSERT_TRUE((*w)->WriteF32(t.name, t.values).ok());
+    } else {
+      const std::vector<uint8_t> zeros(Numel(t.shape) * StDTypeSize(t.dtype), 0);
+      ASSERT_TRUE((*w)->Write(t.name, zeros).ok());
+    }
+  }
+  ASSERT_TRUE((*w)->Finish().ok());
+}
+
+// Buffers filled with NaN, so a parameter the import leaves unwritten shows.
+UnitBuffers NanBuffers(const ModelLayout& layout) {
+  UnitBuffers b(layout, 0);
+  for (auto& u : b.data) std::fill(u.begin(), u.end(), std::numeric_limits<float>::quiet_NaN());
+  return b;
+}
+
+// Checks that every element of every source tensor landed where HfSource says, bit for bit
+// (f32 to f32: nothing to round), and that no element was left unwritten.
+void ExpectPlacedAsSourcesSay(const ModelLayout& layout, const std::vector<HfSource>& sources,
+                              const UnitBuffers& got) {
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const std::vector<double> placed = HfOrderValues(layout, sources[k], got.Const());
+    for (size_t j = 0; j < placed.size(); ++j) {
+      ASSERT_EQ(placed[j], SyntheticValue(k, static_cast<int64_t>(j)))
+          << sources[k].name << " element " << j << " → " << sources[k].unit << " "
+          << sources[k].param;
+    }
+  }
+  for (size_t u = 0; u < got.data.size(); ++u) {
+    for (size_t i = 0; i < got.data[u].size(); ++i) {
+      ASSERT_FALSE(std::isnan(got.data[u][i])) << layout.units[u].name << " element " << i;
+    }
+  }
+}
+
+TEST(HfInteropTest, ImportsGpt2WithAndWithoutPrefixTransposingConv1D) {
+  ScratchDir dir;
+  for (const std::string prefix : {"transformer.", ""}) {
+    SCOPED_TRACE("prefix \"" + prefix + "\"");
+    const zerotrain::ModelConfig m = TinyGpt2(/*tied=*/false);
+    const ModelLayout layout = BuildModelLayout(m);
+    const std::vector<HfSource> sources = Gpt2Sources(m, prefix);
+    std::vector<FileTensor> tensors = SyntheticTensors(sources);
+    // Causal-mask buffers older GPT-2 files carry: accepted and skipped.
+    const int64_t P = m.max_seq_len();
+    tensors.push_back(
+        {prefix + "h.0.attn.bias", StDType::kF32, {1, 1, P, P}, std::vector<float>(P * P, 1.0f)});
+    tensors.push_back({prefix + "h.1.attn.masked_bias", StDType::kF32, {}, {-1e4f}});
+    const std::string path = dir.Path("gpt2.safetensors");
+    WriteFile(path, tensors);
+
+    UnitBuffers got = NanBuffers(layout);
+    const absl::Status s = ImportHuggingFace(path, m, layout, got.Mutable());
+    ASSERT_TRUE(s.ok()) << s;
+    ExpectPlacedAsSourcesSay(layout, sources, got);
+  }
+}
+
+TEST(HfInteropTest, ImportsLlamaConcatenatingQkvAndGateUp) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyLlama(/*tied=*/false);
+  const ModelLayout layout = BuildModelLayout(m);
+  const std::vector<HfSource> sources = LlamaSources(m);
+  std::vector<FileTensor> tensors = SyntheticTensors(sources);
+  tensors.push_back(
+      {"model.layers.1.self_attn.rotary_emb.inv_freq", StDType::kF32, {2}, {1.0f, 0.01f}});
+  const std::string path = dir.Path("llama.safetensors");
+  WriteFile(path, tensors);
+
+  UnitBuffers got = NanBuffers(layout);
+  const absl::Status s = ImportHuggingFace(path, m, layout, got.Mutable());
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectPlacedAsSourcesSay(layout, sources, got);
+}
+
+// Export then import: every buffer comes back bit for bit, and the file holds exactly the
+// names Hugging Face uses.
+void ExpectRoundTrip(const zerotrain::ModelConfig& m, const std::vector<HfSource>& sources,
+                     const std::string& path) {
+  const ModelLayout layout = BuildModelLayout(m);
+  const UnitBuffers original(layout, 1234);
+  absl::Status s = ExportHuggingFace(path, m, layout, original.Const());
+  ASSERT_TRUE(s.ok()) << s;
+
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::set<std::string> names, want;
+  for (const SafetensorsTensorInfo& t : (*file)->tensors()) {
+    names.insert(t.name);
+    EXPECT_EQ(t.dtype, StDType::kF32) << t.name;
+  }
+  for (const HfSource& src : sources) {
+    want.insert(src.name);
+    const SafetensorsTensorInfo* t = (*file)->Find(src.name);
+    ASSERT_NE(t, nullptr) << src.name;
+    EXPECT_EQ(t->shape, src.shape) << src.name;
+  }
+  EXPECT_EQ(names, want);
+  EXPECT_EQ((*file)->metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+
+  UnitBuffers back = NanBuffers(layout);
+  s = ImportHuggingFace(path, m, layout, back.Mutable());
+  ASSERT_TRUE(s.ok()) << s;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    ASSERT_EQ(std::memcmp(back.data[u].data(), original.data[u].data(),
+                          original.data[u].size() * sizeof(float)),
+              0)
+        << layout.units[u].name;
+  }
+}
+
+TEST(HfInteropTest, Gpt2TiedExportImportRoundTripsBitForBit) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyGpt2(/*tied=*/true);
+  // As GPT2LMHeadModel saves it: "transformer." everywhere and no lm_head.weight.
+  ExpectRoundTrip(m, Gpt2Sources(m, "transformer."), dir.Path("gpt2.safetensors"));
+}
+
+TEST(HfInteropTest, LlamaGqaUntiedExportImportRoundTripsBitForBit) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyLlama(/*tied=*/false);
+  ExpectRoundTrip(m, LlamaSources(m), dir.Path("llama.safetensors"));
+}
+
+// A 16-bit export read back equals the float64 reference rounding of every parameter. Exact
+// equality: round-to-nearest-even to 8 (bf16) or 11 (f16) significant bits has one answer, and
+// the seeded values (|x| in [0.01, 2)) are normal numbers in both formats.
+TEST(HfInteropTest, SixteenBitExportRoundsToNearestEven) {
+  ScratchDir dir;
+  struct Case {
+    zerotrain::ModelConfig m;
+    DType dtype;
+    StDType file_dtype;
+    int bits;
+  };
+  for (const Case& c : {Case{TinyLlama(false), DType::kBF16, StDType::kBF16, 8},
+                        Case{TinyGpt2(true), DType::kF16, StDType::kF16, 11}}) {
+    SCOPED_TRACE(StDTypeName(c.file_dtype));
+    const ModelLayout layout = BuildModelLayout(c.m);
+    const UnitBuffers original(layout, 99);
+    const std::string path = dir.Path("half.safetensors");
+    absl::Status s = ExportHuggingFace(path, c.m, layout, original.Const(), c.dtype);
+    ASSERT_TRUE(s.ok()) << s;
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok());
+    for (const SafetensorsTensorInfo& t : (*file)->tensors()) EXPECT_EQ(t.dtype, c.file_dtype);
+
+    UnitBuffers back = NanBuffers(layout);
+    s = ImportHuggingFace(path, c.m, layout, back.Mutable());
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      for (size_t i = 0; i < original.data[u].size(); ++i) {
+        ASSERT_EQ(static_cast<double>(back.data[u][i]),
+                  RoundToSignificantBits(original.data[u][i], c.bits))
+            << layout.units[u].name << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(HfInteropTest, ReportsEveryUnknownMissingAndMismatchedTensorAtOnce) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyGpt2(/*tied=*/false);
+  const ModelLayout layout = BuildModelLayout(m);
+  std::vector<FileTensor> tensors = SyntheticTensors(Gpt2Sources(m, "transformer."));
+  std::erase_if(tensors, [](const FileTensor& t) {
+    return t.name == "transformer.ln_f.bias" || t.name == "lm_head.weight";
+  });
+  for (FileTensor& t : tensors) {
+    if (t.name == "transformer.wpe.weight") {
+      t.shape = {m.max_seq_len() + 1, m.d_model()};
+      t.values.resize(Numel(t.shape), 0.5f);
+    }
+    if (t.name == "transformer.h.1.ln_2.bias") t.dtype = StDType::kI32;
+  }
+  tensors.push_back({"transformer.h.0.attn.extra", StDType::kF32, {3}, {1, 2, 3}});
+  tensors.push_back({"h.2.mlp.c_fc.weight", StDType::kF32, {1}, {0}});  // block 2 of 2
+  tensors.push_back({"h.0.ln_1.weight", StDType::kF32, {16}, std::vector<float>(16, 1.0f)});
+  const std::string path = dir.Path("bad.safetensors");
+  WriteFile(path, tensors);
+
+  UnitBuffers buffers(layout, 7);
+  const UnitBuffers before = buffers;
+  const absl::Status s = ImportHuggingFace(path, m, layout, buffers.Mutable());
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  const std::string msg(s.message());
+  EXPECT_THAT(msg, HasSubstr(path));
+  EXPECT_THAT(msg, HasSubstr("7 problem(s)"));
+  EXPECT_THAT(msg, HasSubstr("unknown tensor \"transformer.h.0.attn.extra\" [3]"));
+  EXPECT_THAT(msg, HasSubstr("unknown tensor \"h.2.mlp.c_fc.weight\" [1]"));
+  EXPECT_THAT(msg, HasSubstr("missing tensor \"transformer.ln_f.bias\" (expected shape [16])"));
+  EXPECT_THAT(msg, HasSubstr("missing tensor \"lm_head.weight\" (expected shape [11, 16])"));
+  EXPECT_THAT(msg, HasSubstr("\"transformer.wpe.weight\" has shape [8, 16]; expected [7, 16]"));
+  EXPECT_THAT(msg, HasSubstr("\"transformer.h.1.ln_2.bias\" has dtype I32"));
+  EXPECT_THAT(msg, HasSubstr("\"transformer.h.0.ln_1.weight\" is given twice"));
+  // A failed import leaves the buffers as they were.
+  EXPECT_EQ(buffers.data, before.data);
+}
+
+TEST(HfInteropTest, TiedModelAcceptsHeadEqualToEmbeddingOnly) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyGpt2(/*tied=*/true);
+  const ModelLayout layout = BuildModelLayout(m);
+  const std::vector<HfSource> sources = Gpt2Sources(m, "transformer.");
+  std::vector<FileTensor> tensors = SyntheticTensors(sources);
+  FileTensor head = tensors[0];
+  head.name = "lm_head.weight";
+  tensors.push_back(head);
+  const std::string path = dir.Path("tied.safetensors");
+  WriteFile(path, tensors);
+  UnitBuffers got = NanBuffers(layout);
+  absl::Status s = ImportHuggingFace(path, m, layout, got.Mutable());
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectPlacedAsSourcesSay(layout, sources, got);
+
+  tensors.back().values[5] += 1.0f;
+  WriteFile(path, tensors);
+  s = ImportHuggingFace(path, m, layout, got.Mutable());
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("\"lm_head.weight\" differs from \"transformer.wte.weight\""
+                                     " (first at element 5)"));
+  EXPECT_THAT(s.message(), HasSubstr("tie_embeddings"));
+}
+
+TEST(HfInteropTest, RejectsBadArguments) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyLlama(/*tied=*/true);
+  const ModelLayout layout = BuildModelLayout(m);
+  UnitBuffers b(layout, 3);
+  const std::string path = dir.Path("x.safetensors");
+
+  absl::Status s = ExportHuggingFace(path, m, layout, b.Const(), DType::kI32);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("i32"));
+
+  std::vector<const float*> short_list = b.Const();
+  short_list.pop_back();
+  s = ExportHuggingFace(path, m, layout, short_list);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("unit_params"));
+
+  // A layout built from another config is refused before any byte is touched.
+  const ModelLayout other = BuildModelLayout(TinyLlama(/*tied=*/false));
+  s = ExportHuggingFace(path, m, other, UnitBuffers(other, 3).Const());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+
+  zerotrain::ModelConfig unspecified = m;
+  unspecified.set_family(zerotrain::ModelConfig::FAMILY_UNSPECIFIED);
+  s = ExportHuggingFace(path, unspecified, layout, b.Const());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.family"));
+  EXPECT_FALSE(std::filesystem::exists(path));
+
+  s = ImportHuggingFace(dir.Path("absent.safetensors"), m, layout, b.Mutable());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace zt

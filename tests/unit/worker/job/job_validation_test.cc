@@ -1,0 +1,320 @@
+#include "worker/job/job_validation.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/job/test_jobs.h"
+
+namespace zt {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+using zerotrain::JobSpec;
+using zerotrain::ModelConfig;
+using zerotrain::OptimizerConfig;
+using zerotrain::PrecisionConfig;
+using zerotrain::ResourceConfig;
+
+JobSpec Valid() { return testing::JobWithDefaults(testing::kMinimalYaml); }
+
+TEST(ValidateJobSpecTest, AcceptsAValidJob) {
+  EXPECT_TRUE(ValidateJobSpec(Valid()).ok()) << ValidateJobSpec(Valid());
+  // The full job breaks no schema rule; what the engine cannot run yet is another check.
+  EXPECT_TRUE(ValidateJobSpec(testing::JobWithDefaults(testing::kFullYaml)).ok());
+}
+
+struct RuleCase {
+  const char* label;
+  std::function<void(JobSpec&)> mutate;
+  const char* line;  // The single violation line expected.
+};
+
+TEST(ValidateJobSpecTest, EachRuleNamesTheFieldTheValueAndTheRule) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const RuleCase cases[] = {
+      {"name chars", [](JobSpec& s) { s.set_name("my job"); },
+       "name: may hold only [A-Za-z0-9._-], found byte 0x20 at position 2"},
+      {"name length", [](JobSpec& s) { s.set_name(std::string(129, 'a')); },
+       "name: 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...' has 129 characters; at most 128 are "
+       "allowed"},
+      {"family", [](JobSpec& s) { s.mutable_model()->set_family(ModelConfig::FAMILY_UNSPECIFIED); },
+       "model.family: must be GPT2 or LLAMA (got FAMILY_UNSPECIFIED)"},
+      {"n_layer", [](JobSpec& s) { s.mutable_model()->set_n_layer(0); },
+       "model.n_layer: must be >= 1 (got 0)"},
+      {"d_model divisible",
+       [](JobSpec& s) {
+         s.mutable_model()->set_d_model(250);
+         s.mutable_model()->set_d_ff(1000);
+       },
+       "model.d_model: 250 is not divisible by model.n_head 4"},
+      {"gpt2 kv heads", [](JobSpec& s) { s.mutable_model()->set_n_kv_head(2); },
+       "model.n_kv_head: GPT2 requires n_kv_head == n_head (got 2, n_head 4)"},
+      {"kv heads divide",
+       [](JobSpec& s) {
+         s.mutable_model()->set_family(ModelConfig::LLAMA);
+         s.mutable_model()->set_n_head(6);
+         s.mutable_model()->set_d_model(96);
+         s.mutable_model()->set_n_kv_head(4);
+       },
+       "model.n_head: 6 is not divisible by model.n_kv_head 4"},
+      {"kv heads >= 1", [](JobSpec& s) { s.mutable_model()->set_n_kv_head(0); },
+       "model.n_kv_head: must be >= 1 (got 0)"},
+      {"rope head size",
+       [](JobSpec& s) {
+         s.mutable_model()->set_family(ModelConfig::LLAMA);
+         s.mutable_model()->set_d_model(36);
+       },
+       "model.d_model: LLAMA needs an even head size for RoPE (d_model 36 / n_head 4 = 9)"},
+      {"d_ff", [](JobSpec& s) { s.mutable_model()->set_d_ff(0); },
+       "model.d_ff: must be >= 1 (got 0)"},
+      {"vocab", [](JobSpec& s) { s.mutable_model()->set_vocab_size(1); },
+       "model.vocab_size: must be >= 2 (got 1)"},
+      {"norm_eps", [](JobSpec& s) { s.mutable_model()->set_norm_eps(0); },
+       "model.norm_eps: must be > 0 (got 0)"},
+      {"rope_theta", [](JobSpec& s) { s.mutable_model()->set_rope_theta(-1); },
+       "model.rope_theta: must be > 0 (got -1)"},
+      {"init_std", [=](JobSpec& s) { s.mutable_model()->set_init_std(nan); },
+       "model.init_std: must be a finite number > 0 (got nan)"},
+      {"seq_len vs max", [](JobSpec& s) { s.mutable_data()->set_seq_len(512); },
+       "data.seq_len: 512 exceeds model.max_seq_len 64"},
+      {"seq_len", [](JobSpec& s) { s.mutable_data()->set_seq_len(0); },
+       "data.seq_len: must be >= 1 (got 0)"},
+      {"train files", [](JobSpec& s) { s.mutable_data()->clear_train(); },
+       "data.train: at least one file is required"},
+      {"empty val path", [](JobSpec& s) { s.mutable_data()->add_val(""); },
+       "data.val[0]: the path is empty"},
+      {"micro batch", [](JobSpec& s) { s.mutable_train()->set_micro_batch_size(0); },
+       "train.micro_batch_size: must be >= 1 (got 0)"},
+      {"grad accum", [](JobSpec& s) { s.mutable_train()->set_grad_accum_steps(-1); },
+       "train.grad_accum_steps: must be >= 1 (got -1)"},
+      {"max steps", [](JobSpec& s) { s.mutable_train()->set_max_steps(0); },
+       "train.max_steps: must be >= 1 (got 0)"},
+      {"eval interval", [](JobSpec& s) { s.mutable_train()->set_eval_interval(-5); },
+       "train.eval_interval: must be >= 0 (got -5)"},
+      {"eval steps",
+       [](JobSpec& s) {
+         s.mutable_train()->set_eval_interval(10);
+         s.mutable_train()->set_eval_steps(0);
+       },
+       "train.eval_steps: must be >= 1 when train.eval_interval > 0 (got 0, eval_interval 10)"},
+      {"log interval", [](JobSpec& s) { s.mutable_train()->set_log_interval(0); },
+       "train.log_interval: must be >= 1 (got 0)"},
+      {"optimizer type",
+       [](JobSpec& s) { s.mutable_optimizer()->set_type(OptimizerConfig::TYPE_UNSPECIFIED); },
+       "optimizer.type: must be ADAMW or SGD (got TYPE_UNSPECIFIED)"},
+      {"lr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(0); },
+       "optimizer.lr: must be > 0 (got 0)"},
+      {"lr inf", [=](JobSpec& s) { s.mutable_optimizer()->set_lr(inf); },
+       "optimizer.lr: must be a finite number > 0 (got inf)"},
+      {"beta1", [](JobSpec& s) { s.mutable_optimizer()->set_beta1(1); },
+       "optimizer.beta1: must be in [0, 1) (got 1)"},
+      {"beta2", [](JobSpec& s) { s.mutable_optimizer()->set_beta2(-0.5); },
+       "optimizer.beta2: must be in [0, 1) (got -0.5)"},
+      {"eps", [](JobSpec& s) { s.mutable_optimizer()->set_eps(0); },
+       "optimizer.eps: must be > 0 (got 0)"},
+      {"weight decay", [](JobSpec& s) { s.mutable_optimizer()->set_weight_decay(-0.1f); },
+       "optimizer.weight_decay: must be >= 0 (got -0.1)"},
+      {"grad clip", [](JobSpec& s) { s.mutable_optimizer()->set_grad_clip(-1); },
+       "optimizer.grad_clip: must be >= 0 (got -1)"},
+      {"momentum", [](JobSpec& s) { s.mutable_optimizer()->set_momentum(1.5f); },
+       "optimizer.momentum: must be in [0, 1) (got 1.5)"},
+      {"warmup",
+       [](JobSpec& s) { s.mutable_optimizer()->mutable_schedule()->set_warmup_steps(-1); },
+       "optimizer.schedule.warmup_steps: must be >= 0 (got -1)"},
+      {"decay",
+       [](JobSpec& s) {
+         s.mutable_optimizer()->mutable_schedule()->set_decay(OptimizerConfig::DECAY_UNSPECIFIED);
+       },
+       "optimizer.schedule.decay: must be CONSTANT, COSINE or LINEAR (got DECAY_UNSPECIFIED)"},
+      {"min lr ratio",
+       [](JobSpec& s) { s.mutable_optimizer()->mutable_schedule()->set_min_lr_ratio(1.5f); },
+       "optimizer.schedule.min_lr_ratio: must be in [0, 1] (got 1.5)"},
+      {"dtype",
+       [](JobSpec& s) {
+         s.mutable_precision()->set_grad_dtype(PrecisionConfig::DTYPE_UNSPECIFIED);
+       },
+       "precision.grad_dtype: must be FP32, BF16 or FP16 (got DTYPE_UNSPECIFIED)"},
+      {"world size", [](JobSpec& s) { s.mutable_parallel()->set_world_size(0); },
+       "parallel.world_size: must be >= 1 (got 0)"},
+      {"zero stage", [](JobSpec& s) { s.mutable_parallel()->set_zero_stage(4); },
+       "parallel.zero_stage: must be in 0..3 (got 4)"},
+      {"device",
+       [](JobSpec& s) {
+         s.mutable_resources()->set_device(ResourceConfig::DEVICE_KIND_UNSPECIFIED);
+       },
+       "resources.device: must be CPU or CUDA (got DEVICE_KIND_UNSPECIFIED)"},
+      {"cpu threads", [](JobSpec& s) { s.mutable_resources()->set_cpu_threads(-2); },
+       "resources.cpu_threads: must be >= 0 (got -2)"},
+      {"defaults not applied", [](JobSpec& s) { s.mutable_train()->clear_seed(); },
+       "train.seed: not set (ApplyJobDefaults must run before validation)"},
+  };
+  for (const RuleCase& c : cases) {
+    JobSpec spec = Valid();
+    c.mutate(spec);
+    const absl::Status status = ValidateJobSpec(spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.label;
+    EXPECT_THAT(testing::Lines(status), ElementsAre(c.line)) << c.label;
+  }
+}
+
+TEST(ValidateJobSpecTest, ReportsEveryViolationAtOnce) {
+  JobSpec spec = Valid();
+  spec.set_name("bad name!");
+  spec.mutable_model()->set_d_model(250);
+  spec.mutable_model()->set_d_ff(1000);
+  spec.mutable_data()->set_seq_len(512);
+  spec.mutable_data()->clear_train();
+  spec.mutable_optimizer()->set_lr(0);
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      testing::Lines(status),
+      UnorderedElementsAre("name: may hold only [A-Za-z0-9._-], found byte 0x20 at position 3",
+                           "model.d_model: 250 is not divisible by model.n_head 4",
+                           "data.seq_len: 512 exceeds model.max_seq_len 64",
+                           "data.train: at least one file is required",
+                           "optimizer.lr: must be > 0 (got 0)"));
+}
+
+TEST(ValidateJobSpecTest, NameRules) {
+  for (const std::string& name :
+       std::vector<std::string>{"", "a", "run-1.v_2", std::string(128, 'z')}) {
+    JobSpec spec = Valid();
+    spec.set_name(name);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << "'" << name << "'";
+  }
+  for (const std::string& name :
+       std::vector<std::string>{"a/b", "caf\xc3\xa9", std::string(129, 'z')}) {
+    JobSpec spec = Valid();
+    spec.set_name(name);
+    EXPECT_THAT(std::string(ValidateJobSpec(spec).message()), HasSubstr("name: ")) << name;
+  }
+}
+
+TEST(ValidateJobSpecTest, AnEmptyJobListsWhatIsMissingWithoutDividingByZero) {
+  JobSpec spec;
+  ApplyJobDefaults(&spec);
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      testing::Lines(status),
+      UnorderedElementsAre(
+          "model.family: must be GPT2 or LLAMA (got FAMILY_UNSPECIFIED)",
+          "model.n_layer: must be >= 1 (got 0)", "model.n_head: must be >= 1 (got 0)",
+          "model.d_model: must be >= 1 (got 0)", "model.n_kv_head: must be >= 1 (got 0)",
+          "model.vocab_size: must be >= 2 (got 0)", "model.max_seq_len: must be >= 1 (got 0)",
+          "data.train: at least one file is required", "data.seq_len: must be >= 1 (got 0)",
+          "train.micro_batch_size: must be >= 1 (got 0)", "train.max_steps: must be >= 1 (got 0)",
+          "optimizer.lr: must be > 0 (got 0)"));
+}
+
+TEST(ValidateJobSpecTest, DffWithoutADefaultIsReported) {
+  JobSpec spec = Valid();
+  spec.mutable_model()->clear_d_ff();
+  spec.mutable_model()->set_d_model(1 << 30);
+  spec.mutable_model()->set_n_head(1);
+  spec.mutable_model()->set_n_kv_head(1);
+  ApplyJobDefaults(&spec);
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("model.d_ff: not set, and its default from model.d_model 1073741824 "
+                        "does not fit in int32"));
+}
+
+class CheckJobPathsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("check_job_paths_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
+    std::filesystem::remove_all(dir_);
+  }
+  std::string File(const std::string& name) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << "tokens";
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CheckJobPathsTest, AcceptsExistingFiles) {
+  JobSpec spec = Valid();
+  spec.mutable_data()->set_train(0, File("train.bin"));
+  spec.mutable_data()->add_val(File("val.bin"));
+  spec.mutable_model()->set_init_from(File("init.safetensors"));
+  EXPECT_TRUE(CheckJobPaths(spec).ok()) << CheckJobPaths(spec);
+}
+
+TEST_F(CheckJobPathsTest, ReportsEveryMissingPathByFieldAndIndex) {
+  JobSpec spec = Valid();
+  const std::string missing_train = (dir_ / "x.bin").string();
+  const std::string missing_val = (dir_ / "v.bin").string();
+  const std::string missing_init = (dir_ / "w.safetensors").string();
+  spec.mutable_data()->set_train(0, File("train.bin"));
+  spec.mutable_data()->add_train(missing_train);
+  spec.mutable_data()->add_val(missing_val);
+  spec.mutable_data()->add_val(dir_.string());
+  spec.mutable_model()->set_init_from(missing_init);
+  const absl::Status status = CheckJobPaths(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(testing::Lines(status),
+              ElementsAre(absl::StrCat("data.train[1]: '", missing_train, "' does not exist"),
+                          absl::StrCat("data.val[0]: '", missing_val, "' does not exist"),
+                          absl::StrCat("data.val[1]: '", dir_.string(), "' is not a regular file"),
+                          absl::StrCat("model.init_from: '", missing_init, "' does not exist")));
+}
+
+TEST_F(CheckJobPathsTest, ADirectoryIsInvalidArgument) {
+  JobSpec spec = Valid();
+  spec.mutable_data()->set_train(0, dir_.string());
+  EXPECT_EQ(CheckJobPaths(spec).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CheckJobPathsTest, AnUnreadableFileIsPermissionDenied) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads files whatever their mode";
+  JobSpec spec = Valid();
+  const std::string path = File("secret.bin");
+  std::filesystem::permissions(path, std::filesystem::perms::none);
+  spec.mutable_data()->set_train(0, path);
+  const absl::Status status = CheckJobPaths(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr(absl::StrCat("data.train[0]: '", path, "' is not readable")));
+}
+
+TEST(CheckEngineSupportTest, AcceptsTheDefaults) { EXPECT_TRUE(CheckEngineSupport(Valid()).ok()); }
+
+TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
+  const absl::Status status = CheckEngineSupport(testing::JobWithDefaults(testing::kFullYaml));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(testing::Lines(status),
+              ElementsAre("precision.param_dtype: BF16 is not supported by this engine yet; use "
+                          "FP32",
+                          "precision.compute_dtype: FP16 is not supported by this engine yet; "
+                          "use FP32",
+                          "parallel.world_size: 2 ranks are not supported by this engine yet; "
+                          "use 1",
+                          "parallel.zero_stage: 3 is not supported by this engine yet; use 0",
+                          "resources.device: CUDA is not supported by this engine yet; use CPU",
+                          "checkpoint.dir: 'ckpt' is set, but checkpoints are not implemented "
+                          "yet; leave it empty"));
+}
+
+}  // namespace
+}  // namespace zt

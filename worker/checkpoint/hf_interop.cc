@@ -1,0 +1,377 @@
+#include "worker/checkpoint/hf_interop.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/status_macros.h"
+#include "worker/checkpoint/safetensors.h"
+
+namespace zt {
+namespace {
+
+using zerotrain::ModelConfig;
+
+constexpr std::string_view kGpt2Prefix = "transformer.";
+const std::string kGpt2PrefixStr(kGpt2Prefix);
+
+// One Hugging Face tensor and where it lives in ZeroTrain's buffers: rows
+// [row_offset, row_offset + out) of a unit parameter viewed as (rows, cols), where the HF tensor
+// is (out, cols), or (cols, out) when `transpose` (GPT-2 Conv1D). 1-D tensors are (n, 1).
+struct HfTensor {
+  std::string name;  // as written (GPT-2: with "transformer.")
+  std::vector<int64_t> shape;
+  int unit = 0;
+  const ParamSpec* param = nullptr;
+  int64_t row_offset = 0;
+  bool transpose = false;
+};
+
+int64_t Rows(const ParamSpec& p) { return p.shape.empty() ? 1 : p.shape[0]; }
+int64_t Cols(const ParamSpec& p) { return p.shape.size() < 2 ? 1 : p.numel / p.shape[0]; }
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+const char* FamilyName(const ModelConfig& m) {
+  return m.family() == ModelConfig::GPT2 ? "GPT-2" : "Llama";
+}
+
+// Builds the name map of the header comment, checking that it covers every parameter of the
+// layout exactly (a layout that was not built from this config fails here, not with a
+// scribble past a buffer).
+class TableBuilder {
+ public:
+  explicit TableBuilder(const ModelLayout& layout) : layout_(layout) {}
+
+  void Add(std::string name, std::vector<int64_t> shape, int unit, const std::string& param,
+           int64_t row_offset = 0, bool transpose = false) {
+    const ParamSpec* p = layout_.units[unit].Find(param);
+    if (p == nullptr) {
+      problems_.push_back(absl::StrCat(layout_.units[unit].name, " has no ", param));
+      return;
+    }
+    const int64_t out = shape.size() == 2 ? shape[transpose ? 1 : 0] : shape[0];
+    const int64_t in = shape.size() == 2 ? shape[transpose ? 0 : 1] : 1;
+    if (in != Cols(*p) || row_offset + out > Rows(*p)) {
+      problems_.push_back(absl::StrCat(name, " ", ShapeString(shape), " does not fit ",
+                                       layout_.units[unit].name, " ", param, " ",
+                                       ShapeString(p->shape)));
+      return;
+    }
+    covered_[p] += out;
+    table_.push_back({std::move(name), std::move(shape), unit, p, row_offset, transpose});
+  }
+
+  absl::StatusOr<std::vector<HfTensor>> Build() {
+    for (const UnitLayout& u : layout_.units) {
+      for (const ParamSpec& p : u.params) {
+        if (covered_[&p] != Rows(p)) {
+          problems_.push_back(absl::StrCat(u.name, " ", p.name, " ", ShapeString(p.shape),
+                                           " has no Hugging Face counterpart"));
+        }
+      }
+    }
+    if (!problems_.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the parameter layout does not match the model config: ",
+                       absl::StrJoin(problems_, "; ")));
+    }
+    return std::move(table_);
+  }
+
+ private:
+  const ModelLayout& layout_;
+  std::vector<HfTensor> table_;
+  std::map<const ParamSpec*, int64_t> covered_;
+  std::vector<std::string> problems_;
+};
+
+absl::StatusOr<std::vector<HfTensor>> BuildTable(const ModelConfig& m, const ModelLayout& layout) {
+  const bool gpt2 = m.family() == ModelConfig::GPT2;
+  if (!gpt2 && m.family() != ModelConfig::LLAMA) {
+    return absl::InvalidArgumentError(
+        "model.family must be GPT2 or LLAMA for Hugging Face interop");
+  }
+  if (m.n_head() <= 0 || m.n_kv_head() <= 0 || m.d_model() % m.n_head() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.n_head (", m.n_head(), ") and model.n_kv_head (", m.n_kv_head(),
+                     ") must be ≥ 1 and n_head must divide model.d_model (", m.d_model(), ")"));
+  }
+  if (gpt2 && m.n_kv_head() != m.n_head()) {
+    return absl::InvalidArgumentError(absl::StrCat("GPT2 requires model.n_kv_head (", m.n_kv_head(),
+                                                   ") == model.n_head (", m.n_head(), ")"));
+  }
+  if (layout.n_blocks() != m.n_layer() || layout.tied_embeddings != m.tie_embeddings()) {
+    return absl::InvalidArgumentError(
+        "the parameter layout does not match the model config (blocks or tying differ)");
+  }
+  const int64_t C = m.d_model(), F = m.d_ff(), V = m.vocab_size(), P = m.max_seq_len();
+  const int64_t D = C / m.n_head();
+  const int64_t HD = m.n_head() * D, KD = m.n_kv_head() * D;
+  constexpr bool kTransposed = true;
+  const int head = static_cast<int>(layout.units.size()) - 1;
+
+  TableBuilder t(layout);
+  if (gpt2) {
+    const std::string& pre = kGpt2PrefixStr;
+    t.Add(pre + "wte.weight", {V, C}, 0, "wte");
+    t.Add(pre + "wpe.weight", {P, C}, 0, "wpe");
+    for (int i = 0; i < m.n_layer(); ++i) {
+      const std::string h = absl::StrCat(pre, "h.", i, ".");
+      const int u = 1 + i;
+      t.Add(h + "ln_1.weight", {C}, u, "ln1.weight");
+      t.Add(h + "ln_1.bias", {C}, u, "ln1.bias");
+      t.Add(h + "attn.c_attn.weight", {C, 3 * C}, u, "attn.qkv.weight", 0, kTransposed);
+      t.Add(h + "attn.c_attn.bias", {3 * C}, u, "attn.qkv.bias");
+      t.Add(h + "attn.c_proj.weight", {C, C}, u, "attn.proj.weight", 0, kTransposed);
+      t.Add(h + "attn.c_proj.bias", {C}, u, "attn.proj.bias");
+      t.Add(h + "ln_2.weight", {C}, u, "ln2.weight");
+      t.Add(h + "ln_2.bias", {C}, u, "ln2.bias");
+      t.Add(h + "mlp.c_fc.weight", {C, F}, u, "mlp.fc.weight", 0, kTransposed);
+      t.Add(h + "mlp.c_fc.bias", {F}, u, "mlp.fc.bias");
+      t.Add(h + "mlp.c_proj.weight", {F, C}, u, "mlp.proj.weight", 0, kTransposed);
+      t.Add(h + "mlp.c_proj.bias", {C}, u, "mlp.proj.bias");
+    }
+    t.Add(pre + "ln_f.weight", {C}, head, "ln_f.weight");
+    t.Add(pre + "ln_f.bias", {C}, head, "ln_f.bias");
+  } else {
+    t.Add("model.embed_tokens.weight", {V, C}, 0, "wte");
+    for (int i = 0; i < m.n_layer(); ++i) {
+      const std::string l = absl::StrCat("model.layers.", i, ".");
+      const int u = 1 + i;
+      t.Add(l + "input_layernorm.weight", {C}, u, "ln1.weight");
+      t.Add(l + "self_attn.q_proj.weight", {HD, C}, u, "attn.qkv.weight", 0);
+      t.Add(l + "self_attn.k_proj.weight", {KD, C}, u, "attn.qkv.weight", HD);
+      t.Add(l + "self_attn.v_proj.weight", {KD, C}, u, "attn.qkv.weight", HD + KD);
+      t.Add(l + "self_attn.o_proj.weight", {C, HD}, u, "attn.proj.weight");
+      t.Add(l + "post_attention_layernorm.weight", {C}, u, "ln2.weight");
+      t.Add(l + "mlp.gate_proj.weight", {F, C}, u, "mlp.fc.weight", 0);
+      t.Add(l + "mlp.up_proj.weight", {F, C}, u, "mlp.fc.weight", F);
+      t.Add(l + "mlp.down_proj.weight", {C, F}, u, "mlp.proj.weight");
+    }
+    t.Add("model.norm.weight", {C}, head, "ln_f.weight");
+  }
+  if (!m.tie_embeddings()) t.Add("lm_head.weight", {V, C}, head, "lm_head.weight");
+  return t.Build();
+}
+
+template <typename T>
+absl::Status CheckBuffers(const ModelLayout& layout, const std::vector<T*>& bufs) {
+  if (bufs.size() != layout.units.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unit_params holds ", bufs.size(),
+                                                   " buffers but the layout has ",
+                                                   layout.units.size(), " units"));
+  }
+  for (size_t u = 0; u < bufs.size(); ++u) {
+    if (bufs[u] == nullptr && layout.units[u].numel > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unit_params[", u, "] (", layout.units[u].name, ") is null"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The first element of the unit parameter that an HF tensor starts at.
+int64_t DestOffset(const HfTensor& t) { return t.param->offset + t.row_offset * Cols(*t.param); }
+
+bool IsFloat(StDType d) { return d == StDType::kF32 || d == StDType::kF16 || d == StDType::kBF16; }
+
+float ElementAsF32(const uint8_t* data, StDType dtype, int64_t i) {
+  if (dtype == StDType::kF32) {
+    float f;
+    std::memcpy(&f, data + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, data + 2 * i, 2);
+  return dtype == StDType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
+}
+
+// Index of the first element where two float tensors of equal numel differ as f32 bit
+// patterns, or nullopt when they are equal.
+std::optional<int64_t> FirstDifference(const SafetensorsFile& file, const SafetensorsTensorInfo& a,
+                                       const SafetensorsTensorInfo& b) {
+  const uint8_t* pa = file.Bytes(a).data();
+  const uint8_t* pb = file.Bytes(b).data();
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (FloatBits(ElementAsF32(pa, a.dtype, i)) != FloatBits(ElementAsF32(pb, b.dtype, i))) {
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
+// Buffers other transformers versions saved next to the weights; they hold no parameters.
+// GPT-2: h.{i}.attn.bias / h.{i}.attn.masked_bias; Llama: the rotary inv_freq of each layer.
+bool IsSkippedBuffer(const ModelConfig& m, std::string_view name) {
+  const bool gpt2 = m.family() == ModelConfig::GPT2;
+  if (gpt2 && name.starts_with(kGpt2Prefix)) name.remove_prefix(kGpt2Prefix.size());
+  const std::string_view layer_prefix = gpt2 ? "h." : "model.layers.";
+  if (!name.starts_with(layer_prefix)) return false;
+  name.remove_prefix(layer_prefix.size());
+  int layer = -1;
+  const auto [rest, ec] = std::from_chars(name.data(), name.data() + name.size(), layer);
+  if (ec != std::errc() || layer < 0 || layer >= m.n_layer()) return false;
+  const std::string_view suffix(rest, name.data() + name.size() - rest);
+  if (gpt2) return suffix == ".attn.bias" || suffix == ".attn.masked_bias";
+  return suffix == ".self_attn.rotary_emb.inv_freq";
+}
+
+void TransposeInto(const float* src, int64_t rows, int64_t cols, float* dst) {
+  // src is (rows, cols), dst (cols, rows); tiles keep both sides in cache.
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) dst[c * rows + r] = src[r * cols + c];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& config,
+                               const ModelLayout& layout, const std::vector<float*>& unit_params) {
+  ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params));
+  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, BuildTable(config, layout));
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+
+  std::unordered_map<std::string_view, size_t> by_name;
+  for (size_t i = 0; i < table.size(); ++i) by_name.emplace(table[i].name, i);
+  const bool gpt2 = config.family() == ModelConfig::GPT2;
+  const std::vector<int64_t> vc = {config.vocab_size(), config.d_model()};
+
+  // matched: the file tensor that names table entry i; source: the same once its shape and
+  // dtype are right.
+  std::vector<const SafetensorsTensorInfo*> matched(table.size(), nullptr);
+  std::vector<const SafetensorsTensorInfo*> source(table.size(), nullptr);
+  const SafetensorsTensorInfo* tied_head = nullptr;
+  std::vector<std::string> problems;
+  auto check_float = [&](const SafetensorsTensorInfo& t) {
+    if (IsFloat(t.dtype)) return true;
+    problems.push_back(absl::StrCat("tensor \"", t.name, "\" has dtype ", StDTypeName(t.dtype),
+                                    "; expected F32, F16 or BF16"));
+    return false;
+  };
+  for (const SafetensorsTensorInfo& t : file->tensors()) {
+    if (IsSkippedBuffer(config, t.name)) continue;
+    auto it = by_name.find(t.name);
+    if (it == by_name.end() && gpt2 && !t.name.starts_with(kGpt2Prefix) &&
+        t.name != "lm_head.weight") {
+      it = by_name.find(kGpt2PrefixStr + t.name);
+    }
+    if (it == by_name.end()) {
+      if (config.tie_embeddings() && t.name == "lm_head.weight") {
+        if (t.shape != vc) {
+          problems.push_back(absl::StrCat("tensor \"lm_head.weight\" has shape ",
+                                          ShapeString(t.shape), "; expected ", ShapeString(vc)));
+        } else if (check_float(t)) {
+          tied_head = &t;
+        }
+        continue;
+      }
+      problems.push_back(absl::StrCat("unknown tensor \"", t.name, "\" ", ShapeString(t.shape)));
+      continue;
+    }
+    const HfTensor& want = table[it->second];
+    if (matched[it->second] != nullptr) {
+      problems.push_back(absl::StrCat("tensor \"", want.name, "\" is given twice (as \"",
+                                      matched[it->second]->name, "\" and \"", t.name, "\")"));
+      continue;
+    }
+    matched[it->second] = &t;
+    if (t.shape != want.shape) {
+      problems.push_back(absl::StrCat("tensor \"", t.name, "\" has shape ", ShapeString(t.shape),
+                                      "; expected ", ShapeString(want.shape)));
+      continue;
+    }
+    if (!check_float(t)) continue;
+    source[it->second] = &t;
+  }
+  for (size_t i = 0; i < table.size(); ++i) {
+    // A tensor that was present with a wrong shape or dtype is already reported as such.
+    if (matched[i] == nullptr) {
+      problems.push_back(absl::StrCat("missing tensor \"", table[i].name, "\" (expected shape ",
+                                      ShapeString(table[i].shape), ")"));
+    }
+  }
+  // Entry 0 is the token embedding in both families.
+  if (tied_head != nullptr && source[0] != nullptr) {
+    if (const std::optional<int64_t> k = FirstDifference(*file, *source[0], *tied_head)) {
+      problems.push_back(absl::StrCat(
+          "tensor \"lm_head.weight\" differs from \"", source[0]->name, "\" (first at element ", *k,
+          ") but model.tie_embeddings is true; untie the model to load a separate head"));
+    }
+  }
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": does not match the ", FamilyName(config), " model config (n_layer ",
+        config.n_layer(), ", d_model ", config.d_model(), ", n_head ", config.n_head(),
+        ", n_kv_head ", config.n_kv_head(), ", d_ff ", config.d_ff(), ", vocab_size ",
+        config.vocab_size(), ", tie_embeddings ", config.tie_embeddings() ? "true" : "false", "); ",
+        problems.size(), " problem(s):\n  ", absl::StrJoin(problems, "\n  ")));
+  }
+
+  std::vector<float> scratch;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const HfTensor& t = table[i];
+    float* dst = unit_params[t.unit] + DestOffset(t);
+    const int64_t n = source[i]->numel();
+    if (!t.transpose) {
+      ZT_RETURN_IF_ERROR(file->ReadAsF32(*source[i], absl::MakeSpan(dst, n)));
+      continue;
+    }
+    scratch.resize(n);
+    ZT_RETURN_IF_ERROR(file->ReadAsF32(*source[i], absl::MakeSpan(scratch)));
+    TransposeInto(scratch.data(), t.shape[0], t.shape[1], dst);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExportHuggingFace(const std::string& path, const ModelConfig& config,
+                               const ModelLayout& layout,
+                               const std::vector<const float*>& unit_params, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": export dtype ", std::string(DTypeName(dtype)), " is not one of f32, f16, bf16"));
+  }
+  ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params));
+  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, BuildTable(config, layout));
+
+  std::vector<SafetensorsTensorSpec> specs;
+  specs.reserve(table.size());
+  for (const HfTensor& t : table) specs.push_back({t.name, ToStDType(dtype), t.shape});
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                      SafetensorsWriter::Create(path, std::move(specs), {{"format", "pt"}}));
+
+  std::vector<float> scratch;
+  for (const HfTensor& t : table) {
+    const float* src = unit_params[t.unit] + DestOffset(t);
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    if (!t.transpose) {
+      ZT_RETURN_IF_ERROR(writer->WriteF32(t.name, absl::MakeConstSpan(src, n)));
+      continue;
+    }
+    scratch.resize(n);
+    // Ours is (out, in) = (shape[1], shape[0]); HF wants (in, out).
+    TransposeInto(src, t.shape[1], t.shape[0], scratch.data());
+    ZT_RETURN_IF_ERROR(writer->WriteF32(t.name, scratch));
+  }
+  return writer->Finish();
+}
+
+}  // namespace zt

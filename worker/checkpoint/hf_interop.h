@@ -1,0 +1,82 @@
+// Hugging Face interop: model weights in the tensor names and layouts that transformers'
+// GPT2LMHeadModel and LlamaForCausalLM save, read into and written from ZeroTrain's per-unit
+// flat buffers (worker/model/param_layout.h).
+//
+// The name map (i = block, C = d_model, F = d_ff, H/Hkv = heads, D = C/H, V = vocab,
+// P = max_seq_len; HF shapes as stored):
+//
+//   GPT-2 (names read with or without "transformer."; written with it, as GPT2LMHeadModel):
+//     wte.weight [V, C]                 → embedding wte
+//     wpe.weight [P, C]                 → embedding wpe
+//     h.i.ln_1.weight/bias [C]          → block.i ln1.weight/bias
+//     h.i.attn.c_attn.weight [C, 3C]    → block.i attn.qkv.weight (3C, C)   transposed
+//     h.i.attn.c_attn.bias [3C]         → block.i attn.qkv.bias
+//     h.i.attn.c_proj.weight [C, C]     → block.i attn.proj.weight          transposed
+//     h.i.attn.c_proj.bias [C]          → block.i attn.proj.bias
+//     h.i.ln_2.weight/bias [C]          → block.i ln2.weight/bias
+//     h.i.mlp.c_fc.weight [C, F]        → block.i mlp.fc.weight (F, C)      transposed
+//     h.i.mlp.c_fc.bias [F]             → block.i mlp.fc.bias
+//     h.i.mlp.c_proj.weight [F, C]      → block.i mlp.proj.weight (C, F)    transposed
+//     h.i.mlp.c_proj.bias [C]           → block.i mlp.proj.bias
+//     ln_f.weight/bias [C]              → head ln_f.weight/bias
+//     lm_head.weight [V, C] (untied)    → head lm_head.weight
+//   GPT-2's Conv1D stores weights (in, out), hence the transposes. h.i.attn.bias and
+//   h.i.attn.masked_bias (causal-mask constants older files carry) are read and skipped.
+//
+//   Llama (LlamaForCausalLM; nn.Linear weights are already (out, in)):
+//     model.embed_tokens.weight [V, C]                 → embedding wte
+//     model.layers.i.input_layernorm.weight [C]        → block.i ln1.weight
+//     model.layers.i.self_attn.q_proj.weight [H·D, C]  → block.i attn.qkv.weight rows [0, H·D)
+//     model.layers.i.self_attn.k_proj.weight [Hkv·D, C]→   rows [H·D, H·D + Hkv·D)
+//     model.layers.i.self_attn.v_proj.weight [Hkv·D, C]→   rows [H·D + Hkv·D, Q)
+//     model.layers.i.self_attn.o_proj.weight [C, H·D]  → block.i attn.proj.weight
+//     model.layers.i.post_attention_layernorm.weight   → block.i ln2.weight
+//     model.layers.i.mlp.gate_proj.weight [F, C]       → block.i mlp.fc.weight rows [0, F)
+//     model.layers.i.mlp.up_proj.weight [F, C]         →   rows [F, 2F)
+//     model.layers.i.mlp.down_proj.weight [C, F]       → block.i mlp.proj.weight
+//     model.norm.weight [C]                            → head ln_f.weight
+//     lm_head.weight [V, C] (untied)                   → head lm_head.weight
+//   model.layers.i.self_attn.rotary_emb.inv_freq (a buffer older transformers saved) is read
+//   and skipped. q/k rows are taken as they are: ZeroTrain's rotary embedding is the
+//   rotate-half form Hugging Face's Llama uses, so no head permutation is needed.
+//
+// A tied model (tie_embeddings) has no lm_head.weight; a file for one that carries
+// lm_head.weight anyway is accepted when it equals the embedding value for value.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+#include "proto/job.pb.h"
+#include "worker/model/param_layout.h"
+
+namespace zt {
+
+// Fills every unit's flat buffer (unit_params[u] holds layout.units[u].numel floats) from the
+// safetensors file at `path`, converting F32, F16 and BF16 tensors to f32.
+//
+// Nothing is written to the buffers unless the whole file matches the config. InvalidArgument
+// naming the file and listing every problem at once: each unknown tensor, each missing tensor,
+// each shape mismatch (expected vs actual), each tensor whose dtype is not a float one, a
+// tensor given twice (e.g. with and without "transformer."), and a tied model's lm_head.weight
+// that differs from the embedding. InvalidArgument too when the config's family is neither
+// GPT2 nor LLAMA, or unit_params does not match the layout; the reader's DataLoss/NotFound
+// when the file is corrupt or absent.
+absl::Status ImportHuggingFace(const std::string& path, const zerotrain::ModelConfig& config,
+                               const ModelLayout& layout, const std::vector<float*>& unit_params);
+
+// Writes every unit's parameters to `path` in Hugging Face layout (GPT-2 with the
+// "transformer." prefix and no lm_head.weight when tied, as GPT2LMHeadModel saves it; Llama as
+// LlamaForCausalLM), as F32, F16 or BF16 (rounded to nearest even), with __metadata__
+// {"format": "pt"}. Streams tensor by tensor: the extra memory is one transposed weight at
+// most. Atomic: `path` appears only once complete. InvalidArgument for another dtype, a family
+// that is neither GPT2 nor LLAMA or unit_params that do not match the layout; an
+// errno-derived status naming the file on I/O failure.
+absl::Status ExportHuggingFace(const std::string& path, const zerotrain::ModelConfig& config,
+                               const ModelLayout& layout,
+                               const std::vector<const float*>& unit_params,
+                               DType dtype = DType::kF32);
+
+}  // namespace zt

@@ -1,0 +1,91 @@
+#include "worker/job/job_defaults.h"
+
+#include <limits>
+
+namespace zt {
+
+using zerotrain::ModelConfig;
+using zerotrain::OptimizerConfig;
+using zerotrain::PrecisionConfig;
+using zerotrain::ResourceConfig;
+
+int64_t DefaultDff(ModelConfig::Family family, int64_t c) {
+  int64_t d_ff = 0;
+  switch (family) {
+    case ModelConfig::GPT2:
+      d_ff = 4 * c;
+      break;
+    case ModelConfig::LLAMA: {
+      // SwiGLU's three matrices at 8·C/3 cost what GPT-2's two at 4·C do; a multiple of 64
+      // keeps GEMM tiles full.
+      const int64_t exact = (8 * c + 2) / 3;
+      d_ff = (exact + 63) / 64 * 64;
+      break;
+    }
+    default:
+      return 0;
+  }
+  if (d_ff < 1 || d_ff > std::numeric_limits<int32_t>::max()) return 0;
+  return d_ff;
+}
+
+void ApplyJobDefaults(zerotrain::JobSpec* spec) {
+  ModelConfig& model = *spec->mutable_model();
+  if (!model.has_n_kv_head()) model.set_n_kv_head(model.n_head());
+  if (!model.has_d_ff()) {
+    const int64_t d_ff = DefaultDff(model.family(), model.d_model());
+    if (d_ff > 0) model.set_d_ff(static_cast<int32_t>(d_ff));
+  }
+  if (!model.has_tie_embeddings()) {
+    if (model.family() == ModelConfig::GPT2) model.set_tie_embeddings(true);
+    if (model.family() == ModelConfig::LLAMA) model.set_tie_embeddings(false);
+  }
+  if (!model.has_norm_eps()) model.set_norm_eps(1e-5f);
+  if (!model.has_rope_theta()) model.set_rope_theta(10000.0f);
+  if (!model.has_init_std()) model.set_init_std(0.02f);
+
+  zerotrain::TrainConfig& train = *spec->mutable_train();
+  if (!train.has_grad_accum_steps()) train.set_grad_accum_steps(1);
+  if (!train.has_eval_steps()) train.set_eval_steps(20);
+  if (!train.has_log_interval()) train.set_log_interval(1);
+  if (!train.has_seed()) train.set_seed(1337);
+
+  // After train.seed, which it copies.
+  zerotrain::DataConfig& data = *spec->mutable_data();
+  if (!data.has_seed()) data.set_seed(train.seed());
+
+  OptimizerConfig& optimizer = *spec->mutable_optimizer();
+  if (optimizer.type() == OptimizerConfig::TYPE_UNSPECIFIED) {
+    optimizer.set_type(OptimizerConfig::ADAMW);
+  }
+  if (!optimizer.has_beta1()) optimizer.set_beta1(0.9f);
+  if (!optimizer.has_beta2()) optimizer.set_beta2(0.999f);
+  if (!optimizer.has_eps()) optimizer.set_eps(1e-8f);
+  if (!optimizer.has_weight_decay()) optimizer.set_weight_decay(0.01f);
+  if (!optimizer.has_grad_clip()) optimizer.set_grad_clip(1.0f);
+  OptimizerConfig::Schedule& schedule = *optimizer.mutable_schedule();
+  if (schedule.decay() == OptimizerConfig::DECAY_UNSPECIFIED) {
+    schedule.set_decay(OptimizerConfig::CONSTANT);
+  }
+
+  PrecisionConfig& precision = *spec->mutable_precision();
+  if (precision.param_dtype() == PrecisionConfig::DTYPE_UNSPECIFIED) {
+    precision.set_param_dtype(PrecisionConfig::FP32);
+  }
+  if (precision.compute_dtype() == PrecisionConfig::DTYPE_UNSPECIFIED) {
+    precision.set_compute_dtype(PrecisionConfig::FP32);
+  }
+  if (precision.grad_dtype() == PrecisionConfig::DTYPE_UNSPECIFIED) {
+    precision.set_grad_dtype(PrecisionConfig::FP32);
+  }
+
+  zerotrain::ParallelConfig& parallel = *spec->mutable_parallel();
+  if (!parallel.has_world_size()) parallel.set_world_size(1);
+
+  ResourceConfig& resources = *spec->mutable_resources();
+  if (resources.device() == ResourceConfig::DEVICE_KIND_UNSPECIFIED) {
+    resources.set_device(ResourceConfig::CPU);
+  }
+}
+
+}  // namespace zt

@@ -1,0 +1,24 @@
+// The documented defaults of proto/job.proto, filled in one place so the engine reads every
+// field straight from the message.
+#pragma once
+
+#include <cstdint>
+
+#include "proto/job.pb.h"
+
+namespace zt {
+
+// Default MLP width for `family` and d_model `c`: 4·C for GPT2, 8·C/3 rounded up to a multiple
+// of 64 for LLAMA. Returns 0 for FAMILY_UNSPECIFIED and for widths that do not fit in int32;
+// ApplyJobDefaults then leaves d_ff unset and ValidateJobSpec reports it.
+int64_t DefaultDff(zerotrain::ModelConfig::Family family, int64_t c);
+
+// Sets every unset `optional` field and every enum left at *_UNSPECIFIED to the default its
+// .proto comment documents. Defaults that depend on other fields (model.n_kv_head = n_head,
+// model.d_ff and model.tie_embeddings by family, data.seed = train.seed) are computed from
+// the values present; those that depend on model.family are left unset while the family is
+// unspecified (there is no default family). Idempotent; never fails: rules are checked
+// afterwards by ValidateJobSpec.
+void ApplyJobDefaults(zerotrain::JobSpec* spec);
+
+}  // namespace zt

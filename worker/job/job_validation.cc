@@ -1,0 +1,331 @@
+#include "worker/job/job_validation.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+
+namespace zt {
+namespace {
+
+using zerotrain::JobSpec;
+using zerotrain::ModelConfig;
+using zerotrain::OptimizerConfig;
+using zerotrain::PrecisionConfig;
+using zerotrain::ResourceConfig;
+
+constexpr size_t kMaxNameChars = 128;
+
+// Collects violation lines; the caller turns them into one status.
+class Violations {
+ public:
+  void Add(std::string line) { lines_.push_back(std::move(line)); }
+  bool empty() const { return lines_.empty(); }
+  std::string Join() const { return absl::StrJoin(lines_, "\n"); }
+
+  void AtLeast(absl::string_view field, int64_t value, int64_t min) {
+    if (value < min) Add(absl::StrCat(field, ": must be >= ", min, " (got ", value, ")"));
+  }
+
+  // `rule` is printed as written, e.g. "> 0"; the predicate decides.
+  void Real(absl::string_view field, float value, bool ok, absl::string_view rule) {
+    if (!std::isfinite(value)) {
+      Add(absl::StrCat(field, ": must be a finite number ", rule, " (got ", value, ")"));
+    } else if (!ok) {
+      Add(absl::StrCat(field, ": must be ", rule, " (got ", value, ")"));
+    }
+  }
+  void Positive(absl::string_view field, float value) { Real(field, value, value > 0, "> 0"); }
+  void NonNegative(absl::string_view field, float value) { Real(field, value, value >= 0, ">= 0"); }
+  void UnitHalfOpen(absl::string_view field, float value) {
+    Real(field, value, value >= 0 && value < 1, "in [0, 1)");
+  }
+
+  // Optional fields are completed by ApplyJobDefaults; one still unset means it did not run.
+  bool Set(absl::string_view field, bool has) {
+    if (!has) Add(absl::StrCat(field, ": not set (ApplyJobDefaults must run before validation)"));
+    return has;
+  }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+template <typename EnumName>
+std::string NameOf(int value, EnumName name_of) {
+  const std::string name = name_of(value);
+  return name.empty() ? absl::StrCat(value) : name;
+}
+
+void ValidateName(const std::string& name, Violations& v) {
+  // Empty means "job": the label is optional.
+  if (name.empty()) return;
+  if (name.size() > kMaxNameChars) {
+    v.Add(absl::StrCat("name: '", name.substr(0, 40), "...' has ", name.size(),
+                       " characters; at most ", kMaxNameChars, " are allowed"));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      v.Add(absl::StrCat("name: may hold only [A-Za-z0-9._-], found byte 0x",
+                         absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2), " at position ",
+                         i));
+      return;
+    }
+  }
+}
+
+void ValidateModel(const JobSpec& spec, Violations& v) {
+  const ModelConfig& m = spec.model();
+  const bool gpt2 = m.family() == ModelConfig::GPT2;
+  const bool llama = m.family() == ModelConfig::LLAMA;
+  if (!gpt2 && !llama) {
+    v.Add(absl::StrCat("model.family: must be GPT2 or LLAMA (got ",
+                       NameOf(m.family(), ModelConfig::Family_Name<int>), ")"));
+  }
+  v.AtLeast("model.n_layer", m.n_layer(), 1);
+  v.AtLeast("model.n_head", m.n_head(), 1);
+  v.AtLeast("model.d_model", m.d_model(), 1);
+  if (m.n_head() >= 1 && m.d_model() >= 1) {
+    if (m.d_model() % m.n_head() != 0) {
+      v.Add(absl::StrCat("model.d_model: ", m.d_model(), " is not divisible by model.n_head ",
+                         m.n_head()));
+    } else if (llama && (m.d_model() / m.n_head()) % 2 != 0) {
+      // RoPE rotates channel pairs of each head.
+      v.Add(absl::StrCat("model.d_model: LLAMA needs an even head size for RoPE (d_model ",
+                         m.d_model(), " / n_head ", m.n_head(), " = ", m.d_model() / m.n_head(),
+                         ")"));
+    }
+  }
+  if (v.Set("model.n_kv_head", m.has_n_kv_head())) {
+    v.AtLeast("model.n_kv_head", m.n_kv_head(), 1);
+    if (gpt2 && m.n_kv_head() >= 1 && m.n_kv_head() != m.n_head()) {
+      v.Add(absl::StrCat("model.n_kv_head: GPT2 requires n_kv_head == n_head (got ", m.n_kv_head(),
+                         ", n_head ", m.n_head(), ")"));
+    } else if (m.n_kv_head() >= 1 && m.n_head() >= 1 && m.n_head() % m.n_kv_head() != 0) {
+      v.Add(absl::StrCat("model.n_head: ", m.n_head(), " is not divisible by model.n_kv_head ",
+                         m.n_kv_head()));
+    }
+  }
+  if (m.has_d_ff()) {
+    v.AtLeast("model.d_ff", m.d_ff(), 1);
+  } else if ((gpt2 || llama) && m.d_model() >= 1) {
+    v.Add(absl::StrCat("model.d_ff: not set, and its default from model.d_model ", m.d_model(),
+                       " does not fit in int32 (or ApplyJobDefaults did not run)"));
+  }
+  v.AtLeast("model.vocab_size", m.vocab_size(), 2);
+  v.AtLeast("model.max_seq_len", m.max_seq_len(), 1);
+  if (gpt2 || llama) v.Set("model.tie_embeddings", m.has_tie_embeddings());
+  if (v.Set("model.norm_eps", m.has_norm_eps())) v.Positive("model.norm_eps", m.norm_eps());
+  if (v.Set("model.rope_theta", m.has_rope_theta())) {
+    v.Positive("model.rope_theta", m.rope_theta());
+  }
+  if (v.Set("model.init_std", m.has_init_std())) v.Positive("model.init_std", m.init_std());
+}
+
+void ValidateData(const JobSpec& spec, Violations& v) {
+  const zerotrain::DataConfig& d = spec.data();
+  if (d.train().empty()) v.Add("data.train: at least one file is required");
+  for (int i = 0; i < d.train_size(); ++i) {
+    if (d.train(i).empty()) v.Add(absl::StrCat("data.train[", i, "]: the path is empty"));
+  }
+  for (int i = 0; i < d.val_size(); ++i) {
+    if (d.val(i).empty()) v.Add(absl::StrCat("data.val[", i, "]: the path is empty"));
+  }
+  v.AtLeast("data.seq_len", d.seq_len(), 1);
+  if (d.seq_len() >= 1 && spec.model().max_seq_len() >= 1 &&
+      d.seq_len() > spec.model().max_seq_len()) {
+    v.Add(absl::StrCat("data.seq_len: ", d.seq_len(), " exceeds model.max_seq_len ",
+                       spec.model().max_seq_len()));
+  }
+  v.Set("data.seed", d.has_seed());
+}
+
+void ValidateTrain(const JobSpec& spec, Violations& v) {
+  const zerotrain::TrainConfig& t = spec.train();
+  v.AtLeast("train.micro_batch_size", t.micro_batch_size(), 1);
+  if (v.Set("train.grad_accum_steps", t.has_grad_accum_steps())) {
+    v.AtLeast("train.grad_accum_steps", t.grad_accum_steps(), 1);
+  }
+  v.AtLeast("train.max_steps", t.max_steps(), 1);
+  v.AtLeast("train.eval_interval", t.eval_interval(), 0);
+  if (v.Set("train.eval_steps", t.has_eval_steps()) && t.eval_interval() > 0 &&
+      t.eval_steps() < 1) {
+    v.Add(absl::StrCat("train.eval_steps: must be >= 1 when train.eval_interval > 0 (got ",
+                       t.eval_steps(), ", eval_interval ", t.eval_interval(), ")"));
+  }
+  // "Every this many steps": 0 would be a division by zero, not "never".
+  if (v.Set("train.log_interval", t.has_log_interval())) {
+    v.AtLeast("train.log_interval", t.log_interval(), 1);
+  }
+  v.Set("train.seed", t.has_seed());
+}
+
+void ValidateOptimizer(const JobSpec& spec, Violations& v) {
+  const OptimizerConfig& o = spec.optimizer();
+  if (o.type() != OptimizerConfig::ADAMW && o.type() != OptimizerConfig::SGD) {
+    v.Add(absl::StrCat("optimizer.type: must be ADAMW or SGD (got ",
+                       NameOf(o.type(), OptimizerConfig::Type_Name<int>), ")"));
+  }
+  v.Positive("optimizer.lr", o.lr());
+  if (v.Set("optimizer.beta1", o.has_beta1())) v.UnitHalfOpen("optimizer.beta1", o.beta1());
+  if (v.Set("optimizer.beta2", o.has_beta2())) v.UnitHalfOpen("optimizer.beta2", o.beta2());
+  if (v.Set("optimizer.eps", o.has_eps())) v.Positive("optimizer.eps", o.eps());
+  if (v.Set("optimizer.weight_decay", o.has_weight_decay())) {
+    v.NonNegative("optimizer.weight_decay", o.weight_decay());
+  }
+  if (v.Set("optimizer.grad_clip", o.has_grad_clip())) {
+    v.NonNegative("optimizer.grad_clip", o.grad_clip());
+  }
+  v.UnitHalfOpen("optimizer.momentum", o.momentum());
+  const OptimizerConfig::Schedule& s = o.schedule();
+  v.AtLeast("optimizer.schedule.warmup_steps", s.warmup_steps(), 0);
+  if (s.decay() != OptimizerConfig::CONSTANT && s.decay() != OptimizerConfig::COSINE &&
+      s.decay() != OptimizerConfig::LINEAR) {
+    v.Add(absl::StrCat("optimizer.schedule.decay: must be CONSTANT, COSINE or LINEAR (got ",
+                       NameOf(s.decay(), OptimizerConfig::Decay_Name<int>), ")"));
+  }
+  v.Real("optimizer.schedule.min_lr_ratio", s.min_lr_ratio(),
+         s.min_lr_ratio() >= 0 && s.min_lr_ratio() <= 1, "in [0, 1]");
+}
+
+void ValidateDType(absl::string_view field, PrecisionConfig::DType dtype, Violations& v) {
+  if (dtype != PrecisionConfig::FP32 && dtype != PrecisionConfig::BF16 &&
+      dtype != PrecisionConfig::FP16) {
+    v.Add(absl::StrCat(field, ": must be FP32, BF16 or FP16 (got ",
+                       NameOf(dtype, PrecisionConfig::DType_Name<int>), ")"));
+  }
+}
+
+void ValidateRest(const JobSpec& spec, Violations& v) {
+  ValidateDType("precision.param_dtype", spec.precision().param_dtype(), v);
+  ValidateDType("precision.compute_dtype", spec.precision().compute_dtype(), v);
+  ValidateDType("precision.grad_dtype", spec.precision().grad_dtype(), v);
+
+  const zerotrain::ParallelConfig& p = spec.parallel();
+  if (v.Set("parallel.world_size", p.has_world_size())) {
+    v.AtLeast("parallel.world_size", p.world_size(), 1);
+  }
+  if (p.zero_stage() < 0 || p.zero_stage() > 3) {
+    v.Add(absl::StrCat("parallel.zero_stage: must be in 0..3 (got ", p.zero_stage(), ")"));
+  }
+
+  const ResourceConfig& r = spec.resources();
+  if (r.device() != ResourceConfig::CPU && r.device() != ResourceConfig::CUDA) {
+    v.Add(absl::StrCat("resources.device: must be CPU or CUDA (got ",
+                       NameOf(r.device(), ResourceConfig::DeviceKind_Name<int>), ")"));
+  }
+  v.AtLeast("resources.cpu_threads", r.cpu_threads(), 0);
+}
+
+enum class PathProblem { kNone, kMissing, kUnreadable, kNotRegular };
+
+PathProblem CheckPath(absl::string_view field, const std::string& path,
+                      std::vector<std::string>& lines) {
+  namespace fs = std::filesystem;
+  if (path.empty()) {
+    lines.push_back(absl::StrCat(field, ": the path is empty"));
+    return PathProblem::kMissing;
+  }
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (status.type() == fs::file_type::not_found) {
+    lines.push_back(absl::StrCat(field, ": '", path, "' does not exist"));
+    return PathProblem::kMissing;
+  }
+  if (ec) {
+    lines.push_back(absl::StrCat(field, ": '", path, "' cannot be inspected: ", ec.message()));
+    return PathProblem::kUnreadable;
+  }
+  if (status.type() != fs::file_type::regular) {
+    lines.push_back(absl::StrCat(field, ": '", path, "' is not a regular file"));
+    return PathProblem::kNotRegular;
+  }
+  if (::access(path.c_str(), R_OK) != 0) {
+    lines.push_back(absl::StrCat(field, ": '", path, "' is not readable: ", std::strerror(errno)));
+    return PathProblem::kUnreadable;
+  }
+  return PathProblem::kNone;
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  Violations v;
+  ValidateName(spec.name(), v);
+  ValidateModel(spec, v);
+  ValidateData(spec, v);
+  ValidateTrain(spec, v);
+  ValidateOptimizer(spec, v);
+  ValidateRest(spec, v);
+  if (v.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(v.Join());
+}
+
+absl::Status CheckJobPaths(const JobSpec& spec) {
+  std::vector<std::string> lines;
+  bool missing = false;
+  bool unreadable = false;
+  auto check = [&](absl::string_view field, const std::string& path) {
+    const PathProblem problem = CheckPath(field, path, lines);
+    missing |= problem == PathProblem::kMissing;
+    unreadable |= problem == PathProblem::kUnreadable;
+  };
+  for (int i = 0; i < spec.data().train_size(); ++i) {
+    check(absl::StrCat("data.train[", i, "]"), spec.data().train(i));
+  }
+  for (int i = 0; i < spec.data().val_size(); ++i) {
+    check(absl::StrCat("data.val[", i, "]"), spec.data().val(i));
+  }
+  if (!spec.model().init_from().empty()) check("model.init_from", spec.model().init_from());
+  if (lines.empty()) return absl::OkStatus();
+  const std::string message = absl::StrJoin(lines, "\n");
+  if (missing) return absl::NotFoundError(message);
+  if (unreadable) return absl::PermissionDeniedError(message);
+  return absl::InvalidArgumentError(message);
+}
+
+// Each line below goes when its feature lands.
+absl::Status CheckEngineSupport(const JobSpec& spec) {
+  std::vector<std::string> lines;
+  auto dtype = [&](absl::string_view field, PrecisionConfig::DType value) {
+    if (value != PrecisionConfig::FP32) {
+      lines.push_back(absl::StrCat(field, ": ", NameOf(value, PrecisionConfig::DType_Name<int>),
+                                   " is not supported by this engine yet; use FP32"));
+    }
+  };
+  dtype("precision.param_dtype", spec.precision().param_dtype());
+  dtype("precision.compute_dtype", spec.precision().compute_dtype());
+  dtype("precision.grad_dtype", spec.precision().grad_dtype());
+  if (spec.parallel().world_size() > 1) {
+    lines.push_back(absl::StrCat("parallel.world_size: ", spec.parallel().world_size(),
+                                 " ranks are not supported by this engine yet; use 1"));
+  }
+  if (spec.parallel().zero_stage() > 0) {
+    lines.push_back(absl::StrCat("parallel.zero_stage: ", spec.parallel().zero_stage(),
+                                 " is not supported by this engine yet; use 0"));
+  }
+  if (spec.resources().device() == ResourceConfig::CUDA) {
+    lines.push_back("resources.device: CUDA is not supported by this engine yet; use CPU");
+  }
+  if (!spec.checkpoint().dir().empty()) {
+    lines.push_back(absl::StrCat("checkpoint.dir: '", spec.checkpoint().dir(),
+                                 "' is set, but checkpoints are not implemented yet; leave it "
+                                 "empty"));
+  }
+  if (lines.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));
+}
+
+}  // namespace zt
