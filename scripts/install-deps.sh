@@ -10,14 +10,16 @@ packages=(
   libdnnl-dev libopenblas-dev
   prometheus-cpp-dev librocksdb-dev libgloo-dev liburing-dev libzstd-dev
 )
-# The demo trains on a real corpus from a Debian text package.
-if [[ "${1:-}" == "--demo" ]]; then
-  packages+=(fortunes)
-fi
-# Benchmarks compare against PyTorch from Debian.
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-numpy)
-fi
+for flag in "$@"; do
+  case "$flag" in
+    # The demo trains on a real corpus from a Debian text package.
+    --demo) packages+=(fortunes) ;;
+    # The tests check the model against an independent PyTorch float64 reference, and the
+    # benchmarks compare against PyTorch's speed and memory.
+    --test|--bench) packages+=(python3-torch python3-numpy) ;;
+    *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -254,10 +254,11 @@ TEST_F(BpeLoadErrorTest, NamesTheBadMergeOrVocabEntry) {
   EXPECT_THAT(s.message(), HasSubstr("id 3 is given to two tokens"));
 
   TinyBpe::WriteVocabAndMerges(dir_.File("vocab.json"), dir_.File("merges.txt"));
+  // Line 17: after the "#version" line and the 15 merges.
   std::ofstream(dir_.File("merges.txt"), std::ios::app) << "h e l\n";
   s = BpeTokenizer::FromVocabAndMerges(dir_.File("vocab.json"), dir_.File("merges.txt")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("merges.txt' line 15: \"h e l\" is not a pair"));
+  EXPECT_THAT(s.message(), HasSubstr("merges.txt' line 17: \"h e l\" is not a pair"));
 
   s = BpeTokenizer::FromVocabAndMerges(dir_.File("vocab.json"), dir_.File("none.txt")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
