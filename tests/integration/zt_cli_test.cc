@@ -37,6 +37,13 @@ RunResult RunZt(const std::string& args) {
   return r;
 }
 
+std::string ReadBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 class ZtCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,6 +80,14 @@ class ZtCliTest : public ::testing::Test {
     return Path(name);
   }
 
+  // Replaces the first `from` in file `path` by `to`.
+  static void Edit(const std::string& path, const std::string& from, const std::string& to) {
+    std::string text = ReadBytes(path);
+    ASSERT_NE(text.find(from), std::string::npos) << from;
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(path) << text;
+  }
+
   std::filesystem::path dir_;
 };
 
@@ -95,15 +110,7 @@ TEST_F(ZtCliTest, UnknownFieldIsNamed) {
 TEST_F(ZtCliTest, HeadsMustDivideChannels) {
   std::string job = WriteJob("bad.yaml");
   // d_model 16 with n_head 3.
-  std::string text;
-  {
-    std::ifstream f(job);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-  }
-  text.replace(text.find("n_head: 2"), 9, "n_head: 3");
-  std::ofstream(job) << text;
+  Edit(job, "n_head: 2", "n_head: 3");
   const RunResult r = RunZt("train " + job);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, AllOf(HasSubstr("model.d_model"), HasSubstr("divisible")));
@@ -111,15 +118,7 @@ TEST_F(ZtCliTest, HeadsMustDivideChannels) {
 
 TEST_F(ZtCliTest, KvHeadsMustDivideHeads) {
   std::string job = WriteJob("bad.yaml", "  n_kv_head: 3\n");
-  std::string text;
-  {
-    std::ifstream f(job);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-  }
-  text.replace(text.find("GPT2"), 4, "LLAMA");
-  std::ofstream(job) << text;
+  Edit(job, "GPT2", "LLAMA");
   const RunResult r = RunZt("train " + job);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, AllOf(HasSubstr("model.n_head"), HasSubstr("n_kv_head")));
@@ -127,15 +126,7 @@ TEST_F(ZtCliTest, KvHeadsMustDivideHeads) {
 
 TEST_F(ZtCliTest, SeqLenBeyondMaxSeqLen) {
   std::string job = WriteJob("bad.yaml");
-  std::string text;
-  {
-    std::ifstream f(job);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-  }
-  text.replace(text.find("seq_len: 16\ntrain"), 11, "seq_len: 32");
-  std::ofstream(job) << text;
+  Edit(job, "seq_len: 16\ntrain", "seq_len: 32\ntrain");
   const RunResult r = RunZt("train " + job);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, AllOf(HasSubstr("data.seq_len"), HasSubstr("max_seq_len")));
@@ -168,28 +159,17 @@ TEST_F(ZtCliTest, MissingJobFileIsNamed) {
   EXPECT_THAT(r.output, HasSubstr("absent.yaml"));
 }
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 TEST_F(ZtCliTest, ExportThenImportRoundTripsBitForBit) {
   for (const std::string family : {"GPT2", "LLAMA"}) {
     const std::string model_extra =
         family == "LLAMA" ? "  n_kv_head: 1\n" : "";
-    std::string job = WriteJob("a.yaml", model_extra);
-    std::string text = ReadBytes(job);
-    text.replace(text.find("GPT2"), 4, family);
-    std::ofstream(job) << text;
+    const std::string job = WriteJob("a.yaml", model_extra);
+    Edit(job, "GPT2", family);
     RunResult r = RunZt("train " + job + " --quiet --export " + Path("a.safetensors"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::string job2 = WriteJob("b.yaml", model_extra + "  init_from: " +
                                                     Path("a.safetensors") + "\n");
-    text = ReadBytes(job2);
-    text.replace(text.find("GPT2"), 4, family);
-    std::ofstream(job2) << text;
+    Edit(job2, "GPT2", family);
     r = RunZt("train " + job2 + " --quiet --steps 0 --export " + Path("b.safetensors"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(ReadBytes(Path("a.safetensors")), ReadBytes(Path("b.safetensors"))) << family;
