@@ -68,16 +68,45 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
     schedule.set_decay(OptimizerConfig::CONSTANT);
   }
 
+  if (!optimizer.has_quant_block_size()) optimizer.set_quant_block_size(2048);
+  if (!optimizer.has_min_quantized_numel()) optimizer.set_min_quantized_numel(4096);
+  zerotrain::AdafactorConfig& adafactor = *optimizer.mutable_adafactor();
+  if (!adafactor.has_scale_parameter()) adafactor.set_scale_parameter(true);
+  if (!adafactor.has_decay_rate()) adafactor.set_decay_rate(-0.8f);
+  if (!adafactor.has_clip_threshold()) adafactor.set_clip_threshold(1.0f);
+  if (!adafactor.has_eps1()) adafactor.set_eps1(1e-30f);
+  if (!adafactor.has_eps2()) adafactor.set_eps2(1e-3f);
+
   PrecisionConfig& precision = *spec->mutable_precision();
   if (precision.param_dtype() == PrecisionConfig::DTYPE_UNSPECIFIED) {
     precision.set_param_dtype(PrecisionConfig::FP32);
   }
   if (precision.compute_dtype() == PrecisionConfig::DTYPE_UNSPECIFIED) {
-    precision.set_compute_dtype(PrecisionConfig::FP32);
+    precision.set_compute_dtype(precision.param_dtype());
   }
   if (precision.grad_dtype() == PrecisionConfig::DTYPE_UNSPECIFIED) {
     precision.set_grad_dtype(PrecisionConfig::FP32);
   }
+  if (precision.reduce_dtype() == PrecisionConfig::DTYPE_UNSPECIFIED) {
+    precision.set_reduce_dtype(precision.grad_dtype());
+  }
+  if (!precision.has_master_weights()) {
+    precision.set_master_weights(precision.param_dtype() != PrecisionConfig::FP32);
+  }
+  zerotrain::LossScaleConfig& loss_scale = *precision.mutable_loss_scale();
+  if (!loss_scale.has_initial_power()) loss_scale.set_initial_power(16);
+  if (!loss_scale.has_window()) loss_scale.set_window(1000);
+  if (!loss_scale.has_hysteresis()) loss_scale.set_hysteresis(2);
+  if (!loss_scale.has_min_scale()) loss_scale.set_min_scale(1.0f);
+  if (!loss_scale.has_max_overflows_at_min_scale()) {
+    loss_scale.set_max_overflows_at_min_scale(100);
+  }
+
+  zerotrain::MemoryConfig& memory = *spec->mutable_memory();
+  if (memory.activation_checkpointing() == zerotrain::MemoryConfig::CHECKPOINTING_UNSPECIFIED) {
+    memory.set_activation_checkpointing(zerotrain::MemoryConfig::NONE);
+  }
+  if (!memory.has_checkpoint_every_k()) memory.set_checkpoint_every_k(1);
 
   zerotrain::ParallelConfig& parallel = *spec->mutable_parallel();
   if (!parallel.has_world_size()) parallel.set_world_size(1);

@@ -174,10 +174,36 @@ void ValidateTrain(const JobSpec& spec, Violations& v) {
 
 void ValidateOptimizer(const JobSpec& spec, Violations& v) {
   const OptimizerConfig& o = spec.optimizer();
-  if (o.type() != OptimizerConfig::ADAMW && o.type() != OptimizerConfig::SGD) {
-    v.Add(absl::StrCat("optimizer.type: must be ADAMW or SGD (got ",
+  if (o.type() != OptimizerConfig::ADAMW && o.type() != OptimizerConfig::SGD &&
+      o.type() != OptimizerConfig::ADAMW_8BIT && o.type() != OptimizerConfig::ADAFACTOR) {
+    v.Add(absl::StrCat("optimizer.type: must be ADAMW, SGD, ADAMW_8BIT or ADAFACTOR (got ",
                        NameOf(o.type(), OptimizerConfig::Type_Name<int>), ")"));
   }
+  if (v.Set("optimizer.quant_block_size", o.has_quant_block_size())) {
+    const int32_t b = o.quant_block_size();
+    if (b < 64 || (b & (b - 1)) != 0) {
+      v.Add(absl::StrCat("optimizer.quant_block_size: must be a power of two >= 64 (got ", b,
+                         ")"));
+    }
+  }
+  if (v.Set("optimizer.min_quantized_numel", o.has_min_quantized_numel())) {
+    v.AtLeast("optimizer.min_quantized_numel", o.min_quantized_numel(), 0);
+  }
+  const zerotrain::AdafactorConfig& a = o.adafactor();
+  if (v.Set("optimizer.adafactor.decay_rate", a.has_decay_rate())) {
+    v.Real("optimizer.adafactor.decay_rate", a.decay_rate(),
+           a.decay_rate() >= -1 && a.decay_rate() < 0, "in [-1, 0)");
+  }
+  if (v.Set("optimizer.adafactor.clip_threshold", a.has_clip_threshold())) {
+    v.Positive("optimizer.adafactor.clip_threshold", a.clip_threshold());
+  }
+  if (v.Set("optimizer.adafactor.eps1", a.has_eps1())) {
+    v.Positive("optimizer.adafactor.eps1", a.eps1());
+  }
+  if (v.Set("optimizer.adafactor.eps2", a.has_eps2())) {
+    v.Positive("optimizer.adafactor.eps2", a.eps2());
+  }
+  v.UnitHalfOpen("optimizer.adafactor.beta1", a.beta1());
   v.Positive("optimizer.lr", o.lr());
   if (v.Set("optimizer.beta1", o.has_beta1())) v.UnitHalfOpen("optimizer.beta1", o.beta1());
   if (v.Set("optimizer.beta2", o.has_beta2())) v.UnitHalfOpen("optimizer.beta2", o.beta2());
@@ -209,9 +235,60 @@ void ValidateDType(absl::string_view field, PrecisionConfig::DType dtype, Violat
 }
 
 void ValidateRest(const JobSpec& spec, Violations& v) {
-  ValidateDType("precision.param_dtype", spec.precision().param_dtype(), v);
-  ValidateDType("precision.compute_dtype", spec.precision().compute_dtype(), v);
-  ValidateDType("precision.grad_dtype", spec.precision().grad_dtype(), v);
+  const PrecisionConfig& pr = spec.precision();
+  ValidateDType("precision.param_dtype", pr.param_dtype(), v);
+  ValidateDType("precision.compute_dtype", pr.compute_dtype(), v);
+  ValidateDType("precision.grad_dtype", pr.grad_dtype(), v);
+  ValidateDType("precision.reduce_dtype", pr.reduce_dtype(), v);
+  if (v.Set("precision.master_weights", pr.has_master_weights()) && !pr.master_weights() &&
+      pr.param_dtype() != PrecisionConfig::FP32 &&
+      spec.optimizer().type() != OptimizerConfig::SGD) {
+    // Adam-family states and updates need fp32: a 16-bit parameter cannot absorb updates
+    // much smaller than itself.
+    v.Add(absl::StrCat("precision.master_weights: false with precision.param_dtype ",
+                       NameOf(pr.param_dtype(), PrecisionConfig::DType_Name<int>),
+                       " is not allowed with optimizer.type ",
+                       NameOf(spec.optimizer().type(), OptimizerConfig::Type_Name<int>),
+                       ", which needs fp32 master weights"));
+  }
+  if (pr.stochastic_rounding() && pr.param_dtype() != PrecisionConfig::BF16) {
+    v.Add(absl::StrCat("precision.stochastic_rounding: requires precision.param_dtype BF16 (got ",
+                       NameOf(pr.param_dtype(), PrecisionConfig::DType_Name<int>), ")"));
+  }
+  const zerotrain::LossScaleConfig& ls = pr.loss_scale();
+  if (v.Set("precision.loss_scale.initial_power", ls.has_initial_power()) &&
+      (ls.initial_power() < 0 || ls.initial_power() > 64)) {
+    v.Add(absl::StrCat("precision.loss_scale.initial_power: must be in [0, 64] (got ",
+                       ls.initial_power(), ")"));
+  }
+  if (v.Set("precision.loss_scale.window", ls.has_window())) {
+    v.AtLeast("precision.loss_scale.window", ls.window(), 1);
+  }
+  if (v.Set("precision.loss_scale.hysteresis", ls.has_hysteresis())) {
+    v.AtLeast("precision.loss_scale.hysteresis", ls.hysteresis(), 1);
+  }
+  if (v.Set("precision.loss_scale.min_scale", ls.has_min_scale())) {
+    v.Positive("precision.loss_scale.min_scale", ls.min_scale());
+  }
+  if (ls.has_static_scale()) v.Positive("precision.loss_scale.static_scale", ls.static_scale());
+  if (v.Set("precision.loss_scale.max_overflows_at_min_scale",
+            ls.has_max_overflows_at_min_scale())) {
+    v.AtLeast("precision.loss_scale.max_overflows_at_min_scale",
+              ls.max_overflows_at_min_scale(), 1);
+  }
+
+  const zerotrain::MemoryConfig& mem = spec.memory();
+  using Ckpt = zerotrain::MemoryConfig;
+  if (mem.activation_checkpointing() != Ckpt::NONE && mem.activation_checkpointing() != Ckpt::FULL &&
+      mem.activation_checkpointing() != Ckpt::EVERY_K &&
+      mem.activation_checkpointing() != Ckpt::SELECTIVE) {
+    v.Add(absl::StrCat(
+        "memory.activation_checkpointing: must be NONE, FULL, EVERY_K or SELECTIVE (got ",
+        NameOf(mem.activation_checkpointing(), Ckpt::ActivationCheckpointing_Name<int>), ")"));
+  }
+  if (v.Set("memory.checkpoint_every_k", mem.has_checkpoint_every_k())) {
+    v.AtLeast("memory.checkpoint_every_k", mem.checkpoint_every_k(), 1);
+  }
 
   const zerotrain::ParallelConfig& p = spec.parallel();
   if (v.Set("parallel.world_size", p.has_world_size())) {
@@ -308,6 +385,20 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   dtype("precision.param_dtype", spec.precision().param_dtype());
   dtype("precision.compute_dtype", spec.precision().compute_dtype());
   dtype("precision.grad_dtype", spec.precision().grad_dtype());
+  dtype("precision.reduce_dtype", spec.precision().reduce_dtype());
+  if (spec.optimizer().type() == OptimizerConfig::ADAMW_8BIT ||
+      spec.optimizer().type() == OptimizerConfig::ADAFACTOR) {
+    lines.push_back(absl::StrCat(
+        "optimizer.type: ", NameOf(spec.optimizer().type(), OptimizerConfig::Type_Name<int>),
+        " is not supported by this engine yet; use ADAMW or SGD"));
+  }
+  if (spec.memory().activation_checkpointing() != zerotrain::MemoryConfig::NONE) {
+    lines.push_back(absl::StrCat(
+        "memory.activation_checkpointing: ",
+        NameOf(spec.memory().activation_checkpointing(),
+               zerotrain::MemoryConfig::ActivationCheckpointing_Name<int>),
+        " is not supported by this engine yet; use NONE"));
+  }
   if (spec.parallel().world_size() > 1) {
     lines.push_back(absl::StrCat("parallel.world_size: ", spec.parallel().world_size(),
                                  " ranks are not supported by this engine yet; use 1"));

@@ -110,7 +110,8 @@ TEST(JobDefaultsTest, KeepsValuesThatAreSet) {
   EXPECT_EQ(spec.optimizer().weight_decay(), 0.0f);
   EXPECT_EQ(spec.optimizer().schedule().decay(), OptimizerConfig::COSINE);
   EXPECT_EQ(spec.precision().param_dtype(), PrecisionConfig::BF16);
-  EXPECT_EQ(spec.precision().compute_dtype(), PrecisionConfig::FP32);
+  // compute_dtype follows an explicit param_dtype.
+  EXPECT_EQ(spec.precision().compute_dtype(), PrecisionConfig::BF16);
   EXPECT_EQ(spec.parallel().world_size(), 0);
   EXPECT_EQ(spec.resources().device(), ResourceConfig::CUDA);
 }

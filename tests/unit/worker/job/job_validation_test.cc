@@ -113,7 +113,7 @@ TEST(ValidateJobSpecTest, EachRuleNamesTheFieldTheValueAndTheRule) {
        "train.log_interval: must be >= 1 (got 0)"},
       {"optimizer type",
        [](JobSpec& s) { s.mutable_optimizer()->set_type(OptimizerConfig::TYPE_UNSPECIFIED); },
-       "optimizer.type: must be ADAMW or SGD (got TYPE_UNSPECIFIED)"},
+       "optimizer.type: must be ADAMW, SGD, ADAMW_8BIT or ADAFACTOR (got TYPE_UNSPECIFIED)"},
       {"lr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(0); },
        "optimizer.lr: must be > 0 (got 0)"},
       {"lr inf", [=](JobSpec& s) { s.mutable_optimizer()->set_lr(inf); },
@@ -308,12 +308,78 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "FP32",
                           "precision.compute_dtype: FP16 is not supported by this engine yet; "
                           "use FP32",
+                          "precision.reduce_dtype: BF16 is not supported by this engine yet; "
+                          "use FP32",
+                          "memory.activation_checkpointing: EVERY_K is not supported by this "
+                          "engine yet; use NONE",
                           "parallel.world_size: 2 ranks are not supported by this engine yet; "
                           "use 1",
                           "parallel.zero_stage: 3 is not supported by this engine yet; use 0",
                           "resources.device: CUDA is not supported by this engine yet; use CPU",
                           "checkpoint.dir: 'ckpt' is set, but checkpoints are not implemented "
                           "yet; leave it empty"));
+}
+
+}  // namespace
+}  // namespace zt
+
+namespace zt {
+namespace {
+
+// The memory-technique rules: every broken combination is reported in the same answer,
+// each naming its field.
+TEST(MemoryTechniqueValidationTest, ReportsEveryBrokenCombinationAtOnce) {
+  zerotrain::JobSpec spec;
+  auto* m = spec.mutable_model();
+  m->set_family(zerotrain::ModelConfig::GPT2);
+  m->set_n_layer(1);
+  m->set_n_head(2);
+  m->set_d_model(8);
+  m->set_vocab_size(16);
+  m->set_max_seq_len(8);
+  spec.mutable_data()->add_train("x.bin");
+  spec.mutable_data()->set_seq_len(8);
+  spec.mutable_train()->set_micro_batch_size(1);
+  spec.mutable_train()->set_max_steps(1);
+  spec.mutable_optimizer()->set_lr(1e-3f);
+  spec.mutable_optimizer()->set_quant_block_size(1000);
+  spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::FP16);
+  spec.mutable_precision()->set_master_weights(false);
+  spec.mutable_precision()->mutable_loss_scale()->set_static_scale(-4);
+  spec.mutable_memory()->set_checkpoint_every_k(0);
+  ApplyJobDefaults(&spec);
+  const absl::Status s = ValidateJobSpec(spec);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  for (const char* field :
+       {"optimizer.quant_block_size: must be a power of two", "precision.master_weights: false",
+        "precision.loss_scale.static_scale: must be > 0", "memory.checkpoint_every_k: must be >= 1"}) {
+    EXPECT_NE(s.message().find(field), std::string::npos) << field << "\n" << s.message();
+  }
+}
+
+TEST(MemoryTechniqueValidationTest, ZeroStaticScaleIsRejected) {
+  zerotrain::JobSpec spec;
+  spec.mutable_precision()->mutable_loss_scale()->set_static_scale(0);
+  ApplyJobDefaults(&spec);
+  const absl::Status s = ValidateJobSpec(spec);
+  EXPECT_NE(s.message().find("precision.loss_scale.static_scale: must be > 0 (got 0)"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(MemoryTechniqueValidationTest, DefaultsFollowTheParameterDtype) {
+  zerotrain::JobSpec spec;
+  spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  ApplyJobDefaults(&spec);
+  EXPECT_EQ(spec.precision().compute_dtype(), zerotrain::PrecisionConfig::BF16);
+  EXPECT_EQ(spec.precision().grad_dtype(), zerotrain::PrecisionConfig::FP32);
+  EXPECT_EQ(spec.precision().reduce_dtype(), zerotrain::PrecisionConfig::FP32);
+  EXPECT_TRUE(spec.precision().master_weights());
+  EXPECT_EQ(spec.precision().loss_scale().initial_power(), 16);
+  EXPECT_EQ(spec.precision().loss_scale().window(), 1000);
+  EXPECT_EQ(spec.precision().loss_scale().hysteresis(), 2);
+  EXPECT_EQ(spec.memory().activation_checkpointing(), zerotrain::MemoryConfig::NONE);
+  EXPECT_EQ(spec.optimizer().quant_block_size(), 2048);
 }
 
 }  // namespace

@@ -58,10 +58,35 @@ optimizer:
     decay: LINEAR
     min_lr_ratio: 0.25
   decay_all_parameters: true
+  quant_block_size: 1024
+  min_quantized_numel: 0
+  adafactor:
+    relative_step: true
+    scale_parameter: false
+    warmup_init: true
+    decay_rate: -0.5
+    clip_threshold: 2
+    beta1: 0.9
+    eps1: 1.0e-20
+    eps2: 1.0e-2
 precision:
   param_dtype: BF16
   compute_dtype: FP16
   grad_dtype: FP32
+  reduce_dtype: BF16
+  master_weights: true
+  stochastic_rounding: true
+  loss_scale:
+    initial_power: 12
+    window: 500
+    hysteresis: 3
+    min_scale: 0.5
+    static_scale: 256
+    max_overflows_at_min_scale: 7
+    consecutive_hysteresis: true
+memory:
+  activation_checkpointing: EVERY_K
+  checkpoint_every_k: 2
 parallel:
   world_size: 2
   zero_stage: 3
@@ -86,8 +111,18 @@ inline constexpr char kFullJson[] = R"({
   "optimizer": {"type": "SGD", "lr": 0.1, "beta1": 0.8, "beta2": 0.95, "eps": 1e-7,
                 "weight_decay": 0, "grad_clip": 0.5, "momentum": 0.9,
                 "schedule": {"warmup_steps": 3, "decay": "LINEAR", "min_lr_ratio": 0.25},
-                "decay_all_parameters": true},
-  "precision": {"param_dtype": "BF16", "compute_dtype": "FP16", "grad_dtype": "FP32"},
+                "decay_all_parameters": true, "quant_block_size": 1024,
+                "min_quantized_numel": "0",
+                "adafactor": {"relative_step": true, "scale_parameter": false,
+                              "warmup_init": true, "decay_rate": -0.5, "clip_threshold": 2,
+                              "beta1": 0.9, "eps1": 1e-20, "eps2": 1e-2}},
+  "precision": {"param_dtype": "BF16", "compute_dtype": "FP16", "grad_dtype": "FP32",
+                "reduce_dtype": "BF16", "master_weights": true, "stochastic_rounding": true,
+                "loss_scale": {"initial_power": 12, "window": "500", "hysteresis": 3,
+                               "min_scale": 0.5, "static_scale": 256,
+                               "max_overflows_at_min_scale": "7",
+                               "consecutive_hysteresis": true}},
+  "memory": {"activation_checkpointing": "EVERY_K", "checkpoint_every_k": 2},
   "parallel": {"world_size": 2, "zero_stage": 3},
   "checkpoint": {"dir": "ckpt"},
   "resources": {"device": "CUDA", "cpu_threads": 3}
