@@ -119,9 +119,19 @@ int main(int argc, char** argv) {
     std::vector<float> a(64 * 64, 1.0f), c(64 * 64);
     zt::DeviceContext warm = zt::CpuContext(threads);
     warm.cpu_gemm = gemm == "openblas" ? zt::CpuGemm::kOpenBlas : zt::CpuGemm::kOneDnn;
+    auto scratch_bytes = zt::GemmWorkspaceBytes(warm, {.m = 64, .n = 64, .k = 64});
+    if (!scratch_bytes.ok()) {
+      std::fprintf(stderr, "training_bench: %s\n", scratch_bytes.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<uint8_t> scratch(static_cast<size_t>(*scratch_bytes));
+    warm.workspace = {.data = scratch.data(), .bytes = *scratch_bytes};
     const zt::Tensor ta(a.data(), zt::DType::kF32, {64, 64});
     const zt::Tensor tc(c.data(), zt::DType::kF32, {64, 64});
-    if (!zt::Gemm(warm, ta, ta, tc, {}).ok()) return 1;
+    if (auto s = zt::Gemm(warm, ta, ta, tc, {}); !s.ok()) {
+      std::fprintf(stderr, "training_bench: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   const int64_t baseline = ProcStatusBytes("VmRSS:");
 

@@ -32,6 +32,14 @@ struct PrepareFlags {
 };
 absl::Status RunPrepare(const PrepareFlags& flags);
 
+struct EstimateFlags {
+  std::string job_file;
+  int world_size = 0;   // 0: the job's parallel.world_size
+  int zero_stage = -1;  // < 0: the job's parallel.zero_stage
+  bool json = false;
+};
+absl::Status RunEstimate(const EstimateFlags& flags);
+
 // 2 for errors in the user's input (InvalidArgument, NotFound, PermissionDenied,
 // FailedPrecondition, OutOfRange, DataLoss), 1 otherwise.
 int ExitCodeFor(const absl::Status& status);

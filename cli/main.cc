@@ -1,6 +1,7 @@
 // zt: the ZeroTrain client. The offline verbs run here, on this machine's devices:
 //   zt train JOBFILE     train a job in this process
 //   zt prepare ...       turn text files into token shards
+//   zt estimate JOBFILE  where a rank's memory goes, from the memory plan
 // Exit codes: 0 success; 1 the run failed; 2 the input (command line, job file, data) is
 // wrong — a batch script can tell "fix the job" from "retry".
 #include <cstdio>
@@ -49,6 +50,16 @@ int main(int argc, char** argv) {
   prepare_cmd->add_option("--val-fraction", prepare.val_fraction,
                           "Fraction of tokens for --val-out (default 0.1)");
 
+  zt::cli::EstimateFlags estimate;
+  CLI::App* estimate_cmd = app.add_subcommand(
+      "estimate", "Print where a rank's memory goes, by category, without allocating it");
+  estimate_cmd->add_option("job", estimate.job_file, "Job file (YAML or JSON)")->required();
+  estimate_cmd->add_option("--world-size", estimate.world_size, "Ranks (default: the job's)")
+      ->check(CLI::PositiveNumber);
+  estimate_cmd->add_option("--zero-stage", estimate.zero_stage, "ZeRO stage 0-3 (default: the job's)")
+      ->check(CLI::Range(0, 3));
+  estimate_cmd->add_flag("--json", estimate.json, "One JSON object (per_rank: bytes by category)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -58,6 +69,7 @@ int main(int argc, char** argv) {
   absl::Status status;
   if (*train_cmd) status = zt::cli::RunTrain(train);
   if (*prepare_cmd) status = zt::cli::RunPrepare(prepare);
+  if (*estimate_cmd) status = zt::cli::RunEstimate(estimate);
   if (!status.ok()) {
     std::cerr << "zt: " << status.message() << "\n";
     return zt::cli::ExitCodeFor(status);

@@ -2,6 +2,7 @@
 // own: on CUDA they enqueue on `stream`; the step loop is the only place that waits.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace zt {
@@ -17,9 +18,17 @@ struct Device {
 
 std::string DeviceName(const Device& d);
 
-// The CPU GEMM implementation. oneDNN picks its ISA from the CPU (AVX-512 here); OpenBLAS
-// follows OPENBLAS_CORETYPE. Both are BLAS-style sgemm; benchmarks report which ran.
+// The CPU GEMM implementation. oneDNN's matmul primitive picks its ISA from the CPU (AVX-512
+// here) and takes its scratch from the context's workspace; OpenBLAS follows
+// OPENBLAS_CORETYPE and needs none. Benchmarks report which ran.
 enum class CpuGemm : uint8_t { kOneDnn, kOpenBlas };
+
+// Scratch bytes on the context's device, owned by the caller. A byte range rather than a
+// Tensor because kernels/tensor.h includes this header.
+struct Workspace {
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
 
 struct DeviceContext {
   Device device;
@@ -28,6 +37,11 @@ struct DeviceContext {
   CpuGemm cpu_gemm = CpuGemm::kOneDnn;
   // CUDA: the cudaStream_t ops enqueue on (null on the CPU).
   void* stream = nullptr;
+  // Ops that need scratch (the oneDNN GEMM, later cuBLASLt) take it from here instead of
+  // allocating inside the step loop; the memory plan sizes it ("gemm_workspace", see
+  // GemmWorkspaceBytes in kernels/linear.h). May be empty for ops that need none. One
+  // context's ops run one after another, so they share it; concurrent ranks need their own.
+  Workspace workspace;
 };
 
 // A CPU context with every core of the machine (or `threads` when > 0).

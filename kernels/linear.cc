@@ -1,6 +1,9 @@
 // Entry points of kernels/linear.h: argument checks, then dispatch on the device kind.
 #include "kernels/linear.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/gemm.h"
@@ -99,6 +102,41 @@ absl::Status LinearBackward(const DeviceContext& ctx, const LinearBackwardArgs& 
   return cpu::LinearBackward(ctx, args);
 }
 
+absl::StatusOr<int64_t> GemmWorkspaceBytes(const DeviceContext& ctx, const GemmShape& shape) {
+  constexpr const char* kOp = "GemmWorkspaceBytes";
+  ZT_RETURN_IF_ERROR(CheckContext(kOp, ctx));
+  for (const auto& [name, value] : {std::pair{"m", shape.m}, {"n", shape.n}, {"k", shape.k}}) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": shape.", name, " is ", value, ", must be >= 0"));
+    }
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  return cpu::GemmWorkspaceBytes(ctx, shape);
+}
+
+absl::StatusOr<int64_t> LinearWorkspaceBytes(const DeviceContext& ctx, int64_t M, int64_t K,
+                                             int64_t N) {
+  // The GEMMs cpu::LinearForward / cpu::LinearBackward issue, each with every beta it may use.
+  const GemmShape gemms[] = {
+      {.m = M, .n = N, .k = K, .trans_b = Transpose::kYes, .accumulate = false},  // out, no bias
+      {.m = M, .n = N, .k = K, .trans_b = Transpose::kYes, .accumulate = true},   // out + bias
+      {.m = M, .n = K, .k = N, .accumulate = false},                              // dinp =
+      {.m = M, .n = K, .k = N, .accumulate = true},                               // dinp +=
+      {.m = N, .n = K, .k = M, .trans_a = Transpose::kYes, .accumulate = true},   // dweight +=
+  };
+  int64_t most = 0;
+  for (const GemmShape& g : gemms) {
+    ZT_ASSIGN_OR_RETURN(int64_t bytes, GemmWorkspaceBytes(ctx, g));
+    most = std::max(most, bytes);
+  }
+  return most;
+}
+
 std::string CpuGemmDescription(CpuGemm gemm) { return cpu::GemmDescription(gemm); }
+
+namespace internal {
+int64_t GemmPrimitiveCacheSize() { return cpu::GemmPrimitiveCacheSize(); }
+}  // namespace internal
 
 }  // namespace zt

@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   std::unique_ptr<Trainer> t(new Trainer());
   t->job_ = job;
   t->options_ = options;
-  t->ctx_ = CpuContext(job.resources().cpu_threads());
+  t->ctx_ = JobDeviceContext(job);  // the context the plan sizes the GEMM workspace for
   const auto& model = job.model();
   const int B = job.train().micro_batch_size(), T = job.data().seq_len();
 
@@ -56,6 +56,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
 
   t->plan_ = PlanMemory(job);
   ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_));
+  ZT_ASSIGN_OR_RETURN(Tensor gemm_workspace, t->arenas_->Get("gemm_workspace"));
+  t->ctx_.workspace = {.data = gemm_workspace.raw(), .bytes = gemm_workspace.size_bytes()};
   ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T));
   t->model_.emplace(std::move(m));
   if (model.init_from().empty()) {

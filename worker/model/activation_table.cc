@@ -1,6 +1,10 @@
 #include "worker/model/activation_table.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "kernels/linear.h"
 
 namespace zt {
 namespace {
@@ -56,8 +60,28 @@ std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m, int64_t
   return t;
 }
 
+int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len,
+                              const DeviceContext& ctx) {
+  const Dims d = DimsOf(m, batch, seq_len);
+  // (K inputs, N outputs) of each linear layer, as worker/model/transformer.cc calls them; every
+  // one sees M = B·T rows. Tied or not, the head is (C → V).
+  const std::pair<int64_t, int64_t> layers[] = {
+      {d.C, d.Q},                     // attn.qkv
+      {d.HD, d.C},                    // attn.proj
+      {d.C, d.gpt2 ? d.F : 2 * d.F},  // mlp.fc ([gate|up] for LLAMA)
+      {d.F, d.C},                     // mlp.proj
+      {d.C, d.V},                     // lm_head
+  };
+  int64_t most = 0;
+  for (const auto& [k, n] : layers) {
+    const absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, d.BT, k, n);
+    if (bytes.ok()) most = std::max(most, *bytes);
+  }
+  return most;
+}
+
 std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t batch,
-                                       int64_t seq_len, bool backward) {
+                                       int64_t seq_len, bool backward, const DeviceContext& ctx) {
   const Dims d = DimsOf(m, batch, seq_len);
   std::vector<BufferSpec> t;
   auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape) {
@@ -66,6 +90,8 @@ std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t 
   add("tokens", DType::kI32, {d.B, d.T});
   add("targets", DType::kI32, {d.B, d.T});
   add("logits", DType::kF32, {d.BT, d.V});
+  // One for all GEMMs: the ops of a rank run one after another.
+  add("gemm_workspace", DType::kU8, {GemmWorkspaceBytesFor(m, batch, seq_len, ctx)});
   if (backward) {
     // One set, reused by every unit in turn: the backward visits one unit at a time.
     add("grad.residual", DType::kF32, {d.BT, d.C});  // dL/d residual stream, carried down

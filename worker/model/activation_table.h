@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/device.h"
 #include "proto/job.pb.h"
 #include "worker/plan/memory_plan.h"
 
@@ -15,9 +16,19 @@ namespace zt {
 std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m, int64_t batch,
                                         int64_t seq_len);
 
-// Workspace of a micro-batch: token ids, targets, logits. With `backward`, also the
-// gradient scratch the backward reuses from unit to unit.
+// Workspace of a micro-batch: token ids, targets, logits, and "gemm_workspace" (u8, the
+// GEMM scratch of `ctx`, see GemmWorkspaceBytesFor). With `backward`, also the gradient
+// scratch the backward reuses from unit to unit.
 std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t batch,
-                                       int64_t seq_len, bool backward);
+                                       int64_t seq_len, bool backward, const DeviceContext& ctx);
+
+// The most scratch (bytes) any GEMM of the model's linear layers — qkv, attn.proj, mlp.fc,
+// mlp.proj, lm_head, forward and backward — needs on `ctx` (its GEMM backend and thread count)
+// for `batch` sequences of `seq_len` tokens. 0 for OpenBLAS, which needs none, so a plan made
+// for oneDNN also fits a context switched to OpenBLAS. If the backend cannot size a GEMM (it
+// refuses to create it), that layer counts 0: the GEMM itself then fails with the backend's
+// error at its first call, where the step loop reports it.
+int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len,
+                              const DeviceContext& ctx);
 
 }  // namespace zt

@@ -10,7 +10,7 @@
 
 namespace zt {
 
-absl::StatusOr<std::vector<int32_t>> GenerateTokens(const DeviceContext& ctx,
+absl::StatusOr<std::vector<int32_t>> GenerateTokens(const DeviceContext& caller_ctx,
                                                     const zerotrain::JobSpec& job,
                                                     const Arenas& state,
                                                     const std::vector<int32_t>& prompt,
@@ -21,7 +21,12 @@ absl::StatusOr<std::vector<int32_t>> GenerateTokens(const DeviceContext& ctx,
   }
   const int64_t T = job.data().seq_len();
   const int64_t V = job.model().vocab_size();
-  ZT_ASSIGN_OR_RETURN(std::unique_ptr<Arenas> work, Arenas::Create(PlanInference(job, 1, T)));
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<Arenas> work,
+                      Arenas::Create(PlanInference(job, caller_ctx, 1, T)));
+  // The GEMMs run on this plan's scratch, sized for the caller's context.
+  DeviceContext ctx = caller_ctx;
+  ZT_ASSIGN_OR_RETURN(Tensor gemm_workspace, work->Get("gemm_workspace"));
+  ctx.workspace = {.data = gemm_workspace.raw(), .bytes = gemm_workspace.size_bytes()};
   ZT_ASSIGN_OR_RETURN(Transformer model, Transformer::Bind(job.model(), state, *work, 1, T));
 
   std::vector<int32_t> text = prompt;

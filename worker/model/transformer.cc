@@ -81,26 +81,41 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
     ZT_ASSIGN_OR_RETURN(Tensor r, work.Get(absl::StrCat("residual.", i)));
     m.residual_.push_back(r);
   }
-  // Buffers a family does not use (GPT-2's means, for RMSNorm) stay empty views.
+  // Buffers a family does not use (RMSNorm has no means) stay empty views.
   auto optional = [&](const std::string& name) -> Tensor {
     absl::StatusOr<Tensor> t = work.Get(name);
     return t.ok() ? *t : Tensor();
   };
+  // A block's tensor is its own ("block.i.x") or, when the plan checkpoints it, the shared
+  // recompute set's ("recompute.x").
+  auto block_tensor = [&](const std::string& prefix, const char* name,
+                          bool* shared) -> absl::StatusOr<Tensor> {
+    absl::StatusOr<Tensor> own = work.Get(prefix + name);
+    if (own.ok()) return own;
+    *shared = true;
+    return work.Get(absl::StrCat("recompute.", name));
+  };
   for (int i = 0; i < config.n_layer(); ++i) {
     const std::string p = absl::StrCat("block.", i, ".");
     BlockActs a;
-    ZT_ASSIGN_OR_RETURN(a.ln1, work.Get(p + "ln1"));
-    a.ln1_mean = optional(p + "ln1_mean");
-    ZT_ASSIGN_OR_RETURN(a.ln1_rstd, work.Get(p + "ln1_rstd"));
-    ZT_ASSIGN_OR_RETURN(a.qkv, work.Get(p + "qkv"));
-    ZT_ASSIGN_OR_RETURN(a.atty, work.Get(p + "atty"));
-    ZT_ASSIGN_OR_RETURN(a.att_lse, work.Get(p + "att_lse"));
-    ZT_ASSIGN_OR_RETURN(a.res2, work.Get(p + "res2"));
-    ZT_ASSIGN_OR_RETURN(a.ln2, work.Get(p + "ln2"));
-    a.ln2_mean = optional(p + "ln2_mean");
-    ZT_ASSIGN_OR_RETURN(a.ln2_rstd, work.Get(p + "ln2_rstd"));
-    ZT_ASSIGN_OR_RETURN(a.fch, work.Get(p + "fch"));
-    ZT_ASSIGN_OR_RETURN(a.fch_act, work.Get(p + "fch_act"));
+    bool shared_input = false, shared_core = false;
+    ZT_ASSIGN_OR_RETURN(a.ln1, block_tensor(p, "ln1", &shared_input));
+    ZT_ASSIGN_OR_RETURN(a.ln1_rstd, block_tensor(p, "ln1_rstd", &shared_input));
+    ZT_ASSIGN_OR_RETURN(a.qkv, block_tensor(p, "qkv", &shared_input));
+    ZT_ASSIGN_OR_RETURN(a.res2, block_tensor(p, "res2", &shared_input));
+    ZT_ASSIGN_OR_RETURN(a.ln2, block_tensor(p, "ln2", &shared_input));
+    ZT_ASSIGN_OR_RETURN(a.ln2_rstd, block_tensor(p, "ln2_rstd", &shared_input));
+    ZT_ASSIGN_OR_RETURN(a.fch, block_tensor(p, "fch", &shared_input));
+    if (m.gpt2_) {
+      ZT_ASSIGN_OR_RETURN(a.ln1_mean, block_tensor(p, "ln1_mean", &shared_input));
+      ZT_ASSIGN_OR_RETURN(a.ln2_mean, block_tensor(p, "ln2_mean", &shared_input));
+    }
+    ZT_ASSIGN_OR_RETURN(a.atty, block_tensor(p, "atty", &shared_core));
+    ZT_ASSIGN_OR_RETURN(a.att_lse, block_tensor(p, "att_lse", &shared_core));
+    ZT_ASSIGN_OR_RETURN(a.fch_act, block_tensor(p, "fch_act", &shared_core));
+    a.recompute = shared_input  ? Recompute::kFull
+                  : shared_core ? Recompute::kSelective
+                                : Recompute::kNone;
     m.blocks_.push_back(a);
   }
   ZT_ASSIGN_OR_RETURN(m.lnf_, work.Get("head.lnf"));
@@ -159,6 +174,23 @@ absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tenso
 }
 
 absl::Status Transformer::BlockForward(const DeviceContext& ctx, int i, const Tensor& params) {
+  return BlockForwardImpl(ctx, i, params, /*write_output=*/true);
+}
+
+absl::Status Transformer::AttentionCore(const DeviceContext& ctx, const BlockActs& a) {
+  return AttentionForward(ctx, {.qkv = a.qkv.Reshape({B_, T_, a.qkv.dim(1)}),
+                                .out = a.atty.Reshape({B_, T_, H_ * D_}),
+                                .lse = a.att_lse,
+                                .n_head = static_cast<int>(H_),
+                                .n_kv_head = static_cast<int>(Hkv_)});
+}
+
+absl::Status Transformer::MlpActivation(const DeviceContext& ctx, const BlockActs& a) {
+  return gpt2_ ? GeluForward(ctx, a.fch, a.fch_act) : SwigluForward(ctx, a.fch, a.fch_act);
+}
+
+absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, const Tensor& params,
+                                           bool write_output) {
   const UnitLayout& u = layout_.block(i);
   const BlockActs& a = blocks_[i];
   const Tensor& x = residual_[i];          // (BT, C) block input
@@ -191,11 +223,7 @@ absl::Status Transformer::BlockForward(const DeviceContext& ctx, int i, const Te
                                        .n_kv_head = static_cast<int>(Hkv_),
                                        .theta = config_.rope_theta()}));
   }
-  ZT_RETURN_IF_ERROR(AttentionForward(ctx, {.qkv = qkv3,
-                                            .out = a.atty.Reshape({B_, T_, H_ * D_}),
-                                            .lse = a.att_lse,
-                                            .n_head = static_cast<int>(H_),
-                                            .n_kv_head = static_cast<int>(Hkv_)}));
+  ZT_RETURN_IF_ERROR(AttentionCore(ctx, a));
   ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.atty,
                                          .weight = View(u, params, "attn.proj.weight"),
                                          .bias = View(u, params, "attn.proj.bias"),
@@ -222,11 +250,9 @@ absl::Status Transformer::BlockForward(const DeviceContext& ctx, int i, const Te
                                          .weight = View(u, params, "mlp.fc.weight"),
                                          .bias = View(u, params, "mlp.fc.bias"),
                                          .out = a.fch}));  // (BT, F) | (BT, 2F)
-  if (gpt2_) {
-    ZT_RETURN_IF_ERROR(GeluForward(ctx, a.fch, a.fch_act));
-  } else {
-    ZT_RETURN_IF_ERROR(SwigluForward(ctx, a.fch, a.fch_act));
-  }
+  ZT_RETURN_IF_ERROR(MlpActivation(ctx, a));
+  // A recompute for the backward stops here: the block's output is kept already.
+  if (!write_output) return absl::OkStatus();
   ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.fch_act,
                                          .weight = View(u, params, "mlp.proj.weight"),
                                          .bias = View(u, params, "mlp.proj.bias"),
@@ -335,6 +361,17 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
   const UnitLayout& u = layout_.block(i);
   const BlockActs& a = blocks_[i];
   const Tensor& x = residual_[i];
+  switch (a.recompute) {
+    case Recompute::kFull:
+      ZT_RETURN_IF_ERROR(BlockForwardImpl(ctx, i, params, /*write_output=*/false));
+      break;
+    case Recompute::kSelective:
+      ZT_RETURN_IF_ERROR(AttentionCore(ctx, a));
+      ZT_RETURN_IF_ERROR(MlpActivation(ctx, a));
+      break;
+    case Recompute::kNone:
+      break;
+  }
   // grad_.residual holds dL/d(block output) on entry and dL/d(block input) on exit: both
   // branches add their input gradient to it in place.
 

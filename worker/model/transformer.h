@@ -12,6 +12,14 @@
 // and the caller zeroes them at the start of a step; activation gradients are written (=),
 // except the residual stream's, which every branch adds to.
 //
+// Activation checkpointing is read from the buffers the plan gave (the plan is the single
+// source of truth, worker/model/activation_table.h): a block whose saved tensors live in the
+// shared "recompute.*" set is checkpointed FULL — the backward re-runs its forward from the
+// kept residual input first; a block that keeps its own tensors but takes "atty"/"att_lse"/
+// "fch_act" from the shared set is SELECTIVE — the backward recomputes only the attention
+// core and the MLP activation. Recompute runs the same ops on the same inputs, so gradients
+// are bitwise identical to keeping everything.
+//
 // Not thread-safe: one model per rank thread.
 #pragma once
 
@@ -80,9 +88,11 @@ class Transformer {
   absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);
 
  private:
+  enum class Recompute : uint8_t { kNone, kFull, kSelective };
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch,
         fch_act;
+    Recompute recompute = Recompute::kNone;
   };
   struct GradScratch {
     Tensor residual, ln, qkv, atty, fch, fch_act;
@@ -93,6 +103,11 @@ class Transformer {
   // the family has no such tensor.
   Tensor View(const UnitLayout& unit, const Tensor& flat, const char* name) const;
   absl::Status ComputeLoss(const DeviceContext& ctx, const LossOptions& options, double* loss);
+  // The forward of block i up to the MLP activation, or all of it with `write_output`.
+  absl::Status BlockForwardImpl(const DeviceContext& ctx, int i, const Tensor& params,
+                                bool write_output);
+  absl::Status AttentionCore(const DeviceContext& ctx, const BlockActs& a);
+  absl::Status MlpActivation(const DeviceContext& ctx, const BlockActs& a);
 
   zerotrain::ModelConfig config_;
   ModelLayout layout_;

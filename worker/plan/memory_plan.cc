@@ -47,6 +47,10 @@ int64_t MemoryPlan::TotalBytes() const {
   return total;
 }
 
+DeviceContext JobDeviceContext(const zerotrain::JobSpec& job) {
+  return CpuContext(job.resources().cpu_threads());
+}
+
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job) {
   const ModelLayout layout = BuildModelLayout(job.model());
   MemoryPlan plan;
@@ -70,16 +74,18 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job) {
   }
   const int64_t B = job.train().micro_batch_size(), T = job.data().seq_len();
   for (BufferSpec& b : ActivationTable(job.model(), B, T)) plan.buffers.push_back(std::move(b));
-  for (BufferSpec& b : WorkspaceTable(job.model(), B, T, /*backward=*/true)) {
+  for (BufferSpec& b :
+       WorkspaceTable(job.model(), B, T, /*backward=*/true, JobDeviceContext(job))) {
     plan.buffers.push_back(std::move(b));
   }
   return plan;
 }
 
-MemoryPlan PlanInference(const zerotrain::JobSpec& job, int64_t batch, int64_t seq_len) {
+MemoryPlan PlanInference(const zerotrain::JobSpec& job, const DeviceContext& ctx, int64_t batch,
+                         int64_t seq_len) {
   MemoryPlan plan;
   plan.buffers = ActivationTable(job.model(), batch, seq_len);
-  for (BufferSpec& b : WorkspaceTable(job.model(), batch, seq_len, /*backward=*/false)) {
+  for (BufferSpec& b : WorkspaceTable(job.model(), batch, seq_len, /*backward=*/false, ctx)) {
     plan.buffers.push_back(std::move(b));
   }
   return plan;

@@ -15,7 +15,8 @@
 //                "block.<i>.<name>"                     what block i saves for backward
 //                "head.<name>"                          what the head saves
 //   workspace:   "tokens", "targets" (B·T) i32, "logits" (B·T, V) (overwritten by its
-//                gradient), and the backward's reusable gradient scratch "grad.<name>"
+//                gradient), "gemm_workspace" u8 (the GEMM scratch the rank's DeviceContext
+//                points at), and the backward's reusable gradient scratch "grad.<name>"
 #pragma once
 
 #include <array>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/device.h"
 #include "kernels/dtype.h"
 #include "proto/job.pb.h"
 
@@ -70,11 +72,19 @@ struct MemoryPlan {
   int64_t TotalBytes() const;
 };
 
-// The plan of one training rank of `job` (defaults applied, validated).
+// The context a training rank of `job` runs its ops on (CPU, resources.cpu_threads threads),
+// without its workspace: the plan sizes that for this context, the engine points it at the
+// plan's "gemm_workspace". The trainer and the plan both take it from here, so they agree.
+DeviceContext JobDeviceContext(const zerotrain::JobSpec& job);
+
+// The plan of one training rank of `job` (defaults applied, validated), for the context
+// JobDeviceContext(job).
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job);
 
 // Forward-only buffers (activations and workspace, no parameters or states) for `batch`
-// sequences of `seq_len` tokens: text generation after training plans its own.
-MemoryPlan PlanInference(const zerotrain::JobSpec& job, int64_t batch, int64_t seq_len);
+// sequences of `seq_len` tokens, the GEMM scratch sized for `ctx`: text generation after
+// training plans its own.
+MemoryPlan PlanInference(const zerotrain::JobSpec& job, const DeviceContext& ctx, int64_t batch,
+                         int64_t seq_len);
 
 }  // namespace zt

@@ -1,10 +1,13 @@
 // Tests of kernels/linear.h: Gemm and the linear layer against float64 references, backward
-// against central finite differences, on both CPU GEMM backends.
+// against central finite differences, on both CPU GEMM backends; the workspace the GEMM takes
+// from its context, and the oneDNN primitive cache.
 #include "kernels/linear.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/unit/kernels/op_check.h"
 
@@ -21,10 +24,37 @@ Tensor View(std::vector<float>& v, std::initializer_list<int64_t> shape) {
   return Tensor(v.data(), DType::kF32, shape);
 }
 
-DeviceContext Context(CpuGemm gemm, int threads = 2) {
+DeviceContext BareContext(CpuGemm gemm, int threads = 2) {
   DeviceContext ctx = CpuContext(threads);
   ctx.cpu_gemm = gemm;
   return ctx;
+}
+
+// A context with a workspace of its own, sized the way the memory plan sizes it.
+class OwnedContext {
+ public:
+  OwnedContext(CpuGemm gemm, int threads, int64_t workspace_bytes)
+      : ctx_(BareContext(gemm, threads)), workspace_(static_cast<size_t>(workspace_bytes)) {
+    ctx_.workspace = {.data = workspace_.data(), .bytes = workspace_bytes};
+  }
+  OwnedContext(const OwnedContext&) = delete;
+  OwnedContext& operator=(const OwnedContext&) = delete;
+
+  const DeviceContext& ctx() const { return ctx_; }
+
+ private:
+  DeviceContext ctx_;
+  std::vector<uint8_t> workspace_;
+};
+
+// For every GEMM of a linear layer with M rows, K inputs, N outputs.
+OwnedContext LinearContext(CpuGemm gemm, int64_t m, int64_t k, int64_t n, int threads = 2) {
+  return OwnedContext(gemm, threads,
+                      LinearWorkspaceBytes(BareContext(gemm, threads), m, k, n).value());
+}
+
+OwnedContext GemmContext(CpuGemm gemm, const GemmShape& shape, int threads = 2) {
+  return OwnedContext(gemm, threads, GemmWorkspaceBytes(BareContext(gemm, threads), shape).value());
 }
 
 // out (M, N) = inp (M, K) · weight (N, K)ᵀ + bias (N), in float64.
@@ -71,7 +101,9 @@ TEST_P(LinearBackendTest, GemmMatchesFloat64ReferenceForEveryTranspose) {
       }
       const Tensor ta_view = ta == Transpose::kYes ? View(a, {k, m}) : View(a, {m, k});
       const Tensor tb_view = tb == Transpose::kYes ? View(b, {n, k}) : View(b, {k, n});
-      ASSERT_TRUE(Gemm(Context(GetParam()), ta_view, tb_view, View(c, {m, n}),
+      const OwnedContext owned = GemmContext(
+          GetParam(), {.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb, .accumulate = true});
+      ASSERT_TRUE(Gemm(owned.ctx(), ta_view, tb_view, View(c, {m, n}),
                        {.trans_a = ta, .trans_b = tb, .alpha = alpha, .beta = beta})
                       .ok());
       // Each element is an f32 sum of 53 products of magnitude < 1: rounding stays below
@@ -91,10 +123,11 @@ TEST_P(LinearBackendTest, ForwardMatchesFloat64ReferenceWithAndWithoutBias) {
   for (bool with_bias : {false, true}) {
     // A stale output must be overwritten, not accumulated into.
     std::vector<float> out(m * n, 7.0f);
-    ASSERT_TRUE(LinearForward(Context(GetParam()), {.inp = View(inp, {m, k}),
-                                                    .weight = View(weight, {n, k}),
-                                                    .bias = with_bias ? View(bias, {n}) : Tensor(),
-                                                    .out = View(out, {m, n})})
+    ASSERT_TRUE(LinearForward(LinearContext(GetParam(), m, k, n).ctx(),
+                              {.inp = View(inp, {m, k}),
+                               .weight = View(weight, {n, k}),
+                               .bias = with_bias ? View(bias, {n}) : Tensor(),
+                               .out = View(out, {m, n})})
                     .ok());
     const std::vector<double> want = LinearRef(inp64, w64, with_bias ? &b64 : nullptr, m, k, n);
     // f32 sums of 70 products < 1 (plus a bias < 1): ≤ 71 · 2⁻²⁴ ≈ 4e-6 absolute.
@@ -122,13 +155,14 @@ TEST_P(LinearBackendTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   const std::vector<float> dweight0 = RandomVector(n * k, 12);
   const std::vector<float> dbias0 = RandomVector(n, 13);
   std::vector<float> dinp(m * k, 3.0f), dweight = dweight0, dbias = dbias0;
-  ASSERT_TRUE(LinearBackward(Context(GetParam()), {.dout = View(dout, {m, n}),
-                                                   .inp = View(inp, {m, k}),
-                                                   .weight = View(weight, {n, k}),
-                                                   .dinp = View(dinp, {m, k}),
-                                                   .dweight = View(dweight, {n, k}),
-                                                   .dbias = View(dbias, {n}),
-                                                   .dinp_mode = Accumulate::kOverwrite})
+  ASSERT_TRUE(LinearBackward(LinearContext(GetParam(), m, k, n).ctx(),
+                             {.dout = View(dout, {m, n}),
+                              .inp = View(inp, {m, k}),
+                              .weight = View(weight, {n, k}),
+                              .dinp = View(dinp, {m, k}),
+                              .dweight = View(dweight, {n, k}),
+                              .dbias = View(dbias, {n}),
+                              .dinp_mode = Accumulate::kOverwrite})
                   .ok());
   std::vector<double> want_dweight(n * k), want_dbias(n);
   for (int i = 0; i < n * k; ++i) want_dweight[i] = dweight0[i] + g_weight[i];
@@ -156,19 +190,36 @@ TEST_P(LinearBackendTest, DinpOverwriteIgnoresAndAddKeepsThePreviousValue) {
   }
   for (Accumulate mode : {Accumulate::kOverwrite, Accumulate::kAdd}) {
     std::vector<float> dinp = prior, dweight(n * k, 0.0f);
-    ASSERT_TRUE(LinearBackward(Context(GetParam()), {.dout = View(dout, {m, n}),
-                                                     .inp = View(inp, {m, k}),
-                                                     .weight = View(weight, {n, k}),
-                                                     .dinp = View(dinp, {m, k}),
-                                                     .dweight = View(dweight, {n, k}),
-                                                     .dinp_mode = mode})
-                    .ok());
+    ASSERT_TRUE(
+        LinearBackward(LinearContext(GetParam(), m, k, n).ctx(), {.dout = View(dout, {m, n}),
+                                                                  .inp = View(inp, {m, k}),
+                                                                  .weight = View(weight, {n, k}),
+                                                                  .dinp = View(dinp, {m, k}),
+                                                                  .dweight = View(dweight, {n, k}),
+                                                                  .dinp_mode = mode})
+            .ok());
     std::vector<double> want = grad;
     if (mode == Accumulate::kAdd) {
       for (int i = 0; i < m * k; ++i) want[i] += prior[i];
     }
     // f32 sums of 13 products < 1 plus one prior value < 1.
     EXPECT_LT(MaxRelativeError(dinp, want, 0.05), 1e-5) << "add " << (mode == Accumulate::kAdd);
+  }
+}
+
+TEST_P(LinearBackendTest, ZeroInnerDimensionScalesCByBeta) {
+  const int m = 5, n = 7;
+  std::vector<float> a(1), b(1);  // (m, 0) and (0, n): no elements, a valid pointer each
+  for (float beta : {0.0f, 0.5f}) {
+    std::vector<float> c = RandomVector(m * n, 30);
+    const std::vector<float> before = c;
+    ASSERT_TRUE(Gemm(BareContext(GetParam()), Tensor(a.data(), DType::kF32, {m, 0}),
+                     Tensor(b.data(), DType::kF32, {0, n}), View(c, {m, n}), {.beta = beta})
+                    .ok());
+    std::vector<double> want(m * n);
+    for (int i = 0; i < m * n; ++i) want[i] = beta * static_cast<double>(before[i]);
+    // One f32 product by 0.5 or 0 is exact.
+    EXPECT_EQ(MaxRelativeError(c, want, 0.05), 0.0) << "beta " << beta;
   }
 }
 
@@ -191,7 +242,8 @@ TEST(LinearTest, BackendsAgreeOnAGpt2SizedLayer) {
   auto run = [&](CpuGemm gemm) {
     Result r{std::vector<float>(m * n), std::vector<float>(m * k), std::vector<float>(n * k, 0.0f),
              std::vector<float>(n, 0.0f)};
-    const DeviceContext ctx = Context(gemm);
+    const OwnedContext owned = LinearContext(gemm, m, k, n);
+    const DeviceContext& ctx = owned.ctx();
     EXPECT_TRUE(LinearForward(ctx, {.inp = View(inp, {m, k}),
                                     .weight = View(weight, {n, k}),
                                     .bias = View(bias, {n}),
@@ -226,13 +278,13 @@ TEST(LinearTest, DbiasIsBitwiseIdenticalForAnyThreadCount) {
   std::vector<float> reference;
   for (int threads : {1, 2, 3}) {
     std::vector<float> dweight(n * k, 0.0f), dbias(n, 0.5f);
-    ASSERT_TRUE(
-        LinearBackward(Context(CpuGemm::kOneDnn, threads), {.dout = View(dout, {m, n}),
-                                                            .inp = View(inp, {m, k}),
-                                                            .weight = View(weight, {n, k}),
-                                                            .dweight = View(dweight, {n, k}),
-                                                            .dbias = View(dbias, {n})})
-            .ok());
+    ASSERT_TRUE(LinearBackward(LinearContext(CpuGemm::kOneDnn, m, k, n, threads).ctx(),
+                               {.dout = View(dout, {m, n}),
+                                .inp = View(inp, {m, k}),
+                                .weight = View(weight, {n, k}),
+                                .dweight = View(dweight, {n, k}),
+                                .dbias = View(dbias, {n})})
+                    .ok());
     if (reference.empty()) {
       reference = dbias;
     } else {
@@ -290,8 +342,120 @@ TEST(LinearTest, CudaContextIsUnimplementedInThisBuild) {
   EXPECT_EQ(Gemm(ctx, a, a, a, {}).code(), absl::StatusCode::kUnimplemented);
 }
 
+TEST(LinearWorkspaceTest, OneDnnNeedsScratchForALargeGemmAndOpenBlasNone) {
+  const GemmShape shape = {
+      .m = 1024, .n = 768, .k = 3072, .trans_b = Transpose::kYes, .accumulate = true};
+  const absl::StatusOr<int64_t> onednn = GemmWorkspaceBytes(BareContext(CpuGemm::kOneDnn), shape);
+  ASSERT_TRUE(onednn.ok()) << onednn.status();
+  EXPECT_GT(*onednn, 0);
+  const absl::StatusOr<int64_t> openblas =
+      GemmWorkspaceBytes(BareContext(CpuGemm::kOpenBlas), shape);
+  ASSERT_TRUE(openblas.ok()) << openblas.status();
+  EXPECT_EQ(*openblas, 0);
+  EXPECT_EQ(LinearWorkspaceBytes(BareContext(CpuGemm::kOpenBlas), 1024, 3072, 768).value(), 0);
+  // The layer's figure is the largest of its GEMMs', the forward one above included.
+  EXPECT_GE(LinearWorkspaceBytes(BareContext(CpuGemm::kOneDnn), 1024, 3072, 768).value(), *onednn);
+  // Nothing reaches a library for an empty GEMM.
+  EXPECT_EQ(
+      GemmWorkspaceBytes(BareContext(CpuGemm::kOneDnn), {.m = 1024, .n = 768, .k = 0}).value(), 0);
+}
+
+TEST(LinearWorkspaceTest, NegativeDimensionIsInvalidArgumentNamingTheField) {
+  const absl::StatusOr<int64_t> bytes =
+      GemmWorkspaceBytes(BareContext(CpuGemm::kOneDnn), {.m = 4, .n = -2, .k = 8});
+  EXPECT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bytes.status().message().find("shape.n is -2"), std::string::npos) << bytes.status();
+}
+
+TEST(LinearWorkspaceTest, TooSmallWorkspaceIsFailedPreconditionNamingBothSizes) {
+  const int m = 256, n = 192, k = 512;
+  std::vector<float> a = RandomVector(m * k, 31), b = RandomVector(k * n, 32);
+  std::vector<float> c(m * n, 0.0f);
+  const GemmShape shape = {.m = m, .n = n, .k = k};
+  const int64_t need = GemmWorkspaceBytes(BareContext(CpuGemm::kOneDnn), shape).value();
+  ASSERT_GT(need, 0);
+  for (const int64_t have : {int64_t{0}, need - 1}) {
+    const OwnedContext owned(CpuGemm::kOneDnn, 2, have);
+    const absl::Status s = Gemm(owned.ctx(), View(a, {m, k}), View(b, {k, n}), View(c, {m, n}), {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("256x192x512 (NN): needs ", need,
+                                            " workspace bytes, context has ", have)),
+              std::string::npos)
+        << s;
+  }
+  // The linear layer passes the same error up.
+  std::vector<float> weight = RandomVector(n * k, 33);
+  const absl::Status s = LinearForward(
+      BareContext(CpuGemm::kOneDnn),
+      {.inp = View(a, {m, k}), .weight = View(weight, {n, k}), .out = View(c, {m, n})});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  // OpenBLAS takes no workspace, so an empty one is enough.
+  EXPECT_TRUE(
+      Gemm(BareContext(CpuGemm::kOpenBlas), View(a, {m, k}), View(b, {k, n}), View(c, {m, n}), {})
+          .ok());
+}
+
+TEST(LinearWorkspaceTest, RepeatedGemmReusesTheCachedPrimitive) {
+  // A shape no other test uses, so the cache grows by this test's entries only.
+  const int m = 41, n = 43, k = 47;
+  std::vector<float> a = RandomVector(m * k, 34), b = RandomVector(k * n, 35), c(m * n);
+  const int64_t before = internal::GemmPrimitiveCacheSize();
+  const OwnedContext owned = GemmContext(CpuGemm::kOneDnn, {.m = m, .n = n, .k = k});
+  EXPECT_EQ(internal::GemmPrimitiveCacheSize(), before + 1);  // sizing created the entry
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Gemm(owned.ctx(), View(a, {m, k}), View(b, {k, n}), View(c, {m, n}), {}).ok());
+    EXPECT_EQ(internal::GemmPrimitiveCacheSize(), before + 1) << "call " << i;
+  }
+  // The thread count is part of the key: oneDNN splits the work and the scratch by it.
+  const OwnedContext one_thread = GemmContext(CpuGemm::kOneDnn, {.m = m, .n = n, .k = k}, 1);
+  ASSERT_TRUE(Gemm(one_thread.ctx(), View(a, {m, k}), View(b, {k, n}), View(c, {m, n}), {}).ok());
+  EXPECT_EQ(internal::GemmPrimitiveCacheSize(), before + 2);
+  // OpenBLAS never touches the cache.
+  ASSERT_TRUE(
+      Gemm(BareContext(CpuGemm::kOpenBlas), View(a, {m, k}), View(b, {k, n}), View(c, {m, n}), {})
+          .ok());
+  EXPECT_EQ(internal::GemmPrimitiveCacheSize(), before + 2);
+}
+
+TEST(LinearWorkspaceTest, RepeatedCallsAreBitwiseIdentical) {
+  const int m = 200, k = 300, n = 150;
+  std::vector<float> inp = RandomVector(m * k, 36), weight = RandomVector(n * k, 37);
+  std::vector<float> bias = RandomVector(n, 38), dout = RandomVector(m * n, 39);
+  const OwnedContext owned = LinearContext(CpuGemm::kOneDnn, m, k, n);
+  std::vector<float> first_out, first_dinp, first_dweight;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> out(m * n), dinp(m * k), dweight(n * k, 0.25f);
+    ASSERT_TRUE(LinearForward(owned.ctx(), {.inp = View(inp, {m, k}),
+                                            .weight = View(weight, {n, k}),
+                                            .bias = View(bias, {n}),
+                                            .out = View(out, {m, n})})
+                    .ok());
+    ASSERT_TRUE(LinearBackward(owned.ctx(), {.dout = View(dout, {m, n}),
+                                             .inp = View(inp, {m, k}),
+                                             .weight = View(weight, {n, k}),
+                                             .dinp = View(dinp, {m, k}),
+                                             .dweight = View(dweight, {n, k})})
+                    .ok());
+    if (i == 0) {
+      first_out = out;
+      first_dinp = dinp;
+      first_dweight = dweight;
+      // Guards against three identically wrong answers: the float64 forward, f32 sums of 300
+      // products < 1 plus a bias (≤ 301 · 2⁻²⁴ ≈ 2e-5 absolute).
+      const std::vector<double> bias64 = ToDouble(bias);
+      const std::vector<double> want = LinearRef(ToDouble(inp), ToDouble(weight), &bias64, m, k, n);
+      EXPECT_LT(MaxRelativeError(out, want, 0.05), 1e-3);
+    } else {
+      EXPECT_TRUE(SameBits(out, first_out)) << "call " << i;
+      EXPECT_TRUE(SameBits(dinp, first_dinp)) << "call " << i;
+      EXPECT_TRUE(SameBits(dweight, first_dweight)) << "call " << i;
+    }
+  }
+}
+
 TEST(LinearTest, DescriptionNamesLibraryAndIsa) {
   EXPECT_NE(CpuGemmDescription(CpuGemm::kOneDnn).find("oneDNN"), std::string::npos);
+  EXPECT_NE(CpuGemmDescription(CpuGemm::kOneDnn).find("matmul"), std::string::npos);
   EXPECT_NE(CpuGemmDescription(CpuGemm::kOneDnn).find("ISA"), std::string::npos);
   EXPECT_NE(CpuGemmDescription(CpuGemm::kOpenBlas).find("OpenBLAS"), std::string::npos);
 }

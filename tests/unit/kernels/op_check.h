@@ -34,6 +34,19 @@ inline double MaxRelativeError(const std::vector<float>& a, const std::vector<do
   return worst;
 }
 
+// Largest |a − b| over the largest |b|: for buffers whose elements are sums of terms of either
+// sign, where an element-wise relative error is meaningless where the terms cancel but the
+// rounding of terms of the buffer's own magnitude still bounds the error.
+inline double MaxErrorOverLargest(const std::vector<float>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    largest = std::max(largest, std::abs(b[i]));
+  }
+  return largest > 0 ? worst / largest : worst;
+}
+
 // Central finite differences of a scalar function of `x` (evaluated in float64 by the
 // caller's reference): d f / d x_i ≈ (f(x + h e_i) − f(x − h e_i)) / 2h.
 inline std::vector<double> FiniteDifferenceGradient(

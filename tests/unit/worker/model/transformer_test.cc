@@ -50,6 +50,14 @@ Bound BindJob(const zerotrain::JobSpec& job) {
   return b;
 }
 
+// The context the plan sized "gemm_workspace" for (JobDeviceContext), pointed at that buffer.
+DeviceContext PlannedContext(const Bound& b, const zerotrain::JobSpec& job) {
+  DeviceContext ctx = JobDeviceContext(job);
+  const Tensor workspace = b.arenas->Get("gemm_workspace").value();
+  ctx.workspace = {.data = workspace.raw(), .bytes = workspace.size_bytes()};
+  return ctx;
+}
+
 void FillTokens(Transformer& m, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   const int64_t n = m.batch() * m.seq_len();
@@ -62,18 +70,20 @@ void FillTokens(Transformer& m, int vocab, uint32_t seed) {
 class TransformerTest : public ::testing::TestWithParam<zerotrain::ModelConfig::Family> {};
 
 TEST_P(TransformerTest, InitialLossIsNearLogVocab) {
-  const zerotrain::JobSpec job = TinyJob(GetParam());
+  zerotrain::JobSpec job = TinyJob(GetParam());
+  job.mutable_resources()->set_cpu_threads(2);
   Bound b = BindJob(job);
   b.model->InitializeWeights(7);
   FillTokens(*b.model, 11, 3);
-  const DeviceContext ctx = CpuContext(2);
+  const DeviceContext ctx = PlannedContext(b, job);
   const double loss = b.model->ForwardLoss(ctx, {}).value();
   // With std-0.02 weights the logits are nearly uniform: loss ≈ ln V within a few percent.
   EXPECT_NEAR(loss, std::log(11.0), 0.05 * std::log(11.0));
 }
 
 TEST_P(TransformerTest, GradientsMatchFiniteDifferences) {
-  const zerotrain::JobSpec job = TinyJob(GetParam());
+  zerotrain::JobSpec job = TinyJob(GetParam());
+  job.mutable_resources()->set_cpu_threads(1);
   Bound b = BindJob(job);
   Transformer& m = *b.model;
   // Larger weights than the default init make every path carry gradient worth measuring.
@@ -86,7 +96,7 @@ TEST_P(TransformerTest, GradientsMatchFiniteDifferences) {
                 m.unit_params()[u].data<float>());
   }
   FillTokens(m, 11, 5);
-  const DeviceContext ctx = CpuContext(1);
+  const DeviceContext ctx = PlannedContext(b, job);
   const float scale = 1.0f / static_cast<float>(m.batch() * m.seq_len());
   for (const Tensor& g : m.unit_grads()) ASSERT_TRUE(Zero(ctx, g).ok());
   ASSERT_TRUE(m.ForwardLoss(ctx, {.write_grad = true, .grad_scale = scale}).ok());

@@ -1,0 +1,65 @@
+// `zt estimate JOBFILE [--world-size N] [--zero-stage S] [--json]`: where a rank's memory
+// goes, by category, from the memory plan the engine allocates from. Nothing is allocated, so
+// it answers instantly for models far larger than this machine.
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "cli/commands.h"
+#include "nlohmann/json.hpp"
+#include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/memory_plan.h"
+
+namespace zt::cli {
+
+absl::Status RunEstimate(const EstimateFlags& flags) {
+  // Estimating needs neither the data files nor an engine that can run the job yet.
+  absl::StatusOr<zerotrain::JobSpec> loaded = LoadValidatedJob(
+      flags.job_file, {.check_paths = false, .check_engine_support = false});
+  if (!loaded.ok()) return loaded.status();
+  zerotrain::JobSpec job = *loaded;
+  if (flags.world_size > 0) job.mutable_parallel()->set_world_size(flags.world_size);
+  if (flags.zero_stage >= 0) job.mutable_parallel()->set_zero_stage(flags.zero_stage);
+  if (job.parallel().zero_stage() > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--zero-stage: must be in 0..3 (got %d)", job.parallel().zero_stage()));
+  }
+  const MemoryPlan plan = PlanMemory(job);
+  const int64_t params = BuildModelLayout(job.model()).total_numel;
+  const std::string name = job.name().empty() ? "job" : job.name();
+
+  if (flags.json) {
+    nlohmann::json per_rank;
+    for (int c = 0; c < kMemoryCategoryCount; ++c) {
+      const auto category = static_cast<MemoryCategory>(c);
+      per_rank[MemoryCategoryName(category)] = plan.CategoryBytes(category);
+    }
+    per_rank["total"] = plan.TotalBytes();
+    const nlohmann::json out = {{"job", name},
+                                {"parameters", params},
+                                {"world_size", job.parallel().world_size()},
+                                {"zero_stage", job.parallel().zero_stage()},
+                                {"per_rank", per_rank}};
+    std::cout << out.dump(2) << "\n";
+    return absl::OkStatus();
+  }
+  std::cout << absl::StrFormat("%s: %d parameters, world size %d, ZeRO stage %d — per rank:\n",
+                               name, params, job.parallel().world_size(),
+                               job.parallel().zero_stage());
+  std::cout << absl::StrFormat("  %-14s %18s %12s %14s\n", "category", "bytes", "GiB",
+                               "bytes/param");
+  auto row = [&](const char* label, int64_t bytes) {
+    std::cout << absl::StrFormat("  %-14s %18d %12.3f %14.3f\n", label, bytes,
+                                 static_cast<double>(bytes) / (1ull << 30),
+                                 static_cast<double>(bytes) / static_cast<double>(params));
+  };
+  for (int c = 0; c < kMemoryCategoryCount; ++c) {
+    const auto category = static_cast<MemoryCategory>(c);
+    row(MemoryCategoryName(category), plan.CategoryBytes(category));
+  }
+  row("total", plan.TotalBytes());
+  return absl::OkStatus();
+}
+
+}  // namespace zt::cli

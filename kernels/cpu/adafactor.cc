@@ -1,0 +1,211 @@
+// CPU Adafactor. Every reduction (Σ param², the row and column means of g², Σ U²) is summed in
+// double: within a chunk, a row or a column tile by one thread, then across chunks serially in
+// a fixed order, with chunk boundaries that depend on the sizes only — so any thread count
+// gives the same bits. The update U is computed twice (once for its RMS, once to apply it),
+// which keeps the op free of scratch buffers.
+//
+// Matrix passes over g: row means, column means, Σ U², apply. Vector passes: Σ U² (updating
+// V on the way), apply.
+#include "kernels/cpu/adafactor.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+namespace zt::cpu {
+namespace {
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kMinParallel = 1 << 15;
+// Fixed-order sums split [0, n) into at most kMaxChunks chunks of at least kMinChunk elements.
+constexpr int64_t kMaxChunks = 256;
+constexpr int64_t kMinChunk = 4096;
+// Columns whose sums one thread accumulates while it walks down the rows: 2 KiB of doubles,
+// and 1 KiB of each row of g read contiguously.
+constexpr int64_t kColTile = 256;
+
+// Σ chunk_sum(begin, end) over fixed chunks of [0, n), combined in chunk order.
+template <typename ChunkSum>
+double FixedOrderSum(const DeviceContext& ctx, int64_t n, const ChunkSum& chunk_sum) {
+  const int64_t chunk = std::max(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks);
+  const int64_t num_chunks = (n + chunk - 1) / chunk;
+  std::array<double, kMaxChunks> partial{};
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    partial[c] = chunk_sum(c * chunk, std::min(n, (c + 1) * chunk));
+  }
+  double sum = 0;
+  for (int64_t c = 0; c < num_chunks; ++c) sum += partial[c];
+  return sum;
+}
+
+// Σ x² of x[begin, end), in double.
+double SumSquares(const float* x, int64_t begin, int64_t end) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = begin; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+// Everything the apply pass needs besides the buffers.
+struct Apply {
+  float scale;     // α / max(1, RMS(U) / clip_threshold)
+  float beta1;     // used only with a first moment
+  float wd_alpha;  // weight_decay · α
+};
+
+// m = β1·m + (1 − β1)·scale·U (when m is present); param −= weight_decay·α·param + step.
+inline void ApplyOne(const Apply& a, float u, float* m, float* p) {
+  float step = a.scale * u;
+  if (m != nullptr) {
+    *m = a.beta1 * *m + (1.0f - a.beta1) * step;
+    step = *m;
+  }
+  *p = (*p - a.wd_alpha * *p) - step;
+}
+
+// The matrix case: row and column statistics, then U_ij = g_ij · √(mean(R) / R_i) / √C_j.
+// Returns after applying; `alpha` is the step size α.
+void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t,
+                    double alpha) {
+  const int64_t rows = args.param.dim(0), cols = args.param.dim(1), n = rows * cols;
+  float* param = args.param.data<float>();
+  const float* grad = args.grad.data<float>();
+  float* row_state = args.row_state.data<float>();
+  float* col_state = args.col_state.data<float>();
+  float* m = args.m.empty() ? nullptr : args.m.data<float>();
+  const float gs = args.grad_scale;
+  const double eps1 = args.eps1, b2t = beta2t;
+
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* g = grad + i * cols;
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float gj = g[j] * gs;
+      s += static_cast<double>(gj) * gj;
+    }
+    const double mean = s / static_cast<double>(cols) + eps1;
+    row_state[i] = static_cast<float>(b2t * row_state[i] + (1.0 - b2t) * mean);
+  }
+
+  const int64_t num_tiles = (cols + kColTile - 1) / kColTile;
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t tile = 0; tile < num_tiles; ++tile) {
+    const int64_t j0 = tile * kColTile, width = std::min(kColTile, cols - j0);
+    std::array<double, kColTile> acc{};
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* g = grad + i * cols + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) {
+        const float gj = g[j] * gs;
+        acc[j] += static_cast<double>(gj) * gj;
+      }
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      const double mean = acc[j] / static_cast<double>(rows) + eps1;
+      col_state[j0 + j] = static_cast<float>(b2t * col_state[j0 + j] + (1.0 - b2t) * mean);
+    }
+  }
+
+  double row_sum = 0;
+  for (int64_t i = 0; i < rows; ++i) row_sum += row_state[i];
+  const double row_mean = row_sum / static_cast<double>(rows);
+  const auto row_factor = [&](int64_t i) {
+    return static_cast<float>(std::sqrt(row_mean / static_cast<double>(row_state[i])));
+  };
+
+  // Σ U² over flat chunks, each walking the row segments it covers.
+  const double u_sq = FixedOrderSum(ctx, n, [&](int64_t begin, int64_t end) {
+    double s = 0;
+    for (int64_t i = begin / cols; i * cols < end; ++i) {
+      const int64_t j0 = std::max<int64_t>(begin - i * cols, 0);
+      const int64_t j1 = std::min<int64_t>(end - i * cols, cols);
+      const float* g = grad + i * cols;
+      const float rf = row_factor(i);
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = j0; j < j1; ++j) {
+        const float u = (g[j] * gs) * rf / std::sqrt(col_state[j]);
+        s += static_cast<double>(u) * u;
+      }
+    }
+    return s;
+  });
+  const double clip = std::max(1.0, std::sqrt(u_sq / static_cast<double>(n)) / args.clip_threshold);
+  const Apply a{.scale = static_cast<float>(alpha / clip),
+                .beta1 = args.beta1,
+                .wd_alpha = static_cast<float>(args.weight_decay * alpha)};
+
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* g = grad + i * cols;
+    float* p = param + i * cols;
+    float* mi = m == nullptr ? nullptr : m + i * cols;
+    const float rf = row_factor(i);
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      const float u = (g[j] * gs) * rf / std::sqrt(col_state[j]);
+      ApplyOne(a, u, mi == nullptr ? nullptr : mi + j, p + j);
+    }
+  }
+}
+
+// The vector case: a full second moment V, U = g / √V.
+void FullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t, double alpha) {
+  const int64_t n = args.param.numel();
+  float* param = args.param.data<float>();
+  const float* grad = args.grad.data<float>();
+  float* v = args.full_state.data<float>();
+  float* m = args.m.empty() ? nullptr : args.m.data<float>();
+  const float gs = args.grad_scale, eps1 = args.eps1, b2t = beta2t;
+
+  const double u_sq = FixedOrderSum(ctx, n, [&](int64_t begin, int64_t end) {
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = grad[i] * gs;
+      v[i] = b2t * v[i] + (1.0f - b2t) * (g * g + eps1);
+      const float u = g / std::sqrt(v[i]);
+      s += static_cast<double>(u) * u;
+    }
+    return s;
+  });
+  const double clip = std::max(1.0, std::sqrt(u_sq / static_cast<double>(n)) / args.clip_threshold);
+  const Apply a{.scale = static_cast<float>(alpha / clip),
+                .beta1 = args.beta1,
+                .wd_alpha = static_cast<float>(args.weight_decay * alpha)};
+
+#pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = (grad[i] * gs) / std::sqrt(v[i]);
+    ApplyOne(a, u, m == nullptr ? nullptr : m + i, param + i);
+  }
+}
+
+}  // namespace
+
+void AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
+  const int64_t n = args.param.numel();
+  const double t = static_cast<double>(args.step);
+  const double rho = args.relative_step
+                         ? std::min(args.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t))
+                         : static_cast<double>(args.lr);
+  double alpha = rho;
+  if (args.scale_parameter) {
+    const float* p = args.param.data<float>();
+    const double sum_sq = FixedOrderSum(
+        ctx, n, [&](int64_t begin, int64_t end) { return SumSquares(p, begin, end); });
+    alpha =
+        std::max(static_cast<double>(args.eps2), std::sqrt(sum_sq / static_cast<double>(n))) * rho;
+  }
+  const float beta2t = static_cast<float>(1.0 - std::pow(t, static_cast<double>(args.decay_rate)));
+  if (args.param.ndim() == 2) {
+    FactoredUpdate(ctx, args, beta2t, alpha);
+  } else {
+    FullUpdate(ctx, args, beta2t, alpha);
+  }
+}
+
+}  // namespace zt::cpu
