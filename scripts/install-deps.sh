@@ -14,9 +14,9 @@ for flag in "$@"; do
   case "$flag" in
     # The demo trains on a real corpus from a Debian text package.
     --demo) packages+=(fortunes) ;;
-    # The tests check the model against an independent PyTorch float64 reference, and the
-    # benchmarks compare against PyTorch's speed and memory.
-    --test|--bench) packages+=(python3-torch python3-numpy) ;;
+    # The tests check the model against an independent PyTorch float64 reference and train
+    # on the demo corpus; the benchmarks compare against PyTorch's speed and memory.
+    --test|--bench) packages+=(python3-torch python3-numpy fortunes) ;;
     *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench)" >&2; exit 2 ;;
   esac
 done

@@ -204,6 +204,9 @@ void ValidateOptimizer(const JobSpec& spec, Violations& v) {
     v.Positive("optimizer.adafactor.eps2", a.eps2());
   }
   v.UnitHalfOpen("optimizer.adafactor.beta1", a.beta1());
+  if (a.warmup_init() && !a.relative_step()) {
+    v.Add("optimizer.adafactor.warmup_init: requires optimizer.adafactor.relative_step");
+  }
   v.Positive("optimizer.lr", o.lr());
   if (v.Set("optimizer.beta1", o.has_beta1())) v.UnitHalfOpen("optimizer.beta1", o.beta1());
   if (v.Set("optimizer.beta2", o.has_beta2())) v.UnitHalfOpen("optimizer.beta2", o.beta2());
@@ -386,19 +389,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   dtype("precision.compute_dtype", spec.precision().compute_dtype());
   dtype("precision.grad_dtype", spec.precision().grad_dtype());
   dtype("precision.reduce_dtype", spec.precision().reduce_dtype());
-  if (spec.optimizer().type() == OptimizerConfig::ADAMW_8BIT ||
-      spec.optimizer().type() == OptimizerConfig::ADAFACTOR) {
-    lines.push_back(absl::StrCat(
-        "optimizer.type: ", NameOf(spec.optimizer().type(), OptimizerConfig::Type_Name<int>),
-        " is not supported by this engine yet; use ADAMW or SGD"));
-  }
-  if (spec.memory().activation_checkpointing() != zerotrain::MemoryConfig::NONE) {
-    lines.push_back(absl::StrCat(
-        "memory.activation_checkpointing: ",
-        NameOf(spec.memory().activation_checkpointing(),
-               zerotrain::MemoryConfig::ActivationCheckpointing_Name<int>),
-        " is not supported by this engine yet; use NONE"));
-  }
+
   if (spec.parallel().world_size() > 1) {
     lines.push_back(absl::StrCat("parallel.world_size: ", spec.parallel().world_size(),
                                  " ranks are not supported by this engine yet; use 1"));

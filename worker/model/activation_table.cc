@@ -30,28 +30,61 @@ Dims DimsOf(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len) {
 
 }  // namespace
 
-std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m, int64_t batch,
+std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m,
+                                        const zerotrain::MemoryConfig& memory, int64_t batch,
                                         int64_t seq_len) {
+  using Ckpt = zerotrain::MemoryConfig;
   const Dims d = DimsOf(m, batch, seq_len);
   std::vector<BufferSpec> t;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
     t.push_back({std::move(name), MemoryCategory::kActivations, DType::kF32, std::move(shape)});
   };
-  for (int i = 0; i <= m.n_layer(); ++i) add(absl::StrCat("residual.", i), {d.BT, d.C});
-  for (int i = 0; i < m.n_layer(); ++i) {
-    const std::string p = absl::StrCat("block.", i, ".");
+  // What a block saves for its backward, in two groups: the inputs of the GEMMs and norms,
+  // and the "core" — the attention output and the MLP activation — that SELECTIVE recomputes.
+  auto add_inputs = [&](const std::string& p) {
     add(p + "ln1", {d.BT, d.C});
     if (d.gpt2) add(p + "ln1_mean", {d.BT});
     add(p + "ln1_rstd", {d.BT});
     add(p + "qkv", {d.BT, d.Q});  // after RoPE for LLAMA: the attention's actual input
-    add(p + "atty", {d.BT, d.HD});
-    add(p + "att_lse", {d.B, d.H, d.T});
     add(p + "res2", {d.BT, d.C});  // residual after attention, input of ln2
     add(p + "ln2", {d.BT, d.C});
     if (d.gpt2) add(p + "ln2_mean", {d.BT});
     add(p + "ln2_rstd", {d.BT});
     add(p + "fch", {d.BT, d.gpt2 ? d.F : 2 * d.F});  // MLP pre-activation ([gate|up] LLAMA)
+  };
+  auto add_core = [&](const std::string& p) {
+    add(p + "atty", {d.BT, d.HD});
+    add(p + "att_lse", {d.B, d.H, d.T});
     add(p + "fch_act", {d.BT, d.F});
+  };
+  auto checkpointed = [&](int i) {
+    switch (memory.activation_checkpointing()) {
+      case Ckpt::FULL:
+        return true;
+      case Ckpt::EVERY_K:
+        return i % memory.checkpoint_every_k() == 0;
+      default:
+        return false;
+    }
+  };
+
+  // The residual stream between units is always kept: it is every checkpoint's input.
+  for (int i = 0; i <= m.n_layer(); ++i) add(absl::StrCat("residual.", i), {d.BT, d.C});
+  bool any_checkpointed = false;
+  for (int i = 0; i < m.n_layer(); ++i) {
+    const std::string p = absl::StrCat("block.", i, ".");
+    if (checkpointed(i)) {
+      any_checkpointed = true;
+      continue;
+    }
+    add_inputs(p);
+    if (memory.activation_checkpointing() != Ckpt::SELECTIVE) add_core(p);
+  }
+  // One shared set, reused by every block that recomputes: the backward visits one block at a
+  // time, recomputes into the set, and consumes it before the next block.
+  if (any_checkpointed) add_inputs("recompute.");
+  if (any_checkpointed || memory.activation_checkpointing() == Ckpt::SELECTIVE) {
+    add_core("recompute.");
   }
   add("head.lnf", {d.BT, d.C});
   if (d.gpt2) add("head.lnf_mean", {d.BT});

@@ -12,8 +12,14 @@
 
 namespace zt {
 
-// Activations of a forward over `batch` sequences of `seq_len` tokens.
-std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m, int64_t batch,
+// Activations of a forward over `batch` sequences of `seq_len` tokens under the activation
+// checkpointing policy of `memory`: NONE keeps every block's tensors ("block.i.*"); FULL keeps
+// only the residual stream and gives every block one shared "recompute.*" set; EVERY_K does
+// that for blocks 0, k, 2k, …; SELECTIVE keeps each block's GEMM and norm inputs but shares
+// the attention output and MLP activation ("recompute.atty", "recompute.att_lse",
+// "recompute.fch_act"). The model reads the policy back from these names (transformer.h).
+std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m,
+                                        const zerotrain::MemoryConfig& memory, int64_t batch,
                                         int64_t seq_len);
 
 // Workspace of a micro-batch: token ids, targets, logits, and "gemm_workspace" (u8, the

@@ -1,5 +1,7 @@
 #include "worker/optim/optimizer.h"
 
+#include "kernels/adafactor.h"
+#include "kernels/adam8bit.h"
 #include "kernels/optimizer.h"
 #include "kernels/status_macros.h"
 
@@ -7,7 +9,8 @@ namespace zt {
 namespace {
 
 Tensor Range(const Tensor& flat, int64_t offset, int64_t numel) {
-  return Tensor(flat.data<float>() + offset, DType::kF32, {numel}, flat.device());
+  return Tensor(static_cast<char*>(flat.raw()) + offset * DTypeSize(flat.dtype()), flat.dtype(),
+                {numel}, flat.device());
 }
 
 }  // namespace
@@ -16,65 +19,105 @@ absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& co
                                             const ModelLayout& layout, const Arenas& state) {
   Optimizer opt;
   opt.config_ = config;
-  const bool sgd = config.type() == zerotrain::OptimizerConfig::SGD;
+  opt.layout_ = layout;
   for (const UnitLayout& u : layout.units) {
-    // Consecutive tensors with the same decay merge into one segment: fewer, longer updates.
-    std::vector<Segment> segs;
-    for (const ParamSpec& p : u.params) {
-      const bool decay = config.decay_all_parameters() || p.is_matrix;
-      if (!segs.empty() && segs.back().decay == decay) {
-        segs.back().numel += p.numel;
-      } else {
-        segs.push_back({p.offset, p.numel, decay});
-      }
+    Unit unit;
+    unit.state = OptimizerStateFor(config, u);
+    for (const UnitOptimizerState::Buffer& b : unit.state.buffers) {
+      ZT_ASSIGN_OR_RETURN(Tensor t, state.Get(u.name + "." + b.name));
+      unit.buffers.push_back(t);
     }
-    opt.segments_.push_back(std::move(segs));
-    if (sgd) {
-      if (config.momentum() > 0) {
-        ZT_ASSIGN_OR_RETURN(Tensor b, state.Get(u.name + ".momentum"));
-        opt.momentum_.push_back(b);
-      }
-    } else {
-      ZT_ASSIGN_OR_RETURN(Tensor m, state.Get(u.name + ".adam_m"));
-      ZT_ASSIGN_OR_RETURN(Tensor v, state.Get(u.name + ".adam_v"));
-      opt.m_.push_back(m);
-      opt.v_.push_back(v);
-    }
+    opt.units_.push_back(std::move(unit));
   }
   return opt;
 }
 
+absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, const ParamSpec& p,
+                                   const TensorState& t, const Tensor& param, const Tensor& grad,
+                                   float lr, float grad_scale, int64_t step) const {
+  auto slice = [&](int i) {
+    const TensorState::Slice& s = t.slices[i];
+    return Range(unit.buffers[s.buffer], s.offset, s.numel);
+  };
+  const float wd = config_.decay_all_parameters() || p.is_matrix ? config_.weight_decay() : 0.0f;
+  switch (t.kind) {
+    case TensorState::Kind::kFp32Moments:
+      return AdamWUpdate(ctx, {.param = param,
+                               .grad = grad,
+                               .m = slice(0),
+                               .v = slice(1),
+                               .lr = lr,
+                               .beta1 = config_.beta1(),
+                               .beta2 = config_.beta2(),
+                               .eps = config_.eps(),
+                               .weight_decay = wd,
+                               .step = step,
+                               .grad_scale = grad_scale});
+    case TensorState::Kind::kQuantizedMoments:
+      return AdamW8bitUpdate(ctx, {.param = param,
+                                   .grad = grad,
+                                   .m_codes = slice(0),
+                                   .m_absmax = slice(2),
+                                   .v_codes = slice(1),
+                                   .v_absmax = slice(3),
+                                   .block = config_.quant_block_size(),
+                                   .lr = lr,
+                                   .beta1 = config_.beta1(),
+                                   .beta2 = config_.beta2(),
+                                   .eps = config_.eps(),
+                                   .weight_decay = wd,
+                                   .step = step,
+                                   .grad_scale = grad_scale});
+    case TensorState::Kind::kFactored:
+    case TensorState::Kind::kFull: {
+      const auto& a = config_.adafactor();
+      const bool factored = t.kind == TensorState::Kind::kFactored;
+      const bool has_m = a.beta1() > 0;
+      AdafactorArgs args{
+          .param = factored ? param.Reshape({p.shape[0], p.shape[1]}) : param,
+          .grad = factored ? grad.Reshape({p.shape[0], p.shape[1]}) : grad,
+          .row_state = factored ? slice(0) : Tensor(),
+          .col_state = factored ? slice(1) : Tensor(),
+          .full_state = factored ? Tensor() : slice(0),
+          .m = has_m ? slice(factored ? 2 : 1) : Tensor(),
+          // The relative step replaces the learning rate; the kernel refuses both.
+          .lr = a.relative_step() ? 0.0f : lr,
+          .beta1 = a.beta1(),
+          .decay_rate = a.decay_rate(),
+          .eps1 = a.eps1(),
+          .eps2 = a.eps2(),
+          .clip_threshold = a.clip_threshold(),
+          .relative_step = a.relative_step(),
+          .scale_parameter = a.scale_parameter(),
+          .warmup_init = a.warmup_init(),
+          .weight_decay = wd,
+          .step = step,
+          .grad_scale = grad_scale};
+      return AdafactorUpdate(ctx, args);
+    }
+    case TensorState::Kind::kMomentum:
+    case TensorState::Kind::kNone:
+      return SgdUpdate(ctx, {.param = param,
+                             .grad = grad,
+                             .momentum = t.kind == TensorState::Kind::kMomentum ? slice(0) : Tensor(),
+                             .lr = lr,
+                             .momentum_factor = config_.momentum(),
+                             .weight_decay = wd,
+                             .grad_scale = grad_scale});
+  }
+  return absl::InternalError("optimizer: unknown state kind");
+}
+
 absl::Status Optimizer::Step(const DeviceContext& ctx, const std::vector<Tensor>& params,
                              const std::vector<Tensor>& grads, float lr, float grad_scale) {
-  const bool sgd = config_.type() == zerotrain::OptimizerConfig::SGD;
   const int64_t step = steps_taken_ + 1;
-  for (size_t u = 0; u < segments_.size(); ++u) {
-    for (const Segment& s : segments_[u]) {
-      const float wd = s.decay ? config_.weight_decay() : 0.0f;
-      const Tensor p = Range(params[u], s.offset, s.numel);
-      const Tensor g = Range(grads[u], s.offset, s.numel);
-      if (sgd) {
-        ZT_RETURN_IF_ERROR(SgdUpdate(
-            ctx, {.param = p,
-                  .grad = g,
-                  .momentum = momentum_.empty() ? Tensor() : Range(momentum_[u], s.offset, s.numel),
-                  .lr = lr,
-                  .momentum_factor = config_.momentum(),
-                  .weight_decay = wd,
-                  .grad_scale = grad_scale}));
-      } else {
-        ZT_RETURN_IF_ERROR(AdamWUpdate(ctx, {.param = p,
-                                             .grad = g,
-                                             .m = Range(m_[u], s.offset, s.numel),
-                                             .v = Range(v_[u], s.offset, s.numel),
-                                             .lr = lr,
-                                             .beta1 = config_.beta1(),
-                                             .beta2 = config_.beta2(),
-                                             .eps = config_.eps(),
-                                             .weight_decay = wd,
-                                             .step = step,
-                                             .grad_scale = grad_scale}));
-      }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& layout = layout_.units[u];
+    for (size_t i = 0; i < layout.params.size(); ++i) {
+      const ParamSpec& p = layout.params[i];
+      ZT_RETURN_IF_ERROR(StepTensor(ctx, units_[u], p, units_[u].state.tensors[i],
+                                    Range(params[u], p.offset, p.numel),
+                                    Range(grads[u], p.offset, p.numel), lr, grad_scale, step));
     }
   }
   steps_taken_ = step;

@@ -1,10 +1,11 @@
-// The optimizer of one rank: AdamW or SGD over the units' flat buffers.
+// The optimizer of one rank: AdamW, SGD, 8-bit AdamW or Adafactor over the units' flat
+// buffers.
 //
-// Weight decay is decoupled and, unless optimizer.decay_all_parameters, applies only to the
-// matrices of linear layers — not to norms, biases or embeddings (GPT-2/nanoGPT practice).
-// Each unit's buffer is therefore stepped as a few contiguous segments, each with its own
-// decay. States ("<unit>.adam_m", "<unit>.adam_v" or "<unit>.momentum") come from the memory
-// plan's arenas. Not thread-safe: one per rank.
+// Every tensor is stepped on its own slice of its unit's buffer, with the state slices that
+// worker/plan/optimizer_state_layout.h assigns it (the same description the memory plan
+// reserved the state from). Weight decay is decoupled and, unless
+// optimizer.decay_all_parameters, applies only to the matrices of linear layers — not to
+// norms, biases or embeddings (GPT-2/nanoGPT practice). Not thread-safe: one per rank.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "proto/job.pb.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/arena.h"
+#include "worker/plan/optimizer_state_layout.h"
 
 namespace zt {
 
@@ -24,25 +26,28 @@ class Optimizer {
   static absl::StatusOr<Optimizer> Create(const zerotrain::OptimizerConfig& config,
                                           const ModelLayout& layout, const Arenas& state);
 
-  // One update of every unit: param ← update(param, grad · grad_scale) at learning rate `lr`.
-  // `grad_scale` carries gradient clipping (and, later, loss-scale removal).
+  // One update of every unit: param ← update(param, grad · grad_scale) at learning rate `lr`
+  // (Adafactor with relative_step ignores it). `grad_scale` carries gradient clipping (and
+  // loss-scale removal).
   absl::Status Step(const DeviceContext& ctx, const std::vector<Tensor>& params,
                     const std::vector<Tensor>& grads, float lr, float grad_scale);
 
-  // Updates applied so far (AdamW's bias-correction step is this + 1 during Step).
+  // Updates applied so far (the bias-correction step is this + 1 during Step).
   int64_t steps_taken() const { return steps_taken_; }
 
  private:
-  struct Segment {
-    int64_t offset = 0;
-    int64_t numel = 0;
-    bool decay = false;
+  struct Unit {
+    UnitOptimizerState state;
+    std::vector<Tensor> buffers;  // parallel to state.buffers, from the arenas
   };
   Optimizer() = default;
+  absl::Status StepTensor(const DeviceContext& ctx, const Unit& unit, const ParamSpec& p,
+                          const TensorState& t, const Tensor& param, const Tensor& grad, float lr,
+                          float grad_scale, int64_t step) const;
 
   zerotrain::OptimizerConfig config_;
-  std::vector<std::vector<Segment>> segments_;  // per unit
-  std::vector<Tensor> m_, v_, momentum_;        // per unit, as the type needs
+  ModelLayout layout_;
+  std::vector<Unit> units_;
   int64_t steps_taken_ = 0;
 };
 

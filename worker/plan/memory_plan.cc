@@ -2,6 +2,7 @@
 
 #include "worker/model/activation_table.h"
 #include "worker/model/param_layout.h"
+#include "worker/plan/optimizer_state_layout.h"
 
 namespace zt {
 
@@ -61,19 +62,16 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job) {
   };
   add_per_unit(".params", MemoryCategory::kParameters);
   add_per_unit(".grads", MemoryCategory::kGradients);
-  switch (job.optimizer().type()) {
-    case zerotrain::OptimizerConfig::SGD:
-      if (job.optimizer().momentum() > 0) {
-        add_per_unit(".momentum", MemoryCategory::kOptimizerState);
-      }
-      break;
-    default:  // ADAMW; validation rejects anything else
-      add_per_unit(".adam_m", MemoryCategory::kOptimizerState);
-      add_per_unit(".adam_v", MemoryCategory::kOptimizerState);
-      break;
+  for (const UnitLayout& u : layout.units) {
+    for (const UnitOptimizerState::Buffer& b : OptimizerStateFor(job.optimizer(), u).buffers) {
+      plan.buffers.push_back(
+          {u.name + "." + b.name, MemoryCategory::kOptimizerState, b.dtype, {b.numel}});
+    }
   }
   const int64_t B = job.train().micro_batch_size(), T = job.data().seq_len();
-  for (BufferSpec& b : ActivationTable(job.model(), B, T)) plan.buffers.push_back(std::move(b));
+  for (BufferSpec& b : ActivationTable(job.model(), job.memory(), B, T)) {
+    plan.buffers.push_back(std::move(b));
+  }
   for (BufferSpec& b :
        WorkspaceTable(job.model(), B, T, /*backward=*/true, JobDeviceContext(job))) {
     plan.buffers.push_back(std::move(b));
@@ -84,7 +82,10 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job) {
 MemoryPlan PlanInference(const zerotrain::JobSpec& job, const DeviceContext& ctx, int64_t batch,
                          int64_t seq_len) {
   MemoryPlan plan;
-  plan.buffers = ActivationTable(job.model(), batch, seq_len);
+  // A forward-only pass never returns to a block: every block can share one set.
+  zerotrain::MemoryConfig shared;
+  shared.set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+  plan.buffers = ActivationTable(job.model(), shared, batch, seq_len);
   for (BufferSpec& b : WorkspaceTable(job.model(), batch, seq_len, /*backward=*/false, ctx)) {
     plan.buffers.push_back(std::move(b));
   }

@@ -9,8 +9,8 @@
 // Buffer names (B micro-batch, T seq_len, C d_model, Q qkv width, F d_ff, V vocab):
 //   parameters:  "<unit>.params"                       each unit's flat f32 buffer
 //   gradients:   "<unit>.grads"                        same size, fp32 accumulation
-//   optimizer:   "<unit>.adam_m", "<unit>.adam_v"      AdamW moments
-//                "<unit>.momentum"                     SGD with momentum
+//   optimizer:   "<unit>.<state>" as worker/plan/optimizer_state_layout.h lays them out
+//                (AdamW's adam_m/adam_v, 8-bit codes and absmax, Adafactor's statistics)
 //   activations: "residual.<i>" (B·T, C) for i in 0..L  the residual stream between units
 //                "block.<i>.<name>"                     what block i saves for backward
 //                "head.<name>"                          what the head saves

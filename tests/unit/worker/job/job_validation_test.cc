@@ -310,8 +310,6 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "use FP32",
                           "precision.reduce_dtype: BF16 is not supported by this engine yet; "
                           "use FP32",
-                          "memory.activation_checkpointing: EVERY_K is not supported by this "
-                          "engine yet; use NONE",
                           "parallel.world_size: 2 ranks are not supported by this engine yet; "
                           "use 1",
                           "parallel.zero_stage: 3 is not supported by this engine yet; use 0",

@@ -1,0 +1,83 @@
+#include "worker/plan/optimizer_state_layout.h"
+
+#include "kernels/quantization.h"
+
+namespace zt {
+namespace {
+
+class StateBuilder {
+ public:
+  // The slice of `numel` elements of buffer `name` (created on first use).
+  TensorState::Slice Take(const std::string& name, DType dtype, int64_t numel) {
+    int index = -1;
+    for (size_t i = 0; i < state_.buffers.size(); ++i) {
+      if (state_.buffers[i].name == name) index = static_cast<int>(i);
+    }
+    if (index < 0) {
+      state_.buffers.push_back({name, dtype, 0});
+      index = static_cast<int>(state_.buffers.size()) - 1;
+    }
+    TensorState::Slice s{index, state_.buffers[index].numel, numel};
+    state_.buffers[index].numel += numel;
+    return s;
+  }
+  UnitOptimizerState& state() { return state_; }
+
+ private:
+  UnitOptimizerState state_;
+};
+
+}  // namespace
+
+UnitOptimizerState OptimizerStateFor(const zerotrain::OptimizerConfig& config,
+                                     const UnitLayout& unit) {
+  using Opt = zerotrain::OptimizerConfig;
+  StateBuilder b;
+  for (const ParamSpec& p : unit.params) {
+    TensorState t;
+    switch (config.type()) {
+      case Opt::SGD:
+        if (config.momentum() > 0) {
+          t.kind = TensorState::Kind::kMomentum;
+          t.slices = {b.Take("momentum", DType::kF32, p.numel)};
+        }
+        break;
+      case Opt::ADAMW_8BIT:
+        if (p.numel >= config.min_quantized_numel()) {
+          const int64_t blocks = NumQuantBlocks(p.numel, config.quant_block_size());
+          t.kind = TensorState::Kind::kQuantizedMoments;
+          t.slices = {b.Take("adam8_m_codes", DType::kU8, p.numel),
+                      b.Take("adam8_v_codes", DType::kU8, p.numel),
+                      b.Take("adam8_m_absmax", DType::kF32, blocks),
+                      b.Take("adam8_v_absmax", DType::kF32, blocks)};
+        } else {
+          t.kind = TensorState::Kind::kFp32Moments;
+          t.slices = {b.Take("adam_m", DType::kF32, p.numel), b.Take("adam_v", DType::kF32, p.numel)};
+        }
+        break;
+      case Opt::ADAFACTOR: {
+        const bool matrix = p.shape.size() == 2;
+        if (matrix) {
+          t.kind = TensorState::Kind::kFactored;
+          t.slices = {b.Take("adafactor_row", DType::kF32, p.shape[0]),
+                      b.Take("adafactor_col", DType::kF32, p.shape[1])};
+        } else {
+          t.kind = TensorState::Kind::kFull;
+          t.slices = {b.Take("adafactor_full", DType::kF32, p.numel)};
+        }
+        if (config.adafactor().beta1() > 0) {
+          t.slices.push_back(b.Take("adafactor_m", DType::kF32, p.numel));
+        }
+        break;
+      }
+      default:  // ADAMW
+        t.kind = TensorState::Kind::kFp32Moments;
+        t.slices = {b.Take("adam_m", DType::kF32, p.numel), b.Take("adam_v", DType::kF32, p.numel)};
+        break;
+    }
+    b.state().tensors.push_back(std::move(t));
+  }
+  return std::move(b.state());
+}
+
+}  // namespace zt

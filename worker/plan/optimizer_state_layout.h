@@ -1,0 +1,55 @@
+// Where each optimizer keeps its state for one unit: the buffers the memory plan reserves
+// ("<unit>.<name>") and, for each tensor of the unit, its slice of them. The plan sizes the
+// buffers and the optimizer steps through the slices from this one description, so they
+// cannot disagree.
+//
+//   ADAMW       adam_m, adam_v                       f32, one value per parameter
+//   SGD         momentum (only when momentum > 0)    f32, one value per parameter
+//   ADAMW_8BIT  tensors of ≥ min_quantized_numel elements: m/v as u8 codes
+//               (adam8_m_codes, adam8_v_codes) and one f32 absmax per block of
+//               quant_block_size (adam8_m_absmax, adam8_v_absmax); blocks start at each
+//               tensor's first element, so no block straddles two tensors.
+//               Smaller tensors keep f32 adam_m / adam_v (bitsandbytes' rule).
+//   ADAFACTOR   matrices: adafactor_row (rows) and adafactor_col (cols) f32 statistics;
+//               vectors: adafactor_full (n) f32; plus adafactor_m (n) f32 when beta1 > 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "proto/job.pb.h"
+#include "worker/model/param_layout.h"
+
+namespace zt {
+
+// One tensor's state: for each of the unit's state buffers it uses, the element offset and
+// count inside that buffer.
+struct TensorState {
+  struct Slice {
+    int buffer = -1;  // index into UnitOptimizerState::buffers
+    int64_t offset = 0;
+    int64_t numel = 0;
+  };
+  enum class Kind : uint8_t { kFp32Moments, kQuantizedMoments, kFactored, kFull, kMomentum, kNone };
+  Kind kind = Kind::kNone;
+  // Per kind: kFp32Moments {m, v}; kQuantizedMoments {m_codes, v_codes, m_absmax, v_absmax};
+  // kFactored {row, col[, m]}; kFull {full[, m]}; kMomentum {momentum}.
+  std::vector<Slice> slices;
+};
+
+struct UnitOptimizerState {
+  struct Buffer {
+    std::string name;  // "adam_m", "adam8_m_codes", ... (the plan prefixes "<unit>.")
+    DType dtype = DType::kF32;
+    int64_t numel = 0;
+  };
+  std::vector<Buffer> buffers;       // only those with numel > 0
+  std::vector<TensorState> tensors;  // parallel to UnitLayout::params
+};
+
+UnitOptimizerState OptimizerStateFor(const zerotrain::OptimizerConfig& config,
+                                     const UnitLayout& unit);
+
+}  // namespace zt
