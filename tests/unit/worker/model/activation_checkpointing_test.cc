@@ -46,7 +46,7 @@ struct Result {
   int64_t activation_bytes = 0;
 };
 
-Result Run(const zerotrain::JobSpec& job) {
+Result TrainOneMicroBatch(const zerotrain::JobSpec& job) {
   const MemoryPlan plan = PlanMemory(job);
   auto arenas = Arenas::Create(plan).value();
   Transformer m = Transformer::Bind(job.model(), *arenas, *arenas, job.train().micro_batch_size(),
@@ -89,10 +89,10 @@ class ActivationCheckpointingTest
     : public ::testing::TestWithParam<zerotrain::ModelConfig::Family> {};
 
 TEST_P(ActivationCheckpointingTest, EveryPolicyGivesBitwiseIdenticalGradients) {
-  const Result none = Run(Job(GetParam(), Ckpt::NONE));
-  const Result full = Run(Job(GetParam(), Ckpt::FULL));
-  const Result every2 = Run(Job(GetParam(), Ckpt::EVERY_K, 2));
-  const Result selective = Run(Job(GetParam(), Ckpt::SELECTIVE));
+  const Result none = TrainOneMicroBatch(Job(GetParam(), Ckpt::NONE));
+  const Result full = TrainOneMicroBatch(Job(GetParam(), Ckpt::FULL));
+  const Result every2 = TrainOneMicroBatch(Job(GetParam(), Ckpt::EVERY_K, 2));
+  const Result selective = TrainOneMicroBatch(Job(GetParam(), Ckpt::SELECTIVE));
   for (const Result* r : {&full, &every2, &selective}) {
     EXPECT_EQ(r->loss, none.loss);
     EXPECT_TRUE(BitwiseEqual(r->grads, none.grads));
