@@ -3,6 +3,11 @@
 //
 //   training_bench --config tiny|gpt2-small|tiny-llama [--steps N] [--warmup N]
 //                  [--threads N] [--gemm onednn|openblas]
+//                  [--precision fp32|bf16|fp16] [--checkpointing none|full|selective|every2]
+//                  [--optimizer adamw|adamw8bit|adafactor]
+// The memory techniques (bench/RESULTS.md's second table) are the last three flags:
+// --precision bf16 means bf16 parameters and activations with fp32 master weights and fp32
+// gradient accumulation.
 //
 // The data are random tokens (throughput does not depend on them). Peak RSS is the kernel's
 // VmHWM; the baseline is VmRSS after the libraries and the OpenMP pool are up, before the
@@ -75,6 +80,7 @@ zerotrain::JobSpec ConfigJob(const std::string& config, const std::string& data)
 
 int main(int argc, char** argv) {
   std::string config = "tiny", gemm = "onednn";
+  std::string precision = "fp32", checkpointing = "none", optimizer = "adamw";
   int steps = 10, warmup = 2, threads = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -83,6 +89,9 @@ int main(int argc, char** argv) {
     else if (flag == "--warmup") warmup = std::atoi(value.c_str());
     else if (flag == "--threads") threads = std::atoi(value.c_str());
     else if (flag == "--gemm") gemm = value;
+    else if (flag == "--precision") precision = value;
+    else if (flag == "--checkpointing") checkpointing = value;
+    else if (flag == "--optimizer") optimizer = value;
     else {
       std::fprintf(stderr, "training_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -98,6 +107,26 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   const std::string data = dir + "/train.bin";
   zerotrain::JobSpec job = ConfigJob(config, data);
+  {
+    using P = zerotrain::PrecisionConfig;
+    using M = zerotrain::MemoryConfig;
+    using O = zerotrain::OptimizerConfig;
+    const P::DType dtype = precision == "bf16" ? P::BF16 : precision == "fp16" ? P::FP16 : P::FP32;
+    job.mutable_precision()->set_param_dtype(dtype);
+    job.mutable_precision()->set_compute_dtype(dtype);
+    M* memory = job.mutable_memory();
+    if (checkpointing == "full") memory->set_activation_checkpointing(M::FULL);
+    if (checkpointing == "selective") memory->set_activation_checkpointing(M::SELECTIVE);
+    if (checkpointing == "every2") {
+      memory->set_activation_checkpointing(M::EVERY_K);
+      memory->set_checkpoint_every_k(2);
+    }
+    if (optimizer == "adamw8bit") job.mutable_optimizer()->set_type(O::ADAMW_8BIT);
+    if (optimizer == "adafactor") {
+      job.mutable_optimizer()->set_type(O::ADAFACTOR);
+      job.mutable_optimizer()->mutable_adafactor()->set_scale_parameter(false);
+    }
+  }
   {
     std::mt19937 rng(1);
     std::vector<int32_t> tokens(1 << 20);
@@ -173,6 +202,9 @@ int main(int argc, char** argv) {
       {"rss_after_setup_bytes", after_create},
       {"plan_total_bytes", (*trainer)->plan().TotalBytes()},
       {"gemm", zt::CpuGemmDescription((*trainer)->context().cpu_gemm)},
+      {"precision", precision},
+      {"checkpointing", checkpointing},
+      {"optimizer", optimizer},
       {"final_loss", loss}};
   std::printf("%s\n", out.dump().c_str());
   std::filesystem::remove_all(dir);

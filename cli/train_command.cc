@@ -66,7 +66,7 @@ absl::Status RunTrain(const TrainFlags& flags) {
 
   if (!flags.export_path.empty()) {
     std::vector<const float*> units;
-    for (const Tensor& p : trainer->model().unit_params()) units.push_back(p.data<float>());
+    for (const Tensor& p : trainer->fp32_weights()) units.push_back(p.data<float>());
     if (absl::Status s = ExportHuggingFace(flags.export_path, job.model(),
                                            trainer->model().layout(), units, *export_dtype);
         !s.ok()) {

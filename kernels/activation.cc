@@ -8,17 +8,16 @@
 namespace zt {
 namespace {
 
-constexpr DType kF32 = DType::kF32;
-
-absl::Status CheckF32(const char* op, const char* arg, const Tensor& t, const DeviceContext& ctx) {
+absl::Status CheckFloat(const char* op, const char* arg, const Tensor& t,
+                        const DeviceContext& ctx) {
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
-  return CheckDType(op, arg, t, kF32);
+  return internal::CheckFloatDType(op, arg, t);
 }
 
 // The packed SwiGLU input: (N, 2F) with an even last dimension.
 absl::Status CheckPacked(const char* op, const char* arg, const Tensor& t,
                          const DeviceContext& ctx) {
-  ZT_RETURN_IF_ERROR(CheckF32(op, arg, t, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(op, arg, t, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, arg, t, 2));
   if (t.dim(1) % 2 == 0) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -31,11 +30,11 @@ absl::Status CheckPacked(const char* op, const char* arg, const Tensor& t,
 absl::Status GeluForward(const DeviceContext& ctx, const Tensor& inp, const Tensor& out) {
   constexpr const char* kOp = "GeluForward";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "inp", inp, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "out", out, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "inp", inp, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "out", out, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "out", out, "inp", inp));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  cpu::GeluForward(ctx, inp.data<float>(), out.data<float>(), inp.numel());
+  cpu::GeluForward(ctx, inp, out);
   return absl::OkStatus();
 }
 
@@ -43,13 +42,13 @@ absl::Status GeluBackward(const DeviceContext& ctx, const Tensor& inp, const Ten
                           const Tensor& dinp) {
   constexpr const char* kOp = "GeluBackward";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "inp", inp, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "dout", dout, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "dinp", dinp, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "inp", inp, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "dout", dout, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "dinp", dinp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "dout", dout, "inp", inp));
   ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "dinp", dinp, "inp", inp));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  cpu::GeluBackward(ctx, inp.data<float>(), dout.data<float>(), dinp.data<float>(), inp.numel());
+  cpu::GeluBackward(ctx, inp, dout, dinp);
   return absl::OkStatus();
 }
 
@@ -58,9 +57,9 @@ absl::Status SwigluForward(const DeviceContext& ctx, const Tensor& inp, const Te
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(CheckPacked(kOp, "inp", inp, ctx));
   const int64_t n = inp.dim(0), f = inp.dim(1) / 2;
-  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "out", out, ctx, kF32, {n, f}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "out", out, ctx, {n, f}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  cpu::SwigluForward(ctx, inp.data<float>(), out.data<float>(), n, f);
+  cpu::SwigluForward(ctx, inp, out);
   return absl::OkStatus();
 }
 
@@ -70,10 +69,10 @@ absl::Status SwigluBackward(const DeviceContext& ctx, const Tensor& inp, const T
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(CheckPacked(kOp, "inp", inp, ctx));
   const int64_t n = inp.dim(0), f = inp.dim(1) / 2;
-  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "dout", dout, ctx, kF32, {n, f}));
-  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "dinp", dinp, ctx, kF32, {n, 2 * f}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dout", dout, ctx, {n, f}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dinp", dinp, ctx, {n, 2 * f}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  cpu::SwigluBackward(ctx, inp.data<float>(), dout.data<float>(), dinp.data<float>(), n, f);
+  cpu::SwigluBackward(ctx, inp, dout, dinp);
   return absl::OkStatus();
 }
 

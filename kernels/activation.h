@@ -13,7 +13,10 @@
 
 namespace zt {
 
-// out = gelu(inp); inp and out any equal shape, f32.
+// Each tensor may be f32, bf16 or f16 independently: elements are loaded to f32, computed as
+// the f32 path computes them and rounded once when stored.
+
+// out = gelu(inp); inp and out any equal shape.
 absl::Status GeluForward(const DeviceContext& ctx, const Tensor& inp, const Tensor& out);
 // dinp = gelu'(inp) · dout.
 absl::Status GeluBackward(const DeviceContext& ctx, const Tensor& inp, const Tensor& dout,

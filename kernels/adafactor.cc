@@ -74,8 +74,10 @@ absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args
                      "dims, last dim)"));
   }
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "grad", args.grad, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "grad", args.grad, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(kOp, "grad", args.grad));
   ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "grad", args.grad, "param", args.param));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));
   const bool factored = ndim == 2;
   const int64_t rows = factored ? args.param.dim(0) : 0, cols = factored ? args.param.dim(1) : 0;
   ZT_RETURN_IF_ERROR(CheckState(kOp, "row_state", args.row_state, factored, rows,

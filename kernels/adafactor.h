@@ -19,6 +19,10 @@
 //   param = param − weight_decay·α·param − step
 // Reductions (RMS, means) are accumulated in double over fixed chunks combined in a fixed
 // order, so any thread count gives the same bits.
+//
+// The gradient may be f32, bf16 or f16, and param_copy, stochastic_rounding and seed work as
+// in AdamWArgs (kernels/optimizer.h): the updated f32 parameter is also written, rounded, to a
+// 16-bit copy, with the stochastic hash's counter the element index within the tensor.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +36,7 @@ namespace zt {
 struct AdafactorArgs {
   Tensor param;       // (rows, cols) factored, or (n); f32, updated in place. Tensors of more
                       // dimensions are passed as (product of the leading ones, last one).
-  Tensor grad;        // param's shape, f32
+  Tensor grad;        // param's shape, f32, bf16 or f16
   Tensor row_state;   // (rows) f32, updated: matrices only, empty for vectors
   Tensor col_state;   // (cols) f32, updated: matrices only, empty for vectors
   Tensor full_state;  // (n) f32, updated: vectors only, empty for matrices
@@ -50,8 +54,11 @@ struct AdafactorArgs {
   bool scale_parameter = true;
   bool warmup_init = false;  // requires relative_step
   float weight_decay = 0;
-  int64_t step = 1;         // 1-based step count
-  float grad_scale = 1.0f;  // applied to grad before use
+  int64_t step = 1;                  // 1-based step count
+  float grad_scale = 1.0f;           // applied to grad before use
+  Tensor param_copy;                 // param's element count, bf16 or f16, or empty
+  bool stochastic_rounding = false;  // bf16 param_copy only
+  uint64_t seed = 0;                 // of the stochastic rounding
 };
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args);
 

@@ -23,9 +23,9 @@ absl::Status AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args
   ZT_RETURN_IF_ERROR(CheckQuantBlock(kOp, args.block));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
-  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "grad", args.grad, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "grad", args.grad, DType::kF32));
-  ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "grad", args.grad, "param", args.param));
+  ZT_RETURN_IF_ERROR(internal::CheckGrad(kOp, args.grad, args.param, ctx));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckQuantizedBuffer(kOp, "m_codes", args.m_codes, "m_absmax",
                                                     args.m_absmax, "param", args.param, args.block,
                                                     ctx));

@@ -5,6 +5,10 @@
 //
 // An all-zero state (codes 0, absmax 0) is the zero state AdamW starts from: an absmax of 0
 // dequantizes every code of its block to 0, so a zero-filled arena needs no initialization.
+//
+// The gradient may be f32, bf16 or f16, and param_copy, stochastic_rounding and seed work as
+// in AdamWArgs (kernels/optimizer.h): the updated f32 parameter is also written, rounded, to a
+// 16-bit copy, with the stochastic hash's counter the element index within the tensor.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +25,7 @@ namespace zt {
 // boundaries are cut at multiples of `block`.
 struct AdamW8bitArgs {
   Tensor param;          // (n) f32, updated in place
-  Tensor grad;           // (n) f32
+  Tensor grad;           // (n) f32, bf16 or f16
   Tensor m_codes;        // (n) u8, first moment in DynamicMapSigned(), updated
   Tensor m_absmax;       // (ceil(n / block)) f32, updated
   Tensor v_codes;        // (n) u8, second moment in DynamicMapUnsigned(), updated
@@ -32,8 +36,11 @@ struct AdamW8bitArgs {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0;
-  int64_t step = 1;         // 1-based step count, for bias correction
-  float grad_scale = 1.0f;  // applied to grad before use
+  int64_t step = 1;                  // 1-based step count, for bias correction
+  float grad_scale = 1.0f;           // applied to grad before use
+  Tensor param_copy;                 // (n) bf16 or f16 = the updated param, or empty
+  bool stochastic_rounding = false;  // bf16 param_copy only
+  uint64_t seed = 0;                 // of the stochastic rounding
 };
 // For each block: m, v = map[code] · absmax; then AdamWUpdate's rule with those m and v (the
 // parameter moves with the new m and v before they are rounded to 8 bits); then m and v are

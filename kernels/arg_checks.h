@@ -68,6 +68,52 @@ inline absl::Status CheckSameShape(const char* op, const char* arg, const Tensor
                                                  "; they must be equal"));
 }
 
+// Data tensors of the mixed-precision ops may be stored as f32, bf16 or f16.
+inline absl::Status CheckFloatDType(const char* op, const char* arg, const Tensor& t) {
+  if (t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 || t.dtype() == DType::kF16) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, " has dtype ", DTypeName(t.dtype()),
+                                                 ", expected one of f32, bf16, f16"));
+}
+
+// CheckOnDevice, then a float dtype (f32, bf16, f16) and the shape.
+inline absl::Status CheckFloatTensor(const char* op, const char* arg, const Tensor& t,
+                                     const DeviceContext& ctx,
+                                     std::initializer_list<int64_t> shape) {
+  if (absl::Status s = CheckOnDevice(op, arg, t, ctx); !s.ok()) return s;
+  if (absl::Status s = CheckFloatDType(op, arg, t); !s.ok()) return s;
+  return CheckShape(op, arg, t, shape);
+}
+
+// An optimizer gradient: f32, bf16 or f16 with param's element count.
+inline absl::Status CheckGrad(const char* op, const Tensor& grad, const Tensor& param,
+                              const DeviceContext& ctx) {
+  if (absl::Status s = CheckOnDevice(op, "grad", grad, ctx); !s.ok()) return s;
+  if (absl::Status s = CheckFloatDType(op, "grad", grad); !s.ok()) return s;
+  return CheckSameNumel(op, "grad", grad, "param", param);
+}
+
+// The optional 16-bit parameter copy and its rounding options.
+inline absl::Status CheckParamCopy(const char* op, const Tensor& copy, bool stochastic,
+                                   const Tensor& param, const DeviceContext& ctx) {
+  if (copy.empty()) {
+    if (!stochastic) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": stochastic_rounding is set but param_copy is empty; it rounds param_copy"));
+  }
+  if (absl::Status s = CheckOnDevice(op, "param_copy", copy, ctx); !s.ok()) return s;
+  if (copy.dtype() != DType::kBF16 && copy.dtype() != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": param_copy has dtype ", DTypeName(copy.dtype()), ", expected bf16 or f16"));
+  }
+  if (stochastic && copy.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": stochastic_rounding needs a bf16 param_copy, it is ", DTypeName(copy.dtype())));
+  }
+  return CheckSameNumel(op, "param_copy", copy, "param", param);
+}
+
 inline absl::Status NoCudaKernel(const char* op) {
   return absl::UnimplementedError(absl::StrCat(op, ": no CUDA kernel in this build"));
 }

@@ -20,7 +20,7 @@ absl::StatusOr<cpu::AttentionDims> QkvDims(const char* op, const DeviceContext& 
                      " must both be >= 1 with n_head a multiple of n_kv_head"));
   }
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "qkv", qkv, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(op, "qkv", qkv, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(op, "qkv", qkv));
   const int64_t heads = n_head + 2 * static_cast<int64_t>(n_kv_head);
   if (qkv.ndim() != 3 || qkv.dim(2) % heads != 0 || qkv.dim(2) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -49,7 +49,7 @@ absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardAr
                       QkvDims(kOp, ctx, args.qkv, args.n_head, args.n_kv_head));
   const int64_t hd = static_cast<int64_t>(dims.n_head) * dims.head_dim;
   ZT_RETURN_IF_ERROR(
-      internal::CheckTensor(kOp, "out", args.out, ctx, DType::kF32, {dims.batch, dims.seq, hd}));
+      internal::CheckFloatTensor(kOp, "out", args.out, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "lse", args.lse, ctx, DType::kF32,
                                            {dims.batch, dims.n_head, dims.seq}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
@@ -63,13 +63,13 @@ absl::Status AttentionBackward(const DeviceContext& ctx, const AttentionBackward
                       QkvDims(kOp, ctx, args.qkv, args.n_head, args.n_kv_head));
   const int64_t hd = static_cast<int64_t>(dims.n_head) * dims.head_dim;
   ZT_RETURN_IF_ERROR(
-      internal::CheckTensor(kOp, "out", args.out, ctx, DType::kF32, {dims.batch, dims.seq, hd}));
+      internal::CheckFloatTensor(kOp, "out", args.out, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "lse", args.lse, ctx, DType::kF32,
                                            {dims.batch, dims.n_head, dims.seq}));
   ZT_RETURN_IF_ERROR(
-      internal::CheckTensor(kOp, "dout", args.dout, ctx, DType::kF32, {dims.batch, dims.seq, hd}));
-  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "dqkv", args.dqkv, ctx, DType::kF32,
-                                           {dims.batch, dims.seq, args.qkv.dim(2)}));
+      internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {dims.batch, dims.seq, hd}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dqkv", args.dqkv, ctx,
+                                                {dims.batch, dims.seq, args.qkv.dim(2)}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   cpu::AttentionBackward(ctx, dims, args);
   return absl::OkStatus();

@@ -6,6 +6,8 @@
 // Legend: B batch, T sequence, H query heads, Hkv key/value heads (H % Hkv == 0),
 // D head size. Query head h attends with key/value head h / (H / Hkv).
 // Scores are scaled by 1/sqrt(D).
+// Storage: qkv, out, dout and dqkv may each be f32, bf16 or f16 (computed in f32, rounded to
+// nearest even once on store); lse is always f32.
 #pragma once
 
 #include "absl/status/status.h"

@@ -10,7 +10,7 @@ absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArg
   constexpr const char* kOp = "SoftmaxCrossEntropy";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "logits", args.logits, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "logits", args.logits, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(kOp, "logits", args.logits));
   ZT_RETURN_IF_ERROR(internal::CheckRank(kOp, "logits", args.logits, 2));
   const int64_t n = args.logits.dim(0);
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "targets", args.targets, ctx, DType::kI32, {n}));

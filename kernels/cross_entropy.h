@@ -14,7 +14,8 @@ namespace zt {
 inline constexpr int32_t kIgnoreTarget = -1;
 
 struct CrossEntropyArgs {
-  Tensor logits;   // (N, V) f32; with write_grad, overwritten by dlogits
+  Tensor logits;   // (N, V) f32, bf16 or f16; with write_grad, overwritten by dlogits (in the
+                   // logits' dtype, computed in f32 and rounded once)
   Tensor targets;  // (N) i32 in [0, V) or kIgnoreTarget
   Tensor losses;   // (N) f32, written: −log softmax(logits)[target]
   // dlogits = grad_scale · (softmax(logits) − onehot(target)): the caller passes

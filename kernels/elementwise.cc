@@ -8,19 +8,14 @@
 namespace zt {
 namespace {
 
-constexpr DType kF32 = DType::kF32;
-
-absl::Status CheckF32(const char* op, const char* arg, const Tensor& t, const DeviceContext& ctx) {
-  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
-  return CheckDType(op, arg, t, kF32);
+absl::Status CheckFloatDType(const char* op, const char* arg, const Tensor& t) {
+  return internal::CheckFloatDType(op, arg, t);
 }
 
-absl::Status CheckFloatDType(const char* op, const char* arg, const Tensor& t) {
-  if (t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 || t.dtype() == DType::kF16) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, " has dtype ", DTypeName(t.dtype()),
-                                                 ", expected one of f32, bf16, f16"));
+absl::Status CheckFloat(const char* op, const char* arg, const Tensor& t,
+                        const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
+  return CheckFloatDType(op, arg, t);
 }
 
 }  // namespace
@@ -28,33 +23,33 @@ absl::Status CheckFloatDType(const char* op, const char* arg, const Tensor& t) {
 absl::Status Add(const DeviceContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out) {
   constexpr const char* kOp = "Add";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "a", a, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "b", b, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "out", out, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "a", a, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "b", b, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "out", out, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "b", b, "a", a));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "out", out, "a", a));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  cpu::Add(ctx, a.data<float>(), b.data<float>(), out.data<float>(), a.numel());
+  cpu::Add(ctx, a.raw(), a.dtype(), b.raw(), b.dtype(), out.raw(), out.dtype(), a.numel());
   return absl::OkStatus();
 }
 
 absl::Status AddInPlace(const DeviceContext& ctx, const Tensor& acc, const Tensor& x) {
   constexpr const char* kOp = "AddInPlace";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "acc", acc, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "x", x, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "acc", acc, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "x", x, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "x", x, "acc", acc));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  cpu::Add(ctx, acc.data<float>(), x.data<float>(), acc.data<float>(), acc.numel());
+  cpu::Add(ctx, acc.raw(), acc.dtype(), x.raw(), x.dtype(), acc.raw(), acc.dtype(), acc.numel());
   return absl::OkStatus();
 }
 
 absl::Status Scale(const DeviceContext& ctx, const Tensor& t, float s) {
   constexpr const char* kOp = "Scale";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  ZT_RETURN_IF_ERROR(CheckF32(kOp, "t", t, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "t", t, ctx));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  cpu::Scale(ctx, t.data<float>(), s, t.numel());
+  cpu::Scale(ctx, t.raw(), t.dtype(), s, t.numel());
   return absl::OkStatus();
 }
 
@@ -77,6 +72,20 @@ absl::Status Cast(const DeviceContext& ctx, const Tensor& src, const Tensor& dst
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "dst", dst, "src", src));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   cpu::Cast(ctx, src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel());
+  return absl::OkStatus();
+}
+
+absl::Status CastStochastic(const DeviceContext& ctx, const Tensor& src, const Tensor& dst,
+                            uint64_t seed) {
+  constexpr const char* kOp = "CastStochastic";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "src", src, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "dst", dst, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
+  ZT_RETURN_IF_ERROR(CheckDType(kOp, "dst", dst, DType::kBF16));
+  ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "dst", dst, "src", src));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::CastStochastic(ctx, src.data<float>(), dst.data<uint16_t>(), seed, src.numel());
   return absl::OkStatus();
 }
 

@@ -8,8 +8,8 @@
 namespace zt {
 namespace {
 
-// Shapes shared by forward and backward: tokens (B, T) i32, table (V, C) f32, and the
-// optional positions table (P, C) with P ≥ T.
+// Shapes shared by forward and backward: tokens (B, T) i32, table (V, C) in a float dtype,
+// and the optional positions table (P, C) with P ≥ T.
 absl::Status CheckTables(const char* op, const DeviceContext& ctx, const Tensor& tokens,
                          const char* table_arg, const Tensor& table, const char* pos_arg,
                          const Tensor& pos) {
@@ -18,11 +18,11 @@ absl::Status CheckTables(const char* op, const DeviceContext& ctx, const Tensor&
   ZT_RETURN_IF_ERROR(CheckDType(op, "tokens", tokens, DType::kI32));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, "tokens", tokens, 2));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, table_arg, table, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(op, table_arg, table, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(op, table_arg, table));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, table_arg, table, 2));
   if (pos.empty()) return absl::OkStatus();
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, pos_arg, pos, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(op, pos_arg, pos, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(op, pos_arg, pos));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, pos_arg, pos, 2));
   if (pos.dim(1) != table.dim(1)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", pos_arg, " has ", pos.dim(1),
@@ -43,7 +43,7 @@ absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardAr
   constexpr const char* kOp = "EmbeddingForward";
   ZT_RETURN_IF_ERROR(CheckTables(kOp, ctx, args.tokens, "wte", args.wte, "wpe", args.wpe));
   const int64_t b = args.tokens.dim(0), t = args.tokens.dim(1), c = args.wte.dim(1);
-  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "out", args.out, ctx, DType::kF32, {b, t, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "out", args.out, ctx, {b, t, c}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   return cpu::EmbeddingForward(ctx, args);
 }
@@ -52,7 +52,7 @@ absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackward
   constexpr const char* kOp = "EmbeddingBackward";
   ZT_RETURN_IF_ERROR(CheckTables(kOp, ctx, args.tokens, "dwte", args.dwte, "dwpe", args.dwpe));
   const int64_t b = args.tokens.dim(0), t = args.tokens.dim(1), c = args.dwte.dim(1);
-  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "dout", args.dout, ctx, DType::kF32, {b, t, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {b, t, c}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   return cpu::EmbeddingBackward(ctx, args);
 }

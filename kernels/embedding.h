@@ -1,6 +1,9 @@
 // Token (and learned position) embedding.
 // Legend: B batch, T sequence, C channels, V vocabulary, P max positions.
 // Accumulation rule: dwte and dwpe are added to (+=).
+// Storage: wte, wpe, out, dout, dwte and dwpe may each be f32, bf16 or f16 (computed in f32,
+// rounded to nearest even once on store; a 16-bit dwte/dwpe gets the whole batch's sum added
+// in f32 and is rounded once, not once per token).
 #pragma once
 
 #include "absl/status/status.h"

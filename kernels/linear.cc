@@ -14,17 +14,32 @@ namespace zt {
 using internal::CheckContext;
 using internal::CheckOnDevice;
 using internal::CheckRank;
-using internal::CheckTensor;
 using internal::NoCudaKernel;
 
 namespace {
 
-// A 2-D f32 tensor on the context's device, sizes checked by the caller.
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+
+absl::Status CheckFloat(const char* op, const char* arg, DType t) {
+  if (IsFloat(t)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", arg, " has dtype ", DTypeName(t), ", must be f32, bf16 or f16"));
+}
+
+// A 2-D float tensor on the context's device, sizes checked by the caller.
 absl::Status CheckMatrix(const char* op, const char* arg, const Tensor& t,
                          const DeviceContext& ctx) {
   ZT_RETURN_IF_ERROR(CheckOnDevice(op, arg, t, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(op, arg, t, DType::kF32));
+  ZT_RETURN_IF_ERROR(CheckFloat(op, arg, t.dtype()));
   return CheckRank(op, arg, t, 2);
+}
+
+// A float tensor of exactly `shape` on the context's device.
+absl::Status CheckFloatOperand(const char* op, const char* arg, const Tensor& t,
+                               const DeviceContext& ctx, std::initializer_list<int64_t> shape) {
+  ZT_RETURN_IF_ERROR(CheckOnDevice(op, arg, t, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(op, arg, t.dtype()));
+  return CheckShape(op, arg, t, shape);
 }
 
 }  // namespace
@@ -47,21 +62,18 @@ absl::Status Gemm(const DeviceContext& ctx, const Tensor& a, const Tensor& b, co
                      ", inner dimension ", kb, " must equal a's inner dimension ", k, " (a ",
                      a.DebugString(), (ta ? " transposed" : ""), ")"));
   }
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "c", c, ctx, DType::kF32, {m, n}));
+  ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "c", c, ctx, {m, n}));
   if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
-  return cpu::Sgemm(ctx, {.trans_a = args.trans_a,
-                          .trans_b = args.trans_b,
-                          .m = m,
-                          .n = n,
-                          .k = k,
-                          .alpha = args.alpha,
-                          .a = a.data<float>(),
-                          .lda = a.dim(1),
-                          .b = b.data<float>(),
-                          .ldb = b.dim(1),
-                          .beta = args.beta,
-                          .c = c.data<float>(),
-                          .ldc = c.dim(1)});
+  return cpu::Gemm(ctx, {.trans_a = args.trans_a,
+                         .trans_b = args.trans_b,
+                         .m = m,
+                         .n = n,
+                         .k = k,
+                         .alpha = args.alpha,
+                         .a = {a.raw(), a.dtype(), a.dim(1)},
+                         .b = {b.raw(), b.dtype(), b.dim(1)},
+                         .beta = args.beta,
+                         .c = {c.raw(), c.dtype(), c.dim(1)}});
 }
 
 absl::Status LinearForward(const DeviceContext& ctx, const LinearForwardArgs& args) {
@@ -73,9 +85,9 @@ absl::Status LinearForward(const DeviceContext& ctx, const LinearForwardArgs& ar
   const int64_t k = args.inp.dim(1);
   const int64_t n = args.weight.dim(0);
   ZT_RETURN_IF_ERROR(CheckShape(kOp, "weight", args.weight, {n, k}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, ctx, DType::kF32, {m, n}));
+  ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "out", args.out, ctx, {m, n}));
   if (!args.bias.empty()) {
-    ZT_RETURN_IF_ERROR(CheckTensor(kOp, "bias", args.bias, ctx, DType::kF32, {n}));
+    ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "bias", args.bias, ctx, {n}));
   }
   if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
   return cpu::LinearForward(ctx, args);
@@ -90,13 +102,13 @@ absl::Status LinearBackward(const DeviceContext& ctx, const LinearBackwardArgs& 
   const int64_t n = args.dout.dim(1);
   const int64_t k = args.weight.dim(1);
   ZT_RETURN_IF_ERROR(CheckShape(kOp, "weight", args.weight, {n, k}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "inp", args.inp, ctx, DType::kF32, {m, k}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dweight", args.dweight, ctx, DType::kF32, {n, k}));
+  ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "inp", args.inp, ctx, {m, k}));
+  ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "dweight", args.dweight, ctx, {n, k}));
   if (!args.dinp.empty()) {
-    ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dinp", args.dinp, ctx, DType::kF32, {m, k}));
+    ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "dinp", args.dinp, ctx, {m, k}));
   }
   if (!args.dbias.empty()) {
-    ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dbias", args.dbias, ctx, DType::kF32, {n}));
+    ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "dbias", args.dbias, ctx, {n}));
   }
   if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
   return cpu::LinearBackward(ctx, args);
@@ -111,20 +123,41 @@ absl::StatusOr<int64_t> GemmWorkspaceBytes(const DeviceContext& ctx, const GemmS
           absl::StrCat(kOp, ": shape.", name, " is ", value, ", must be >= 0"));
     }
   }
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "shape.a_dtype", shape.a_dtype));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "shape.b_dtype", shape.b_dtype));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "shape.c_dtype", shape.c_dtype));
   if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
   return cpu::GemmWorkspaceBytes(ctx, shape);
 }
 
 absl::StatusOr<int64_t> LinearWorkspaceBytes(const DeviceContext& ctx, int64_t M, int64_t K,
-                                             int64_t N) {
+                                             int64_t N, const LinearDTypes& dtypes) {
   // The GEMMs cpu::LinearForward / cpu::LinearBackward issue, each with every beta it may use.
-  const GemmShape gemms[] = {
-      {.m = M, .n = N, .k = K, .trans_b = Transpose::kYes, .accumulate = false},  // out, no bias
-      {.m = M, .n = N, .k = K, .trans_b = Transpose::kYes, .accumulate = true},   // out + bias
-      {.m = M, .n = K, .k = N, .accumulate = false},                              // dinp =
-      {.m = M, .n = K, .k = N, .accumulate = true},                               // dinp +=
-      {.m = N, .n = K, .k = M, .trans_a = Transpose::kYes, .accumulate = true},   // dweight +=
-  };
+  const GemmShape forward = {.m = M,
+                             .n = N,
+                             .k = K,
+                             .trans_b = Transpose::kYes,
+                             .a_dtype = dtypes.inp,
+                             .b_dtype = dtypes.weight,
+                             .c_dtype = dtypes.out};
+  const GemmShape dinp = {.m = M,
+                          .n = K,
+                          .k = N,
+                          .a_dtype = dtypes.dout,
+                          .b_dtype = dtypes.weight,
+                          .c_dtype = dtypes.dinp};
+  GemmShape forward_bias = forward, dinp_add = dinp;
+  forward_bias.accumulate = true;
+  dinp_add.accumulate = true;
+  const GemmShape dweight = {.m = N,
+                             .n = K,
+                             .k = M,
+                             .trans_a = Transpose::kYes,
+                             .accumulate = true,
+                             .a_dtype = dtypes.dout,
+                             .b_dtype = dtypes.inp,
+                             .c_dtype = dtypes.dweight};
+  const GemmShape gemms[] = {forward, forward_bias, dinp, dinp_add, dweight};
   int64_t most = 0;
   for (const GemmShape& g : gemms) {
     ZT_ASSIGN_OR_RETURN(int64_t bytes, GemmWorkspaceBytes(ctx, g));

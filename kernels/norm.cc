@@ -15,7 +15,7 @@ constexpr DType kF32 = DType::kF32;
 absl::Status CheckInput(const char* op, const DeviceContext& ctx, const Tensor& inp) {
   ZT_RETURN_IF_ERROR(internal::CheckContext(op, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "inp", inp, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(op, "inp", inp, kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(op, "inp", inp));
   return internal::CheckRank(op, "inp", inp, 2);
 }
 
@@ -30,9 +30,9 @@ absl::Status LayerNormForward(const DeviceContext& ctx, const LayerNormForwardAr
   constexpr const char* kOp = "LayerNormForward";
   ZT_RETURN_IF_ERROR(CheckInput(kOp, ctx, args.inp));
   const int64_t n = args.inp.dim(0), c = args.inp.dim(1);
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "weight", args.weight, ctx, kF32, {c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "bias", args.bias, ctx, kF32, {c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, ctx, kF32, {n, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "weight", args.weight, ctx, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "bias", args.bias, ctx, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "out", args.out, ctx, {n, c}));
   ZT_RETURN_IF_ERROR(CheckTensor(kOp, "mean", args.mean, ctx, kF32, {n}));
   ZT_RETURN_IF_ERROR(CheckTensor(kOp, "rstd", args.rstd, ctx, kF32, {n}));
   ZT_RETURN_IF_ERROR(CheckEps(kOp, args.eps));
@@ -45,13 +45,13 @@ absl::Status LayerNormBackward(const DeviceContext& ctx, const LayerNormBackward
   constexpr const char* kOp = "LayerNormBackward";
   ZT_RETURN_IF_ERROR(CheckInput(kOp, ctx, args.inp));
   const int64_t n = args.inp.dim(0), c = args.inp.dim(1);
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dout", args.dout, ctx, kF32, {n, c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "weight", args.weight, ctx, kF32, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {n, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "weight", args.weight, ctx, {c}));
   ZT_RETURN_IF_ERROR(CheckTensor(kOp, "mean", args.mean, ctx, kF32, {n}));
   ZT_RETURN_IF_ERROR(CheckTensor(kOp, "rstd", args.rstd, ctx, kF32, {n}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dinp", args.dinp, ctx, kF32, {n, c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dweight", args.dweight, ctx, kF32, {c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dbias", args.dbias, ctx, kF32, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dinp", args.dinp, ctx, {n, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dweight", args.dweight, ctx, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dbias", args.dbias, ctx, {c}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   cpu::LayerNormBackward(ctx, args);
   return absl::OkStatus();
@@ -61,8 +61,8 @@ absl::Status RmsNormForward(const DeviceContext& ctx, const RmsNormForwardArgs& 
   constexpr const char* kOp = "RmsNormForward";
   ZT_RETURN_IF_ERROR(CheckInput(kOp, ctx, args.inp));
   const int64_t n = args.inp.dim(0), c = args.inp.dim(1);
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "weight", args.weight, ctx, kF32, {c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, ctx, kF32, {n, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "weight", args.weight, ctx, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "out", args.out, ctx, {n, c}));
   ZT_RETURN_IF_ERROR(CheckTensor(kOp, "rstd", args.rstd, ctx, kF32, {n}));
   ZT_RETURN_IF_ERROR(CheckEps(kOp, args.eps));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
@@ -74,11 +74,11 @@ absl::Status RmsNormBackward(const DeviceContext& ctx, const RmsNormBackwardArgs
   constexpr const char* kOp = "RmsNormBackward";
   ZT_RETURN_IF_ERROR(CheckInput(kOp, ctx, args.inp));
   const int64_t n = args.inp.dim(0), c = args.inp.dim(1);
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dout", args.dout, ctx, kF32, {n, c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "weight", args.weight, ctx, kF32, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {n, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "weight", args.weight, ctx, {c}));
   ZT_RETURN_IF_ERROR(CheckTensor(kOp, "rstd", args.rstd, ctx, kF32, {n}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dinp", args.dinp, ctx, kF32, {n, c}));
-  ZT_RETURN_IF_ERROR(CheckTensor(kOp, "dweight", args.dweight, ctx, kF32, {c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dinp", args.dinp, ctx, {n, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dweight", args.dweight, ctx, {c}));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   cpu::RmsNormBackward(ctx, args);
   return absl::OkStatus();

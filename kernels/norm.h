@@ -1,5 +1,8 @@
 // LayerNorm and RMSNorm over the last dimension.
 // Legend: N rows (B·T), C channels.
+// Storage: every tensor but mean/rstd (always f32) may be f32, bf16 or f16 independently;
+// elements are loaded to f32, computed as the f32 path does and rounded once when stored
+// (dweight/dbias accumulate in their own dtype).
 // Accumulation rule: dweight/dbias +=; dinp written or added as the caller says (a norm's
 // input is the residual stream, whose gradient usually accumulates).
 #pragma once

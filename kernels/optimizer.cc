@@ -29,7 +29,9 @@ absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
-  ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "grad", args.grad, args.param, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckGrad(kOp, args.grad, args.param, ctx));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "m", args.m, args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "v", args.v, args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckBeta(kOp, "beta1", args.beta1));
@@ -51,7 +53,9 @@ absl::Status SgdUpdate(const DeviceContext& ctx, const SgdArgs& args) {
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
-  ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "grad", args.grad, args.param, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckGrad(kOp, args.grad, args.param, ctx));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));
   if (!args.momentum.empty()) {
     ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "momentum", args.momentum, args.param, ctx));
   } else if (args.momentum_factor != 0.0f) {

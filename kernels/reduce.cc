@@ -10,18 +10,18 @@ absl::StatusOr<double> SumOfSquares(const DeviceContext& ctx, const Tensor& t) {
   constexpr const char* kOp = "SumOfSquares";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "t", t, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "t", t, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(kOp, "t", t));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  return cpu::SumOfSquares(ctx, t.data<float>(), t.numel());
+  return cpu::SumOfSquares(ctx, t.raw(), t.dtype(), t.numel());
 }
 
 absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const Tensor& t) {
   constexpr const char* kOp = "AllFinite";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "t", t, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "t", t, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(kOp, "t", t));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
-  return cpu::AllFinite(ctx, t.data<float>(), t.numel());
+  return cpu::AllFinite(ctx, t.raw(), t.dtype(), t.numel());
 }
 
 }  // namespace zt

@@ -8,11 +8,12 @@
 
 namespace zt {
 
-// Σ x² over the f32 tensor, accumulated in double over fixed-size chunks combined in a fixed
-// order: the result is bitwise the same for any thread count.
+// Σ x² over the tensor (f32, bf16 or f16), accumulated in double over fixed-size chunks combined in
+// a fixed order: the result is bitwise the same for any thread count.
 absl::StatusOr<double> SumOfSquares(const DeviceContext& ctx, const Tensor& t);
 
-// True when every element of the f32 tensor is finite (no inf, no NaN).
+// True when every element of the tensor (f32, bf16 or f16) is finite (no inf, no NaN): the
+// loss scaler's overflow check on 16-bit gradients.
 absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const Tensor& t);
 
 }  // namespace zt

@@ -23,7 +23,7 @@ absl::Status RopeApply(const DeviceContext& ctx, const RopeArgs& args) {
         absl::StrCat(kOp, ": theta is ", args.theta, ", expected a finite value > 0"));
   }
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "qkv", args.qkv, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "qkv", args.qkv, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(kOp, "qkv", args.qkv));
   const int64_t heads = args.n_head + 2 * static_cast<int64_t>(args.n_kv_head);
   const Tensor& qkv = args.qkv;
   if (qkv.ndim() != 3 || qkv.dim(2) == 0 || qkv.dim(2) % heads != 0 ||

@@ -2,7 +2,8 @@
 //   for head vector x of size D and i < D/2, θ_i = pos · base^(-2i/D):
 //   y[i]       = x[i] · cos θ_i − x[i + D/2] · sin θ_i
 //   y[i + D/2] = x[i + D/2] · cos θ_i + x[i] · sin θ_i
-// Applied in place to the query and key heads of a packed qkv buffer.
+// Applied in place to the query and key heads of a packed qkv buffer, stored as f32, bf16 or
+// f16 (a 16-bit qkv is rotated in f32 and rounded to nearest even once).
 // Legend: B batch, T sequence, H query heads, Hkv key/value heads, D head size (even).
 #pragma once
 

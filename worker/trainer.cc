@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,6 +27,12 @@ std::string FormatDuration(double seconds) {
 }
 
 }  // namespace
+
+bool LossScalingEnabled(const zerotrain::PrecisionConfig& precision) {
+  using P = zerotrain::PrecisionConfig;
+  return precision.param_dtype() == P::FP16 || precision.compute_dtype() == P::FP16 ||
+         precision.grad_dtype() == P::FP16;
+}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpec& job,
                                                          const TrainOptions& options) {
@@ -60,17 +67,37 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->ctx_.workspace = {.data = gemm_workspace.raw(), .bytes = gemm_workspace.size_bytes()};
   ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T));
   t->model_.emplace(std::move(m));
+  ZT_ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(job.optimizer(), job.precision(),
+                                                       t->model_->layout(), *t->arenas_));
+  t->optimizer_.emplace(std::move(opt));
+  // Weights start in fp32 — the master copy when the parameters are 16-bit — and the
+  // parameters are rounded from it.
+  const std::vector<Tensor>& init_into = t->optimizer_->master_weights().empty()
+                                                ? t->model_->unit_params()
+                                                : t->optimizer_->master_weights();
   if (model.init_from().empty()) {
-    t->model_->InitializeWeights(job.train().seed());
+    t->model_->InitializeWeights(job.train().seed(), init_into);
   } else {
     std::vector<float*> units;
-    for (const Tensor& p : t->model_->unit_params()) units.push_back(p.data<float>());
-    ZT_RETURN_IF_ERROR(
-        ImportHuggingFace(model.init_from(), model, t->model_->layout(), units));
+    for (const Tensor& p : init_into) units.push_back(p.data<float>());
+    ZT_RETURN_IF_ERROR(ImportHuggingFace(model.init_from(), model, t->model_->layout(), units));
   }
-  ZT_ASSIGN_OR_RETURN(Optimizer opt,
-                      Optimizer::Create(job.optimizer(), t->model_->layout(), *t->arenas_));
-  t->optimizer_.emplace(std::move(opt));
+  if (!t->optimizer_->master_weights().empty()) {
+    for (size_t u = 0; u < init_into.size(); ++u) {
+      ZT_RETURN_IF_ERROR(Cast(t->ctx_, init_into[u], t->model_->unit_params()[u]));
+    }
+  }
+  if (LossScalingEnabled(job.precision())) {
+    const auto& ls = job.precision().loss_scale();
+    t->loss_scaler_.emplace(LossScalerConfig{
+        .initial_power = ls.initial_power(),
+        .window = ls.window(),
+        .hysteresis = ls.hysteresis(),
+        .min_scale = ls.min_scale(),
+        .static_scale = ls.has_static_scale() ? ls.static_scale() : 0.0,
+        .max_overflows_at_min_scale = ls.max_overflows_at_min_scale(),
+        .consecutive_hysteresis = ls.consecutive_hysteresis()});
+  }
 
   if (!options.run_dir.empty()) {
     std::error_code ec;
@@ -99,8 +126,12 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   Transformer& m = *model_;
 
   for (const Tensor& g : m.unit_grads()) ZT_RETURN_IF_ERROR(Zero(ctx_, g));
-  // Every target is valid in training data, so the global batch has accum·B·T targets.
-  const float grad_scale = 1.0f / static_cast<float>(accum * tokens_per_micro);
+  // Every target is valid in training data, so the global batch has accum·B·T targets. The
+  // loss scale multiplies the gradient at its source (dlogits) so small fp16 gradients
+  // survive the backward; the optimizer divides it back out.
+  const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
+  const float grad_scale =
+      static_cast<float>(loss_scale / static_cast<double>(accum * tokens_per_micro));
   double loss = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     ZT_RETURN_IF_ERROR(train_sampler_->Fill(step_ * accum + micro, m.tokens().data<int32_t>(),
@@ -112,11 +143,33 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   }
 
   double sum_sq = 0;
+  bool overflow = false;
   for (const Tensor& g : m.unit_grads()) {
+    if (loss_scaler_) {
+      ZT_ASSIGN_OR_RETURN(bool finite, AllFinite(ctx_, g));
+      overflow |= !finite;
+    }
     ZT_ASSIGN_OR_RETURN(double s, SumOfSquares(ctx_, g));
     sum_sq += s;
   }
-  const double grad_norm = std::sqrt(sum_sq);
+  StepRecord r;
+  r.loss_scale = loss_scale;
+  if (overflow) {
+    // A scaled gradient overflowed: skip the update, let the scaler back off. The step still
+    // counts (data and schedule move on), as DeepSpeed counts it.
+    ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/true));
+    ++step_;
+    r.step = step_;
+    r.loss = loss;
+    r.lr = LearningRate(job_.optimizer(), step_ - 1, train.max_steps());
+    r.grad_norm = std::numeric_limits<double>::infinity();
+    r.skipped = loss_scaler_->skipped_steps();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    r.step_ms = seconds * 1e3;
+    r.tokens_per_s = static_cast<double>(accum * tokens_per_micro) / seconds;
+    return r;
+  }
+  const double grad_norm = std::sqrt(sum_sq) / loss_scale;
   if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
     return absl::AbortedError(absl::StrFormat(
         "step %d: loss %g, gradient norm %g are not finite (lower optimizer.lr or enable "
@@ -127,10 +180,17 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const float clip_scale =
       clip > 0 && grad_norm > clip ? static_cast<float>(clip / (grad_norm + 1e-6)) : 1.0f;
   const float lr = LearningRate(job_.optimizer(), step_, train.max_steps());
-  ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, m.unit_params(), m.unit_grads(), lr, clip_scale));
+  // Stochastic rounding draws a new stream every step, reproducibly from the job's seed.
+  const uint64_t rounding_seed = job_.train().seed() * 0x9E3779B97F4A7C15ull + step_;
+  ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, m.unit_params(), m.unit_grads(), lr,
+                                      static_cast<float>(clip_scale / loss_scale),
+                                      rounding_seed));
+  if (loss_scaler_) {
+    ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
+    r.skipped = loss_scaler_->skipped_steps();
+  }
   ++step_;
 
-  StepRecord r;
   r.step = step_;
   r.loss = loss;
   r.lr = lr;
@@ -160,6 +220,8 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   nlohmann::json line = {{"step", r.step},          {"loss", r.loss},
                          {"lr", r.lr},              {"grad_norm", r.grad_norm},
                          {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms}};
+  line["loss_scale"] = r.loss_scale;
+  line["skipped"] = r.skipped;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   std::FILE* f = std::fopen(metrics_path_.c_str(), "a");
   if (f == nullptr) {

@@ -6,8 +6,11 @@
 // backward (gradients accumulate in fp32, the loss is averaged over the global batch);
 // global gradient norm and clipping; learning rate from the schedule; optimizer update.
 // Every step appends one JSON line to <run_dir>/metrics.jsonl:
-//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms"} (+ "val_loss" when
-//   evaluated: every eval_interval steps and after the last one).
+//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped"}
+//   (+ "val_loss" when evaluated: every eval_interval steps and after the last one).
+// Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
+// with FP16 a dynamic loss scaler multiplies the loss gradient, skips steps whose gradients
+// overflow and backs off (worker/optim/loss_scaler.h).
 // Not thread-safe; one per rank.
 #pragma once
 
@@ -23,6 +26,7 @@
 #include "worker/data/sampler.h"
 #include "worker/data/token_stream.h"
 #include "worker/model/transformer.h"
+#include "worker/optim/loss_scaler.h"
 #include "worker/optim/optimizer.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
@@ -48,7 +52,12 @@ struct StepRecord {
   double tokens_per_s = 0;
   double step_ms = 0;
   std::optional<double> val_loss;
+  double loss_scale = 1;  // the scale this step's backward ran with (1 without fp16)
+  int64_t skipped = 0;    // steps skipped so far because fp16 gradients overflowed
 };
+
+// FP16 anywhere in the precision settings turns dynamic loss scaling on.
+bool LossScalingEnabled(const zerotrain::PrecisionConfig& precision);
 
 class Trainer {
  public:
@@ -67,6 +76,12 @@ class Trainer {
   const MemoryPlan& plan() const { return plan_; }
   const Arenas& arenas() const { return *arenas_; }
   Transformer& model() { return *model_; }
+  // The weights in fp32, one flat buffer per unit: the master weights when the parameters
+  // are 16-bit, else the parameters. What export writes.
+  const std::vector<Tensor>& fp32_weights() const {
+    return optimizer_->master_weights().empty() ? model_->unit_params()
+                                                : optimizer_->master_weights();
+  }
   const DeviceContext& context() const { return ctx_; }
   // Which CPU GEMM the ops use (benchmarks compare them).
   void set_cpu_gemm(CpuGemm gemm) { ctx_.cpu_gemm = gemm; }
@@ -84,6 +99,7 @@ class Trainer {
   std::unique_ptr<Arenas> arenas_;
   std::optional<Transformer> model_;
   std::optional<Optimizer> optimizer_;
+  std::optional<LossScaler> loss_scaler_;
   std::optional<TokenStream> train_data_, val_data_;
   std::optional<Sampler> train_sampler_, val_sampler_;
   int64_t step_ = 0;  // optimizer steps done

@@ -1,21 +1,21 @@
-// CPU GELU and SwiGLU on raw f32 buffers. Arguments are validated by kernels/activation.cc.
-// Legend: N rows, F hidden width, n elements.
+// CPU GELU and SwiGLU on f32/bf16/f16 tensors. Arguments are validated by
+// kernels/activation.cc.
+// Legend: N rows, F hidden width.
 #pragma once
 
-#include <cstdint>
-
 #include "kernels/device.h"
+#include "kernels/tensor.h"
 
 namespace zt::cpu {
 
-void GeluForward(const DeviceContext& ctx, const float* inp, float* out, int64_t n);
+void GeluForward(const DeviceContext& ctx, const Tensor& inp, const Tensor& out);
 // dinp may alias dout.
-void GeluBackward(const DeviceContext& ctx, const float* inp, const float* dout, float* dinp,
-                  int64_t n);
+void GeluBackward(const DeviceContext& ctx, const Tensor& inp, const Tensor& dout,
+                  const Tensor& dinp);
 // inp (N, 2F) = [gate | up], out (N, F).
-void SwigluForward(const DeviceContext& ctx, const float* inp, float* out, int64_t rows, int64_t f);
+void SwigluForward(const DeviceContext& ctx, const Tensor& inp, const Tensor& out);
 // dinp (N, 2F) = [d gate | d up]; must not alias dout (N, F).
-void SwigluBackward(const DeviceContext& ctx, const float* inp, const float* dout, float* dinp,
-                    int64_t rows, int64_t f);
+void SwigluBackward(const DeviceContext& ctx, const Tensor& inp, const Tensor& dout,
+                    const Tensor& dinp);
 
 }  // namespace zt::cpu

@@ -5,13 +5,17 @@
 // which keeps the op free of scratch buffers.
 //
 // Matrix passes over g: row means, column means, Σ U², apply. Vector passes: Σ U² (updating
-// V on the way), apply.
+// V on the way), apply. The gradient's dtype and the parameter copy's rounding are template
+// arguments (kernels/cpu/param_copy.h): a 16-bit gradient is loaded to f32 in every pass and
+// the copy is written in the apply pass, with no per-element switch.
 #include "kernels/cpu/adafactor.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+
+#include "kernels/cpu/param_copy.h"
 
 namespace zt::cpu {
 namespace {
@@ -66,12 +70,15 @@ inline void ApplyOne(const Apply& a, float u, float* m, float* p) {
 }
 
 // The matrix case: row and column statistics, then U_ij = g_ij · √(mean(R) / R_i) / √C_j.
-// Returns after applying; `alpha` is the step size α.
+// Returns after applying; `alpha` is the step size α. kG is grad's dtype, kC the copy's mode.
+template <DType kG, CopyMode kC>
 void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t,
                     double alpha) {
   const int64_t rows = args.param.dim(0), cols = args.param.dim(1), n = rows * cols;
   float* param = args.param.data<float>();
-  const float* grad = args.grad.data<float>();
+  const void* grad = args.grad.raw();
+  void* copy = args.param_copy.raw();
+  const uint64_t seed = args.seed;
   float* row_state = args.row_state.data<float>();
   float* col_state = args.col_state.data<float>();
   float* m = args.m.empty() ? nullptr : args.m.data<float>();
@@ -80,11 +87,10 @@ void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float b
 
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = 0; i < rows; ++i) {
-    const float* g = grad + i * cols;
     double s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < cols; ++j) {
-      const float gj = g[j] * gs;
+      const float gj = LoadAs<kG>(grad, i * cols + j) * gs;
       s += static_cast<double>(gj) * gj;
     }
     const double mean = s / static_cast<double>(cols) + eps1;
@@ -97,10 +103,9 @@ void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float b
     const int64_t j0 = tile * kColTile, width = std::min(kColTile, cols - j0);
     std::array<double, kColTile> acc{};
     for (int64_t i = 0; i < rows; ++i) {
-      const float* g = grad + i * cols + j0;
 #pragma omp simd
       for (int64_t j = 0; j < width; ++j) {
-        const float gj = g[j] * gs;
+        const float gj = LoadAs<kG>(grad, i * cols + j0 + j) * gs;
         acc[j] += static_cast<double>(gj) * gj;
       }
     }
@@ -123,11 +128,10 @@ void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float b
     for (int64_t i = begin / cols; i * cols < end; ++i) {
       const int64_t j0 = std::max<int64_t>(begin - i * cols, 0);
       const int64_t j1 = std::min<int64_t>(end - i * cols, cols);
-      const float* g = grad + i * cols;
       const float rf = row_factor(i);
 #pragma omp simd reduction(+ : s)
       for (int64_t j = j0; j < j1; ++j) {
-        const float u = (g[j] * gs) * rf / std::sqrt(col_state[j]);
+        const float u = (LoadAs<kG>(grad, i * cols + j) * gs) * rf / std::sqrt(col_state[j]);
         s += static_cast<double>(u) * u;
       }
     }
@@ -140,23 +144,26 @@ void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float b
 
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = 0; i < rows; ++i) {
-    const float* g = grad + i * cols;
     float* p = param + i * cols;
     float* mi = m == nullptr ? nullptr : m + i * cols;
     const float rf = row_factor(i);
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
-      const float u = (g[j] * gs) * rf / std::sqrt(col_state[j]);
+      const float u = (LoadAs<kG>(grad, i * cols + j) * gs) * rf / std::sqrt(col_state[j]);
       ApplyOne(a, u, mi == nullptr ? nullptr : mi + j, p + j);
+      StoreCopy<kC>(copy, i * cols + j, p[j], seed);
     }
   }
 }
 
 // The vector case: a full second moment V, U = g / √V.
+template <DType kG, CopyMode kC>
 void FullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t, double alpha) {
   const int64_t n = args.param.numel();
   float* param = args.param.data<float>();
-  const float* grad = args.grad.data<float>();
+  const void* grad = args.grad.raw();
+  void* copy = args.param_copy.raw();
+  const uint64_t seed = args.seed;
   float* v = args.full_state.data<float>();
   float* m = args.m.empty() ? nullptr : args.m.data<float>();
   const float gs = args.grad_scale, eps1 = args.eps1, b2t = beta2t;
@@ -165,7 +172,7 @@ void FullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2
     double s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = begin; i < end; ++i) {
-      const float g = grad[i] * gs;
+      const float g = LoadAs<kG>(grad, i) * gs;
       v[i] = b2t * v[i] + (1.0f - b2t) * (g * g + eps1);
       const float u = g / std::sqrt(v[i]);
       s += static_cast<double>(u) * u;
@@ -179,8 +186,9 @@ void FullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2
 
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = 0; i < n; ++i) {
-    const float u = (grad[i] * gs) / std::sqrt(v[i]);
+    const float u = (LoadAs<kG>(grad, i) * gs) / std::sqrt(v[i]);
     ApplyOne(a, u, m == nullptr ? nullptr : m + i, param + i);
+    StoreCopy<kC>(copy, i, param[i], seed);
   }
 }
 
@@ -201,11 +209,17 @@ void AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
         std::max(static_cast<double>(args.eps2), std::sqrt(sum_sq / static_cast<double>(n))) * rho;
   }
   const float beta2t = static_cast<float>(1.0 - std::pow(t, static_cast<double>(args.decay_rate)));
-  if (args.param.ndim() == 2) {
-    FactoredUpdate(ctx, args, beta2t, alpha);
-  } else {
-    FullUpdate(ctx, args, beta2t, alpha);
-  }
+  const bool factored = args.param.ndim() == 2;
+  DispatchGradCopy(args.grad.dtype(), CopyModeFor(args.param_copy, args.stochastic_rounding),
+                   [&](auto grad_dtype, auto copy_mode) {
+                     constexpr DType kG = decltype(grad_dtype)::value;
+                     constexpr CopyMode kC = decltype(copy_mode)::value;
+                     if (factored) {
+                       FactoredUpdate<kG, kC>(ctx, args, beta2t, alpha);
+                     } else {
+                       FullUpdate<kG, kC>(ctx, args, beta2t, alpha);
+                     }
+                   });
 }
 
 }  // namespace zt::cpu

@@ -3,12 +3,15 @@
 // the second computes them again (same expression, same bits), moves the parameter and
 // requantizes. Recomputing costs a few flops per element and needs no scratch buffer, so any
 // block size works without allocating inside the step. Any thread count gives the same bits.
+// The gradient's dtype and the parameter copy's rounding are template arguments
+// (kernels/cpu/param_copy.h), so each combination is one loop with no per-element switch.
 #include "kernels/cpu/adam8bit.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/param_copy.h"
 #include "kernels/cpu/quantization.h"
 
 namespace zt::cpu {
@@ -20,13 +23,15 @@ constexpr int64_t kMinParallel = 1 << 15;
 // β·old + (1 − β)·x: both passes call this on the same inputs, so they agree bit for bit.
 inline float Ema(float beta, float old, float x) { return beta * old + (1.0f - beta) * x; }
 
-}  // namespace
-
-void AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args) {
+// The update with the gradient stored as kG and the copy written as kC.
+template <DType kG, CopyMode kC>
+void Update(const DeviceContext& ctx, const AdamW8bitArgs& args) {
   const int64_t n = args.param.numel(), block = args.block;
   const int64_t num_blocks = NumQuantBlocks(n, block);
   float* param = args.param.data<float>();
-  const float* grad = args.grad.data<float>();
+  const void* grad = args.grad.raw();
+  void* copy = args.param_copy.raw();
+  const uint64_t seed = args.seed;
   uint8_t* m_codes = args.m_codes.data<uint8_t>();
   float* m_absmax = args.m_absmax.data<float>();
   uint8_t* v_codes = args.v_codes.data<uint8_t>();
@@ -46,14 +51,13 @@ void AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args) {
   for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t begin = b * block, len = std::min(block, n - begin);
     float* p = param + begin;
-    const float* g = grad + begin;
     uint8_t* mc = m_codes + begin;
     uint8_t* vc = v_codes + begin;
     const float m_scale = m_absmax[b], v_scale = v_absmax[b];
     float m_max = 0.0f, v_max = 0.0f;
 #pragma omp simd reduction(max : m_max, v_max)
     for (int64_t i = 0; i < len; ++i) {
-      const float gi = g[i] * gs;
+      const float gi = LoadAs<kG>(grad, begin + i) * gs;
       const float mi = Ema(b1, m_map[mc[i]] * m_scale, gi);
       const float vi = Ema(b2, v_map[vc[i]] * v_scale, gi * gi);
       m_max = std::max(m_max, std::fabs(mi));
@@ -66,17 +70,27 @@ void AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args) {
     const float v_div = v_max == 0.0f ? 1.0f : v_max;
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) {
-      const float gi = g[i] * gs;
+      const float gi = LoadAs<kG>(grad, begin + i) * gs;
       const float mi = Ema(b1, m_map[mc[i]] * m_scale, gi);
       const float vi = Ema(b2, v_map[vc[i]] * v_scale, gi * gi);
       const float update = (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
       p[i] -= lr * (update + wd * p[i]);
+      StoreCopy<kC>(copy, begin + i, p[i], seed);
       mc[i] = NearestCode(m_search, mi / m_div);
       vc[i] = NearestCode(v_search, vi / v_div);
     }
     m_absmax[b] = m_max;
     v_absmax[b] = v_max;
   }
+}
+
+}  // namespace
+
+void AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args) {
+  DispatchGradCopy(args.grad.dtype(), CopyModeFor(args.param_copy, args.stochastic_rounding),
+                   [&](auto grad_dtype, auto copy_mode) {
+                     Update<decltype(grad_dtype)::value, decltype(copy_mode)::value>(ctx, args);
+                   });
 }
 
 }  // namespace zt::cpu

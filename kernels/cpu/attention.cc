@@ -14,6 +14,12 @@
 // then query head, then query tile) and the result is bitwise the same for any thread count.
 // Probabilities are recomputed from the saved log-sum-exp: P = exp(scale·Q·Kᵀ − lse),
 // Di = rowsum(dO ∘ O), dS = scale · P ∘ (dO·Vᵀ − Di); dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K.
+//
+// qkv, out, dout and dqkv may each be f32, bf16 or f16 (lse stays f32). Every operand is
+// copied into an f32 tile before use anyway, so 16-bit storage is converted in that copy and
+// the tile math is the f32 path's; outputs are rounded once when stored. dQ sums over key
+// tiles: a 16-bit dqkv's dQ is summed in a per-thread f32 buffer in the f32 path's order and
+// rounded once at the end of the task.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
@@ -22,6 +28,8 @@
 #include <limits>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/load_store.h"
+#include "kernels/cpu/param_copy.h"
 
 namespace zt::cpu {
 namespace {
@@ -69,26 +77,67 @@ struct Geometry {
   int64_t VCol(int g) const { return static_cast<int64_t>(H + Hkv + g) * D; }
 };
 
-// dst (D, kTile) = transpose of rows [0, rows) of src (row stride ld) times mul; columns
-// [rows, width) are zero so the micro-kernel can run whole vectors.
-void PackTransposed(const float* src, int64_t ld, int rows, int width, int d, float mul,
-                    float* dst) {
+// dst (D, kTile) = transpose of rows [0, rows) of the matrix at element `offset` of a buffer
+// stored as S (row stride ld), times mul; columns [rows, width) are zero so the micro-kernel
+// can run whole vectors.
+template <DType S>
+void PackTransposedAs(const void* src, int64_t offset, int64_t ld, int rows, int width, int d,
+                      float mul, float* dst) {
   for (int c = 0; c < d; ++c) {
     float* out = dst + c * kTile;
-    for (int r = 0; r < rows; ++r) out[r] = src[r * ld + c] * mul;
+    for (int r = 0; r < rows; ++r) out[r] = LoadAs<S>(src, offset + r * ld + c) * mul;
     for (int r = rows; r < width; ++r) out[r] = 0.0f;
   }
 }
 
-// dst (rows, d) contiguous = rows [0, rows) of src (row stride ld). Tiles are copied out of
-// the packed rows before use: consecutive rows of one head sit C3 floats apart, a stride that
-// maps a whole tile onto a few L1 sets, so reading them in place thrashes the cache.
-void CopyRows(const float* src, int64_t ld, int rows, int d, float* dst) {
-  for (int r = 0; r < rows; ++r) std::copy(src + r * ld, src + r * ld + d, dst + r * d);
+void PackTransposed(const Tensor& src, int64_t offset, int64_t ld, int rows, int width, int d,
+                    float mul, float* dst) {
+  switch (src.dtype()) {
+    case DType::kBF16:
+      return PackTransposedAs<DType::kBF16>(src.raw(), offset, ld, rows, width, d, mul, dst);
+    case DType::kF16:
+      return PackTransposedAs<DType::kF16>(src.raw(), offset, ld, rows, width, d, mul, dst);
+    default:
+      return PackTransposedAs<DType::kF32>(src.raw(), offset, ld, rows, width, d, mul, dst);
+  }
 }
 
-void ForwardTask(const Geometry& g, const float* qkv, float* out, float* lse, int64_t b, int h,
-                 int it) {
+// dst (rows, d) contiguous = rows [0, rows) of the matrix at element `offset` of src (row
+// stride ld), as f32. Tiles are copied out of the packed rows before use: consecutive rows of
+// one head sit C3 elements apart, a stride that maps a whole tile onto a few L1 sets, so
+// reading them in place thrashes the cache.
+void CopyRows(const Tensor& src, int64_t offset, int64_t ld, int rows, int d, float* dst) {
+  if (src.dtype() == DType::kF32) {
+    const float* s = src.data<float>() + offset;
+    for (int r = 0; r < rows; ++r) std::copy(s + r * ld, s + r * ld + d, dst + r * d);
+    return;
+  }
+  for (int r = 0; r < rows; ++r) LoadRow(src.raw(), src.dtype(), offset + r * ld, d, dst + r * d);
+}
+
+// Elements [offset, offset + d) of src as f32: src's own memory when it is f32, else
+// converted into buf.
+const float* ReadRowInto(const Tensor& src, int64_t offset, int d, float* buf) {
+  if (src.dtype() == DType::kF32) return src.data<float>() + offset;
+  LoadRow(src.raw(), src.dtype(), offset, d, buf);
+  return buf;
+}
+
+// Elements [offset, offset + d) of dst = src · mul, each rounded once to dst's dtype.
+void StoreScaledRow(const float* src, float mul, int d, const Tensor& dst, int64_t offset) {
+  if (dst.dtype() == DType::kBF16) {
+    uint16_t* out = dst.data<uint16_t>() + offset;
+    for (int i = 0; i < d; ++i) out[i] = ToBf16(src[i] * mul);
+  } else if (dst.dtype() == DType::kF16) {
+    uint16_t* out = dst.data<uint16_t>() + offset;
+    for (int i = 0; i < d; ++i) out[i] = ToHalf(src[i] * mul);
+  } else {
+    float* out = dst.data<float>() + offset;
+    for (int i = 0; i < d; ++i) out[i] = src[i] * mul;
+  }
+}
+
+void ForwardTask(const Geometry& g, const AttentionForwardArgs& args, int64_t b, int h, int it) {
   alignas(64) float qt[kMaxD * kTile];  // (D, kTile): scale·Q of this tile, transposed
   alignas(64) float o[kTile * kMaxD];   // (nq, D): unnormalized output
   alignas(64) float s[kTile * kTile];   // (nk, kTile): scores, then probabilities, key-major
@@ -102,18 +151,19 @@ void ForwardTask(const Geometry& g, const float* qkv, float* out, float* lse, in
   const int nq = g.TileRows(it);
   const int nq_pad = RoundUpToLanes(nq);
   const int kv = h / g.R;
-  const float* k_base = qkv + g.QkvRow(b, 0) + g.KCol(kv);
-  const float* v_base = qkv + g.QkvRow(b, 0) + g.VCol(kv);
+  const Tensor& qkv = args.qkv;  // (B, T, C3)
+  const int64_t k_base = g.QkvRow(b, 0) + g.KCol(kv);
+  const int64_t v_base = g.QkvRow(b, 0) + g.VCol(kv);
 
-  PackTransposed(qkv + g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, nq_pad, g.D, g.scale, qt);
+  PackTransposed(qkv, g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, nq_pad, g.D, g.scale, qt);
   std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(l, l + kTile, 0.0f);
 
   for (int jt = 0; jt <= it; ++jt) {
     const int64_t j0 = static_cast<int64_t>(jt) * kTile;
     const int nk = g.TileRows(jt);
-    CopyRows(k_base + j0 * g.C3, g.C3, nk, g.D, k);
-    CopyRows(v_base + j0 * g.C3, g.C3, nk, g.D, v);
+    CopyRows(qkv, k_base + j0 * g.C3, g.C3, nk, g.D, k);
+    CopyRows(qkv, v_base + j0 * g.C3, g.C3, nk, g.D, v);
     // Sᵀ (nk, nq_pad) = K (nk, D) · (scale·Q)ᵀ (D, nq_pad)
     TileMatMul({.m = nk,
                 .n = nq_pad,
@@ -168,13 +218,10 @@ void ForwardTask(const Geometry& g, const float* qkv, float* out, float* lse, in
                 .c_init = jt == 0 ? CInit::kOverwrite : CInit::kAccumulate});
   }
 
-  float* out_tile = out + g.OutRow(b, i0) + g.QCol(h);
-  float* lse_row = lse + (b * g.H + h) * g.T + i0;
+  const int64_t out_tile = g.OutRow(b, i0) + g.QCol(h);
+  float* lse_row = args.lse.data<float>() + (b * g.H + h) * g.T + i0;
   for (int i = 0; i < nq; ++i) {
-    const float inv = 1.0f / l[i];
-    const float* src = o + i * g.D;
-    float* dst = out_tile + i * g.CO;
-    for (int d = 0; d < g.D; ++d) dst[d] = src[d] * inv;
+    StoreScaledRow(o + i * g.D, 1.0f / l[i], g.D, args.out, out_tile + i * g.CO);
     lse_row[i] = m[i] + std::log(l[i]);
   }
 }
@@ -191,24 +238,30 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
   alignas(64) float d_o[kTile * kMaxD];  // (nq, D): its output gradient
   alignas(64) float dq[kTile * kMaxD];   // (nq, D): this pair's share of dQ
   alignas(64) float di[kTile];           // rowsum(dO ∘ O)
+  alignas(64) float o_row[kMaxD];        // one row of a 16-bit O, as f32
 
-  const float* qkv = args.qkv.data<float>();
-  const float* out = args.out.data<float>();
+  const Tensor& qkv = args.qkv;    // (B, T, C3)
+  const Tensor& out = args.out;    // (B, T, CO)
+  const Tensor& dout = args.dout;  // (B, T, CO)
+  const Tensor& dqkv = args.dqkv;  // (B, T, C3)
   const float* lse = args.lse.data<float>();
-  const float* dout = args.dout.data<float>();
-  float* dqkv = args.dqkv.data<float>();
   const int h_first = kv * g.R;
+  const int64_t rd = static_cast<int64_t>(g.R) * g.D;
 
-  for (int64_t t = 0; t < g.T; ++t) {
-    std::memset(dqkv + g.QkvRow(b, t) + g.QCol(h_first), 0, sizeof(float) * g.R * g.D);
-  }
+  // Where dQ of this task's R heads is summed: in place in an f32 dqkv (row stride C3), else
+  // in an f32 (T, R·D) buffer rounded into dqkv once at the end.
+  const bool f32_dq = dqkv.dtype() == DType::kF32;
+  float* dq_sum =
+      f32_dq ? dqkv.data<float>() + g.QkvRow(b, 0) + g.QCol(h_first) : ScratchRow(0, g.T * rd);
+  const int64_t dq_ld = f32_dq ? g.C3 : rd;
+  for (int64_t t = 0; t < g.T; ++t) std::memset(dq_sum + t * dq_ld, 0, sizeof(float) * rd);
   for (int jt = 0; jt < g.n_tiles; ++jt) {
     const int64_t j0 = static_cast<int64_t>(jt) * kTile;
     const int nk = g.TileRows(jt);
     const int nk_pad = RoundUpToLanes(nk);
-    CopyRows(qkv + g.QkvRow(b, j0) + g.KCol(kv), g.C3, nk, g.D, k);
-    PackTransposed(k, g.D, nk, nk_pad, g.D, 1.0f, kt);
-    PackTransposed(qkv + g.QkvRow(b, j0) + g.VCol(kv), g.C3, nk, nk_pad, g.D, 1.0f, vt);
+    CopyRows(qkv, g.QkvRow(b, j0) + g.KCol(kv), g.C3, nk, g.D, k);
+    PackTransposedAs<DType::kF32>(k, 0, g.D, nk, nk_pad, g.D, 1.0f, kt);
+    PackTransposed(qkv, g.QkvRow(b, j0) + g.VCol(kv), g.C3, nk, nk_pad, g.D, 1.0f, vt);
     std::fill(dk, dk + nk * g.D, 0.0f);
     std::fill(dv, dv + nk * g.D, 0.0f);
 
@@ -217,10 +270,10 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
       for (int it = jt; it < g.n_tiles; ++it) {
         const int64_t i0 = static_cast<int64_t>(it) * kTile;
         const int nq = g.TileRows(it);
-        const float* o = out + g.OutRow(b, i0) + g.QCol(h);
-        float* dq_rows = dqkv + g.QkvRow(b, i0) + g.QCol(h);
-        CopyRows(qkv + g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, g.D, q);
-        CopyRows(dout + g.OutRow(b, i0) + g.QCol(h), g.CO, nq, g.D, d_o);
+        const int64_t o_tile = g.OutRow(b, i0) + g.QCol(h);
+        float* dq_rows = dq_sum + i0 * dq_ld + static_cast<int64_t>(h - h_first) * g.D;
+        CopyRows(qkv, g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, g.D, q);
+        CopyRows(dout, o_tile, g.CO, nq, g.D, d_o);
 
         // S (nq, nk_pad) = Q · Kᵀ, unscaled.
         TileMatMul({.m = nq,
@@ -234,7 +287,7 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
                     .ldc = kTile});
         for (int i = 0; i < nq; ++i) {
           const float* a = d_o + i * g.D;
-          const float* c = o + i * g.CO;
+          const float* c = ReadRowInto(out, o_tile + i * g.CO, g.D, o_row);
           float acc = 0.0f;
           for (int d = 0; d < g.D; ++d) acc += a[d] * c[d];
           di[i] = acc;
@@ -301,17 +354,20 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
                     .c = dq,
                     .ldc = g.D});
         for (int i = 0; i < nq; ++i) {
-          float* dst = dq_rows + i * g.C3;
+          float* dst = dq_rows + i * dq_ld;
           const float* src = dq + i * g.D;
           for (int d = 0; d < g.D; ++d) dst[d] += src[d];
         }
       }
     }
     for (int j = 0; j < nk; ++j) {
-      float* row = dqkv + g.QkvRow(b, j0 + j);
-      std::memcpy(row + g.KCol(kv), dk + j * g.D, sizeof(float) * g.D);
-      std::memcpy(row + g.VCol(kv), dv + j * g.D, sizeof(float) * g.D);
+      StoreRow(dk + j * g.D, g.D, dqkv.raw(), dqkv.dtype(), g.QkvRow(b, j0 + j) + g.KCol(kv));
+      StoreRow(dv + j * g.D, g.D, dqkv.raw(), dqkv.dtype(), g.QkvRow(b, j0 + j) + g.VCol(kv));
     }
+  }
+  if (f32_dq) return;
+  for (int64_t t = 0; t < g.T; ++t) {
+    StoreRow(dq_sum + t * rd, rd, dqkv.raw(), dqkv.dtype(), g.QkvRow(b, t) + g.QCol(h_first));
   }
 }
 
@@ -320,9 +376,6 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
 void AttentionForward(const DeviceContext& ctx, const AttentionDims& dims,
                       const AttentionForwardArgs& args) {
   const Geometry g(dims);
-  const float* qkv = args.qkv.data<float>();
-  float* out = args.out.data<float>();
-  float* lse = args.lse.data<float>();
   const int64_t heads = g.B * g.H;
   const int64_t tasks = heads * g.n_tiles;
   // A query tile's cost grows with its index (it meets it + 1 key tiles): hand out the last
@@ -331,7 +384,7 @@ void AttentionForward(const DeviceContext& ctx, const AttentionDims& dims,
   for (int64_t task = 0; task < tasks; ++task) {
     const int it = g.n_tiles - 1 - static_cast<int>(task / heads);
     const int64_t bh = task % heads;
-    ForwardTask(g, qkv, out, lse, bh / g.H, static_cast<int>(bh % g.H), it);
+    ForwardTask(g, args, bh / g.H, static_cast<int>(bh % g.H), it);
   }
 }
 

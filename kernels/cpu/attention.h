@@ -12,6 +12,8 @@ namespace zt::cpu {
 // The tile buffers live on each thread's stack and are sized for this head size: the forward
 // takes about 0.3 MiB of stack per thread and the backward about 0.55 MiB, so callers need
 // thread stacks of at least 1 MiB (glibc's and libgomp's defaults are several MiB).
+// A 16-bit dqkv also takes T·(H/Hkv)·D floats of per-thread heap scratch for summing dQ
+// (kernels/cpu/load_store.h's ScratchRow: grown on first use and kept).
 constexpr int kAttentionMaxHeadDim = 256;
 
 struct AttentionDims {

@@ -4,7 +4,8 @@
 // S = Σe in double; loss = m + log S − x[target]; dlogits = grad_scale·(e/S − onehot).
 // A row of V = 50257 floats (196 KiB) stays in L2 between the three passes. Rows are
 // independent and each is summed in one fixed order, so results do not depend on the thread
-// count.
+// count. bf16/f16 logits are converted row by row into a per-thread f32 row, computed exactly
+// as f32 logits are, and the gradient is rounded once to the logits' dtype when stored.
 #include "kernels/cpu/cross_entropy.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/load_store.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace zt::cpu {
@@ -62,7 +64,8 @@ double RowExpSum(const float* x, float m, int64_t v, float* e) {
 
 absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArgs& args) {
   const int64_t n = args.logits.dim(0), v = args.logits.dim(1);
-  float* logits = args.logits.data<float>();              // (N, V)
+  void* logits = args.logits.raw();  // (N, V)
+  const DType dtype = args.logits.dtype();
   const int32_t* targets = args.targets.data<int32_t>();  // (N)
   float* losses = args.losses.data<float>();              // (N)
   for (int64_t r = 0; r < n; ++r) {
@@ -77,11 +80,15 @@ absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArg
 
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t r = 0; r < n; ++r) {
-    float* x = logits + r * v;
+    // A 16-bit row is computed in an f32 copy and its gradient stored back, rounded once.
+    float* x = WriteRow(logits, dtype, r * v, v, 0, /*load=*/true);
     const int32_t target = targets[r];
     if (target < 0) {
       losses[r] = 0.0f;
-      if (write_grad) std::fill(x, x + v, 0.0f);
+      if (write_grad) {
+        std::fill(x, x + v, 0.0f);
+        FinishRow(x, v, logits, dtype, r * v);
+      }
       continue;
     }
     const float x_target = x[target];
@@ -95,6 +102,7 @@ absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArg
     for (int64_t i = 0; i < v; ++i) x[i] *= inv;
     // In double: the target's probability is often close to 1, and p − 1 would cancel in f32.
     x[target] = static_cast<float>((e_target / sum - 1.0) * scale);
+    FinishRow(x, v, logits, dtype, r * v);
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,7 @@
 // Element-wise ops on the CPU. Every loop is `parallel for simd` over the flat buffer: each
 // element's result depends only on that element, so any thread count gives the same bits.
-// The casts use branch-free copies of dtype.h's scalar conversions (which are out of line or
-// branchy, so a loop over them stays scalar); tests compare the two bit for bit.
+// The casts use load_store.h's branch-free conversions. With a 16-bit operand, the arithmetic
+// ops work in chunks converted to f32 and round each result once when it is stored.
 #include "kernels/cpu/elementwise.h"
 
 #include <algorithm>
@@ -9,60 +9,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/load_store.h"
+
 namespace zt::cpu {
 namespace {
 
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kMinParallel = 1 << 15;
-
-// c ? a : b as a bit blend. A ternary lets the compiler sink the float arithmetic of the
-// unused arm into a branch (it may not speculate float ops that could trap), and a loop with
-// a branch does not vectorize.
-inline uint32_t Select(bool c, uint32_t a, uint32_t b) {
-  const uint32_t mask = 0u - static_cast<uint32_t>(c);
-  return (a & mask) | (b & ~mask);
-}
-
-// FloatToHalf without branches: every path is computed and one is selected.
-inline uint16_t ToHalf(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t abs = u & 0x7fffffffu;
-  uint32_t normal = abs - 0x38000000u;
-  normal = (normal + 0x0fffu + ((normal >> 13) & 1u)) >> 13;
-  const uint32_t subnormal =
-      std::bit_cast<uint32_t>(std::bit_cast<float>(abs) + 0.5f) - 0x3f000000u;
-  uint32_t h = Select(abs < 0x38800000u, subnormal, normal);
-  h = Select(abs >= 0x477ff000u, 0x7c00u, h);
-  h = Select(abs > 0x7f800000u, 0x7e00u, h);
-  return static_cast<uint16_t>(sign | h);
-}
-
-// HalfToFloat without branches.
-inline float FromHalf(uint16_t bits) {
-  const uint32_t h = bits;
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  const uint32_t normal = sign | ((exp + 112u) << 23) | (mant << 13);
-  const uint32_t special = sign | 0x7f800000u | (mant << 13);
-  // A subnormal half is mant·2^-24, exact in f32.
-  const uint32_t subnormal =
-      sign | std::bit_cast<uint32_t>(static_cast<float>(mant) * 5.9604644775390625e-8f);
-  uint32_t out = Select(exp == 0, subnormal, normal);
-  out = Select(exp == 0x1fu, special, out);
-  return std::bit_cast<float>(out);
-}
-
-// FloatToBf16 without the NaN branch.
-inline uint16_t ToBf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet = (u >> 16) | 0x40u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
-
-inline float FromBf16(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+// Elements converted at a time on the 16-bit paths: three f32 rows stay in L1/L2.
+constexpr int64_t kChunk = 4096;
 
 template <typename Src, typename Dst, typename Convert>
 void CastLoop(const DeviceContext& ctx, const void* src, void* dst, int64_t n, Convert convert) {
@@ -74,14 +29,52 @@ void CastLoop(const DeviceContext& ctx, const void* src, void* dst, int64_t n, C
 
 }  // namespace
 
-void Add(const DeviceContext& ctx, const float* a, const float* b, float* out, int64_t n) {
+void Add(const DeviceContext& ctx, const void* a, DType a_dtype, const void* b, DType b_dtype,
+         void* out, DType out_dtype, int64_t n) {
+  if (a_dtype == DType::kF32 && b_dtype == DType::kF32 && out_dtype == DType::kF32) {
+    const float* af = static_cast<const float*>(a);
+    const float* bf = static_cast<const float*>(b);
+    float* of = static_cast<float*>(out);
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+    for (int64_t i = 0; i < n; ++i) of[i] = af[i] + bf[i];
+    return;
+  }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t off = c * kChunk, len = std::min(kChunk, n - off);
+    // Both operands are converted before anything is stored, so out may alias a or b.
+    const float* x = ReadRow(a, a_dtype, off, len, 0);
+    const float* y = ReadRow(b, b_dtype, off, len, 1);
+    float* z = WriteRow(out, out_dtype, off, len, 2, /*load=*/false);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) z[i] = x[i] + y[i];
+    FinishRow(z, len, out, out_dtype, off);
+  }
 }
 
-void Scale(const DeviceContext& ctx, float* t, float s, int64_t n) {
+void Scale(const DeviceContext& ctx, void* t, DType dtype, float s, int64_t n) {
+  if (dtype == DType::kF32) {
+    float* tf = static_cast<float*>(t);
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
-  for (int64_t i = 0; i < n; ++i) t[i] *= s;
+    for (int64_t i = 0; i < n; ++i) tf[i] *= s;
+    return;
+  }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t off = c * kChunk, len = std::min(kChunk, n - off);
+    float* x = WriteRow(t, dtype, off, len, 0, /*load=*/true);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) x[i] *= s;
+    FinishRow(x, len, t, dtype, off);
+  }
+}
+
+void CastStochastic(const DeviceContext& ctx, const float* src, uint16_t* dst, uint64_t seed,
+                    int64_t n) {
+#pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = 0; i < n; ++i) dst[i] = ToBf16Stochastic(src[i], seed, i);
 }
 
 void ZeroBytes(const DeviceContext& ctx, void* data, int64_t bytes) {

@@ -11,37 +11,48 @@
 
 #include "absl/status/status.h"
 #include "kernels/device.h"
+#include "kernels/dtype.h"
 #include "kernels/linear.h"
 
 namespace zt::cpu {
 
-// c(m, n) = alpha · op(a) · op(b) + beta · c with leading dimensions in elements.
-struct SgemmCall {
+// One matrix of a GEMM: its data, element type (f32, bf16 or f16) and leading dimension in
+// elements.
+struct GemmOperand {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t ld = 0;
+};
+
+// c(m, n) = alpha · op(a) · op(b) + beta · c; c.data is written (the view is const only so
+// that one operand type serves all three).
+struct GemmCall {
   Transpose trans_a = Transpose::kNo;
   Transpose trans_b = Transpose::kNo;
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
   float alpha = 1.0f;
-  const float* a = nullptr;
-  int64_t lda = 0;
-  const float* b = nullptr;
-  int64_t ldb = 0;
+  GemmOperand a;
+  GemmOperand b;
   float beta = 0.0f;
-  float* c = nullptr;
-  int64_t ldc = 0;
+  GemmOperand c;
 };
 
-// Runs on ctx.cpu_gemm with ctx.num_threads threads. oneDNN's team is the calling thread's
-// OpenMP team (per-thread ICV); OpenBLAS (pthreads build) has one process-wide pool whose size
-// is set to ctx.num_threads. oneDNN primitives are created once per key (shape, strides,
-// transposes, alpha, beta, threads) in a process-wide cache and run on ctx.workspace:
-// FailedPrecondition names both sizes when it is too small. Returns InternalError when the
-// library reports a failure. Thread-safe; concurrent calls need distinct workspaces.
-absl::Status Sgemm(const DeviceContext& ctx, const SgemmCall& call);
+// Runs on ctx.cpu_gemm with ctx.num_threads threads, accumulating in fp32 and rounding the
+// result once to c's dtype. All-f32 calls and bf16 · bf16 → f32/bf16 on oneDNN run directly;
+// any other mix widens its 16-bit operands (and a 16-bit c) to f32 in ctx.workspace, runs the
+// f32 GEMM and rounds into c. oneDNN's team is the calling thread's OpenMP team (per-thread
+// ICV); OpenBLAS (pthreads build) has one process-wide pool whose size is set to
+// ctx.num_threads. oneDNN primitives are created once per key (shape, strides, dtypes,
+// transposes, alpha, beta, threads) in a process-wide cache; all scratch comes from
+// ctx.workspace: FailedPrecondition names both sizes when it is too small. Returns
+// InternalError when the library reports a failure. Thread-safe; concurrent calls need
+// distinct workspaces.
+absl::Status Gemm(const DeviceContext& ctx, const GemmCall& call);
 
-// Scratch bytes Sgemm needs for `shape` with packed operands and alpha 1 (see
-// kernels/linear.h); on oneDNN creates the cache entry without its primitive.
+// Scratch bytes Gemm needs for `shape` with packed operands and alpha 1 (see
+// kernels/linear.h); on oneDNN creates the cache entries without their primitives.
 absl::StatusOr<int64_t> GemmWorkspaceBytes(const DeviceContext& ctx, const GemmShape& shape);
 
 // Entries in the oneDNN primitive cache.

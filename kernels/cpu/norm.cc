@@ -4,11 +4,15 @@
 // Row statistics and dinp are row-local and parallelize over rows. dweight and dbias sum over
 // rows; they parallelize over blocks of channels instead, each block summing its rows in
 // order, so they are bitwise the same for any thread count with no scratch buffer.
+// Data tensors may be f32, bf16 or f16 (mean/rstd stay f32): 16-bit rows are converted into
+// per-thread f32 rows, computed exactly as the f32 path and rounded once when stored.
 #include "kernels/cpu/norm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "kernels/cpu/load_store.h"
 
 namespace zt::cpu {
 namespace {
@@ -33,25 +37,46 @@ inline void AccumulateParamGrads(const float* x, const float* dy, float mean, fl
   }
 }
 
+// grad[c0, c0 + n) += sum, in grad's dtype.
+inline void AddToParamGrad(const float* sum, int64_t n, const Tensor& grad, int64_t c0) {
+  if (grad.dtype() == DType::kF32) {
+    float* g = grad.data<float>() + c0;
+    for (int64_t i = 0; i < n; ++i) g[i] += sum[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    Store(grad.raw(), grad.dtype(), c0 + i, Load(grad.raw(), grad.dtype(), c0 + i) + sum[i]);
+  }
+}
+
 // dweight (+ dbias) += Σ_rows dout ∘ xhat (and Σ_rows dout), by channel blocks. Called from
-// inside a parallel region.
-void ParamGrads(int64_t rows, int64_t c, const float* inp, const float* dout, const float* mean,
-                const float* rstd, float* dweight, float* dbias) {
+// inside a parallel region. 16-bit inp/dout blocks are converted into stack buffers; the
+// sums stay in f32 and are added to dweight/dbias in their own dtype, rounded once.
+void ParamGrads(int64_t rows, int64_t c, const Tensor& inp, const Tensor& dout, const float* mean,
+                const float* rstd, const Tensor& dweight, const Tensor* dbias) {
   const int64_t blocks = (c + kChannelBlock - 1) / kChannelBlock;
+  const bool f32_rows = inp.dtype() == DType::kF32 && dout.dtype() == DType::kF32;
 #pragma omp for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t c0 = blk * kChannelBlock;
     const int64_t n = std::min(kChannelBlock, c - c0);
     float dw[kChannelBlock] = {};
     float db[kChannelBlock] = {};
+    float xb[kChannelBlock], dyb[kChannelBlock];
     for (int64_t r = 0; r < rows; ++r) {
-      AccumulateParamGrads(inp + r * c + c0, dout + r * c + c0, mean ? mean[r] : 0.0f, rstd[r], n,
-                           dw, dbias ? db : nullptr);
+      const float* x = xb;
+      const float* dy = dyb;
+      if (f32_rows) {
+        x = inp.data<float>() + r * c + c0;
+        dy = dout.data<float>() + r * c + c0;
+      } else {
+        LoadRow(inp.raw(), inp.dtype(), r * c + c0, n, xb);
+        LoadRow(dout.raw(), dout.dtype(), r * c + c0, n, dyb);
+      }
+      AccumulateParamGrads(x, dy, mean ? mean[r] : 0.0f, rstd[r], n, dw, dbias ? db : nullptr);
     }
-    for (int64_t i = 0; i < n; ++i) dweight[c0 + i] += dw[i];
-    if (dbias != nullptr) {
-      for (int64_t i = 0; i < n; ++i) dbias[c0 + i] += db[i];
-    }
+    AddToParamGrad(dw, n, dweight, c0);
+    if (dbias != nullptr) AddToParamGrad(db, n, *dbias, c0);
   }
 }
 
@@ -85,95 +110,105 @@ inline void RowInputGrad(int64_t c, const float* x, const float* dy, const float
 
 void LayerNormForward(const DeviceContext& ctx, const LayerNormForwardArgs& args) {
   const int64_t rows = args.inp.dim(0), c = args.inp.dim(1);
-  const float* inp = args.inp.data<float>();    // (N, C)
-  const float* w = args.weight.data<float>();   // (C)
-  const float* bias = args.bias.data<float>();  // (C)
-  float* out = args.out.data<float>();          // (N, C)
-  float* mean_out = args.mean.data<float>();    // (N)
-  float* rstd_out = args.rstd.data<float>();    // (N)
+  const Tensor& inp = args.inp;               // (N, C)
+  const Tensor& out = args.out;               // (N, C)
+  float* mean_out = args.mean.data<float>();  // (N)
+  float* rstd_out = args.rstd.data<float>();  // (N)
   const float inv_c = 1.0f / static_cast<float>(c);
 
-#pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = inp + r * c;
-    float sum = 0;
+#pragma omp parallel num_threads(ctx.num_threads)
+  {
+    const float* w = ReadRow(args.weight.raw(), args.weight.dtype(), 0, c, 0);  // (C)
+    const float* bias = ReadRow(args.bias.raw(), args.bias.dtype(), 0, c, 1);   // (C)
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = ReadRow(inp.raw(), inp.dtype(), r * c, c, 2);
+      float sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < c; ++i) sum += x[i];
-    const float mean = sum * inv_c;
-    // Two passes: Σ(x − mean)² does not cancel the way Σx² − C·mean² does.
-    float var = 0;
+      for (int64_t i = 0; i < c; ++i) sum += x[i];
+      const float mean = sum * inv_c;
+      // Two passes: Σ(x − mean)² does not cancel the way Σx² − C·mean² does.
+      float var = 0;
 #pragma omp simd reduction(+ : var)
-    for (int64_t i = 0; i < c; ++i) var += (x[i] - mean) * (x[i] - mean);
-    const float rstd = 1.0f / std::sqrt(var * inv_c + args.eps);
-    float* y = out + r * c;
+      for (int64_t i = 0; i < c; ++i) var += (x[i] - mean) * (x[i] - mean);
+      const float rstd = 1.0f / std::sqrt(var * inv_c + args.eps);
+      float* y = WriteRow(out.raw(), out.dtype(), r * c, c, 3, /*load=*/false);
 #pragma omp simd
-    for (int64_t i = 0; i < c; ++i) y[i] = (x[i] - mean) * rstd * w[i] + bias[i];
-    mean_out[r] = mean;
-    rstd_out[r] = rstd;
+      for (int64_t i = 0; i < c; ++i) y[i] = (x[i] - mean) * rstd * w[i] + bias[i];
+      FinishRow(y, c, out.raw(), out.dtype(), r * c);
+      mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  }
+}
+
+// dinp rows: inp, dout and weight converted to f32 as needed, dinp computed in f32 (loaded
+// first when it accumulates) and stored once. Called from inside a parallel region.
+void InputGrads(int64_t rows, int64_t c, const Tensor& inp, const Tensor& dout,
+                const Tensor& weight, const float* mean, const float* rstd, bool subtract_mean,
+                Accumulate mode, const Tensor& dinp) {
+  const float* w = ReadRow(weight.raw(), weight.dtype(), 0, c, 0);
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = ReadRow(inp.raw(), inp.dtype(), r * c, c, 1);
+    const float* dy = ReadRow(dout.raw(), dout.dtype(), r * c, c, 2);
+    // Loaded after dout: with dinp aliasing dout the row is read before it is overwritten.
+    float* dx = WriteRow(dinp.raw(), dinp.dtype(), r * c, c, 3, mode == Accumulate::kAdd);
+    RowInputGrad(c, x, dy, w, mean ? mean[r] : 0.0f, rstd[r], subtract_mean, mode, dx);
+    FinishRow(dx, c, dinp.raw(), dinp.dtype(), r * c);
   }
 }
 
 void LayerNormBackward(const DeviceContext& ctx, const LayerNormBackwardArgs& args) {
   const int64_t rows = args.inp.dim(0), c = args.inp.dim(1);
-  const float* inp = args.inp.data<float>();    // (N, C)
-  const float* dout = args.dout.data<float>();  // (N, C)
-  const float* w = args.weight.data<float>();   // (C)
   const float* mean = args.mean.data<float>();  // (N)
   const float* rstd = args.rstd.data<float>();  // (N)
-  float* dinp = args.dinp.data<float>();        // (N, C) = or +=
 
 #pragma omp parallel num_threads(ctx.num_threads)
   {
     // Parameters first: the barrier after it lets dinp overwrite dout in place.
-    ParamGrads(rows, c, inp, dout, mean, rstd, args.dweight.data<float>(),
-               args.dbias.data<float>());
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      RowInputGrad(c, inp + r * c, dout + r * c, w, mean[r], rstd[r], /*subtract_mean=*/true,
-                   args.dinp_mode, dinp + r * c);
-    }
+    ParamGrads(rows, c, args.inp, args.dout, mean, rstd, args.dweight, &args.dbias);
+    InputGrads(rows, c, args.inp, args.dout, args.weight, mean, rstd, /*subtract_mean=*/true,
+               args.dinp_mode, args.dinp);
   }
 }
 
 void RmsNormForward(const DeviceContext& ctx, const RmsNormForwardArgs& args) {
   const int64_t rows = args.inp.dim(0), c = args.inp.dim(1);
-  const float* inp = args.inp.data<float>();   // (N, C)
-  const float* w = args.weight.data<float>();  // (C)
-  float* out = args.out.data<float>();         // (N, C)
-  float* rstd_out = args.rstd.data<float>();   // (N)
+  const Tensor& inp = args.inp;               // (N, C)
+  const Tensor& out = args.out;               // (N, C)
+  float* rstd_out = args.rstd.data<float>();  // (N)
   const float inv_c = 1.0f / static_cast<float>(c);
 
-#pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = inp + r * c;
-    float ss = 0;
+#pragma omp parallel num_threads(ctx.num_threads)
+  {
+    const float* w = ReadRow(args.weight.raw(), args.weight.dtype(), 0, c, 0);  // (C)
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = ReadRow(inp.raw(), inp.dtype(), r * c, c, 1);
+      float ss = 0;
 #pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < c; ++i) ss += x[i] * x[i];
-    const float rstd = 1.0f / std::sqrt(ss * inv_c + args.eps);
-    float* y = out + r * c;
+      for (int64_t i = 0; i < c; ++i) ss += x[i] * x[i];
+      const float rstd = 1.0f / std::sqrt(ss * inv_c + args.eps);
+      float* y = WriteRow(out.raw(), out.dtype(), r * c, c, 2, /*load=*/false);
 #pragma omp simd
-    for (int64_t i = 0; i < c; ++i) y[i] = x[i] * rstd * w[i];
-    rstd_out[r] = rstd;
+      for (int64_t i = 0; i < c; ++i) y[i] = x[i] * rstd * w[i];
+      FinishRow(y, c, out.raw(), out.dtype(), r * c);
+      rstd_out[r] = rstd;
+    }
   }
 }
 
 void RmsNormBackward(const DeviceContext& ctx, const RmsNormBackwardArgs& args) {
   const int64_t rows = args.inp.dim(0), c = args.inp.dim(1);
-  const float* inp = args.inp.data<float>();    // (N, C)
-  const float* dout = args.dout.data<float>();  // (N, C)
-  const float* w = args.weight.data<float>();   // (C)
   const float* rstd = args.rstd.data<float>();  // (N)
-  float* dinp = args.dinp.data<float>();        // (N, C) = or +=
 
 #pragma omp parallel num_threads(ctx.num_threads)
   {
-    ParamGrads(rows, c, inp, dout, /*mean=*/nullptr, rstd, args.dweight.data<float>(),
+    ParamGrads(rows, c, args.inp, args.dout, /*mean=*/nullptr, rstd, args.dweight,
                /*dbias=*/nullptr);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      RowInputGrad(c, inp + r * c, dout + r * c, w, /*mean=*/0.0f, rstd[r],
-                   /*subtract_mean=*/false, args.dinp_mode, dinp + r * c);
-    }
+    InputGrads(rows, c, args.inp, args.dout, args.weight, /*mean=*/nullptr, rstd,
+               /*subtract_mean=*/false, args.dinp_mode, args.dinp);
   }
 }
 

@@ -3,10 +3,13 @@
 // Legend: B batch, T sequence, D head size, D/2 rotation pairs (i, i + D/2).
 // Angles, their cosines and sines, and the rotation itself are evaluated in double and rounded
 // once to f32: pos · base^(-2i/D) reaches ~1e5 radians at long contexts, where an f32 angle
-// would already be off by ~4e-3.
+// would already be off by ~4e-3. A bf16/f16 qkv row's rotated heads are loaded into a
+// per-thread f32 row, rotated as the f32 path does and rounded back once.
 #include "kernels/cpu/rope.h"
 
 #include <cmath>
+
+#include "kernels/cpu/load_store.h"
 
 namespace zt::cpu {
 
@@ -18,7 +21,8 @@ void RopeApply(const DeviceContext& ctx, const RopeDims& dims, const RopeArgs& a
     inv_freq[i] = std::pow(static_cast<double>(args.theta), -2.0 * i / dims.head_dim);
   }
   const double sign = args.direction == RopeDirection::kForward ? 1.0 : -1.0;
-  float* qkv = args.qkv.data<float>();
+  const Tensor& qkv = args.qkv;  // (B, T, (H + 2·Hkv)·D)
+  const int64_t rotated = static_cast<int64_t>(dims.rotated_heads) * dims.head_dim;
   const int32_t* positions = args.positions.empty() ? nullptr : args.positions.data<int32_t>();
   const int64_t rows = dims.batch * dims.seq;
 
@@ -32,7 +36,7 @@ void RopeApply(const DeviceContext& ctx, const RopeDims& dims, const RopeArgs& a
       cos_t[i] = std::cos(angle);
       sin_t[i] = sign * std::sin(angle);
     }
-    float* row = qkv + r * dims.row;
+    float* row = WriteRow(qkv.raw(), qkv.dtype(), r * dims.row, rotated, 0, /*load=*/true);
     for (int h = 0; h < dims.rotated_heads; ++h) {
       float* x = row + static_cast<int64_t>(h) * dims.head_dim;
       for (int i = 0; i < half; ++i) {
@@ -42,6 +46,7 @@ void RopeApply(const DeviceContext& ctx, const RopeDims& dims, const RopeArgs& a
         x[i + half] = static_cast<float>(x1 * cos_t[i] + x0 * sin_t[i]);
       }
     }
+    FinishRow(row, rotated, qkv.raw(), qkv.dtype(), r * dims.row);
   }
 }
 

@@ -254,6 +254,11 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
                        NameOf(spec.optimizer().type(), OptimizerConfig::Type_Name<int>),
                        ", which needs fp32 master weights"));
   }
+  if (pr.has_master_weights() && pr.master_weights() &&
+      pr.param_dtype() == PrecisionConfig::FP32) {
+    v.Add("precision.master_weights: true needs a 16-bit precision.param_dtype (FP32 parameters "
+          "are their own master weights)");
+  }
   if (pr.stochastic_rounding() && pr.param_dtype() != PrecisionConfig::BF16) {
     v.Add(absl::StrCat("precision.stochastic_rounding: requires precision.param_dtype BF16 (got ",
                        NameOf(pr.param_dtype(), PrecisionConfig::DType_Name<int>), ")"));
@@ -379,17 +384,6 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
 // Each line below goes when its feature lands.
 absl::Status CheckEngineSupport(const JobSpec& spec) {
   std::vector<std::string> lines;
-  auto dtype = [&](absl::string_view field, PrecisionConfig::DType value) {
-    if (value != PrecisionConfig::FP32) {
-      lines.push_back(absl::StrCat(field, ": ", NameOf(value, PrecisionConfig::DType_Name<int>),
-                                   " is not supported by this engine yet; use FP32"));
-    }
-  };
-  dtype("precision.param_dtype", spec.precision().param_dtype());
-  dtype("precision.compute_dtype", spec.precision().compute_dtype());
-  dtype("precision.grad_dtype", spec.precision().grad_dtype());
-  dtype("precision.reduce_dtype", spec.precision().reduce_dtype());
-
   if (spec.parallel().world_size() > 1) {
     lines.push_back(absl::StrCat("parallel.world_size: ", spec.parallel().world_size(),
                                  " ranks are not supported by this engine yet; use 1"));

@@ -22,9 +22,8 @@ absl::Status ValidateJobSpec(const zerotrain::JobSpec& spec);
 // PermissionDenied when any is unreadable, else InvalidArgument (not a regular file).
 absl::Status CheckJobPaths(const zerotrain::JobSpec& spec);
 
-// Checks what this engine version cannot run yet, though the schema allows it: precision
-// dtypes other than FP32, more than one rank, ZeRO stages above 0, CUDA devices and
-// checkpoints. Returns OK or FailedPrecondition listing every such field. Kept apart from
+// Checks what this engine version cannot run yet, though the schema allows it: more than
+// one rank, ZeRO stages above 0, CUDA devices and checkpoints. Returns OK or FailedPrecondition listing every such field. Kept apart from
 // ValidateJobSpec so each line can be deleted when its feature lands.
 absl::Status CheckEngineSupport(const zerotrain::JobSpec& spec);
 

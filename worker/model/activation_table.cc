@@ -32,29 +32,32 @@ Dims DimsOf(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len) {
 
 std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m,
                                         const zerotrain::MemoryConfig& memory, int64_t batch,
-                                        int64_t seq_len) {
+                                        int64_t seq_len, DType compute) {
   using Ckpt = zerotrain::MemoryConfig;
   const Dims d = DimsOf(m, batch, seq_len);
   std::vector<BufferSpec> t;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
+    t.push_back({std::move(name), MemoryCategory::kActivations, compute, std::move(shape)});
+  };
+  auto add_stat = [&](std::string name, std::vector<int64_t> shape) {
     t.push_back({std::move(name), MemoryCategory::kActivations, DType::kF32, std::move(shape)});
   };
   // What a block saves for its backward, in two groups: the inputs of the GEMMs and norms,
   // and the "core" — the attention output and the MLP activation — that SELECTIVE recomputes.
   auto add_inputs = [&](const std::string& p) {
     add(p + "ln1", {d.BT, d.C});
-    if (d.gpt2) add(p + "ln1_mean", {d.BT});
-    add(p + "ln1_rstd", {d.BT});
+    if (d.gpt2) add_stat(p + "ln1_mean", {d.BT});
+    add_stat(p + "ln1_rstd", {d.BT});
     add(p + "qkv", {d.BT, d.Q});  // after RoPE for LLAMA: the attention's actual input
     add(p + "res2", {d.BT, d.C});  // residual after attention, input of ln2
     add(p + "ln2", {d.BT, d.C});
-    if (d.gpt2) add(p + "ln2_mean", {d.BT});
-    add(p + "ln2_rstd", {d.BT});
+    if (d.gpt2) add_stat(p + "ln2_mean", {d.BT});
+    add_stat(p + "ln2_rstd", {d.BT});
     add(p + "fch", {d.BT, d.gpt2 ? d.F : 2 * d.F});  // MLP pre-activation ([gate|up] LLAMA)
   };
   auto add_core = [&](const std::string& p) {
     add(p + "atty", {d.BT, d.HD});
-    add(p + "att_lse", {d.B, d.H, d.T});
+    add_stat(p + "att_lse", {d.B, d.H, d.T});
     add(p + "fch_act", {d.BT, d.F});
   };
   auto checkpointed = [&](int i) {
@@ -87,14 +90,14 @@ std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m,
     add_core("recompute.");
   }
   add("head.lnf", {d.BT, d.C});
-  if (d.gpt2) add("head.lnf_mean", {d.BT});
-  add("head.lnf_rstd", {d.BT});
-  add("head.losses", {d.BT});
+  if (d.gpt2) add_stat("head.lnf_mean", {d.BT});
+  add_stat("head.lnf_rstd", {d.BT});
+  add_stat("head.losses", {d.BT});
   return t;
 }
 
 int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len,
-                              const DeviceContext& ctx) {
+                              const DeviceContext& ctx, const LinearDTypes& dtypes) {
   const Dims d = DimsOf(m, batch, seq_len);
   // (K inputs, N outputs) of each linear layer, as worker/model/transformer.cc calls them; every
   // one sees M = B·T rows. Tied or not, the head is (C → V).
@@ -107,14 +110,15 @@ int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, in
   };
   int64_t most = 0;
   for (const auto& [k, n] : layers) {
-    const absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, d.BT, k, n);
+    const absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, d.BT, k, n, dtypes);
     if (bytes.ok()) most = std::max(most, *bytes);
   }
   return most;
 }
 
 std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t batch,
-                                       int64_t seq_len, bool backward, const DeviceContext& ctx) {
+                                       int64_t seq_len, bool backward, const DeviceContext& ctx,
+                                       DType compute, DType param, DType grad) {
   const Dims d = DimsOf(m, batch, seq_len);
   std::vector<BufferSpec> t;
   auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape) {
@@ -122,17 +126,19 @@ std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t 
   };
   add("tokens", DType::kI32, {d.B, d.T});
   add("targets", DType::kI32, {d.B, d.T});
-  add("logits", DType::kF32, {d.BT, d.V});
+  add("logits", compute, {d.BT, d.V});
   // One for all GEMMs: the ops of a rank run one after another.
-  add("gemm_workspace", DType::kU8, {GemmWorkspaceBytesFor(m, batch, seq_len, ctx)});
+  add("gemm_workspace", DType::kU8,
+      {GemmWorkspaceBytesFor(m, batch, seq_len, ctx,
+                             LinearDTypes::ForPrecision(compute, param, grad))});
   if (backward) {
     // One set, reused by every unit in turn: the backward visits one unit at a time.
-    add("grad.residual", DType::kF32, {d.BT, d.C});  // dL/d residual stream, carried down
-    add("grad.ln", DType::kF32, {d.BT, d.C});
-    add("grad.qkv", DType::kF32, {d.BT, d.Q});
-    add("grad.atty", DType::kF32, {d.BT, d.HD});
-    add("grad.fch", DType::kF32, {d.BT, d.gpt2 ? d.F : 2 * d.F});
-    add("grad.fch_act", DType::kF32, {d.BT, d.F});
+    add("grad.residual", compute, {d.BT, d.C});  // dL/d residual stream, carried down
+    add("grad.ln", compute, {d.BT, d.C});
+    add("grad.qkv", compute, {d.BT, d.Q});
+    add("grad.atty", compute, {d.BT, d.HD});
+    add("grad.fch", compute, {d.BT, d.gpt2 ? d.F : 2 * d.F});
+    add("grad.fch_act", compute, {d.BT, d.F});
   }
   return t;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/device.h"
+#include "kernels/linear.h"
 #include "proto/job.pb.h"
 #include "worker/plan/memory_plan.h"
 
@@ -18,15 +19,21 @@ namespace zt {
 // that for blocks 0, k, 2k, …; SELECTIVE keeps each block's GEMM and norm inputs but shares
 // the attention output and MLP activation ("recompute.atty", "recompute.att_lse",
 // "recompute.fch_act"). The model reads the policy back from these names (transformer.h).
+// Tensors are stored in `compute` (the job's compute_dtype); per-row statistics (norm
+// mean/rstd, attention log-sum-exp, losses) stay f32.
 std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m,
                                         const zerotrain::MemoryConfig& memory, int64_t batch,
-                                        int64_t seq_len);
+                                        int64_t seq_len, DType compute = DType::kF32);
 
 // Workspace of a micro-batch: token ids, targets, logits, and "gemm_workspace" (u8, the
 // GEMM scratch of `ctx`, see GemmWorkspaceBytesFor). With `backward`, also the gradient
 // scratch the backward reuses from unit to unit.
+// Logits and gradient scratch are in `compute`; the GEMM scratch is sized for activations in
+// `compute`, weights in `param` and weight gradients in `grad`.
 std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t batch,
-                                       int64_t seq_len, bool backward, const DeviceContext& ctx);
+                                       int64_t seq_len, bool backward, const DeviceContext& ctx,
+                                       DType compute = DType::kF32, DType param = DType::kF32,
+                                       DType grad = DType::kF32);
 
 // The most scratch (bytes) any GEMM of the model's linear layers — qkv, attn.proj, mlp.fc,
 // mlp.proj, lm_head, forward and backward — needs on `ctx` (its GEMM backend and thread count)
@@ -35,6 +42,6 @@ std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t 
 // refuses to create it), that layer counts 0: the GEMM itself then fails with the backend's
 // error at its first call, where the step loop reports it.
 int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len,
-                              const DeviceContext& ctx);
+                              const DeviceContext& ctx, const LinearDTypes& dtypes = {});
 
 }  // namespace zt

@@ -139,18 +139,22 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
 Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char* name) const {
   const ParamSpec* p = unit.Find(name);
   if (p == nullptr) return Tensor();
-  float* data = flat.data<float>() + p->offset;
-  if (p->shape.size() == 1) return Tensor(data, DType::kF32, {p->shape[0]}, flat.device());
-  return Tensor(data, DType::kF32, {p->shape[0], p->shape[1]}, flat.device());
+  // Parameters and gradients may be 16-bit (precision.param_dtype / grad_dtype): the view
+  // keeps the buffer's dtype.
+  char* data = static_cast<char*>(flat.raw()) + p->offset * DTypeSize(flat.dtype());
+  if (p->shape.size() == 1) return Tensor(data, flat.dtype(), {p->shape[0]}, flat.device());
+  return Tensor(data, flat.dtype(), {p->shape[0], p->shape[1]}, flat.device());
 }
 
-void Transformer::InitializeWeights(uint64_t seed) {
+void Transformer::InitializeWeights(uint64_t seed) { InitializeWeights(seed, params_); }
+
+void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& into) {
   const float std = config_.init_std();
   const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config_.n_layer()));
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const UnitLayout& unit = layout_.units[u];
     for (const ParamSpec& p : unit.params) {
-      float* data = params_[u].data<float>() + p.offset;
+      float* data = into[u].data<float>() + p.offset;
       const bool is_norm_weight = p.name.starts_with("ln") && p.name.ends_with(".weight");
       if (is_norm_weight) {
         std::fill(data, data + p.numel, 1.0f);

@@ -62,6 +62,9 @@ class Transformer {
   // residual projections (attn.proj, mlp.proj) scaled by 1/sqrt(2·L), zero biases, unit
   // norm weights. Deterministic: each tensor draws from its own stream keyed by its name.
   void InitializeWeights(uint64_t seed);
+  // The same values written to `into`: one f32 flat buffer per unit (the fp32 master weights
+  // when the parameters themselves are 16-bit).
+  void InitializeWeights(uint64_t seed, const std::vector<Tensor>& into);
 
   struct LossOptions {
     // Also compute dL/dlogits (in place) for a backward: dlogits = grad_scale · (p − y).

@@ -16,11 +16,17 @@ Tensor Range(const Tensor& flat, int64_t offset, int64_t numel) {
 }  // namespace
 
 absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& config,
+                                            const zerotrain::PrecisionConfig& precision,
                                             const ModelLayout& layout, const Arenas& state) {
   Optimizer opt;
   opt.config_ = config;
+  opt.stochastic_rounding_ = precision.stochastic_rounding();
   opt.layout_ = layout;
   for (const UnitLayout& u : layout.units) {
+    if (precision.master_weights()) {
+      ZT_ASSIGN_OR_RETURN(Tensor master, state.Get(u.name + ".master"));
+      opt.master_.push_back(master);
+    }
     Unit unit;
     unit.state = OptimizerStateFor(config, u);
     for (const UnitOptimizerState::Buffer& b : unit.state.buffers) {
@@ -33,8 +39,11 @@ absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& co
 }
 
 absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, const ParamSpec& p,
-                                   const TensorState& t, const Tensor& param, const Tensor& grad,
-                                   float lr, float grad_scale, int64_t step) const {
+                                   const TensorState& t, const TensorStep& s) const {
+  const Tensor& param = s.param;
+  const Tensor& grad = s.grad;
+  const float lr = s.lr, grad_scale = s.grad_scale;
+  const int64_t step = s.step;
   auto slice = [&](int i) {
     const TensorState::Slice& s = t.slices[i];
     return Range(unit.buffers[s.buffer], s.offset, s.numel);
@@ -52,7 +61,10 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, c
                                .eps = config_.eps(),
                                .weight_decay = wd,
                                .step = step,
-                               .grad_scale = grad_scale});
+                               .grad_scale = grad_scale,
+                               .param_copy = s.param_copy,
+                               .stochastic_rounding = stochastic_rounding_,
+                               .seed = s.seed});
     case TensorState::Kind::kQuantizedMoments:
       return AdamW8bitUpdate(ctx, {.param = param,
                                    .grad = grad,
@@ -67,11 +79,19 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, c
                                    .eps = config_.eps(),
                                    .weight_decay = wd,
                                    .step = step,
-                                   .grad_scale = grad_scale});
+                                   .grad_scale = grad_scale,
+                                   .param_copy = s.param_copy,
+                                   .stochastic_rounding = stochastic_rounding_,
+                                   .seed = s.seed});
     case TensorState::Kind::kFactored:
     case TensorState::Kind::kFull: {
       const auto& a = config_.adafactor();
       const bool factored = t.kind == TensorState::Kind::kFactored;
+      if (factored && (t.begin != 0 || t.end != p.numel)) {
+        return absl::UnimplementedError(
+            "optimizer: Adafactor on a shard of a matrix needs the sharding engine's "
+            "column-statistics reduction");
+      }
       const bool has_m = a.beta1() > 0;
       AdafactorArgs args{
           .param = factored ? param.Reshape({p.shape[0], p.shape[1]}) : param,
@@ -92,32 +112,54 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, c
           .warmup_init = a.warmup_init(),
           .weight_decay = wd,
           .step = step,
-          .grad_scale = grad_scale};
+          .grad_scale = grad_scale,
+          .param_copy = factored && !s.param_copy.empty()
+                            ? s.param_copy.Reshape({p.shape[0], p.shape[1]})
+                            : s.param_copy,
+          .stochastic_rounding = stochastic_rounding_,
+          .seed = s.seed};
       return AdafactorUpdate(ctx, args);
     }
-    case TensorState::Kind::kMomentum:
     case TensorState::Kind::kNone:
+      return absl::OkStatus();
+    case TensorState::Kind::kMomentum:
+    case TensorState::Kind::kStateless:
       return SgdUpdate(ctx, {.param = param,
                              .grad = grad,
                              .momentum = t.kind == TensorState::Kind::kMomentum ? slice(0) : Tensor(),
                              .lr = lr,
                              .momentum_factor = config_.momentum(),
                              .weight_decay = wd,
-                             .grad_scale = grad_scale});
+                             .grad_scale = grad_scale,
+                             .param_copy = s.param_copy,
+                             .stochastic_rounding = stochastic_rounding_,
+                             .seed = s.seed});
   }
   return absl::InternalError("optimizer: unknown state kind");
 }
 
 absl::Status Optimizer::Step(const DeviceContext& ctx, const std::vector<Tensor>& params,
-                             const std::vector<Tensor>& grads, float lr, float grad_scale) {
+                             const std::vector<Tensor>& grads, float lr, float grad_scale,
+                             uint64_t seed) {
   const int64_t step = steps_taken_ + 1;
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = layout_.units[u];
     for (size_t i = 0; i < layout.params.size(); ++i) {
       const ParamSpec& p = layout.params[i];
-      ZT_RETURN_IF_ERROR(StepTensor(ctx, units_[u], p, units_[u].state.tensors[i],
-                                    Range(params[u], p.offset, p.numel),
-                                    Range(grads[u], p.offset, p.numel), lr, grad_scale, step));
+      const TensorState& t = units_[u].state.tensors[i];
+      const int64_t begin = p.offset + t.begin, n = t.end - t.begin;
+      const bool has_master = !master_.empty();
+      // Each tensor draws its own rounding stream: the kernel hashes (seed, element index).
+      const uint64_t tensor_seed = seed ^ (0x9E3779B97F4A7C15ull * (u * 1024 + i + 1));
+      ZT_RETURN_IF_ERROR(StepTensor(
+          ctx, units_[u], p, t,
+          {.param = has_master ? Range(master_[u], begin, n) : Range(params[u], begin, n),
+           .param_copy = has_master ? Range(params[u], begin, n) : Tensor(),
+           .grad = Range(grads[u], begin, n),
+           .lr = lr,
+           .grad_scale = grad_scale,
+           .step = step,
+           .seed = tensor_seed}));
     }
   }
   steps_taken_ = step;

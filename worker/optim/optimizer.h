@@ -23,14 +23,22 @@ namespace zt {
 
 class Optimizer {
  public:
+  // With precision.master_weights the arenas hold "<unit>.master" (f32): the update runs on
+  // it and writes the 16-bit parameters from it in the same pass (rounded to nearest even,
+  // or stochastically for BF16 with precision.stochastic_rounding).
   static absl::StatusOr<Optimizer> Create(const zerotrain::OptimizerConfig& config,
+                                          const zerotrain::PrecisionConfig& precision,
                                           const ModelLayout& layout, const Arenas& state);
 
   // One update of every unit: param ← update(param, grad · grad_scale) at learning rate `lr`
-  // (Adafactor with relative_step ignores it). `grad_scale` carries gradient clipping (and
-  // loss-scale removal).
+  // (Adafactor with relative_step ignores it). `grad_scale` carries gradient clipping and
+  // loss-scale removal. `seed` drives stochastic rounding (vary it per step).
   absl::Status Step(const DeviceContext& ctx, const std::vector<Tensor>& params,
-                    const std::vector<Tensor>& grads, float lr, float grad_scale);
+                    const std::vector<Tensor>& grads, float lr, float grad_scale,
+                    uint64_t seed = 0);
+
+  // The fp32 master weights of each unit, or empty when the parameters are their own master.
+  const std::vector<Tensor>& master_weights() const { return master_; }
 
   // Updates applied so far (the bias-correction step is this + 1 during Step).
   int64_t steps_taken() const { return steps_taken_; }
@@ -41,12 +49,22 @@ class Optimizer {
     std::vector<Tensor> buffers;  // parallel to state.buffers, from the arenas
   };
   Optimizer() = default;
+  struct TensorStep {
+    Tensor param;       // f32: the master slice, or the parameters themselves
+    Tensor param_copy;  // the 16-bit parameters when `param` is a master slice
+    Tensor grad;
+    float lr = 0;
+    float grad_scale = 1;
+    int64_t step = 1;
+    uint64_t seed = 0;
+  };
   absl::Status StepTensor(const DeviceContext& ctx, const Unit& unit, const ParamSpec& p,
-                          const TensorState& t, const Tensor& param, const Tensor& grad, float lr,
-                          float grad_scale, int64_t step) const;
+                          const TensorState& t, const TensorStep& s) const;
 
   zerotrain::OptimizerConfig config_;
+  bool stochastic_rounding_ = false;
   ModelLayout layout_;
+  std::vector<Tensor> master_;
   std::vector<Unit> units_;
   int64_t steps_taken_ = 0;
 };

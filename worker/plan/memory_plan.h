@@ -77,9 +77,19 @@ struct MemoryPlan {
 // plan's "gemm_workspace". The trainer and the plan both take it from here, so they agree.
 DeviceContext JobDeviceContext(const zerotrain::JobSpec& job);
 
-// The plan of one training rank of `job` (defaults applied, validated), for the context
-// JobDeviceContext(job).
-MemoryPlan PlanMemory(const zerotrain::JobSpec& job);
+// The plan of training rank `rank` of `job` (defaults applied, validated), for the context
+// JobDeviceContext(job). Precision decides the dtypes (parameters in param_dtype, fp32
+// master weights when master_weights, gradients in grad_dtype, activations in
+// compute_dtype); parallel.world_size N and zero_stage S divide the model states as ZeRO
+// does: S ≥ 1 shards the optimizer state and master weights, S ≥ 2 the gradients (plus one
+// unit's full gradient before its reduce-scatter), S = 3 the parameters (plus two gathered
+// units: the one computed and the one prefetched). A shard is rank's 1/N of the unit's
+// buffer padded to a multiple of N·kShardAlignmentElements.
+MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);
+
+// Elements a unit's flat buffer is padded to so that it splits into N equal, aligned shards.
+inline constexpr int64_t kShardAlignmentElements = 64;
+int64_t PaddedUnitNumel(int64_t unit_numel, int world_size);
 
 // Forward-only buffers (activations and workspace, no parameters or states) for `batch`
 // sequences of `seq_len` tokens, the GEMM scratch sized for `ctx`: text generation after

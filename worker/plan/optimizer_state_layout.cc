@@ -1,5 +1,7 @@
 #include "worker/plan/optimizer_state_layout.h"
 
+#include <algorithm>
+
 #include "kernels/quantization.h"
 
 namespace zt {
@@ -30,49 +32,61 @@ class StateBuilder {
 }  // namespace
 
 UnitOptimizerState OptimizerStateFor(const zerotrain::OptimizerConfig& config,
-                                     const UnitLayout& unit) {
+                                     const UnitLayout& unit, FlatRange range) {
   using Opt = zerotrain::OptimizerConfig;
+  const int64_t range_end = range.end < 0 ? unit.numel : range.end;
   StateBuilder b;
   for (const ParamSpec& p : unit.params) {
     TensorState t;
+    t.begin = std::clamp(range.begin - p.offset, int64_t{0}, p.numel);
+    t.end = std::clamp(range_end - p.offset, int64_t{0}, p.numel);
+    const int64_t n = t.end - t.begin;
+    if (n == 0) {
+      b.state().tensors.push_back(std::move(t));
+      continue;
+    }
     switch (config.type()) {
       case Opt::SGD:
+        t.kind = TensorState::Kind::kStateless;
         if (config.momentum() > 0) {
           t.kind = TensorState::Kind::kMomentum;
-          t.slices = {b.Take("momentum", DType::kF32, p.numel)};
+          t.slices = {b.Take("momentum", DType::kF32, n)};
         }
         break;
       case Opt::ADAMW_8BIT:
+        // The rule looks at the whole tensor, so every shard of it agrees.
         if (p.numel >= config.min_quantized_numel()) {
-          const int64_t blocks = NumQuantBlocks(p.numel, config.quant_block_size());
+          const int64_t blocks = NumQuantBlocks(n, config.quant_block_size());
           t.kind = TensorState::Kind::kQuantizedMoments;
-          t.slices = {b.Take("adam8_m_codes", DType::kU8, p.numel),
-                      b.Take("adam8_v_codes", DType::kU8, p.numel),
+          t.slices = {b.Take("adam8_m_codes", DType::kU8, n),
+                      b.Take("adam8_v_codes", DType::kU8, n),
                       b.Take("adam8_m_absmax", DType::kF32, blocks),
                       b.Take("adam8_v_absmax", DType::kF32, blocks)};
         } else {
           t.kind = TensorState::Kind::kFp32Moments;
-          t.slices = {b.Take("adam_m", DType::kF32, p.numel), b.Take("adam_v", DType::kF32, p.numel)};
+          t.slices = {b.Take("adam_m", DType::kF32, n), b.Take("adam_v", DType::kF32, n)};
         }
         break;
       case Opt::ADAFACTOR: {
         const bool matrix = p.shape.size() == 2;
         if (matrix) {
+          const int64_t cols = p.shape[1];
+          const int64_t rows = (t.end + cols - 1) / cols - t.begin / cols;
           t.kind = TensorState::Kind::kFactored;
-          t.slices = {b.Take("adafactor_row", DType::kF32, p.shape[0]),
-                      b.Take("adafactor_col", DType::kF32, p.shape[1])};
+          t.slices = {b.Take("adafactor_row", DType::kF32, rows),
+                      b.Take("adafactor_col", DType::kF32, cols)};
         } else {
           t.kind = TensorState::Kind::kFull;
-          t.slices = {b.Take("adafactor_full", DType::kF32, p.numel)};
+          t.slices = {b.Take("adafactor_full", DType::kF32, n)};
         }
         if (config.adafactor().beta1() > 0) {
-          t.slices.push_back(b.Take("adafactor_m", DType::kF32, p.numel));
+          t.slices.push_back(b.Take("adafactor_m", DType::kF32, n));
         }
         break;
       }
       default:  // ADAMW
         t.kind = TensorState::Kind::kFp32Moments;
-        t.slices = {b.Take("adam_m", DType::kF32, p.numel), b.Take("adam_v", DType::kF32, p.numel)};
+        t.slices = {b.Take("adam_m", DType::kF32, n), b.Take("adam_v", DType::kF32, n)};
         break;
     }
     b.state().tensors.push_back(std::move(t));

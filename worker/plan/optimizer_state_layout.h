@@ -32,8 +32,19 @@ struct TensorState {
     int64_t offset = 0;
     int64_t numel = 0;
   };
-  enum class Kind : uint8_t { kFp32Moments, kQuantizedMoments, kFactored, kFull, kMomentum, kNone };
+  enum class Kind : uint8_t {
+    kFp32Moments,
+    kQuantizedMoments,
+    kFactored,
+    kFull,
+    kMomentum,
+    kStateless,  // SGD without momentum
+    kNone,       // the tensor has no element in the range: nothing to step
+  };
   Kind kind = Kind::kNone;
+  // The tensor's elements this state covers, relative to the tensor's first element.
+  int64_t begin = 0;
+  int64_t end = 0;
   // Per kind: kFp32Moments {m, v}; kQuantizedMoments {m_codes, v_codes, m_absmax, v_absmax};
   // kFactored {row, col[, m]}; kFull {full[, m]}; kMomentum {momentum}.
   std::vector<Slice> slices;
@@ -49,7 +60,23 @@ struct UnitOptimizerState {
   std::vector<TensorState> tensors;  // parallel to UnitLayout::params
 };
 
+// The elements [begin, end) of a unit's flat buffer: a ZeRO shard, or the whole unit.
+struct FlatRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // < 0: to the end of the unit
+};
+
+// The state of the part of `unit` inside `range` (the whole unit by default). Each tensor
+// contributes its intersection with the range (TensorState::Kind::kNone, no slices, when it
+// has none). How a shard cut affects each state, so that shards never share a value:
+//   fp32 moments, master weights, momentum: one value per element of the intersection;
+//   8-bit AdamW: blocks start at the intersection's first element, so a block never
+//     straddles a shard boundary (nor a tensor boundary);
+//   Adafactor, matrices: the row statistics of the rows the intersection touches and the
+//     full column statistics (each shard keeps the column sums of its own rows; the sharding
+//     engine sums them across the shard group before use); vectors: full state of the
+//     intersection.
 UnitOptimizerState OptimizerStateFor(const zerotrain::OptimizerConfig& config,
-                                     const UnitLayout& unit);
+                                     const UnitLayout& unit, FlatRange range = {});
 
 }  // namespace zt

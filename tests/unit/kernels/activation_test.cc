@@ -8,15 +8,19 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
+using testing::CountOutsideUlp;
 using testing::FiniteDifferenceGradient;
 using testing::MaxRelativeError;
 using testing::RandomVector;
 using testing::SameBits;
+using testing::SameWords;
+using testing::Stored;
 using testing::ToDouble;
 
 double Gelu(double x) {
@@ -144,6 +148,75 @@ TEST(SwigluTest, BitwiseIndependentOfThreadCount) {
   EXPECT_TRUE(SameBits(dinp[0], dinp[1]));
 }
 
+constexpr DType kStorage[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// 16-bit storage: the reference is evaluated in float64 on the values the op loads (the
+// 16-bit-rounded inputs) and the op may differ by one rounding to the output dtype (one ulp
+// allowed, for the reference's own double rounding) plus the f32 path's tolerance (1e-5
+// relative, see ForwardMatchesFloat64; the floor 1e-3 stands for the absolute error of
+// outputs near zero, which one output ulp already dominates there).
+TEST(GeluTest, SixteenBitStorageMatchesFloat64) {
+  const size_t n = 20000;  // above the parallel threshold, partial last chunk
+  for (DType ti : kStorage) {
+    for (DType to : kStorage) {
+      if (ti == DType::kF32 && to == DType::kF32) continue;
+      Stored x(RandomVector(n, 61, -6.0f, 6.0f), ti), dy(RandomVector(n, 62), to);
+      Stored out(n, to), dx(n, ti);
+      ASSERT_TRUE(GeluForward(CpuContext(2), x.View({100, 200}), out.View({100, 200})).ok());
+      ASSERT_TRUE(GeluBackward(CpuContext(2), x.Flat(), dy.Flat(), dx.Flat()).ok());
+      std::vector<double> want(n), dwant(n);
+      for (size_t i = 0; i < n; ++i) {
+        const double xi = x.Get(i);
+        want[i] = Gelu(xi);
+        // Central difference of the float64 GELU: truncation ~h², rounding ~1e-16/h.
+        const double h = 1e-5;
+        dwant[i] = (Gelu(xi + h) - Gelu(xi - h)) / (2 * h) * dy.Get(i);
+      }
+      EXPECT_EQ(CountOutsideUlp(out, want, 1e-5, 1e-3), 0) << DTypeName(ti) << DTypeName(to);
+      // gelu' is a sum of O(1) terms that cancel near x ≈ −0.75, where its few f32 roundings
+      // leave an absolute error (~1e-7) that 20000 samples do hit: the floor 0.1 measures it.
+      EXPECT_EQ(CountOutsideUlp(dx, dwant, 1e-5, 0.1), 0) << DTypeName(ti) << DTypeName(to);
+    }
+  }
+}
+
+TEST(SwigluTest, SixteenBitStorageMatchesFloat64) {
+  const int64_t n = 37, f = 300;
+  for (DType ti : kStorage) {
+    for (DType to : {DType::kBF16, DType::kF16}) {
+      Stored inp(RandomVector(n * 2 * f, 63, -4.0f, 4.0f), ti), dy(RandomVector(n * f, 64), to);
+      Stored out(n * f, to), dinp(n * 2 * f, ti);
+      ASSERT_TRUE(SwigluForward(CpuContext(2), inp.View({n, 2 * f}), out.View({n, f})).ok());
+      ASSERT_TRUE(SwigluBackward(CpuContext(2), inp.View({n, 2 * f}), dy.View({n, f}),
+                                 dinp.View({n, 2 * f}))
+                      .ok());
+      const std::vector<double> x = inp.Doubles();
+      std::vector<double> dwant(n * 2 * f);
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < f; ++i) {
+          const double g = x[r * 2 * f + i], u = x[r * 2 * f + f + i], d = dy.Get(r * f + i);
+          const double s = 1.0 / (1.0 + std::exp(-g));
+          dwant[r * 2 * f + i] = d * u * s * (1.0 + g * (1.0 - s));
+          dwant[r * 2 * f + f + i] = d * Silu(g);
+        }
+      }
+      // The f32 path's tolerance is 2e-6 relative (ForwardMatchesFloat64); the gradients'
+      // few extra roundings stay within 1e-5, absolute (floor 0.1) where silu' cancels.
+      EXPECT_EQ(CountOutsideUlp(out, ReferenceSwiglu(n, f, x), 2e-6, 1e-6), 0) << DTypeName(ti);
+      EXPECT_EQ(CountOutsideUlp(dinp, dwant, 1e-5, 0.1), 0) << DTypeName(ti);
+    }
+  }
+}
+
+TEST(GeluTest, SixteenBitIndependentOfThreadCount) {
+  const size_t n = 100003;
+  Stored x(GeluInputs(n, 65), DType::kBF16);
+  Stored one(x.size(), DType::kF16), three(x.size(), DType::kF16);
+  ASSERT_TRUE(GeluForward(CpuContext(1), x.Flat(), one.Flat()).ok());
+  ASSERT_TRUE(GeluForward(CpuContext(3), x.Flat(), three.Flat()).ok());
+  EXPECT_TRUE(SameWords(one, three));
+}
+
 void ExpectInvalid(const absl::Status& st, const std::string& needle) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find(needle), std::string::npos) << st;
@@ -156,9 +229,9 @@ TEST(ActivationErrorsTest, BadArgumentsAreNamed) {
                             Tensor(b.data(), DType::kF32, {6, 4})),
                 "GeluForward: out has shape f32[6, 4], inp has f32[4, 6]");
   ExpectInvalid(
-      GeluBackward(ctx, Tensor(a.data(), DType::kF32, {24}), Tensor(b.data(), DType::kF16, {24}),
+      GeluBackward(ctx, Tensor(a.data(), DType::kF32, {24}), Tensor(b.data(), DType::kI32, {24}),
                    Tensor(c.data(), DType::kF32, {24})),
-      "GeluBackward: dout has dtype f16");
+      "GeluBackward: dout has dtype i32, expected one of f32, bf16, f16");
   ExpectInvalid(SwigluForward(ctx, Tensor(a.data(), DType::kF32, {8, 3}),
                               Tensor(b.data(), DType::kF32, {8, 1})),
                 "SwigluForward: inp has shape f32[8, 3]; its last dimension must be even");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
@@ -19,7 +20,10 @@ namespace {
 using testing::MaxErrorOverLargest;
 using testing::MaxRelativeError;
 using testing::RandomVector;
+using testing::RoundTo;
 using testing::SameBits;
+using testing::SameWords;
+using testing::Stored;
 using testing::ToDouble;
 
 Tensor Flat(std::vector<float>& v) {
@@ -46,10 +50,14 @@ struct Buffers {
 
 Tensor FlatOrEmpty(std::vector<float>& v) { return v.empty() ? Tensor() : Flat(v); }
 
+// One step with `args`' hyperparameters and 16-bit options on b's buffers and `grad`, or on a
+// 16-bit gradient when `grad16` is given.
 absl::Status Step(const DeviceContext& ctx, Buffers& b, std::vector<float>& grad,
-                  AdafactorArgs args) {
+                  AdafactorArgs args, Stored* grad16 = nullptr) {
   args.param = b.Param(b.param);
-  args.grad = b.Param(grad);
+  args.grad = grad16 == nullptr ? b.Param(grad)
+              : b.rows > 0      ? grad16->View({b.rows, b.cols})
+                                : grad16->Flat();
   args.row_state = FlatOrEmpty(b.row);
   args.col_state = FlatOrEmpty(b.col);
   args.full_state = FlatOrEmpty(b.full);
@@ -216,6 +224,111 @@ TEST(AdafactorTest, SameBitsForAnyThreadCount) {
   }
 }
 
+// A bf16 or f16 gradient is loaded to f32 and used as the f32 path uses it: against the
+// float64 reference fed the stored gradient the f32 path's tolerances hold, and the result is
+// bit for bit the f32 path's on an f32 gradient holding the same values. The 16-bit copy is
+// the updated f32 parameter rounded once.
+TEST(AdafactorTest, SixteenBitGradAndParamCopy) {
+  for (int64_t rows : {int64_t{37}, int64_t{0}}) {
+    const int64_t cols = rows > 0 ? 300 : 9001;
+    for (DType gt : {DType::kBF16, DType::kF16}) {
+      for (DType ct : {DType::kBF16, DType::kF16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "rows " << rows << " grad " << DTypeName(gt) << " copy " << DTypeName(ct));
+        Buffers b(rows, cols, /*first_moment=*/true, 11), b32 = b;
+        Reference ref(b);
+        Stored copy(b.numel(), ct);
+        AdafactorArgs args = Hyperparameters(StepSize::kAbsoluteScaled, true, 0.8f);
+        for (int step = 1; step <= kSteps; ++step) {
+          Stored grad(RandomVector(b.numel(), 500 + step, -2.0f, 2.0f), gt);
+          std::vector<float> g32 = grad.Values();
+          args.step = step;
+          args.param_copy = copy.Flat();
+          ASSERT_TRUE(Step(CpuContext(2), b, g32, args, &grad).ok());
+          args.param_copy = Tensor();
+          ASSERT_TRUE(Step(CpuContext(2), b32, g32, args).ok());
+          ref.Step(g32, args);
+        }
+        // The tolerances of SeveralStepsMatchFloat64, for the same sizes and steps.
+        EXPECT_LE(MaxRelativeError(b.param, ref.param, 0.1), 3e-6);
+        EXPECT_LE(MaxRelativeError(b.row, ref.row, 1e-37), 1e-6);
+        EXPECT_LE(MaxRelativeError(b.col, ref.col, 1e-37), 1e-6);
+        EXPECT_LE(MaxRelativeError(b.full, ref.full, 1e-37), 1e-6);
+        EXPECT_LE(MaxErrorOverLargest(b.m, ref.m), 1e-6);
+        EXPECT_TRUE(SameBits(b.param, b32.param));
+        EXPECT_TRUE(SameBits(b.m, b32.m));
+        for (int64_t i = 0; i < b.numel(); ++i) {
+          ASSERT_EQ(FloatBits(copy.Get(i)), FloatBits(RoundTo(ct, b.param[i]))) << i;
+        }
+      }
+    }
+  }
+}
+
+// A stochastic bf16 copy rounds each updated parameter to one of its two bf16 neighbours,
+// upwards with probability p_i, the discarded fraction of an ulp: over n elements the number
+// rounded up is Σ p_i within 5 standard deviations √(Σ p_i(1 − p_i)). The draws are a function
+// of the seed and the element index only: the same for any thread count, other for another
+// seed.
+TEST(AdafactorTest, StochasticParamCopyIsUnbiasedAndDeterministic) {
+  for (int64_t rows : {int64_t{300}, int64_t{0}}) {
+    const int64_t cols = rows > 0 ? 517 : 100003;
+    auto run = [&](int threads, uint64_t seed, std::vector<float>* param) {
+      Buffers b(rows, cols, /*first_moment=*/false, 12);
+      Stored copy(b.numel(), DType::kBF16);
+      std::vector<float> grad = RandomVector(b.numel(), 600);
+      Stored g16(grad, DType::kBF16);
+      AdafactorArgs args = Hyperparameters(StepSize::kRelative, false, 1.0f);
+      args.param_copy = copy.Flat();
+      args.stochastic_rounding = true;
+      args.seed = seed;
+      EXPECT_TRUE(Step(CpuContext(threads), b, grad, args, &g16).ok());
+      if (param != nullptr) *param = b.param;
+      return copy;
+    };
+    std::vector<float> param;
+    const Stored one = run(1, 21, &param), three = run(3, 21, nullptr), other = run(2, 22, nullptr);
+    EXPECT_TRUE(SameWords(one, three)) << rows;
+    EXPECT_FALSE(SameWords(one, other)) << rows;
+    double ups = 0, want = 0, var = 0;
+    for (size_t i = 0; i < param.size(); ++i) {
+      const uint32_t bits = FloatBits(param[i]);
+      const float toward_zero = Bf16ToFloat(static_cast<uint16_t>(bits >> 16));
+      const float away = Bf16ToFloat(static_cast<uint16_t>((bits >> 16) + 1));
+      const float got = one.Get(i);
+      ASSERT_TRUE(got == toward_zero || got == away) << i << " " << param[i] << " " << got;
+      const double p = (double{param[i]} - toward_zero) / (double{away} - toward_zero);
+      ups += got == away ? 1.0 : 0.0;
+      want += p;
+      var += p * (1 - p);
+    }
+    EXPECT_NEAR(ups, want, 5 * std::sqrt(var)) << rows;
+  }
+}
+
+TEST(AdafactorTest, SixteenBitModesIndependentOfThreadCount) {
+  for (int64_t rows : {int64_t{300}, int64_t{0}}) {
+    const int64_t cols = rows > 0 ? 517 : 100003;
+    Buffers b1(rows, cols, /*first_moment=*/true, 13), b3 = b1;
+    Stored c1(b1.numel(), DType::kF16), c3(b1.numel(), DType::kF16);
+    AdafactorArgs args = Hyperparameters(StepSize::kRelative, /*first_moment=*/true, 1.0f);
+    std::vector<float> unused;
+    for (int step = 1; step <= 3; ++step) {
+      Stored grad(RandomVector(b1.numel(), 700 + step), DType::kF16);
+      args.step = step;
+      args.param_copy = c1.Flat();
+      ASSERT_TRUE(Step(CpuContext(1), b1, unused, args, &grad).ok());
+      args.param_copy = c3.Flat();
+      ASSERT_TRUE(Step(CpuContext(3), b3, unused, args, &grad).ok());
+    }
+    EXPECT_TRUE(SameBits(b1.param, b3.param)) << rows;
+    EXPECT_TRUE(SameBits(b1.row, b3.row)) << rows;
+    EXPECT_TRUE(SameBits(b1.col, b3.col)) << rows;
+    EXPECT_TRUE(SameBits(b1.full, b3.full)) << rows;
+    EXPECT_TRUE(SameWords(c1, c3)) << rows;
+  }
+}
+
 // Each bad argument is rejected with InvalidArgument naming it.
 TEST(AdafactorTest, RejectsBadArguments) {
   const DeviceContext ctx = CpuContext(1);
@@ -266,6 +379,30 @@ TEST(AdafactorTest, RejectsBadArguments) {
   const absl::Status st = AdafactorUpdate(ctx, args);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("param"), std::string::npos) << st;
+
+  // The 16-bit options are checked as AdamWUpdate checks them.
+  std::vector<int32_t> ints(24);
+  std::vector<uint16_t> halves(24);
+  args = good;
+  args.grad = Tensor(ints.data(), DType::kI32, {6, 4});
+  args.param = Tensor(ok.param.data(), DType::kF32, {6, 4});
+  args.row_state = Flat(ok.row);
+  args.col_state = Flat(ok.col);
+  const absl::Status bad_grad = AdafactorUpdate(ctx, args);
+  EXPECT_EQ(bad_grad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_grad.message().find("grad has dtype i32, expected one of f32, bf16, f16"),
+            std::string::npos)
+      << bad_grad;
+  args = good;
+  args.param_copy = Tensor(halves.data(), DType::kF16, {24});
+  args.stochastic_rounding = true;
+  expect_error(matrix, args, "stochastic_rounding needs a bf16 param_copy, it is f16");
+  args = good;
+  args.param_copy = Tensor(halves.data(), DType::kBF16, {23});
+  expect_error(matrix, args, "param_copy");
+  args = good;
+  args.stochastic_rounding = true;
+  expect_error(matrix, args, "stochastic_rounding is set but param_copy is empty");
 }
 
 }  // namespace

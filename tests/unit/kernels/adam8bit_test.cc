@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/optimizer.h"
 #include "kernels/quantization.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
@@ -19,7 +20,10 @@ namespace {
 
 using testing::MaxRelativeError;
 using testing::RandomVector;
+using testing::RoundTo;
 using testing::SameBits;
+using testing::SameWords;
+using testing::Stored;
 using testing::ToDouble;
 
 Tensor Flat(std::vector<float>& v) {
@@ -44,10 +48,19 @@ struct Hyper {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
 };
 
+// The 16-bit options of one step: the gradient's storage and the parameter copy.
+struct Storage {
+  Tensor grad;  // empty: the f32 vector passed to Step8
+  Tensor param_copy;
+  bool stochastic_rounding = false;
+  uint64_t seed = 0;
+};
+
 absl::Status Step8(const DeviceContext& ctx, std::vector<float>& param, std::vector<float>& grad,
-                   State8& s, int64_t block, const Hyper& h, int64_t step) {
+                   State8& s, int64_t block, const Hyper& h, int64_t step,
+                   const Storage& storage = {}) {
   return AdamW8bitUpdate(ctx, {.param = Flat(param),
-                               .grad = Flat(grad),
+                               .grad = storage.grad.empty() ? Flat(grad) : storage.grad,
                                .m_codes = Flat(s.m_codes),
                                .m_absmax = Flat(s.m_absmax),
                                .v_codes = Flat(s.v_codes),
@@ -59,7 +72,10 @@ absl::Status Step8(const DeviceContext& ctx, std::vector<float>& param, std::vec
                                .eps = h.eps,
                                .weight_decay = h.weight_decay,
                                .step = step,
-                               .grad_scale = h.grad_scale});
+                               .grad_scale = h.grad_scale,
+                               .param_copy = storage.param_copy,
+                               .stochastic_rounding = storage.stochastic_rounding,
+                               .seed = storage.seed});
 }
 
 // Index of the nearest map value to r in float64, ties to the lower index.
@@ -252,6 +268,124 @@ TEST(AdamW8bitTest, SameBitsForAnyThreadCount) {
   EXPECT_TRUE(SameBits(s1.v_absmax, s3.v_absmax));
 }
 
+// A bf16 or f16 gradient is loaded to f32 and used as the f32 path uses it. The first step
+// from the zero state moves the parameter with m = (1 − β1)·g and v = (1 − β2)·g² before they
+// are quantized, so it is checked against float64 AdamW fed the stored gradient, to the f32
+// path's 1e-5 (TwentyStepsMatchFloat64ReferenceOfTheSameScheme: f32 roundings of an O(1)
+// update, scaled by lr, against the floor 1e-3 near zero); later steps are bit for bit the f32
+// path run on an f32 gradient holding the same values. The copy is the updated parameter
+// rounded once.
+TEST(AdamW8bitTest, SixteenBitGradAndParamCopy) {
+  const int64_t n = 40000, block = 256;  // above the parallel threshold, partial last block
+  const Hyper h{.lr = 1e-2f,
+                .beta1 = 0.9f,
+                .beta2 = 0.95f,
+                .eps = 1e-8f,
+                .weight_decay = 0.1f,
+                .grad_scale = 0.5f};
+  for (DType gt : {DType::kBF16, DType::kF16}) {
+    for (DType ct : {DType::kBF16, DType::kF16}) {
+      std::vector<float> param = RandomVector(n, 60), p32 = param;
+      State8 s(n, block), s32(n, block);
+      Stored copy(n, ct);
+      for (int step = 1; step <= 3; ++step) {
+        Stored grad(RandomVector(n, 60 + step, -2.0f, 2.0f), gt);
+        std::vector<float> g32 = grad.Values();
+        const std::vector<double> p0 = ToDouble(param);
+        ASSERT_TRUE(Step8(CpuContext(2), param, g32, s, block, h, step,
+                          {.grad = grad.Flat(), .param_copy = copy.Flat()})
+                        .ok());
+        ASSERT_TRUE(Step8(CpuContext(2), p32, g32, s32, block, h, step).ok());
+        if (step == 1) {
+          std::vector<double> want(n);
+          for (int64_t i = 0; i < n; ++i) {
+            const double g = double{grad.Get(i)} * h.grad_scale;
+            const double mhat = (1.0 - h.beta1) * g / (1.0 - h.beta1);
+            const double vhat = (1.0 - h.beta2) * g * g / (1.0 - h.beta2);
+            want[i] = p0[i] - h.lr * (mhat / (std::sqrt(vhat) + h.eps) + h.weight_decay * p0[i]);
+          }
+          EXPECT_LE(MaxRelativeError(param, want), 1e-5) << DTypeName(gt);
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(FloatBits(copy.Get(i)), FloatBits(RoundTo(ct, param[i]))) << i;
+        }
+      }
+      EXPECT_TRUE(SameBits(param, p32)) << DTypeName(gt) << " " << DTypeName(ct);
+      EXPECT_EQ(s.m_codes, s32.m_codes);
+      EXPECT_EQ(s.v_codes, s32.v_codes);
+      EXPECT_TRUE(SameBits(s.m_absmax, s32.m_absmax));
+      EXPECT_TRUE(SameBits(s.v_absmax, s32.v_absmax));
+    }
+  }
+}
+
+// With lr 0 the parameter stays x, so a stochastic bf16 copy holds k roundings of x, each to
+// one of its two bf16 neighbours: their mean is x within 5 standard errors
+// (gap·√(p(1 − p)/k), p the discarded fraction). The draws are a function of the seed and the
+// element index only: the same for any thread count, other for another seed.
+TEST(AdamW8bitTest, StochasticParamCopyIsUnbiasedAndDeterministic) {
+  const int64_t k = 1 << 16, block = 2048;
+  const float x = 0.3337f;
+  const Hyper h{.lr = 0.0f,
+                .beta1 = 0.9f,
+                .beta2 = 0.999f,
+                .eps = 1e-8f,
+                .weight_decay = 0,
+                .grad_scale = 1.0f};
+  auto run = [&](int threads, uint64_t seed) {
+    std::vector<float> param(k, x), grad = RandomVector(k, 70);
+    State8 s(k, block);
+    Stored copy(k, DType::kBF16);
+    Stored g16(grad, DType::kF16);
+    EXPECT_TRUE(Step8(CpuContext(threads), param, grad, s, block, h, 1,
+                      {.grad = g16.Flat(),
+                       .param_copy = copy.Flat(),
+                       .stochastic_rounding = true,
+                       .seed = seed})
+                    .ok());
+    return copy;
+  };
+  const Stored one = run(1, 9), three = run(3, 9), other = run(2, 10);
+  EXPECT_TRUE(SameWords(one, three));
+  EXPECT_FALSE(SameWords(one, other));
+  const float down = Bf16ToFloat(static_cast<uint16_t>(FloatBits(x) >> 16));
+  const float up = Bf16ToFloat(static_cast<uint16_t>((FloatBits(x) >> 16) + 1));
+  double sum = 0;
+  for (float r : one.Values()) {
+    ASSERT_TRUE(r == down || r == up) << r;
+    sum += r;
+  }
+  const double gap = static_cast<double>(up) - down;
+  const double p = (x - static_cast<double>(down)) / gap;
+  EXPECT_NEAR(sum / k, x, 5 * gap * std::sqrt(p * (1 - p) / k));
+}
+
+TEST(AdamW8bitTest, SixteenBitModesIndependentOfThreadCount) {
+  const int64_t n = (1 << 17) + 300, block = 2048;
+  const Hyper h{.lr = 1e-3f,
+                .beta1 = 0.9f,
+                .beta2 = 0.999f,
+                .eps = 1e-8f,
+                .weight_decay = 0.1f,
+                .grad_scale = 0.7f};
+  std::vector<float> p1 = RandomVector(n, 80), p3 = p1, unused;
+  State8 s1(n, block), s3(n, block);
+  Stored c1(n, DType::kF16), c3(n, DType::kF16);
+  for (int step = 1; step <= 3; ++step) {
+    Stored grad(RandomVector(n, 80 + step), DType::kBF16);
+    ASSERT_TRUE(Step8(CpuContext(1), p1, unused, s1, block, h, step,
+                      {.grad = grad.Flat(), .param_copy = c1.Flat()})
+                    .ok());
+    ASSERT_TRUE(Step8(CpuContext(3), p3, unused, s3, block, h, step,
+                      {.grad = grad.Flat(), .param_copy = c3.Flat()})
+                    .ok());
+  }
+  EXPECT_TRUE(SameBits(p1, p3));
+  EXPECT_TRUE(SameWords(c1, c3));
+  EXPECT_EQ(s1.m_codes, s3.m_codes);
+  EXPECT_EQ(s1.v_codes, s3.v_codes);
+}
+
 TEST(AdamW8bitTest, RejectsBadBlocksAndBuffers) {
   const int64_t n = 512;
   const Hyper h{.lr = 1e-3f,
@@ -286,6 +420,27 @@ TEST(AdamW8bitTest, RejectsBadBlocksAndBuffers) {
                                                 .lr = 1e-3f});
   EXPECT_EQ(dt.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(dt.message().find("v_codes"), std::string::npos) << dt;
+  // The 16-bit options are checked as AdamWUpdate checks them.
+  std::vector<uint8_t> bytes(n);
+  std::vector<uint16_t> halves(n);
+  const Tensor f16_copy(halves.data(), DType::kF16, {n});
+  const struct {
+    Storage storage;
+    std::string needle;
+  } cases[] = {
+      {{.grad = Flat(bytes)}, "grad has dtype u8, expected one of f32, bf16, f16"},
+      {{.param_copy = Flat(param)}, "param_copy has dtype f32, expected bf16 or f16"},
+      {{.param_copy = f16_copy, .stochastic_rounding = true},
+       "stochastic_rounding needs a bf16 param_copy, it is f16"},
+      {{.stochastic_rounding = true}, "stochastic_rounding is set but param_copy is empty"},
+      {{.param_copy = Tensor(halves.data(), DType::kBF16, {n - 1})}, "param_copy"},
+  };
+  for (const auto& c : cases) {
+    State8 fresh(n, 64);
+    const absl::Status bad = Step8(ctx, param, grad, fresh, 64, h, 1, c.storage);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << c.needle;
+    EXPECT_NE(bad.message().find(c.needle), std::string::npos) << bad;
+  }
 }
 
 }  // namespace

@@ -10,15 +10,19 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
+using ::zt::testing::CountOutsideUlp;
 using ::zt::testing::FiniteDifferenceGradient;
 using ::zt::testing::MaxRelativeError;
 using ::zt::testing::RandomVector;
 using ::zt::testing::SameBits;
+using ::zt::testing::SameWords;
+using ::zt::testing::Stored;
 using ::zt::testing::ToDouble;
 
 struct Shape {
@@ -91,9 +95,12 @@ void AttentionRef(const Shape& s, const std::vector<double>& qkv, std::vector<do
   }
 }
 
-// The gradient of Σ dout·out with respect to qkv, derived by hand, in float64.
+// The gradient of Σ dout·out with respect to qkv, derived by hand, in float64. With `out`
+// given, Di = rowsum(dout ∘ out) is taken from it, as the kernel does from its saved output
+// (a 16-bit out is the exact output rounded); otherwise from the exact probabilities.
 std::vector<double> AttentionBackwardRef(const Shape& s, const std::vector<double>& qkv,
-                                         const std::vector<double>& dout) {
+                                         const std::vector<double>& dout,
+                                         const std::vector<double>* out = nullptr) {
   const Index ix{s};
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
   std::vector<double> dqkv(s.qkv_size(), 0.0);
@@ -110,6 +117,10 @@ std::vector<double> AttentionBackwardRef(const Shape& s, const std::vector<doubl
           for (int d = 0; d < s.d; ++d) acc += dout[ix.o(b, i, h) + d] * qkv[ix.v(b, j, g) + d];
           dp[j] = acc;
           di += p[j] * acc;
+        }
+        if (out != nullptr) {
+          di = 0;
+          for (int d = 0; d < s.d; ++d) di += dout[ix.o(b, i, h) + d] * (*out)[ix.o(b, i, h) + d];
         }
         for (int j = 0; j <= i; ++j) {
           const double ds = p[j] * (dp[j] - di) * scale;
@@ -232,6 +243,79 @@ TEST_P(AttentionShapeTest, ResultsAreBitwiseIdenticalForAnyThreadCount) {
   }
 }
 
+// The dtypes of one 16-bit attention test (lse stays f32).
+struct AttentionDTypes {
+  DType qkv, out, dout, dqkv;
+};
+constexpr AttentionDTypes kAllBf16{DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16};
+constexpr AttentionDTypes kMixed{DType::kF16, DType::kBF16, DType::kF32, DType::kF16};
+// out in f32: the backward's Di is then the f32 path's, so its gradient can be compared with
+// finite differences of the forward.
+constexpr AttentionDTypes kF32Out{DType::kBF16, DType::kF32, DType::kF16, DType::kBF16};
+
+struct StoredBuffers {
+  Shape s;
+  Stored qkv, out, dout, dqkv;
+  std::vector<float> lse;
+  StoredBuffers(const Shape& shape, uint32_t seed, const AttentionDTypes& t)
+      : s(shape),
+        qkv(RandomVector(s.qkv_size(), seed, -1.5f, 1.5f), t.qkv),
+        out(s.out_size(), t.out),
+        dout(RandomVector(s.out_size(), seed + 1), t.dout),
+        // dqkv is written, not accumulated: start it away from zero.
+        dqkv(std::vector<float>(s.qkv_size(), 9.0f), t.dqkv),
+        lse(s.lse_size()) {}
+  absl::Status Run(int threads) {
+    const DeviceContext ctx = CpuContext(threads);
+    const Tensor lse_t(lse.data(), DType::kF32, {s.b, s.h, s.t});
+    const int64_t c3 = int64_t{s.heads()} * s.d, co = int64_t{s.h} * s.d;
+    absl::Status st = AttentionForward(ctx, {.qkv = qkv.View({s.b, s.t, c3}),
+                                             .out = out.View({s.b, s.t, co}),
+                                             .lse = lse_t,
+                                             .n_head = s.h,
+                                             .n_kv_head = s.hkv});
+    if (!st.ok()) return st;
+    return AttentionBackward(ctx, {.qkv = qkv.View({s.b, s.t, c3}),
+                                   .out = out.View({s.b, s.t, co}),
+                                   .lse = lse_t,
+                                   .dout = dout.View({s.b, s.t, co}),
+                                   .dqkv = dqkv.View({s.b, s.t, c3}),
+                                   .n_head = s.h,
+                                   .n_kv_head = s.hkv});
+  }
+};
+
+// The reference runs in float64 on the stored (16-bit-rounded) qkv and dout, and takes the
+// backward's Di from the stored out, as the kernel does. Each output may differ from it by
+// one rounding to its dtype (one ulp allowed for the reference's double rounding) plus the
+// f32 path's tolerances (ForwardMatchesFloat64Reference, BackwardMatchesFloat64AnalyticGradient).
+TEST_P(AttentionShapeTest, SixteenBitStorageMatchesFloat64) {
+  const Shape s = GetParam();
+  for (const AttentionDTypes& t : {kAllBf16, kMixed}) {
+    StoredBuffers buf(s, 700, t);
+    ASSERT_TRUE(buf.Run(2).ok());
+    const std::vector<double> qkv = buf.qkv.Doubles();
+    std::vector<double> out, lse;
+    AttentionRef(s, qkv, &out, &lse);
+    EXPECT_EQ(CountOutsideUlp(buf.out, out, 3e-5, 0.05), 0);
+    EXPECT_LT(MaxRelativeError(buf.lse, lse, 1.0), 1e-6);
+    const std::vector<double> stored_out = buf.out.Doubles();
+    const std::vector<double> want = AttentionBackwardRef(s, qkv, buf.dout.Doubles(), &stored_out);
+    EXPECT_EQ(CountOutsideUlp(buf.dqkv, want, 1e-4, 0.05), 0);
+  }
+}
+
+TEST_P(AttentionShapeTest, SixteenBitBitwiseIndependentOfThreadCount) {
+  const Shape s = GetParam();
+  StoredBuffers one(s, 800, kMixed);
+  ASSERT_TRUE(one.Run(1).ok());
+  StoredBuffers three(s, 800, kMixed);
+  ASSERT_TRUE(three.Run(3).ok());
+  EXPECT_TRUE(SameWords(one.out, three.out));
+  EXPECT_TRUE(SameBits(one.lse, three.lse));
+  EXPECT_TRUE(SameWords(one.dqkv, three.dqkv));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionShapeTest,
     ::testing::Values(Shape{2, 37, 4, 2, 16},   // T below one tile, GQA 2:1
@@ -267,6 +351,25 @@ TEST_P(AttentionGradientTest, BackwardMatchesFiniteDifferences) {
   const std::vector<double> analytic = AttentionBackwardRef(s, ToDouble(buf.qkv), w);
   std::vector<float> analytic32(analytic.begin(), analytic.end());
   EXPECT_LT(MaxRelativeError(analytic32, fd, 0.05), 1e-6);
+}
+
+// As BackwardMatchesFiniteDifferences with qkv, dout and dqkv stored in 16 bits (out in f32):
+// the differences are taken on the stored qkv with the stored dout as weights, and the
+// tolerance is one ulp of dqkv's dtype plus the f32 path's.
+TEST_P(AttentionGradientTest, SixteenBitBackwardMatchesFiniteDifferences) {
+  const Shape s = GetParam();
+  StoredBuffers buf(s, 900, kF32Out);
+  ASSERT_TRUE(buf.Run(2).ok());
+  const std::vector<double> w = buf.dout.Doubles();
+  const std::vector<double> fd =
+      FiniteDifferenceGradient(buf.qkv.Doubles(), [&](const std::vector<double>& x) {
+        std::vector<double> out, lse;
+        AttentionRef(s, x, &out, &lse);
+        double loss = 0;
+        for (size_t i = 0; i < out.size(); ++i) loss += w[i] * out[i];
+        return loss;
+      });
+  EXPECT_EQ(CountOutsideUlp(buf.dqkv, fd, 1e-4, 0.05), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -320,6 +423,11 @@ TEST(AttentionTest, BadArgumentsAreInvalidArgumentsNamingTheArgument) {
   bwd.dqkv = Tensor(buf.dqkv.data(), DType::kF32, {1, 8, 64});
   bwd.dout = Tensor();
   expect_invalid(AttentionBackward(ctx, bwd), "dout");
+  bwd.dout = Tensor(buf.dout.data(), DType::kI32, {1, 8, 32});
+  expect_invalid(AttentionBackward(ctx, bwd), "dout has dtype i32, expected one of f32, bf16, f16");
+  bad = args;
+  bad.lse = Tensor(buf.lse.data(), DType::kBF16, {1, 4, 8});
+  expect_invalid(AttentionForward(ctx, bad), "lse has dtype bf16");
 }
 
 }  // namespace

@@ -6,18 +6,23 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
+using testing::CountOutsideUlp;
 using testing::FiniteDifferenceGradient;
 using testing::MaxRelativeError;
 using testing::RandomVector;
 using testing::SameBits;
+using testing::SameWords;
+using testing::Stored;
 using testing::ToDouble;
 
 // −log softmax(row)[target] in float64; 0 for an ignored target.
@@ -135,6 +140,55 @@ TEST(CrossEntropyTest, BitwiseIndependentOfThreadCount) {
 void ExpectInvalid(const absl::Status& st, const std::string& needle) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find(needle), std::string::npos) << st;
+}
+
+// 16-bit logits: the losses and the in-place gradient against float64 on the stored logits.
+// The loss keeps the f32 path's 1e-6 (it is f32 output); each gradient element may add one
+// rounding to the logits' dtype (one ulp allowed for the reference's double rounding) to the
+// f32 path's 1e-4 with floor 1e-4 (GradientMatchesFiniteDifferencesOfMeanLoss).
+TEST(CrossEntropyTest, SixteenBitLogitsMatchFloat64) {
+  const int64_t n = 5, v = 60;
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Stored logits(RandomVector(n * v, 31, -3.0f, 3.0f), dtype);
+    const std::vector<double> x0 = logits.Doubles();
+    std::vector<int32_t> targets = RandomTargets(n, v, 32);
+    targets[3] = kIgnoreTarget;
+    std::vector<float> losses(n);
+    const double valid = n - 1;
+    ASSERT_TRUE(
+        SoftmaxCrossEntropy(CpuContext(2), {.logits = logits.View({n, v}),
+                                            .targets = Tensor(targets.data(), DType::kI32, {n}),
+                                            .losses = Tensor(losses.data(), DType::kF32, {n}),
+                                            .grad_scale = static_cast<float>(1 / valid),
+                                            .write_grad = true})
+            .ok());
+    EXPECT_LE(MaxRelativeError(losses, ReferenceLosses(n, v, x0, targets)), 1e-6);
+    auto mean_loss = [&](const std::vector<double>& x) {
+      double l = 0;
+      for (double loss : ReferenceLosses(n, v, x, targets)) l += loss;
+      return l / valid;
+    };
+    EXPECT_EQ(CountOutsideUlp(logits, FiniteDifferenceGradient(x0, mean_loss), 1e-4, 1e-4), 0)
+        << DTypeName(dtype);
+    for (int64_t i = 0; i < v; ++i) EXPECT_EQ(logits.Get(3 * v + i), 0.0f);  // ignored row
+  }
+}
+
+TEST(CrossEntropyTest, SixteenBitBitwiseIndependentOfThreadCount) {
+  const int64_t n = 37, v = 1000;
+  std::vector<int32_t> targets = RandomTargets(n, v, 33);
+  Stored one(RandomVector(n * v, 34, -8.0f, 8.0f), DType::kBF16), three = one;
+  std::vector<float> l1(n), l3(n);
+  for (auto [buf, loss, threads] : {std::tuple{&one, &l1, 1}, std::tuple{&three, &l3, 3}}) {
+    ASSERT_TRUE(SoftmaxCrossEntropy(CpuContext(threads),
+                                    {.logits = buf->View({n, v}),
+                                     .targets = Tensor(targets.data(), DType::kI32, {n}),
+                                     .losses = Tensor(loss->data(), DType::kF32, {n}),
+                                     .write_grad = true})
+                    .ok());
+  }
+  EXPECT_TRUE(SameBits(l1, l3));
+  EXPECT_TRUE(SameWords(one, three));
 }
 
 TEST(CrossEntropyTest, BadArgumentsAreNamed) {

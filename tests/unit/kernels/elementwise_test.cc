@@ -10,14 +10,18 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
+using testing::CountOutsideUlp;
 using testing::MaxRelativeError;
 using testing::RandomVector;
 using testing::SameBits;
+using testing::SameWords;
+using testing::Stored;
 
 Tensor Flat(std::vector<float>& v) {
   return Tensor(v.data(), DType::kF32, {static_cast<int64_t>(v.size())});
@@ -121,6 +125,94 @@ TEST(ElementwiseTest, CastToSameDTypeCopiesAndThreadCountDoesNotMatter) {
   EXPECT_EQ(one, three);
 }
 
+constexpr DType kFloatDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// Every combination of storage dtypes for a, b and out; the 16-bit values are what the op
+// sees, so the reference adds them in float64 and the op may differ by one rounding to out's
+// dtype (one ulp allowed for the reference's own double rounding) plus f32's half ulp.
+TEST(ElementwiseTest, AddAndScaleInEveryDTypeCombination) {
+  const size_t n = (1 << 15) + 77;  // above the parallel threshold, partial last chunk
+  for (DType ta : kFloatDTypes) {
+    for (DType tb : kFloatDTypes) {
+      for (DType tout : kFloatDTypes) {
+        Stored a(RandomVector(n, 11), ta), b(RandomVector(n, 12), tb), out(n, tout);
+        ASSERT_TRUE(Add(CpuContext(2), a.Flat(), b.Flat(), out.Flat()).ok());
+        std::vector<double> want(n);
+        for (size_t i = 0; i < n; ++i) want[i] = static_cast<double>(a.Get(i)) + b.Get(i);
+        EXPECT_EQ(CountOutsideUlp(out, want, kOneRounding, 1e-30), 0)
+            << DTypeName(ta) << " + " << DTypeName(tb) << " -> " << DTypeName(tout);
+        // In place into a: acc += x, rounded to acc's dtype.
+        Stored acc = a;
+        ASSERT_TRUE(AddInPlace(CpuContext(3), acc.Flat(), b.Flat()).ok());
+        EXPECT_EQ(CountOutsideUlp(acc, want, kOneRounding, 1e-30), 0);
+      }
+    }
+    Stored t(RandomVector(n, 13), ta);
+    const std::vector<double> orig = t.Doubles();
+    ASSERT_TRUE(Scale(CpuContext(2), t.Flat(), 0.37f).ok());
+    std::vector<double> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = orig[i] * 0.37f;
+    EXPECT_EQ(CountOutsideUlp(t, want, kOneRounding, 1e-30), 0) << DTypeName(ta);
+  }
+}
+
+TEST(ElementwiseTest, HalfOverflowGivesInf) {
+  Stored a(std::vector<float>(5, 40000.0f), DType::kF16), out(5, DType::kF16);
+  ASSERT_TRUE(Add(CpuContext(1), a.Flat(), a.Flat(), out.Flat()).ok());
+  for (float x : out.Values()) EXPECT_EQ(x, std::numeric_limits<float>::infinity());
+  Stored s(std::vector<float>(3, -40000.0f), DType::kF16);
+  ASSERT_TRUE(Scale(CpuContext(1), s.Flat(), 2.0f).ok());
+  for (float x : s.Values()) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
+}
+
+TEST(ElementwiseTest, SixteenBitAddIsIndependentOfThreadCount) {
+  const size_t n = 100003;
+  Stored a(RandomVector(n, 14), DType::kBF16), b(RandomVector(n, 15), DType::kF32);
+  Stored one(n, DType::kF16), three(n, DType::kF16);
+  ASSERT_TRUE(Add(CpuContext(1), a.Flat(), b.Flat(), one.Flat()).ok());
+  ASSERT_TRUE(Add(CpuContext(3), a.Flat(), b.Flat(), three.Flat()).ok());
+  EXPECT_TRUE(SameWords(one, three));
+}
+
+// The mean of many stochastic roundings of x is x: each rounding is one of the two bf16
+// neighbours lo < x < hi, hi with probability p = (x − lo)/(hi − lo), so over k draws the mean
+// has standard error (hi − lo)·√(p(1 − p)/k); 5 standard errors is a bound a correct
+// implementation misses with probability below 1e-6.
+TEST(ElementwiseTest, CastStochasticIsUnbiasedAndDeterministic) {
+  const int k = 1 << 16;
+  for (float x : {1.00123f, -3.14159f, 1e-20f, 0.7f + 1.0f / 512}) {
+    std::vector<float> src(k, x);
+    std::vector<uint16_t> dst(k), again(k), other(k);
+    ASSERT_TRUE(CastStochastic(CpuContext(2), Flat(src), Flat16(dst, DType::kBF16), 42).ok());
+    // The two neighbours: x's magnitude truncated to bf16, and one ulp above it.
+    const uint16_t down = static_cast<uint16_t>(FloatBits(x) >> 16);
+    const uint16_t up = static_cast<uint16_t>(down + 1);
+    double sum = 0;
+    for (uint16_t h : dst) {
+      ASSERT_TRUE(h == down || h == up) << std::hex << h;
+      sum += Bf16ToFloat(h);
+    }
+    const double gap = std::abs(static_cast<double>(Bf16ToFloat(up)) - Bf16ToFloat(down));
+    const double p = std::abs(x - static_cast<double>(Bf16ToFloat(down))) / gap;
+    const double se = gap * std::sqrt(p * (1 - p) / k);
+    EXPECT_NEAR(sum / k, x, 5 * se) << x;
+    ASSERT_TRUE(CastStochastic(CpuContext(1), Flat(src), Flat16(again, DType::kBF16), 42).ok());
+    EXPECT_EQ(dst, again);
+    ASSERT_TRUE(CastStochastic(CpuContext(3), Flat(src), Flat16(other, DType::kBF16), 43).ok());
+    EXPECT_NE(dst, other);
+  }
+  // Values already representable, infinities and NaN come out as round to nearest gives them.
+  std::vector<float> exact = {1.0f, -2.5f, 0.0f, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+  std::vector<uint16_t> out(exact.size());
+  ASSERT_TRUE(CastStochastic(CpuContext(1), Flat(exact), Flat16(out, DType::kBF16), 7).ok());
+  for (size_t i = 0; i < exact.size(); ++i) EXPECT_EQ(out[i], FloatToBf16(exact[i]));
+  std::vector<float> nan = {std::numeric_limits<float>::quiet_NaN()};
+  std::vector<uint16_t> nan_out(1);
+  ASSERT_TRUE(CastStochastic(CpuContext(1), Flat(nan), Flat16(nan_out, DType::kBF16), 7).ok());
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(nan_out[0])));
+}
+
 void ExpectInvalid(const absl::Status& st, const std::string& needle) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find(needle), std::string::npos) << st;
@@ -132,9 +224,11 @@ TEST(ElementwiseTest, BadArgumentsAreNamed) {
   std::vector<int32_t> ids(12);
   const DeviceContext ctx = CpuContext(1);
   ExpectInvalid(Add(ctx, Flat(a), Flat(b), Flat(a)), "Add: b f32[10] has 10 elements, a f32[12]");
-  ExpectInvalid(AddInPlace(ctx, Flat16(h, DType::kF16), Flat(a)),
-                "AddInPlace: acc has dtype f16, expected f32");
-  ExpectInvalid(Scale(ctx, Flat16(h, DType::kBF16), 2.0f), "Scale: t has dtype bf16");
+  ExpectInvalid(AddInPlace(ctx, Tensor(ids.data(), DType::kI32, {12}), Flat(a)),
+                "AddInPlace: acc has dtype i32, expected one of f32, bf16, f16");
+  ExpectInvalid(Scale(ctx, Tensor(ids.data(), DType::kI32, {12}), 2.0f), "Scale: t has dtype i32");
+  ExpectInvalid(CastStochastic(ctx, Flat(a), Flat16(h, DType::kF16), 1),
+                "CastStochastic: dst has dtype f16, expected bf16");
   ExpectInvalid(Cast(ctx, Tensor(ids.data(), DType::kI32, {12}), Flat(a)),
                 "Cast: src has dtype i32, expected one of f32, bf16, f16");
   ExpectInvalid(Cast(ctx, Flat(b), Flat16(h, DType::kF16)), "Cast: dst f16[12] has 12 elements");

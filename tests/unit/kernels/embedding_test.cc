@@ -8,15 +8,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
+using testing::CountOutsideUlp;
 using testing::FiniteDifferenceGradient;
 using testing::MaxRelativeError;
 using testing::RandomVector;
+using testing::RoundTo;
 using testing::SameBits;
+using testing::SameWords;
+using testing::Stored;
 using testing::ToDouble;
 
 struct Sizes {
@@ -120,6 +125,118 @@ TEST(EmbeddingTest, BackwardIsBitwiseIndependentOfThreadCount) {
   EXPECT_TRUE(SameBits(dwpe[0], dwpe[1]));
 }
 
+// The dtypes of one 16-bit embedding test.
+struct EmbeddingDTypes {
+  DType wte, wpe, out, dout, dwte, dwpe;
+};
+constexpr EmbeddingDTypes kAllBf16{DType::kBF16, DType::kBF16, DType::kBF16,
+                                   DType::kBF16, DType::kBF16, DType::kBF16};
+constexpr EmbeddingDTypes kMixed{DType::kF16,  DType::kBF16, DType::kF32,
+                                 DType::kBF16, DType::kF16,  DType::kF32};
+constexpr EmbeddingDTypes kMixedGrads{DType::kBF16, DType::kF16, DType::kF16,
+                                      DType::kF32,  DType::kF32, DType::kBF16};
+
+struct StoredEmbedding {
+  Sizes s;
+  std::vector<int32_t> tokens;
+  Stored wte, wpe, out, dout, dwte, dwpe;
+  StoredEmbedding(const Sizes& sizes, uint32_t seed, const EmbeddingDTypes& d)
+      : s(sizes),
+        tokens(RandomTokens(sizes, seed)),
+        wte(RandomVector(s.v * s.c, seed + 1), d.wte),
+        wpe(RandomVector(s.p * s.c, seed + 2), d.wpe),
+        out(s.b * s.t * s.c, d.out),
+        dout(RandomVector(s.b * s.t * s.c, seed + 3), d.dout),
+        dwte(RandomVector(s.v * s.c, seed + 4), d.dwte),
+        dwpe(RandomVector(s.p * s.c, seed + 5), d.dwpe) {}
+  absl::Status Run(int threads) {
+    const DeviceContext ctx = CpuContext(threads);
+    const Tensor tok(tokens.data(), DType::kI32, {s.b, s.t});
+    absl::Status st = EmbeddingForward(ctx, {.tokens = tok,
+                                             .wte = wte.View({s.v, s.c}),
+                                             .wpe = wpe.View({s.p, s.c}),
+                                             .out = out.View({s.b, s.t, s.c})});
+    if (!st.ok()) return st;
+    return EmbeddingBackward(ctx, {.tokens = tok,
+                                   .dout = dout.View({s.b, s.t, s.c}),
+                                   .dwte = dwte.View({s.v, s.c}),
+                                   .dwpe = dwpe.View({s.p, s.c})});
+  }
+};
+
+// The reference runs in float64 on the stored (16-bit-rounded) inputs. Every output may differ
+// from it by one rounding to its dtype (one ulp allowed for the reference's double rounding)
+// plus the f32 path's error: out is one f32 addition (half an f32 ulp, inside 1e-6 of |out|);
+// dwte/dwpe sum at most B·T + 1 = 11 terms of magnitude ≤ 1 in f32, each rounding by at most
+// an f32 half-ulp of the partial sum, so their absolute error stays under 1e-5 · (1 + |sum|).
+TEST(EmbeddingTest, SixteenBitStorageMatchesFloat64) {
+  for (const EmbeddingDTypes& d : {kAllBf16, kMixed, kMixedGrads}) {
+    StoredEmbedding buf(Sizes{}, 20, d);
+    const Sizes& s = buf.s;
+    const std::vector<double> dwte0 = buf.dwte.Doubles(), dwpe0 = buf.dwpe.Doubles();
+    ASSERT_TRUE(buf.Run(2).ok());
+    const std::vector<double> wte = buf.wte.Doubles(), wpe = buf.wpe.Doubles();
+    EXPECT_EQ(CountOutsideUlp(buf.out, ReferenceForward(s, buf.tokens, wte, wpe), 1e-6, 0.0), 0);
+
+    std::vector<double> params = wte;
+    params.insert(params.end(), wpe.begin(), wpe.end());
+    const int64_t split = s.v * s.c;
+    const std::vector<double> dy = buf.dout.Doubles();
+    auto loss = [&](const std::vector<double>& x) {
+      const std::vector<double> out =
+          ReferenceForward(s, buf.tokens, std::vector<double>(x.begin(), x.begin() + split),
+                           std::vector<double>(x.begin() + split, x.end()));
+      double l = 0;
+      for (size_t i = 0; i < out.size(); ++i) l += dy[i] * out[i];
+      return l;
+    };
+    const std::vector<double> grad = FiniteDifferenceGradient(params, loss);
+    std::vector<double> want_dwte(grad.begin(), grad.begin() + split);
+    std::vector<double> want_dwpe(grad.begin() + split, grad.end());
+    for (int64_t i = 0; i < split; ++i) want_dwte[i] += dwte0[i];
+    for (size_t i = 0; i < want_dwpe.size(); ++i) want_dwpe[i] += dwpe0[i];
+    EXPECT_EQ(CountOutsideUlp(buf.dwte, want_dwte, 1e-5, 1.0), 0);
+    EXPECT_EQ(CountOutsideUlp(buf.dwpe, want_dwpe, 1e-5, 1.0), 0);
+  }
+}
+
+// A 16-bit gradient table gets the batch's sum added in f32 and is rounded once: bit for bit
+// the f32 path's sum (same order) rounded to the table's dtype. With V = 2 every row collects
+// many tokens, where rounding after each token would drift by several ulps.
+TEST(EmbeddingTest, SixteenBitGradientIsTheF32SumRoundedOnce) {
+  const Sizes s{.b = 3, .t = 9, .c = 70, .v = 2, .p = 9};
+  for (const EmbeddingDTypes& d : {kAllBf16, kMixed}) {
+    StoredEmbedding buf(s, 30, d);
+    std::vector<float> want_dwte = buf.dwte.Values(), want_dwpe = buf.dwpe.Values();
+    const std::vector<float> dy = buf.dout.Values();
+    for (int64_t bt = 0; bt < s.b * s.t; ++bt) {
+      for (int64_t i = 0; i < s.c; ++i) {
+        want_dwte[buf.tokens[bt] * s.c + i] += dy[bt * s.c + i];
+        want_dwpe[(bt % s.t) * s.c + i] += dy[bt * s.c + i];
+      }
+    }
+    ASSERT_TRUE(buf.Run(2).ok());
+    for (size_t i = 0; i < want_dwte.size(); ++i) {
+      ASSERT_EQ(buf.dwte.Get(i), RoundTo(d.dwte, want_dwte[i])) << "dwte " << i;
+    }
+    for (size_t i = 0; i < want_dwpe.size(); ++i) {
+      ASSERT_EQ(buf.dwpe.Get(i), RoundTo(d.dwpe, want_dwpe[i])) << "dwpe " << i;
+    }
+  }
+}
+
+TEST(EmbeddingTest, SixteenBitBitwiseIndependentOfThreadCount) {
+  const Sizes s{.b = 4, .t = 33, .c = 200, .v = 5, .p = 40};
+  for (const EmbeddingDTypes& d : {kAllBf16, kMixed}) {
+    StoredEmbedding one(s, 40, d), three(s, 40, d);
+    ASSERT_TRUE(one.Run(1).ok());
+    ASSERT_TRUE(three.Run(3).ok());
+    EXPECT_TRUE(SameWords(one.out, three.out));
+    EXPECT_TRUE(SameWords(one.dwte, three.dwte));
+    EXPECT_TRUE(SameWords(one.dwpe, three.dwpe));
+  }
+}
+
 TEST(EmbeddingTest, TokenOutsideVocabularyNamesIdAndPosition) {
   const Sizes s;
   std::vector<int32_t> tokens = RandomTokens(s, 14);
@@ -172,6 +289,9 @@ TEST(EmbeddingTest, BadShapesAndDTypesNameTheArgument) {
   a = good;
   a.wte = Tensor();
   expect_error(a, "wte is empty");
+  a = good;
+  a.wpe = Tensor(wpe.data(), DType::kI32, {s.p, s.c});
+  expect_error(a, "wpe has dtype i32, expected one of f32, bf16, f16");
 }
 
 TEST(EmbeddingTest, CudaContextIsUnimplemented) {

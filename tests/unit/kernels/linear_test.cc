@@ -1,6 +1,6 @@
 // Tests of kernels/linear.h: Gemm and the linear layer against float64 references, backward
 // against central finite differences, on both CPU GEMM backends; the workspace the GEMM takes
-// from its context, and the oneDNN primitive cache.
+// from its context, and the oneDNN primitive cache. 16-bit operands: linear_dtypes_test.cc.
 #include "kernels/linear.h"
 
 #include <cstdint>
@@ -315,7 +315,7 @@ TEST(LinearTest, BadShapesAreInvalidArgumentsNamingTheArgument) {
       LinearForward(ctx, {.inp = inp, .weight = weight, .out = Tensor(p, DType::kF32, {4, 5})}),
       "out");
   expect_invalid(
-      LinearForward(ctx, {.inp = Tensor(p, DType::kBF16, {4, 8}), .weight = weight, .out = out}),
+      LinearForward(ctx, {.inp = Tensor(p, DType::kI32, {4, 8}), .weight = weight, .out = out}),
       "inp");
   expect_invalid(LinearBackward(ctx, {.dout = out,
                                       .inp = inp,

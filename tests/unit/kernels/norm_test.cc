@@ -8,15 +8,19 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
+using testing::CountOutsideUlp;
 using testing::FiniteDifferenceGradient;
 using testing::MaxRelativeError;
 using testing::RandomVector;
 using testing::SameBits;
+using testing::SameWords;
+using testing::Stored;
 using testing::ToDouble;
 
 constexpr float kEps = 1e-5f;
@@ -195,6 +199,129 @@ TEST_P(NormTest, ResultsAreBitwiseIndependentOfThreadCount) {
   EXPECT_TRUE(SameBits(one.dinp, three.dinp));
   EXPECT_TRUE(SameBits(one.dweight, three.dweight));
   EXPECT_TRUE(SameBits(one.dbias, three.dbias));
+}
+
+// The data tensors' dtypes of one 16-bit norm test (mean and rstd stay f32).
+struct NormDTypes {
+  DType inp, weight, bias, out, dout, dinp, dweight, dbias;
+};
+
+struct StoredNorm {
+  int64_t n, c;
+  Stored inp, weight, bias, out, dout, dinp, dweight, dbias;
+  std::vector<float> mean, rstd;
+  StoredNorm(int64_t rows, int64_t channels, uint32_t seed, const NormDTypes& t)
+      : n(rows),
+        c(channels),
+        inp(RandomVector(rows * channels, seed, -1.0f, 2.0f), t.inp),
+        weight(RandomVector(channels, seed + 1, 0.5f, 1.5f), t.weight),
+        bias(RandomVector(channels, seed + 2), t.bias),
+        out(rows * channels, t.out),
+        dout(RandomVector(rows * channels, seed + 3), t.dout),
+        dinp(rows * channels, t.dinp),
+        dweight(RandomVector(channels, seed + 5), t.dweight),
+        dbias(RandomVector(channels, seed + 6), t.dbias),
+        mean(rows),
+        rstd(rows) {}
+  Tensor V(std::vector<float>& v) {
+    return Tensor(v.data(), DType::kF32, {static_cast<int64_t>(v.size())});
+  }
+  absl::Status Run(bool layer_norm, int threads) {
+    const DeviceContext ctx = CpuContext(threads);
+    if (layer_norm) {
+      absl::Status st = LayerNormForward(ctx, {.inp = inp.View({n, c}),
+                                               .weight = weight.Flat(),
+                                               .bias = bias.Flat(),
+                                               .out = out.View({n, c}),
+                                               .mean = V(mean),
+                                               .rstd = V(rstd),
+                                               .eps = kEps});
+      if (!st.ok()) return st;
+      return LayerNormBackward(ctx, {.dout = dout.View({n, c}),
+                                     .inp = inp.View({n, c}),
+                                     .weight = weight.Flat(),
+                                     .mean = V(mean),
+                                     .rstd = V(rstd),
+                                     .dinp = dinp.View({n, c}),
+                                     .dweight = dweight.Flat(),
+                                     .dbias = dbias.Flat()});
+    }
+    absl::Status st = RmsNormForward(ctx, {.inp = inp.View({n, c}),
+                                           .weight = weight.Flat(),
+                                           .out = out.View({n, c}),
+                                           .rstd = V(rstd),
+                                           .eps = kEps});
+    if (!st.ok()) return st;
+    return RmsNormBackward(ctx, {.dout = dout.View({n, c}),
+                                 .inp = inp.View({n, c}),
+                                 .weight = weight.Flat(),
+                                 .rstd = V(rstd),
+                                 .dinp = dinp.View({n, c}),
+                                 .dweight = dweight.Flat()});
+  }
+};
+
+constexpr NormDTypes kAllBf16{DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16,
+                              DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16};
+constexpr NormDTypes kMixed{DType::kF16,  DType::kBF16, DType::kF32, DType::kF16,
+                            DType::kBF16, DType::kF32,  DType::kF32, DType::kBF16};
+
+// The reference runs in float64 on the stored (16-bit-rounded) inputs; every output may
+// differ from it by one rounding to its dtype (one ulp allowed for the reference's double
+// rounding) plus the f32 path's tolerance from ForwardMatchesFloat64 and
+// BackwardMatchesFiniteDifferences (the same sizes and magnitudes are used).
+TEST_P(NormTest, SixteenBitStorageMatchesFloat64) {
+  const bool ln = GetParam();
+  for (const NormDTypes& t : {kAllBf16, kMixed}) {
+    StoredNorm buf(6, 70, 7, t);
+    const std::vector<double> dweight0 = buf.dweight.Doubles(), dbias0 = buf.dbias.Doubles();
+    ASSERT_TRUE(buf.Run(ln, 2).ok());
+    const int64_t nc = buf.n * buf.c, c = buf.c;
+    const std::vector<double> x0 = buf.inp.Doubles(), w0 = buf.weight.Doubles(),
+                              b0 = buf.bias.Doubles(), dy = buf.dout.Doubles();
+    const Reference want = ReferenceNorm(ln, buf.n, c, x0, w0, b0);
+    EXPECT_EQ(CountOutsideUlp(buf.out, want.out, 1e-5, 0.1), 0);
+    EXPECT_LE(MaxRelativeError(buf.rstd, want.rstd), 1e-5);
+
+    std::vector<double> x = x0;
+    x.insert(x.end(), w0.begin(), w0.end());
+    x.insert(x.end(), b0.begin(), b0.end());
+    auto loss = [&](const std::vector<double>& p) {
+      const Reference r =
+          ReferenceNorm(ln, buf.n, c, std::vector<double>(p.begin(), p.begin() + nc),
+                        std::vector<double>(p.begin() + nc, p.begin() + nc + c),
+                        std::vector<double>(p.begin() + nc + c, p.end()));
+      double l = 0;
+      for (int64_t i = 0; i < nc; ++i) l += dy[i] * r.out[i];
+      return l;
+    };
+    const std::vector<double> g = FiniteDifferenceGradient(x, loss);
+    std::vector<double> want_dinp(g.begin(), g.begin() + nc);
+    std::vector<double> want_dw(g.begin() + nc, g.begin() + nc + c);
+    std::vector<double> want_db(g.begin() + nc + c, g.end());
+    for (int64_t j = 0; j < c; ++j) {
+      want_dw[j] += dweight0[j];
+      want_db[j] += dbias0[j];
+    }
+    EXPECT_EQ(CountOutsideUlp(buf.dinp, want_dinp, 1e-4, 0.1), 0);
+    EXPECT_EQ(CountOutsideUlp(buf.dweight, want_dw, 1e-5, 1e-3), 0);
+    if (ln) {
+      EXPECT_EQ(CountOutsideUlp(buf.dbias, want_db, 1e-5, 1e-3), 0);
+    } else {
+      EXPECT_EQ(buf.dbias.Doubles(), dbias0);
+    }
+  }
+}
+
+TEST_P(NormTest, SixteenBitBitwiseIndependentOfThreadCount) {
+  const bool ln = GetParam();
+  StoredNorm one(37, 150, 8, kMixed), three(37, 150, 8, kMixed);
+  ASSERT_TRUE(one.Run(ln, 1).ok());
+  ASSERT_TRUE(three.Run(ln, 3).ok());
+  EXPECT_TRUE(SameWords(one.out, three.out));
+  EXPECT_TRUE(SameWords(one.dinp, three.dinp));
+  EXPECT_TRUE(SameWords(one.dweight, three.dweight));
+  EXPECT_TRUE(SameWords(one.dbias, three.dbias));
 }
 
 INSTANTIATE_TEST_SUITE_P(LayerAndRms, NormTest, ::testing::Bool(),

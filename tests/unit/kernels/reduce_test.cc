@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
 using testing::RandomVector;
+using testing::Stored;
 
 Tensor Flat(std::vector<float>& v) {
   return Tensor(v.data(), DType::kF32, {static_cast<int64_t>(v.size())});
@@ -64,13 +66,48 @@ TEST(AllFiniteTest, FindsInfAndNanAnywhere) {
   }
 }
 
-TEST(ReduceErrorsTest, NonF32IsRejected) {
-  std::vector<uint16_t> h(8);
-  const Tensor t(h.data(), DType::kBF16, {8});
+TEST(SumOfSquaresTest, SixteenBitMatchesFloat64AndThreadCount) {
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Stored x(RandomVector(300007, 7, -3.0f, 3.0f), dtype);
+    long double want = 0;
+    for (float v : x.Values()) want += static_cast<long double>(v) * v;
+    const absl::StatusOr<double> one = SumOfSquares(CpuContext(1), x.Flat());
+    const absl::StatusOr<double> three = SumOfSquares(CpuContext(3), x.Flat());
+    ASSERT_TRUE(one.ok() && three.ok());
+    // The stored values are exact in double, so the bound is the f32 test's: n·2^-53.
+    EXPECT_NEAR(*one, static_cast<double>(want), static_cast<double>(want) * 300007 * 0x1p-53)
+        << DTypeName(dtype);
+    EXPECT_EQ(std::bit_cast<uint64_t>(*one), std::bit_cast<uint64_t>(*three));
+  }
+}
+
+// The loss scaler's overflow check: an f16 gradient that overflowed holds ±inf.
+TEST(AllFiniteTest, SixteenBitInfAndNanAreFound) {
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Stored x(RandomVector(100000, 8, -60000.0f, 60000.0f), dtype);
+    const absl::StatusOr<bool> finite = AllFinite(CpuContext(2), x.Flat());
+    ASSERT_TRUE(finite.ok());
+    EXPECT_TRUE(*finite) << DTypeName(dtype);
+    for (float bad :
+         {70000.0f * (dtype == DType::kF16 ? 1.0f : 1e34f), -std::numeric_limits<float>::infinity(),
+          std::numeric_limits<float>::quiet_NaN()}) {
+      Stored y = x;
+      y.Set(77777, bad);  // 70000 overflows f16 to inf when stored
+      const absl::StatusOr<bool> got = AllFinite(CpuContext(2), y.Flat());
+      ASSERT_TRUE(got.ok());
+      EXPECT_FALSE(*got) << DTypeName(dtype) << " " << bad;
+    }
+  }
+}
+
+TEST(ReduceErrorsTest, NonFloatIsRejected) {
+  std::vector<int32_t> ids(8);
+  const Tensor t(ids.data(), DType::kI32, {8});
   const absl::StatusOr<double> ss = SumOfSquares(CpuContext(1), t);
   EXPECT_EQ(ss.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(ss.status().message().find("SumOfSquares: t has dtype bf16, expected f32"),
-            std::string::npos)
+  EXPECT_NE(
+      ss.status().message().find("SumOfSquares: t has dtype i32, expected one of f32, bf16, f16"),
+      std::string::npos)
       << ss.status();
   EXPECT_EQ(AllFinite(CpuContext(1), t).status().code(), absl::StatusCode::kInvalidArgument);
 }

@@ -8,15 +8,19 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
 
 namespace zt {
 namespace {
 
+using ::zt::testing::CountOutsideUlp;
 using ::zt::testing::FiniteDifferenceGradient;
 using ::zt::testing::MaxRelativeError;
 using ::zt::testing::RandomVector;
 using ::zt::testing::SameBits;
+using ::zt::testing::SameWords;
+using ::zt::testing::Stored;
 using ::zt::testing::ToDouble;
 
 struct Shape {
@@ -128,6 +132,63 @@ TEST(RopeTest, InverseIsTheGradientOfTheForward) {
   EXPECT_LT(MaxRelativeError(w, fd, 1e-3), 1e-6);
 }
 
+absl::Status ApplyStored(const Shape& s, Stored& x, RopeDirection direction, int threads) {
+  return RopeApply(CpuContext(threads), {.qkv = x.View({s.b, s.t, int64_t{s.heads()} * s.d}),
+                                         .n_head = s.h,
+                                         .n_kv_head = s.hkv,
+                                         .direction = direction});
+}
+
+// The reference rotates the stored (16-bit-rounded) input in float64; the kernel's result may
+// differ by one rounding to the stored dtype (one ulp allowed for the reference's double
+// rounding) plus the f32 path's 1e-6 relative (ForwardMatchesFloat64Reference).
+TEST(RopeTest, SixteenBitForwardMatchesFloat64Reference) {
+  const Shape s{2, 37, 4, 2, 16};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Stored x(RandomVector(s.size(), 7), dtype);
+    const Stored x0 = x;
+    const std::vector<double> want = RopeRef(s, x.Doubles(), 10000.0, nullptr);
+    ASSERT_TRUE(ApplyStored(s, x, RopeDirection::kForward, 2).ok());
+    EXPECT_EQ(CountOutsideUlp(x, want, 1e-6, 1e-12), 0) << DTypeName(dtype);
+    for (size_t i = 0; i < x.size(); ++i) {
+      if ((i / s.d) % s.heads() >= static_cast<size_t>(s.h + s.hkv)) {
+        ASSERT_EQ(x.Get(i), x0.Get(i)) << "v changed at " << i;
+      }
+    }
+  }
+}
+
+// As InverseIsTheGradientOfTheForward with the incoming gradient stored in 16 bits: the
+// tolerance is one ulp of its dtype plus the f32 path's 1e-6.
+TEST(RopeTest, SixteenBitInverseIsTheGradientOfTheForward) {
+  const Shape s{1, 5, 2, 1, 4};
+  const std::vector<float> x = RandomVector(s.size(), 8);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Stored w(RandomVector(s.size(), 9), dtype);  // L = Σ w·rope(x)
+    const std::vector<double> w64 = w.Doubles();
+    const std::vector<double> fd =
+        FiniteDifferenceGradient(ToDouble(x), [&](const std::vector<double>& v) {
+          const std::vector<double> y = RopeRef(s, v, 10000.0, nullptr);
+          double loss = 0;
+          for (size_t i = 0; i < y.size(); ++i) loss += w64[i] * y[i];
+          return loss;
+        });
+    ASSERT_TRUE(ApplyStored(s, w, RopeDirection::kInverse, 2).ok());
+    EXPECT_EQ(CountOutsideUlp(w, fd, 1e-6, 1e-3), 0) << DTypeName(dtype);
+  }
+}
+
+TEST(RopeTest, SixteenBitBitwiseIndependentOfThreadCount) {
+  const Shape s{3, 29, 4, 2, 32};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Stored one(RandomVector(s.size(), 10), dtype);
+    Stored three = one;
+    ASSERT_TRUE(ApplyStored(s, one, RopeDirection::kForward, 1).ok());
+    ASSERT_TRUE(ApplyStored(s, three, RopeDirection::kForward, 3).ok());
+    EXPECT_TRUE(SameWords(one, three)) << DTypeName(dtype);
+  }
+}
+
 TEST(RopeTest, BadArgumentsAreInvalidArgumentsNamingTheArgument) {
   std::vector<float> buf(2 * 3 * 8 * 6, 0.0f);
   std::vector<int32_t> pos(64, 0);
@@ -155,6 +216,9 @@ TEST(RopeTest, BadArgumentsAreInvalidArgumentsNamingTheArgument) {
   bad = good;
   bad.n_kv_head = 0;
   expect_invalid(RopeApply(ctx, bad), "n_kv_head");
+  bad = good;
+  bad.qkv = Tensor(buf.data(), DType::kI32, {2, 3, 48});
+  expect_invalid(RopeApply(ctx, bad), "qkv has dtype i32, expected one of f32, bf16, f16");
 }
 
 }  // namespace
