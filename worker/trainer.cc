@@ -114,8 +114,33 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
           absl::StrCat("cannot write '", t->metrics_path_, "': ", std::strerror(errno)));
     }
     std::fclose(f);
+    ZT_RETURN_IF_ERROR(t->WriteMemoryReport(
+        (std::filesystem::path(options.run_dir) / "memory.json").string()));
   }
   return t;
+}
+
+absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
+  nlohmann::json planned, in_use;
+  for (int c = 0; c < kMemoryCategoryCount; ++c) {
+    const auto category = static_cast<MemoryCategory>(c);
+    planned[MemoryCategoryName(category)] = plan_.CategoryBytes(category);
+    in_use[MemoryCategoryName(category)] = arenas_->BytesInUse(category);
+  }
+  planned["total"] = plan_.TotalBytes();
+  in_use["total"] = arenas_->TotalBytesInUse();
+  const std::string text =
+      nlohmann::json{{"plan", planned}, {"arenas_high_water", in_use}}.dump(2) + "\n";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write '", path, "': ", std::strerror(errno)));
+  }
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) {
+    return absl::UnavailableError(absl::StrCat("write to '", path, "' failed"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepRecord> Trainer::Step() {

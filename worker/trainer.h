@@ -5,6 +5,7 @@
 // nothing. Each step: zero gradients; for each of grad_accum_steps micro-batches, forward +
 // backward (gradients accumulate in fp32, the loss is averaged over the global batch);
 // global gradient norm and clipping; learning rate from the schedule; optimizer update.
+// <run_dir>/memory.json reports the plan and the arenas' high-water marks by category.
 // Every step appends one JSON line to <run_dir>/metrics.jsonl:
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped"}
 //   (+ "val_loss" when evaluated: every eval_interval steps and after the last one).
@@ -91,6 +92,8 @@ class Trainer {
  private:
   Trainer() = default;
   absl::Status AppendMetrics(const StepRecord& r);
+  // <run_dir>/memory.json: the plan's bytes by category beside the arenas' high-water marks.
+  absl::Status WriteMemoryReport(const std::string& path) const;
 
   zerotrain::JobSpec job_;
   TrainOptions options_;

@@ -40,6 +40,7 @@ absl::StatusOr<Tensor> Arenas::Get(const std::string& name) const {
   if (it == by_name_.end()) {
     return absl::NotFoundError(absl::StrCat("memory plan: no buffer named '", name, "'"));
   }
+  it->second.claimed = true;
   const BufferSpec& s = *it->second.spec;
   const auto& d = s.shape;
   switch (d.size()) {
@@ -52,6 +53,14 @@ absl::StatusOr<Tensor> Arenas::Get(const std::string& name) const {
     default:
       return Tensor(it->second.data, s.dtype, {s.numel()});
   }
+}
+
+std::vector<std::string> Arenas::UnclaimedBuffers() const {
+  std::vector<std::string> names;
+  for (const BufferSpec& spec : plan_.buffers) {
+    if (!by_name_.at(spec.name).claimed) names.push_back(spec.name);
+  }
+  return names;
 }
 
 int64_t Arenas::TotalBytesInUse() const {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -35,12 +36,18 @@ class Arenas {
   int64_t BytesInUse(MemoryCategory c) const { return in_use_[static_cast<int>(c)]; }
   int64_t TotalBytesInUse() const;
 
+  // The plan's buffers nobody has asked for with Get() yet. After the engine is set up and
+  // has stepped, an empty list proves the plan holds nothing the engine does not use (and
+  // Get's NotFound that the engine uses nothing the plan does not hold).
+  std::vector<std::string> UnclaimedBuffers() const;
+
  private:
   Arenas() = default;
 
   struct Entry {
     void* data;
     const BufferSpec* spec;
+    mutable bool claimed = false;
   };
   MemoryPlan plan_;
   std::array<void*, kMemoryCategoryCount> base_{};
