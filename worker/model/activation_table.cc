@@ -97,8 +97,10 @@ std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m,
 }
 
 int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len,
-                              const DeviceContext& ctx, const LinearDTypes& dtypes) {
+                              const DeviceContext& ctx, const LinearDTypes& dtypes,
+                              int64_t logits_rows) {
   const Dims d = DimsOf(m, batch, seq_len);
+  if (logits_rows <= 0) logits_rows = d.BT;
   // (K inputs, N outputs) of each linear layer, as worker/model/transformer.cc calls them; every
   // one sees M = B·T rows. Tied or not, the head is (C → V).
   const std::pair<int64_t, int64_t> layers[] = {
@@ -106,11 +108,16 @@ int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, in
       {d.HD, d.C},                    // attn.proj
       {d.C, d.gpt2 ? d.F : 2 * d.F},  // mlp.fc ([gate|up] for LLAMA)
       {d.F, d.C},                     // mlp.proj
-      {d.C, d.V},                     // lm_head
   };
   int64_t most = 0;
   for (const auto& [k, n] : layers) {
     const absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, d.BT, k, n, dtypes);
+    if (bytes.ok()) most = std::max(most, *bytes);
+  }
+  // lm_head (C → V) runs on chunks of logits_rows rows and on the remainder.
+  for (const int64_t rows : {logits_rows, d.BT % logits_rows}) {
+    if (rows == 0) continue;
+    const absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, rows, d.C, d.V, dtypes);
     if (bytes.ok()) most = std::max(most, *bytes);
   }
   return most;
@@ -126,11 +133,14 @@ std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t 
   };
   add("tokens", DType::kI32, {d.B, d.T});
   add("targets", DType::kI32, {d.B, d.T});
-  add("logits", compute, {d.BT, d.V});
+  // Training computes the loss one chunk of rows at a time (Transformer::HeadLoss): the
+  // logits buffer holds one chunk. Inference keeps every position's logits.
+  const int64_t logits_rows = backward ? LossChunkRows(d.BT) : d.BT;
+  add("logits", compute, {logits_rows, d.V});
   // One for all GEMMs: the ops of a rank run one after another.
   add("gemm_workspace", DType::kU8,
       {GemmWorkspaceBytesFor(m, batch, seq_len, ctx,
-                             LinearDTypes::ForPrecision(compute, param, grad))});
+                             LinearDTypes::ForPrecision(compute, param, grad), logits_rows)});
   if (backward) {
     // One set, reused by every unit in turn: the backward visits one unit at a time.
     add("grad.residual", compute, {d.BT, d.C});  // dL/d residual stream, carried down

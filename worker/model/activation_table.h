@@ -13,6 +13,11 @@
 
 namespace zt {
 
+// Rows of logits a training step holds at once: the loss is computed chunk by chunk so that
+// B·T·V logits (4 GB at B·T 8192 with a 128K vocabulary) never exist together.
+inline constexpr int64_t kLossChunkRows = 256;
+inline int64_t LossChunkRows(int64_t rows) { return rows < kLossChunkRows ? rows : kLossChunkRows; }
+
 // Activations of a forward over `batch` sequences of `seq_len` tokens under the activation
 // checkpointing policy of `memory`: NONE keeps every block's tensors ("block.i.*"); FULL keeps
 // only the residual stream and gives every block one shared "recompute.*" set; EVERY_K does
@@ -41,7 +46,9 @@ std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t 
 // for oneDNN also fits a context switched to OpenBLAS. If the backend cannot size a GEMM (it
 // refuses to create it), that layer counts 0: the GEMM itself then fails with the backend's
 // error at its first call, where the step loop reports it.
+// The output projection runs on `logits_rows` rows at a time (0: all B·T).
 int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, int64_t seq_len,
-                              const DeviceContext& ctx, const LinearDTypes& dtypes = {});
+                              const DeviceContext& ctx, const LinearDTypes& dtypes = {},
+                              int64_t logits_rows = 0);
 
 }  // namespace zt

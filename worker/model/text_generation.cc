@@ -31,7 +31,7 @@ absl::StatusOr<std::vector<int32_t>> GenerateTokens(const DeviceContext& caller_
 
   std::vector<int32_t> text = prompt;
   std::mt19937_64 rng(options.seed);
-  std::vector<float> probs(V);
+  std::vector<float> probs(V), row(V);
   std::vector<int32_t> order(V);
   int32_t* tokens = model.tokens().data<int32_t>();
   for (int64_t n = 0; n < options.new_tokens; ++n) {
@@ -41,7 +41,23 @@ absl::StatusOr<std::vector<int32_t>> GenerateTokens(const DeviceContext& caller_
     std::fill(tokens, tokens + T, 0);
     std::copy(text.end() - len, text.end(), tokens);
     ZT_RETURN_IF_ERROR(model.ForwardLogits(ctx));
-    const float* logits = model.logits().data<float>() + (len - 1) * V;
+    // The logits are in the compute dtype: widen the last position's row to f32.
+    const Tensor& all = model.logits();
+    for (int64_t v = 0; v < V; ++v) {
+      const int64_t i = (len - 1) * V + v;
+      switch (all.dtype()) {
+        case DType::kBF16:
+          row[v] = Bf16ToFloat(all.data<uint16_t>()[i]);
+          break;
+        case DType::kF16:
+          row[v] = HalfToFloat(all.data<uint16_t>()[i]);
+          break;
+        default:
+          row[v] = all.data<float>()[i];
+          break;
+      }
+    }
+    const float* logits = row.data();
 
     std::iota(order.begin(), order.end(), 0);
     const int k = options.top_k > 0 ? std::min<int>(options.top_k, V) : static_cast<int>(V);

@@ -1,5 +1,6 @@
 #include "worker/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <random>
@@ -264,37 +265,59 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
   return Add(ctx, out, a.res2, out);  // out = res2 + mlp(res2)
 }
 
-absl::Status Transformer::HeadForward(const DeviceContext& ctx, const Tensor& params,
-                                      const Tensor& embedding_params) {
+absl::Status Transformer::HeadForward(const DeviceContext& ctx, const Tensor& params) {
   const UnitLayout& u = layout_.head();
   const Tensor& x = residual_.back();
   if (gpt2_) {
-    ZT_RETURN_IF_ERROR(LayerNormForward(ctx, {.inp = x,
-                                              .weight = View(u, params, "ln_f.weight"),
-                                              .bias = View(u, params, "ln_f.bias"),
-                                              .out = lnf_,
-                                              .mean = lnf_mean_,
-                                              .rstd = lnf_rstd_,
-                                              .eps = config_.norm_eps()}));
-  } else {
-    ZT_RETURN_IF_ERROR(RmsNormForward(ctx, {.inp = x,
-                                            .weight = View(u, params, "ln_f.weight"),
-                                            .out = lnf_,
-                                            .rstd = lnf_rstd_,
-                                            .eps = config_.norm_eps()}));
+    return LayerNormForward(ctx, {.inp = x,
+                                  .weight = View(u, params, "ln_f.weight"),
+                                  .bias = View(u, params, "ln_f.bias"),
+                                  .out = lnf_,
+                                  .mean = lnf_mean_,
+                                  .rstd = lnf_rstd_,
+                                  .eps = config_.norm_eps()});
   }
-  const Tensor w = layout_.tied_embeddings ? View(layout_.embedding(), embedding_params, "wte")
-                                           : View(u, params, "lm_head.weight");
-  return LinearForward(ctx, {.inp = lnf_, .weight = w, .out = logits_});  // (BT, V)
+  return RmsNormForward(ctx, {.inp = x,
+                              .weight = View(u, params, "ln_f.weight"),
+                              .out = lnf_,
+                              .rstd = lnf_rstd_,
+                              .eps = config_.norm_eps()});
 }
 
-absl::Status Transformer::ComputeLoss(const DeviceContext& ctx, const LossOptions& options,
-                                      double* loss) {
-  ZT_RETURN_IF_ERROR(SoftmaxCrossEntropy(ctx, {.logits = logits_,
-                                               .targets = targets_.Reshape({B_ * T_}),
-                                               .losses = losses_,
-                                               .grad_scale = options.grad_scale,
-                                               .write_grad = options.write_grad}));
+Tensor Transformer::HeadWeight(const Tensor& params, const Tensor& embedding_params) const {
+  return layout_.tied_embeddings ? View(layout_.embedding(), embedding_params, "wte")
+                                 : View(layout_.head(), params, "lm_head.weight");
+}
+
+absl::StatusOr<double> Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& params,
+                                             const Tensor& grads, const Tensor& embedding_params,
+                                             const Tensor& embedding_grads,
+                                             const LossOptions& options) {
+  const Tensor w = HeadWeight(params, embedding_params);
+  const Tensor dw = options.write_grad ? HeadWeight(grads, embedding_grads) : Tensor();
+  const Tensor targets = targets_.Reshape({B_ * T_});
+  // The logits exist one chunk of rows at a time: project, fuse softmax + cross-entropy
+  // (overwriting the chunk with dL/dlogits), then, when training, the projection's backward
+  // for the chunk — so (B·T, V) logits are never held at once.
+  const int64_t chunk = logits_.dim(0);
+  for (int64_t r0 = 0; r0 < B_ * T_; r0 += chunk) {
+    const int64_t r1 = std::min(B_ * T_, r0 + chunk);
+    const Tensor logits = logits_.Slice(0, r1 - r0);
+    const Tensor lnf = lnf_.Slice(r0, r1);
+    ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = lnf, .weight = w, .out = logits}));
+    ZT_RETURN_IF_ERROR(SoftmaxCrossEntropy(ctx, {.logits = logits,
+                                                 .targets = targets.Slice(r0, r1),
+                                                 .losses = losses_.Slice(r0, r1),
+                                                 .grad_scale = options.grad_scale,
+                                                 .write_grad = options.write_grad}));
+    if (options.write_grad) {
+      ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = logits,
+                                              .inp = lnf,
+                                              .weight = w,
+                                              .dinp = grad_.ln.Slice(r0, r1),
+                                              .dweight = dw}));
+    }
+  }
   // Mean over the valid targets of this micro-batch, summed in double in a fixed order.
   const int32_t* t = targets_.data<int32_t>();
   const float* l = losses_.data<float>();
@@ -306,16 +329,27 @@ absl::Status Transformer::ComputeLoss(const DeviceContext& ctx, const LossOption
       ++valid;
     }
   }
-  *loss = valid > 0 ? sum / static_cast<double>(valid) : 0.0;
-  return absl::OkStatus();
+  return valid > 0 ? sum / static_cast<double>(valid) : 0.0;
 }
 
-absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
+absl::Status Transformer::ForwardToHead(const DeviceContext& ctx) {
   ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, params_.front()));
   for (int i = 0; i < layout_.n_blocks(); ++i) {
     ZT_RETURN_IF_ERROR(BlockForward(ctx, i, params_[1 + i]));
   }
-  return HeadForward(ctx, params_.back(), params_.front());
+  return HeadForward(ctx, params_.back());
+}
+
+absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
+  if (logits_.dim(0) != B_ * T_) {
+    return absl::FailedPreconditionError(
+        "forward to logits needs a plan with a logit for every position (PlanInference); a "
+        "training plan holds one loss chunk");
+  }
+  ZT_RETURN_IF_ERROR(ForwardToHead(ctx));
+  return LinearForward(ctx, {.inp = lnf_,
+                             .weight = HeadWeight(params_.back(), params_.front()),
+                             .out = logits_});
 }
 
 absl::StatusOr<double> Transformer::ForwardLoss(const DeviceContext& ctx,
@@ -323,24 +357,15 @@ absl::StatusOr<double> Transformer::ForwardLoss(const DeviceContext& ctx,
   if (options.write_grad && grads_.empty()) {
     return absl::FailedPreconditionError("forward with gradients on a model bound without them");
   }
-  ZT_RETURN_IF_ERROR(ForwardLogits(ctx));
-  double loss = 0;
-  ZT_RETURN_IF_ERROR(ComputeLoss(ctx, options, &loss));
-  return loss;
+  ZT_RETURN_IF_ERROR(ForwardToHead(ctx));
+  return HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(),
+                  params_.front(), options.write_grad ? grads_.front() : Tensor(), options);
 }
 
 absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& params,
-                                       const Tensor& grads, const Tensor& embedding_params,
-                                       const Tensor& embedding_grads) {
+                                       const Tensor& grads) {
+  // HeadLoss already ran the projection's backward: grad_.ln holds dL/d(final norm output).
   const UnitLayout& u = layout_.head();
-  const bool tied = layout_.tied_embeddings;
-  const Tensor w = tied ? View(layout_.embedding(), embedding_params, "wte")
-                        : View(u, params, "lm_head.weight");
-  const Tensor dw = tied ? View(layout_.embedding(), embedding_grads, "wte")
-                         : View(u, grads, "lm_head.weight");
-  // logits_ holds dL/dlogits (the fused cross-entropy wrote it in place).
-  ZT_RETURN_IF_ERROR(LinearBackward(
-      ctx, {.dout = logits_, .inp = lnf_, .weight = w, .dinp = grad_.ln, .dweight = dw}));
   const Tensor& x = residual_.back();
   if (gpt2_) {
     return LayerNormBackward(ctx, {.dout = grad_.ln,
@@ -478,8 +503,7 @@ absl::Status Transformer::Backward(const DeviceContext& ctx) {
   if (grads_.empty()) {
     return absl::FailedPreconditionError("backward on a model bound without gradients");
   }
-  ZT_RETURN_IF_ERROR(
-      HeadBackward(ctx, params_.back(), grads_.back(), params_.front(), grads_.front()));
+  ZT_RETURN_IF_ERROR(HeadBackward(ctx, params_.back(), grads_.back()));
   for (int i = layout_.n_blocks() - 1; i >= 0; --i) {
     ZT_RETURN_IF_ERROR(BlockBackward(ctx, i, params_[1 + i], grads_[1 + i]));
   }

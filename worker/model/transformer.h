@@ -55,7 +55,8 @@ class Transformer {
   // Inputs and targets of the next forward: (B, T) i32 views of the workspace.
   const Tensor& tokens() const { return tokens_; }
   const Tensor& targets() const { return targets_; }
-  // (B·T, V): the last forward's logits, or their gradient after a forward with grad.
+  // (B·T, V) after ForwardLogits on an inference plan. A training plan holds one loss chunk
+  // of rows (worker/model/activation_table.h), reused by HeadLoss.
   const Tensor& logits() const { return logits_; }
 
   // GPT-2-style initialisation from `seed`: N(0, init_std) for matrices and embeddings,
@@ -72,20 +73,28 @@ class Transformer {
     // 1 / (targets in the global batch): the loss is a mean over the global batch.
     float grad_scale = 1.0f;
   };
-  // Forward over tokens() → mean cross-entropy over targets() (targets < 0 ignored).
+  // Forward over tokens() → mean cross-entropy over targets() (targets < 0 ignored). With
+  // write_grad the output projection's backward runs here too, chunk by chunk (HeadLoss).
   absl::StatusOr<double> ForwardLoss(const DeviceContext& ctx, const LossOptions& options);
-  // Forward only up to the logits (no loss): for sampling.
+  // Forward to the logits of every position (no loss), on an inference plan: for sampling.
   absl::Status ForwardLogits(const DeviceContext& ctx);
   // Backward of the last ForwardLoss with write_grad: parameter gradients += ….
   absl::Status Backward(const DeviceContext& ctx);
 
-  // The per-unit steps the two loops above are made of, for the sharding engine.
+  // The per-unit steps the loops above are made of, for the sharding engine.
   absl::Status EmbeddingForward(const DeviceContext& ctx, const Tensor& params);
   absl::Status BlockForward(const DeviceContext& ctx, int i, const Tensor& params);
-  absl::Status HeadForward(const DeviceContext& ctx, const Tensor& params,
-                           const Tensor& embedding_params);
-  absl::Status HeadBackward(const DeviceContext& ctx, const Tensor& params, const Tensor& grads,
-                            const Tensor& embedding_params, const Tensor& embedding_grads);
+  // The final norm.
+  absl::Status HeadForward(const DeviceContext& ctx, const Tensor& params);
+  // Output projection + fused softmax cross-entropy, one chunk of rows at a time, and with
+  // options.write_grad the projection's backward per chunk (its weight gradient += into
+  // `grads`, or into the embedding's for tied weights; dL/d(norm output) kept for
+  // HeadBackward). `grads`/`embedding_grads` may be empty without write_grad.
+  absl::StatusOr<double> HeadLoss(const DeviceContext& ctx, const Tensor& params,
+                                  const Tensor& grads, const Tensor& embedding_params,
+                                  const Tensor& embedding_grads, const LossOptions& options);
+  // The final norm's backward.
+  absl::Status HeadBackward(const DeviceContext& ctx, const Tensor& params, const Tensor& grads);
   absl::Status BlockBackward(const DeviceContext& ctx, int i, const Tensor& params,
                              const Tensor& grads);
   absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);
@@ -105,7 +114,9 @@ class Transformer {
   // A view of tensor `name` of unit `unit` inside that unit's flat buffer `flat`; empty if
   // the family has no such tensor.
   Tensor View(const UnitLayout& unit, const Tensor& flat, const char* name) const;
-  absl::Status ComputeLoss(const DeviceContext& ctx, const LossOptions& options, double* loss);
+  absl::Status ForwardToHead(const DeviceContext& ctx);
+  // The output projection: the head's own, or the embedding's wte when tied.
+  Tensor HeadWeight(const Tensor& params, const Tensor& embedding_params) const;
   // The forward of block i up to the MLP activation, or all of it with `write_output`.
   absl::Status BlockForwardImpl(const DeviceContext& ctx, int i, const Tensor& params,
                                 bool write_output);

@@ -13,7 +13,7 @@
 namespace zt {
 namespace {
 
-zerotrain::JobSpec TinyJob(zerotrain::ModelConfig::Family family) {
+zerotrain::JobSpec TinyJob(zerotrain::ModelConfig::Family family, int micro_batch = 2) {
   zerotrain::JobSpec job;
   auto* m = job.mutable_model();
   m->set_family(family);
@@ -30,7 +30,7 @@ zerotrain::JobSpec TinyJob(zerotrain::ModelConfig::Family family) {
   m->set_rope_theta(10000.0f);
   m->set_init_std(0.02f);
   job.mutable_data()->set_seq_len(7);
-  job.mutable_train()->set_micro_batch_size(2);
+  job.mutable_train()->set_micro_batch_size(micro_batch);
   job.mutable_train()->set_grad_accum_steps(1);
   job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW);
   return job;
@@ -81,8 +81,7 @@ TEST_P(TransformerTest, InitialLossIsNearLogVocab) {
   EXPECT_NEAR(loss, std::log(11.0), 0.05 * std::log(11.0));
 }
 
-TEST_P(TransformerTest, GradientsMatchFiniteDifferences) {
-  zerotrain::JobSpec job = TinyJob(GetParam());
+void CheckGradientsAgainstFiniteDifferences(zerotrain::JobSpec job) {
   job.mutable_resources()->set_cpu_threads(1);
   Bound b = BindJob(job);
   Transformer& m = *b.model;
@@ -132,6 +131,16 @@ TEST_P(TransformerTest, GradientsMatchFiniteDifferences) {
     }
   }
   EXPECT_GT(checked, 20);
+}
+
+TEST_P(TransformerTest, GradientsMatchFiniteDifferences) {
+  CheckGradientsAgainstFiniteDifferences(TinyJob(GetParam()));
+}
+
+// 40 × 7 = 280 rows: the loss runs in two chunks (256 + 24 rows), so the output projection's
+// weight gradient accumulates across chunks and the norm's input gradient is stitched.
+TEST_P(TransformerTest, GradientsMatchFiniteDifferencesAcrossLossChunks) {
+  CheckGradientsAgainstFiniteDifferences(TinyJob(GetParam(), 40));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TransformerTest,
