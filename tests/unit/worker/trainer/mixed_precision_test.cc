@@ -5,6 +5,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/trainer.h"
@@ -17,17 +18,8 @@ using zerotrain::PrecisionConfig;
 class MixedPrecisionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("zt-mixed-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-    std::mt19937 rng(3);
-    std::vector<int32_t> tokens(20000);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = rng() % 8 == 0 ? static_cast<int32_t>(rng() % 32)
-                                 : static_cast<int32_t>((i * 7) % 32);
-    }
-    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens, 32).ok());
+    dir_ = testing::TestScratchDir("zt-mixed");
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 

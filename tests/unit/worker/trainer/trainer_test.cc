@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 
@@ -17,17 +18,8 @@ namespace {
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("zt-trainer-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-    // A corpus with structure (a noisy repeating pattern) so that training visibly learns.
-    std::mt19937 rng(3);
-    std::vector<int32_t> tokens(20000);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = rng() % 8 == 0 ? static_cast<int32_t>(rng() % 32)
-                                 : static_cast<int32_t>((i * 7) % 32);
-    }
+    dir_ = testing::TestScratchDir("zt-trainer-test");
+    const std::vector<int32_t> tokens = testing::PatternTokens();
     ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens, 32).ok());
     ASSERT_TRUE(WriteTokenShard((dir_ / "val.bin").string(),
                                 std::vector<int32_t>(tokens.begin(), tokens.begin() + 4000), 32)
