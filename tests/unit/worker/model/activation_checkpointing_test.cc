@@ -114,7 +114,6 @@ INSTANTIATE_TEST_SUITE_P(Families, ActivationCheckpointingTest,
 // The plan's activation bytes follow the policy exactly: per block, FULL drops everything
 // but the residual, SELECTIVE drops atty + att_lse + fch_act (then adds one shared set).
 TEST(ActivationCheckpointingPlanTest, BytesFollowThePolicy) {
-  const auto job = Job(zerotrain::ModelConfig::GPT2, Ckpt::NONE);
   const int64_t BT = 3 * 16, C = 32, F = 128, H = 4, L = 4;
   const int64_t residual = (L + 1) * BT * C * 4;
   // ln1, ln2 (C each), qkv (3C), res2 (C), fch (F) and four stats of BT; core: atty (C),
@@ -131,7 +130,6 @@ TEST(ActivationCheckpointingPlanTest, BytesFollowThePolicy) {
   EXPECT_EQ(bytes(Ckpt::FULL, 1), residual + (inputs + core) + head);
   EXPECT_EQ(bytes(Ckpt::EVERY_K, 2), residual + 2 * (inputs + core) + (inputs + core) + head);
   EXPECT_EQ(bytes(Ckpt::SELECTIVE, 1), residual + L * inputs + core + head);
-  (void)job;
 }
 
 }  // namespace
