@@ -7,16 +7,6 @@
 #include "kernels/status_macros.h"
 
 namespace zt {
-namespace {
-
-absl::Status CheckBeta(const char* op, const char* arg, float beta) {
-  if (beta >= 0.0f && beta < 1.0f) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": ", arg, " is ", beta, ", must be in [0, 1)"));
-}
-
-}  // namespace
-
 absl::Status AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args) {
   constexpr const char* kOp = "AdamW8bitUpdate";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
@@ -32,15 +22,8 @@ absl::Status AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args
   ZT_RETURN_IF_ERROR(internal::CheckQuantizedBuffer(kOp, "v_codes", args.v_codes, "v_absmax",
                                                     args.v_absmax, "param", args.param, args.block,
                                                     ctx));
-  ZT_RETURN_IF_ERROR(CheckBeta(kOp, "beta1", args.beta1));
-  ZT_RETURN_IF_ERROR(CheckBeta(kOp, "beta2", args.beta2));
-  if (args.step < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": step is ", args.step, ", must be at least 1 (it is 1-based)"));
-  }
-  if (!(args.eps > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": eps is ", args.eps, ", must be > 0"));
-  }
+  ZT_RETURN_IF_ERROR(
+      internal::CheckAdamHyperparameters(kOp, args.beta1, args.beta2, args.eps, args.step));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   cpu::AdamW8bitUpdate(ctx, args);
   return absl::OkStatus();

@@ -4,7 +4,9 @@
 // the rule, so a caller can tell which buffer of which layer was wrong.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -116,6 +118,27 @@ inline absl::Status CheckParamCopy(const char* op, const Tensor& copy, bool stoc
 
 inline absl::Status NoCudaKernel(const char* op) {
   return absl::UnimplementedError(absl::StrCat(op, ": no CUDA kernel in this build"));
+}
+
+// Adam's hyperparameters, shared by AdamWUpdate and AdamW8bitUpdate: β1, β2 in [0, 1),
+// ε > 0, a 1-based step. The error names the op and the argument.
+inline absl::Status CheckAdamHyperparameters(const char* op, float beta1, float beta2, float eps,
+                                             int64_t step) {
+  for (const auto& [name, beta] : {std::pair<const char*, float>{"beta1", beta1},
+                                   std::pair<const char*, float>{"beta2", beta2}}) {
+    if (!(beta >= 0.0f && beta < 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", name, " is ", beta, ", must be in [0, 1)"));
+    }
+  }
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": step is ", step, ", must be at least 1 (it is 1-based)"));
+  }
+  if (!(eps > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": eps is ", eps, ", must be > 0"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zt::internal

@@ -16,12 +16,6 @@ absl::Status CheckBuffer(const char* op, const char* arg, const Tensor& t, const
   return internal::CheckSameNumel(op, arg, t, "param", param);
 }
 
-absl::Status CheckBeta(const char* op, const char* arg, float beta) {
-  if (beta >= 0.0f && beta < 1.0f) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": ", arg, " is ", beta, ", must be in [0, 1)"));
-}
-
 }  // namespace
 
 absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
@@ -34,15 +28,8 @@ absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
       internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "m", args.m, args.param, ctx));
   ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "v", args.v, args.param, ctx));
-  ZT_RETURN_IF_ERROR(CheckBeta(kOp, "beta1", args.beta1));
-  ZT_RETURN_IF_ERROR(CheckBeta(kOp, "beta2", args.beta2));
-  if (args.step < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": step is ", args.step, ", must be at least 1 (it is 1-based)"));
-  }
-  if (!(args.eps > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": eps is ", args.eps, ", must be > 0"));
-  }
+  ZT_RETURN_IF_ERROR(
+      internal::CheckAdamHyperparameters(kOp, args.beta1, args.beta2, args.eps, args.step));
   if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
   cpu::AdamWUpdate(ctx, args);
   return absl::OkStatus();
