@@ -87,8 +87,7 @@ class Communicator {
   virtual absl::StatusOr<CommHandle> AllGather(Tensor input, Tensor output,
                                                const std::string& label) = 0;
   // data on every rank becomes root's data.
-  virtual absl::StatusOr<CommHandle> Broadcast(Tensor data, int root,
-                                               const std::string& label) = 0;
+  virtual absl::StatusOr<CommHandle> Broadcast(Tensor data, int root, const std::string& label) = 0;
   // Point-to-point: the k-th Send from a to b pairs with the k-th Recv on b from a.
   virtual absl::StatusOr<CommHandle> Send(Tensor data, int peer, const std::string& label) = 0;
   virtual absl::StatusOr<CommHandle> Recv(Tensor data, int peer, const std::string& label) = 0;

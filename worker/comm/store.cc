@@ -24,8 +24,8 @@ namespace zt {
 namespace {
 
 absl::Status MissingKeys(const std::vector<std::string>& missing, absl::Duration timeout) {
-  return absl::DeadlineExceededError(absl::StrCat("store wait: keys [", absl::StrJoin(missing, ", "),
-                                                  "] not set within ",
+  return absl::DeadlineExceededError(absl::StrCat("store wait: keys [",
+                                                  absl::StrJoin(missing, ", "), "] not set within ",
                                                   absl::FormatDuration(timeout)));
 }
 
@@ -142,8 +142,8 @@ absl::Status FileStore::Set(const std::string& key, const std::string& value) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("FileStore set: rename to '", path,
-                                               "' for key '", key, "': ", std::strerror(err)));
+    return absl::UnavailableError(absl::StrCat("FileStore set: rename to '", path, "' for key '",
+                                               key, "': ", std::strerror(err)));
   }
   return absl::OkStatus();
 }
