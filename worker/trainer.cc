@@ -178,48 +178,36 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     sum_sq += s;
   }
   StepRecord r;
+  r.loss = loss;
+  r.lr = LearningRate(job_.optimizer(), step_, train.max_steps());
   r.loss_scale = loss_scale;
   if (overflow) {
     // A scaled gradient overflowed: skip the update, let the scaler back off. The step still
     // counts (data and schedule move on), as DeepSpeed counts it.
     ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/true));
-    ++step_;
-    r.step = step_;
-    r.loss = loss;
-    r.lr = LearningRate(job_.optimizer(), step_ - 1, train.max_steps());
     r.grad_norm = std::numeric_limits<double>::infinity();
-    r.skipped = loss_scaler_->skipped_steps();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    r.step_ms = seconds * 1e3;
-    r.tokens_per_s = static_cast<double>(accum * tokens_per_micro) / seconds;
-    return r;
+  } else {
+    r.grad_norm = std::sqrt(sum_sq) / loss_scale;
+    if (!std::isfinite(r.grad_norm) || !std::isfinite(loss)) {
+      return absl::AbortedError(absl::StrFormat(
+          "step %d: loss %g, gradient norm %g are not finite (lower optimizer.lr or enable "
+          "optimizer.grad_clip)",
+          step_ + 1, loss, r.grad_norm));
+    }
+    const float clip = job_.optimizer().grad_clip();
+    const float clip_scale = clip > 0 && r.grad_norm > clip
+                                 ? static_cast<float>(clip / (r.grad_norm + 1e-6))
+                                 : 1.0f;
+    // Stochastic rounding draws a new stream every step, reproducibly from the job's seed.
+    const uint64_t rounding_seed = job_.train().seed() * 0x9E3779B97F4A7C15ull + step_;
+    ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, m.unit_params(), m.unit_grads(), r.lr,
+                                        static_cast<float>(clip_scale / loss_scale),
+                                        rounding_seed));
+    if (loss_scaler_) ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
   }
-  const double grad_norm = std::sqrt(sum_sq) / loss_scale;
-  if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
-    return absl::AbortedError(absl::StrFormat(
-        "step %d: loss %g, gradient norm %g are not finite (lower optimizer.lr or enable "
-        "optimizer.grad_clip)",
-        step_ + 1, loss, grad_norm));
-  }
-  const float clip = job_.optimizer().grad_clip();
-  const float clip_scale =
-      clip > 0 && grad_norm > clip ? static_cast<float>(clip / (grad_norm + 1e-6)) : 1.0f;
-  const float lr = LearningRate(job_.optimizer(), step_, train.max_steps());
-  // Stochastic rounding draws a new stream every step, reproducibly from the job's seed.
-  const uint64_t rounding_seed = job_.train().seed() * 0x9E3779B97F4A7C15ull + step_;
-  ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, m.unit_params(), m.unit_grads(), lr,
-                                      static_cast<float>(clip_scale / loss_scale),
-                                      rounding_seed));
-  if (loss_scaler_) {
-    ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
-    r.skipped = loss_scaler_->skipped_steps();
-  }
+  if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
   ++step_;
-
   r.step = step_;
-  r.loss = loss;
-  r.lr = lr;
-  r.grad_norm = grad_norm;
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   r.step_ms = seconds * 1e3;
   r.tokens_per_s = static_cast<double>(accum * tokens_per_micro) / seconds;

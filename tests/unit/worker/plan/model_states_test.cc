@@ -89,7 +89,6 @@ TEST(ModelStatesTest, ShardsOfAllRanksCoverTheStateOnce) {
   // The optimizer state of the N shards adds up to the unsharded state (fp32 moments): no
   // element is lost or counted twice, whatever rank a tensor boundary falls in.
   const zerotrain::JobSpec one = Gpt2Xl(OptimizerConfig::ADAMW, 1, 0);
-  const int64_t whole = PlanMemory(one).CategoryBytes(MemoryCategory::kOptimizerState);
   for (int n : {3, 8}) {
     const zerotrain::JobSpec sharded = Gpt2Xl(OptimizerConfig::ADAMW, n, 1);
     int64_t sum = 0;
@@ -103,9 +102,9 @@ TEST(ModelStatesTest, ShardsOfAllRanksCoverTheStateOnce) {
     for (const BufferSpec& b : PlanMemory(one).buffers) {
       if (b.name.ends_with(".adam_m") || b.name.ends_with(".adam_v")) whole_moments += b.bytes();
     }
+    EXPECT_GT(whole_moments, 0);
     EXPECT_EQ(sum, whole_moments) << n;
   }
-  EXPECT_GT(whole, 0);
 }
 
 }  // namespace
