@@ -20,6 +20,11 @@ struct TrainFlags {
   std::string tokenizer = "bytes";
   std::string prompt = "\n";
   bool quiet = false;
+  // The ranks this process runs, "A" or "A-B" (inclusive); empty: every rank of the job.
+  std::string ranks;
+  // Directory of the rendezvous store shared with the processes running the other ranks;
+  // required when `ranks` is not every rank.
+  std::string rendezvous;
 };
 absl::Status RunTrain(const TrainFlags& flags);
 

@@ -15,11 +15,15 @@ namespace zt::cli {
 
 absl::Status RunEstimate(const EstimateFlags& flags) {
   // Estimating needs neither the data files nor an engine that can run the job yet.
-  absl::StatusOr<zerotrain::JobSpec> loaded = LoadValidatedJob(
-      flags.job_file, {.check_paths = false, .check_engine_support = false});
+  absl::StatusOr<zerotrain::JobSpec> loaded =
+      LoadValidatedJob(flags.job_file, {.check_paths = false, .check_engine_support = false});
   if (!loaded.ok()) return loaded.status();
   zerotrain::JobSpec job = *loaded;
-  if (flags.world_size > 0) job.mutable_parallel()->set_world_size(flags.world_size);
+  if (flags.world_size > 0) {
+    // A new world shards over all its ranks (the job's shard_group_size was for its own).
+    job.mutable_parallel()->set_world_size(flags.world_size);
+    job.mutable_parallel()->set_shard_group_size(flags.world_size);
+  }
   if (flags.zero_stage >= 0) job.mutable_parallel()->set_zero_stage(flags.zero_stage);
   if (job.parallel().zero_stage() > 3) {
     return absl::InvalidArgumentError(

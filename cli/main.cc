@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
                         "Tokenizer to decode samples with: bytes (default) or a path");
   train_cmd->add_option("--prompt", train.prompt, "Text the sample continues");
   train_cmd->add_flag("--quiet", train.quiet, "No progress lines");
+  train_cmd->add_option("--ranks", train.ranks,
+                        "Ranks this process runs, A or A-B (default: all, one thread each)");
+  train_cmd->add_option("--rendezvous", train.rendezvous,
+                        "Directory of the store the processes of a multi-process job share");
 
   zt::cli::PrepareFlags prepare;
   CLI::App* prepare_cmd =
@@ -54,7 +58,7 @@ int main(int argc, char** argv) {
   CLI::App* estimate_cmd = app.add_subcommand(
       "estimate", "Print where a rank's memory goes, by category, without allocating it");
   estimate_cmd->add_option("job", estimate.job_file, "Job file (YAML or JSON)")->required();
-  estimate_cmd->add_option("--world-size", estimate.world_size, "Ranks (default: the job's)")
+  estimate_cmd->add_option("--world-size", estimate.world_size, "Ranks, sharded as one group (default: the job's)")
       ->check(CLI::PositiveNumber);
   estimate_cmd->add_option("--zero-stage", estimate.zero_stage, "ZeRO stage 0-3 (default: the job's)")
       ->check(CLI::Range(0, 3));

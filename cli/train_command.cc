@@ -1,12 +1,19 @@
-// `zt train JOBFILE`: load and validate the job, train it in this process, then optionally
-// export the weights and print a sample of generated text.
+// `zt train JOBFILE`: load and validate the job, train it in this process — every rank of
+// the job as a thread of its own, or the ranks given by --ranks, meeting the other processes'
+// ranks through a file-backed rendezvous store — then optionally export the weights and print
+// a sample of generated text.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/comm/store.h"
 #include "worker/data/tokenizer.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/text_generation.h"
@@ -37,6 +44,64 @@ absl::Status PrintSample(const Trainer& trainer, const TrainFlags& flags) {
   return absl::OkStatus();
 }
 
+struct RankRange {
+  int first = 0;
+  int last = 0;
+};
+
+absl::StatusOr<RankRange> ParseRanks(const std::string& text, int world_size) {
+  if (text.empty()) return RankRange{0, world_size - 1};
+  std::vector<std::string> parts = absl::StrSplit(text, '-');
+  RankRange r;
+  if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &r.first) ||
+      !absl::SimpleAtoi(parts.back(), &r.last)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ranks: '", text, "' is not A or A-B (rank numbers)"));
+  }
+  if (r.first < 0 || r.last < r.first || r.last >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--ranks: ", text, " must lie in 0..",
+                                                   world_size - 1, " (parallel.world_size ",
+                                                   world_size, ")"));
+  }
+  return r;
+}
+
+// What one rank thread does: train, then take part in the export's gather.
+absl::Status RunRank(const zerotrain::JobSpec& job, const TrainFlags& flags, TrainOptions options,
+                     DType export_dtype, std::unique_ptr<Trainer>* kept) {
+  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(job, options);
+  if (!created.ok()) return created.status();
+  Trainer* trainer = created->get();
+  if (!flags.quiet && options.rank == 0) {
+    std::fprintf(stderr,
+                 "zt: %s, %lld parameters, %d rank(s), ZeRO stage %d, plan %.1f MiB "
+                 "per rank, metrics in %s\n",
+                 job.name().empty() ? "job" : job.name().c_str(),
+                 static_cast<long long>(trainer->model().layout().total_numel),
+                 job.parallel().world_size(), job.parallel().zero_stage(),
+                 static_cast<double>(trainer->plan().TotalBytes()) / (1 << 20),
+                 options.run_dir.c_str());
+  }
+  if (absl::Status s = trainer->Run(); !s.ok()) return s;
+  if (!flags.export_path.empty()) {
+    // Every rank takes part in gathering the shards; rank 0 writes.
+    absl::StatusOr<std::vector<std::vector<float>>> weights = trainer->FullWeights();
+    if (!weights.ok()) return weights.status();
+    if (options.rank == 0) {
+      std::vector<const float*> units;
+      for (const std::vector<float>& w : *weights) units.push_back(w.data());
+      if (absl::Status s = ExportHuggingFace(flags.export_path, job.model(),
+                                             trainer->model().layout(), units, export_dtype);
+          !s.ok()) {
+        return s;
+      }
+      if (!flags.quiet) std::fprintf(stderr, "zt: exported %s\n", flags.export_path.c_str());
+    }
+  }
+  *kept = std::move(*created);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunTrain(const TrainFlags& flags) {
@@ -45,36 +110,65 @@ absl::Status RunTrain(const TrainFlags& flags) {
   const zerotrain::JobSpec& job = *loaded;
   absl::StatusOr<DType> export_dtype = ParseExportDType(flags.export_dtype);
   if (!export_dtype.ok()) return export_dtype.status();
+  const int world = job.parallel().world_size();
+  absl::StatusOr<RankRange> ranks = ParseRanks(flags.ranks, world);
+  if (!ranks.ok()) return ranks.status();
+  const bool all_ranks = ranks->first == 0 && ranks->last == world - 1;
+  if (!all_ranks && flags.rendezvous.empty()) {
+    return absl::InvalidArgumentError(
+        "--ranks: running part of a job's ranks needs --rendezvous DIR, a directory every "
+        "process of the job shares");
+  }
+  if (flags.sample_tokens > 0 && job.parallel().zero_stage() == 3) {
+    return absl::InvalidArgumentError(
+        "--sample: sampling reads whole parameters, which zero_stage 3 shards; export the "
+        "model (--export) and sample from it, or train with zero_stage ≤ 2");
+  }
+  std::unique_ptr<Store> store;
+  if (flags.rendezvous.empty()) {
+    store = std::make_unique<InProcessStore>();
+  } else {
+    absl::StatusOr<std::unique_ptr<FileStore>> file_store = FileStore::Create(flags.rendezvous);
+    if (!file_store.ok()) return file_store.status();
+    store = std::move(*file_store);
+  }
   TrainOptions options;
-  options.run_dir = flags.run_dir.empty()
-                        ? (std::filesystem::path("runs") / (job.name().empty() ? "job" : job.name()))
-                              .string()
-                        : flags.run_dir;
+  options.run_dir =
+      flags.run_dir.empty()
+          ? (std::filesystem::path("runs") / (job.name().empty() ? "job" : job.name())).string()
+          : flags.run_dir;
   if (flags.stop_after_step >= 0) options.stop_after_step = flags.stop_after_step;
   options.progress = !flags.quiet;
-  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(job, options);
-  if (!created.ok()) return created.status();
-  Trainer* trainer = created->get();
-  if (!flags.quiet) {
-    std::fprintf(stderr, "zt: %s, %lld parameters, plan %.1f MiB, metrics in %s\n",
-                 job.name().empty() ? "job" : job.name().c_str(),
-                 static_cast<long long>(trainer->model().layout().total_numel),
-                 static_cast<double>(trainer->plan().TotalBytes()) / (1 << 20),
-                 options.run_dir.c_str());
-  }
-  if (absl::Status s = trainer->Run(); !s.ok()) return s;
+  options.store = store.get();
 
-  if (!flags.export_path.empty()) {
-    std::vector<const float*> units;
-    for (const Tensor& p : trainer->fp32_weights()) units.push_back(p.data<float>());
-    if (absl::Status s = ExportHuggingFace(flags.export_path, job.model(),
-                                           trainer->model().layout(), units, *export_dtype);
-        !s.ok()) {
-      return s;
-    }
-    if (!flags.quiet) std::fprintf(stderr, "zt: exported %s\n", flags.export_path.c_str());
+  const int local = ranks->last - ranks->first + 1;
+  std::vector<absl::Status> results(local);
+  std::vector<std::unique_ptr<Trainer>> trainers(local);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < local; ++i) {
+    threads.emplace_back([&, i] {
+      TrainOptions rank_options = options;
+      rank_options.rank = ranks->first + i;
+      results[i] = RunRank(job, flags, rank_options, *export_dtype, &trainers[i]);
+    });
   }
-  if (flags.sample_tokens > 0) return PrintSample(*trainer, flags);
+  for (std::thread& t : threads) t.join();
+  // The first rank that failed on its own, rather than one that timed out waiting for it.
+  const absl::Status* failed = nullptr;
+  for (const absl::Status& s : results) {
+    if (s.ok()) continue;
+    if (failed == nullptr || (failed->code() == absl::StatusCode::kDeadlineExceeded &&
+                              s.code() != absl::StatusCode::kDeadlineExceeded)) {
+      failed = &s;
+    }
+  }
+  if (failed != nullptr) {
+    const int index = static_cast<int>(failed - results.data());
+    return absl::Status(failed->code(), local > 1 ? absl::StrCat("rank ", ranks->first + index,
+                                                                 ": ", failed->message())
+                                                  : std::string(failed->message()));
+  }
+  if (flags.sample_tokens > 0 && ranks->first == 0) return PrintSample(*trainers[0], flags);
   return absl::OkStatus();
 }
 

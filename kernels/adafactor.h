@@ -23,9 +23,17 @@
 // The gradient may be f32, bf16 or f16, and param_copy, stochastic_rounding and seed work as
 // in AdamWArgs (kernels/optimizer.h): the updated f32 parameter is also written, rounded, to a
 // 16-bit copy, with the stochastic hash's counter the element index within the tensor.
+//
+// Sharded (ZeRO): a rank may hold only a contiguous range of the tensor's flattened elements,
+// cut anywhere (mid-row). The whole-tensor statistics (row and column means of g², mean(R),
+// RMS(U), RMS(param)) are then each rank's partial sums, added across the shard group by a
+// caller-supplied callback; see AdafactorArgs::Shard. Every rank applies the same summed
+// values, so the replicated row and column statistics stay identical across the group.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "kernels/device.h"
@@ -59,7 +67,42 @@ struct AdafactorArgs {
   Tensor param_copy;                 // param's element count, bf16 or f16, or empty
   bool stochastic_rounding = false;  // bf16 param_copy only
   uint64_t seed = 0;                 // of the stochastic rounding
+
+  // Sharded update (ZeRO): `shard` set means param, grad, m, param_copy (and full_state for a
+  // vector) are vectors of the end − begin elements [begin, end) of the whole tensor's
+  // row-major flattening, and other ranks of the shard group hold the rest. The whole tensor
+  // is a matrix of rows × cols (factored statistics), or, with rows = 0, a vector of cols
+  // elements (full second moment). For a matrix, row_state (rows) and col_state (cols) are the
+  // WHOLE tensor's statistics, replicated on every rank of the group; they stay identical
+  // because every rank applies the same summed values. A rank whose range is empty
+  // (begin == end) must still call AdafactorUpdate to take part in the sums: its data tensors
+  // are empty (or have no elements) and so may its row_state and col_state be.
+  //
+  // `sum_across_shards(data, n)` replaces data[0, n) in place by its element-wise sum over the
+  // group (an all-reduce). Each call of AdafactorUpdate calls it exactly twice, with n =
+  // rows + cols + 1 then 1 for a matrix and 1 then 1 for a vector, so every rank of the group
+  // makes the same calls in the same order. An argument error is returned before the first
+  // call, and an error from the callback is returned at once: either way this rank has left
+  // the group's sequence of sums, which the caller must then abort.
+  //
+  // The partial sums are accumulated in double and handed over as f32, so the result equals
+  // the unsharded one to within the f32 rounding of those sums. The stochastic rounding's
+  // counter is the element index within the whole tensor (begin + i), so a sharded run rounds
+  // the copy exactly as an unsharded run would round the same f32 values.
+  struct Shard {
+    int64_t rows = 0;  // the whole tensor's rows; 0 for a vector
+    int64_t cols = 0;  // its columns; a vector's length
+    int64_t begin = 0;
+    int64_t end = 0;
+    std::function<absl::Status(float* data, int64_t n)> sum_across_shards;
+  };
+  std::optional<Shard> shard;
+  // f32 workspace for the sums, sharded only: at least rows + cols + 2 elements for a matrix
+  // ([row sums | column sums | Σ param² | Σ U²]), 2 for a vector; unused when not sharded.
+  Tensor reduce_scratch;
 };
+// Returns InvalidArgument naming the argument and the rule for bad input, Unimplemented on a
+// CUDA context, or (sharded) the first error of sum_across_shards, prefixed with the phase.
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args);
 
 }  // namespace zt

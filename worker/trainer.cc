@@ -61,42 +61,53 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     ZT_RETURN_IF_ERROR(t->val_sampler_->Check());
   }
 
-  t->plan_ = PlanMemory(job);
+  const int rank = options.rank;
+  const int world = job.parallel().world_size();
+  if (rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside parallel.world_size ", world));
+  }
+  if (options.store == nullptr && world > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a job of ", world, " ranks needs a rendezvous store shared by its ranks"));
+  }
+  t->plan_ = PlanMemory(job, rank);
   ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_));
   ZT_ASSIGN_OR_RETURN(Tensor gemm_workspace, t->arenas_->Get("gemm_workspace"));
   t->ctx_.workspace = {.data = gemm_workspace.raw(), .bytes = gemm_workspace.size_bytes()};
   ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T));
   t->model_.emplace(std::move(m));
-  ZT_ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(job.optimizer(), job.precision(),
-                                                       t->model_->layout(), *t->arenas_));
+  Store* store = options.store;
+  if (store == nullptr) {
+    t->own_store_ = std::make_unique<InProcessStore>();
+    store = t->own_store_.get();
+  }
+  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, rank, store));
+  ZT_ASSIGN_OR_RETURN(
+      t->engine_, ShardingEngine::Create(job, rank, &*t->model_, *t->arenas_, t->comms_.view()));
+  std::optional<Optimizer::ShardGroup> shard_group;
+  if (ShardedAdafactor(job)) {
+    ShardingEngine* engine = t->engine_.get();
+    ZT_ASSIGN_OR_RETURN(Tensor scratch, t->arenas_->Get("optimizer.reduce_scratch"));
+    shard_group = Optimizer::ShardGroup{
+        .sum = [engine](float* data, int64_t n) { return engine->SumAcrossShardGroup(data, n); },
+        .reduce_scratch = scratch};
+  }
+  ZT_ASSIGN_OR_RETURN(Optimizer opt,
+                      Optimizer::Create(job.optimizer(), job.precision(), t->model_->layout(),
+                                        *t->arenas_, t->engine_->ranges(), shard_group));
   t->optimizer_.emplace(std::move(opt));
-  // Weights start in fp32 — the master copy when the parameters are 16-bit — and the
-  // parameters are rounded from it.
-  const std::vector<Tensor>& init_into = t->optimizer_->master_weights().empty()
-                                                ? t->model_->unit_params()
-                                                : t->optimizer_->master_weights();
-  if (model.init_from().empty()) {
-    t->model_->InitializeWeights(job.train().seed(), init_into);
-  } else {
-    std::vector<float*> units;
-    for (const Tensor& p : init_into) units.push_back(p.data<float>());
-    ZT_RETURN_IF_ERROR(ImportHuggingFace(model.init_from(), model, t->model_->layout(), units));
-  }
-  if (!t->optimizer_->master_weights().empty()) {
-    for (size_t u = 0; u < init_into.size(); ++u) {
-      ZT_RETURN_IF_ERROR(Cast(t->ctx_, init_into[u], t->model_->unit_params()[u]));
-    }
-  }
+  ZT_RETURN_IF_ERROR(t->InitializeWeights());
   if (LossScalingEnabled(job.precision())) {
     const auto& ls = job.precision().loss_scale();
-    t->loss_scaler_.emplace(LossScalerConfig{
-        .initial_power = ls.initial_power(),
-        .window = ls.window(),
-        .hysteresis = ls.hysteresis(),
-        .min_scale = ls.min_scale(),
-        .static_scale = ls.has_static_scale() ? ls.static_scale() : 0.0,
-        .max_overflows_at_min_scale = ls.max_overflows_at_min_scale(),
-        .consecutive_hysteresis = ls.consecutive_hysteresis()});
+    t->loss_scaler_.emplace(
+        LossScalerConfig{.initial_power = ls.initial_power(),
+                         .window = ls.window(),
+                         .hysteresis = ls.hysteresis(),
+                         .min_scale = ls.min_scale(),
+                         .static_scale = ls.has_static_scale() ? ls.static_scale() : 0.0,
+                         .max_overflows_at_min_scale = ls.max_overflows_at_min_scale(),
+                         .consecutive_hysteresis = ls.consecutive_hysteresis()});
   }
 
   if (!options.run_dir.empty()) {
@@ -106,16 +117,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       return absl::PermissionDeniedError(
           absl::StrCat("run directory '", options.run_dir, "': ", ec.message()));
     }
-    t->metrics_path_ = (std::filesystem::path(options.run_dir) / "metrics.jsonl").string();
-    // A new run starts a new file.
-    std::FILE* f = std::fopen(t->metrics_path_.c_str(), "w");
-    if (f == nullptr) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("cannot write '", t->metrics_path_, "': ", std::strerror(errno)));
+    if (rank == 0) {
+      t->metrics_path_ = (std::filesystem::path(options.run_dir) / "metrics.jsonl").string();
+      // A new run starts a new file.
+      std::FILE* f = std::fopen(t->metrics_path_.c_str(), "w");
+      if (f == nullptr) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot write '", t->metrics_path_, "': ", std::strerror(errno)));
+      }
+      std::fclose(f);
     }
-    std::fclose(f);
-    ZT_RETURN_IF_ERROR(t->WriteMemoryReport(
-        (std::filesystem::path(options.run_dir) / "memory.json").string()));
+    const std::string report =
+        rank == 0 ? "memory.json" : absl::StrCat("memory.rank", rank, ".json");
+    ZT_RETURN_IF_ERROR(
+        t->WriteMemoryReport((std::filesystem::path(options.run_dir) / report).string()));
   }
   return t;
 }
@@ -143,66 +158,110 @@ absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::InitializeWeights() {
+  const zerotrain::ModelConfig& model = job_.model();
+  const ModelLayout& layout = model_->layout();
+  const std::vector<Tensor>& master = optimizer_->master_weights();
+  const int stage = engine_->stage();
+  // Imports read whole units (resharding on read comes with sharded checkpoints).
+  std::vector<std::vector<float>> imported;
+  if (!model.init_from().empty()) {
+    std::vector<float*> units;
+    for (const UnitLayout& u : layout.units) {
+      imported.emplace_back(u.numel);
+      units.push_back(imported.back().data());
+    }
+    ZT_RETURN_IF_ERROR(ImportHuggingFace(model.init_from(), model, layout, units));
+  }
+  std::vector<float> values;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const int64_t numel = layout.units[u].numel;
+    const FlatRange range = engine_->ranges()[u];
+    const int64_t owned = range.end - range.begin;
+    // The fp32 values of the part of the unit this rank stores: all of it while the
+    // parameters are whole (stages 0–2), else the rank's range.
+    const bool whole = stage < 3;
+    const int64_t begin = whole ? 0 : range.begin, end = whole ? numel : range.end;
+    values.resize(end - begin);
+    if (imported.empty()) {
+      model_->InitializeUnitRange(job_.train().seed(), static_cast<int>(u), begin, end,
+                                  values.data());
+    } else {
+      std::copy(imported[u].begin() + begin, imported[u].begin() + end, values.begin());
+    }
+    const Tensor v(values.data(), DType::kF32, {end - begin});
+    const Tensor params = model_->unit_params()[u].Slice(0, end - begin);
+    ZT_RETURN_IF_ERROR(Cast(ctx_, v, params));
+    if (!master.empty() && owned > 0) {
+      ZT_RETURN_IF_ERROR(
+          Cast(ctx_, v.Slice(range.begin - begin, range.end - begin), master[u].Slice(0, owned)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
+  const std::vector<Tensor>& master = optimizer_->master_weights();
+  const int stage = engine_->stage();
+  return master.empty() ? engine_->FullWeights(ctx_, model_->unit_params(), stage == 3)
+                        : engine_->FullWeights(ctx_, master, stage >= 1);
+}
+
 absl::StatusOr<StepRecord> Trainer::Step() {
   const auto start = Clock::now();
   const auto& train = job_.train();
   const int64_t accum = train.grad_accum_steps();
+  const int64_t ranks = job_.parallel().world_size();
   const int64_t tokens_per_micro = model_->batch() * model_->seq_len();
   Transformer& m = *model_;
+  const CommStats comm_before = engine_->stats();
+  const double waited_before = engine_->waited_seconds();
 
-  for (const Tensor& g : m.unit_grads()) ZT_RETURN_IF_ERROR(Zero(ctx_, g));
-  // Every target is valid in training data, so the global batch has accum·B·T targets. The
-  // loss scale multiplies the gradient at its source (dlogits) so small fp16 gradients
+  ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
+  // Every target is valid in training data, so the global batch has N·accum·B·T targets.
+  // The loss scale multiplies the gradient at its source (dlogits) so small fp16 gradients
   // survive the backward; the optimizer divides it back out.
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   const float grad_scale =
-      static_cast<float>(loss_scale / static_cast<double>(accum * tokens_per_micro));
+      static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
   double loss = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    ZT_RETURN_IF_ERROR(train_sampler_->Fill(step_ * accum + micro, m.tokens().data<int32_t>(),
-                                            m.targets().data<int32_t>()));
-    ZT_ASSIGN_OR_RETURN(double micro_loss,
-                        m.ForwardLoss(ctx_, {.write_grad = true, .grad_scale = grad_scale}));
-    ZT_RETURN_IF_ERROR(m.Backward(ctx_));
+    const int64_t global = (step_ * accum + micro) * ranks + options_.rank;
+    ZT_RETURN_IF_ERROR(
+        train_sampler_->Fill(global, m.tokens().data<int32_t>(), m.targets().data<int32_t>()));
+    ZT_ASSIGN_OR_RETURN(double micro_loss, engine_->ForwardBackward(
+                                               ctx_, {.write_grad = true, .grad_scale = grad_scale},
+                                               /*last=*/micro + 1 == accum));
     loss += micro_loss / static_cast<double>(accum);
   }
-
-  double sum_sq = 0;
-  bool overflow = false;
-  for (const Tensor& g : m.unit_grads()) {
-    if (loss_scaler_) {
-      ZT_ASSIGN_OR_RETURN(bool finite, AllFinite(ctx_, g));
-      overflow |= !finite;
-    }
-    ZT_ASSIGN_OR_RETURN(double s, SumOfSquares(ctx_, g));
-    sum_sq += s;
-  }
+  ZT_ASSIGN_OR_RETURN(StepTotals totals,
+                      engine_->Combine(ctx_, loss, /*check_finite=*/loss_scaler_.has_value()));
   StepRecord r;
-  r.loss = loss;
+  r.loss = totals.loss_sum / static_cast<double>(ranks);
   r.lr = LearningRate(job_.optimizer(), step_, train.max_steps());
   r.loss_scale = loss_scale;
-  if (overflow) {
+  if (totals.nonfinite) {
     // A scaled gradient overflowed: skip the update, let the scaler back off. The step still
     // counts (data and schedule move on), as DeepSpeed counts it.
     ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/true));
     r.grad_norm = std::numeric_limits<double>::infinity();
   } else {
-    r.grad_norm = std::sqrt(sum_sq) / loss_scale;
-    if (!std::isfinite(r.grad_norm) || !std::isfinite(loss)) {
+    r.grad_norm = std::sqrt(totals.grad_sum_sq) / loss_scale;
+    if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) {
       return absl::AbortedError(absl::StrFormat(
           "step %d: loss %g, gradient norm %g are not finite (lower optimizer.lr or enable "
           "optimizer.grad_clip)",
-          step_ + 1, loss, r.grad_norm));
+          step_ + 1, r.loss, r.grad_norm));
     }
     const float clip = job_.optimizer().grad_clip();
-    const float clip_scale = clip > 0 && r.grad_norm > clip
-                                 ? static_cast<float>(clip / (r.grad_norm + 1e-6))
-                                 : 1.0f;
+    const float clip_scale =
+        clip > 0 && r.grad_norm > clip ? static_cast<float>(clip / (r.grad_norm + 1e-6)) : 1.0f;
     // Stochastic rounding draws a new stream every step, reproducibly from the job's seed.
     const uint64_t rounding_seed = job_.train().seed() * 0x9E3779B97F4A7C15ull + step_;
-    ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, m.unit_params(), m.unit_grads(), r.lr,
+    ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
                                         static_cast<float>(clip_scale / loss_scale),
                                         rounding_seed));
+    ZT_RETURN_IF_ERROR(engine_->FinishStep(ctx_));
     if (loss_scaler_) ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
   }
   if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
@@ -210,31 +269,46 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   r.step = step_;
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   r.step_ms = seconds * 1e3;
-  r.tokens_per_s = static_cast<double>(accum * tokens_per_micro) / seconds;
+  r.tokens_per_s = static_cast<double>(ranks * accum * tokens_per_micro) / seconds;
+  r.comm_wait_s = engine_->waited_seconds() - waited_before;
+  const CommStats comm_after = engine_->stats();
+  for (int k = 0; k < kNumCommKinds; ++k) {
+    r.comm_bytes += comm_after.by_kind[k].bytes_sent - comm_before.by_kind[k].bytes_sent;
+    r.comm_s += comm_after.by_kind[k].seconds - comm_before.by_kind[k].seconds;
+  }
   return r;
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_sampler_) return absl::FailedPreconditionError("no data.val to evaluate on");
   Transformer& m = *model_;
+  const int64_t ranks = job_.parallel().world_size();
   double total = 0;
   const int64_t n = job_.train().eval_steps();
   for (int64_t k = 0; k < n; ++k) {
-    ZT_RETURN_IF_ERROR(
-        val_sampler_->Fill(k, m.tokens().data<int32_t>(), m.targets().data<int32_t>()));
-    ZT_ASSIGN_OR_RETURN(double loss, m.ForwardLoss(ctx_, {.write_grad = false}));
+    ZT_RETURN_IF_ERROR(val_sampler_->Fill(k * ranks + options_.rank, m.tokens().data<int32_t>(),
+                                          m.targets().data<int32_t>()));
+    ZT_ASSIGN_OR_RETURN(double loss, engine_->ForwardLoss(ctx_));
     total += loss;
   }
-  return total / static_cast<double>(n);
+  ZT_ASSIGN_OR_RETURN(StepTotals totals,
+                      engine_->Combine(ctx_, total / static_cast<double>(n), false));
+  return totals.loss_sum / static_cast<double>(ranks);
 }
 
 absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   if (metrics_path_.empty()) return absl::OkStatus();
-  nlohmann::json line = {{"step", r.step},          {"loss", r.loss},
-                         {"lr", r.lr},              {"grad_norm", r.grad_norm},
-                         {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms}};
+  nlohmann::json line = {{"step", r.step},
+                         {"loss", r.loss},
+                         {"lr", r.lr},
+                         {"grad_norm", r.grad_norm},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"step_ms", r.step_ms}};
   line["loss_scale"] = r.loss_scale;
   line["skipped"] = r.skipped;
+  line["comm_bytes"] = r.comm_bytes;
+  line["comm_s"] = r.comm_s;
+  line["comm_wait_s"] = r.comm_wait_s;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   std::FILE* f = std::fopen(metrics_path_.c_str(), "a");
   if (f == nullptr) {
@@ -265,10 +339,11 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
       r.val_loss = v;
     }
     ZT_RETURN_IF_ERROR(AppendMetrics(r));
-    if (options_.progress && (r.step % train.log_interval() == 0 || r.step == last)) {
+    if (options_.progress && options_.rank == 0 &&
+        (r.step % train.log_interval() == 0 || r.step == last)) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      const double eta = elapsed / static_cast<double>(r.step - first) *
-                         static_cast<double>(last - r.step);
+      const double eta =
+          elapsed / static_cast<double>(r.step - first) * static_cast<double>(last - r.step);
       std::string val = r.val_loss ? absl::StrFormat(" | val %.4f", *r.val_loss) : "";
       std::fprintf(stderr, "step %lld/%lld | loss %.4f%s | lr %.2e | %.0f tok/s | ETA %s\n",
                    static_cast<long long>(r.step), static_cast<long long>(train.max_steps()),

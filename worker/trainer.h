@@ -1,18 +1,23 @@
 // The trainer: one rank's step loop over a validated job.
 //
 // Create() does all the set-up — opens the data, plans memory, allocates the arenas, binds
-// the model, initialises or imports the weights, builds the optimizer — so Run() allocates
-// nothing. Each step: zero gradients; for each of grad_accum_steps micro-batches, forward +
-// backward (gradients accumulate in fp32, the loss is averaged over the global batch);
-// global gradient norm and clipping; learning rate from the schedule; optimizer update.
-// <run_dir>/memory.json reports the plan and the arenas' high-water marks by category.
-// Every step appends one JSON line to <run_dir>/metrics.jsonl:
-//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped"}
-//   (+ "val_loss" when evaluated: every eval_interval steps and after the last one).
+// the model, connects the rank's communicators, initialises or imports the weights (each rank
+// only its own range of sharded states), builds the optimizer — so Run() allocates nothing.
+// Each step: zero gradients; for each of grad_accum_steps micro-batches, forward + backward
+// through the sharding engine (worker/shard/sharding_engine.h: gathers, reductions; the loss
+// is averaged over the global batch of all ranks); global gradient norm and clipping; learning
+// rate from the schedule; optimizer update of the rank's range; parameter all-gather where
+// the stage needs it. Data-parallel rank r of N reads global micro-batch (step·A + a)·N + r.
+// Rank 0 writes <run_dir>/metrics.jsonl, one JSON line per step:
+//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped",
+//    "comm_bytes", "comm_s", "comm_wait_s"}  (+ "val_loss" every eval_interval steps and after the
+//    last)
+// and every rank its plan beside its arenas' high-water marks by category: memory.json for
+// rank 0, memory.rank<r>.json for the others. tokens_per_s counts the whole job's tokens.
 // Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
 // with FP16 a dynamic loss scaler multiplies the loss gradient, skips steps whose gradients
-// overflow and backs off (worker/optim/loss_scaler.h).
-// Not thread-safe; one per rank.
+// overflow (on any rank) and backs off (worker/optim/loss_scaler.h).
+// Not thread-safe; one per rank (ranks of one process are threads, each with its Trainer).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
 #include "proto/job.pb.h"
+#include "worker/comm/store.h"
 #include "worker/data/sampler.h"
 #include "worker/data/token_stream.h"
 #include "worker/model/transformer.h"
@@ -31,6 +37,8 @@
 #include "worker/optim/optimizer.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/shard/rank_communicators.h"
+#include "worker/shard/sharding_engine.h"
 
 namespace zt {
 
@@ -40,8 +48,13 @@ struct TrainOptions {
   // Stop after this global step (0 ≤ n ≤ max_steps) without changing the schedule;
   // unset: run to max_steps. 0 trains nothing (import → export conversions).
   std::optional<int64_t> stop_after_step;
-  // Print a progress line to stderr every train.log_interval steps.
+  // Print a progress line to stderr every train.log_interval steps (rank 0 only).
   bool progress = false;
+  // This rank, in [0, parallel.world_size).
+  int rank = 0;
+  // The job's rendezvous store, shared by all its ranks; not owned. Null: a one-rank job
+  // rendezvouses with itself in a store of its own.
+  Store* store = nullptr;
 };
 
 // What one optimizer step measured.
@@ -53,8 +66,11 @@ struct StepRecord {
   double tokens_per_s = 0;
   double step_ms = 0;
   std::optional<double> val_loss;
-  double loss_scale = 1;  // the scale this step's backward ran with (1 without fp16)
-  int64_t skipped = 0;    // steps skipped so far because fp16 gradients overflowed
+  double loss_scale = 1;   // the scale this step's backward ran with (1 without fp16)
+  int64_t skipped = 0;     // steps skipped so far because fp16 gradients overflowed
+  int64_t comm_bytes = 0;  // bytes this rank sent in the step's collectives
+  double comm_s = 0;       // seconds its communicators spent running them
+  double comm_wait_s = 0;  // seconds its compute waited for them (not hidden by overlap)
 };
 
 // FP16 anywhere in the precision settings turns dynamic loss scaling on.
@@ -71,18 +87,22 @@ class Trainer {
 
   // One optimizer step (the unit Run() is made of).
   absl::StatusOr<StepRecord> Step();
-  // Mean validation loss over eval_steps micro-batches from the start of data.val.
+  // Mean validation loss over eval_steps global micro-batches from the start of data.val
+  // (each rank evaluates its share; a collective).
   absl::StatusOr<double> Evaluate();
 
   const MemoryPlan& plan() const { return plan_; }
   const Arenas& arenas() const { return *arenas_; }
   Transformer& model() { return *model_; }
-  // The weights in fp32, one flat buffer per unit: the master weights when the parameters
-  // are 16-bit, else the parameters. What export writes.
-  const std::vector<Tensor>& fp32_weights() const {
-    return optimizer_->master_weights().empty() ? model_->unit_params()
-                                                : optimizer_->master_weights();
-  }
+  // The whole model's weights in fp32, one vector per unit, on every rank: the master
+  // weights when the parameters are 16-bit, else the parameters, gathered from the shards. A
+  // collective: every rank of the job calls it. What export writes.
+  absl::StatusOr<std::vector<std::vector<float>>> FullWeights();
+  // Bytes and seconds of this rank's collectives so far.
+  CommStats comm_stats() const { return engine_->stats(); }
+  // Seconds this rank's compute waited for communication (what overlap did not hide).
+  double comm_wait_seconds() const { return engine_->waited_seconds(); }
+  int rank() const { return options_.rank; }
   const DeviceContext& context() const { return ctx_; }
   // Which CPU GEMM the ops use (benchmarks compare them).
   void set_cpu_gemm(CpuGemm gemm) { ctx_.cpu_gemm = gemm; }
@@ -94,6 +114,8 @@ class Trainer {
   absl::Status AppendMetrics(const StepRecord& r);
   // <run_dir>/memory.json: the plan's bytes by category beside the arenas' high-water marks.
   absl::Status WriteMemoryReport(const std::string& path) const;
+  // Sets the weights from the initialisation or the imported checkpoint: each rank its ranges.
+  absl::Status InitializeWeights();
 
   zerotrain::JobSpec job_;
   TrainOptions options_;
@@ -102,6 +124,9 @@ class Trainer {
   std::unique_ptr<Arenas> arenas_;
   std::optional<Transformer> model_;
   std::optional<Optimizer> optimizer_;
+  std::unique_ptr<Store> own_store_;  // a one-rank job's, when no store was given
+  RankCommunicators comms_;
+  std::unique_ptr<ShardingEngine> engine_;
   std::optional<LossScaler> loss_scaler_;
   std::optional<TokenStream> train_data_, val_data_;
   std::optional<Sampler> train_sampler_, val_sampler_;

@@ -8,6 +8,10 @@
 // V on the way), apply. The gradient's dtype and the parameter copy's rounding are template
 // arguments (kernels/cpu/param_copy.h): a 16-bit gradient is loaded to f32 in every pass and
 // the copy is written in the apply pass, with no per-element switch.
+//
+// Sharded, the same passes run over the shard's range only, and each whole-tensor reduction
+// stops at a partial sum (double, in the same fixed orders) written as f32 to reduce_scratch,
+// summed across the group, then used as the unsharded path uses its own sum.
 #include "kernels/cpu/adafactor.h"
 
 #include <algorithm>
@@ -15,7 +19,10 @@
 #include <cmath>
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/load_store.h"
 #include "kernels/cpu/param_copy.h"
+#include "kernels/status_macros.h"
 
 namespace zt::cpu {
 namespace {
@@ -192,14 +199,257 @@ void FullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2
   }
 }
 
+// ρ, the step size before parameter scaling.
+double RelativeOrAbsoluteStep(const AdafactorArgs& args) {
+  const double t = static_cast<double>(args.step);
+  return args.relative_step ? std::min(args.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t))
+                            : static_cast<double>(args.lr);
+}
+
+float Beta2At(const AdafactorArgs& args) {
+  const double t = static_cast<double>(args.step);
+  return static_cast<float>(1.0 - std::pow(t, static_cast<double>(args.decay_rate)));
+}
+
+// ---- Sharded updates: elements [begin, end) of the whole tensor's flattening. ----
+
+// The copy of the element at local index k, whose stochastic counter is its index in the whole
+// tensor, so that sharded and unsharded runs draw the same rounding.
+template <CopyMode kC>
+inline void StoreCopyAt(void* copy, int64_t k, int64_t whole_index, float p, uint64_t seed) {
+  if constexpr (kC == CopyMode::kBf16Stochastic) {
+    static_cast<uint16_t*>(copy)[k] = ToBf16Stochastic(p, seed, static_cast<uint64_t>(whole_index));
+  } else {
+    StoreCopy<kC>(copy, k, p, seed);
+  }
+}
+
+// Sums data[0, n) across the shard group, naming the phase in an error.
+absl::Status SumAcross(const AdafactorArgs& args, float* data, int64_t n, const char* phase) {
+  absl::Status st = args.shard->sum_across_shards(data, n);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat("AdafactorUpdate: sum_across_shards of the ", phase,
+                                              " failed: ", st.message()));
+}
+
+// α from ρ and the group's Σ param² over the whole tensor's `whole` elements.
+double ShardedAlpha(const AdafactorArgs& args, double rho, float param_sq, int64_t whole) {
+  if (!args.scale_parameter) return rho;
+  return std::max(static_cast<double>(args.eps2),
+                  std::sqrt(static_cast<double>(param_sq) / static_cast<double>(whole))) *
+         rho;
+}
+
+// Σ param² of the shard's elements (0 unless scale_parameter needs it).
+double ShardParamSquares(const DeviceContext& ctx, const AdafactorArgs& args, int64_t n) {
+  if (!args.scale_parameter || n == 0) return 0.0;
+  const float* p = args.param.data<float>();
+  return FixedOrderSum(ctx, n,
+                       [&](int64_t begin, int64_t end) { return SumSquares(p, begin, end); });
+}
+
+// The matrix case on a shard. Phase 1 sums [Σ_j g² per row | Σ_i g² per column | Σ param²]
+// across the group; every rank then updates the whole R and C identically. Phase 2 sums ΣU².
+template <DType kG, CopyMode kC>
+absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args,
+                                   float beta2t, double rho) {
+  const AdafactorArgs::Shard& sh = *args.shard;
+  const int64_t rows = sh.rows, cols = sh.cols, begin = sh.begin, end = sh.end;
+  const int64_t n = end - begin, whole = rows * cols;
+  float* row_sum = args.reduce_scratch.data<float>();  // (rows)
+  float* col_sum = row_sum + rows;                     // (cols)
+  float* param_sq = col_sum + cols;                    // (1)
+  float* u_sq = param_sq + 1;                          // (1)
+  std::fill(row_sum, u_sq + 1, 0.0f);
+  const void* grad = args.grad.raw();
+  const float gs = args.grad_scale;
+  // Below, (i, j) is the whole tensor's element i · cols + j: the shard's element
+  // i · cols + j − begin, so grad and the shard's buffers are indexed from a row's `base`.
+
+  if (n > 0) {
+    const int64_t first_row = begin / cols, row_end = (end + cols - 1) / cols;
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+    for (int64_t i = first_row; i < row_end; ++i) {
+      const int64_t j0 = std::max<int64_t>(begin - i * cols, 0);
+      const int64_t j1 = std::min<int64_t>(end - i * cols, cols);
+      const int64_t base = i * cols - begin;
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = j0; j < j1; ++j) {
+        const float gj = LoadAs<kG>(grad, base + j) * gs;
+        s += static_cast<double>(gj) * gj;
+      }
+      row_sum[i] = static_cast<float>(s);
+    }
+
+    const int64_t num_tiles = (cols + kColTile - 1) / kColTile;
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+    for (int64_t tile = 0; tile < num_tiles; ++tile) {
+      const int64_t t0 = tile * kColTile, t1 = std::min(cols, t0 + kColTile);
+      std::array<double, kColTile> acc{};
+      for (int64_t i = first_row; i < row_end; ++i) {
+        const int64_t j0 = std::max({begin - i * cols, t0, int64_t{0}});
+        const int64_t j1 = std::min({end - i * cols, t1, cols});
+        const int64_t base = i * cols - begin;
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) {
+          const float gj = LoadAs<kG>(grad, base + j) * gs;
+          acc[j - t0] += static_cast<double>(gj) * gj;
+        }
+      }
+      for (int64_t j = t0; j < t1; ++j) col_sum[j] = static_cast<float>(acc[j - t0]);
+    }
+  }
+  *param_sq = static_cast<float>(ShardParamSquares(ctx, args, n));
+  ZT_RETURN_IF_ERROR(SumAcross(args, row_sum, rows + cols + 1, "row, column and parameter sums"));
+
+  // An empty shard may hold no statistics; one that holds them keeps them in step. A tensor
+  // of no elements has no means to take (the unsharded path leaves its states alone too).
+  float* row_state = args.row_state.empty() || whole == 0 ? nullptr : args.row_state.data<float>();
+  float* col_state = args.col_state.empty() || whole == 0 ? nullptr : args.col_state.data<float>();
+  const double eps1 = args.eps1, b2t = beta2t;
+  if (row_state != nullptr) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const double mean = static_cast<double>(row_sum[i]) / static_cast<double>(cols) + eps1;
+      row_state[i] = static_cast<float>(b2t * row_state[i] + (1.0 - b2t) * mean);
+    }
+  }
+  if (col_state != nullptr) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const double mean = static_cast<double>(col_sum[j]) / static_cast<double>(rows) + eps1;
+      col_state[j] = static_cast<float>(b2t * col_state[j] + (1.0 - b2t) * mean);
+    }
+  }
+  if (n == 0) return SumAcross(args, u_sq, 1, "sum of squared updates");
+
+  double row_total = 0;
+  for (int64_t i = 0; i < rows; ++i) row_total += row_state[i];
+  const double row_mean = row_total / static_cast<double>(rows);
+  const auto row_factor = [&](int64_t i) {
+    return static_cast<float>(std::sqrt(row_mean / static_cast<double>(row_state[i])));
+  };
+
+  // Σ U² over fixed chunks of the shard, each walking the row segments it covers.
+  *u_sq = static_cast<float>(FixedOrderSum(ctx, n, [&](int64_t chunk_begin, int64_t chunk_end) {
+    const int64_t b = begin + chunk_begin, e = begin + chunk_end;  // whole-tensor indices
+    double s = 0;
+    for (int64_t i = b / cols; i * cols < e; ++i) {
+      const int64_t j0 = std::max<int64_t>(b - i * cols, 0);
+      const int64_t j1 = std::min<int64_t>(e - i * cols, cols);
+      const int64_t base = i * cols - begin;
+      const float rf = row_factor(i);
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = j0; j < j1; ++j) {
+        const float u = (LoadAs<kG>(grad, base + j) * gs) * rf / std::sqrt(col_state[j]);
+        s += static_cast<double>(u) * u;
+      }
+    }
+    return s;
+  }));
+  ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
+
+  const double alpha = ShardedAlpha(args, rho, *param_sq, whole);
+  const double clip =
+      std::max(1.0, std::sqrt(static_cast<double>(*u_sq) / static_cast<double>(whole)) /
+                        args.clip_threshold);
+  const Apply a{.scale = static_cast<float>(alpha / clip),
+                .beta1 = args.beta1,
+                .wd_alpha = static_cast<float>(args.weight_decay * alpha)};
+  float* param = args.param.data<float>();
+  float* m = args.m.empty() ? nullptr : args.m.data<float>();
+  void* copy = args.param_copy.raw();
+  const uint64_t seed = args.seed;
+  const int64_t first_row = begin / cols, row_end = (end + cols - 1) / cols;
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = first_row; i < row_end; ++i) {
+    const int64_t j0 = std::max<int64_t>(begin - i * cols, 0);
+    const int64_t j1 = std::min<int64_t>(end - i * cols, cols);
+    const int64_t base = i * cols - begin;
+    float* p = param + base;
+    float* mi = m == nullptr ? nullptr : m + base;
+    const float rf = row_factor(i);
+#pragma omp simd
+    for (int64_t j = j0; j < j1; ++j) {
+      const float u = (LoadAs<kG>(grad, base + j) * gs) * rf / std::sqrt(col_state[j]);
+      ApplyOne(a, u, mi == nullptr ? nullptr : mi + j, p + j);
+      StoreCopyAt<kC>(copy, base + j, i * cols + j, p[j], seed);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The vector case on a shard: V is per element, so only Σ param² and Σ U² need the group.
+template <DType kG, CopyMode kC>
+absl::Status ShardedFullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t,
+                               double rho) {
+  const AdafactorArgs::Shard& sh = *args.shard;
+  const int64_t begin = sh.begin, n = sh.end - sh.begin, whole = sh.cols;
+  float* param_sq = args.reduce_scratch.data<float>();
+  float* u_sq = param_sq + 1;
+  *param_sq = static_cast<float>(ShardParamSquares(ctx, args, n));
+  ZT_RETURN_IF_ERROR(SumAcross(args, param_sq, 1, "parameter sum of squares"));
+  *u_sq = 0.0f;
+  if (n == 0) return SumAcross(args, u_sq, 1, "sum of squared updates");
+
+  float* param = args.param.data<float>();
+  const void* grad = args.grad.raw();
+  void* copy = args.param_copy.raw();
+  const uint64_t seed = args.seed;
+  float* v = args.full_state.data<float>();
+  float* m = args.m.empty() ? nullptr : args.m.data<float>();
+  const float gs = args.grad_scale, eps1 = args.eps1, b2t = beta2t;
+  *u_sq = static_cast<float>(FixedOrderSum(ctx, n, [&](int64_t b, int64_t e) {
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; ++i) {
+      const float g = LoadAs<kG>(grad, i) * gs;
+      v[i] = b2t * v[i] + (1.0f - b2t) * (g * g + eps1);
+      const float u = g / std::sqrt(v[i]);
+      s += static_cast<double>(u) * u;
+    }
+    return s;
+  }));
+  ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
+
+  const double alpha = ShardedAlpha(args, rho, *param_sq, whole);
+  const double clip =
+      std::max(1.0, std::sqrt(static_cast<double>(*u_sq) / static_cast<double>(whole)) /
+                        args.clip_threshold);
+  const Apply a{.scale = static_cast<float>(alpha / clip),
+                .beta1 = args.beta1,
+                .wd_alpha = static_cast<float>(args.weight_decay * alpha)};
+#pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = (LoadAs<kG>(grad, i) * gs) / std::sqrt(v[i]);
+    ApplyOne(a, u, m == nullptr ? nullptr : m + i, param + i);
+    StoreCopyAt<kC>(copy, i, begin + i, param[i], seed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
+  const double rho = RelativeOrAbsoluteStep(args);
+  const float beta2t = Beta2At(args);
+  const bool factored = args.shard->rows > 0;
+  absl::Status st;
+  // An empty shard's tensors may be absent: its dtypes choose nothing it runs.
+  const DType grad_dtype = args.grad.empty() ? DType::kF32 : args.grad.dtype();
+  DispatchGradCopy(grad_dtype, CopyModeFor(args.param_copy, args.stochastic_rounding),
+                   [&](auto grad_type, auto copy_mode) {
+                     constexpr DType kG = decltype(grad_type)::value;
+                     constexpr CopyMode kC = decltype(copy_mode)::value;
+                     st = factored ? ShardedFactoredUpdate<kG, kC>(ctx, args, beta2t, rho)
+                                   : ShardedFullUpdate<kG, kC>(ctx, args, beta2t, rho);
+                   });
+  return st;
+}
+
 }  // namespace
 
-void AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
+absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
+  if (args.shard.has_value()) return ShardedUpdate(ctx, args);
   const int64_t n = args.param.numel();
-  const double t = static_cast<double>(args.step);
-  const double rho = args.relative_step
-                         ? std::min(args.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t))
-                         : static_cast<double>(args.lr);
+  const double rho = RelativeOrAbsoluteStep(args);
   double alpha = rho;
   if (args.scale_parameter) {
     const float* p = args.param.data<float>();
@@ -208,7 +458,7 @@ void AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
     alpha =
         std::max(static_cast<double>(args.eps2), std::sqrt(sum_sq / static_cast<double>(n))) * rho;
   }
-  const float beta2t = static_cast<float>(1.0 - std::pow(t, static_cast<double>(args.decay_rate)));
+  const float beta2t = Beta2At(args);
   const bool factored = args.param.ndim() == 2;
   DispatchGradCopy(args.grad.dtype(), CopyModeFor(args.param_copy, args.stochastic_rounding),
                    [&](auto grad_dtype, auto copy_mode) {
@@ -220,6 +470,7 @@ void AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
                        FullUpdate<kG, kC>(ctx, args, beta2t, alpha);
                      }
                    });
+  return absl::OkStatus();
 }
 
 }  // namespace zt::cpu

@@ -83,7 +83,8 @@ class Communicator {
   // The input is used as scratch: afterwards its contents are unspecified.
   virtual absl::StatusOr<CommHandle> ReduceScatter(Tensor input, Tensor output, ReduceOp op,
                                                    const std::string& label) = 0;
-  // input (n): output (N·n) holds every rank's input, rank r's at chunk r.
+  // input (n): output (N·n) holds every rank's input, rank r's at chunk r. In place when
+  // input is output's chunk r.
   virtual absl::StatusOr<CommHandle> AllGather(Tensor input, Tensor output,
                                                const std::string& label) = 0;
   // data on every rank becomes root's data.

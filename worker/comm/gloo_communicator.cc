@@ -389,12 +389,16 @@ absl::StatusOr<CommHandle> GlooCommunicator::AllGather(Tensor input, Tensor outp
   op.bytes_sent = op.bytes_received = (N - 1) * input.size_bytes();
   op.body = [this, input, output](const Op& o) {
     const size_t bytes = static_cast<size_t>(input.size_bytes());
+    // In place (as NCCL) when the input already is this rank's chunk of the output.
+    const bool in_place = input.data<uint8_t>() == output.data<uint8_t>() + options_.rank * bytes;
     if (options_.size == 1) {
-      std::copy(input.data<uint8_t>(), input.data<uint8_t>() + bytes, output.data<uint8_t>());
+      if (!in_place) {
+        std::copy(input.data<uint8_t>(), input.data<uint8_t>() + bytes, output.data<uint8_t>());
+      }
       return;
     }
     gloo::AllgatherOptions opts(context_);
-    opts.setInput<uint8_t>(input.data<uint8_t>(), bytes);
+    if (!in_place) opts.setInput<uint8_t>(input.data<uint8_t>(), bytes);
     opts.setOutput<uint8_t>(output.data<uint8_t>(), bytes * options_.size);
     opts.setTag(o.tag);
     opts.setTimeout(timeout_);

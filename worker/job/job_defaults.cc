@@ -110,6 +110,11 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
 
   zerotrain::ParallelConfig& parallel = *spec->mutable_parallel();
   if (!parallel.has_world_size()) parallel.set_world_size(1);
+  if (!parallel.has_shard_group_size()) parallel.set_shard_group_size(parallel.world_size());
+  if (!parallel.has_reshard_after_forward()) parallel.set_reshard_after_forward(true);
+  if (!parallel.has_prefetch_units()) parallel.set_prefetch_units(1);
+  if (!parallel.has_bucket_bytes()) parallel.set_bucket_bytes(int64_t{25} << 20);
+  if (!parallel.has_comm_timeout_s()) parallel.set_comm_timeout_s(300);
 
   ResourceConfig& resources = *spec->mutable_resources();
   if (resources.device() == ResourceConfig::DEVICE_KIND_UNSPECIFIED) {

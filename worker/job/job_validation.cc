@@ -182,8 +182,7 @@ void ValidateOptimizer(const JobSpec& spec, Violations& v) {
   if (v.Set("optimizer.quant_block_size", o.has_quant_block_size())) {
     const int32_t b = o.quant_block_size();
     if (b < 64 || (b & (b - 1)) != 0) {
-      v.Add(absl::StrCat("optimizer.quant_block_size: must be a power of two >= 64 (got ", b,
-                         ")"));
+      v.Add(absl::StrCat("optimizer.quant_block_size: must be a power of two >= 64 (got ", b, ")"));
     }
   }
   if (v.Set("optimizer.min_quantized_numel", o.has_min_quantized_numel())) {
@@ -254,10 +253,10 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
                        NameOf(spec.optimizer().type(), OptimizerConfig::Type_Name<int>),
                        ", which needs fp32 master weights"));
   }
-  if (pr.has_master_weights() && pr.master_weights() &&
-      pr.param_dtype() == PrecisionConfig::FP32) {
-    v.Add("precision.master_weights: true needs a 16-bit precision.param_dtype (FP32 parameters "
-          "are their own master weights)");
+  if (pr.has_master_weights() && pr.master_weights() && pr.param_dtype() == PrecisionConfig::FP32) {
+    v.Add(
+        "precision.master_weights: true needs a 16-bit precision.param_dtype (FP32 parameters "
+        "are their own master weights)");
   }
   if (pr.stochastic_rounding() && pr.param_dtype() != PrecisionConfig::BF16) {
     v.Add(absl::StrCat("precision.stochastic_rounding: requires precision.param_dtype BF16 (got ",
@@ -281,13 +280,14 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
   if (ls.has_static_scale()) v.Positive("precision.loss_scale.static_scale", ls.static_scale());
   if (v.Set("precision.loss_scale.max_overflows_at_min_scale",
             ls.has_max_overflows_at_min_scale())) {
-    v.AtLeast("precision.loss_scale.max_overflows_at_min_scale",
-              ls.max_overflows_at_min_scale(), 1);
+    v.AtLeast("precision.loss_scale.max_overflows_at_min_scale", ls.max_overflows_at_min_scale(),
+              1);
   }
 
   const zerotrain::MemoryConfig& mem = spec.memory();
   using Ckpt = zerotrain::MemoryConfig;
-  if (mem.activation_checkpointing() != Ckpt::NONE && mem.activation_checkpointing() != Ckpt::FULL &&
+  if (mem.activation_checkpointing() != Ckpt::NONE &&
+      mem.activation_checkpointing() != Ckpt::FULL &&
       mem.activation_checkpointing() != Ckpt::EVERY_K &&
       mem.activation_checkpointing() != Ckpt::SELECTIVE) {
     v.Add(absl::StrCat(
@@ -304,6 +304,24 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
   }
   if (p.zero_stage() < 0 || p.zero_stage() > 3) {
     v.Add(absl::StrCat("parallel.zero_stage: must be in 0..3 (got ", p.zero_stage(), ")"));
+  }
+  if (v.Set("parallel.shard_group_size", p.has_shard_group_size())) {
+    v.AtLeast("parallel.shard_group_size", p.shard_group_size(), 1);
+    if (p.shard_group_size() >= 1 && p.world_size() >= 1 &&
+        p.world_size() % p.shard_group_size() != 0) {
+      v.Add(absl::StrCat("parallel.shard_group_size: must divide parallel.world_size (",
+                         p.world_size(), "), got ", p.shard_group_size()));
+    }
+  }
+  v.Set("parallel.reshard_after_forward", p.has_reshard_after_forward());
+  if (v.Set("parallel.prefetch_units", p.has_prefetch_units())) {
+    v.AtLeast("parallel.prefetch_units", p.prefetch_units(), 0);
+  }
+  if (v.Set("parallel.bucket_bytes", p.has_bucket_bytes())) {
+    v.AtLeast("parallel.bucket_bytes", p.bucket_bytes(), 0);
+  }
+  if (v.Set("parallel.comm_timeout_s", p.has_comm_timeout_s()) && !(p.comm_timeout_s() > 0)) {
+    v.Add(absl::StrCat("parallel.comm_timeout_s: must be > 0 (got ", p.comm_timeout_s(), ")"));
   }
 
   const ResourceConfig& r = spec.resources();
@@ -384,13 +402,15 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
 // Each line below goes when its feature lands.
 absl::Status CheckEngineSupport(const JobSpec& spec) {
   std::vector<std::string> lines;
-  if (spec.parallel().world_size() > 1) {
-    lines.push_back(absl::StrCat("parallel.world_size: ", spec.parallel().world_size(),
-                                 " ranks are not supported by this engine yet; use 1"));
-  }
-  if (spec.parallel().zero_stage() > 0) {
-    lines.push_back(absl::StrCat("parallel.zero_stage: ", spec.parallel().zero_stage(),
-                                 " is not supported by this engine yet; use 0"));
+  const auto& precision = spec.precision();
+  if (spec.parallel().world_size() > 1 && precision.reduce_dtype() != precision.grad_dtype()) {
+    lines.push_back(absl::StrCat(
+        "precision.reduce_dtype: ",
+        zerotrain::PrecisionConfig::DType_Name(precision.reduce_dtype()),
+        " differs from precision.grad_dtype ",
+        zerotrain::PrecisionConfig::DType_Name(precision.grad_dtype()),
+        "; this engine reduces gradients in their own dtype (16-bit reductions add in f32), "
+        "so leave reduce_dtype unset or equal to grad_dtype"));
   }
   if (spec.resources().device() == ResourceConfig::CUDA) {
     lines.push_back("resources.device: CUDA is not supported by this engine yet; use CPU");

@@ -28,22 +28,30 @@ uint64_t StableHash(std::string_view s, uint64_t h = 1469598103934665603ull) {
   return h;
 }
 
-// Fills [begin, end) of `p` with N(0, std) from a stream keyed by (seed, key, chunk), via
-// Box–Muller on 53-bit uniforms: the same numbers on every platform and thread count.
-void FillNormal(float* p, int64_t n, float std, uint64_t seed, std::string_view key) {
+// Writes elements [begin, end) of a stream of n draws from N(0, std) keyed by (seed, key) to
+// out[0, end − begin), via Box–Muller on 53-bit uniforms in chunks of 64Ki draws, each chunk
+// its own generator: the same numbers on every platform and thread count, and any range of
+// the stream (a ZeRO shard) costs only the chunks it touches.
+void FillNormalRange(float* out, int64_t n, int64_t begin, int64_t end, float std, uint64_t seed,
+                     std::string_view key) {
   constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  end = std::min(end, n);
+  if (begin >= end) return;
+  const int64_t first = begin / kChunk, last = (end - 1) / kChunk;
   const uint64_t base = StableHash(key, seed * 0x9E3779B97F4A7C15ull + 1);
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
+  for (int64_t c = first; c <= last; ++c) {
     std::mt19937_64 rng(base ^ (static_cast<uint64_t>(c) * 0xD1B54A32D192ED03ull));
     auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1p-53; };
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; i += 2) {
+    const int64_t chunk_end = std::min(n, (c + 1) * kChunk);
+    auto put = [&](int64_t i, double v) {
+      if (i >= begin && i < end) out[i - begin] = static_cast<float>(v * std);
+    };
+    for (int64_t i = c * kChunk; i < chunk_end; i += 2) {
       const double r = std::sqrt(-2.0 * std::log(uniform()));
       const double a = 2.0 * std::numbers::pi * uniform();
-      p[i] = static_cast<float>(r * std::cos(a) * std);
-      if (i + 1 < end) p[i + 1] = static_cast<float>(r * std::sin(a) * std);
+      put(i, r * std::cos(a));
+      if (i + 1 < chunk_end) put(i + 1, r * std::sin(a));
     }
   }
 }
@@ -150,22 +158,32 @@ Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char*
 void Transformer::InitializeWeights(uint64_t seed) { InitializeWeights(seed, params_); }
 
 void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& into) {
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    InitializeUnitRange(seed, static_cast<int>(u), 0, layout_.units[u].numel,
+                        into[u].data<float>());
+  }
+}
+
+void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end,
+                                      float* out) const {
   const float std = config_.init_std();
   const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config_.n_layer()));
-  for (size_t u = 0; u < layout_.units.size(); ++u) {
-    const UnitLayout& unit = layout_.units[u];
-    for (const ParamSpec& p : unit.params) {
-      float* data = into[u].data<float>() + p.offset;
-      const bool is_norm_weight = p.name.starts_with("ln") && p.name.ends_with(".weight");
-      if (is_norm_weight) {
-        std::fill(data, data + p.numel, 1.0f);
-      } else if (p.shape.size() == 1) {
-        std::fill(data, data + p.numel, 0.0f);  // biases
-      } else {
-        const bool residual_proj = p.name == "attn.proj.weight" || p.name == "mlp.proj.weight";
-        FillNormal(data, p.numel, residual_proj ? residual_std : std, seed,
-                   absl::StrCat(unit.name, ".", p.name));
-      }
+  const UnitLayout& unit = layout_.units[u];
+  std::fill(out, out + (end - begin), 0.0f);  // padding past the unit's last tensor
+  for (const ParamSpec& p : unit.params) {
+    const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    float* data = out + (lo - begin);
+    const bool is_norm_weight = p.name.starts_with("ln") && p.name.ends_with(".weight");
+    if (is_norm_weight) {
+      std::fill(data, data + (hi - lo), 1.0f);
+    } else if (p.shape.size() == 1) {
+      std::fill(data, data + (hi - lo), 0.0f);  // biases
+    } else {
+      const bool residual_proj = p.name == "attn.proj.weight" || p.name == "mlp.proj.weight";
+      FillNormalRange(data, p.numel, lo - p.offset, hi - p.offset,
+                      residual_proj ? residual_std : std, seed,
+                      absl::StrCat(unit.name, ".", p.name));
     }
   }
 }
@@ -198,8 +216,8 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
                                            bool write_output) {
   const UnitLayout& u = layout_.block(i);
   const BlockActs& a = blocks_[i];
-  const Tensor& x = residual_[i];          // (BT, C) block input
-  const Tensor& out = residual_[i + 1];    // (BT, C) block output
+  const Tensor& x = residual_[i];        // (BT, C) block input
+  const Tensor& out = residual_[i + 1];  // (BT, C) block output
 
   // Attention branch: x -> ln1 -> qkv -> (rope) -> attention -> proj, added to x.
   if (gpt2_) {
@@ -347,9 +365,8 @@ absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
         "training plan holds one loss chunk");
   }
   ZT_RETURN_IF_ERROR(ForwardToHead(ctx));
-  return LinearForward(ctx, {.inp = lnf_,
-                             .weight = HeadWeight(params_.back(), params_.front()),
-                             .out = logits_});
+  return LinearForward(
+      ctx, {.inp = lnf_, .weight = HeadWeight(params_.back(), params_.front()), .out = logits_});
 }
 
 absl::StatusOr<double> Transformer::ForwardLoss(const DeviceContext& ctx,

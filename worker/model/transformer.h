@@ -66,6 +66,10 @@ class Transformer {
   // The same values written to `into`: one f32 flat buffer per unit (the fp32 master weights
   // when the parameters themselves are 16-bit).
   void InitializeWeights(uint64_t seed, const std::vector<Tensor>& into);
+  // The same initial values for elements [begin, end) of unit u's flat buffer only, written
+  // to out[0, end − begin) in f32 (zero past the unit's last tensor): a ZeRO shard
+  // initialises its own range without the whole unit ever existing on the rank.
+  void InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end, float* out) const;
 
   struct LossOptions {
     // Also compute dL/dlogits (in place) for a backward: dlogits = grad_scale · (p − y).

@@ -1,5 +1,6 @@
 #include "worker/optim/optimizer.h"
 
+#include "absl/strings/str_cat.h"
 #include "kernels/adafactor.h"
 #include "kernels/adam8bit.h"
 #include "kernels/optimizer.h"
@@ -17,24 +18,41 @@ Tensor Range(const Tensor& flat, int64_t offset, int64_t numel) {
 
 absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& config,
                                             const zerotrain::PrecisionConfig& precision,
-                                            const ModelLayout& layout, const Arenas& state) {
+                                            const ModelLayout& layout, const Arenas& state,
+                                            std::vector<FlatRange> ranges,
+                                            std::optional<ShardGroup> shard_group) {
   Optimizer opt;
+  opt.shard_group_ = std::move(shard_group);
   opt.config_ = config;
   opt.stochastic_rounding_ = precision.stochastic_rounding();
   opt.layout_ = layout;
-  for (const UnitLayout& u : layout.units) {
+  if (ranges.empty()) ranges.resize(layout.units.size());
+  if (ranges.size() != layout.units.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: ", ranges.size(), " ranges for ", layout.units.size(), " units"));
+  }
+  for (size_t i = 0; i < layout.units.size(); ++i) {
+    const UnitLayout& u = layout.units[i];
+    FlatRange& range = ranges[i];
+    if (range.end < 0) range.end = u.numel;
+    if (range.begin < 0 || range.begin > range.end || range.end > u.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer: range [", range.begin, ", ",
+                                                     range.end, ") is outside unit ", u.name,
+                                                     " of ", u.numel, " elements"));
+    }
     if (precision.master_weights()) {
       ZT_ASSIGN_OR_RETURN(Tensor master, state.Get(u.name + ".master"));
       opt.master_.push_back(master);
     }
     Unit unit;
-    unit.state = OptimizerStateFor(config, u);
+    unit.state = OptimizerStateFor(config, u, range);
     for (const UnitOptimizerState::Buffer& b : unit.state.buffers) {
       ZT_ASSIGN_OR_RETURN(Tensor t, state.Get(u.name + "." + b.name));
       unit.buffers.push_back(t);
     }
     opt.units_.push_back(std::move(unit));
   }
+  opt.ranges_ = std::move(ranges);
   return opt;
 }
 
@@ -86,54 +104,70 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, c
     case TensorState::Kind::kFactored:
     case TensorState::Kind::kFull: {
       const auto& a = config_.adafactor();
+      const bool matrix = p.shape.size() == 2;
       const bool factored = t.kind == TensorState::Kind::kFactored;
-      if (factored && (t.begin != 0 || t.end != p.numel)) {
-        return absl::UnimplementedError(
-            "optimizer: Adafactor on a shard of a matrix needs the sharding engine's "
-            "column-statistics reduction");
-      }
       const bool has_m = a.beta1() > 0;
-      AdafactorArgs args{
-          .param = factored ? param.Reshape({p.shape[0], p.shape[1]}) : param,
-          .grad = factored ? grad.Reshape({p.shape[0], p.shape[1]}) : grad,
-          .row_state = factored ? slice(0) : Tensor(),
-          .col_state = factored ? slice(1) : Tensor(),
-          .full_state = factored ? Tensor() : slice(0),
-          .m = has_m ? slice(factored ? 2 : 1) : Tensor(),
-          // The relative step replaces the learning rate; the kernel refuses both.
-          .lr = a.relative_step() ? 0.0f : lr,
-          .beta1 = a.beta1(),
-          .decay_rate = a.decay_rate(),
-          .eps1 = a.eps1(),
-          .eps2 = a.eps2(),
-          .clip_threshold = a.clip_threshold(),
-          .relative_step = a.relative_step(),
-          .scale_parameter = a.scale_parameter(),
-          .warmup_init = a.warmup_init(),
-          .weight_decay = wd,
-          .step = step,
-          .grad_scale = grad_scale,
-          .param_copy = factored && !s.param_copy.empty()
-                            ? s.param_copy.Reshape({p.shape[0], p.shape[1]})
-                            : s.param_copy,
-          .stochastic_rounding = stochastic_rounding_,
-          .seed = s.seed};
+      // Sharded (possibly empty) tensors pass 1-D views of their elements; whole matrices
+      // their 2-D shape.
+      const bool empty = t.begin == t.end;
+      const bool reshape = factored && !shard_group_;
+      auto shaped = [&](const Tensor& x) {
+        return reshape && !x.empty() ? x.Reshape({p.shape[0], p.shape[1]}) : x;
+      };
+      AdafactorArgs args{.param = shaped(param),
+                         .grad = shaped(grad),
+                         .row_state = factored ? slice(0) : Tensor(),
+                         .col_state = factored ? slice(1) : Tensor(),
+                         .full_state = !empty && !factored ? slice(0) : Tensor(),
+                         .m = has_m && !empty ? slice(factored ? 2 : 1) : Tensor(),
+                         // The relative step replaces the learning rate; the kernel refuses both.
+                         .lr = a.relative_step() ? 0.0f : lr,
+                         .beta1 = a.beta1(),
+                         .decay_rate = a.decay_rate(),
+                         .eps1 = a.eps1(),
+                         .eps2 = a.eps2(),
+                         .clip_threshold = a.clip_threshold(),
+                         .relative_step = a.relative_step(),
+                         .scale_parameter = a.scale_parameter(),
+                         .warmup_init = a.warmup_init(),
+                         .weight_decay = wd,
+                         .step = step,
+                         .grad_scale = grad_scale,
+                         .param_copy = shaped(s.param_copy),
+                         .stochastic_rounding = stochastic_rounding_,
+                         .seed = s.seed};
+      if (shard_group_) {
+        // The whole tensor's statistics, kept identical across the group by the kernel's sums.
+        args.shard = AdafactorArgs::Shard{.rows = matrix ? p.shape[0] : 0,
+                                          .cols = matrix ? p.shape[1] : p.numel,
+                                          .begin = t.begin,
+                                          .end = t.end,
+                                          .sum_across_shards = shard_group_->sum};
+        args.reduce_scratch = shard_group_->reduce_scratch;
+      }
       return AdafactorUpdate(ctx, args);
     }
     case TensorState::Kind::kNone:
+      // Sharded Adafactor still takes part in the group's sums for a tensor it holds none of.
+      if (shard_group_ && config_.type() == zerotrain::OptimizerConfig::ADAFACTOR) {
+        TensorState none = t;
+        none.kind = TensorState::Kind::kFull;
+        return StepTensor(ctx, unit, p, none, s);
+      }
       return absl::OkStatus();
     case TensorState::Kind::kMomentum:
     case TensorState::Kind::kStateless:
-      return SgdUpdate(ctx, {.param = param,
-                             .grad = grad,
-                             .momentum = t.kind == TensorState::Kind::kMomentum ? slice(0) : Tensor(),
-                             .lr = lr,
-                             .momentum_factor = config_.momentum(),
-                             .weight_decay = wd,
-                             .grad_scale = grad_scale,
-                             .param_copy = s.param_copy,
-                             .stochastic_rounding = stochastic_rounding_,
-                             .seed = s.seed});
+      return SgdUpdate(ctx,
+                       {.param = param,
+                        .grad = grad,
+                        .momentum = t.kind == TensorState::Kind::kMomentum ? slice(0) : Tensor(),
+                        .lr = lr,
+                        .momentum_factor = config_.momentum(),
+                        .weight_decay = wd,
+                        .grad_scale = grad_scale,
+                        .param_copy = s.param_copy,
+                        .stochastic_rounding = stochastic_rounding_,
+                        .seed = s.seed});
   }
   return absl::InternalError("optimizer: unknown state kind");
 }
@@ -147,7 +181,8 @@ absl::Status Optimizer::Step(const DeviceContext& ctx, const std::vector<Tensor>
     for (size_t i = 0; i < layout.params.size(); ++i) {
       const ParamSpec& p = layout.params[i];
       const TensorState& t = units_[u].state.tensors[i];
-      const int64_t begin = p.offset + t.begin, n = t.end - t.begin;
+      // Offset of the tensor's stepped elements in the views, which start at the range.
+      const int64_t begin = p.offset + t.begin - ranges_[u].begin, n = t.end - t.begin;
       const bool has_master = !master_.empty();
       // Each tensor draws its own rounding stream: the kernel hashes (seed, element index).
       const uint64_t tensor_seed = seed ^ (0x9E3779B97F4A7C15ull * (u * 1024 + i + 1));

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,16 +28,36 @@ class Optimizer {
   // With precision.master_weights the arenas hold "<unit>.master" (f32): the update runs on
   // it and writes the 16-bit parameters from it in the same pass (rounded to nearest even,
   // or stochastically for BF16 with precision.stochastic_rounding).
+  //
+  // `ranges` (one per unit, empty: every unit whole) is the part of each unit this rank
+  // steps — its ZeRO shard; the master weights and states hold that range only.
+  //
+  // Sharded Adafactor needs whole-tensor statistics: `shard_group` (set when the ranges are
+  // ZeRO shards of a group of more than one rank) sums floats across the group, and every
+  // Adafactor tensor then goes through the kernel's shard path on every rank — also tensors
+  // the rank holds nothing of — so that all ranks make the same sums in the same order. Its
+  // scratch is the plan's "optimizer.reduce_scratch".
+  struct ShardGroup {
+    std::function<absl::Status(float* data, int64_t n)> sum;
+    Tensor reduce_scratch;
+  };
   static absl::StatusOr<Optimizer> Create(const zerotrain::OptimizerConfig& config,
                                           const zerotrain::PrecisionConfig& precision,
-                                          const ModelLayout& layout, const Arenas& state);
+                                          const ModelLayout& layout, const Arenas& state,
+                                          std::vector<FlatRange> ranges = {},
+                                          std::optional<ShardGroup> shard_group = {});
 
-  // One update of every unit: param ← update(param, grad · grad_scale) at learning rate `lr`
-  // (Adafactor with relative_step ignores it). `grad_scale` carries gradient clipping and
-  // loss-scale removal. `seed` drives stochastic rounding (vary it per step).
+  // One update of every unit's range: param ← update(param, grad · grad_scale) at learning
+  // rate `lr` (Adafactor with relative_step ignores it). params[u] and grads[u] are views
+  // whose first element is element ranges[u].begin of the unit. `grad_scale` carries
+  // gradient clipping and loss-scale removal. `seed` drives stochastic rounding (vary it per
+  // step).
   absl::Status Step(const DeviceContext& ctx, const std::vector<Tensor>& params,
                     const std::vector<Tensor>& grads, float lr, float grad_scale,
                     uint64_t seed = 0);
+
+  // The range of unit u this optimizer steps.
+  const FlatRange& range(int u) const { return ranges_[u]; }
 
   // The fp32 master weights of each unit, or empty when the parameters are their own master.
   const std::vector<Tensor>& master_weights() const { return master_; }
@@ -66,6 +88,8 @@ class Optimizer {
   ModelLayout layout_;
   std::vector<Tensor> master_;
   std::vector<Unit> units_;
+  std::vector<FlatRange> ranges_;  // resolved: end ≥ 0
+  std::optional<ShardGroup> shard_group_;
   int64_t steps_taken_ = 0;
 };
 

@@ -1,7 +1,10 @@
 #include "worker/plan/memory_plan.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/optimizer_state_layout.h"
@@ -51,12 +54,33 @@ int64_t MemoryPlan::TotalBytes() const {
 }
 
 DeviceContext JobDeviceContext(const zerotrain::JobSpec& job) {
-  return CpuContext(job.resources().cpu_threads());
+  const int threads = job.resources().cpu_threads();
+  if (threads > 0) return CpuContext(threads);
+  // CPU "devices" share the machine's cores: each rank of the job takes an equal part.
+  const int ranks = std::max(1, job.parallel().world_size());
+  return CpuContext(std::max(1, omp_get_num_procs() / ranks));
 }
 
-int64_t PaddedUnitNumel(int64_t unit_numel, int world_size) {
-  const int64_t quantum = kShardAlignmentElements * world_size;
+int64_t PaddedUnitNumel(int64_t unit_numel, int group_size) {
+  const int64_t quantum = kShardAlignmentElements * group_size;
   return (unit_numel + quantum - 1) / quantum * quantum;
+}
+
+ShardGeometry GeometryOf(const zerotrain::JobSpec& job, int rank) {
+  const int n = std::max(1, job.parallel().world_size());
+  const int g = job.parallel().shard_group_size();
+  return {.world_size = n, .group_size = g >= 1 && n % g == 0 ? g : n, .rank = rank};
+}
+
+UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry) {
+  UnitShard s;
+  s.numel = unit_numel;
+  s.padded = PaddedUnitNumel(unit_numel, geometry.group_size);
+  s.shard_numel = s.padded / geometry.group_size;
+  s.offset = geometry.group_rank() * s.shard_numel;
+  s.owned = {.begin = std::min(unit_numel, s.offset),
+             .end = std::min(unit_numel, s.offset + s.shard_numel)};
+  return s;
 }
 
 namespace {
@@ -72,66 +96,96 @@ DType StorageDType(zerotrain::PrecisionConfig::DType d) {
   }
 }
 
-FlatRange ShardRange(int64_t unit_numel, int world_size, int rank) {
-  const int64_t padded = PaddedUnitNumel(unit_numel, world_size);
-  const int64_t shard = padded / world_size;
-  return {.begin = std::min(unit_numel, rank * shard),
-          .end = std::min(unit_numel, (rank + 1) * shard)};
-}
-
 }  // namespace
+
+bool ShardedAdafactor(const zerotrain::JobSpec& job) {
+  return job.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
+         job.parallel().zero_stage() >= 1 && GeometryOf(job, 0).group_size > 1;
+}
 
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
   const ModelLayout layout = BuildModelLayout(job.model());
   const auto& precision = job.precision();
-  const int n = std::max(1, job.parallel().world_size());
-  const int stage = job.parallel().zero_stage();
+  const auto& parallel = job.parallel();
+  const ShardGeometry geometry = GeometryOf(job, rank);
+  const int stage = parallel.zero_stage();
+  const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
   const DType param_dtype = StorageDType(precision.param_dtype());
   const DType grad_dtype = StorageDType(precision.grad_dtype());
   MemoryPlan plan;
   auto add = [&](std::string name, MemoryCategory category, DType dtype, int64_t numel) {
     plan.buffers.push_back({std::move(name), category, dtype, {numel}});
   };
-  int64_t largest_unit = 0;
-  for (const UnitLayout& u : layout.units) {
-    largest_unit = std::max(largest_unit, PaddedUnitNumel(u.numel, n));
+  // Units whose full buffers take turns in shared slots: all but a tied embedding, which the
+  // head's projection uses too and so stays resident for the whole step.
+  const bool tied = layout.tied_embeddings;
+  int64_t largest_rotating = 0, largest_shard = 0;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const UnitShard shard = ShardOf(layout.units[u].numel, geometry);
+    largest_shard = std::max(largest_shard, shard.shard_numel);
+    if (!(tied && u == 0)) largest_rotating = std::max(largest_rotating, shard.padded);
   }
   for (const UnitLayout& u : layout.units) {
-    // What stays sharded (ZeRO): 1 the optimizer state (master weights included), 2 also
-    // the gradients, 3 also the parameters. Shards are rank's range of the padded unit.
-    const FlatRange shard = ShardRange(u.numel, n, rank);
-    const int64_t shard_numel = PaddedUnitNumel(u.numel, n) / n;
+    const UnitShard shard = ShardOf(u.numel, geometry);
+    const int64_t full = stage == 0 ? u.numel : shard.padded;
     add(u.name + ".params", MemoryCategory::kParameters, param_dtype,
-        stage >= 3 ? shard_numel : u.numel);
+        stage >= 3 ? shard.shard_numel : full);
     add(u.name + ".grads", MemoryCategory::kGradients, grad_dtype,
-        stage >= 2 ? shard_numel : u.numel);
+        stage >= 2 ? shard.shard_numel : full);
+    if (accumulate_full) {
+      add(u.name + ".grad_accum", MemoryCategory::kGradients, grad_dtype, shard.padded);
+    }
     if (precision.master_weights()) {
       add(u.name + ".master", MemoryCategory::kOptimizerState, DType::kF32,
-          stage >= 1 ? shard_numel : u.numel);
+          stage >= 1 ? shard.shard_numel : u.numel);
     }
-    const FlatRange state_range = stage >= 1 ? shard : FlatRange{};
+    const FlatRange state_range = stage >= 1 ? shard.owned : FlatRange{};
     for (const UnitOptimizerState::Buffer& b :
          OptimizerStateFor(job.optimizer(), u, state_range).buffers) {
       add(u.name + "." + b.name, MemoryCategory::kOptimizerState, b.dtype, b.numel);
     }
+    if (stage >= 3 && !parallel.reshard_after_forward()) {
+      add(u.name + ".gathered", MemoryCategory::kParameters, param_dtype, shard.padded);
+    }
   }
-  if (n > 1 && stage >= 3) {
-    // The unit being computed and the one prefetched, gathered to full size.
-    add("gather.0", MemoryCategory::kParameters, param_dtype, largest_unit);
-    add("gather.1", MemoryCategory::kParameters, param_dtype, largest_unit);
+  if (stage >= 3 && parallel.reshard_after_forward()) {
+    for (int k = 0; k <= parallel.prefetch_units(); ++k) {
+      add(absl::StrCat("gather.", k), MemoryCategory::kParameters, param_dtype, largest_rotating);
+    }
+    if (tied) {
+      add("gather.embedding", MemoryCategory::kParameters, param_dtype,
+          ShardOf(layout.embedding().numel, geometry).padded);
+    }
   }
-  if (n > 1 && stage >= 2) {
-    // A unit's full gradient, produced by the backward, before its reduce-scatter.
-    add("grad.unit", MemoryCategory::kGradients, grad_dtype, largest_unit);
+  if (stage >= 2 && !accumulate_full) {
+    add("grad.full.0", MemoryCategory::kGradients, grad_dtype, largest_rotating);
+    add("grad.full.1", MemoryCategory::kGradients, grad_dtype, largest_rotating);
+    if (tied) {
+      add("grad.full.embedding", MemoryCategory::kGradients, grad_dtype,
+          ShardOf(layout.embedding().numel, geometry).padded);
+    }
+  }
+  if (stage == 1) {
+    add("grad.shard.0", MemoryCategory::kCommunication, grad_dtype, largest_shard);
+    add("grad.shard.1", MemoryCategory::kCommunication, grad_dtype, largest_shard);
+  }
+  add("comm.scalars", MemoryCategory::kCommunication, DType::kF32, 6 * geometry.world_size);
+  if (ShardedAdafactor(job)) {
+    int64_t scratch = 2;
+    for (const UnitLayout& u : layout.units) {
+      for (const ParamSpec& p : u.params) {
+        if (p.shape.size() == 2) scratch = std::max(scratch, p.shape[0] + p.shape[1] + 2);
+      }
+    }
+    add("optimizer.reduce_scratch", MemoryCategory::kCommunication, DType::kF32, scratch);
   }
   const int64_t B = job.train().micro_batch_size(), T = job.data().seq_len();
   const DType compute = StorageDType(precision.compute_dtype());
   for (BufferSpec& b : ActivationTable(job.model(), job.memory(), B, T, compute)) {
     plan.buffers.push_back(std::move(b));
   }
-  for (BufferSpec& b :
-       WorkspaceTable(job.model(), B, T, /*backward=*/true, JobDeviceContext(job), compute,
-                      param_dtype, grad_dtype)) {
+  for (BufferSpec& b : WorkspaceTable(job.model(), B, T, /*backward=*/true, JobDeviceContext(job),
+                                      compute, param_dtype, grad_dtype)) {
     plan.buffers.push_back(std::move(b));
   }
   return plan;
@@ -145,9 +199,8 @@ MemoryPlan PlanInference(const zerotrain::JobSpec& job, const DeviceContext& ctx
   shared.set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
   const DType compute = StorageDType(job.precision().compute_dtype());
   plan.buffers = ActivationTable(job.model(), shared, batch, seq_len, compute);
-  for (BufferSpec& b :
-       WorkspaceTable(job.model(), batch, seq_len, /*backward=*/false, ctx, compute,
-                      StorageDType(job.precision().param_dtype()))) {
+  for (BufferSpec& b : WorkspaceTable(job.model(), batch, seq_len, /*backward=*/false, ctx, compute,
+                                      StorageDType(job.precision().param_dtype()))) {
     plan.buffers.push_back(std::move(b));
   }
   return plan;

@@ -28,6 +28,7 @@
 #include "kernels/device.h"
 #include "kernels/dtype.h"
 #include "proto/job.pb.h"
+#include "worker/plan/optimizer_state_layout.h"
 
 namespace zt {
 
@@ -72,24 +73,75 @@ struct MemoryPlan {
   int64_t TotalBytes() const;
 };
 
-// The context a training rank of `job` runs its ops on (CPU, resources.cpu_threads threads),
+// The context a training rank of `job` runs its ops on (CPU, resources.cpu_threads threads;
+// 0: the machine's cores divided among the job's ranks),
 // without its workspace: the plan sizes that for this context, the engine points it at the
 // plan's "gemm_workspace". The trainer and the plan both take it from here, so they agree.
 DeviceContext JobDeviceContext(const zerotrain::JobSpec& job);
 
+// Which ranks share one copy of the model states. The N ranks of a job form N/G shard groups
+// of G consecutive ranks (G = parallel.shard_group_size; G = N unless hybrid): rank r is
+// member r mod G of group r / G. Inside a group the model states are sharded; across groups
+// they are replicated.
+struct ShardGeometry {
+  int world_size = 1;  // N
+  int group_size = 1;  // G
+  int rank = 0;
+  int group_rank() const { return rank % group_size; }
+  int group() const { return rank / group_size; }
+  int groups() const { return world_size / group_size; }
+};
+ShardGeometry GeometryOf(const zerotrain::JobSpec& job, int rank);
+
+// Elements a unit's flat buffer is padded to so that it splits into G equal, aligned shards.
+inline constexpr int64_t kShardAlignmentElements = 64;
+int64_t PaddedUnitNumel(int64_t unit_numel, int group_size);
+
+// One rank's share of one unit (DESIGN.md, "Shard"): the unit's buffer padded to `padded`
+// splits into G shards of `shard_numel`; this rank's starts at `offset`. `owned` is the part
+// of it that holds real elements (the last shards may be partly or wholly padding).
+struct UnitShard {
+  int64_t numel = 0;
+  int64_t padded = 0;
+  int64_t shard_numel = 0;
+  int64_t offset = 0;
+  FlatRange owned;
+};
+UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
+
 // The plan of training rank `rank` of `job` (defaults applied, validated), for the context
 // JobDeviceContext(job). Precision decides the dtypes (parameters in param_dtype, fp32
 // master weights when master_weights, gradients in grad_dtype, activations in
-// compute_dtype); parallel.world_size N and zero_stage S divide the model states as ZeRO
-// does: S ≥ 1 shards the optimizer state and master weights, S ≥ 2 the gradients (plus one
-// unit's full gradient before its reduce-scatter), S = 3 the parameters (plus two gathered
-// units: the one computed and the one prefetched). A shard is rank's 1/N of the unit's
-// buffer padded to a multiple of N·kShardAlignmentElements.
+// compute_dtype); zero_stage S divides the model states over the shard group as ZeRO does.
+// Per unit u (n elements, P padded, s = P/G its shard):
+//   "<u>.params"       S ≤ 2: P (n at S = 0), S = 3: s
+//   "<u>.grads"        S ≤ 1: P (n at S = 0), accumulated over micro-batches and reduced in
+//                      place; S ≥ 2: s, the rank's reduced shard
+//   "<u>.grad_accum"   S ≥ 2 with grad_accum_steps > 1: P — the full gradient accumulates
+//                      across micro-batches and is reduce-scattered once, on the last
+//   "<u>.master", optimizer states: the rank's range at S ≥ 1, the unit at S = 0
+// and per rank:
+//   "grad.full.0/1"    S ≥ 2, one micro-batch per step: two full gradients of the largest
+//                      unit, alternating, so one unit's reduce-scatter overlaps the next
+//                      unit's backward; "grad.full.embedding" (P of the embedding) when
+//                      the embedding is tied to the head, whose backward starts it
+//   "grad.shard.0/1"   S = 1: the reduce-scatter's output, two in flight, copied into the
+//                      rank's range of "<u>.grads"
+//   "gather.<k>"       S = 3 with reshard_after_forward: prefetch_units + 1 gathered units of
+//                      the largest size, reused in turn; "gather.embedding" when tied (the
+//                      head needs the embedding's weights: it stays gathered for the step)
+//   "<u>.gathered"     S = 3 without reshard_after_forward: every unit, gathered from its
+//                      forward to its backward
+//   "comm.scalars"     6·N f32: each rank's loss, gradient norm and overflow flag, gathered
+//                      once per step
+//   "optimizer.reduce_scratch"  sharded Adafactor (ShardedAdafactor): the whole-tensor
+//                      statistics summed across the group, rows + cols + 2 f32 of the
+//                      largest matrix
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);
 
-// Elements a unit's flat buffer is padded to so that it splits into N equal, aligned shards.
-inline constexpr int64_t kShardAlignmentElements = 64;
-int64_t PaddedUnitNumel(int64_t unit_numel, int world_size);
+// Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are
+// summed across the group (kernels/adafactor.h, AdafactorArgs::Shard).
+bool ShardedAdafactor(const zerotrain::JobSpec& job);
 
 // Forward-only buffers (activations and workspace, no parameters or states) for `batch`
 // sequences of `seq_len` tokens, the GEMM scratch sized for `ctx`: text generation after

@@ -70,11 +70,11 @@ UnitOptimizerState OptimizerStateFor(const zerotrain::OptimizerConfig& config,
       case Opt::ADAFACTOR: {
         const bool matrix = p.shape.size() == 2;
         if (matrix) {
-          const int64_t cols = p.shape[1];
-          const int64_t rows = (t.end + cols - 1) / cols - t.begin / cols;
+          // The whole tensor's statistics on every rank that holds part of it: the kernel
+          // keeps the copies identical by summing each shard's partial sums across the group.
           t.kind = TensorState::Kind::kFactored;
-          t.slices = {b.Take("adafactor_row", DType::kF32, rows),
-                      b.Take("adafactor_col", DType::kF32, cols)};
+          t.slices = {b.Take("adafactor_row", DType::kF32, p.shape[0]),
+                      b.Take("adafactor_col", DType::kF32, p.shape[1])};
         } else {
           t.kind = TensorState::Kind::kFull;
           t.slices = {b.Take("adafactor_full", DType::kF32, n)};

@@ -10,8 +10,9 @@
 //               quant_block_size (adam8_m_absmax, adam8_v_absmax); blocks start at each
 //               tensor's first element, so no block straddles two tensors.
 //               Smaller tensors keep f32 adam_m / adam_v (bitsandbytes' rule).
-//   ADAFACTOR   matrices: adafactor_row (rows) and adafactor_col (cols) f32 statistics;
-//               vectors: adafactor_full (n) f32; plus adafactor_m (n) f32 when beta1 > 0.
+//   ADAFACTOR   matrices: adafactor_row (rows) and adafactor_col (cols) f32 statistics of
+//               the whole tensor; vectors: adafactor_full (n) f32; plus adafactor_m (n) f32
+//               when beta1 > 0.
 #pragma once
 
 #include <cstdint>
@@ -68,14 +69,16 @@ struct FlatRange {
 
 // The state of the part of `unit` inside `range` (the whole unit by default). Each tensor
 // contributes its intersection with the range (TensorState::Kind::kNone, no slices, when it
-// has none). How a shard cut affects each state, so that shards never share a value:
+// has none). How a shard cut affects each state (shards share no value, but for Adafactor's
+// replicated statistics):
 //   fp32 moments, master weights, momentum: one value per element of the intersection;
 //   8-bit AdamW: blocks start at the intersection's first element, so a block never
 //     straddles a shard boundary (nor a tensor boundary);
-//   Adafactor, matrices: the row statistics of the rows the intersection touches and the
-//     full column statistics (each shard keeps the column sums of its own rows; the sharding
-//     engine sums them across the shard group before use); vectors: full state of the
-//     intersection.
+//   Adafactor, matrices: the whole tensor's row and column statistics (its full row and
+//     column counts, however little of it the range covers), replicated across the shard
+//     group, kept identical by summing the shards' partial statistics before use
+//     (AdafactorArgs::Shard, kernels/adafactor.h); m one value per element of the
+//     intersection; vectors: full state of the intersection.
 UnitOptimizerState OptimizerStateFor(const zerotrain::OptimizerConfig& config,
                                      const UnitLayout& unit, FlatRange range = {});
 

@@ -150,6 +150,18 @@ TEST(ValidateJobSpecTest, EachRuleNamesTheFieldTheValueAndTheRule) {
        "parallel.world_size: must be >= 1 (got 0)"},
       {"zero stage", [](JobSpec& s) { s.mutable_parallel()->set_zero_stage(4); },
        "parallel.zero_stage: must be in 0..3 (got 4)"},
+      {"shard group",
+       [](JobSpec& s) {
+         s.mutable_parallel()->set_world_size(4);
+         s.mutable_parallel()->set_shard_group_size(3);
+       },
+       "parallel.shard_group_size: must divide parallel.world_size (4), got 3"},
+      {"prefetch", [](JobSpec& s) { s.mutable_parallel()->set_prefetch_units(-1); },
+       "parallel.prefetch_units: must be >= 0 (got -1)"},
+      {"bucket", [](JobSpec& s) { s.mutable_parallel()->set_bucket_bytes(-5); },
+       "parallel.bucket_bytes: must be >= 0 (got -5)"},
+      {"comm timeout", [](JobSpec& s) { s.mutable_parallel()->set_comm_timeout_s(0); },
+       "parallel.comm_timeout_s: must be > 0 (got 0)"},
       {"device",
        [](JobSpec& s) {
          s.mutable_resources()->set_device(ResourceConfig::DEVICE_KIND_UNSPECIFIED);
@@ -304,9 +316,10 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
   const absl::Status status = CheckEngineSupport(testing::JobWithDefaults(testing::kFullYaml));
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.world_size: 2 ranks are not supported by this engine yet; "
-                          "use 1",
-                          "parallel.zero_stage: 3 is not supported by this engine yet; use 0",
+              ElementsAre("precision.reduce_dtype: BF16 differs from precision.grad_dtype "
+                          "FP32; this engine reduces gradients in their own dtype (16-bit "
+                          "reductions add in f32), so leave reduce_dtype unset or equal to "
+                          "grad_dtype",
                           "resources.device: CUDA is not supported by this engine yet; use CPU",
                           "checkpoint.dir: 'ckpt' is set, but checkpoints are not implemented "
                           "yet; leave it empty"));
@@ -344,7 +357,8 @@ TEST(MemoryTechniqueValidationTest, ReportsEveryBrokenCombinationAtOnce) {
   ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   for (const char* field :
        {"optimizer.quant_block_size: must be a power of two", "precision.master_weights: false",
-        "precision.loss_scale.static_scale: must be > 0", "memory.checkpoint_every_k: must be >= 1"}) {
+        "precision.loss_scale.static_scale: must be > 0",
+        "memory.checkpoint_every_k: must be >= 1"}) {
     EXPECT_NE(s.message().find(field), std::string::npos) << field << "\n" << s.message();
   }
 }

@@ -95,6 +95,8 @@ std::vector<std::string> LossLines(const std::filesystem::path& metrics) {
     // Timing fields differ between runs; everything else must not.
     j.erase("tokens_per_s");
     j.erase("step_ms");
+    j.erase("comm_s");
+    j.erase("comm_wait_s");
     out.push_back(j.dump());
   }
   return out;

@@ -1,0 +1,349 @@
+// ZeRO stages 0–3 and hybrid sharding on N ranks (threads of this process, Gloo over
+// loopback) against one rank training on the same global batch: same per-step losses, same
+// final weights to within fp32 reduction-order noise; the bytes each rank moves per step as
+// ZeRO's analysis says; the memory each rank holds as its plan says.
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "worker/comm/store.h"
+#include "worker/data/token_shard.h"
+#include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/trainer.h"
+
+namespace zt {
+namespace {
+
+using zerotrain::JobSpec;
+
+struct RunResult {
+  std::vector<double> losses;  // rank 0's per step (the job's mean)
+  std::vector<double> grad_norms;
+  std::vector<std::vector<float>> weights;                   // rank 0's FullWeights at the end
+  std::vector<std::vector<std::vector<float>>> all_weights;  // every rank's
+  std::vector<CommStats> first_step_stats;                   // per rank, after step 1
+  std::vector<int64_t> plan_total, arena_total;              // per rank
+  std::vector<std::string> unclaimed;                        // plan buffers some rank never used
+};
+
+class ShardedTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TestScratchDir("zt-sharded-test");
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A small GPT-2 whose units do not divide evenly into shards: the head (64 elements) lies
+  // wholly in rank 0's shard at N = 4, so other ranks own empty ranges of it.
+  JobSpec Job(int world, int stage, int micro_batch, int accum = 1) {
+    JobSpec job;
+    auto* m = job.mutable_model();
+    m->set_family(zerotrain::ModelConfig::GPT2);
+    m->set_n_layer(2);
+    m->set_n_head(4);
+    m->set_d_model(32);
+    m->set_vocab_size(32);
+    m->set_max_seq_len(16);
+    job.mutable_data()->add_train((dir_ / "train.bin").string());
+    job.mutable_data()->set_seq_len(16);
+    job.mutable_train()->set_micro_batch_size(micro_batch);
+    job.mutable_train()->set_grad_accum_steps(accum);
+    job.mutable_train()->set_max_steps(20);
+    job.mutable_optimizer()->set_lr(3e-3f);
+    job.mutable_optimizer()->set_grad_clip(1.0f);
+    job.mutable_resources()->set_cpu_threads(1);
+    job.mutable_parallel()->set_world_size(world);
+    job.mutable_parallel()->set_zero_stage(stage);
+    job.mutable_parallel()->set_comm_timeout_s(60);
+    return job;
+  }
+
+  static RunResult Train(const JobSpec& spec, int steps = 20) {
+    const JobSpec job = ValidatedJob(spec).value();
+    const int n = job.parallel().world_size();
+    InProcessStore store;
+    RunResult result;
+    result.all_weights.resize(n);
+    result.first_step_stats.resize(n);
+    result.plan_total.resize(n);
+    result.arena_total.resize(n);
+    std::vector<absl::Status> status(n);
+    std::vector<std::vector<std::string>> unclaimed(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        status[r] = [&]() -> absl::Status {
+          TrainOptions options;
+          options.rank = r;
+          options.store = &store;
+          absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
+          if (!t.ok()) return t.status();
+          for (int s = 0; s < steps; ++s) {
+            absl::StatusOr<StepRecord> rec = (*t)->Step();
+            if (!rec.ok()) return rec.status();
+            if (s == 0) result.first_step_stats[r] = (*t)->comm_stats();
+            if (r == 0) {
+              result.losses.push_back(rec->loss);
+              result.grad_norms.push_back(rec->grad_norm);
+            }
+          }
+          absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
+          if (!w.ok()) return w.status();
+          result.all_weights[r] = std::move(*w);
+          result.plan_total[r] = (*t)->plan().TotalBytes();
+          result.arena_total[r] = (*t)->arenas().TotalBytesInUse();
+          unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
+          return absl::OkStatus();
+        }();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    result.weights = result.all_weights[0];
+    for (const auto& u : unclaimed) {
+      result.unclaimed.insert(result.unclaimed.end(), u.begin(), u.end());
+    }
+    return result;
+  }
+
+  std::filesystem::path dir_;
+};
+
+double MaxAbsDiff(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t u = 0; u < std::min(a.size(), b.size()); ++u) {
+    EXPECT_EQ(a[u].size(), b[u].size());
+    for (size_t i = 0; i < std::min(a[u].size(), b[u].size()); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(a[u][i]) - b[u][i]));
+    }
+  }
+  return worst;
+}
+
+double RelativeL2Diff(const std::vector<std::vector<float>>& a,
+                      const std::vector<std::vector<float>>& b) {
+  double diff = 0, norm = 0;
+  for (size_t u = 0; u < std::min(a.size(), b.size()); ++u) {
+    for (size_t i = 0; i < std::min(a[u].size(), b[u].size()); ++i) {
+      diff += (static_cast<double>(a[u][i]) - b[u][i]) * (static_cast<double>(a[u][i]) - b[u][i]);
+      norm += static_cast<double>(b[u][i]) * b[u][i];
+    }
+  }
+  return std::sqrt(diff / norm);
+}
+
+// The sharded run against the reference, with the bounds every comparison here uses.
+// Losses: the N ranks' gradients are summed in another order than one rank's batch (the
+// per-rank sums, then the ring), so they differ in the last bits of fp32; over 20 Adam steps
+// that noise reaches the weights at ~1e-6 and the losses at ~1e-6 relative. 1e-4 absolute on
+// weights of magnitude ~0.1 and 1e-5 relative on losses are two orders of magnitude above
+// what the runs show, and two below what one wrong shard or a skipped reduction gives (a
+// wrong range changes weights by the lr, 3e-3, in one step).
+void ExpectMatches(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::abs(want.losses[s]))
+        << what << " step " << s + 1;
+  }
+  EXPECT_LT(MaxAbsDiff(got.weights, want.weights), 1e-4) << what;
+  // Every rank ends with the same model (the replicas and the shards agree).
+  for (size_t r = 1; r < got.all_weights.size(); ++r) {
+    EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << what << " rank " << r;
+  }
+  EXPECT_TRUE(got.unclaimed.empty())
+      << what << ": the plan holds buffers no rank used, e.g. " << got.unclaimed.front();
+}
+
+TEST_F(ShardedTrainingTest, EveryStageOnTwoAndFourRanksMatchesOneRank) {
+  for (int world : {2, 4}) {
+    // One rank reading the whole global batch: micro-batch N·B.
+    const RunResult reference = Train(Job(1, 0, 2 * world));
+    ASSERT_EQ(reference.losses.size(), 20u);
+    EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.5) << "the model learns";
+    for (int stage = 0; stage <= 3; ++stage) {
+      ExpectMatches(Train(Job(world, stage, 2)), reference,
+                    "world " + std::to_string(world) + " stage " + std::to_string(stage));
+    }
+  }
+}
+
+TEST_F(ShardedTrainingTest, OneRankIsBitwiseTheSameUnderEveryStage) {
+  // On one rank the collectives are copies and the shard is the whole unit: any stage must
+  // give exactly the unsharded run.
+  const RunResult reference = Train(Job(1, 0, 4), 5);
+  for (int stage = 1; stage <= 3; ++stage) {
+    const RunResult got = Train(Job(1, stage, 4), 5);
+    EXPECT_EQ(got.losses, reference.losses) << "stage " << stage;
+    EXPECT_EQ(MaxAbsDiff(got.weights, reference.weights), 0.0) << "stage " << stage;
+  }
+}
+
+TEST_F(ShardedTrainingTest, HybridShardingMatchesOneRank) {
+  // 4 ranks in 2 groups of 2: shard inside each group, replicate across the groups.
+  const RunResult reference = Train(Job(1, 0, 8));
+  for (int stage = 0; stage <= 3; ++stage) {
+    JobSpec job = Job(4, stage, 2);
+    job.mutable_parallel()->set_shard_group_size(2);
+    ExpectMatches(Train(job), reference, "hybrid stage " + std::to_string(stage));
+  }
+}
+
+TEST_F(ShardedTrainingTest, AccumulationAndStageThreeOptionsMatchOneRank) {
+  // Gradient accumulation (communicating on the last micro-batch only), FSDP without
+  // resharding after forward, and prefetch depths 0 and 2.
+  const RunResult reference = Train(Job(1, 0, 4, /*accum=*/2));
+  for (int stage : {1, 2, 3}) {
+    ExpectMatches(Train(Job(2, stage, 2, /*accum=*/2)), reference,
+                  "accumulation stage " + std::to_string(stage));
+  }
+  const RunResult no_accum = Train(Job(1, 0, 4));
+  JobSpec keep = Job(2, 3, 2);
+  keep.mutable_parallel()->set_reshard_after_forward(false);
+  ExpectMatches(Train(keep), no_accum, "reshard_after_forward false");
+  for (int prefetch : {0, 2}) {
+    JobSpec job = Job(2, 3, 2);
+    job.mutable_parallel()->set_prefetch_units(prefetch);
+    ExpectMatches(Train(job), no_accum, "prefetch " + std::to_string(prefetch));
+  }
+}
+
+TEST_F(ShardedTrainingTest, MixedPrecisionCheckpointingAndUntiedHeadUnderStageThree) {
+  // bf16 parameters with fp32 master weights, FULL activation checkpointing, a Llama (untied
+  // head, GQA): each against its own one-rank run. bf16 rounding of parameters that differ in
+  // the last fp32 bits can land on either side of a rounding boundary, so the weights' bound
+  // is one bf16 ulp of the largest weights (2^-8 · ~0.25).
+  JobSpec bf16 = Job(2, 3, 2);
+  bf16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  bf16.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+  JobSpec bf16_reference = bf16;
+  bf16_reference.mutable_parallel()->set_world_size(1);
+  bf16_reference.mutable_parallel()->set_zero_stage(0);
+  bf16_reference.mutable_train()->set_micro_batch_size(4);
+  const RunResult got = Train(bf16), want = Train(bf16_reference);
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-3 * want.losses[s]) << "bf16 step " << s + 1;
+  }
+  // The GEMMs of a 2-row and a 4-row micro-batch may block their fp32 sums differently, and
+  // bf16 activations turn those last-bit differences into 2^-8-relative ones. Adam then moves
+  // weights whose gradient is near zero by up to lr per step in either direction, so single
+  // weights can differ by a few lr; the model as a whole must agree to 1% (relative L2), far
+  // below what a wrong shard does (the fp32 runs above agree to 1e-4 absolute per weight).
+  EXPECT_LT(RelativeL2Diff(got.weights, want.weights), 0.01);
+  for (size_t r = 1; r < got.all_weights.size(); ++r) {
+    EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << "bf16 rank " << r;
+  }
+
+  JobSpec llama = Job(4, 3, 2);
+  llama.mutable_model()->set_family(zerotrain::ModelConfig::LLAMA);
+  llama.mutable_model()->set_n_kv_head(2);
+  JobSpec llama_reference = llama;
+  llama_reference.mutable_parallel()->set_world_size(1);
+  llama_reference.mutable_parallel()->set_zero_stage(0);
+  llama_reference.mutable_train()->set_micro_batch_size(8);
+  ExpectMatches(Train(llama), Train(llama_reference), "llama stage 3");
+}
+
+TEST_F(ShardedTrainingTest, EightBitAdamUnderStageTwoStaysCloseToOneRank) {
+  // 8-bit blocks start at each shard's first element (worker/plan/optimizer_state_layout.h),
+  // so the shards quantize different blocks than one rank does: the runs differ by
+  // quantization noise, not reduction noise. Small tensors keep fp32 states, so lower the
+  // threshold to make most of this small model 8-bit.
+  JobSpec job = Job(2, 2, 2);
+  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
+  job.mutable_optimizer()->set_min_quantized_numel(256);
+  job.mutable_optimizer()->set_quant_block_size(256);
+  JobSpec reference = job;
+  reference.mutable_parallel()->set_world_size(1);
+  reference.mutable_parallel()->set_zero_stage(0);
+  reference.mutable_train()->set_micro_batch_size(4);
+  const RunResult got = Train(job), want = Train(reference);
+  // Block-wise 8-bit moments carry ~1% relative error per element; after 20 steps the loss
+  // curves agree to a fraction of a percent while still falling by over 0.5.
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 0.01 * want.losses[s]) << "step " << s + 1;
+  }
+  EXPECT_LT(want.losses.back(), want.losses.front() - 0.5);
+}
+
+TEST_F(ShardedTrainingTest, AdafactorUnderEveryStageMatchesOneRank) {
+  // Shards cut matrices mid-row; the kernel sums each shard's row and column statistics and
+  // the update's RMS across the group, so the factored second moments are the whole
+  // tensor's. Summing float partials instead of one double sum adds ~1e-7 relative noise to
+  // the statistics: the same order as the gradients' reduction noise, hence the same bounds.
+  JobSpec job = Job(1, 0, 8);
+  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+  job.mutable_optimizer()->mutable_adafactor()->set_beta1(0.9f);
+  const RunResult reference = Train(job);
+  for (int stage = 1; stage <= 3; ++stage) {
+    JobSpec sharded = job;
+    sharded.mutable_parallel()->set_world_size(4);
+    sharded.mutable_parallel()->set_zero_stage(stage);
+    sharded.mutable_train()->set_micro_batch_size(2);
+    ExpectMatches(Train(sharded), reference, "adafactor stage " + std::to_string(stage));
+  }
+}
+
+TEST_F(ShardedTrainingTest, BytesMovedPerStepFollowZerosAnalysis) {
+  // Φ elements of fp32 gradients and parameters, N ranks. Per rank per step, in bytes sent:
+  //   stage 0: ring all-reduce of every gradient         2·(N−1)/N·4Φ
+  //   stage 1, 2: reduce-scatter + parameter all-gather  (N−1)/N·4P + (N−1)/N·4P
+  //   stage 3: all-gather before forward and backward, reduce-scatter of gradients
+  //            (N−1)/N·4·(3P − P_embedding): the tied embedding is gathered once and kept
+  // where P is Φ with each unit padded to a multiple of 64·N (the shards' alignment), plus
+  // one all-gather of 6 floats per rank (the step's loss, norm and overflow flag).
+  for (int world : {2, 4}) {
+    const JobSpec base = ValidatedJob(Job(world, 0, 2)).value();
+    const ModelLayout layout = BuildModelLayout(base.model());
+    const double n = world;
+    int64_t phi = 0, padded = 0;
+    for (const UnitLayout& u : layout.units) {
+      phi += u.numel;
+      padded += PaddedUnitNumel(u.numel, world);
+    }
+    const int64_t embedding = PaddedUnitNumel(layout.embedding().numel, world);
+    const double scalars = (n - 1) * 6 * 4;
+    const double expected[4] = {
+        2 * (n - 1) / n * 4 * phi + scalars,
+        2 * (n - 1) / n * 4 * padded + scalars,
+        2 * (n - 1) / n * 4 * padded + scalars,
+        (n - 1) / n * 4 * (3 * padded - embedding) + scalars,
+    };
+    for (int stage = 0; stage <= 3; ++stage) {
+      const RunResult run = Train(Job(world, stage, 2), 1);
+      for (int r = 0; r < world; ++r) {
+        int64_t sent = 0;
+        for (const CommStats::Entry& e : run.first_step_stats[r].by_kind) sent += e.bytes_sent;
+        // The ring all-reduce's nominal volume is rounded down per call (Gloo splits a
+        // buffer into N chunks): allow a few bytes per call.
+        EXPECT_NEAR(static_cast<double>(sent), expected[stage], 64.0 * 16)
+            << "world " << world << " stage " << stage << " rank " << r;
+      }
+      // And against the textbook figure without padding: within 2% for this small model.
+      const double theory = (stage == 3 ? 3.0 : 2.0) * (n - 1) / n * 4 * phi;
+      int64_t sent0 = 0;
+      for (const CommStats::Entry& e : run.first_step_stats[0].by_kind) sent0 += e.bytes_sent;
+      if (stage < 3) EXPECT_NEAR(sent0 / theory, 1.0, 0.02) << "stage " << stage;
+    }
+  }
+}
+
+TEST_F(ShardedTrainingTest, ArenasMatchThePlanOnEveryRankAndStage) {
+  // Each rank's arenas hold exactly its plan: nothing more, nothing unused (the per-stage
+  // division itself is checked on the plan, tests/unit/worker/plan/model_states_test.cc).
+  for (int stage = 0; stage <= 3; ++stage) {
+    const RunResult run = Train(Job(4, stage, 2), 1);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(run.arena_total[r], run.plan_total[r]) << "stage " << stage << " rank " << r;
+    }
+    EXPECT_TRUE(run.unclaimed.empty()) << "stage " << stage;
+  }
+}
+
+}  // namespace
+}  // namespace zt

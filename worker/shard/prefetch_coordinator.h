@@ -1,0 +1,73 @@
+// The prefetch coordinator: which unit's all-gather is issued when, and into which buffer.
+//
+// A pass is a fixed sequence of unit uses — the forward order, then the backward order (or
+// the forward alone for evaluation) — each marked with whether the unit is released when the
+// use ends. The ordering, which every rank follows identically because collectives must be
+// issued in the same order on every rank:
+//   1. Before use i is computed, the gathers of the units of uses i … i+k (k = prefetch
+//      depth) that are sharded are issued, in sequence order. A unit already gathered or
+//      gathering (the head at the forward/backward turn, a unit kept from its forward) is
+//      skipped.
+//   2. Use i then waits for its own unit's gather (UnitRegistry::AwaitGathered).
+//   3. When use i ends, its unit is released if the use says so; its buffer returns to the
+//      pool.
+// A unit with a dedicated buffer (the tied embedding, every unit without
+// reshard_after_forward) gathers into it; the others take a buffer from a pool of k + 1
+// slots. Since at most k + 1 pooled units are held at once (the one computed and k ahead) and
+// a use's unit is released before the next use issues its gathers, a slot is always free;
+// running out is reported as an internal error rather than overwriting a held buffer.
+//
+// Not thread-safe: the rank's compute thread owns it.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/tensor.h"
+#include "worker/shard/unit_registry.h"
+
+namespace zt {
+
+struct UnitUse {
+  int unit = 0;
+  bool release_after = true;
+};
+
+class PrefetchCoordinator {
+ public:
+  // Issues the all-gather of unit u's shard into `full` (the unit's padded size, or more).
+  using GatherFn = std::function<absl::StatusOr<CommHandle>(int u, const Tensor& full)>;
+
+  // `dedicated[u]`: unit u's own buffer, or empty to use the pool. `registry` must outlive
+  // the coordinator.
+  PrefetchCoordinator(UnitRegistry* registry, std::vector<Tensor> pool,
+                      std::vector<Tensor> dedicated, int prefetch, GatherFn gather);
+
+  // Starts a pass over `uses`.
+  void Begin(std::vector<UnitUse> uses);
+  // Issues the gathers up to use i + k and returns use i's full parameters.
+  absl::StatusOr<Tensor> Acquire(int i);
+  // Ends use i (releasing its unit when the use says so).
+  absl::Status Finish(int i);
+  // Ends the pass: waits for gathers still in flight and releases every unit, kept or not
+  // (also after an error, so no buffer is left being written).
+  absl::Status End();
+
+  int prefetch() const { return prefetch_; }
+
+ private:
+  absl::Status Issue(int unit);
+
+  UnitRegistry* registry_;
+  std::vector<Tensor> pool_;
+  std::vector<bool> pool_free_;
+  std::vector<int> pool_slot_of_;  // per unit: its pool slot while held, else −1
+  std::vector<Tensor> dedicated_;
+  int prefetch_;
+  GatherFn gather_;
+  std::vector<UnitUse> uses_;
+  int issued_through_ = -1;  // the last use whose gather was considered
+};
+
+}  // namespace zt

@@ -1,0 +1,500 @@
+#include "worker/shard/sharding_engine.h"
+
+#include <array>
+#include <chrono>
+#include <cstring>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+namespace {
+
+// Elements [begin, begin + n) of a flat buffer.
+Tensor Flat(const Tensor& t, int64_t begin, int64_t n) { return t.Slice(begin, begin + n); }
+
+using Clock = std::chrono::steady_clock;
+
+// Waits for every handle; adds the time blocked to `*waited`.
+absl::Status WaitAll(std::vector<CommHandle>& handles, double* waited) {
+  const auto start = Clock::now();
+  absl::Status first;
+  for (CommHandle& h : handles) {
+    absl::Status s = h.Wait();
+    if (first.ok()) first = s;
+  }
+  handles.clear();
+  *waited += std::chrono::duration<double>(Clock::now() - start).count();
+  return first;
+}
+
+// Values travel through the f32 all-gather as raw bits: a double is two f32 slots.
+void PutDouble(float* slots, double v) { std::memcpy(slots, &v, sizeof v); }
+double GetDouble(const float* slots) {
+  double v;
+  std::memcpy(&v, slots, sizeof v);
+  return v;
+}
+constexpr int kScalarSlots = 6;  // loss (2), gradient sum of squares (2), non-finite flag, spare
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
+    const zerotrain::JobSpec& job, int rank, Transformer* model, const Arenas& arenas,
+    ShardComms comms) {
+  std::unique_ptr<ShardingEngine> e(new ShardingEngine());
+  e->job_ = job;
+  e->model_ = model;
+  e->comms_ = comms;
+  e->geometry_ = GeometryOf(job, rank);
+  e->stage_ = job.parallel().zero_stage();
+  e->accumulate_full_ = e->stage_ >= 2 && job.train().grad_accum_steps() > 1;
+  const ModelLayout& layout = model->layout();
+  e->tied_ = layout.tied_embeddings;
+  const ShardGeometry& g = e->geometry_;
+  if (comms.world == nullptr || comms.world->size() != g.world_size ||
+      comms.world->rank() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sharding engine: the world communicator must "
+                     "have ",
+                     g.world_size, " ranks, this one ", rank));
+  }
+  if (comms.shard_group == nullptr || comms.shard_group->size() != g.group_size ||
+      comms.shard_group->rank() != g.group_rank()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sharding engine: the shard-group communicator must have ", g.group_size,
+                     " ranks (parallel.shard_group_size), this one ", g.group_rank()));
+  }
+  if ((g.groups() > 1) != (comms.replicas != nullptr) ||
+      (comms.replicas != nullptr &&
+       (comms.replicas->size() != g.groups() || comms.replicas->rank() != g.group()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sharding engine: ", g.groups(), " shard groups need ",
+        g.groups() > 1 ? "a replica communicator of that many ranks" : "no replica communicator"));
+  }
+  const int n_units = static_cast<int>(layout.units.size());
+  for (int u = 0; u < n_units; ++u) {
+    const UnitLayout& unit = layout.units[u];
+    const UnitShard shard = ShardOf(unit.numel, g);
+    e->shards_.push_back(shard);
+    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(unit.name + ".params"));
+    ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + ".grads"));
+    e->params_.push_back(params);
+    e->grads_.push_back(grads);
+    if (e->accumulate_full_) {
+      ZT_ASSIGN_OR_RETURN(Tensor acc, arenas.Get(unit.name + ".grad_accum"));
+      e->grad_accum_.push_back(acc);
+    }
+    const int64_t owned = shard.owned.end - shard.owned.begin;
+    switch (e->stage_) {
+      case 0:
+        e->ranges_.push_back({0, unit.numel});
+        e->param_views_.push_back(Flat(params, 0, unit.numel));
+        e->grad_views_.push_back(Flat(grads, 0, unit.numel));
+        // The norm counts each element once per group: every member its shard's range.
+        e->norm_views_.push_back(Flat(grads, shard.owned.begin, owned));
+        break;
+      case 1:
+        e->ranges_.push_back(shard.owned);
+        e->param_views_.push_back(Flat(params, shard.owned.begin, owned));
+        e->grad_views_.push_back(Flat(grads, shard.owned.begin, owned));
+        e->norm_views_.push_back(e->grad_views_.back());
+        break;
+      default:
+        e->ranges_.push_back(shard.owned);
+        e->param_views_.push_back(e->stage_ == 3 ? Flat(params, 0, owned)
+                                                 : Flat(params, shard.owned.begin, owned));
+        e->grad_views_.push_back(Flat(grads, 0, owned));
+        e->norm_views_.push_back(e->grad_views_.back());
+        break;
+    }
+  }
+  e->bucket_elements_ = job.parallel().bucket_bytes() / DTypeSize(e->grads_[0].dtype());
+  e->pending_.resize(n_units);
+  e->unit_grad_target_.resize(n_units);
+  if (e->stage_ >= 2 && !e->accumulate_full_) {
+    for (int k = 0; k < 2; ++k) {
+      ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("grad.full.", k)));
+      e->grad_full_.push_back(t);
+    }
+    e->slot_unit_ = {-1, -1};
+    if (e->tied_) {
+      ZT_ASSIGN_OR_RETURN(e->grad_full_embedding_, arenas.Get("grad.full.embedding"));
+    }
+  }
+  if (e->stage_ == 1) {
+    for (int k = 0; k < 2; ++k) {
+      ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("grad.shard.", k)));
+      e->grad_shard_.push_back(t);
+    }
+  }
+  ZT_ASSIGN_OR_RETURN(e->scalars_, arenas.Get("comm.scalars"));
+
+  if (e->stage_ == 3) {
+    std::vector<std::string> names;
+    for (const UnitLayout& u : layout.units) names.push_back(u.name);
+    e->registry_ = std::make_unique<UnitRegistry>(std::move(names));
+    const auto& parallel = job.parallel();
+    std::vector<Tensor> pool, dedicated(n_units);
+    if (parallel.reshard_after_forward()) {
+      for (int k = 0; k <= parallel.prefetch_units(); ++k) {
+        ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("gather.", k)));
+        pool.push_back(t);
+      }
+      if (e->tied_) {
+        ZT_ASSIGN_OR_RETURN(dedicated[0], arenas.Get("gather.embedding"));
+      }
+    } else {
+      for (int u = 0; u < n_units; ++u) {
+        ZT_ASSIGN_OR_RETURN(dedicated[u], arenas.Get(layout.units[u].name + ".gathered"));
+      }
+    }
+    ShardingEngine* self = e.get();
+    e->prefetch_ = std::make_unique<PrefetchCoordinator>(
+        e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
+        [self](int u, const Tensor& full) -> absl::StatusOr<CommHandle> {
+          const UnitShard& s = self->shards_[u];
+          return self->comms_.shard_group->AllGather(Flat(self->params_[u], 0, s.shard_numel),
+                                                     Flat(full, 0, s.padded),
+                                                     self->Label(u, "all-gather"));
+        });
+  }
+  return e;
+}
+
+std::string ShardingEngine::Label(int u, const char* what) const {
+  return absl::StrCat(model_->layout().units[u].name, " ", what);
+}
+
+absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
+  if (stage_ <= 1) {
+    for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  } else if (accumulate_full_) {
+    for (const Tensor& g : grad_accum_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ShardingEngine::Params(int u) const {
+  if (stage_ < 3) return params_[u];
+  if (registry_->state(u) != Residency::kGathered) {
+    return absl::FailedPreconditionError(absl::StrCat("unit ", model_->layout().units[u].name,
+                                                      " is ", ResidencyName(registry_->state(u)),
+                                                      ", not gathered"));
+  }
+  return registry_->buffer(u);
+}
+
+absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int u) {
+  if (stage_ <= 1) return grads_[u];
+  if (accumulate_full_) return grad_accum_[u];
+  const int64_t padded = shards_[u].padded;
+  Tensor target;
+  if (tied_ && u == 0) {
+    target = Flat(grad_full_embedding_, 0, padded);
+  } else {
+    // Two slots alternate: the slot's previous unit must have finished its reduce-scatter
+    // (it reads the slot) before this unit's backward overwrites it.
+    const int slot = next_slot_;
+    next_slot_ ^= 1;
+    if (slot_unit_[slot] >= 0) ZT_RETURN_IF_ERROR(WaitAll(pending_[slot_unit_[slot]], &waited_s_));
+    slot_unit_[slot] = u;
+    target = Flat(grad_full_[slot], 0, padded);
+  }
+  // The padding is summed by the reduce-scatter too: it must hold zeros, not the last unit's.
+  ZT_RETURN_IF_ERROR(Zero(ctx, target));
+  unit_grad_target_[u] = target;
+  return target;
+}
+
+absl::Status ShardingEngine::GradientReady(int u) {
+  const UnitShard& s = shards_[u];
+  if (stage_ == 0) {
+    const Tensor& g = grads_[u];
+    const int64_t n = g.numel();
+    const int64_t piece = bucket_elements_ > 0 ? bucket_elements_ : n;
+    for (int64_t begin = 0; begin < n; begin += piece) {
+      ZT_ASSIGN_OR_RETURN(CommHandle h,
+                          comms_.world->AllReduce(Flat(g, begin, std::min(piece, n - begin)),
+                                                  ReduceOp::kSum, Label(u, "all-reduce")));
+      pending_[u].push_back(std::move(h));
+    }
+  } else if (stage_ >= 2) {
+    const Tensor source = accumulate_full_ ? grad_accum_[u] : unit_grad_target_[u];
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        comms_.shard_group->ReduceScatter(
+                            Flat(source, 0, s.padded), Flat(grads_[u], 0, s.shard_numel),
+                            ReduceOp::kSum, Label(u, "reduce-scatter")));
+    pending_[u].push_back(std::move(h));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::ReduceAcrossReplicas(int u) {
+  if (comms_.replicas == nullptr) return absl::OkStatus();
+  const UnitShard& s = shards_[u];
+  const Tensor shard =
+      stage_ == 1 ? Flat(grads_[u], s.offset, s.shard_numel) : Flat(grads_[u], 0, s.shard_numel);
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.replicas->AllReduce(shard, ReduceOp::kSum,
+                                                               Label(u, "replica all-reduce")));
+  pending_[u].push_back(std::move(h));
+  return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::FinishReductions() {
+  const int n_units = static_cast<int>(shards_.size());
+  if (stage_ == 1) {
+    // Two reduce-scatters in flight; each result is copied into the rank's range of the full
+    // gradient (the reduce-scatter used the rest of it as scratch).
+    std::array<int, 2> in_flight = {-1, -1};
+    auto complete = [&](int slot) -> absl::Status {
+      const int u = in_flight[slot];
+      if (u < 0) return absl::OkStatus();
+      ZT_RETURN_IF_ERROR(WaitAll(pending_[u], &waited_s_));
+      const UnitShard& s = shards_[u];
+      const Tensor from = Flat(grad_shard_[slot], 0, s.shard_numel);
+      std::memcpy(Flat(grads_[u], s.offset, s.shard_numel).raw(), from.raw(),
+                  static_cast<size_t>(from.size_bytes()));
+      in_flight[slot] = -1;
+      return ReduceAcrossReplicas(u);
+    };
+    for (int u = n_units - 1, k = 0; u >= 0; --u, ++k) {
+      const int slot = k % 2;
+      ZT_RETURN_IF_ERROR(complete(slot));
+      const UnitShard& s = shards_[u];
+      ZT_ASSIGN_OR_RETURN(
+          CommHandle h, comms_.shard_group->ReduceScatter(
+                            Flat(grads_[u], 0, s.padded), Flat(grad_shard_[slot], 0, s.shard_numel),
+                            ReduceOp::kSum, Label(u, "reduce-scatter")));
+      pending_[u].push_back(std::move(h));
+      in_flight[slot] = u;
+    }
+    for (int slot = 0; slot < 2; ++slot) ZT_RETURN_IF_ERROR(complete(slot));
+  } else if (stage_ >= 2) {
+    // Each shard is complete in its group once its reduce-scatter ends; then across groups.
+    for (int u = n_units - 1; u >= 0; --u) {
+      ZT_RETURN_IF_ERROR(WaitAll(pending_[u], &waited_s_));
+      ZT_RETURN_IF_ERROR(ReduceAcrossReplicas(u));
+    }
+  }
+  absl::Status first;
+  for (int u = 0; u < n_units; ++u) {
+    absl::Status s = WaitAll(pending_[u], &waited_s_);
+    if (first.ok()) first = s;
+  }
+  if (!slot_unit_.empty()) slot_unit_ = {-1, -1};
+  return first;
+}
+
+void ShardingEngine::BeginPass(std::vector<UnitUse> uses) {
+  use_ = 0;
+  if (stage_ == 3) prefetch_->Begin(std::move(uses));
+}
+
+absl::StatusOr<Tensor> ShardingEngine::Acquire(int u) {
+  if (stage_ < 3) return params_[u];
+  const auto start = Clock::now();
+  absl::StatusOr<Tensor> p = prefetch_->Acquire(use_);
+  waited_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+  return p;
+}
+
+absl::Status ShardingEngine::FinishUse() {
+  if (stage_ < 3) return absl::OkStatus();
+  return prefetch_->Finish(use_++);
+}
+
+absl::Status ShardingEngine::EndPass() {
+  if (stage_ < 3) return absl::OkStatus();
+  return prefetch_->End();
+}
+
+absl::StatusOr<Tensor> ShardingEngine::ForwardToHead(const DeviceContext& ctx) {
+  Transformer& m = *model_;
+  ZT_ASSIGN_OR_RETURN(Tensor p, Acquire(0));
+  ZT_RETURN_IF_ERROR(m.EmbeddingForward(ctx, p));
+  ZT_RETURN_IF_ERROR(FinishUse());
+  for (int i = 0; i < m.layout().n_blocks(); ++i) {
+    ZT_ASSIGN_OR_RETURN(p, Acquire(1 + i));
+    ZT_RETURN_IF_ERROR(m.BlockForward(ctx, i, p));
+    ZT_RETURN_IF_ERROR(FinishUse());
+  }
+  const int head = m.layout().n_blocks() + 1;
+  ZT_ASSIGN_OR_RETURN(Tensor head_params, Acquire(head));
+  ZT_RETURN_IF_ERROR(m.HeadForward(ctx, head_params));
+  return head_params;
+}
+
+absl::StatusOr<double> ShardingEngine::ForwardBackward(const DeviceContext& ctx,
+                                                       const Transformer::LossOptions& options,
+                                                       bool last) {
+  Transformer& m = *model_;
+  const int L = m.layout().n_blocks();
+  const int head = L + 1;
+  const bool reshard = job_.parallel().reshard_after_forward();
+  std::vector<UnitUse> uses = {{0, !tied_}};
+  for (int i = 0; i < L; ++i) uses.push_back({1 + i, reshard});
+  uses.push_back({head, false});  // the backward starts with it
+  for (int u = head; u >= 1; --u) uses.push_back({u, true});
+  BeginPass(std::move(uses));
+  // On any error, stop the gathers still writing into the pool before it is reused.
+  absl::Cleanup end_pass = [&] { EndPass().IgnoreError(); };
+
+  ZT_ASSIGN_OR_RETURN(Tensor head_params, ForwardToHead(ctx));
+  ZT_ASSIGN_OR_RETURN(Tensor head_grads, GradTarget(ctx, head));
+  Tensor embedding_params, embedding_grads;
+  if (tied_) {
+    ZT_ASSIGN_OR_RETURN(embedding_params, Params(0));
+    ZT_ASSIGN_OR_RETURN(embedding_grads, GradTarget(ctx, 0));
+  }
+  ZT_ASSIGN_OR_RETURN(double loss, m.HeadLoss(ctx, head_params, head_grads, embedding_params,
+                                              embedding_grads, options));
+  ZT_RETURN_IF_ERROR(FinishUse());
+
+  ZT_ASSIGN_OR_RETURN(head_params, Acquire(head));
+  ZT_RETURN_IF_ERROR(m.HeadBackward(ctx, head_params, head_grads));
+  ZT_RETURN_IF_ERROR(FinishUse());
+  if (last) ZT_RETURN_IF_ERROR(GradientReady(head));
+  for (int i = L - 1; i >= 0; --i) {
+    ZT_ASSIGN_OR_RETURN(Tensor p, Acquire(1 + i));
+    ZT_ASSIGN_OR_RETURN(Tensor g, GradTarget(ctx, 1 + i));
+    ZT_RETURN_IF_ERROR(m.BlockBackward(ctx, i, p, g));
+    ZT_RETURN_IF_ERROR(FinishUse());
+    if (last) ZT_RETURN_IF_ERROR(GradientReady(1 + i));
+  }
+  if (!tied_) {
+    ZT_ASSIGN_OR_RETURN(embedding_grads, GradTarget(ctx, 0));
+  }
+  ZT_RETURN_IF_ERROR(m.EmbeddingBackward(ctx, embedding_grads));
+  if (last) ZT_RETURN_IF_ERROR(GradientReady(0));
+  std::move(end_pass).Cancel();
+  ZT_RETURN_IF_ERROR(EndPass());
+  if (last) ZT_RETURN_IF_ERROR(FinishReductions());
+  return loss;
+}
+
+absl::StatusOr<double> ShardingEngine::ForwardLoss(const DeviceContext& ctx) {
+  const int head = model_->layout().n_blocks() + 1;
+  std::vector<UnitUse> uses = {{0, !tied_}};
+  for (int u = 1; u <= head; ++u) uses.push_back({u, true});
+  BeginPass(std::move(uses));
+  absl::Cleanup end_pass = [&] { EndPass().IgnoreError(); };
+  ZT_ASSIGN_OR_RETURN(Tensor head_params, ForwardToHead(ctx));
+  Tensor embedding_params;
+  if (tied_) {
+    ZT_ASSIGN_OR_RETURN(embedding_params, Params(0));
+  }
+  ZT_ASSIGN_OR_RETURN(double loss, model_->HeadLoss(ctx, head_params, Tensor(), embedding_params,
+                                                    Tensor(), {.write_grad = false}));
+  ZT_RETURN_IF_ERROR(FinishUse());
+  std::move(end_pass).Cancel();
+  ZT_RETURN_IF_ERROR(EndPass());
+  return loss;
+}
+
+absl::StatusOr<StepTotals> ShardingEngine::Combine(const DeviceContext& ctx, double loss,
+                                                   bool check_finite) {
+  double sum_sq = 0;
+  bool nonfinite = false;
+  for (const Tensor& g : norm_views_) {
+    if (g.numel() == 0) continue;
+    if (check_finite) {
+      ZT_ASSIGN_OR_RETURN(bool finite, AllFinite(ctx, g));
+      nonfinite |= !finite;
+    }
+    ZT_ASSIGN_OR_RETURN(double s, SumOfSquares(ctx, g));
+    sum_sq += s;
+  }
+  const int N = geometry_.world_size, G = geometry_.group_size;
+  float* all = scalars_.data<float>();
+  float* mine = all + kScalarSlots * geometry_.rank;
+  PutDouble(mine, loss);
+  PutDouble(mine + 2, sum_sq);
+  mine[4] = nonfinite ? 1.0f : 0.0f;
+  mine[5] = 0.0f;
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.world->AllGather(
+                                        Flat(scalars_, kScalarSlots * geometry_.rank, kScalarSlots),
+                                        Flat(scalars_, 0, kScalarSlots * N), "step totals"));
+  std::vector<CommHandle> handles = {h};
+  ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  StepTotals t;
+  const int group_first = geometry_.group() * G;
+  for (int r = 0; r < N; ++r) {
+    const float* slots = all + kScalarSlots * r;
+    t.loss_sum += GetDouble(slots);
+    if (r >= group_first && r < group_first + G) t.grad_sum_sq += GetDouble(slots + 2);
+    t.nonfinite |= slots[4] != 0.0f;
+  }
+  return t;
+}
+
+absl::Status ShardingEngine::SumAcrossShardGroup(float* data, int64_t n) {
+  ZT_ASSIGN_OR_RETURN(CommHandle h,
+                      comms_.shard_group->AllReduce(Tensor(data, DType::kF32, {n}), ReduceOp::kSum,
+                                                    "optimizer statistics all-reduce"));
+  std::vector<CommHandle> handles = {h};
+  return WaitAll(handles, &waited_s_);
+}
+
+absl::Status ShardingEngine::FinishStep(const DeviceContext& ctx) {
+  (void)ctx;
+  if (stage_ != 1 && stage_ != 2) return absl::OkStatus();
+  std::vector<CommHandle> handles;
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    const UnitShard& s = shards_[u];
+    ZT_ASSIGN_OR_RETURN(
+        CommHandle h, comms_.shard_group->AllGather(
+                          Flat(params_[u], s.offset, s.shard_numel), Flat(params_[u], 0, s.padded),
+                          Label(static_cast<int>(u), "parameter all-gather")));
+    handles.push_back(std::move(h));
+  }
+  return WaitAll(handles, &waited_s_);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ShardingEngine::FullWeights(
+    const DeviceContext& ctx, const std::vector<Tensor>& fp32_sources, bool sources_sharded) {
+  (void)ctx;
+  std::vector<std::vector<float>> out;
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    const UnitShard& s = shards_[u];
+    const Tensor& source = fp32_sources[u];
+    if (source.dtype() != DType::kF32) {
+      return absl::InvalidArgumentError("FullWeights: sources must be f32");
+    }
+    if (!sources_sharded) {
+      out.emplace_back(source.data<float>(), source.data<float>() + s.numel);
+      continue;
+    }
+    std::vector<float> full(s.padded);
+    Tensor full_view(full.data(), DType::kF32, {s.padded});
+    ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllGather(
+                                          Flat(source, 0, s.shard_numel), full_view,
+                                          Label(static_cast<int>(u), "weights all-gather")));
+    ZT_RETURN_IF_ERROR(h.Wait());
+    full.resize(s.numel);
+    out.push_back(std::move(full));
+  }
+  return out;
+}
+
+CommStats ShardingEngine::stats() const {
+  CommStats total = comms_.world->stats();
+  auto add = [&](const Communicator* c) {
+    if (c == nullptr || c == comms_.world) return;
+    const CommStats s = c->stats();
+    for (int k = 0; k < kNumCommKinds; ++k) {
+      total.by_kind[k].calls += s.by_kind[k].calls;
+      total.by_kind[k].bytes_sent += s.by_kind[k].bytes_sent;
+      total.by_kind[k].bytes_received += s.by_kind[k].bytes_received;
+      total.by_kind[k].seconds += s.by_kind[k].seconds;
+    }
+  };
+  add(comms_.shard_group);
+  add(comms_.replicas);
+  return total;
+}
+
+}  // namespace zt

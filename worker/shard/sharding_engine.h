@@ -1,0 +1,171 @@
+// The ZeRO / FSDP engine of one rank: which part of the model states the rank holds, and
+// the collectives of a step around the model's per-unit forward and backward.
+//
+// Stages (DESIGN.md, "Shard"; G ranks per shard group, N/G groups replicate each other):
+//   0  Replicated. Each unit's gradient is all-reduced over all N ranks as soon as the
+//      unit's backward ends (in pieces of at most parallel.bucket_bytes), overlapping the
+//      backward of the units before it. Every rank steps every parameter.
+//   1  Optimizer state and fp32 master weights sharded. After the backward, each unit's
+//      gradient is reduce-scattered in the group (two in flight), the rank steps its own
+//      range, and the updated parameters are all-gathered in the group.
+//   2  Gradients sharded too: a unit's gradient is reduce-scattered as soon as its backward
+//      ends (overlapping the next unit's backward), into the rank's gradient shard; the full
+//      gradient lives only in one of two alternating buffers. Then step and all-gather as 1.
+//   3  Parameters sharded too (FSDP FULL_SHARD): a unit is all-gathered before its forward
+//      and again before its backward, and released after each (PrefetchCoordinator issues the
+//      gathers prefetch_units ahead); without reshard_after_forward a unit stays gathered
+//      from its forward to its backward. No all-gather after the step: the next forward
+//      gathers the updated shards.
+// Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
+// Gradient accumulation communicates only on a step's last micro-batch: before it, stages
+// 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
+// "grad_accum" buffer (the memory plan reserves it only when grad_accum_steps > 1).
+//
+// The tied embedding: the head's projection reads the embedding's weight and writes its
+// gradient, so at stage 3 the embedding stays gathered (in its own buffer) from its forward
+// to its backward, and at stages 2–3 its full gradient has its own buffer for the backward.
+//
+// Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
+// carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
+// the ranks that never arrived.
+//
+// Not thread-safe: one per rank thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+#include "proto/job.pb.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/transformer.h"
+#include "worker/plan/arena.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/shard/prefetch_coordinator.h"
+#include "worker/shard/unit_registry.h"
+
+namespace zt {
+
+// The communicators of one rank. `shard_group` may be `world` (G = N); `replicas` is null
+// when there is one group.
+struct ShardComms {
+  Communicator* world = nullptr;
+  Communicator* shard_group = nullptr;
+  Communicator* replicas = nullptr;
+};
+
+// What the ranks measured in a step, summed over the job.
+struct StepTotals {
+  double loss_sum = 0;     // Σ over ranks of each rank's loss
+  double grad_sum_sq = 0;  // Σ of squared reduced gradients over the whole model (once)
+  bool nonfinite = false;  // any rank saw a non-finite gradient
+};
+
+class ShardingEngine {
+ public:
+  // `model` and `arenas` (the rank's plan, PlanMemory(job, rank)) must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<ShardingEngine>> Create(const zerotrain::JobSpec& job,
+                                                                int rank, Transformer* model,
+                                                                const Arenas& arenas,
+                                                                ShardComms comms);
+
+  // Zeroes the gradients a step accumulates into.
+  absl::Status BeginStep(const DeviceContext& ctx);
+  // Forward and backward of the micro-batch in model->tokens()/targets(). On a step's last
+  // micro-batch (`last`) the gradients are reduced; when this returns they are final in
+  // grad_views(). Returns the micro-batch's mean loss.
+  absl::StatusOr<double> ForwardBackward(const DeviceContext& ctx,
+                                         const Transformer::LossOptions& options, bool last);
+  // Forward only (evaluation), gathering units as the forward needs them.
+  absl::StatusOr<double> ForwardLoss(const DeviceContext& ctx);
+
+  // Per unit, the range of the unit's elements this rank's optimizer steps (the whole unit at
+  // stage 0), and views of the parameters and reduced gradients starting at that range.
+  const std::vector<FlatRange>& ranges() const { return ranges_; }
+  const std::vector<Tensor>& param_views() const { return param_views_; }
+  const std::vector<Tensor>& grad_views() const { return grad_views_; }
+
+  // Sums the rank's loss, the squares of its share of the reduced gradients (the rank's
+  // shard range, so each element is counted once per group) and its overflow flag over the
+  // job: one all-gather, combined in rank order so every rank gets the same bits.
+  absl::StatusOr<StepTotals> Combine(const DeviceContext& ctx, double loss, bool check_finite);
+  // Sums n floats element-wise across the shard group, in place, blocking (sharded
+  // Adafactor's statistics).
+  absl::Status SumAcrossShardGroup(float* data, int64_t n);
+  // After the optimizer updated param_views(): stages 1–2 all-gather the parameters.
+  absl::Status FinishStep(const DeviceContext& ctx);
+
+  // The fp32 weights of every unit, whole, on every rank (a collective: every rank of the
+  // job calls it), from `fp32_sources`: per unit either the whole unit or, when
+  // `sources_sharded`, the rank's shard (the master weights at stages 1–3, the parameters at
+  // stage 3). For export and for comparing runs; allocates the result.
+  absl::StatusOr<std::vector<std::vector<float>>> FullWeights(
+      const DeviceContext& ctx, const std::vector<Tensor>& fp32_sources, bool sources_sharded);
+
+  // This rank's counters, summed over its communicators.
+  CommStats stats() const;
+  // Seconds the rank's compute thread has spent blocked waiting for communication: the part
+  // of the communicators' time that compute did not hide.
+  double waited_seconds() const { return waited_s_; }
+  const ShardGeometry& geometry() const { return geometry_; }
+  int stage() const { return stage_; }
+
+ private:
+  ShardingEngine() = default;
+  // Parameters of unit u for compute: the full buffer (stages 0–2) or its gathered buffer.
+  absl::StatusOr<Tensor> Params(int u) const;
+  // The full gradient buffer unit u's backward adds into in this micro-batch.
+  absl::StatusOr<Tensor> GradTarget(const DeviceContext& ctx, int u);
+  // Unit u's backward ended: start its reduction (last micro-batch only).
+  absl::Status GradientReady(int u);
+  // Waits for every reduction of the step; stage 1 runs its reduce-scatters here.
+  absl::Status FinishReductions();
+  absl::Status ReduceAcrossReplicas(int u);
+  std::string Label(int u, const char* what) const;
+  // A pass over the units (stage 3: the uses the prefetch coordinator walks; other stages
+  // hold every unit whole and these only hand out its buffer).
+  void BeginPass(std::vector<UnitUse> uses);
+  absl::StatusOr<Tensor> Acquire(int u);  // the parameters of the next use, unit u
+  absl::Status FinishUse();
+  absl::Status EndPass();
+  // Embedding, blocks and the final norm; returns the head's parameters, still acquired.
+  absl::StatusOr<Tensor> ForwardToHead(const DeviceContext& ctx);
+
+  zerotrain::JobSpec job_;
+  Transformer* model_ = nullptr;
+  ShardComms comms_;
+  ShardGeometry geometry_;
+  int stage_ = 0;
+  bool accumulate_full_ = false;  // stages 2–3 with grad_accum_steps > 1
+  bool tied_ = false;
+  int64_t bucket_elements_ = 0;
+
+  std::vector<UnitShard> shards_;
+  std::vector<Tensor> params_;      // "<u>.params": full (stages 0–2) or the shard (3)
+  std::vector<Tensor> grads_;       // "<u>.grads": full (0–1) or the shard (2–3)
+  std::vector<Tensor> grad_accum_;  // "<u>.grad_accum" (accumulate_full_)
+  std::vector<Tensor> grad_full_;   // "grad.full.0/1"
+  Tensor grad_full_embedding_;      // "grad.full.embedding" (tied)
+  std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)
+  Tensor scalars_;                  // "comm.scalars"
+  std::vector<FlatRange> ranges_;
+  std::vector<Tensor> param_views_, grad_views_, norm_views_;
+
+  // Stages 2–3 without accumulation: which unit holds each full-gradient slot, and the
+  // reduce-scatter that must finish before the slot is reused.
+  int next_slot_ = 0;
+  std::vector<int> slot_unit_;
+  std::vector<Tensor> unit_grad_target_;          // per unit, its buffer this micro-batch
+  std::vector<std::vector<CommHandle>> pending_;  // per unit, reductions in flight
+
+  double waited_s_ = 0;
+  int use_ = 0;  // the current pass's next use
+  std::unique_ptr<UnitRegistry> registry_;
+  std::unique_ptr<PrefetchCoordinator> prefetch_;
+};
+
+}  // namespace zt
