@@ -4,6 +4,7 @@
 //   zt estimate JOBFILE  where a rank's memory goes, from the memory plan
 // Exit codes: 0 success; 1 the run failed; 2 the input (command line, job file, data) is
 // wrong — a batch script can tell "fix the job" from "retry".
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -15,6 +16,9 @@
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+  // A peer rank that dies closes its sockets; writing to one must fail the collective with
+  // an error naming the rank, not kill this process with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"zt: train transformer language models that do not fit one device"};
   app.require_subcommand(1);
 
@@ -45,8 +49,9 @@ int main(int argc, char** argv) {
   CLI::App* prepare_cmd =
       app.add_subcommand("prepare", "Tokenize text files into a token shard (docs/formats.md)");
   prepare_cmd->add_option("inputs", prepare.inputs, "Text files")->required();
-  prepare_cmd->add_option("--tokenizer", prepare.tokenizer,
-                          "bytes, a tokenizer.json, or a GPT-2 vocab.json (merges.txt beside it)")
+  prepare_cmd
+      ->add_option("--tokenizer", prepare.tokenizer,
+                   "bytes, a tokenizer.json, or a GPT-2 vocab.json (merges.txt beside it)")
       ->required();
   prepare_cmd->add_option("--out", prepare.out, "Output shard")->required();
   prepare_cmd->add_option("--val-out", prepare.val_out,
@@ -58,9 +63,12 @@ int main(int argc, char** argv) {
   CLI::App* estimate_cmd = app.add_subcommand(
       "estimate", "Print where a rank's memory goes, by category, without allocating it");
   estimate_cmd->add_option("job", estimate.job_file, "Job file (YAML or JSON)")->required();
-  estimate_cmd->add_option("--world-size", estimate.world_size, "Ranks, sharded as one group (default: the job's)")
+  estimate_cmd
+      ->add_option("--world-size", estimate.world_size,
+                   "Ranks, sharded as one group (default: the job's)")
       ->check(CLI::PositiveNumber);
-  estimate_cmd->add_option("--zero-stage", estimate.zero_stage, "ZeRO stage 0-3 (default: the job's)")
+  estimate_cmd
+      ->add_option("--zero-stage", estimate.zero_stage, "ZeRO stage 0-3 (default: the job's)")
       ->check(CLI::Range(0, 3));
   estimate_cmd->add_flag("--json", estimate.json, "One JSON object (per_rank: bytes by category)");
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -131,6 +132,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     return absl::UnavailableError(msg);
   }
   comm->worker_ = std::thread([c = comm.get()] { c->WorkerLoop(); });
+  comm->heartbeat_ = std::thread([c = comm.get()] { c->HeartbeatLoop(); });
   return comm;
 }
 
@@ -138,6 +140,8 @@ GlooCommunicator::GlooCommunicator(const GlooCommunicatorOptions& options)
     : options_(options),
       timeout_(
           std::chrono::milliseconds(static_cast<int64_t>(options.timeout_seconds * 1000.0 + 0.5))),
+      // Often enough that a lost peer is told from a slow one well inside the timeout.
+      heartbeat_interval_(absl::Seconds(std::clamp(options.timeout_seconds / 10, 0.1, 1.0))),
       adapter_(std::make_unique<GlooStoreAdapter>(options.store,
                                                   absl::StrCat(options.prefix, "/gloo/"),
                                                   absl::Seconds(options.timeout_seconds))),
@@ -153,6 +157,7 @@ GlooCommunicator::~GlooCommunicator() {
   }
   queue_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
 }
 
 CommStats GlooCommunicator::stats() const {
@@ -165,7 +170,8 @@ GlooCommunicator::Op GlooCommunicator::MakeCollective(CommKind kind, const std::
   Op op;
   op.kind = kind;
   op.label = label;
-  op.arrival_prefix = absl::StrCat(options_.prefix, "/", label, "/", seq, "/arrived/");
+  op.progress_prefix = absl::StrCat(options_.prefix, "/progress/");
+  op.sequence = seq;
   for (int r = 0; r < options_.size; ++r) op.participants.push_back(r);
   op.tag = static_cast<uint32_t>(seq);
   return op;
@@ -176,8 +182,8 @@ GlooCommunicator::Op GlooCommunicator::MakePointToPoint(CommKind kind, const std
   Op op;
   op.kind = kind;
   op.label = label;
-  op.arrival_prefix =
-      absl::StrCat(options_.prefix, "/", label, "/p2p/", src, "to", dst, "/", index, "/arrived/");
+  op.progress_prefix = absl::StrCat(options_.prefix, "/p2p/", src, "to", dst, "/progress/");
+  op.sequence = index;
   op.participants = {src, dst};
   return op;
 }
@@ -239,18 +245,70 @@ void GlooCommunicator::WorkerLoop() {
 std::vector<int> GlooCommunicator::MissingRanks(const Op& op) const {
   std::vector<int> missing;
   for (int r : op.participants) {
-    absl::StatusOr<bool> present = options_.store->Contains(absl::StrCat(op.arrival_prefix, r));
-    if (present.ok() && !*present) missing.push_back(r);
+    if (r == options_.rank) continue;
+    absl::StatusOr<std::string> entered = options_.store->Get(absl::StrCat(op.progress_prefix, r));
+    int64_t seq = -1;
+    if (entered.ok() && !absl::SimpleAtoi(*entered, &seq)) seq = -1;
+    if (seq < static_cast<int64_t>(op.sequence)) missing.push_back(r);
   }
   return missing;
 }
 
+std::vector<int> GlooCommunicator::UnresponsiveRanks(const std::vector<int>& ranks) const {
+  // A rank that entered the operation and then died or hung stops beating: read every
+  // counter, give them a few beats to move, and report those that did not.
+  auto beats = [&] {
+    std::vector<std::string> values;
+    for (int r : ranks) {
+      absl::StatusOr<std::string> v =
+          options_.store->Get(absl::StrCat(options_.prefix, "/alive/", r));
+      values.push_back(v.ok() ? *v : "");
+    }
+    return values;
+  };
+  const std::vector<std::string> before = beats();
+  std::vector<bool> moved(ranks.size(), false);
+  const absl::Time deadline = absl::Now() + 3 * heartbeat_interval_;
+  while (absl::Now() < deadline) {
+    absl::SleepFor(heartbeat_interval_ / 2);
+    const std::vector<std::string> now = beats();
+    bool all_moved = true;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      moved[i] = moved[i] || now[i] != before[i];
+      all_moved &= moved[i];
+    }
+    if (all_moved) break;
+  }
+  std::vector<int> silent;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!moved[i]) silent.push_back(ranks[i]);
+  }
+  return silent;
+}
+
+void GlooCommunicator::HeartbeatLoop() {
+  int64_t beat = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    // A store that cannot be written now may be reachable at the next beat; a rank whose
+    // beats stop is what peers report, so there is nothing better to do with the error.
+    options_.store
+        ->Set(absl::StrCat(options_.prefix, "/alive/", options_.rank), absl::StrCat(++beat))
+        .IgnoreError();
+    lock.lock();
+    queue_cv_.wait_for(lock, absl::ToChronoMilliseconds(heartbeat_interval_),
+                       [&] { return stopping_; });
+  }
+}
+
 absl::Status GlooCommunicator::Run(const Op& op) {
-  absl::Status arrived = options_.store->Set(absl::StrCat(op.arrival_prefix, options_.rank), "1");
-  if (!arrived.ok()) {
+  absl::Status entered = options_.store->Set(absl::StrCat(op.progress_prefix, options_.rank),
+                                             absl::StrCat(op.sequence));
+  if (!entered.ok()) {
     return absl::UnavailableError(
         absl::StrCat(CommKindName(op.kind), " '", op.label,
-                     "': cannot record arrival in the store: ", arrived.message()));
+                     "': cannot record progress in the store: ", entered.message()));
   }
   std::string what;
   try {
@@ -259,16 +317,26 @@ absl::Status GlooCommunicator::Run(const Op& op) {
   } catch (const std::exception& e) {
     what = e.what();
   }
+  const std::string where = absl::StrCat(CommKindName(op.kind), " '", op.label, "' on rank ",
+                                         options_.rank, " of ", options_.size);
   const std::vector<int> missing = MissingRanks(op);
   if (!missing.empty()) {
     return absl::DeadlineExceededError(
-        absl::StrCat(CommKindName(op.kind), " '", op.label, "' on rank ", options_.rank, " of ",
-                     options_.size, ": ranks [", absl::StrJoin(missing, ", "),
-                     "] did not arrive within ", options_.timeout_seconds, " s (", what, ")"));
+        absl::StrCat(where, ": ranks [", absl::StrJoin(missing, ", "), "] did not arrive within ",
+                     options_.timeout_seconds, " s (", what, ")"));
   }
-  return absl::UnavailableError(absl::StrCat(CommKindName(op.kind), " '", op.label, "' on rank ",
-                                             options_.rank, " of ", options_.size,
-                                             " failed: ", what));
+  std::vector<int> others;
+  for (int r : op.participants) {
+    if (r != options_.rank) others.push_back(r);
+  }
+  const std::vector<int> silent = UnresponsiveRanks(others);
+  if (!silent.empty()) {
+    return absl::UnavailableError(absl::StrCat(where, ": ranks [", absl::StrJoin(silent, ", "),
+                                               "] stopped responding during it (no heartbeat for ",
+                                               absl::FormatDuration(3 * heartbeat_interval_),
+                                               ": the process died or hung) (", what, ")"));
+  }
+  return absl::UnavailableError(absl::StrCat(where, " failed: ", what));
 }
 
 absl::StatusOr<CommHandle> GlooCommunicator::AllReduce(Tensor data, ReduceOp reduce,

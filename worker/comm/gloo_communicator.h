@@ -2,10 +2,15 @@
 //
 // Ranks rendezvous through a zt::Store (GlooStoreAdapter) under the key prefix of the
 // options, so several communicators (data-parallel group, shard group) share one store.
-// Each collective is numbered in issue order; before entering it a rank sets
-// "<prefix>/<label>/<seq>/arrived/<rank>" in the store, and when the collective fails those
-// keys tell which ranks never arrived. Point-to-point operations are numbered per
-// (sender, receiver) pair instead, since other ranks do not take part.
+// Each collective is numbered in issue order; before entering it a rank overwrites
+// "<prefix>/progress/<rank>" with its number (point-to-point operations are numbered per
+// (sender, receiver) pair, under "<prefix>/p2p/<src>to<dst>/progress/<rank>"), and a
+// heartbeat thread bumps "<prefix>/alive/<rank>" every heartbeat interval (a tenth of the
+// timeout, clamped to [0.1 s, 1 s]). The store's keys stay bounded however long the job runs.
+// When an operation fails, the ranks whose progress is behind it "did not arrive"
+// (DeadlineExceeded); otherwise those whose heartbeat stays still for three intervals
+// "stopped responding" — killed or hung inside the operation (Unavailable). Both name the
+// ranks; Gloo's own message follows in parentheses.
 //
 // Algorithms and the bytes CommStats reports for them (payload per rank, b = bytes of the
 // tensor, n = elements, N = ranks; 16-bit reductions travel as f32, so their b is 4·n):
@@ -85,8 +90,9 @@ class GlooCommunicator : public Communicator {
   struct Op {
     CommKind kind;
     std::string label;
-    std::string arrival_prefix;     // "<prefix>/<label>/<seq>/arrived/"
-    std::vector<int> participants;  // ranks whose arrival keys are checked on failure
+    std::string progress_prefix;    // "<prefix>/progress/" or the pair's
+    uint64_t sequence = 0;          // the operation's number in its sequence
+    std::vector<int> participants;  // ranks whose progress is checked on failure
     uint32_t tag = 0;
     int64_t bytes_sent = 0;
     int64_t bytes_received = 0;
@@ -99,6 +105,9 @@ class GlooCommunicator : public Communicator {
   void WorkerLoop();
   absl::Status Run(const Op& op);
   std::vector<int> MissingRanks(const Op& op) const;
+  // Of `ranks`, those whose heartbeat does not move within three intervals.
+  std::vector<int> UnresponsiveRanks(const std::vector<int>& ranks) const;
+  void HeartbeatLoop();
   Op MakeCollective(CommKind kind, const std::string& label);
   Op MakePointToPoint(CommKind kind, const std::string& label, int src, int dst, uint64_t index);
 
@@ -107,6 +116,7 @@ class GlooCommunicator : public Communicator {
 
   const GlooCommunicatorOptions options_;
   const std::chrono::milliseconds timeout_;
+  const absl::Duration heartbeat_interval_;
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<GlooStoreAdapter> adapter_;
   // Owned by the worker thread while an operation runs.
@@ -125,6 +135,7 @@ class GlooCommunicator : public Communicator {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   CommStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
+  std::thread heartbeat_;
 };
 
 }  // namespace zt
