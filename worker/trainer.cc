@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     t->own_store_ = std::make_unique<InProcessStore>();
     store = t->own_store_.get();
   }
-  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, rank, store));
+  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, rank, store, *t->arenas_));
   ZT_ASSIGN_OR_RETURN(
       t->engine_, ShardingEngine::Create(job, rank, &*t->model_, *t->arenas_, t->comms_.view()));
   std::optional<Optimizer::ShardGroup> shard_group;
@@ -173,28 +173,34 @@ absl::Status Trainer::InitializeWeights() {
     }
     ZT_RETURN_IF_ERROR(ImportHuggingFace(model.init_from(), model, layout, units));
   }
-  std::vector<float> values;
+  // The fp32 values pass through a bounded buffer, a chunk at a time, so set-up never holds
+  // a whole unit beside the arenas (the memory plan is the peak).
+  constexpr int64_t kChunk = int64_t{1} << 18;
+  std::vector<float> values(kChunk);
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const int64_t numel = layout.units[u].numel;
     const FlatRange range = engine_->ranges()[u];
-    const int64_t owned = range.end - range.begin;
-    // The fp32 values of the part of the unit this rank stores: all of it while the
-    // parameters are whole (stages 0–2), else the rank's range.
+    // The part of the unit this rank stores: all of it while the parameters are whole
+    // (stages 0–2), else the rank's range (stage 3, where "<unit>.params" is the shard).
     const bool whole = stage < 3;
-    const int64_t begin = whole ? 0 : range.begin, end = whole ? numel : range.end;
-    values.resize(end - begin);
-    if (imported.empty()) {
-      model_->InitializeUnitRange(job_.train().seed(), static_cast<int>(u), begin, end,
-                                  values.data());
-    } else {
-      std::copy(imported[u].begin() + begin, imported[u].begin() + end, values.begin());
-    }
-    const Tensor v(values.data(), DType::kF32, {end - begin});
-    const Tensor params = model_->unit_params()[u].Slice(0, end - begin);
-    ZT_RETURN_IF_ERROR(Cast(ctx_, v, params));
-    if (!master.empty() && owned > 0) {
+    const int64_t first = whole ? 0 : range.begin, end = whole ? numel : range.end;
+    for (int64_t begin = first; begin < end; begin += kChunk) {
+      const int64_t stop = std::min(end, begin + kChunk);
+      if (imported.empty()) {
+        model_->InitializeUnitRange(job_.train().seed(), static_cast<int>(u), begin, stop,
+                                    values.data());
+      } else {
+        std::copy(imported[u].begin() + begin, imported[u].begin() + stop, values.begin());
+      }
+      const Tensor v(values.data(), DType::kF32, {stop - begin});
       ZT_RETURN_IF_ERROR(
-          Cast(ctx_, v.Slice(range.begin - begin, range.end - begin), master[u].Slice(0, owned)));
+          Cast(ctx_, v, model_->unit_params()[u].Slice(begin - first, stop - first)));
+      // The master copy holds the rank's range (the whole unit at stage 0).
+      const int64_t lo = std::max(begin, range.begin), hi = std::min(stop, range.end);
+      if (!master.empty() && lo < hi) {
+        ZT_RETURN_IF_ERROR(Cast(ctx_, v.Slice(lo - begin, hi - begin),
+                                master[u].Slice(lo - range.begin, hi - range.begin)));
+      }
     }
   }
   return absl::OkStatus();

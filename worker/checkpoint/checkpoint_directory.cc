@@ -1,6 +1,5 @@
 #include "worker/checkpoint/checkpoint_directory.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,170 +15,30 @@
 #include <set>
 #include <utility>
 
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
+#include "worker/checkpoint/crc32c.h"
+#include "worker/checkpoint/durable_file.h"
 
 namespace zt {
-
-// ---------------------------------------------------------------------------------------------
-// CRC32C. Debian's Abseil (20220623) has no absl/crc, so it is computed here: with the SSE4.2
-// instruction where the CPU has it (~8 GB/s, faster than the disks it guards), else by table.
-
 namespace {
 
-constexpr uint32_t kCrc32cPolyReflected = 0x82F63B78u;
-
-struct Crc32cTable {
-  uint32_t entry[256];
-  constexpr Crc32cTable() : entry() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) ? kCrc32cPolyReflected : 0u);
-      entry[i] = c;
-    }
-  }
-};
-constexpr Crc32cTable kCrc32cTable;
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t c, const uint8_t* p, size_t n) {
-  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {
-    c = _mm_crc32_u8(c, *p++);
-    --n;
-  }
-  uint64_t c64 = c;
-  for (; n >= 8; n -= 8, p += 8) {
-    uint64_t word;
-    std::memcpy(&word, p, 8);
-    c64 = _mm_crc32_u64(c64, word);
-  }
-  c = static_cast<uint32_t>(c64);
-  for (; n > 0; --n) c = _mm_crc32_u8(c, *p++);
-  return c;
-}
-#endif
-
-// `crc` is the CRC of the bytes so far (0 for none); returns that of the bytes so far + [p, p+n).
-uint32_t Crc32cExtend(uint32_t crc, const uint8_t* p, size_t n) {
-  uint32_t c = ~crc;
-#if defined(__x86_64__)
-  static const bool kHaveSse42 = __builtin_cpu_supports("sse4.2");
-  if (kHaveSse42) return ~Crc32cSse42(c, p, n);
-#endif
-  for (size_t i = 0; i < n; ++i) c = kCrc32cTable.entry[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
-  return ~c;
-}
-
-std::string Crc32cHex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
-
-std::optional<uint32_t> ParseCrc32cHex(const std::string& hex) {
-  if (hex.size() != 8) return std::nullopt;
-  uint32_t v = 0;
-  for (char ch : hex) {
-    int d;
-    if (ch >= '0' && ch <= '9') {
-      d = ch - '0';
-    } else if (ch >= 'a' && ch <= 'f') {
-      d = ch - 'a' + 10;
-    } else {
-      return std::nullopt;
-    }
-    v = (v << 4) | static_cast<uint32_t>(d);
-  }
-  return v;
-}
-
-// ---------------------------------------------------------------------------------------------
-// File system helpers. Every error names the path and carries strerror.
-
-absl::Status ErrnoStatus(int err, std::string_view what, const std::string& path) {
-  // A file-size limit (EFBIG, RLIMIT_FSIZE) is a capacity problem like a full disk, not the
-  // out-of-range argument Abseil's mapping makes of it.
-  const absl::StatusCode code =
-      err == EFBIG ? absl::StatusCode::kResourceExhausted : absl::ErrnoToStatusCode(err);
-  return absl::Status(code, absl::StrCat(what, " '", path, "': ", std::strerror(err)));
-}
-
-// Writes all of [p, p+n) to fd, retrying short writes and EINTR.
-int WriteAll(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return 0;
-}
-
-// fsync of a directory makes the entries created, renamed or removed in it durable.
-absl::Status SyncDirectory(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open directory", path);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus(err, "fsync of directory failed", path);
-  return absl::OkStatus();
-}
-
-// Creates `path` exclusively, writes `content`, fsyncs and closes it.
-absl::Status WriteSyncedFile(const std::string& path, std::string_view content) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", path);
-  int err = WriteAll(fd, reinterpret_cast<const uint8_t*>(content.data()), content.size());
-  if (err != 0) {
-    ::close(fd);
-    return ErrnoStatus(err, "write failed", path);
-  }
-  if (::fsync(fd) != 0) {
-    err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "fsync failed", path);
-  }
-  if (::close(fd) != 0) return ErrnoStatus(errno, "close failed", path);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
-  std::string out;
-  char buf[65536];
-  while (true) {
-    const ssize_t r = ::read(fd, buf, sizeof(buf));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "read failed", path);
-    }
-    if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
-  }
-  ::close(fd);
-  return out;
-}
-
-absl::Status RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-  if (ec) return ErrnoStatus(ec.value(), "cannot remove", path);
-  return absl::OkStatus();
-}
-
-std::string JoinPath(const std::string& dir, std::string_view name) {
-  return absl::StrCat(dir, "/", name);
-}
+using durable_file::DigestFile;
+using durable_file::ErrnoStatus;
+using durable_file::FileDigest;
+using durable_file::IsDirectory;
+using durable_file::IsRegularFile;
+using durable_file::JoinPath;
+using durable_file::kIoChunkBytes;
+using durable_file::ListNames;
+using durable_file::ReadSmallFile;
+using durable_file::RemoveTree;
+using durable_file::SyncDirectory;
+using durable_file::WriteAll;
+using durable_file::WriteSyncedFile;
 
 std::string RandomSuffix() {
   absl::BitGen gen;
@@ -201,16 +60,6 @@ std::optional<int64_t> ParseStepDirName(std::string_view name) {
   return step;
 }
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool IsRegularFile(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 // The temporary paths of this process's open saves, so that Prune() spares them.
 std::mutex& LiveTempMutex() {
   static std::mutex mu;
@@ -221,14 +70,11 @@ std::set<std::string>& LiveTempPaths() {
   return *paths;
 }
 
-constexpr size_t kWriterBufferBytes = size_t{1} << 20;
-
 // The manifest's checksum covers its compact serialization without the checksum field, so a
 // flipped byte that still parses (a digit of a size, a value of the state) is caught too.
 constexpr char kManifestChecksumField[] = "manifest_crc32c";
 
-absl::StatusOr<std::string> DumpJson(const nlohmann::json& j, int indent,
-                                     const std::string& what) {
+absl::StatusOr<std::string> DumpJson(const nlohmann::json& j, int indent, const std::string& what) {
   try {
     return j.dump(indent);
   } catch (const nlohmann::json::exception& e) {
@@ -263,7 +109,7 @@ CheckpointFileWriter::~CheckpointFileWriter() {
 }
 
 absl::Status CheckpointFileWriter::Fail(std::string_view what, int err) {
-  io_status_ = ErrnoStatus(err, what, path_);
+  io_status_ = ErrnoStatus(err, absl::string_view(what.data(), what.size()), path_);
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->files[name_].error = io_status_;
   return io_status_;
@@ -283,12 +129,12 @@ absl::Status CheckpointFileWriter::Append(absl::Span<const uint8_t> bytes) {
   crc_ = Crc32cExtend(crc_, bytes.data(), bytes.size());
   size_ += static_cast<int64_t>(bytes.size());
   // Small appends (headers, biases) gather in the buffer; large ones go straight to the file.
-  if (buffer_.size() + bytes.size() <= kWriterBufferBytes) {
+  if (buffer_.size() + bytes.size() <= kIoChunkBytes) {
     buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
     return absl::OkStatus();
   }
   ZT_RETURN_IF_ERROR(Flush());
-  if (bytes.size() < kWriterBufferBytes) {
+  if (bytes.size() < kIoChunkBytes) {
     buffer_.assign(bytes.begin(), bytes.end());
     return absl::OkStatus();
   }
@@ -298,8 +144,8 @@ absl::Status CheckpointFileWriter::Append(absl::Span<const uint8_t> bytes) {
 }
 
 absl::Status CheckpointFileWriter::Append(std::string_view bytes) {
-  return Append(absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                          bytes.size()));
+  return Append(
+      absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
 
 absl::Status CheckpointFileWriter::Close() {
@@ -351,8 +197,8 @@ absl::StatusOr<std::unique_ptr<CheckpointSave>> CheckpointSave::Begin(
     ZT_RETURN_IF_ERROR(SyncDirectory(parent.empty() ? "." : parent.string()));
   }
   if (!options.overwrite && ::access(save->step_path_.c_str(), F_OK) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "checkpoint '", save->step_path_, "' already exists (set overwrite to replace it)"));
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint '", save->step_path_,
+                                                 "' already exists (set overwrite to replace it)"));
   }
   save->temp_path_ =
       JoinPath(dir, absl::StrCat(kCheckpointTempPrefix, step_name, "-", RandomSuffix()));
@@ -382,7 +228,7 @@ std::string CheckpointSave::current_path() const {
 }
 
 absl::Status CheckpointSave::CheckName(const std::string& name) const {
-  auto bad = [&](std::string_view rule) {
+  auto bad = [&](absl::string_view rule) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint file name '", name, "' in '", temp_path_, "': ", rule));
   };
@@ -421,7 +267,7 @@ absl::StatusOr<std::unique_ptr<CheckpointFileWriter>> CheckpointSave::OpenFile(
     shared_->files[name].error = status;
     return status;
   }
-  writer->buffer_.reserve(kWriterBufferBytes);
+  writer->buffer_.reserve(kIoChunkBytes);
   return writer;
 }
 
@@ -440,24 +286,13 @@ absl::Status CheckpointSave::AdoptFile(const std::string& name) {
     }
   }
   CheckpointSaveShared::FileRecord record;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    record.error = ErrnoStatus(errno, "cannot open", path);
+  const absl::StatusOr<FileDigest> digest = DigestFile(path);
+  if (digest.ok()) {
+    record.closed = true;
+    record.size = digest->size;
+    record.crc32c = digest->crc32c;
   } else {
-    std::vector<uint8_t> buf(kWriterBufferBytes);
-    while (true) {
-      const ssize_t r = ::read(fd, buf.data(), buf.size());
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        record.error = ErrnoStatus(errno, "read failed", path);
-        break;
-      }
-      if (r == 0) break;
-      record.crc32c = Crc32cExtend(record.crc32c, buf.data(), static_cast<size_t>(r));
-      record.size += r;
-    }
-    ::close(fd);
-    record.closed = record.error.ok();
+    record.error = digest.status();
   }
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->files[name] = record;
@@ -478,10 +313,11 @@ absl::Status CheckpointSave::Seal(const nlohmann::json& state) {
             "sealing '", temp_path_, "': file '", name, "' failed: ", record.error.message()));
       }
       if (!record.closed) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "sealing '", temp_path_, "': file '", name, "' was opened but not closed"));
+        return absl::FailedPreconditionError(absl::StrCat("sealing '", temp_path_, "': file '",
+                                                          name, "' was opened but not closed"));
       }
-      files.push_back({{"name", name}, {"size", record.size}, {"crc32c", Crc32cHex(record.crc32c)}});
+      files.push_back(
+          {{"name", name}, {"size", record.size}, {"crc32c", Crc32cToHex(record.crc32c)}});
     }
     shared_->accepting = false;
   }
@@ -495,8 +331,7 @@ absl::Status CheckpointSave::Seal(const nlohmann::json& state) {
   };
   const std::string manifest_path = TempPath(kCheckpointManifestName);
   ZT_ASSIGN_OR_RETURN(const std::string compact, DumpJson(manifest, -1, manifest_path));
-  manifest[kManifestChecksumField] =
-      Crc32cHex(Crc32cExtend(0, reinterpret_cast<const uint8_t*>(compact.data()), compact.size()));
+  manifest[kManifestChecksumField] = Crc32cToHex(Crc32cExtend(0, compact.data(), compact.size()));
   ZT_ASSIGN_OR_RETURN(std::string text, DumpJson(manifest, 2, manifest_path));
   text.push_back('\n');
   ZT_RETURN_IF_ERROR(WriteSyncedFile(manifest_path, text));
@@ -513,16 +348,16 @@ absl::Status CheckpointSave::Publish() {
   if (::rename(temp_path_.c_str(), step_path_.c_str()) != 0) {
     const int err = errno;
     const bool exists = err == EEXIST || err == ENOTEMPTY;
-    if (!exists) return ErrnoStatus(err, absl::StrCat("cannot rename to '", step_path_, "'"),
-                                    temp_path_);
+    if (!exists)
+      return ErrnoStatus(err, absl::StrCat("cannot rename to '", step_path_, "'"), temp_path_);
     if (!options_.overwrite) {
       return absl::AlreadyExistsError(absl::StrCat(
           "checkpoint '", step_path_, "' already exists (set overwrite to replace it)"));
     }
     // Swap the two names in one step, so `latest` never names a missing directory; the old
     // checkpoint then sits under the temporary name and goes with it.
-    if (::renameat2(AT_FDCWD, temp_path_.c_str(), AT_FDCWD, step_path_.c_str(),
-                    RENAME_EXCHANGE) != 0) {
+    if (::renameat2(AT_FDCWD, temp_path_.c_str(), AT_FDCWD, step_path_.c_str(), RENAME_EXCHANGE) !=
+        0) {
       return ErrnoStatus(errno, absl::StrCat("cannot exchange with '", step_path_, "'"),
                          temp_path_);
     }
@@ -543,9 +378,8 @@ absl::Status CheckpointSave::MoveLatest() {
     return absl::FailedPreconditionError(
         absl::StrCat("moving latest to '", step_path_, "': Publish() must succeed first"));
   }
-  const std::string tmp =
-      JoinPath(dir_, absl::StrCat(kCheckpointTempPrefix, kCheckpointLatestName, "-",
-                                  RandomSuffix()));
+  const std::string tmp = JoinPath(
+      dir_, absl::StrCat(kCheckpointTempPrefix, kCheckpointLatestName, "-", RandomSuffix()));
   const std::string latest = JoinPath(dir_, kCheckpointLatestName);
   absl::Status status = WriteSyncedFile(tmp, CheckpointStepDirName(step_) + "\n");
   if (status.ok() && ::rename(tmp.c_str(), latest.c_str()) != 0) {
@@ -598,8 +432,8 @@ absl::StatusOr<std::string> FindLatest(const std::string& dir) {
   }
   if (!ParseStepDirName(name).has_value()) {
     return absl::DataLossError(absl::StrCat("'", latest, "' does not name a step directory (",
-                                            "expected step-NNNNNNNN, got '",
-                                            name.substr(0, 64), "')"));
+                                            "expected step-NNNNNNNN, got '", name.substr(0, 64),
+                                            "')"));
   }
   const std::string step_dir = JoinPath(dir, name);
   if (!IsDirectory(step_dir)) {
@@ -610,18 +444,16 @@ absl::StatusOr<std::string> FindLatest(const std::string& dir) {
 }
 
 absl::StatusOr<std::vector<CheckpointEntry>> ListComplete(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus(errno, "cannot list checkpoint directory", dir);
+  ZT_ASSIGN_OR_RETURN(const std::vector<std::string> names, ListNames(dir));
   std::vector<CheckpointEntry> out;
-  while (const dirent* e = ::readdir(d)) {
-    const std::optional<int64_t> step = ParseStepDirName(e->d_name);
-    if (!step.has_value()) continue;
-    const std::string path = JoinPath(dir, e->d_name);
-    if (IsDirectory(path) && IsRegularFile(JoinPath(path, kCheckpointManifestName))) {
+  for (const std::string& name : names) {
+    const std::optional<int64_t> step = ParseStepDirName(name);
+    const std::string path = JoinPath(dir, name);
+    if (step.has_value() && IsDirectory(path) &&
+        IsRegularFile(JoinPath(path, kCheckpointManifestName))) {
       out.push_back({*step, path});
     }
   }
-  ::closedir(d);
   std::sort(out.begin(), out.end(),
             [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step < b.step; });
   return out;
@@ -658,19 +490,17 @@ absl::Status Prune(const std::string& dir, int keep_last) {
     }
   }
 
+  ZT_ASSIGN_OR_RETURN(const std::vector<std::string> names, ListNames(dir));
   std::vector<std::string> stale;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus(errno, "cannot list checkpoint directory", dir);
   {
     std::lock_guard<std::mutex> lock(LiveTempMutex());
-    while (const dirent* e = ::readdir(d)) {
-      const std::string_view name = e->d_name;
-      if (name.substr(0, std::strlen(kCheckpointTempPrefix)) != kCheckpointTempPrefix) continue;
+    for (const std::string& name : names) {
       const std::string path = JoinPath(dir, name);
-      if (LiveTempPaths().count(path) == 0) stale.push_back(path);
+      if (name.rfind(kCheckpointTempPrefix, 0) == 0 && LiveTempPaths().count(path) == 0) {
+        stale.push_back(path);
+      }
     }
   }
-  ::closedir(d);
   for (const std::string& path : stale) {
     ZT_RETURN_IF_ERROR(RemoveTree(path));
     removed_any = true;
@@ -691,7 +521,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& st
     }
     return text.status();
   }
-  auto corrupt = [&](std::string_view why) {
+  auto corrupt = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat("checkpoint manifest '", path, "': ", why));
   };
   nlohmann::json manifest = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -711,22 +541,21 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& st
     return corrupt("\"format_version\" must be a positive integer");
   }
   if (version->get<int64_t>() > kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint manifest '", path, "': format version ", version->get<int64_t>(),
-        " is newer than this build reads (", kCheckpointFormatVersion, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint manifest '", path, "': format version ", version->get<int64_t>(),
+                     " is newer than this build reads (", kCheckpointFormatVersion, ")"));
   }
   const nlohmann::json* stored_crc = field(kManifestChecksumField);
   if (stored_crc == nullptr || !stored_crc->is_string()) {
     return corrupt(absl::StrCat("\"", kManifestChecksumField, "\" must be a string"));
   }
-  const std::optional<uint32_t> expected_crc = ParseCrc32cHex(stored_crc->get<std::string>());
+  const std::optional<uint32_t> expected_crc = Crc32cFromHex(stored_crc->get<std::string>());
   if (!expected_crc.has_value()) {
     return corrupt(absl::StrCat("\"", kManifestChecksumField, "\" must be 8 lowercase hex digits"));
   }
   manifest.erase(kManifestChecksumField);
   ZT_ASSIGN_OR_RETURN(const std::string compact, DumpJson(manifest, -1, path));
-  if (Crc32cExtend(0, reinterpret_cast<const uint8_t*>(compact.data()), compact.size()) !=
-      *expected_crc) {
+  if (Crc32cExtend(0, compact.data(), compact.size()) != *expected_crc) {
     return corrupt("checksum mismatch");
   }
   const nlohmann::json* algorithm = field("checksum_algorithm");
@@ -766,14 +595,15 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& st
       return corrupt(absl::StrCat(where, ".size must be an integer >= 0"));
     }
     std::optional<uint32_t> crc_value;
-    if (crc != f.end() && crc->is_string()) crc_value = ParseCrc32cHex(crc->get<std::string>());
+    if (crc != f.end() && crc->is_string()) crc_value = Crc32cFromHex(crc->get<std::string>());
     if (!crc_value.has_value()) {
       return corrupt(absl::StrCat(where, ".crc32c must be 8 lowercase hex digits"));
     }
     checkpoint->files_.push_back({name->get<std::string>(), size->get<int64_t>(), *crc_value});
   }
-  std::sort(checkpoint->files_.begin(), checkpoint->files_.end(),
-            [](const CheckpointFileInfo& a, const CheckpointFileInfo& b) { return a.name < b.name; });
+  std::sort(
+      checkpoint->files_.begin(), checkpoint->files_.end(),
+      [](const CheckpointFileInfo& a, const CheckpointFileInfo& b) { return a.name < b.name; });
   for (size_t i = 1; i < checkpoint->files_.size(); ++i) {
     if (checkpoint->files_[i].name == checkpoint->files_[i - 1].name) {
       return corrupt(absl::StrCat("file '", checkpoint->files_[i].name, "' is listed twice"));
@@ -783,43 +613,30 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& st
 }
 
 const CheckpointFileInfo* Checkpoint::Find(std::string_view name) const {
-  auto it = std::lower_bound(
-      files_.begin(), files_.end(), name,
-      [](const CheckpointFileInfo& f, std::string_view n) { return f.name < n; });
+  auto it =
+      std::lower_bound(files_.begin(), files_.end(), name,
+                       [](const CheckpointFileInfo& f, std::string_view n) { return f.name < n; });
   return it != files_.end() && it->name == name ? &*it : nullptr;
 }
 
-std::string Checkpoint::FilePath(std::string_view name) const { return JoinPath(path_, name); }
+std::string Checkpoint::FilePath(std::string_view name) const {
+  return JoinPath(path_, std::string(name));
+}
 
 absl::Status Checkpoint::Verify(std::string_view name) const {
   const CheckpointFileInfo* info = Find(name);
   const std::string path = FilePath(name);
   if (info == nullptr) {
     return absl::NotFoundError(
-        absl::StrCat("checkpoint '", path_, "' lists no file '", name, "'"));
+        absl::StrCat("checkpoint '", path_, "' lists no file '", std::string(name), "'"));
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::DataLossError(absl::StrCat("'", path, "': missing"));
-    return ErrnoStatus(errno, "cannot open", path);
+  const absl::StatusOr<FileDigest> digest = DigestFile(path);
+  if (absl::IsNotFound(digest.status())) {
+    return absl::DataLossError(absl::StrCat("'", path, "': missing"));
   }
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<uint8_t> buf(kWriterBufferBytes);
-  uint32_t crc = 0;
-  int64_t size = 0;
-  while (true) {
-    const ssize_t r = ::read(fd, buf.data(), buf.size());
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "read failed", path);
-    }
-    if (r == 0) break;
-    crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(r));
-    size += r;
-  }
-  ::close(fd);
+  ZT_RETURN_IF_ERROR(digest.status());
+  const int64_t size = digest->size;
+  const uint32_t crc = digest->crc32c;
   if (size < info->size) {
     return absl::DataLossError(
         absl::StrCat("'", path, "': truncated: ", size, " of ", info->size, " bytes"));
@@ -830,8 +647,8 @@ absl::Status Checkpoint::Verify(std::string_view name) const {
   }
   if (crc != info->crc32c) {
     return absl::DataLossError(absl::StrCat("'", path, "': checksum mismatch (crc32c ",
-                                            Crc32cHex(crc), ", manifest ",
-                                            Crc32cHex(info->crc32c), ")"));
+                                            Crc32cToHex(crc), ", manifest ",
+                                            Crc32cToHex(info->crc32c), ")"));
   }
   return absl::OkStatus();
 }
@@ -847,7 +664,7 @@ absl::Status Checkpoint::ReadRange(std::string_view name, int64_t offset,
   const std::string path = FilePath(name);
   if (info == nullptr) {
     return absl::NotFoundError(
-        absl::StrCat("checkpoint '", path_, "' lists no file '", name, "'"));
+        absl::StrCat("checkpoint '", path_, "' lists no file '", std::string(name), "'"));
   }
   const int64_t length = static_cast<int64_t>(dst.size());
   if (offset < 0 || offset > info->size || length > info->size - offset) {
@@ -885,8 +702,8 @@ absl::Status Checkpoint::ReadRange(std::string_view name, int64_t offset,
 
 absl::StatusOr<LoadableCheckpoint> FindLoadable(const std::string& dir,
                                                 CheckpointFallback fallback) {
-  auto open_verified = [](const std::string& step_dir)
-      -> absl::StatusOr<std::unique_ptr<Checkpoint>> {
+  auto open_verified =
+      [](const std::string& step_dir) -> absl::StatusOr<std::unique_ptr<Checkpoint>> {
     ZT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, OpenCheckpoint(step_dir));
     ZT_RETURN_IF_ERROR(checkpoint->VerifyAll());
     return checkpoint;
@@ -900,8 +717,8 @@ absl::StatusOr<LoadableCheckpoint> FindLoadable(const std::string& dir,
     absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = open_verified(*latest);
     if (checkpoint.ok()) return LoadableCheckpoint{*std::move(checkpoint), ""};
     if (fallback == CheckpointFallback::kNone) return checkpoint.status();
-    skipped.push_back(absl::StrCat("skipped '", *latest, "' (latest): ",
-                                   checkpoint.status().ToString()));
+    skipped.push_back(
+        absl::StrCat("skipped '", *latest, "' (latest): ", checkpoint.status().ToString()));
   } else {
     if (fallback == CheckpointFallback::kNone) return latest.status();
     skipped.push_back(absl::StrCat("no usable latest: ", latest.status().ToString()));
@@ -918,8 +735,8 @@ absl::StatusOr<LoadableCheckpoint> FindLoadable(const std::string& dir,
     }
     skipped.push_back(absl::StrCat("skipped '", it->path, "': ", checkpoint.status().ToString()));
   }
-  return absl::NotFoundError(absl::StrCat("no loadable checkpoint in '", dir,
-                                          "': ", absl::StrJoin(skipped, "; ")));
+  return absl::NotFoundError(
+      absl::StrCat("no loadable checkpoint in '", dir, "': ", absl::StrJoin(skipped, "; ")));
 }
 
 }  // namespace zt

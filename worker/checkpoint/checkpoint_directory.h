@@ -49,8 +49,8 @@ class CheckpointSave;
 struct CheckpointSaveShared;
 
 // Streams one file of a save, computing its checksum as the bytes go by. Used by one thread at a
-// time; several writers of one save may run on different threads. Must not outlive the save's
-// Commit()/Abort() in a useful way: after those, Close() fails.
+// time; several writers of one save may run on different threads. It shares the save's state,
+// so it may outlive the save object safely; once the save is sealed or aborted, Close() fails.
 class CheckpointFileWriter {
  public:
   // Closes the descriptor if Close() was not called; the file then stays incomplete and the
@@ -249,8 +249,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& st
 
 // What FindLoadable() may do when the checkpoint `latest` names does not verify.
 enum class CheckpointFallback {
-  kNone,            // return that checkpoint's error
-  kOlderVerified,   // try older complete checkpoints, newest first
+  kNone,           // return that checkpoint's error
+  kOlderVerified,  // try older complete checkpoints, newest first
 };
 
 struct LoadableCheckpoint {

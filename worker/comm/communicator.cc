@@ -1,5 +1,6 @@
 #include "worker/comm/communicator.h"
 
+#include "absl/strings/str_cat.h"
 #include "worker/comm/comm_handle_state.h"
 
 namespace zt {
@@ -22,6 +23,18 @@ const char* CommKindName(CommKind kind) {
       return "Barrier";
   }
   return "?";
+}
+
+absl::Status CheckRankAndSize(const char* options_type, int rank, int size) {
+  if (size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_type, ".size is ", size, ", must be >= 1"));
+  }
+  if (rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_type, ".rank is ", rank, ", must be in 0..", size - 1));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CommHandle::Wait() const {

@@ -14,7 +14,9 @@
 // A collective that a peer never joins fails within the communicator's timeout with
 // DeadlineExceeded naming the operation, the label and the ranks that did not arrive; other
 // transport failures come back as Unavailable. After a failure the communicator is broken
-// (peers may be mid-operation): later calls fail with FailedPrecondition.
+// (peers may be mid-operation): later operations fail with the first failure's code and
+// message (prefixed with their own kind and label), so whichever handle a caller waits on
+// first names the cause.
 //
 // Thread-safety: the methods may be called from any one thread at a time; handles may be
 // waited on from any thread.
@@ -68,6 +70,10 @@ class CommHandle {
  private:
   std::shared_ptr<State> state_;
 };
+
+// InvalidArgument naming "<options_type>.size" or "<options_type>.rank" unless size ≥ 1 and
+// 0 ≤ rank < size: what every implementation's Create checks first.
+absl::Status CheckRankAndSize(const char* options_type, int rank, int size);
 
 class Communicator {
  public:

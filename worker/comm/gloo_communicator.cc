@@ -89,13 +89,9 @@ void WaitRecv(gloo::transport::UnboundBuffer& buf, std::chrono::milliseconds tim
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     const GlooCommunicatorOptions& options) {
-  if (options.size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GlooCommunicatorOptions.size is ", options.size, ", must be >= 1"));
-  }
-  if (options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(absl::StrCat("GlooCommunicatorOptions.rank is ", options.rank,
-                                                   ", must be in 0..", options.size - 1));
+  if (absl::Status s = CheckRankAndSize("GlooCommunicatorOptions", options.rank, options.size);
+      !s.ok()) {
+    return s;
   }
   if (options.store == nullptr) {
     return absl::InvalidArgumentError("GlooCommunicatorOptions.store is null");
@@ -145,10 +141,18 @@ GlooCommunicator::GlooCommunicator(const GlooCommunicatorOptions& options)
       adapter_(std::make_unique<GlooStoreAdapter>(options.store,
                                                   absl::StrCat(options.prefix, "/gloo/"),
                                                   absl::Seconds(options.timeout_seconds))),
-      convert_(static_cast<size_t>(options.max_16bit_elements)),
-      recv_(static_cast<size_t>(options.max_16bit_elements)),
       sends_to_(options.size, 0),
-      recvs_from_(options.size, 0) {}
+      recvs_from_(options.size, 0) {
+  convert_ = options.conversion_buffers[0];
+  recv_ = options.conversion_buffers[1];
+  if (convert_ == nullptr || recv_ == nullptr) {
+    for (std::vector<float>& b : owned_conversion_) {
+      b.resize(static_cast<size_t>(options.max_16bit_elements));
+    }
+    convert_ = owned_conversion_[0].data();
+    recv_ = owned_conversion_[1].data();
+  }
+}
 
 GlooCommunicator::~GlooCommunicator() {
   {
@@ -216,10 +220,14 @@ void GlooCommunicator::WorkerLoop() {
       }
       op = std::move(queue_.front());
       queue_.pop_front();
-      if (broken_) {
-        op.state->Complete(absl::FailedPreconditionError(
+      if (!first_error_.ok()) {
+        // Whichever handle the caller waits on first must tell the cause, so later operations
+        // carry the first failure (its code, collective, label and ranks).
+        op.state->Complete(absl::Status(
+            first_error_.code(),
             absl::StrCat(CommKindName(op.kind), " '", op.label,
-                         "': an earlier operation of this communicator failed")));
+                         "' not run: an earlier operation of this communicator failed: ",
+                         first_error_.message())));
         continue;
       }
     }
@@ -235,7 +243,7 @@ void GlooCommunicator::WorkerLoop() {
         e.bytes_sent += op.bytes_sent;
         e.bytes_received += op.bytes_received;
       } else {
-        broken_ = true;
+        first_error_ = status;
       }
     }
     op.state->Complete(std::move(status));
@@ -353,7 +361,7 @@ absl::StatusOr<CommHandle> GlooCommunicator::AllReduce(Tensor data, ReduceOp red
   const int64_t N = options_.size;
   op.bytes_sent = op.bytes_received = 2 * (N - 1) * n * 4 / N;
   op.body = [this, data, reduce, n](const Op& o) {
-    float* buf = Is16Bit(data.dtype()) ? convert_.data() : data.data<float>();
+    float* buf = Is16Bit(data.dtype()) ? convert_ : data.data<float>();
     if (Is16Bit(data.dtype())) ToF32(data, 0, n, buf);
     if (options_.size > 1 && n > 0) {
       gloo::AllreduceOptions opts(context_);
@@ -425,13 +433,13 @@ absl::StatusOr<CommHandle> GlooCommunicator::ReduceScatter(Tensor input, Tensor 
   op.bytes_sent = op.bytes_received = (N - 1) * n * 4;
   op.body = [this, input, output, reduce, n](const Op& o) {
     const bool half = Is16Bit(input.dtype());
-    float* work = half ? convert_.data() : input.data<float>();
+    float* work = half ? convert_ : input.data<float>();
     if (half) ToF32(input, 0, n * options_.size, work);
     // The f32 result lands in place in work's chunk r, then moves to the output. Received
     // chunks land in the output itself when it is f32 (it is free until the last step), else
     // in the second conversion buffer.
     float* out = half ? work + static_cast<int64_t>(options_.rank) * n : output.data<float>();
-    float* scratch = half ? recv_.data() : output.data<float>();
+    float* scratch = half ? recv_ : output.data<float>();
     if (options_.size > 1) {
       RingReduceScatter(work, scratch, out, n, o.tag);
     } else {

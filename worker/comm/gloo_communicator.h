@@ -59,6 +59,10 @@ struct GlooCommunicatorOptions {
   // all-reduce of n elements, or reduce-scatter of an N·n input, needs n (or N·n) at most
   // this. f32 operations need no conversion buffer and have no such limit.
   int64_t max_16bit_elements = int64_t{1} << 20;
+  // Where those two buffers live: both null, the communicator allocates them; both set (each
+  // max_16bit_elements floats, valid for the communicator's life), it uses them — so the
+  // engine can take them from its memory plan.
+  float* conversion_buffers[2] = {nullptr, nullptr};
 };
 
 class GlooCommunicator : public Communicator {
@@ -120,8 +124,9 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<GlooStoreAdapter> adapter_;
   // Owned by the worker thread while an operation runs.
-  std::vector<float> convert_;
-  std::vector<float> recv_;
+  std::vector<float> owned_conversion_[2];  // when the options gave none
+  float* convert_ = nullptr;
+  float* recv_ = nullptr;
 
   // Issue-side counters; only the issuing thread touches them.
   uint64_t collective_seq_ = 0;
@@ -132,7 +137,7 @@ class GlooCommunicator : public Communicator {
   std::condition_variable queue_cv_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);  // set once: the communicator is broken
   CommStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
   std::thread heartbeat_;

@@ -98,6 +98,25 @@ DType StorageDType(zerotrain::PrecisionConfig::DType d) {
 
 }  // namespace
 
+ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
+  ConversionBufferSizes sizes;
+  if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
+  const ShardGeometry g = GeometryOf(job, 0);
+  const int stage = job.parallel().zero_stage();
+  for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+    const UnitShard shard = ShardOf(u.numel, g);
+    if (stage == 0) {
+      const int64_t bucket =
+          job.parallel().bucket_bytes() / DTypeSize(StorageDType(job.precision().grad_dtype()));
+      sizes.gradients = std::max(sizes.gradients, bucket > 0 ? std::min(bucket, u.numel) : u.numel);
+    } else {
+      sizes.gradients = std::max(sizes.gradients, shard.padded);
+      if (g.groups() > 1) sizes.replicas = std::max(sizes.replicas, shard.shard_numel);
+    }
+  }
+  return sizes;
+}
+
 bool ShardedAdafactor(const zerotrain::JobSpec& job) {
   return job.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
          job.parallel().zero_stage() >= 1 && GeometryOf(job, 0).group_size > 1;
@@ -170,6 +189,17 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
     add("grad.shard.1", MemoryCategory::kCommunication, grad_dtype, largest_shard);
   }
   add("comm.scalars", MemoryCategory::kCommunication, DType::kF32, 6 * geometry.world_size);
+  const ConversionBufferSizes conversion = ConversionBuffers(job);
+  for (int k = 0; k < 2; ++k) {
+    if (conversion.gradients > 0) {
+      add(absl::StrCat("comm.convert.gradients.", k), MemoryCategory::kCommunication, DType::kF32,
+          conversion.gradients);
+    }
+    if (conversion.replicas > 0) {
+      add(absl::StrCat("comm.convert.replicas.", k), MemoryCategory::kCommunication, DType::kF32,
+          conversion.replicas);
+    }
+  }
   if (ShardedAdafactor(job)) {
     int64_t scratch = 2;
     for (const UnitLayout& u : layout.units) {

@@ -139,6 +139,18 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      largest matrix
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);
 
+// The f32 conversion buffers (two of each size) through which the communicators reduce
+// 16-bit gradients, in elements: those of the communicator that reduces the gradients (stage
+// 0: the world's all-reduce of one bucket; stages 1–3: the shard group's reduce-scatter of one
+// padded unit) and of the replica communicator's all-reduce of one shard (hybrid). Zero when
+// the gradients are fp32. The plan holds them as "comm.convert.gradients.0/1" and
+// "comm.convert.replicas.0/1".
+struct ConversionBufferSizes {
+  int64_t gradients = 0;
+  int64_t replicas = 0;
+};
+ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job);
+
 // Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are
 // summed across the group (kernels/adafactor.h, AdafactorArgs::Shard).
 bool ShardedAdafactor(const zerotrain::JobSpec& job);

@@ -5,41 +5,58 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "worker/comm/gloo_communicator.h"
-#include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
 
 namespace zt {
 
-absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank,
-                                              Store* store) {
+absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank, Store* store,
+                                              const Arenas& arenas) {
   const ShardGeometry g = GeometryOf(job, rank);
-  // 16-bit reductions add in f32 through a conversion buffer: the largest reduction is one
-  // unit's padded gradient (a reduce-scatter's input), or a stage-0 bucket of it.
-  int64_t largest = 0;
-  for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
-    largest = std::max(largest, PaddedUnitNumel(u.numel, g.group_size));
-  }
-  auto connect = [&](const std::string& prefix, int group_rank,
-                     int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+  const ConversionBufferSizes conversion = ConversionBuffers(job);
+  struct Conversion {
+    int64_t elements = 0;
+    float* buffers[2] = {nullptr, nullptr};
+  };
+  auto planned = [&](const char* which, int64_t elements) -> absl::StatusOr<Conversion> {
+    Conversion c;
+    if (elements == 0) return c;
+    c.elements = elements;
+    for (int k = 0; k < 2; ++k) {
+      ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("comm.convert.", which, ".", k)));
+      c.buffers[k] = t.data<float>();
+    }
+    return c;
+  };
+  ZT_ASSIGN_OR_RETURN(Conversion gradients, planned("gradients", conversion.gradients));
+  ZT_ASSIGN_OR_RETURN(Conversion replicas, planned("replicas", conversion.replicas));
+  auto connect = [&](const std::string& prefix, int group_rank, int size,
+                     const Conversion& c) -> absl::StatusOr<std::unique_ptr<Communicator>> {
     ZT_ASSIGN_OR_RETURN(
-        std::unique_ptr<GlooCommunicator> c,
+        std::unique_ptr<GlooCommunicator> comm,
         GlooCommunicator::Create({.rank = group_rank,
                                   .size = size,
                                   .store = store,
                                   .prefix = prefix,
                                   .timeout_seconds = job.parallel().comm_timeout_s(),
-                                  .max_16bit_elements = largest}));
-    return std::unique_ptr<Communicator>(std::move(c));
+                                  .max_16bit_elements = c.elements,
+                                  .conversion_buffers = {c.buffers[0], c.buffers[1]}}));
+    return std::unique_ptr<Communicator>(std::move(comm));
   };
+  // Stage 0 reduces gradients over the world; stages 1–3 in the shard group (the world too
+  // when G = N). The world otherwise moves only f32 scalars and all-gathers, which convert
+  // nothing.
+  const bool world_reduces = job.parallel().zero_stage() == 0 || g.group_size == g.world_size;
   RankCommunicators comms;
-  ZT_ASSIGN_OR_RETURN(comms.world, connect("world", rank, g.world_size));
+  ZT_ASSIGN_OR_RETURN(
+      comms.world, connect("world", rank, g.world_size, world_reduces ? gradients : Conversion{}));
   if (g.group_size != g.world_size) {
     ZT_ASSIGN_OR_RETURN(comms.shard_group,
-                        connect(absl::StrCat("shard.", g.group()), g.group_rank(), g.group_size));
+                        connect(absl::StrCat("shard.", g.group()), g.group_rank(), g.group_size,
+                                world_reduces ? Conversion{} : gradients));
   }
   if (g.groups() > 1) {
-    ZT_ASSIGN_OR_RETURN(comms.replicas,
-                        connect(absl::StrCat("replica.", g.group_rank()), g.group(), g.groups()));
+    ZT_ASSIGN_OR_RETURN(comms.replicas, connect(absl::StrCat("replica.", g.group_rank()), g.group(),
+                                                g.groups(), replicas));
   }
   return comms;
 }

@@ -12,6 +12,7 @@
 #include "proto/job.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
+#include "worker/plan/arena.h"
 #include "worker/shard/sharding_engine.h"
 
 namespace zt {
@@ -28,7 +29,9 @@ struct RankCommunicators {
 
 // Blocks until every peer of each group has connected, or parallel.comm_timeout_s passes
 // (DeadlineExceeded naming the ranks that never arrived). `store` must outlive the result.
-absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank,
-                                              Store* store);
+// The communicators that reduce 16-bit gradients convert through the plan's
+// "comm.convert.*" buffers, taken from `arenas` (which must outlive the result).
+absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank, Store* store,
+                                              const Arenas& arenas);
 
 }  // namespace zt

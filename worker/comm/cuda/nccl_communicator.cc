@@ -103,13 +103,9 @@ absl::Status CheckRank(CommKind kind, const std::string& label, const char* arg,
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     const NcclCommunicatorOptions& options) {
-  if (options.size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NcclCommunicatorOptions.size is ", options.size, ", must be >= 1"));
-  }
-  if (options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(absl::StrCat("NcclCommunicatorOptions.rank is ", options.rank,
-                                                   ", must be in 0..", options.size - 1));
+  if (absl::Status s = CheckRankAndSize("NcclCommunicatorOptions", options.rank, options.size);
+      !s.ok()) {
+    return s;
   }
   if (options.store == nullptr && options.size > 1) {
     return absl::InvalidArgumentError(absl::StrCat(

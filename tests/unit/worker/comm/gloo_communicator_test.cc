@@ -237,10 +237,16 @@ TEST(GlooCommunicatorTest, MissingPeerFailsWithinTimeoutNamingLabelAndRank) {
   // The 2 s timeout plus slack for a loaded 2-core machine; the point is that it returns.
   EXPECT_LT(took, absl::Seconds(6));
   EXPECT_GE(took, absl::Milliseconds(1900));
-  // A failed communicator refuses further work instead of desynchronising from its peers.
+  // A failed communicator refuses further work instead of desynchronising from its peers,
+  // and each refusal carries the first failure, so whichever handle is waited first names
+  // the cause.
   auto next = (*comm)->Barrier("after");
   ASSERT_TRUE(next.ok());
-  EXPECT_TRUE(absl::IsFailedPrecondition(next->Wait())) << next->Wait();
+  const absl::Status refused = next->Wait();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(refused)) << refused;
+  EXPECT_NE(refused.message().find("'after' not run"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("unit 3 gather"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("ranks [1]"), std::string::npos) << refused;
 }
 
 TEST(GlooCommunicatorTest, RendezvousWithoutPeersTimesOut) {
