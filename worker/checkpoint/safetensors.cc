@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/checkpoint/durable_file.h"
 
 namespace zt {
 
@@ -510,14 +511,7 @@ absl::Status SafetensorsWriter::Finish() {
   finished_ = true;
   // The rename itself is durable only once the directory entry is synced.
   std::string dir = std::filesystem::path(path_).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return ErrnoStatus(errno, "cannot open directory to sync it", dir);
-  const int sync_rc = ::fsync(dir_fd);
-  const int sync_err = errno;
-  ::close(dir_fd);
-  if (sync_rc != 0) return ErrnoStatus(sync_err, "fsync of directory failed", dir);
-  return absl::OkStatus();
+  return durable_file::SyncDirectory(dir.empty() ? "." : dir);
 }
 
 }  // namespace zt
