@@ -25,6 +25,11 @@ struct TrainFlags {
   // Directory of the rendezvous store shared with the processes running the other ranks;
   // required when `ranks` is not every rank.
   std::string rendezvous;
+  // Continue from the latest checkpoint of `resume_dir` (empty: the job's checkpoint.dir).
+  bool resume = false;
+  std::string resume_dir;
+  // With resume: fall back to the newest older checkpoint that verifies.
+  bool fallback = false;
 };
 absl::Status RunTrain(const TrainFlags& flags);
 

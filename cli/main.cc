@@ -44,6 +44,14 @@ int main(int argc, char** argv) {
                         "Ranks this process runs, A or A-B (default: all, one thread each)");
   train_cmd->add_option("--rendezvous", train.rendezvous,
                         "Directory of the store the processes of a multi-process job share");
+  CLI::Option* resume =
+      train_cmd
+          ->add_option("--resume", train.resume_dir,
+                       "Continue from the latest checkpoint in DIR (default: checkpoint.dir)")
+          ->expected(0, 1);
+  train_cmd->add_flag("--fallback", train.fallback,
+                      "With --resume: use the newest older checkpoint that verifies if the "
+                      "latest does not");
 
   zt::cli::PrepareFlags prepare;
   CLI::App* prepare_cmd =
@@ -79,6 +87,7 @@ int main(int argc, char** argv) {
   }
 
   absl::Status status;
+  train.resume = resume->count() > 0;
   if (*train_cmd) status = zt::cli::RunTrain(train);
   if (*prepare_cmd) status = zt::cli::RunPrepare(prepare);
   if (*estimate_cmd) status = zt::cli::RunEstimate(estimate);

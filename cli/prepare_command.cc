@@ -13,14 +13,13 @@ absl::Status RunPrepare(const PrepareFlags& flags) {
   if (!loaded.ok()) return loaded.status();
   const Tokenizer& tokenizer = **loaded;
   PrepareStats stats;
-  const absl::Status written =
-      flags.val_out.empty()
-          ? PrepareShard(tokenizer, flags.inputs, flags.out, &stats)
-          : PrepareSplit(tokenizer, flags.inputs,
-                         {.train_path = flags.out,
-                          .val_path = flags.val_out,
-                          .val_fraction = flags.val_fraction},
-                         &stats);
+  const absl::Status written = flags.val_out.empty()
+                                   ? PrepareShard(tokenizer, flags.inputs, flags.out, &stats)
+                                   : PrepareSplit(tokenizer, flags.inputs,
+                                                  {.train_path = flags.out,
+                                                   .val_path = flags.val_out,
+                                                   .val_fraction = flags.val_fraction},
+                                                  &stats);
   if (!written.ok()) return written;
   std::fprintf(stderr, "zt prepare: %lld files, %lld bytes -> %lld tokens (vocab %d)",
                static_cast<long long>(stats.files), static_cast<long long>(stats.bytes_read),

@@ -140,6 +140,16 @@ absl::Status RunTrain(const TrainFlags& flags) {
   if (flags.stop_after_step >= 0) options.stop_after_step = flags.stop_after_step;
   options.progress = !flags.quiet;
   options.store = store.get();
+  if (flags.resume) {
+    options.resume_dir = flags.resume_dir.empty() ? job.checkpoint().dir() : flags.resume_dir;
+    if (options.resume_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--resume: give the checkpoint directory, or set checkpoint.dir in the job");
+    }
+    options.resume_fallback = flags.fallback;
+  } else if (flags.fallback) {
+    return absl::InvalidArgumentError("--fallback: only with --resume");
+  }
 
   const int local = ranks->last - ranks->first + 1;
   std::vector<absl::Status> results(local);

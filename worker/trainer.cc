@@ -12,8 +12,10 @@
 #include "kernels/reduce.h"
 #include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/optim/lr_schedule.h"
+#include "worker/rank_state.h"
 
 namespace zt {
 namespace {
@@ -82,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     t->own_store_ = std::make_unique<InProcessStore>();
     store = t->own_store_.get();
   }
+  t->store_ = store;
   ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, rank, store, *t->arenas_));
   ZT_ASSIGN_OR_RETURN(
       t->engine_, ShardingEngine::Create(job, rank, &*t->model_, *t->arenas_, t->comms_.view()));
@@ -110,6 +113,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                          .consecutive_hysteresis = ls.consecutive_hysteresis()});
   }
 
+  if (!options.resume_dir.empty()) ZT_RETURN_IF_ERROR(t->Resume());
+  // A run that is not continuing the checkpoints in checkpoint.dir must not interleave its
+  // saves with them (its `latest` would hide theirs, and pruning would delete them).
+  if (const std::string& dir = job.checkpoint().dir();
+      !dir.empty() && std::filesystem::path(dir) != std::filesystem::path(options.resume_dir)) {
+    absl::StatusOr<std::vector<CheckpointEntry>> existing = ListComplete(dir);
+    if (existing.ok() && !existing->empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir: '", dir, "' already holds checkpoints (the newest of step ",
+          existing->back().step, "); continue them with --resume, or choose another directory"));
+    }
+  }
+
   if (!options.run_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options.run_dir, ec);
@@ -119,8 +135,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     }
     if (rank == 0) {
       t->metrics_path_ = (std::filesystem::path(options.run_dir) / "metrics.jsonl").string();
-      // A new run starts a new file.
-      std::FILE* f = std::fopen(t->metrics_path_.c_str(), "w");
+      // A new run starts a new file; a resumed one goes on with its own.
+      std::FILE* f = std::fopen(t->metrics_path_.c_str(), options.resume_dir.empty() ? "w" : "a");
       if (f == nullptr) {
         return absl::PermissionDeniedError(
             absl::StrCat("cannot write '", t->metrics_path_, "': ", std::strerror(errno)));
@@ -202,6 +218,100 @@ absl::Status Trainer::InitializeWeights() {
                                 master[u].Slice(lo - range.begin, hi - range.begin)));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveCheckpoint() {
+  const std::string& dir = job_.checkpoint().dir();
+  const int rank = options_.rank, ranks = job_.parallel().world_size();
+  const absl::Duration timeout = absl::Seconds(job_.parallel().comm_timeout_s());
+  // Rank 0 opens the save and tells the others where its temporary directory is.
+  const std::string key = absl::StrCat("checkpoint/", step_, "/path");
+  std::unique_ptr<CheckpointSave> save;
+  std::string path;
+  if (rank == 0) {
+    // A resumed run may meet saves of its abandoned future (from after the checkpoint it
+    // resumed from): its own replace them, atomically.
+    absl::StatusOr<std::unique_ptr<CheckpointSave>> begun =
+        BeginSave(dir, step_, {.overwrite = !options_.resume_dir.empty()});
+    ZT_RETURN_IF_ERROR(store_->Set(key, begun.ok()
+                                            ? "ok:" + (*begun)->current_path()
+                                            : absl::StrCat("error:", begun.status().message())));
+    if (!begun.ok()) return begun.status();
+    save = std::move(*begun);
+    path = save->current_path();
+  } else {
+    ZT_RETURN_IF_ERROR(store_->Wait({key}, timeout));
+    ZT_ASSIGN_OR_RETURN(std::string value, store_->Get(key));
+    if (value.starts_with("error:")) {
+      return absl::AbortedError(absl::StrCat("checkpoint of step ", step_,
+                                             ": rank 0 could not start it: ", value.substr(6)));
+    }
+    path = value.substr(3);
+  }
+  const std::string name = absl::StrFormat("rank-%05d.safetensors", rank);
+  ZT_RETURN_IF_ERROR(
+      WriteRankState((std::filesystem::path(path) / name).string(), plan_, *arenas_));
+  ZT_ASSIGN_OR_RETURN(CommHandle written,
+                      comms_.world->Barrier(absl::StrCat("checkpoint ", step_, " written")));
+  ZT_RETURN_IF_ERROR(written.Wait());
+  if (rank != 0) return absl::OkStatus();
+  for (int r = 0; r < ranks; ++r) {
+    ZT_RETURN_IF_ERROR(save->AdoptFile(absl::StrFormat("rank-%05d.safetensors", r)));
+  }
+  nlohmann::json state = {{"step", step_},
+                          {"optimizer_steps", optimizer_->steps_taken()},
+                          {"world_size", ranks},
+                          {"zero_stage", job_.parallel().zero_stage()},
+                          {"shard_group_size", job_.parallel().shard_group_size()}};
+  if (loss_scaler_) {
+    const LossScalerState& ls = loss_scaler_->state();
+    state["loss_scaler"] = {{"scale", ls.scale},
+                            {"hysteresis_left", ls.hysteresis_left},
+                            {"clean_steps", ls.clean_steps},
+                            {"overflows_at_min_scale", ls.overflows_at_min_scale},
+                            {"skipped_steps", ls.skipped_steps}};
+  }
+  ZT_RETURN_IF_ERROR(save->Commit(state));
+  return Prune(dir, job_.checkpoint().keep_last());
+}
+
+absl::Status Trainer::Resume() {
+  ZT_ASSIGN_OR_RETURN(LoadableCheckpoint loadable,
+                      FindLoadable(options_.resume_dir, options_.resume_fallback
+                                                            ? CheckpointFallback::kOlderVerified
+                                                            : CheckpointFallback::kNone));
+  const Checkpoint& ckpt = *loadable.checkpoint;
+  if (!loadable.note.empty() && options_.rank == 0) {
+    std::fprintf(stderr, "zt: resuming from %s: %s\n", ckpt.path().c_str(), loadable.note.c_str());
+  }
+  const nlohmann::json& state = ckpt.state();
+  const auto& parallel = job_.parallel();
+  const int saved_world = state.value("world_size", 0), saved_stage = state.value("zero_stage", -1),
+            saved_group = state.value("shard_group_size", 0);
+  if (saved_world != parallel.world_size() || saved_stage != parallel.zero_stage() ||
+      saved_group != parallel.shard_group_size()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "checkpoint '%s' was written by %d ranks at ZeRO stage %d with shard groups of %d; this "
+        "job runs %d ranks at stage %d with groups of %d, and resuming on another layout "
+        "(resharding) is not supported yet",
+        ckpt.path(), saved_world, saved_stage, saved_group, parallel.world_size(),
+        parallel.zero_stage(), parallel.shard_group_size()));
+  }
+  ZT_RETURN_IF_ERROR(ReadRankState(
+      (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", options_.rank))
+          .string(),
+      plan_, *arenas_));
+  step_ = state.value("step", int64_t{0});
+  optimizer_->RestoreStepsTaken(state.value("optimizer_steps", int64_t{0}));
+  if (loss_scaler_ && state.contains("loss_scaler")) {
+    const nlohmann::json& ls = state["loss_scaler"];
+    loss_scaler_->Restore({.scale = ls.value("scale", 1.0),
+                           .hysteresis_left = ls.value("hysteresis_left", 0),
+                           .clean_steps = ls.value("clean_steps", int64_t{0}),
+                           .overflows_at_min_scale = ls.value("overflows_at_min_scale", int64_t{0}),
+                           .skipped_steps = ls.value("skipped_steps", int64_t{0})});
   }
   return absl::OkStatus();
 }
@@ -345,6 +455,11 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
       r.val_loss = v;
     }
     ZT_RETURN_IF_ERROR(AppendMetrics(r));
+    const auto& ckpt = job_.checkpoint();
+    if (!ckpt.dir().empty() &&
+        (r.step % ckpt.interval_steps() == 0 || r.step == train.max_steps())) {
+      ZT_RETURN_IF_ERROR(SaveCheckpoint());
+    }
     if (options_.progress && options_.rank == 0 &&
         (r.step % train.log_interval() == 0 || r.step == last)) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();

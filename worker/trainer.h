@@ -55,6 +55,13 @@ struct TrainOptions {
   // The job's rendezvous store, shared by all its ranks; not owned. Null: a one-rank job
   // rendezvouses with itself in a store of its own.
   Store* store = nullptr;
+  // Continue from the checkpoint `latest` names in this directory (usually checkpoint.dir):
+  // the model states, the step, the optimizer's step count and the loss scaler, so the run
+  // goes on exactly as if it had never stopped. metrics.jsonl is appended to.
+  std::string resume_dir;
+  // When that checkpoint does not verify, take the newest older one that does (and say so on
+  // stderr) instead of failing.
+  bool resume_fallback = false;
 };
 
 // What one optimizer step measured.
@@ -116,6 +123,11 @@ class Trainer {
   absl::Status WriteMemoryReport(const std::string& path) const;
   // Sets the weights from the initialisation or the imported checkpoint: each rank its ranges.
   absl::Status InitializeWeights();
+  // Saves the step just taken into checkpoint.dir (a collective: rank 0 opens the save and
+  // commits it once every rank has written its file; docs/formats.md).
+  absl::Status SaveCheckpoint();
+  // Restores the state options_.resume_dir's checkpoint holds (each rank its own file).
+  absl::Status Resume();
 
   zerotrain::JobSpec job_;
   TrainOptions options_;
@@ -125,6 +137,7 @@ class Trainer {
   std::optional<Transformer> model_;
   std::optional<Optimizer> optimizer_;
   std::unique_ptr<Store> own_store_;  // a one-rank job's, when no store was given
+  Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)
   RankCommunicators comms_;
   std::unique_ptr<ShardingEngine> engine_;
   std::optional<LossScaler> loss_scaler_;

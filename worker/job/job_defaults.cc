@@ -108,6 +108,10 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   }
   if (!memory.has_checkpoint_every_k()) memory.set_checkpoint_every_k(1);
 
+  zerotrain::CheckpointConfig& checkpoint = *spec->mutable_checkpoint();
+  if (!checkpoint.has_interval_steps()) checkpoint.set_interval_steps(1000);
+  if (!checkpoint.has_keep_last()) checkpoint.set_keep_last(3);
+
   zerotrain::ParallelConfig& parallel = *spec->mutable_parallel();
   if (!parallel.has_world_size()) parallel.set_world_size(1);
   if (!parallel.has_shard_group_size()) parallel.set_shard_group_size(parallel.world_size());

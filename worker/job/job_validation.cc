@@ -324,6 +324,14 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
     v.Add(absl::StrCat("parallel.comm_timeout_s: must be > 0 (got ", p.comm_timeout_s(), ")"));
   }
 
+  const zerotrain::CheckpointConfig& ckpt = spec.checkpoint();
+  if (v.Set("checkpoint.interval_steps", ckpt.has_interval_steps())) {
+    v.AtLeast("checkpoint.interval_steps", ckpt.interval_steps(), 1);
+  }
+  if (v.Set("checkpoint.keep_last", ckpt.has_keep_last())) {
+    v.AtLeast("checkpoint.keep_last", ckpt.keep_last(), 1);
+  }
+
   const ResourceConfig& r = spec.resources();
   if (r.device() != ResourceConfig::CPU && r.device() != ResourceConfig::CUDA) {
     v.Add(absl::StrCat("resources.device: must be CPU or CUDA (got ",
@@ -414,11 +422,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   if (spec.resources().device() == ResourceConfig::CUDA) {
     lines.push_back("resources.device: CUDA is not supported by this engine yet; use CPU");
-  }
-  if (!spec.checkpoint().dir().empty()) {
-    lines.push_back(absl::StrCat("checkpoint.dir: '", spec.checkpoint().dir(),
-                                 "' is set, but checkpoints are not implemented yet; leave it "
-                                 "empty"));
   }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));

@@ -64,6 +64,8 @@ class Optimizer {
 
   // Updates applied so far (the bias-correction step is this + 1 during Step).
   int64_t steps_taken() const { return steps_taken_; }
+  // Resuming from a checkpoint: the count the saved run had reached.
+  void RestoreStepsTaken(int64_t steps) { steps_taken_ = steps; }
 
  private:
   struct Unit {

@@ -162,6 +162,10 @@ TEST(ValidateJobSpecTest, EachRuleNamesTheFieldTheValueAndTheRule) {
        "parallel.bucket_bytes: must be >= 0 (got -5)"},
       {"comm timeout", [](JobSpec& s) { s.mutable_parallel()->set_comm_timeout_s(0); },
        "parallel.comm_timeout_s: must be > 0 (got 0)"},
+      {"checkpoint interval", [](JobSpec& s) { s.mutable_checkpoint()->set_interval_steps(0); },
+       "checkpoint.interval_steps: must be >= 1 (got 0)"},
+      {"keep last", [](JobSpec& s) { s.mutable_checkpoint()->set_keep_last(0); },
+       "checkpoint.keep_last: must be >= 1 (got 0)"},
       {"device",
        [](JobSpec& s) {
          s.mutable_resources()->set_device(ResourceConfig::DEVICE_KIND_UNSPECIFIED);
@@ -320,9 +324,7 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "FP32; this engine reduces gradients in their own dtype (16-bit "
                           "reductions add in f32), so leave reduce_dtype unset or equal to "
                           "grad_dtype",
-                          "resources.device: CUDA is not supported by this engine yet; use CPU",
-                          "checkpoint.dir: 'ckpt' is set, but checkpoints are not implemented "
-                          "yet; leave it empty"));
+                          "resources.device: CUDA is not supported by this engine yet; use CPU"));
 }
 
 }  // namespace

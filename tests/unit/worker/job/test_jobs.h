@@ -97,6 +97,8 @@ parallel:
   comm_timeout_s: 300
 checkpoint:
   dir: ckpt
+  interval_steps: 1000
+  keep_last: 3
 resources:
   device: CUDA
   cpu_threads: 3
@@ -131,7 +133,7 @@ inline constexpr char kFullJson[] = R"({
   "parallel": {"world_size": 2, "zero_stage": 3, "shard_group_size": 2,
                "reshard_after_forward": true, "prefetch_units": 1, "bucket_bytes": 26214400,
                "comm_timeout_s": 300},
-  "checkpoint": {"dir": "ckpt"},
+  "checkpoint": {"dir": "ckpt", "interval_steps": 1000, "keep_last": 3},
   "resources": {"device": "CUDA", "cpu_threads": 3}
 })";
 

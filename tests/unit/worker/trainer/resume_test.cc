@@ -1,0 +1,189 @@
+// Checkpoints and exact resume: a run stopped after step 10 and resumed from its checkpoint
+// continues bit for bit as the run that never stopped (same world size), under ZeRO stages 0,
+// 2 and 3, fp32 and fp16 with its loss scaler, AdamW and 8-bit AdamW; a corrupt checkpoint is
+// refused by name or skipped with --fallback; another layout is refused.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "worker/comm/store.h"
+#include "worker/data/token_shard.h"
+#include "worker/job/job_loading.h"
+#include "worker/trainer.h"
+
+namespace zt {
+namespace {
+
+using ::testing::HasSubstr;
+using zerotrain::JobSpec;
+
+struct Outcome {
+  absl::Status status;
+  std::vector<double> losses;  // rank 0's, of the steps this run took
+  std::vector<double> loss_scales;
+  std::vector<std::vector<float>> weights;
+};
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TestScratchDir("zt-resume-test");
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  JobSpec Job(int world, int stage, const std::string& checkpoints) {
+    JobSpec job;
+    auto* m = job.mutable_model();
+    m->set_family(zerotrain::ModelConfig::GPT2);
+    m->set_n_layer(2);
+    m->set_n_head(4);
+    m->set_d_model(32);
+    m->set_vocab_size(32);
+    m->set_max_seq_len(16);
+    job.mutable_data()->add_train((dir_ / "train.bin").string());
+    job.mutable_data()->set_seq_len(16);
+    job.mutable_data()->set_shuffle(true);
+    job.mutable_train()->set_micro_batch_size(2);
+    job.mutable_train()->set_max_steps(20);
+    job.mutable_optimizer()->set_lr(3e-3f);
+    job.mutable_optimizer()->set_grad_clip(1.0f);
+    job.mutable_resources()->set_cpu_threads(1);
+    job.mutable_parallel()->set_world_size(world);
+    job.mutable_parallel()->set_zero_stage(stage);
+    job.mutable_parallel()->set_comm_timeout_s(60);
+    job.mutable_checkpoint()->set_dir((dir_ / checkpoints).string());
+    job.mutable_checkpoint()->set_interval_steps(5);
+    job.mutable_checkpoint()->set_keep_last(2);
+    return job;
+  }
+
+  // Runs every rank to `stop_after`, from the checkpoint in `resume` when set.
+  static Outcome Run(const JobSpec& spec, int64_t stop_after, const std::string& resume = "",
+                     bool fallback = false) {
+    const JobSpec job = ValidatedJob(spec).value();
+    const int n = job.parallel().world_size();
+    InProcessStore store;
+    Outcome out;
+    std::vector<absl::Status> status(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        status[r] = [&]() -> absl::Status {
+          TrainOptions options;
+          options.rank = r;
+          options.store = &store;
+          options.stop_after_step = stop_after;
+          options.resume_dir = resume;
+          options.resume_fallback = fallback;
+          absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
+          if (!t.ok()) return t.status();
+          absl::Status s = (*t)->Run([&](const StepRecord& rec) {
+            if (r != 0) return;
+            out.losses.push_back(rec.loss);
+            out.loss_scales.push_back(rec.loss_scale);
+          });
+          if (!s.ok()) return s;
+          absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
+          if (!w.ok()) return w.status();
+          if (r == 0) out.weights = std::move(*w);
+          return absl::OkStatus();
+        }();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) {
+      if (!s.ok()) {
+        out.status = s;
+        break;
+      }
+    }
+    return out;
+  }
+
+  // 20 steps straight against 10, a new process's worth of trainers, then 10 more.
+  void ExpectExactResume(const JobSpec& job, const std::string& what) {
+    JobSpec straight = job;
+    straight.mutable_checkpoint()->set_dir((dir_ / ("straight-" + what)).string());
+    const Outcome whole = Run(straight, 20);
+    ASSERT_TRUE(whole.status.ok()) << what << ": " << whole.status;
+    const Outcome first = Run(job, 10);
+    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
+    const Outcome second = Run(job, 20, job.checkpoint().dir());
+    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+    ASSERT_EQ(second.losses.size(), 10u) << what;
+    // Bitwise: the same computation in the same order on the same bytes.
+    for (int s = 0; s < 10; ++s) {
+      EXPECT_EQ(second.losses[s], whole.losses[10 + s]) << what << " step " << 11 + s;
+      EXPECT_EQ(second.loss_scales[s], whole.loss_scales[10 + s]) << what << " step " << 11 + s;
+    }
+    EXPECT_EQ(second.weights, whole.weights) << what;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(ResumeTest, ResumedRunsContinueBitForBit) {
+  ExpectExactResume(Job(2, 0, "stage0"), "stage0");
+  ExpectExactResume(Job(2, 3, "stage3"), "stage3");
+  JobSpec fp16 = Job(2, 3, "fp16");
+  fp16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::FP16);
+  fp16.mutable_precision()->mutable_loss_scale()->set_initial_power(20);
+  fp16.mutable_precision()->set_stochastic_rounding(false);
+  ExpectExactResume(fp16, "fp16");
+  JobSpec eight_bit = Job(2, 2, "adam8");
+  eight_bit.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
+  eight_bit.mutable_optimizer()->set_min_quantized_numel(256);
+  eight_bit.mutable_optimizer()->set_quant_block_size(256);
+  ExpectExactResume(eight_bit, "adam8");
+}
+
+TEST_F(ResumeTest, CorruptCheckpointIsRefusedByNameOrSkippedWithFallback) {
+  const JobSpec job = Job(2, 3, "ckpt");
+  ASSERT_TRUE(Run(job, 10).status.ok());
+  // keep_last 2: steps 5 and 10 are kept. Flip one byte of rank 1's file of step 10.
+  const auto file = dir_ / "ckpt" / "step-00000010" / "rank-00001.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(file));
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    const char c = static_cast<char>(f.peek());
+    f.seekp(-3, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  const Outcome refused = Run(job, 20, job.checkpoint().dir());
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kDataLoss) << refused.status;
+  EXPECT_THAT(refused.status.message(), HasSubstr("rank-00001.safetensors"));
+  EXPECT_THAT(refused.status.message(), HasSubstr("checksum mismatch"));
+  // With fallback the run goes back to step 5 and trains steps 6..20, replacing the corrupt
+  // step 10 with its own.
+  const Outcome fallen_back = Run(job, 20, job.checkpoint().dir(), /*fallback=*/true);
+  ASSERT_TRUE(fallen_back.status.ok()) << fallen_back.status;
+  EXPECT_EQ(fallen_back.losses.size(), 15u);
+  EXPECT_TRUE(Run(job, 20, job.checkpoint().dir()).status.ok()) << "step 20 loads cleanly";
+}
+
+TEST_F(ResumeTest, AFreshRunRefusesADirectoryThatHoldsCheckpoints) {
+  const JobSpec job = Job(1, 0, "ckpt");
+  ASSERT_TRUE(Run(job, 5).status.ok());
+  const Outcome again = Run(job, 5);
+  EXPECT_EQ(again.status.code(), absl::StatusCode::kFailedPrecondition) << again.status;
+  EXPECT_THAT(again.status.message(), HasSubstr("already holds checkpoints"));
+  EXPECT_THAT(again.status.message(), HasSubstr("--resume"));
+}
+
+TEST_F(ResumeTest, AnotherLayoutIsRefusedNamingBoth) {
+  const JobSpec job = Job(2, 3, "ckpt");
+  ASSERT_TRUE(Run(job, 5).status.ok());
+  JobSpec one = Job(1, 0, "ckpt");
+  const Outcome refused = Run(one, 10, job.checkpoint().dir());
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
+  EXPECT_THAT(refused.status.message(), HasSubstr("written by 2 ranks at ZeRO stage 3"));
+  EXPECT_THAT(refused.status.message(), HasSubstr("1 ranks at stage 0"));
+}
+
+}  // namespace
+}  // namespace zt
