@@ -1,10 +1,13 @@
 #include "worker/rank_state.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
+#include "worker/model/param_layout.h"
 
 namespace zt {
 
@@ -48,6 +51,96 @@ absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, cons
     ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(b->name));
     const absl::Span<const uint8_t> bytes = file->Bytes(*info);
     std::memcpy(t.raw(), bytes.data(), bytes.size());
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Where one checkpointed buffer lies in its unit: elements [begin, end) of the unit, in unit
+// order, starting at element 0 of the buffer.
+struct UnitSegment {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// The unit index and role ("params", "master", "adam_m", ...) of buffer "<unit>.<role>".
+bool SplitName(const ModelLayout& layout, const std::string& name, int* unit, std::string* role) {
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const std::string prefix = layout.units[u].name + ".";
+    if (name.starts_with(prefix)) {
+      *unit = static_cast<int>(u);
+      *role = name.substr(prefix.size());
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Reshardable(const std::string& role) {
+  return role == "params" || role == "master" || role == "adam_m" || role == "adam_v" ||
+         role == "momentum";
+}
+
+// The segment of `role` of unit `u` on `rank` of `job`.
+UnitSegment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit,
+                      const std::string& role) {
+  const int stage = job.parallel().zero_stage();
+  const UnitShard shard = ShardOf(unit.numel, GeometryOf(job, rank));
+  const bool sharded = role == "params" ? stage >= 3 : stage >= 1;
+  if (!sharded) return {0, unit.numel};
+  return {shard.owned.begin, shard.owned.end};
+}
+
+}  // namespace
+
+absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
+                              const std::function<std::string(int)>& rank_file,
+                              const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,
+                              const Arenas& arenas) {
+  const ModelLayout layout = BuildModelLayout(job.model());
+  const int saved_ranks = saved_job.parallel().world_size();
+  std::vector<std::unique_ptr<SafetensorsFile>> files(saved_ranks);
+  auto file_of = [&](int r) -> absl::StatusOr<const SafetensorsFile*> {
+    if (files[r] == nullptr) {
+      ZT_ASSIGN_OR_RETURN(files[r], SafetensorsFile::Open(rank_file(r)));
+    }
+    return files[r].get();
+  };
+  for (const BufferSpec* b : CheckpointedBuffers(plan)) {
+    int u = -1;
+    std::string role;
+    if (!SplitName(layout, b->name, &u, &role) || !Reshardable(role)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resharding a checkpoint: buffer ", b->name,
+          " is laid out per range (8-bit AdamW blocks, Adafactor rows); resume it on the "
+          "layout that wrote it (parallel.world_size ",
+          saved_ranks, ", zero_stage ", saved_job.parallel().zero_stage(), ", shard_group_size ",
+          saved_job.parallel().shard_group_size(), ")"));
+    }
+    const UnitSegment want = SegmentOf(job, rank, layout.units[u], role);
+    ZT_ASSIGN_OR_RETURN(Tensor dst, arenas.Get(b->name));
+    const int64_t element = DTypeSize(b->dtype);
+    auto* out = static_cast<uint8_t*>(dst.raw());
+    for (int r = 0; r < saved_ranks && want.begin < want.end; ++r) {
+      const UnitSegment have = SegmentOf(saved_job, r, layout.units[u], role);
+      const int64_t lo = std::max(want.begin, have.begin), hi = std::min(want.end, have.end);
+      if (lo >= hi) continue;
+      ZT_ASSIGN_OR_RETURN(const SafetensorsFile* file, file_of(r));
+      const SafetensorsTensorInfo* info = file->Find(b->name);
+      if (info == nullptr || info->dtype != ToStDType(b->dtype) ||
+          info->nbytes() < (hi - have.begin) * element) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint file '", file->path(), "': buffer ", b->name,
+                         info == nullptr ? " is missing" : " has another dtype or is too short",
+                         " for the layout its manifest names"));
+      }
+      const absl::Span<const uint8_t> bytes = file->Bytes(*info);
+      std::memcpy(out + (lo - want.begin) * element, bytes.data() + (lo - have.begin) * element,
+                  static_cast<size_t>((hi - lo) * element));
+      // A saved rank that held the whole wanted range (replicated buffers): done.
+      if (lo == want.begin && hi == want.end) break;
+    }
   }
   return absl::OkStatus();
 }

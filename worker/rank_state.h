@@ -6,15 +6,22 @@
 // bit: gradients and activations are rebuilt every step, and the data position, the learning
 // rate and stochastic rounding are functions of the step.
 //
-// Resuming on another parallel layout needs the buffers resharded on read (a unit's range
-// maps to other ranks' buffers); until that lands, a file written for another layout is
-// refused with an error naming what differs.
+// Another parallel layout (world size, ZeRO stage, shard-group size) reshards on read: each
+// buffer is a range of one unit's elements in unit order — the parameters, the master weights
+// and the fp32 moments or momentum of the rank's range (whole units where they are not
+// sharded), because every tensor's state slices follow each other in the unit's order — so a
+// new rank copies, from each saved rank whose range overlaps its own, just the overlap, out
+// of the memory-mapped file (the pages of the other ranges are never read). 8-bit AdamW codes
+// and Adafactor statistics are laid out per range (blocks, rows) and reshard only to the
+// same layout for now.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "proto/job.pb.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
 
@@ -29,5 +36,14 @@ absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, con
 // Reads them back from `path`. FailedPrecondition naming the file and the first buffer that
 // is missing or has another dtype or size (the checkpoint was written for another layout).
 absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas);
+
+// Fills rank `rank` of `job` (its plan `plan`, its `arenas`) from the files of a checkpoint
+// written by `saved_job` — the same model, precision and optimizer on another parallel layout.
+// `rank_file(r)` is the path of saved rank r's file. FailedPrecondition naming the buffer when
+// a state cannot be resharded (8-bit AdamW, Adafactor) or the dtypes differ.
+absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
+                              const std::function<std::string(int)>& rank_file,
+                              const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,
+                              const Arenas& arenas);
 
 }  // namespace zt

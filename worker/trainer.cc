@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "kernels/status_macros.h"
@@ -222,6 +223,25 @@ absl::Status Trainer::InitializeWeights() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Sequences per optimizer step over all ranks: what a resumed job must keep.
+int64_t GlobalBatchSequences(const zerotrain::JobSpec& job) {
+  return int64_t{job.parallel().world_size()} * job.train().micro_batch_size() *
+         job.train().grad_accum_steps();
+}
+
+std::string ProtoJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  // Only unset fields differ between equal configurations: both sides have defaults applied.
+  if (!google::protobuf::util::MessageToJsonString(m, &out, options).ok()) return "?";
+  return out;
+}
+
+}  // namespace
+
 absl::Status Trainer::SaveCheckpoint() {
   const std::string& dir = job_.checkpoint().dir();
   const int rank = options_.rank, ranks = job_.parallel().world_size();
@@ -264,7 +284,11 @@ absl::Status Trainer::SaveCheckpoint() {
                           {"optimizer_steps", optimizer_->steps_taken()},
                           {"world_size", ranks},
                           {"zero_stage", job_.parallel().zero_stage()},
-                          {"shard_group_size", job_.parallel().shard_group_size()}};
+                          {"shard_group_size", job_.parallel().shard_group_size()},
+                          {"global_batch_sequences", GlobalBatchSequences(job_)},
+                          {"model", ProtoJson(job_.model())},
+                          {"precision", ProtoJson(job_.precision())},
+                          {"optimizer", ProtoJson(job_.optimizer())}};
   if (loss_scaler_) {
     const LossScalerState& ls = loss_scaler_->state();
     state["loss_scaler"] = {{"scale", ls.scale},
@@ -287,22 +311,48 @@ absl::Status Trainer::Resume() {
     std::fprintf(stderr, "zt: resuming from %s: %s\n", ckpt.path().c_str(), loadable.note.c_str());
   }
   const nlohmann::json& state = ckpt.state();
-  const auto& parallel = job_.parallel();
-  const int saved_world = state.value("world_size", 0), saved_stage = state.value("zero_stage", -1),
-            saved_group = state.value("shard_group_size", 0);
-  if (saved_world != parallel.world_size() || saved_stage != parallel.zero_stage() ||
-      saved_group != parallel.shard_group_size()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "checkpoint '%s' was written by %d ranks at ZeRO stage %d with shard groups of %d; this "
-        "job runs %d ranks at stage %d with groups of %d, and resuming on another layout "
-        "(resharding) is not supported yet",
-        ckpt.path(), saved_world, saved_stage, saved_group, parallel.world_size(),
-        parallel.zero_stage(), parallel.shard_group_size()));
+  // What must not change across a resume: the model, its precision and optimizer (the
+  // states' meaning), and the global batch (the data position is the step).
+  for (const auto& [key, now] :
+       {std::pair<const char*, std::string>{"model", ProtoJson(job_.model())},
+        {"precision", ProtoJson(job_.precision())},
+        {"optimizer", ProtoJson(job_.optimizer())}}) {
+    if (state.value(key, std::string()) != now) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", ckpt.path(), "' was written for another ", key,
+          " configuration: ", state.value(key, std::string("(none)")), " — this job has ", now));
+    }
   }
-  ZT_RETURN_IF_ERROR(ReadRankState(
-      (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", options_.rank))
-          .string(),
-      plan_, *arenas_));
+  if (state.value("global_batch_sequences", int64_t{0}) != GlobalBatchSequences(job_)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "checkpoint '%s' was written with a global batch of %d sequences; this job's "
+        "world_size × micro_batch_size × grad_accum_steps is %d — keep the global batch to "
+        "resume",
+        ckpt.path(), state.value("global_batch_sequences", int64_t{0}),
+        GlobalBatchSequences(job_)));
+  }
+  zerotrain::JobSpec saved = job_;
+  saved.mutable_parallel()->set_world_size(state.value("world_size", 0));
+  saved.mutable_parallel()->set_zero_stage(state.value("zero_stage", -1));
+  saved.mutable_parallel()->set_shard_group_size(state.value("shard_group_size", 0));
+  const auto& parallel = job_.parallel();
+  auto rank_file = [&](int r) {
+    return (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", r))
+        .string();
+  };
+  if (saved.parallel().world_size() == parallel.world_size() &&
+      saved.parallel().zero_stage() == parallel.zero_stage() &&
+      saved.parallel().shard_group_size() == parallel.shard_group_size()) {
+    ZT_RETURN_IF_ERROR(ReadRankState(rank_file(options_.rank), plan_, *arenas_));
+  } else {
+    const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
+    if (w < 1 || g < 1 || w % g != 0 || saved.parallel().zero_stage() < 0 ||
+        saved.parallel().zero_stage() > 3) {
+      return absl::DataLossError(absl::StrCat("checkpoint '", ckpt.path(),
+                                              "': the manifest's parallel layout is invalid"));
+    }
+    ZT_RETURN_IF_ERROR(ReshardRankState(saved, rank_file, job_, options_.rank, plan_, *arenas_));
+  }
   step_ = state.value("step", int64_t{0});
   optimizer_->RestoreStepsTaken(state.value("optimizer_steps", int64_t{0}));
   if (loss_scaler_ && state.contains("loss_scaler")) {

@@ -2,6 +2,8 @@
 // continues bit for bit as the run that never stopped (same world size), under ZeRO stages 0,
 // 2 and 3, fp32 and fp16 with its loss scaler, AdamW and 8-bit AdamW; a corrupt checkpoint is
 // refused by name or skipped with --fallback; another layout is refused.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -175,14 +177,70 @@ TEST_F(ResumeTest, AFreshRunRefusesADirectoryThatHoldsCheckpoints) {
   EXPECT_THAT(again.status.message(), HasSubstr("--resume"));
 }
 
-TEST_F(ResumeTest, AnotherLayoutIsRefusedNamingBoth) {
+TEST_F(ResumeTest, ReshardsAcrossWorldSizesAndStages) {
+  // 4 ranks at stage 3 → 2 ranks at stage 1 → 1 rank at stage 0, the global batch kept at 8
+  // sequences, against 4 ranks at stage 3 straight through.
+  auto layout = [&](int world, int stage) {
+    JobSpec job = Job(world, stage, "ckpt");
+    job.mutable_train()->set_micro_batch_size(8 / world);
+    return job;
+  };
+  JobSpec straight = layout(4, 3);
+  straight.mutable_checkpoint()->set_dir((dir_ / "straight").string());
+  const Outcome whole = Run(straight, 20);
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  const Outcome at10 = Run(layout(4, 3), 10);
+  ASSERT_TRUE(at10.status.ok()) << at10.status;
+  // Loading copies the saved ranges: the weights are the saved ones, bit for bit.
+  const Outcome loaded = Run(layout(2, 1), 10, (dir_ / "ckpt").string());
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+  EXPECT_TRUE(loaded.losses.empty());
+  EXPECT_EQ(loaded.weights, at10.weights);
+  const Outcome to15 = Run(layout(2, 1), 15, (dir_ / "ckpt").string());
+  ASSERT_TRUE(to15.status.ok()) << to15.status;
+  const Outcome to20 = Run(layout(1, 0), 20, (dir_ / "ckpt").string());
+  ASSERT_TRUE(to20.status.ok()) << to20.status;
+  ASSERT_EQ(to15.losses.size(), 5u);
+  ASSERT_EQ(to20.losses.size(), 5u);
+  // Other layouts sum the gradients in another order: the bounds of sharded_training_test.cc.
+  for (int s = 0; s < 5; ++s) {
+    EXPECT_NEAR(to15.losses[s], whole.losses[10 + s], 1e-5 * whole.losses[10 + s]);
+    EXPECT_NEAR(to20.losses[s], whole.losses[15 + s], 1e-5 * whole.losses[15 + s]);
+  }
+  double worst = 0;
+  for (size_t u = 0; u < whole.weights.size(); ++u) {
+    for (size_t i = 0; i < whole.weights[u].size(); ++i) {
+      worst = std::max(worst, std::abs(double{to20.weights[u][i]} - whole.weights[u][i]));
+    }
+  }
+  EXPECT_LT(worst, 1e-4);
+}
+
+TEST_F(ResumeTest, WhatCannotBeResumedIsRefusedNamingIt) {
+  JobSpec eight_bit = Job(2, 2, "adam8");
+  eight_bit.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
+  eight_bit.mutable_optimizer()->set_min_quantized_numel(256);
+  ASSERT_TRUE(Run(eight_bit, 5).status.ok());
+  JobSpec one = eight_bit;
+  one.mutable_parallel()->set_world_size(1);
+  one.mutable_parallel()->set_zero_stage(0);
+  one.mutable_train()->set_micro_batch_size(4);
+  const Outcome quantized = Run(one, 10, eight_bit.checkpoint().dir());
+  EXPECT_EQ(quantized.status.code(), absl::StatusCode::kFailedPrecondition) << quantized.status;
+  EXPECT_THAT(quantized.status.message(), HasSubstr("adam8_m_codes"));
+  EXPECT_THAT(quantized.status.message(), HasSubstr("parallel.world_size 2"));
+
   const JobSpec job = Job(2, 3, "ckpt");
   ASSERT_TRUE(Run(job, 5).status.ok());
-  JobSpec one = Job(1, 0, "ckpt");
-  const Outcome refused = Run(one, 10, job.checkpoint().dir());
-  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
-  EXPECT_THAT(refused.status.message(), HasSubstr("written by 2 ranks at ZeRO stage 3"));
-  EXPECT_THAT(refused.status.message(), HasSubstr("1 ranks at stage 0"));
+  JobSpec smaller_batch = Job(1, 0, "ckpt");  // 1 × 2 sequences instead of 2 × 2
+  const Outcome batch = Run(smaller_batch, 10, job.checkpoint().dir());
+  EXPECT_EQ(batch.status.code(), absl::StatusCode::kFailedPrecondition) << batch.status;
+  EXPECT_THAT(batch.status.message(), HasSubstr("global batch of 4 sequences"));
+  JobSpec wider = Job(2, 3, "ckpt");
+  wider.mutable_model()->set_d_model(64);
+  const Outcome model = Run(wider, 10, job.checkpoint().dir());
+  EXPECT_EQ(model.status.code(), absl::StatusCode::kFailedPrecondition) << model.status;
+  EXPECT_THAT(model.status.message(), HasSubstr("another model configuration"));
 }
 
 }  // namespace
