@@ -77,18 +77,19 @@ TEST_P(MemoryAccountingTest, ArenasEqualThePlan) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configurations, MemoryAccountingTest,
-    ::testing::Values(
-        Config{"Fp32NoneAdamW", PrecisionConfig::FP32, MemoryConfig::NONE, OptimizerConfig::ADAMW},
-        Config{"Bf16FullAdamW8bit", PrecisionConfig::BF16, MemoryConfig::FULL,
-               OptimizerConfig::ADAMW_8BIT},
-        Config{"Bf16SelectiveAdafactor", PrecisionConfig::BF16, MemoryConfig::SELECTIVE,
-               OptimizerConfig::ADAFACTOR},
-        Config{"Fp16EveryKAdamW", PrecisionConfig::FP16, MemoryConfig::EVERY_K,
-               OptimizerConfig::ADAMW},
-        Config{"Fp32FullSgd", PrecisionConfig::FP32, MemoryConfig::FULL, OptimizerConfig::SGD}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Configurations, MemoryAccountingTest,
+                         ::testing::Values(Config{"Fp32NoneAdamW", PrecisionConfig::FP32,
+                                                  MemoryConfig::NONE, OptimizerConfig::ADAMW},
+                                           Config{"Bf16FullAdamW8bit", PrecisionConfig::BF16,
+                                                  MemoryConfig::FULL, OptimizerConfig::ADAMW_8BIT},
+                                           Config{"Bf16SelectiveAdafactor", PrecisionConfig::BF16,
+                                                  MemoryConfig::SELECTIVE,
+                                                  OptimizerConfig::ADAFACTOR},
+                                           Config{"Fp16EveryKAdamW", PrecisionConfig::FP16,
+                                                  MemoryConfig::EVERY_K, OptimizerConfig::ADAMW},
+                                           Config{"Fp32FullSgd", PrecisionConfig::FP32,
+                                                  MemoryConfig::FULL, OptimizerConfig::SGD}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace zt

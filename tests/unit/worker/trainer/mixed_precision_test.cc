@@ -59,7 +59,8 @@ class MixedPrecisionTest : public ::testing::Test {
 };
 
 TEST_F(MixedPrecisionTest, PlanHoldsSixteenBitParametersAndFp32Masters) {
-  const zerotrain::JobSpec job = ValidatedJob(Job(PrecisionConfig::BF16, PrecisionConfig::BF16)).value();
+  const zerotrain::JobSpec job =
+      ValidatedJob(Job(PrecisionConfig::BF16, PrecisionConfig::BF16)).value();
   auto trainer = Trainer::Create(job, {}).value();
   const Tensor params = trainer->arenas().Get("block.0.params").value();
   const Tensor master = trainer->arenas().Get("block.0.master").value();

@@ -28,8 +28,8 @@ inline std::vector<int32_t> PatternTokens() {
   std::mt19937 rng(3);
   std::vector<int32_t> tokens(20000);
   for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = rng() % 8 == 0 ? static_cast<int32_t>(rng() % 32)
-                               : static_cast<int32_t>((i * 7) % 32);
+    tokens[i] =
+        rng() % 8 == 0 ? static_cast<int32_t>(rng() % 32) : static_cast<int32_t>((i * 7) % 32);
   }
   return tokens;
 }

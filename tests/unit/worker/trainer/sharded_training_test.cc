@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
@@ -39,29 +40,9 @@ class ShardedTrainingTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // A small GPT-2 whose units do not divide evenly into shards: the head (64 elements) lies
-  // wholly in rank 0's shard at N = 4, so other ranks own empty ranges of it.
   JobSpec Job(int world, int stage, int micro_batch, int accum = 1) {
-    JobSpec job;
-    auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::GPT2);
-    m->set_n_layer(2);
-    m->set_n_head(4);
-    m->set_d_model(32);
-    m->set_vocab_size(32);
-    m->set_max_seq_len(16);
-    job.mutable_data()->add_train((dir_ / "train.bin").string());
-    job.mutable_data()->set_seq_len(16);
-    job.mutable_train()->set_micro_batch_size(micro_batch);
-    job.mutable_train()->set_grad_accum_steps(accum);
-    job.mutable_train()->set_max_steps(20);
-    job.mutable_optimizer()->set_lr(3e-3f);
-    job.mutable_optimizer()->set_grad_clip(1.0f);
-    job.mutable_resources()->set_cpu_threads(1);
-    job.mutable_parallel()->set_world_size(world);
-    job.mutable_parallel()->set_zero_stage(stage);
-    job.mutable_parallel()->set_comm_timeout_s(60);
-    return job;
+    return testing::SmallShardedJob((dir_ / "train.bin").string(), world, stage, micro_batch,
+                                    accum);
   }
 
   static RunResult Train(const JobSpec& spec, int steps = 20) {
