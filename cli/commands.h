@@ -50,6 +50,17 @@ struct EstimateFlags {
 };
 absl::Status RunEstimate(const EstimateFlags& flags);
 
+struct ExportFlags {
+  // A checkpoint.dir (its `latest` step is exported) or one step directory.
+  std::string checkpoint;
+  std::string format = "hf";
+  std::string out;
+  std::string dtype = "fp32";
+  int64_t max_shard_bytes = 5'000'000'000;  // transformers' default "5GB"
+  bool quiet = false;
+};
+absl::Status RunExport(const ExportFlags& flags);
+
 // 2 for errors in the user's input (InvalidArgument, NotFound, PermissionDenied,
 // FailedPrecondition, OutOfRange, DataLoss), 1 otherwise.
 int ExitCodeFor(const absl::Status& status);

@@ -2,6 +2,7 @@
 //   zt train JOBFILE     train a job in this process
 //   zt prepare ...       turn text files into token shards
 //   zt estimate JOBFILE  where a rank's memory goes, from the memory plan
+//   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
 // Exit codes: 0 success; 1 the run failed; 2 the input (command line, job file, data) is
 // wrong — a batch script can tell "fix the job" from "retry".
 #include <csignal>
@@ -80,6 +81,21 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 3));
   estimate_cmd->add_flag("--json", estimate.json, "One JSON object (per_rank: bytes by category)");
 
+  zt::cli::ExportFlags export_flags;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a checkpoint as a Hugging Face model directory, tensor by tensor");
+  export_cmd
+      ->add_option("checkpoint", export_flags.checkpoint,
+                   "A checkpoint.dir (its latest step) or one step directory")
+      ->required();
+  export_cmd->add_option("--format", export_flags.format, "hf (default)");
+  export_cmd->add_option("--out", export_flags.out, "Output directory")->required();
+  export_cmd->add_option("--dtype", export_flags.dtype, "fp32 (default), bf16 or fp16");
+  export_cmd->add_option("--max-shard-bytes", export_flags.max_shard_bytes,
+                         "Split the weights into files of at most this many bytes "
+                         "(default 5000000000)");
+  export_cmd->add_flag("--quiet", export_flags.quiet, "No summary line");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -91,6 +107,7 @@ int main(int argc, char** argv) {
   if (*train_cmd) status = zt::cli::RunTrain(train);
   if (*prepare_cmd) status = zt::cli::RunPrepare(prepare);
   if (*estimate_cmd) status = zt::cli::RunEstimate(estimate);
+  if (*export_cmd) status = zt::cli::RunExport(export_flags);
   if (!status.ok()) {
     std::cerr << "zt: " << status.message() << "\n";
     return zt::cli::ExitCodeFor(status);

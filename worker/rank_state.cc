@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/elementwise.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/model/param_layout.h"
@@ -14,13 +16,20 @@ namespace zt {
 std::vector<const BufferSpec*> CheckpointedBuffers(const MemoryPlan& plan) {
   std::vector<const BufferSpec*> out;
   for (const BufferSpec& b : plan.buffers) {
-    const bool params = b.category == MemoryCategory::kParameters && b.name.ends_with(".params");
-    if (params || b.category == MemoryCategory::kOptimizerState) out.push_back(&b);
+    if (IsCheckpointed(b)) out.push_back(&b);
   }
   return out;
 }
 
 absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas) {
+  return WriteRankState(path, plan, [&](const BufferSpec& b) -> absl::StatusOr<const void*> {
+    ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(b.name));
+    return static_cast<const void*>(t.raw());
+  });
+}
+
+absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan,
+                            const BufferSource& source) {
   const std::vector<const BufferSpec*> buffers = CheckpointedBuffers(plan);
   std::vector<SafetensorsTensorSpec> specs;
   for (const BufferSpec* b : buffers) {
@@ -29,10 +38,10 @@ absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, con
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
                       SafetensorsWriter::Create(path, std::move(specs)));
   for (const BufferSpec* b : buffers) {
-    ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(b->name));
+    ZT_ASSIGN_OR_RETURN(const void* data, source(*b));
     ZT_RETURN_IF_ERROR(
-        writer->Write(b->name, absl::Span<const uint8_t>(static_cast<const uint8_t*>(t.raw()),
-                                                         static_cast<size_t>(t.size_bytes()))));
+        writer->Write(b->name, absl::Span<const uint8_t>(static_cast<const uint8_t*>(data),
+                                                         static_cast<size_t>(b->bytes()))));
   }
   return writer->Finish();
 }
@@ -93,6 +102,53 @@ UnitSegment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout&
 }
 
 }  // namespace
+
+absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
+                           const std::function<std::string(int)>& rank_file, int unit,
+                           const std::string& role, int64_t begin, int64_t end, float* out) {
+  const ModelLayout layout = BuildModelLayout(saved_job.model());
+  if (unit < 0 || unit >= static_cast<int>(layout.units.size()) || begin < 0 || begin > end ||
+      end > layout.units[unit].numel || (role != "master" && role != "params")) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadUnitRange: unit ", unit, " role '", role,
+                                                   "' range [", begin, ", ", end,
+                                                   ") is outside the model"));
+  }
+  const std::string name = absl::StrCat(layout.units[unit].name, ".", role);
+  int64_t covered = begin;
+  for (int r = 0; r < saved_job.parallel().world_size() && covered < end; ++r) {
+    const UnitSegment have = SegmentOf(saved_job, r, layout.units[unit], role);
+    const int64_t lo = std::max(covered, have.begin), hi = std::min(end, have.end);
+    if (lo >= hi) continue;
+    ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(rank_file(r)));
+    const SafetensorsTensorInfo* info = file->Find(name);
+    if (info == nullptr) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint file '", file->path(), "' has no buffer ", name));
+    }
+    // The weights are stored as f32 (master, or fp32 parameters) or the 16-bit parameters.
+    std::optional<DType> dtype;
+    for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+      if (ToStDType(d) == info->dtype) dtype = d;
+    }
+    if (!dtype || DTypeSize(*dtype) * (hi - have.begin) > info->nbytes()) {
+      return absl::DataLossError(absl::StrCat("checkpoint file '", file->path(), "': buffer ", name,
+                                              " is shorter than its layout says"));
+    }
+    const absl::Span<const uint8_t> bytes = file->Bytes(*info);
+    // The bytes are unaligned in general: view them through a copy of the overlap.
+    std::vector<uint8_t> raw(bytes.begin() + (lo - have.begin) * DTypeSize(*dtype),
+                             bytes.begin() + (hi - have.begin) * DTypeSize(*dtype));
+    const Tensor src(raw.data(), *dtype, {hi - lo});
+    const Tensor dst(out + (lo - begin), DType::kF32, {hi - lo});
+    ZT_RETURN_IF_ERROR(Cast(CpuContext(1), src, dst));
+    covered = hi;
+  }
+  if (covered < end) {
+    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds elements [", covered,
+                                            ", ", end, ") of ", name));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const std::function<std::string(int)>& rank_file,

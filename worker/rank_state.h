@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/job.pb.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
@@ -32,6 +33,10 @@ std::vector<const BufferSpec*> CheckpointedBuffers(const MemoryPlan& plan);
 
 // Writes those buffers from `arenas` to `path` (safetensors, synced).
 absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas);
+// The same from wherever `source` says each buffer's bytes are (a staging copy).
+using BufferSource = std::function<absl::StatusOr<const void*>(const BufferSpec&)>;
+absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan,
+                            const BufferSource& source);
 
 // Reads them back from `path`. FailedPrecondition naming the file and the first buffer that
 // is missing or has another dtype or size (the checkpoint was written for another layout).
@@ -41,6 +46,14 @@ absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, cons
 // written by `saved_job` — the same model, precision and optimizer on another parallel layout.
 // `rank_file(r)` is the path of saved rank r's file. FailedPrecondition naming the buffer when
 // a state cannot be resharded (8-bit AdamW, Adafactor) or the dtypes differ.
+// Elements [begin, end) of unit `unit`'s `role` ("master" or "params"; the fp32 weights are
+// "master" when the job keeps master weights) as a checkpoint written by `saved_job` holds
+// them, converted to f32 into out[0, end − begin): read from each saved rank whose range
+// overlaps, touching only those bytes. For streaming exports: one tensor at a time.
+absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
+                           const std::function<std::string(int)>& rank_file, int unit,
+                           const std::string& role, int64_t begin, int64_t end, float* out);
+
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const std::function<std::string(int)>& rank_file,
                               const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/json_util.h"
@@ -15,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint_writer.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/rank_state.h"
 
@@ -115,6 +117,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   }
 
   if (!options.resume_dir.empty()) ZT_RETURN_IF_ERROR(t->Resume());
+  if (!job.checkpoint().dir().empty()) {
+    t->checkpoint_writer_.emplace(job, rank, store, t->plan_, *t->arenas_,
+                                  /*replace_existing=*/!options.resume_dir.empty());
+  }
   // A run that is not continuing the checkpoints in checkpoint.dir must not interleave its
   // saves with them (its `latest` would hide theirs, and pruning would delete them).
   if (const std::string& dir = job.checkpoint().dir();
@@ -243,46 +249,9 @@ std::string ProtoJson(const google::protobuf::Message& m) {
 }  // namespace
 
 absl::Status Trainer::SaveCheckpoint() {
-  const std::string& dir = job_.checkpoint().dir();
-  const int rank = options_.rank, ranks = job_.parallel().world_size();
-  const absl::Duration timeout = absl::Seconds(job_.parallel().comm_timeout_s());
-  // Rank 0 opens the save and tells the others where its temporary directory is.
-  const std::string key = absl::StrCat("checkpoint/", step_, "/path");
-  std::unique_ptr<CheckpointSave> save;
-  std::string path;
-  if (rank == 0) {
-    // A resumed run may meet saves of its abandoned future (from after the checkpoint it
-    // resumed from): its own replace them, atomically.
-    absl::StatusOr<std::unique_ptr<CheckpointSave>> begun =
-        BeginSave(dir, step_, {.overwrite = !options_.resume_dir.empty()});
-    ZT_RETURN_IF_ERROR(store_->Set(key, begun.ok()
-                                            ? "ok:" + (*begun)->current_path()
-                                            : absl::StrCat("error:", begun.status().message())));
-    if (!begun.ok()) return begun.status();
-    save = std::move(*begun);
-    path = save->current_path();
-  } else {
-    ZT_RETURN_IF_ERROR(store_->Wait({key}, timeout));
-    ZT_ASSIGN_OR_RETURN(std::string value, store_->Get(key));
-    if (value.starts_with("error:")) {
-      return absl::AbortedError(absl::StrCat("checkpoint of step ", step_,
-                                             ": rank 0 could not start it: ", value.substr(6)));
-    }
-    path = value.substr(3);
-  }
-  const std::string name = absl::StrFormat("rank-%05d.safetensors", rank);
-  ZT_RETURN_IF_ERROR(
-      WriteRankState((std::filesystem::path(path) / name).string(), plan_, *arenas_));
-  ZT_ASSIGN_OR_RETURN(CommHandle written,
-                      comms_.world->Barrier(absl::StrCat("checkpoint ", step_, " written")));
-  ZT_RETURN_IF_ERROR(written.Wait());
-  if (rank != 0) return absl::OkStatus();
-  for (int r = 0; r < ranks; ++r) {
-    ZT_RETURN_IF_ERROR(save->AdoptFile(absl::StrFormat("rank-%05d.safetensors", r)));
-  }
   nlohmann::json state = {{"step", step_},
                           {"optimizer_steps", optimizer_->steps_taken()},
-                          {"world_size", ranks},
+                          {"world_size", job_.parallel().world_size()},
                           {"zero_stage", job_.parallel().zero_stage()},
                           {"shard_group_size", job_.parallel().shard_group_size()},
                           {"global_batch_sequences", GlobalBatchSequences(job_)},
@@ -297,8 +266,18 @@ absl::Status Trainer::SaveCheckpoint() {
                             {"overflows_at_min_scale", ls.overflows_at_min_scale},
                             {"skipped_steps", ls.skipped_steps}};
   }
-  ZT_RETURN_IF_ERROR(save->Commit(state));
-  return Prune(dir, job_.checkpoint().keep_last());
+  return SaveOutcome(checkpoint_writer_->Save(step_, std::move(state)));
+}
+
+absl::Status Trainer::SaveOutcome(absl::Status saved) {
+  if (saved.ok()) return saved;
+  if (job_.checkpoint().on_save_error() == zerotrain::CheckpointConfig::CONTINUE) {
+    // The previous checkpoint is intact; the next save tries again.
+    std::fprintf(stderr, "zt: rank %d: checkpoint failed, training goes on: %s\n", options_.rank,
+                 std::string(saved.message()).c_str());
+    return absl::OkStatus();
+  }
+  return saved;
 }
 
 absl::Status Trainer::Resume() {
@@ -496,6 +475,10 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
                            : train.max_steps();
   const auto start = Clock::now();
   const int64_t first = step_;
+  // An asynchronous save still writing when the loop ends (or fails) is waited for.
+  absl::Cleanup finish_save = [&] {
+    if (checkpoint_writer_) checkpoint_writer_->Finish().IgnoreError();
+  };
   while (step_ < last) {
     ZT_ASSIGN_OR_RETURN(StepRecord r, Step());
     const bool eval_due = val_sampler_ && train.eval_interval() > 0 &&
@@ -522,7 +505,8 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
     }
     if (on_step) on_step(r);
   }
-  return absl::OkStatus();
+  std::move(finish_save).Cancel();
+  return checkpoint_writer_ ? SaveOutcome(checkpoint_writer_->Finish()) : absl::OkStatus();
 }
 
 }  // namespace zt

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
 #include "proto/job.pb.h"
+#include "worker/checkpoint_writer.h"
 #include "worker/comm/store.h"
 #include "worker/data/sampler.h"
 #include "worker/data/token_stream.h"
@@ -123,9 +124,10 @@ class Trainer {
   absl::Status WriteMemoryReport(const std::string& path) const;
   // Sets the weights from the initialisation or the imported checkpoint: each rank its ranges.
   absl::Status InitializeWeights();
-  // Saves the step just taken into checkpoint.dir (a collective: rank 0 opens the save and
-  // commits it once every rank has written its file; docs/formats.md).
+  // Saves the step just taken into checkpoint.dir (every rank takes part; worker/
+  // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
   absl::Status SaveCheckpoint();
+  absl::Status SaveOutcome(absl::Status saved);
   // Restores the state options_.resume_dir's checkpoint holds (each rank its own file).
   absl::Status Resume();
 
@@ -140,6 +142,8 @@ class Trainer {
   Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)
   RankCommunicators comms_;
   std::unique_ptr<ShardingEngine> engine_;
+  // Last: destroyed first, so a background save stops before the arenas it reads go.
+  std::optional<CheckpointWriter> checkpoint_writer_;
   std::optional<LossScaler> loss_scaler_;
   std::optional<TokenStream> train_data_, val_data_;
   std::optional<Sampler> train_sampler_, val_sampler_;

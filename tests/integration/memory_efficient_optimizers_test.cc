@@ -22,8 +22,8 @@ class MemoryEfficientOptimizersTest : public ::testing::Test {
   static void SetUpTestSuite() {
     namespace fs = std::filesystem;
     if (!fs::is_directory(kCorpusDir)) return;
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("zt-optimizers-" + std::to_string(::getpid())));
+    dir_ =
+        new fs::path(fs::temp_directory_path() / ("zt-optimizers-" + std::to_string(::getpid())));
     fs::create_directories(*dir_);
     std::vector<std::string> inputs;
     for (const auto& e : fs::directory_iterator(kCorpusDir)) {

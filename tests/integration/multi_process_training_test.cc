@@ -25,104 +25,21 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/zt_process.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/data/token_shard.h"
-
-extern char** environ;
 
 namespace zt {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::AnyOf;
+using testing::Clock;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
-using Clock = std::chrono::steady_clock;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// A `zt` child process writing stdout and stderr to a log file. Unlike popen, it exposes the
-// pid, so a test can wait with a deadline and kill it. The destructor kills and reaps a child
-// that is still running, so a failed assertion never leaves a training process behind.
-class ZtProcess {
- public:
-  ZtProcess(const std::vector<std::string>& args, std::string log_path)
-      : log_path_(std::move(log_path)) {
-    std::vector<std::string> argv_storage = {std::string(ZT_BINARY_DIR) + "/bin/zt"};
-    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : argv_storage) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path_.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    if (::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~ZtProcess() {
-    if (pid_ > 0 && !exit_code_) Kill();
-  }
-  ZtProcess(const ZtProcess&) = delete;
-  ZtProcess& operator=(const ZtProcess&) = delete;
-
-  bool started() const { return pid_ > 0; }
-
-  // The exit code (128 + signal number when a signal ended it) once the child has ended, or
-  // nullopt when it is still running at `deadline`.
-  std::optional<int> WaitUntil(Clock::time_point deadline) {
-    while (!exit_code_) {
-      int status = 0;
-      const pid_t done = ::waitpid(pid_, &status, WNOHANG);
-      if (done == pid_) {
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      } else if (done < 0 || Clock::now() >= deadline) {
-        break;
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    return exit_code_;
-  }
-
-  std::optional<int> Poll() { return WaitUntil(Clock::now()); }
-
-  // 0, or the errno of kill(2).
-  int Signal(int signal) { return ::kill(pid_, signal) == 0 ? 0 : errno; }
-
-  // SIGKILL, then reap.
-  void Kill() {
-    if (exit_code_) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    if (::waitpid(pid_, &status, 0) == pid_) {
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-  }
-
-  std::string Output() const { return ReadText(log_path_); }
-
- private:
-  std::string log_path_;
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
-};
-
-// Runs `zt args` to completion; {exit code, output}.
-std::pair<int, std::string> RunZt(const std::vector<std::string>& args,
-                                  const std::string& log_path) {
-  ZtProcess p(args, log_path);
-  if (!p.started()) return {-1, "posix_spawn of zt failed"};
-  // Generous: the longest run here is a few seconds; this only stops a hang from stalling CI.
-  const std::optional<int> code = p.WaitUntil(Clock::now() + std::chrono::seconds(300));
-  return {code.value_or(-1), p.Output()};
-}
+using testing::ReadText;
+using testing::RunZt;
+using testing::ZtProcess;
 
 // One line of metrics.jsonl, the fields that must not depend on how ranks map onto processes.
 struct StepMetrics {

@@ -70,10 +70,11 @@ TEST_P(ReferenceModelTest, ValidationLossMatchesFloat64PyTorch) {
       << ", eval_interval: " << steps << ", eval_steps: " << eval_batches << "}\n"
       << "optimizer: {lr: 0.01}\n";
   int rc = -1;
-  std::string out = RunCommand(std::string(ZT_BINARY_DIR) + "/bin/zt train " + (dir / "job.yaml").string() +
-                            " --quiet --run-dir " + (dir / "run").string() + " --export " +
-                            (dir / "model.safetensors").string(),
-                        &rc);
+  std::string out =
+      RunCommand(std::string(ZT_BINARY_DIR) + "/bin/zt train " + (dir / "job.yaml").string() +
+                     " --quiet --run-dir " + (dir / "run").string() + " --export " +
+                     (dir / "model.safetensors").string(),
+                 &rc);
   ASSERT_EQ(rc, 0) << out;
   double ours = 0;
   {
@@ -82,21 +83,15 @@ TEST_P(ReferenceModelTest, ValidationLossMatchesFloat64PyTorch) {
     while (std::getline(metrics, line)) last = line;
     ours = nlohmann::json::parse(last).at("val_loss").get<double>();
   }
-  std::ofstream(dir / "config.json") << nlohmann::json{{"family", c.family},
-                                                       {"n_layer", 2},
-                                                       {"n_head", 4},
-                                                       {"n_kv_head", c.n_kv_head},
-                                                       {"d_model", 32},
-                                                       {"eps", 1e-5},
-                                                       {"rope_theta", 10000.0},
-                                                       {"batch", B},
-                                                       {"seq_len", T},
-                                                       {"batches", eval_batches}}
-                                                           .dump();
-  out = RunCommand("/usr/bin/python3 " + std::string(ZT_SOURCE_DIR) + "/tests/reference/hf_model_loss.py " +
-                (dir / "config.json").string() + " " + (dir / "model.safetensors").string() + " " +
-                (dir / "val.bin").string(),
-            &rc);
+  std::ofstream(dir / "config.json") << nlohmann::json{
+      {"family", c.family},       {"n_layer", 2},  {"n_head", 4},
+      {"n_kv_head", c.n_kv_head}, {"d_model", 32}, {"eps", 1e-5},
+      {"rope_theta", 10000.0},    {"batch", B},    {"seq_len", T},
+      {"batches", eval_batches}}.dump();
+  out = RunCommand("/usr/bin/python3 " + std::string(ZT_SOURCE_DIR) +
+                       "/tests/reference/hf_model_loss.py " + (dir / "config.json").string() + " " +
+                       (dir / "model.safetensors").string() + " " + (dir / "val.bin").string(),
+                   &rc);
   ASSERT_EQ(rc, 0) << out;
   const auto losses = nlohmann::json::parse(out.substr(out.find('{'))).at("losses");
   double reference = 0;

@@ -11,6 +11,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/scratch_dir_test.h"
+#include "tests/integration/zt_process.h"
 #include "worker/data/token_shard.h"
 
 namespace zt {
@@ -19,46 +21,15 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using testing::RunResult;
 
-RunResult RunZt(const std::string& args) {
-  const std::string cmd = std::string(ZT_BINARY_DIR) + "/bin/zt " + args + " 2>&1";
-  RunResult r;
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+RunResult RunZt(const std::string& args) { return testing::RunZtCommand(args); }
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string ReadBytes(const std::string& path) { return testing::ReadText(path); }
 
-class ZtCliTest : public ::testing::Test {
+class ZtCliTest : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("zt-cli-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-    std::vector<int32_t> tokens(5000);
-    std::mt19937 rng(1);
-    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 64);
-    ASSERT_TRUE(WriteTokenShard(Path("train.bin"), tokens, 64).ok());
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  ZtCliTest() : ScratchDirTest("zt-cli-test") {}
 
   // A valid tiny job; `extra` lines are appended (YAML), `model_extra` into the model map.
   std::string WriteJob(const std::string& name, const std::string& model_extra = "",
@@ -87,8 +58,6 @@ class ZtCliTest : public ::testing::Test {
     text.replace(text.find(from), from.size(), to);
     std::ofstream(path) << text;
   }
-
-  std::filesystem::path dir_;
 };
 
 TEST_F(ZtCliTest, TrainsAValidJob) {
@@ -161,14 +130,13 @@ TEST_F(ZtCliTest, MissingJobFileIsNamed) {
 
 TEST_F(ZtCliTest, ExportThenImportRoundTripsBitForBit) {
   for (const std::string family : {"GPT2", "LLAMA"}) {
-    const std::string model_extra =
-        family == "LLAMA" ? "  n_kv_head: 1\n" : "";
+    const std::string model_extra = family == "LLAMA" ? "  n_kv_head: 1\n" : "";
     const std::string job = WriteJob("a.yaml", model_extra);
     Edit(job, "GPT2", family);
     RunResult r = RunZt("train " + job + " --quiet --export " + Path("a.safetensors"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const std::string job2 = WriteJob("b.yaml", model_extra + "  init_from: " +
-                                                    Path("a.safetensors") + "\n");
+    const std::string job2 =
+        WriteJob("b.yaml", model_extra + "  init_from: " + Path("a.safetensors") + "\n");
     Edit(job2, "GPT2", family);
     r = RunZt("train " + job2 + " --quiet --steps 0 --export " + Path("b.safetensors"));
     ASSERT_EQ(r.exit_code, 0) << r.output;

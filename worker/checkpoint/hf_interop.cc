@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
@@ -22,18 +25,6 @@ using zerotrain::ModelConfig;
 
 constexpr std::string_view kGpt2Prefix = "transformer.";
 const std::string kGpt2PrefixStr(kGpt2Prefix);
-
-// One Hugging Face tensor and where it lives in ZeroTrain's buffers: rows
-// [row_offset, row_offset + out) of a unit parameter viewed as (rows, cols), where the HF tensor
-// is (out, cols), or (cols, out) when `transpose` (GPT-2 Conv1D). 1-D tensors are (n, 1).
-struct HfTensor {
-  std::string name;  // as written (GPT-2: with "transformer.")
-  std::vector<int64_t> shape;
-  int unit = 0;
-  const ParamSpec* param = nullptr;
-  int64_t row_offset = 0;
-  bool transpose = false;
-};
 
 int64_t Rows(const ParamSpec& p) { return p.shape.empty() ? 1 : p.shape[0]; }
 int64_t Cols(const ParamSpec& p) { return p.shape.size() < 2 ? 1 : p.numel / p.shape[0]; }
@@ -96,7 +87,18 @@ class TableBuilder {
   std::vector<std::string> problems_;
 };
 
-absl::StatusOr<std::vector<HfTensor>> BuildTable(const ModelConfig& m, const ModelLayout& layout) {
+}  // namespace
+
+int64_t HfTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t HfTensor::unit_begin() const { return param->offset + row_offset * Cols(*param); }
+
+absl::StatusOr<std::vector<HfTensor>> HuggingFaceTensors(const ModelConfig& m,
+                                                         const ModelLayout& layout) {
   const bool gpt2 = m.family() == ModelConfig::GPT2;
   if (!gpt2 && m.family() != ModelConfig::LLAMA) {
     return absl::InvalidArgumentError(
@@ -165,6 +167,8 @@ absl::StatusOr<std::vector<HfTensor>> BuildTable(const ModelConfig& m, const Mod
   return t.Build();
 }
 
+namespace {
+
 template <typename T>
 absl::Status CheckBuffers(const ModelLayout& layout, const std::vector<T*>& bufs) {
   if (bufs.size() != layout.units.size()) {
@@ -181,9 +185,6 @@ absl::Status CheckBuffers(const ModelLayout& layout, const std::vector<T*>& bufs
   return absl::OkStatus();
 }
 
-// The first element of the unit parameter that an HF tensor starts at.
-int64_t DestOffset(const HfTensor& t) { return t.param->offset + t.row_offset * Cols(*t.param); }
-
 bool IsFloat(StDType d) { return d == StDType::kF32 || d == StDType::kF16 || d == StDType::kBF16; }
 
 float ElementAsF32(const uint8_t* data, StDType dtype, int64_t i) {
@@ -197,15 +198,21 @@ float ElementAsF32(const uint8_t* data, StDType dtype, int64_t i) {
   return dtype == StDType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
 }
 
+// One tensor of the file(s) an import reads.
+struct SourceTensor {
+  const SafetensorsFile* file = nullptr;
+  const SafetensorsTensorInfo* info = nullptr;
+};
+
 // Index of the first element where two float tensors of equal numel differ as f32 bit
 // patterns, or nullopt when they are equal.
-std::optional<int64_t> FirstDifference(const SafetensorsFile& file, const SafetensorsTensorInfo& a,
-                                       const SafetensorsTensorInfo& b) {
-  const uint8_t* pa = file.Bytes(a).data();
-  const uint8_t* pb = file.Bytes(b).data();
-  const int64_t n = a.numel();
+std::optional<int64_t> FirstDifference(const SourceTensor& a, const SourceTensor& b) {
+  const uint8_t* pa = a.file->Bytes(*a.info).data();
+  const uint8_t* pb = b.file->Bytes(*b.info).data();
+  const int64_t n = a.info->numel();
   for (int64_t i = 0; i < n; ++i) {
-    if (FloatBits(ElementAsF32(pa, a.dtype, i)) != FloatBits(ElementAsF32(pb, b.dtype, i))) {
+    if (FloatBits(ElementAsF32(pa, a.info->dtype, i)) !=
+        FloatBits(ElementAsF32(pb, b.info->dtype, i))) {
       return i;
     }
   }
@@ -241,13 +248,149 @@ void TransposeInto(const float* src, int64_t rows, int64_t cols, float* dst) {
   }
 }
 
+// The safetensors files of `path`: the file itself, or a Hugging Face model directory's
+// model.safetensors or index shards (see the header).
+absl::StatusOr<std::vector<std::unique_ptr<SafetensorsFile>>> OpenWeights(const std::string& path) {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    ZT_ASSIGN_OR_RETURN(files.emplace_back(), SafetensorsFile::Open(path));
+    return files;
+  }
+  const std::filesystem::path dir(path);
+  if (std::filesystem::exists(dir / kHfWeightsName, ec)) {
+    ZT_ASSIGN_OR_RETURN(files.emplace_back(), SafetensorsFile::Open(dir / kHfWeightsName));
+    return files;
+  }
+  const std::string index_path = (dir / kHfIndexName).string();
+  if (!std::filesystem::exists(index_path, ec)) {
+    return absl::NotFoundError(absl::StrCat(path, ": a Hugging Face model directory needs ",
+                                            kHfWeightsName, " or ", kHfIndexName,
+                                            "; it has neither"));
+  }
+  std::ifstream in(index_path);
+  const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return absl::DataLossError(
+        absl::StrCat(index_path, ": not a JSON object with a \"weight_map\" object"));
+  }
+  // name -> file, as the index says, and the files in name order.
+  std::map<std::string, std::string> weight_map;
+  std::map<std::string, size_t> file_index;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    const std::string f = file.is_string() ? file.get<std::string>() : std::string();
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos) {
+      return absl::DataLossError(absl::StrCat(index_path, ": weight_map[\"", name,
+                                              "\"] must name a file of the directory, not ",
+                                              file.dump()));
+    }
+    weight_map.emplace(name, f);
+    file_index.emplace(f, 0);
+  }
+  for (auto& [f, i] : file_index) {
+    i = files.size();
+    ZT_ASSIGN_OR_RETURN(files.emplace_back(), SafetensorsFile::Open(dir / f));
+  }
+  for (const auto& [f, i] : file_index) {
+    for (const SafetensorsTensorInfo& t : files[i]->tensors()) {
+      const auto it = weight_map.find(t.name);
+      if (it == weight_map.end() || it->second != f) {
+        return absl::DataLossError(absl::StrCat(
+            index_path, ": shard ", f, " holds tensor \"", t.name, "\", which the index ",
+            it == weight_map.end() ? "does not list" : absl::StrCat("maps to ", it->second)));
+      }
+    }
+  }
+  for (const auto& [name, f] : weight_map) {
+    if (files[file_index[f]]->Find(name) == nullptr) {
+      return absl::DataLossError(absl::StrCat(index_path, ": maps tensor \"", name, "\" to ", f,
+                                              ", which does not hold it"));
+    }
+  }
+  return files;
+}
+
 }  // namespace
+
+absl::Span<const float> HfOrder(const HfTensor& t, absl::Span<const float> unit_range,
+                                std::vector<float>* scratch) {
+  if (!t.transpose) return unit_range;
+  // reserve() first: resize() alone may grow the capacity past the tensor.
+  scratch->reserve(unit_range.size());
+  scratch->resize(unit_range.size());
+  // Ours is (out, in) = (shape[1], shape[0]); HF wants (in, out).
+  TransposeInto(unit_range.data(), t.shape[1], t.shape[0], scratch->data());
+  return *scratch;
+}
+
+std::string HfShardName(int index, int count) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", index, count);
+}
+
+namespace {
+
+// The shortest decimal that reads back as `f`, as a double: 1e-5f gives 1e-05, not the
+// 9.99999974738e-06 a plain widening would put into config.json.
+double ShortestDouble(float f) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, f);
+  double d = f;
+  std::from_chars(buf, end, d);
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> HuggingFaceConfig(const ModelConfig& m, DType dtype) {
+  const char* torch_dtype = dtype == DType::kF32    ? "float32"
+                            : dtype == DType::kBF16 ? "bfloat16"
+                            : dtype == DType::kF16  ? "float16"
+                                                    : nullptr;
+  if (torch_dtype == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("export dtype ", std::string(DTypeName(dtype)),
+                                                   " is not one of f32, f16, bf16"));
+  }
+  if (m.family() == ModelConfig::GPT2) {
+    return nlohmann::json{{"architectures", {"GPT2LMHeadModel"}},
+                          {"model_type", "gpt2"},
+                          {"vocab_size", m.vocab_size()},
+                          {"n_embd", m.d_model()},
+                          {"n_layer", m.n_layer()},
+                          {"n_head", m.n_head()},
+                          {"n_inner", m.d_ff()},
+                          {"n_positions", m.max_seq_len()},
+                          {"n_ctx", m.max_seq_len()},
+                          {"activation_function", "gelu_new"},
+                          {"layer_norm_epsilon", ShortestDouble(m.norm_eps())},
+                          {"tie_word_embeddings", m.tie_embeddings()},
+                          {"torch_dtype", torch_dtype}};
+  }
+  if (m.family() == ModelConfig::LLAMA) {
+    return nlohmann::json{{"architectures", {"LlamaForCausalLM"}},
+                          {"model_type", "llama"},
+                          {"vocab_size", m.vocab_size()},
+                          {"hidden_size", m.d_model()},
+                          {"intermediate_size", m.d_ff()},
+                          {"num_hidden_layers", m.n_layer()},
+                          {"num_attention_heads", m.n_head()},
+                          {"num_key_value_heads", m.n_kv_head()},
+                          {"max_position_embeddings", m.max_seq_len()},
+                          {"hidden_act", "silu"},
+                          {"rms_norm_eps", ShortestDouble(m.norm_eps())},
+                          {"rope_theta", ShortestDouble(m.rope_theta())},
+                          {"attention_bias", false},
+                          {"tie_word_embeddings", m.tie_embeddings()},
+                          {"torch_dtype", torch_dtype}};
+  }
+  return absl::InvalidArgumentError(
+      "model.family must be GPT2 or LLAMA for a Hugging Face config.json");
+}
 
 absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& config,
                                const ModelLayout& layout, const std::vector<float*>& unit_params) {
   ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params));
-  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, BuildTable(config, layout));
-  ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, HuggingFaceTensors(config, layout));
+  ZT_ASSIGN_OR_RETURN(const std::vector<std::unique_ptr<SafetensorsFile>> files, OpenWeights(path));
 
   std::unordered_map<std::string_view, size_t> by_name;
   for (size_t i = 0; i < table.size(); ++i) by_name.emplace(table[i].name, i);
@@ -256,9 +399,9 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
 
   // matched: the file tensor that names table entry i; source: the same once its shape and
   // dtype are right.
-  std::vector<const SafetensorsTensorInfo*> matched(table.size(), nullptr);
-  std::vector<const SafetensorsTensorInfo*> source(table.size(), nullptr);
-  const SafetensorsTensorInfo* tied_head = nullptr;
+  std::vector<SourceTensor> matched(table.size());
+  std::vector<SourceTensor> source(table.size());
+  SourceTensor tied_head;
   std::vector<std::string> problems;
   auto check_float = [&](const SafetensorsTensorInfo& t) {
     if (IsFloat(t.dtype)) return true;
@@ -266,53 +409,57 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
                                     "; expected F32, F16 or BF16"));
     return false;
   };
-  for (const SafetensorsTensorInfo& t : file->tensors()) {
-    if (IsSkippedBuffer(config, t.name)) continue;
-    auto it = by_name.find(t.name);
-    if (it == by_name.end() && gpt2 && !t.name.starts_with(kGpt2Prefix) &&
-        t.name != "lm_head.weight") {
-      it = by_name.find(kGpt2PrefixStr + t.name);
-    }
-    if (it == by_name.end()) {
-      if (config.tie_embeddings() && t.name == "lm_head.weight") {
-        if (t.shape != vc) {
-          problems.push_back(absl::StrCat("tensor \"lm_head.weight\" has shape ",
-                                          ShapeString(t.shape), "; expected ", ShapeString(vc)));
-        } else if (check_float(t)) {
-          tied_head = &t;
+  for (const std::unique_ptr<SafetensorsFile>& file : files) {
+    for (const SafetensorsTensorInfo& t : file->tensors()) {
+      if (IsSkippedBuffer(config, t.name)) continue;
+      auto it = by_name.find(t.name);
+      if (it == by_name.end() && gpt2 && !t.name.starts_with(kGpt2Prefix) &&
+          t.name != "lm_head.weight") {
+        it = by_name.find(kGpt2PrefixStr + t.name);
+      }
+      if (it == by_name.end()) {
+        if (config.tie_embeddings() && t.name == "lm_head.weight") {
+          if (t.shape != vc) {
+            problems.push_back(absl::StrCat("tensor \"lm_head.weight\" has shape ",
+                                            ShapeString(t.shape), "; expected ", ShapeString(vc)));
+          } else if (check_float(t)) {
+            tied_head = {file.get(), &t};
+          }
+          continue;
         }
+        problems.push_back(absl::StrCat("unknown tensor \"", t.name, "\" ", ShapeString(t.shape)));
         continue;
       }
-      problems.push_back(absl::StrCat("unknown tensor \"", t.name, "\" ", ShapeString(t.shape)));
-      continue;
+      const HfTensor& want = table[it->second];
+      if (matched[it->second].info != nullptr) {
+        problems.push_back(absl::StrCat("tensor \"", want.name, "\" is given twice (as \"",
+                                        matched[it->second].info->name, "\" and \"", t.name,
+                                        "\")"));
+        continue;
+      }
+      matched[it->second] = {file.get(), &t};
+      if (t.shape != want.shape) {
+        problems.push_back(absl::StrCat("tensor \"", t.name, "\" has shape ", ShapeString(t.shape),
+                                        "; expected ", ShapeString(want.shape)));
+        continue;
+      }
+      if (!check_float(t)) continue;
+      source[it->second] = {file.get(), &t};
     }
-    const HfTensor& want = table[it->second];
-    if (matched[it->second] != nullptr) {
-      problems.push_back(absl::StrCat("tensor \"", want.name, "\" is given twice (as \"",
-                                      matched[it->second]->name, "\" and \"", t.name, "\")"));
-      continue;
-    }
-    matched[it->second] = &t;
-    if (t.shape != want.shape) {
-      problems.push_back(absl::StrCat("tensor \"", t.name, "\" has shape ", ShapeString(t.shape),
-                                      "; expected ", ShapeString(want.shape)));
-      continue;
-    }
-    if (!check_float(t)) continue;
-    source[it->second] = &t;
   }
   for (size_t i = 0; i < table.size(); ++i) {
     // A tensor that was present with a wrong shape or dtype is already reported as such.
-    if (matched[i] == nullptr) {
+    if (matched[i].info == nullptr) {
       problems.push_back(absl::StrCat("missing tensor \"", table[i].name, "\" (expected shape ",
                                       ShapeString(table[i].shape), ")"));
     }
   }
   // Entry 0 is the token embedding in both families.
-  if (tied_head != nullptr && source[0] != nullptr) {
-    if (const std::optional<int64_t> k = FirstDifference(*file, *source[0], *tied_head)) {
+  if (tied_head.info != nullptr && source[0].info != nullptr) {
+    if (const std::optional<int64_t> k = FirstDifference(source[0], tied_head)) {
       problems.push_back(absl::StrCat(
-          "tensor \"lm_head.weight\" differs from \"", source[0]->name, "\" (first at element ", *k,
+          "tensor \"lm_head.weight\" differs from \"", source[0].info->name,
+          "\" (first at element ", *k,
           ") but model.tie_embeddings is true; untie the model to load a separate head"));
     }
   }
@@ -328,14 +475,15 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
   std::vector<float> scratch;
   for (size_t i = 0; i < table.size(); ++i) {
     const HfTensor& t = table[i];
-    float* dst = unit_params[t.unit] + DestOffset(t);
-    const int64_t n = source[i]->numel();
+    float* dst = unit_params[t.unit] + t.unit_begin();
+    const int64_t n = t.numel();
+    const SafetensorsFile& file = *source[i].file;
     if (!t.transpose) {
-      ZT_RETURN_IF_ERROR(file->ReadAsF32(*source[i], absl::MakeSpan(dst, n)));
+      ZT_RETURN_IF_ERROR(file.ReadAsF32(*source[i].info, absl::MakeSpan(dst, n)));
       continue;
     }
     scratch.resize(n);
-    ZT_RETURN_IF_ERROR(file->ReadAsF32(*source[i], absl::MakeSpan(scratch)));
+    ZT_RETURN_IF_ERROR(file.ReadAsF32(*source[i].info, absl::MakeSpan(scratch)));
     TransposeInto(scratch.data(), t.shape[0], t.shape[1], dst);
   }
   return absl::OkStatus();
@@ -349,7 +497,7 @@ absl::Status ExportHuggingFace(const std::string& path, const ModelConfig& confi
         path, ": export dtype ", std::string(DTypeName(dtype)), " is not one of f32, f16, bf16"));
   }
   ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params));
-  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, BuildTable(config, layout));
+  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, HuggingFaceTensors(config, layout));
 
   std::vector<SafetensorsTensorSpec> specs;
   specs.reserve(table.size());
@@ -359,17 +507,8 @@ absl::Status ExportHuggingFace(const std::string& path, const ModelConfig& confi
 
   std::vector<float> scratch;
   for (const HfTensor& t : table) {
-    const float* src = unit_params[t.unit] + DestOffset(t);
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    if (!t.transpose) {
-      ZT_RETURN_IF_ERROR(writer->WriteF32(t.name, absl::MakeConstSpan(src, n)));
-      continue;
-    }
-    scratch.resize(n);
-    // Ours is (out, in) = (shape[1], shape[0]); HF wants (in, out).
-    TransposeInto(src, t.shape[1], t.shape[0], scratch.data());
-    ZT_RETURN_IF_ERROR(writer->WriteF32(t.name, scratch));
+    const absl::Span<const float> unit_range(unit_params[t.unit] + t.unit_begin(), t.numel());
+    ZT_RETURN_IF_ERROR(writer->WriteF32(t.name, HfOrder(t, unit_range, &scratch)));
   }
   return writer->Finish();
 }

@@ -42,20 +42,75 @@
 //
 // A tied model (tie_embeddings) has no lm_head.weight; a file for one that carries
 // lm_head.weight anyway is accepted when it equals the embedding value for value.
+//
+// A Hugging Face model directory (what save_pretrained writes, and `zt export`) holds
+// config.json and either model.safetensors or, split by size, model-00001-of-0000N.safetensors …
+// with model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map": {name: file}}).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/dtype.h"
+#include "nlohmann/json.hpp"
 #include "proto/job.pb.h"
 #include "worker/model/param_layout.h"
 
 namespace zt {
 
+inline constexpr char kHfWeightsName[] = "model.safetensors";
+inline constexpr char kHfIndexName[] = "model.safetensors.index.json";
+inline constexpr char kHfConfigName[] = "config.json";
+
+// One tensor of the name map above and where it lives in ZeroTrain's buffers: rows
+// [row_offset, row_offset + out) of `param` viewed as (rows, cols), where the HF tensor is
+// (out, cols), or (cols, out) when `transpose` (GPT-2 Conv1D); 1-D tensors are (n, 1). Those
+// rows are one contiguous range of the unit's flat buffer: [unit_begin(), unit_begin() + numel()).
+struct HfTensor {
+  std::string name;  // as written (GPT-2: with "transformer.")
+  std::vector<int64_t> shape;
+  int unit = 0;
+  const ParamSpec* param = nullptr;  // points into the layout the list was built from
+  int64_t row_offset = 0;
+  bool transpose = false;
+
+  int64_t numel() const;
+  int64_t unit_begin() const;
+};
+
+// Every Hugging Face tensor of `config`, in the order export writes them (the order
+// GPT2LMHeadModel / LlamaForCausalLM list their parameters). The entries point into `layout`,
+// which must outlive them. InvalidArgument when the family is neither GPT2 nor LLAMA, the
+// heads do not divide d_model, or `layout` was not built from `config` (a parameter the map
+// does not cover, or a tensor that does not fit its parameter).
+absl::StatusOr<std::vector<HfTensor>> HuggingFaceTensors(const zerotrain::ModelConfig& config,
+                                                         const ModelLayout& layout);
+
+// Tensor `t` in Hugging Face's row-major order, from `unit_range`, its elements
+// [t.unit_begin(), t.unit_begin() + t.numel()) of the unit's flat buffer: `unit_range` itself,
+// or its transpose written into `*scratch` (GPT-2 Conv1D weights).
+absl::Span<const float> HfOrder(const HfTensor& t, absl::Span<const float> unit_range,
+                                std::vector<float>* scratch);
+
+// The config.json transformers needs to build GPT2LMHeadModel or LlamaForCausalLM for
+// `config` with `dtype` ("torch_dtype") weights. InvalidArgument for another family or dtype.
+absl::StatusOr<nlohmann::json> HuggingFaceConfig(const zerotrain::ModelConfig& config, DType dtype);
+
+// "model-00002-of-00005.safetensors": shard `index` (1-based) of `count`, as transformers
+// names them.
+std::string HfShardName(int index, int count);
+
 // Fills every unit's flat buffer (unit_params[u] holds layout.units[u].numel floats) from the
-// safetensors file at `path`, converting F32, F16 and BF16 tensors to f32.
+// safetensors file at `path`, converting F32, F16 and BF16 tensors to f32. `path` may also be a
+// Hugging Face model directory: its model.safetensors, or else the shards its
+// model.safetensors.index.json lists (config.json is not read: `config` rules). An index that
+// does not parse, names a file outside the directory, or disagrees with its shards (a tensor
+// it maps to a file that lacks it, or one a shard holds that it maps elsewhere) is DataLoss
+// naming the index; a directory with neither file is NotFound naming it.
 //
 // Nothing is written to the buffers unless the whole file matches the config. InvalidArgument
 // naming the file and listing every problem at once: each unknown tensor, each missing tensor,

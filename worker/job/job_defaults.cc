@@ -111,6 +111,9 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   zerotrain::CheckpointConfig& checkpoint = *spec->mutable_checkpoint();
   if (!checkpoint.has_interval_steps()) checkpoint.set_interval_steps(1000);
   if (!checkpoint.has_keep_last()) checkpoint.set_keep_last(3);
+  if (checkpoint.on_save_error() == zerotrain::CheckpointConfig::SAVE_ERROR_POLICY_UNSPECIFIED) {
+    checkpoint.set_on_save_error(zerotrain::CheckpointConfig::FAIL);
+  }
 
   zerotrain::ParallelConfig& parallel = *spec->mutable_parallel();
   if (!parallel.has_world_size()) parallel.set_world_size(1);

@@ -331,6 +331,12 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
   if (v.Set("checkpoint.keep_last", ckpt.has_keep_last())) {
     v.AtLeast("checkpoint.keep_last", ckpt.keep_last(), 1);
   }
+  if (ckpt.on_save_error() != zerotrain::CheckpointConfig::FAIL &&
+      ckpt.on_save_error() != zerotrain::CheckpointConfig::CONTINUE) {
+    v.Add(absl::StrCat(
+        "checkpoint.on_save_error: must be FAIL or CONTINUE (got ",
+        NameOf(ckpt.on_save_error(), zerotrain::CheckpointConfig::SaveErrorPolicy_Name<int>), ")"));
+  }
 
   const ResourceConfig& r = spec.resources();
   if (r.device() != ResourceConfig::CPU && r.device() != ResourceConfig::CUDA) {
@@ -342,8 +348,10 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
 
 enum class PathProblem { kNone, kMissing, kUnreadable, kNotRegular };
 
+// `directory_ok`: the field may name a directory (a Hugging Face model directory) as well as
+// a file.
 PathProblem CheckPath(absl::string_view field, const std::string& path,
-                      std::vector<std::string>& lines) {
+                      std::vector<std::string>& lines, bool directory_ok = false) {
   namespace fs = std::filesystem;
   if (path.empty()) {
     lines.push_back(absl::StrCat(field, ": the path is empty"));
@@ -359,8 +367,10 @@ PathProblem CheckPath(absl::string_view field, const std::string& path,
     lines.push_back(absl::StrCat(field, ": '", path, "' cannot be inspected: ", ec.message()));
     return PathProblem::kUnreadable;
   }
-  if (status.type() != fs::file_type::regular) {
-    lines.push_back(absl::StrCat(field, ": '", path, "' is not a regular file"));
+  const bool directory = status.type() == fs::file_type::directory;
+  if (status.type() != fs::file_type::regular && !(directory_ok && directory)) {
+    lines.push_back(absl::StrCat(field, ": '", path, "' is not a regular file",
+                                 directory_ok ? " or a directory" : ""));
     return PathProblem::kNotRegular;
   }
   if (::access(path.c_str(), R_OK) != 0) {
@@ -388,8 +398,8 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   std::vector<std::string> lines;
   bool missing = false;
   bool unreadable = false;
-  auto check = [&](absl::string_view field, const std::string& path) {
-    const PathProblem problem = CheckPath(field, path, lines);
+  auto check = [&](absl::string_view field, const std::string& path, bool directory_ok = false) {
+    const PathProblem problem = CheckPath(field, path, lines, directory_ok);
     missing |= problem == PathProblem::kMissing;
     unreadable |= problem == PathProblem::kUnreadable;
   };
@@ -399,7 +409,9 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   for (int i = 0; i < spec.data().val_size(); ++i) {
     check(absl::StrCat("data.val[", i, "]"), spec.data().val(i));
   }
-  if (!spec.model().init_from().empty()) check("model.init_from", spec.model().init_from());
+  if (!spec.model().init_from().empty()) {
+    check("model.init_from", spec.model().init_from(), /*directory_ok=*/true);
+  }
   if (lines.empty()) return absl::OkStatus();
   const std::string message = absl::StrJoin(lines, "\n");
   if (missing) return absl::NotFoundError(message);

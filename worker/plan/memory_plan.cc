@@ -117,6 +117,11 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
   return sizes;
 }
 
+bool IsCheckpointed(const BufferSpec& b) {
+  return (b.category == MemoryCategory::kParameters && b.name.ends_with(".params")) ||
+         b.category == MemoryCategory::kOptimizerState;
+}
+
 bool ShardedAdafactor(const zerotrain::JobSpec& job) {
   return job.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
          job.parallel().zero_stage() >= 1 && GeometryOf(job, 0).group_size > 1;
@@ -208,6 +213,15 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
       }
     }
     add("optimizer.reduce_scratch", MemoryCategory::kCommunication, DType::kF32, scratch);
+  }
+  if (!job.checkpoint().dir().empty() && job.checkpoint().async()) {
+    // The rank's checkpointed state (worker/rank_state.h: parameters and optimizer state),
+    // copied at the save point and written from here while training goes on.
+    int64_t staged = 0;
+    for (const BufferSpec& b : plan.buffers) {
+      if (IsCheckpointed(b)) staged += AlignedBytes(b.bytes());
+    }
+    add("checkpoint.staging", MemoryCategory::kPinnedHost, DType::kU8, staged);
   }
   const int64_t B = job.train().micro_batch_size(), T = job.data().seq_len();
   const DType compute = StorageDType(precision.compute_dtype());

@@ -134,6 +134,8 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      forward to its backward
 //   "comm.scalars"     6·N f32: each rank's loss, gradient norm and overflow flag, gathered
 //                      once per step
+//   "checkpoint.staging"  checkpoint.async (pinned_host): the checkpointed buffers, each
+//                      aligned, copied at a save point and written in the background
 //   "optimizer.reduce_scratch"  sharded Adafactor (ShardedAdafactor): the whole-tensor
 //                      statistics summed across the group, rows + cols + 2 f32 of the
 //                      largest matrix
@@ -150,6 +152,10 @@ struct ConversionBufferSizes {
   int64_t replicas = 0;
 };
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job);
+
+// Whether a checkpoint holds buffer `b`: the model states — "<unit>.params" and every
+// optimizer-state buffer (master weights included). The rest is rebuilt every step.
+bool IsCheckpointed(const BufferSpec& b);
 
 // Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are
 // summed across the group (kernels/adafactor.h, AdafactorArgs::Shard).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/unit/worker/checkpoint/checkpoint_test_util.h"
 #include "tests/unit/worker/checkpoint/hf_test_names.h"
 #include "worker/checkpoint/safetensors.h"
@@ -319,6 +321,167 @@ TEST(HfInteropTest, RejectsBadArguments) {
 
   s = ImportHuggingFace(dir.Path("absent.safetensors"), m, layout, b.Mutable());
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+}
+
+// The exported name map is the one the tests write out independently: same names, shapes and
+// order, and each entry's unit range holds exactly the values HfSource places there. HfOrder
+// must give the file's row-major order, compared exactly (a transpose copies, never rounds).
+TEST(HfInteropTest, TensorListMatchesTheIndependentNameMap) {
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "Llama" : "GPT-2");
+    const zerotrain::ModelConfig m = llama ? TinyLlama(/*tied=*/false) : TinyGpt2(/*tied=*/true);
+    const ModelLayout layout = BuildModelLayout(m);
+    const std::vector<HfSource> sources = llama ? LlamaSources(m) : Gpt2Sources(m, "transformer.");
+    auto table = HuggingFaceTensors(m, layout);
+    ASSERT_TRUE(table.ok()) << table.status();
+    ASSERT_EQ(table->size(), sources.size());
+    const UnitBuffers values(layout, 77);
+    std::vector<float> scratch;
+    for (size_t k = 0; k < sources.size(); ++k) {
+      const HfTensor& t = (*table)[k];
+      EXPECT_EQ(t.name, sources[k].name);
+      EXPECT_EQ(t.shape, sources[k].shape) << t.name;
+      EXPECT_EQ(layout.units[t.unit].name, sources[k].unit) << t.name;
+      EXPECT_EQ(t.transpose, sources[k].transposed) << t.name;
+      ASSERT_EQ(t.numel(), Numel(sources[k].shape)) << t.name;
+      const absl::Span<const float> range(values.Const()[t.unit] + t.unit_begin(), t.numel());
+      const absl::Span<const float> ordered = HfOrder(t, range, &scratch);
+      const std::vector<double> want = HfOrderValues(layout, sources[k], values.Const());
+      ASSERT_EQ(ordered.size(), want.size()) << t.name;
+      for (size_t j = 0; j < want.size(); ++j) {
+        ASSERT_EQ(ordered[j], want[j]) << t.name << " element " << j;
+      }
+    }
+  }
+}
+
+TEST(HfInteropTest, ConfigJsonHasTheFieldsTransformersReads) {
+  zerotrain::ModelConfig g = TinyGpt2(/*tied=*/true);
+  g.set_norm_eps(1e-5f);
+  auto gpt2 = HuggingFaceConfig(g, DType::kBF16);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_EQ((*gpt2)["model_type"], "gpt2");
+  EXPECT_EQ((*gpt2)["architectures"], nlohmann::json::array({"GPT2LMHeadModel"}));
+  EXPECT_EQ((*gpt2)["vocab_size"], g.vocab_size());
+  EXPECT_EQ((*gpt2)["n_embd"], g.d_model());
+  EXPECT_EQ((*gpt2)["n_layer"], g.n_layer());
+  EXPECT_EQ((*gpt2)["n_head"], g.n_head());
+  EXPECT_EQ((*gpt2)["n_inner"], g.d_ff());
+  EXPECT_EQ((*gpt2)["n_positions"], g.max_seq_len());
+  EXPECT_EQ((*gpt2)["tie_word_embeddings"], true);
+  EXPECT_EQ((*gpt2)["torch_dtype"], "bfloat16");
+  // The float's shortest decimal, as a person would write it in config.json: 1e-5, not the
+  // 9.99999974737875e-06 that widening the f32 gives.
+  EXPECT_EQ((*gpt2)["layer_norm_epsilon"].get<double>(), 1e-5);
+
+  zerotrain::ModelConfig l = TinyLlama(/*tied=*/false);
+  l.set_norm_eps(1e-5f);
+  l.set_rope_theta(500000.0f);
+  auto llama = HuggingFaceConfig(l, DType::kF32);
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ((*llama)["model_type"], "llama");
+  EXPECT_EQ((*llama)["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ((*llama)["hidden_size"], l.d_model());
+  EXPECT_EQ((*llama)["intermediate_size"], l.d_ff());
+  EXPECT_EQ((*llama)["num_hidden_layers"], l.n_layer());
+  EXPECT_EQ((*llama)["num_attention_heads"], l.n_head());
+  EXPECT_EQ((*llama)["num_key_value_heads"], l.n_kv_head());
+  EXPECT_EQ((*llama)["max_position_embeddings"], l.max_seq_len());
+  EXPECT_EQ((*llama)["rms_norm_eps"].get<double>(), 1e-5);
+  EXPECT_EQ((*llama)["rope_theta"].get<double>(), 500000.0);
+  EXPECT_EQ((*llama)["tie_word_embeddings"], false);
+  EXPECT_EQ((*llama)["torch_dtype"], "float32");
+
+  EXPECT_EQ(HuggingFaceConfig(l, DType::kI32).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HfShardName(2, 13), "model-00002-of-00013.safetensors");
+}
+
+void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// A Hugging Face model directory imports like the single file: from model.safetensors, or
+// from the shards an index lists (here split unevenly and in reverse file order, so nothing
+// depends on the order of the shards or of tensors within them).
+TEST(HfInteropTest, ImportsModelDirectoriesSingleAndSharded) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyLlama(/*tied=*/false);
+  const ModelLayout layout = BuildModelLayout(m);
+  const std::vector<HfSource> sources = LlamaSources(m);
+  const std::vector<FileTensor> tensors = SyntheticTensors(sources);
+
+  std::filesystem::create_directories(dir.Path("single"));
+  WriteFile(dir.Path("single/model.safetensors"), tensors);
+  UnitBuffers got = NanBuffers(layout);
+  absl::Status s = ImportHuggingFace(dir.Path("single"), m, layout, got.Mutable());
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectPlacedAsSourcesSay(layout, sources, got);
+
+  std::filesystem::create_directories(dir.Path("sharded"));
+  const std::vector<FileTensor> first(tensors.begin(), tensors.begin() + 3);
+  const std::vector<FileTensor> second(tensors.begin() + 3, tensors.end());
+  WriteFile(dir.Path("sharded/model-00002-of-00002.safetensors"), first);
+  WriteFile(dir.Path("sharded/model-00001-of-00002.safetensors"), second);
+  nlohmann::json weight_map;
+  for (const FileTensor& t : first) weight_map[t.name] = "model-00002-of-00002.safetensors";
+  for (const FileTensor& t : second) weight_map[t.name] = "model-00001-of-00002.safetensors";
+  const nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}};
+  WriteText(dir.Path("sharded/model.safetensors.index.json"), index.dump());
+  got = NanBuffers(layout);
+  s = ImportHuggingFace(dir.Path("sharded"), m, layout, got.Mutable());
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectPlacedAsSourcesSay(layout, sources, got);
+}
+
+TEST(HfInteropTest, ModelDirectoryErrorsNameTheDirectoryOrIndex) {
+  ScratchDir dir;
+  const zerotrain::ModelConfig m = TinyLlama(/*tied=*/false);
+  const ModelLayout layout = BuildModelLayout(m);
+  const std::vector<FileTensor> tensors = SyntheticTensors(LlamaSources(m));
+  UnitBuffers got = NanBuffers(layout);
+
+  std::filesystem::create_directories(dir.Path("empty"));
+  absl::Status s = ImportHuggingFace(dir.Path("empty"), m, layout, got.Mutable());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr(dir.Path("empty")));
+  EXPECT_THAT(s.message(), HasSubstr("model.safetensors.index.json"));
+
+  std::filesystem::create_directories(dir.Path("d"));
+  WriteFile(dir.Path("d/a.safetensors"), tensors);
+  const std::string index = dir.Path("d/model.safetensors.index.json");
+  nlohmann::json weight_map;
+  for (const FileTensor& t : tensors) weight_map[t.name] = "a.safetensors";
+  struct Case {
+    std::string what;
+    nlohmann::json index;
+    std::string message;
+  };
+  nlohmann::json unlisted = weight_map;
+  unlisted.erase("model.norm.weight");
+  nlohmann::json escaping = weight_map;
+  escaping["model.norm.weight"] = "../a.safetensors";
+  nlohmann::json extra = weight_map;
+  extra["model.extra.weight"] = "a.safetensors";
+  const std::vector<Case> cases = {
+      {"no weight_map", {{"metadata", {}}}, "weight_map"},
+      {"a tensor the index does not list",
+       {{"weight_map", unlisted}},
+       "holds tensor \"model.norm.weight\", which the index does not list"},
+      {"a file outside the directory", {{"weight_map", escaping}}, "../a.safetensors"},
+      {"a tensor its file lacks",
+       {{"weight_map", extra}},
+       "maps tensor \"model.extra.weight\" to a.safetensors, which does not hold it"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    WriteText(index, c.index.dump());
+    s = ImportHuggingFace(dir.Path("d"), m, layout, got.Mutable());
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(s.message(), HasSubstr(index));
+    EXPECT_THAT(s.message(), HasSubstr(c.message));
+  }
+  WriteText(index, "{not json");
+  s = ImportHuggingFace(dir.Path("d"), m, layout, got.Mutable());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(index));
 }
 
 }  // namespace

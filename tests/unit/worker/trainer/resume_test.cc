@@ -127,6 +127,28 @@ TEST_F(ResumeTest, ResumedRunsContinueBitForBit) {
   ExpectExactResume(eight_bit, "adam8");
 }
 
+TEST_F(ResumeTest, AsynchronousSavesResumeBitForBit) {
+  // The state is copied into the plan's staging buffer at the save point and written while
+  // the next steps run; what was copied is what the step had.
+  JobSpec job = Job(2, 3, "async");
+  job.mutable_checkpoint()->set_async(true);
+  job.mutable_checkpoint()->set_interval_steps(2);
+  ExpectExactResume(job, "async");
+}
+
+TEST_F(ResumeTest, AFailedSaveStopsTheJobOrIsReportedAndSkipped) {
+  // checkpoint.dir under a regular file: no save can even begin.
+  { std::ofstream(dir_ / "file") << "x"; }
+  JobSpec job = Job(2, 0, "file/ckpt");
+  const Outcome failed = Run(job, 10);
+  EXPECT_FALSE(failed.status.ok());
+  EXPECT_THAT(failed.status.message(), HasSubstr((dir_ / "file").string()));
+  job.mutable_checkpoint()->set_on_save_error(zerotrain::CheckpointConfig::CONTINUE);
+  const Outcome continued = Run(job, 10);
+  EXPECT_TRUE(continued.status.ok()) << continued.status;
+  EXPECT_EQ(continued.losses.size(), 10u);
+}
+
 TEST_F(ResumeTest, CorruptCheckpointIsRefusedByNameOrSkippedWithFallback) {
   const JobSpec job = Job(2, 3, "ckpt");
   ASSERT_TRUE(Run(job, 10).status.ok());

@@ -1,0 +1,233 @@
+#include "worker/checkpoint_export.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "kernels/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "worker/checkpoint/durable_file.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/model/param_layout.h"
+#include "worker/rank_state.h"
+
+namespace zt {
+namespace {
+
+using durable_file::ErrnoStatus;
+using durable_file::JoinPath;
+using durable_file::RemoveTree;
+using durable_file::SyncDirectory;
+using durable_file::WriteSyncedFile;
+
+std::string RankFileName(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
+
+// The manifest's state field `key`, a configuration message's JSON, parsed into `message`.
+absl::Status ParseStateMessage(const Checkpoint& ckpt, const char* key,
+                               google::protobuf::Message* message) {
+  const nlohmann::json& state = ckpt.state();
+  if (!state.is_object() || !state.contains(key)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", ckpt.path(), "': its manifest's state does not record the ",
+                     key, " configuration (written by an older ZeroTrain); it cannot be exported"));
+  }
+  const nlohmann::json& value = state[key];
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  if (!value.is_string() ||
+      !google::protobuf::util::JsonStringToMessage(value.get<std::string>(), message, options)
+           .ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", ckpt.path(), "': the manifest's state.",
+                                            key, " is not a valid ", key, " configuration"));
+  }
+  return absl::OkStatus();
+}
+
+// The checkpoint `path` names, opened and verified: a step directory or a checkpoint.dir.
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenVerified(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(path) / kCheckpointManifestName, ec)) {
+    ZT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, OpenCheckpoint(path));
+    ZT_RETURN_IF_ERROR(ckpt->VerifyAll());
+    return ckpt;
+  }
+  if (!std::filesystem::is_directory(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", path,
+                     "' is not a directory: give a checkpoint.dir or one of its step directories"));
+  }
+  ZT_ASSIGN_OR_RETURN(LoadableCheckpoint loadable, FindLoadable(path, CheckpointFallback::kNone));
+  return std::move(loadable.checkpoint);
+}
+
+// The export files `dir` already holds; an export never mixes with an earlier one's shards.
+std::vector<std::string> ExistingExportFiles(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kHfConfigName || name == kHfWeightsName || name == kHfIndexName ||
+        (name.starts_with("model-") && name.ends_with(".safetensors"))) {
+      found.push_back(name);
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// Writes `value` to `dir`/`name` under a temporary name, synced, then renamed into place.
+absl::Status WriteJsonFile(const std::string& dir, const std::string& name,
+                           const nlohmann::json& value) {
+  const std::string path = JoinPath(dir, name);
+  const std::string tmp = path + ".tmp";
+  ZT_RETURN_IF_ERROR(RemoveTree(tmp));
+  ZT_RETURN_IF_ERROR(WriteSyncedFile(tmp, value.dump(2) + "\n"));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return ErrnoStatus(errno, "rename into place", path);
+  }
+  return SyncDirectory(dir);
+}
+
+// Consecutive runs of tensors, each within `max_bytes` unless one tensor alone exceeds it:
+// transformers' split (a new file starts when the next tensor would overflow this one).
+std::vector<std::vector<size_t>> SplitIntoShards(const std::vector<HfTensor>& table,
+                                                 int64_t element_bytes, int64_t max_bytes) {
+  std::vector<std::vector<size_t>> shards;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const int64_t t = table[i].numel() * element_bytes;
+    if (shards.empty() || (bytes + t > max_bytes && !shards.back().empty())) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(i);
+    bytes += t;
+  }
+  return shards;
+}
+
+}  // namespace
+
+absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint) {
+  zerotrain::JobSpec job;
+  ZT_RETURN_IF_ERROR(ParseStateMessage(checkpoint, "model", job.mutable_model()));
+  ZT_RETURN_IF_ERROR(ParseStateMessage(checkpoint, "precision", job.mutable_precision()));
+  const nlohmann::json& state = checkpoint.state();
+  auto int_field = [&](const char* key) -> int {
+    const auto it = state.find(key);
+    return it != state.end() && it->is_number_integer() ? it->get<int>() : -1;
+  };
+  const int world = int_field("world_size"), stage = int_field("zero_stage"),
+            group = int_field("shard_group_size");
+  if (world < 1 || group < 1 || world % group != 0 || stage < 0 || stage > 3) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint '", checkpoint.path(), "': the manifest's parallel layout (world_size ", world,
+        ", zero_stage ", stage, ", shard_group_size ", group,
+        ") is invalid: world_size ≥ 1, zero_stage 0–3, shard_group_size dividing world_size"));
+  }
+  job.mutable_parallel()->set_world_size(world);
+  job.mutable_parallel()->set_zero_stage(stage);
+  job.mutable_parallel()->set_shard_group_size(group);
+  return job;
+}
+
+absl::StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& checkpoint,
+                                                        const std::string& out_dir,
+                                                        const CheckpointExportOptions& options) {
+  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16 &&
+      options.dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "export dtype ", std::string(DTypeName(options.dtype)), " is not one of f32, bf16, f16"));
+  }
+  if (options.max_shard_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_shard_bytes is ", options.max_shard_bytes, "; it must be ≥ 1"));
+  }
+  ZT_ASSIGN_OR_RETURN(const std::unique_ptr<Checkpoint> ckpt, OpenVerified(checkpoint));
+  ZT_ASSIGN_OR_RETURN(const zerotrain::JobSpec job, SavedJobSpec(*ckpt));
+  for (int r = 0; r < job.parallel().world_size(); ++r) {
+    if (ckpt->Find(RankFileName(r)) == nullptr) {
+      return absl::DataLossError(absl::StrCat("checkpoint '", ckpt->path(), "': rank file ",
+                                              RankFileName(r), " is not in its manifest (",
+                                              job.parallel().world_size(), " ranks saved)"));
+    }
+  }
+  const ModelLayout layout = BuildModelLayout(job.model());
+  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, HuggingFaceTensors(job.model(), layout));
+  ZT_ASSIGN_OR_RETURN(const nlohmann::json config, HuggingFaceConfig(job.model(), options.dtype));
+
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return ErrnoStatus(ec.value(), "create the export directory", out_dir);
+  if (const std::vector<std::string> old = ExistingExportFiles(out_dir); !old.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--out '", out_dir, "' already holds an export (", absl::StrJoin(old, ", "),
+                     "); give a new or empty directory, or remove those files"));
+  }
+
+  // The fp32 weights the optimizer updates: the master copy when there is one.
+  const zerotrain::PrecisionConfig& precision = job.precision();
+  const bool master =
+      precision.has_master_weights()
+          ? precision.master_weights()
+          : precision.param_dtype() != zerotrain::PrecisionConfig::FP32 &&
+                precision.param_dtype() != zerotrain::PrecisionConfig::DTYPE_UNSPECIFIED;
+  const std::string role = master ? "master" : "params";
+  const std::string step_dir = ckpt->path();
+  auto rank_file = [&](int r) { return JoinPath(step_dir, RankFileName(r)); };
+
+  const int64_t element_bytes = DTypeSize(options.dtype);
+  const std::vector<std::vector<size_t>> shards =
+      SplitIntoShards(table, element_bytes, options.max_shard_bytes);
+  const int count = static_cast<int>(shards.size());
+  CheckpointExportResult result{.checkpoint = step_dir, .step = ckpt->step()};
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::vector<float> values, scratch;
+  for (int s = 0; s < count; ++s) {
+    const std::string name = count == 1 ? kHfWeightsName : HfShardName(s + 1, count);
+    std::vector<SafetensorsTensorSpec> specs;
+    for (size_t i : shards[s])
+      specs.push_back({table[i].name, ToStDType(options.dtype), table[i].shape});
+    ZT_ASSIGN_OR_RETURN(
+        std::unique_ptr<SafetensorsWriter> writer,
+        SafetensorsWriter::Create(JoinPath(out_dir, name), std::move(specs), {{"format", "pt"}}));
+    for (size_t i : shards[s]) {
+      const HfTensor& t = table[i];
+      const int64_t begin = t.unit_begin(), end = begin + t.numel();
+      if (options.on_read) options.on_read(t, begin, end);
+      // reserve() first: resize() alone may grow the capacity past the tensor.
+      values.reserve(t.numel());
+      values.resize(t.numel());
+      ZT_RETURN_IF_ERROR(ReadUnitRange(job, rank_file, t.unit, role, begin, end, values.data()));
+      ZT_RETURN_IF_ERROR(writer->WriteF32(t.name, HfOrder(t, values, &scratch)));
+      result.peak_buffer_floats = std::max(
+          result.peak_buffer_floats, static_cast<int64_t>(values.capacity() + scratch.capacity()));
+      result.total_bytes += t.numel() * element_bytes;
+      ++result.tensors;
+      weight_map[t.name] = name;
+    }
+    ZT_RETURN_IF_ERROR(writer->Finish());
+    result.files.push_back(name);
+  }
+  if (count > 1) {
+    ZT_RETURN_IF_ERROR(WriteJsonFile(
+        out_dir, kHfIndexName,
+        {{"metadata", {{"total_size", result.total_bytes}}}, {"weight_map", weight_map}}));
+    result.files.push_back(kHfIndexName);
+  }
+  // config.json last: a directory with it is a complete export.
+  ZT_RETURN_IF_ERROR(WriteJsonFile(out_dir, kHfConfigName, config));
+  result.files.push_back(kHfConfigName);
+  return result;
+}
+
+}  // namespace zt

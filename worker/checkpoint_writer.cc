@@ -1,0 +1,121 @@
+#include "worker/checkpoint_writer.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/status_macros.h"
+#include "worker/checkpoint/checkpoint_directory.h"
+#include "worker/rank_state.h"
+
+namespace zt {
+namespace {
+
+std::string RankFileName(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store,
+                                   const MemoryPlan& plan, const Arenas& arenas,
+                                   bool replace_existing)
+    : job_(job),
+      rank_(rank),
+      store_(store),
+      plan_(plan),
+      arenas_(arenas),
+      replace_existing_(replace_existing) {
+  if (job.checkpoint().async()) {
+    absl::StatusOr<Tensor> staging = arenas.Get("checkpoint.staging");
+    if (staging.ok()) staging_ = *staging;
+  }
+}
+
+CheckpointWriter::~CheckpointWriter() { Finish().IgnoreError(); }
+
+absl::Status CheckpointWriter::Finish() {
+  if (!in_flight_.valid()) return absl::OkStatus();
+  return in_flight_.get();
+}
+
+absl::Status CheckpointWriter::Save(int64_t step, nlohmann::json state) {
+  absl::Status previous = Finish();
+  if (!staging_) return Write(step, state, /*from_staging=*/false);
+  // The copy is the only part the step loop waits for; the buffers follow each other in
+  // the staging area as the plan orders them, each aligned.
+  auto* out = static_cast<uint8_t*>(staging_->raw());
+  for (const BufferSpec* b : CheckpointedBuffers(plan_)) {
+    ZT_ASSIGN_OR_RETURN(Tensor t, arenas_.Get(b->name));
+    std::memcpy(out, t.raw(), static_cast<size_t>(b->bytes()));
+    out += AlignedBytes(b->bytes());
+  }
+  in_flight_ = std::async(std::launch::async, [this, step, state = std::move(state)] {
+    return Write(step, state, /*from_staging=*/true);
+  });
+  return previous;
+}
+
+absl::Status CheckpointWriter::Write(int64_t step, const nlohmann::json& state, bool from_staging) {
+  const std::string& dir = job_.checkpoint().dir();
+  const int ranks = job_.parallel().world_size();
+  const absl::Duration timeout = absl::Seconds(job_.parallel().comm_timeout_s());
+  const std::string prefix = absl::StrCat("checkpoint/", step, "/");
+  std::unique_ptr<CheckpointSave> save;
+  std::string path;
+  if (rank_ == 0) {
+    absl::StatusOr<std::unique_ptr<CheckpointSave>> begun =
+        BeginSave(dir, step, {.overwrite = replace_existing_});
+    ZT_RETURN_IF_ERROR(store_->Set(prefix + "path",
+                                   begun.ok() ? "ok:" + (*begun)->current_path()
+                                              : absl::StrCat("error:", begun.status().message())));
+    if (!begun.ok()) return begun.status();
+    save = std::move(*begun);
+    path = save->current_path();
+  } else {
+    ZT_RETURN_IF_ERROR(store_->Wait({prefix + "path"}, timeout));
+    ZT_ASSIGN_OR_RETURN(std::string value, store_->Get(prefix + "path"));
+    if (value.starts_with("error:")) {
+      return absl::AbortedError(absl::StrCat("checkpoint of step ", step,
+                                             ": rank 0 could not start it: ", value.substr(6)));
+    }
+    path = value.substr(3);
+  }
+
+  const std::string file = (std::filesystem::path(path) / RankFileName(rank_)).string();
+  absl::Status written;
+  if (from_staging) {
+    const auto* base = static_cast<const uint8_t*>(staging_->raw());
+    int64_t offset = 0;
+    absl::flat_hash_map<const BufferSpec*, int64_t> offsets;
+    for (const BufferSpec* b : CheckpointedBuffers(plan_)) {
+      offsets[b] = offset;
+      offset += AlignedBytes(b->bytes());
+    }
+    written = WriteRankState(file, plan_, [&](const BufferSpec& b) -> absl::StatusOr<const void*> {
+      return static_cast<const void*>(base + offsets.at(&b));
+    });
+  } else {
+    written = WriteRankState(file, plan_, arenas_);
+  }
+  ZT_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "rank/", rank_),
+                                 written.ok() ? "ok" : std::string(written.message())));
+  if (!written.ok()) return written;
+  if (rank_ != 0) return absl::OkStatus();
+
+  std::vector<std::string> keys;
+  for (int r = 0; r < ranks; ++r) keys.push_back(absl::StrCat(prefix, "rank/", r));
+  ZT_RETURN_IF_ERROR(store_->Wait(keys, timeout));
+  for (int r = 0; r < ranks; ++r) {
+    ZT_ASSIGN_OR_RETURN(std::string outcome, store_->Get(keys[r]));
+    if (outcome != "ok") {
+      return absl::AbortedError(absl::StrCat("checkpoint of step ", step, ": rank ", r,
+                                             " could not write its file: ", outcome));
+    }
+    ZT_RETURN_IF_ERROR(save->AdoptFile(RankFileName(r)));
+  }
+  ZT_RETURN_IF_ERROR(save->Commit(state));
+  return Prune(dir, job_.checkpoint().keep_last());
+}
+
+}  // namespace zt

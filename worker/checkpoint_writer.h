@@ -1,0 +1,61 @@
+// One rank's part in saving checkpoints (docs/formats.md, "Checkpoint directories").
+//
+// The ranks coordinate through the job's rendezvous store, never through collectives, so a
+// save running in the background cannot change the order in which a step issues its
+// collectives:
+//   1. rank 0 begins the save (a temporary directory) and publishes "checkpoint/<step>/path"
+//      (or the reason it could not);
+//   2. every rank writes rank-NNNNN.safetensors there (worker/rank_state.h) and publishes
+//      "checkpoint/<step>/rank/<r>" = "ok" or the error;
+//   3. rank 0 waits for every rank, adopts their files, commits the manifest, moves `latest`
+//      and prunes to keep_last. A failure anywhere leaves the previous checkpoint as it was.
+// With checkpoint.async the rank's state is first copied into the plan's
+// "checkpoint.staging" buffer, and steps 1–3 run on a background thread while training goes
+// on; at most one save is in flight (the next save, and Finish(), wait for it).
+// Not thread-safe: the rank's thread calls it.
+#pragma once
+
+#include <cstdint>
+#include <future>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "nlohmann/json.hpp"
+#include "proto/job.pb.h"
+#include "worker/comm/store.h"
+#include "worker/plan/arena.h"
+#include "worker/plan/memory_plan.h"
+
+namespace zt {
+
+class CheckpointWriter {
+ public:
+  // `store`, `plan` and `arenas` must outlive the writer. `replace_existing`: a resumed run's
+  // saves replace the saves of its abandoned future.
+  CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store, const MemoryPlan& plan,
+                   const Arenas& arenas, bool replace_existing);
+  ~CheckpointWriter();
+
+  // Saves the rank's state as of now as step `step`; `state` is the manifest's (rank 0's).
+  // Synchronous: returns this save's outcome. Async: copies the state, starts the write and
+  // returns the outcome of the previous save (the one it had to wait for), if any.
+  absl::Status Save(int64_t step, nlohmann::json state);
+  // Waits for the save in flight; its outcome.
+  absl::Status Finish();
+
+ private:
+  // Steps 1–3 for `step`, the state's bytes coming from `source`.
+  absl::Status Write(int64_t step, const nlohmann::json& state, bool from_staging);
+
+  zerotrain::JobSpec job_;
+  int rank_;
+  Store* store_;
+  const MemoryPlan& plan_;
+  const Arenas& arenas_;
+  bool replace_existing_;
+  std::optional<Tensor> staging_;
+  std::future<absl::Status> in_flight_;
+};
+
+}  // namespace zt
