@@ -25,7 +25,8 @@ CheckpointWriter::CheckpointWriter(const zerotrain::JobSpec& job, int rank, Stor
       store_(store),
       plan_(plan),
       arenas_(arenas),
-      replace_existing_(replace_existing) {
+      replace_existing_(replace_existing),
+      weights_only_(!job.checkpoint().save_optimizer()) {
   if (job.checkpoint().async()) {
     absl::StatusOr<Tensor> staging = arenas.Get("checkpoint.staging");
     if (staging.ok()) staging_ = *staging;
@@ -45,7 +46,7 @@ absl::Status CheckpointWriter::Save(int64_t step, nlohmann::json state) {
   // The copy is the only part the step loop waits for; the buffers follow each other in
   // the staging area as the plan orders them, each aligned.
   auto* out = static_cast<uint8_t*>(staging_->raw());
-  for (const BufferSpec* b : CheckpointedBuffers(plan_)) {
+  for (const BufferSpec* b : CheckpointedBuffers(plan_, weights_only_)) {
     ZT_ASSIGN_OR_RETURN(Tensor t, arenas_.Get(b->name));
     std::memcpy(out, t.raw(), static_cast<size_t>(b->bytes()));
     out += AlignedBytes(b->bytes());
@@ -88,15 +89,18 @@ absl::Status CheckpointWriter::Write(int64_t step, const nlohmann::json& state, 
     const auto* base = static_cast<const uint8_t*>(staging_->raw());
     int64_t offset = 0;
     absl::flat_hash_map<const BufferSpec*, int64_t> offsets;
-    for (const BufferSpec* b : CheckpointedBuffers(plan_)) {
+    for (const BufferSpec* b : CheckpointedBuffers(plan_, weights_only_)) {
       offsets[b] = offset;
       offset += AlignedBytes(b->bytes());
     }
-    written = WriteRankState(file, plan_, [&](const BufferSpec& b) -> absl::StatusOr<const void*> {
-      return static_cast<const void*>(base + offsets.at(&b));
-    });
+    written = WriteRankState(
+        file, plan_,
+        [&](const BufferSpec& b) -> absl::StatusOr<const void*> {
+          return static_cast<const void*>(base + offsets.at(&b));
+        },
+        weights_only_);
   } else {
-    written = WriteRankState(file, plan_, arenas_);
+    written = WriteRankState(file, plan_, arenas_, weights_only_);
   }
   ZT_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "rank/", rank_),
                                  written.ok() ? "ok" : std::string(written.message())));

@@ -54,6 +54,7 @@ class CheckpointWriter {
   const MemoryPlan& plan_;
   const Arenas& arenas_;
   bool replace_existing_;
+  bool weights_only_;  // checkpoint.save_optimizer false
   std::optional<Tensor> staging_;
   std::future<absl::Status> in_flight_;
 };

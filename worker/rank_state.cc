@@ -13,24 +13,28 @@
 
 namespace zt {
 
-std::vector<const BufferSpec*> CheckpointedBuffers(const MemoryPlan& plan) {
+std::vector<const BufferSpec*> CheckpointedBuffers(const MemoryPlan& plan, bool weights_only) {
   std::vector<const BufferSpec*> out;
   for (const BufferSpec& b : plan.buffers) {
-    if (IsCheckpointed(b)) out.push_back(&b);
+    if (IsCheckpointed(b, weights_only)) out.push_back(&b);
   }
   return out;
 }
 
-absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas) {
-  return WriteRankState(path, plan, [&](const BufferSpec& b) -> absl::StatusOr<const void*> {
-    ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(b.name));
-    return static_cast<const void*>(t.raw());
-  });
+absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas,
+                            bool weights_only) {
+  return WriteRankState(
+      path, plan,
+      [&](const BufferSpec& b) -> absl::StatusOr<const void*> {
+        ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(b.name));
+        return static_cast<const void*>(t.raw());
+      },
+      weights_only);
 }
 
 absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan,
-                            const BufferSource& source) {
-  const std::vector<const BufferSpec*> buffers = CheckpointedBuffers(plan);
+                            const BufferSource& source, bool weights_only) {
+  const std::vector<const BufferSpec*> buffers = CheckpointedBuffers(plan, weights_only);
   std::vector<SafetensorsTensorSpec> specs;
   for (const BufferSpec* b : buffers) {
     specs.push_back({.name = b->name, .dtype = ToStDType(b->dtype), .shape = {b->numel()}});
@@ -46,9 +50,10 @@ absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan,
   return writer->Finish();
 }
 
-absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas) {
+absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas,
+                           bool weights_only) {
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
-  for (const BufferSpec* b : CheckpointedBuffers(plan)) {
+  for (const BufferSpec* b : CheckpointedBuffers(plan, weights_only)) {
     const SafetensorsTensorInfo* info = file->Find(b->name);
     if (info == nullptr || info->dtype != ToStDType(b->dtype) || info->nbytes() != b->bytes()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -153,7 +158,7 @@ absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const std::function<std::string(int)>& rank_file,
                               const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,
-                              const Arenas& arenas) {
+                              const Arenas& arenas, bool weights_only) {
   const ModelLayout layout = BuildModelLayout(job.model());
   const int saved_ranks = saved_job.parallel().world_size();
   std::vector<std::unique_ptr<SafetensorsFile>> files(saved_ranks);
@@ -163,7 +168,7 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
     }
     return files[r].get();
   };
-  for (const BufferSpec* b : CheckpointedBuffers(plan)) {
+  for (const BufferSpec* b : CheckpointedBuffers(plan, weights_only)) {
     int u = -1;
     std::string role;
     if (!SplitName(layout, b->name, &u, &role) || !Reshardable(role)) {

@@ -29,18 +29,23 @@
 namespace zt {
 
 // The plan's buffers a checkpoint holds, in plan order.
-std::vector<const BufferSpec*> CheckpointedBuffers(const MemoryPlan& plan);
+// With `weights_only`, the parameters and master weights alone (checkpoint.save_optimizer
+// false; the manifest's "optimizer_saved" says which a checkpoint holds).
+std::vector<const BufferSpec*> CheckpointedBuffers(const MemoryPlan& plan,
+                                                   bool weights_only = false);
 
 // Writes those buffers from `arenas` to `path` (safetensors, synced).
-absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas);
+absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas,
+                            bool weights_only = false);
 // The same from wherever `source` says each buffer's bytes are (a staging copy).
 using BufferSource = std::function<absl::StatusOr<const void*>(const BufferSpec&)>;
 absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan,
-                            const BufferSource& source);
+                            const BufferSource& source, bool weights_only = false);
 
 // Reads them back from `path`. FailedPrecondition naming the file and the first buffer that
 // is missing or has another dtype or size (the checkpoint was written for another layout).
-absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas);
+absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas,
+                           bool weights_only = false);
 
 // Fills rank `rank` of `job` (its plan `plan`, its `arenas`) from the files of a checkpoint
 // written by `saved_job` — the same model, precision and optimizer on another parallel layout.
@@ -57,6 +62,6 @@ absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const std::function<std::string(int)>& rank_file,
                               const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,
-                              const Arenas& arenas);
+                              const Arenas& arenas, bool weights_only = false);
 
 }  // namespace zt

@@ -257,7 +257,8 @@ absl::Status Trainer::SaveCheckpoint() {
                           {"global_batch_sequences", GlobalBatchSequences(job_)},
                           {"model", ProtoJson(job_.model())},
                           {"precision", ProtoJson(job_.precision())},
-                          {"optimizer", ProtoJson(job_.optimizer())}};
+                          {"optimizer", ProtoJson(job_.optimizer())},
+                          {"optimizer_saved", job_.checkpoint().save_optimizer()}};
   if (loss_scaler_) {
     const LossScalerState& ls = loss_scaler_->state();
     state["loss_scaler"] = {{"scale", ls.scale},
@@ -310,6 +311,13 @@ absl::Status Trainer::Resume() {
         ckpt.path(), state.value("global_batch_sequences", int64_t{0}),
         GlobalBatchSequences(job_)));
   }
+  // A weights-only checkpoint (checkpoint.save_optimizer false) restarts the optimizer: its
+  // moments stay zero and its step count starts again.
+  const bool weights_only = !state.value("optimizer_saved", true);
+  if (weights_only && options_.rank == 0) {
+    std::fprintf(stderr, "zt: %s holds weights only: the optimizer starts afresh\n",
+                 ckpt.path().c_str());
+  }
   zerotrain::JobSpec saved = job_;
   saved.mutable_parallel()->set_world_size(state.value("world_size", 0));
   saved.mutable_parallel()->set_zero_stage(state.value("zero_stage", -1));
@@ -322,7 +330,7 @@ absl::Status Trainer::Resume() {
   if (saved.parallel().world_size() == parallel.world_size() &&
       saved.parallel().zero_stage() == parallel.zero_stage() &&
       saved.parallel().shard_group_size() == parallel.shard_group_size()) {
-    ZT_RETURN_IF_ERROR(ReadRankState(rank_file(options_.rank), plan_, *arenas_));
+    ZT_RETURN_IF_ERROR(ReadRankState(rank_file(options_.rank), plan_, *arenas_, weights_only));
   } else {
     const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
     if (w < 1 || g < 1 || w % g != 0 || saved.parallel().zero_stage() < 0 ||
@@ -330,10 +338,11 @@ absl::Status Trainer::Resume() {
       return absl::DataLossError(absl::StrCat("checkpoint '", ckpt.path(),
                                               "': the manifest's parallel layout is invalid"));
     }
-    ZT_RETURN_IF_ERROR(ReshardRankState(saved, rank_file, job_, options_.rank, plan_, *arenas_));
+    ZT_RETURN_IF_ERROR(
+        ReshardRankState(saved, rank_file, job_, options_.rank, plan_, *arenas_, weights_only));
   }
   step_ = state.value("step", int64_t{0});
-  optimizer_->RestoreStepsTaken(state.value("optimizer_steps", int64_t{0}));
+  optimizer_->RestoreStepsTaken(weights_only ? 0 : state.value("optimizer_steps", int64_t{0}));
   if (loss_scaler_ && state.contains("loss_scaler")) {
     const nlohmann::json& ls = state["loss_scaler"];
     loss_scaler_->Restore({.scale = ls.value("scale", 1.0),

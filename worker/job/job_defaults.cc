@@ -111,6 +111,7 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   zerotrain::CheckpointConfig& checkpoint = *spec->mutable_checkpoint();
   if (!checkpoint.has_interval_steps()) checkpoint.set_interval_steps(1000);
   if (!checkpoint.has_keep_last()) checkpoint.set_keep_last(3);
+  if (!checkpoint.has_save_optimizer()) checkpoint.set_save_optimizer(true);
   if (checkpoint.on_save_error() == zerotrain::CheckpointConfig::SAVE_ERROR_POLICY_UNSPECIFIED) {
     checkpoint.set_on_save_error(zerotrain::CheckpointConfig::FAIL);
   }

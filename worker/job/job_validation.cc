@@ -331,6 +331,7 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
   if (v.Set("checkpoint.keep_last", ckpt.has_keep_last())) {
     v.AtLeast("checkpoint.keep_last", ckpt.keep_last(), 1);
   }
+  v.Set("checkpoint.save_optimizer", ckpt.has_save_optimizer());
   if (ckpt.on_save_error() != zerotrain::CheckpointConfig::FAIL &&
       ckpt.on_save_error() != zerotrain::CheckpointConfig::CONTINUE) {
     v.Add(absl::StrCat(

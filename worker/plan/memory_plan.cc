@@ -117,9 +117,10 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
   return sizes;
 }
 
-bool IsCheckpointed(const BufferSpec& b) {
-  return (b.category == MemoryCategory::kParameters && b.name.ends_with(".params")) ||
-         b.category == MemoryCategory::kOptimizerState;
+bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
+  if (b.category == MemoryCategory::kParameters) return b.name.ends_with(".params");
+  return b.category == MemoryCategory::kOptimizerState &&
+         (!weights_only || b.name.ends_with(".master"));
 }
 
 bool ShardedAdafactor(const zerotrain::JobSpec& job) {
@@ -219,7 +220,9 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
     // copied at the save point and written from here while training goes on.
     int64_t staged = 0;
     for (const BufferSpec& b : plan.buffers) {
-      if (IsCheckpointed(b)) staged += AlignedBytes(b.bytes());
+      if (IsCheckpointed(b, !job.checkpoint().save_optimizer())) {
+        staged += AlignedBytes(b.bytes());
+      }
     }
     add("checkpoint.staging", MemoryCategory::kPinnedHost, DType::kU8, staged);
   }

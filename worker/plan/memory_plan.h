@@ -154,8 +154,10 @@ struct ConversionBufferSizes {
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job);
 
 // Whether a checkpoint holds buffer `b`: the model states — "<unit>.params" and every
-// optimizer-state buffer (master weights included). The rest is rebuilt every step.
-bool IsCheckpointed(const BufferSpec& b);
+// optimizer-state buffer (master weights included), or with `weights_only` (checkpoint.
+// save_optimizer false) the parameters and master weights alone. The rest is rebuilt every
+// step.
+bool IsCheckpointed(const BufferSpec& b, bool weights_only = false);
 
 // Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are
 // summed across the group (kernels/adafactor.h, AdafactorArgs::Shard).

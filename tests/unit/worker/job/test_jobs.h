@@ -100,6 +100,7 @@ checkpoint:
   interval_steps: 1000
   keep_last: 3
   on_save_error: FAIL
+  save_optimizer: true
 resources:
   device: CUDA
   cpu_threads: 3
@@ -134,7 +135,7 @@ inline constexpr char kFullJson[] = R"({
   "parallel": {"world_size": 2, "zero_stage": 3, "shard_group_size": 2,
                "reshard_after_forward": true, "prefetch_units": 1, "bucket_bytes": 26214400,
                "comm_timeout_s": 300},
-  "checkpoint": {"dir": "ckpt", "interval_steps": 1000, "keep_last": 3, "on_save_error": "FAIL"},
+  "checkpoint": {"dir": "ckpt", "interval_steps": 1000, "keep_last": 3, "on_save_error": "FAIL", "save_optimizer": true},
   "resources": {"device": "CUDA", "cpu_threads": 3}
 })";
 
