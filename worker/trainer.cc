@@ -282,14 +282,33 @@ absl::Status Trainer::SaveOutcome(absl::Status saved) {
 }
 
 absl::Status Trainer::Resume() {
-  ZT_ASSIGN_OR_RETURN(LoadableCheckpoint loadable,
-                      FindLoadable(options_.resume_dir, options_.resume_fallback
-                                                            ? CheckpointFallback::kOlderVerified
-                                                            : CheckpointFallback::kNone));
-  const Checkpoint& ckpt = *loadable.checkpoint;
-  if (!loadable.note.empty() && options_.rank == 0) {
-    std::fprintf(stderr, "zt: resuming from %s: %s\n", ckpt.path().c_str(), loadable.note.c_str());
+  // Rank 0 picks the checkpoint and verifies every file once; the others open the manifest
+  // it names instead of each reading every rank's file again.
+  const std::string key = absl::StrCat("resume/", options_.resume_dir);
+  std::unique_ptr<Checkpoint> opened;
+  if (options_.rank == 0) {
+    absl::StatusOr<LoadableCheckpoint> loadable = FindLoadable(
+        options_.resume_dir,
+        options_.resume_fallback ? CheckpointFallback::kOlderVerified : CheckpointFallback::kNone);
+    ZT_RETURN_IF_ERROR(store_->Set(key, loadable.ok()
+                                            ? "ok:" + loadable->checkpoint->path()
+                                            : absl::StrCat("error:", loadable.status().message())));
+    if (!loadable.ok()) return loadable.status();
+    if (!loadable->note.empty()) {
+      std::fprintf(stderr, "zt: resuming from %s: %s\n", loadable->checkpoint->path().c_str(),
+                   loadable->note.c_str());
+    }
+    opened = std::move(loadable->checkpoint);
+  } else {
+    ZT_RETURN_IF_ERROR(store_->Wait({key}, absl::Seconds(job_.parallel().comm_timeout_s())));
+    ZT_ASSIGN_OR_RETURN(std::string choice, store_->Get(key));
+    if (choice.starts_with("error:")) {
+      return absl::AbortedError(absl::StrCat("rank 0 found no loadable checkpoint in '",
+                                             options_.resume_dir, "': ", choice.substr(6)));
+    }
+    ZT_ASSIGN_OR_RETURN(opened, OpenCheckpoint(choice.substr(3)));
   }
+  const Checkpoint& ckpt = *opened;
   const nlohmann::json& state = ckpt.state();
   // What must not change across a resume: the model, its precision and optimizer (the
   // states' meaning), and the global batch (the data position is the step).
