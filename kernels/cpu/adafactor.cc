@@ -232,12 +232,21 @@ absl::Status SumAcross(const AdafactorArgs& args, float* data, int64_t n, const 
                                               " failed: ", st.message()));
 }
 
-// α from ρ and the group's Σ param² over the whole tensor's `whole` elements.
-double ShardedAlpha(const AdafactorArgs& args, double rho, float param_sq, int64_t whole) {
-  if (!args.scale_parameter) return rho;
-  return std::max(static_cast<double>(args.eps2),
-                  std::sqrt(static_cast<double>(param_sq) / static_cast<double>(whole))) *
-         rho;
+// The update's scaling for a sharded tensor, from ρ and the group's sums over the whole
+// tensor's `whole` elements: α from Σ param², the clip from Σ U².
+Apply ShardedApply(const AdafactorArgs& args, double rho, float param_sq, float u_sq,
+                   int64_t whole) {
+  const double alpha =
+      args.scale_parameter
+          ? std::max(static_cast<double>(args.eps2),
+                     std::sqrt(static_cast<double>(param_sq) / static_cast<double>(whole))) *
+                rho
+          : rho;
+  const double clip = std::max(
+      1.0, std::sqrt(static_cast<double>(u_sq) / static_cast<double>(whole)) / args.clip_threshold);
+  return {.scale = static_cast<float>(alpha / clip),
+          .beta1 = args.beta1,
+          .wd_alpha = static_cast<float>(args.weight_decay * alpha)};
 }
 
 // Σ param² of the shard's elements (0 unless scale_parameter needs it).
@@ -348,13 +357,7 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
   }));
   ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
 
-  const double alpha = ShardedAlpha(args, rho, *param_sq, whole);
-  const double clip =
-      std::max(1.0, std::sqrt(static_cast<double>(*u_sq) / static_cast<double>(whole)) /
-                        args.clip_threshold);
-  const Apply a{.scale = static_cast<float>(alpha / clip),
-                .beta1 = args.beta1,
-                .wd_alpha = static_cast<float>(args.weight_decay * alpha)};
+  const Apply a = ShardedApply(args, rho, *param_sq, *u_sq, whole);
   float* param = args.param.data<float>();
   float* m = args.m.empty() ? nullptr : args.m.data<float>();
   void* copy = args.param_copy.raw();
@@ -411,13 +414,7 @@ absl::Status ShardedFullUpdate(const DeviceContext& ctx, const AdafactorArgs& ar
   }));
   ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
 
-  const double alpha = ShardedAlpha(args, rho, *param_sq, whole);
-  const double clip =
-      std::max(1.0, std::sqrt(static_cast<double>(*u_sq) / static_cast<double>(whole)) /
-                        args.clip_threshold);
-  const Apply a{.scale = static_cast<float>(alpha / clip),
-                .beta1 = args.beta1,
-                .wd_alpha = static_cast<float>(args.weight_decay * alpha)};
+  const Apply a = ShardedApply(args, rho, *param_sq, *u_sq, whole);
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = 0; i < n; ++i) {
     const float u = (LoadAs<kG>(grad, i) * gs) / std::sqrt(v[i]);

@@ -28,7 +28,6 @@ struct RunResult {
   std::vector<std::vector<float>> weights;                   // rank 0's FullWeights at the end
   std::vector<std::vector<std::vector<float>>> all_weights;  // every rank's
   std::vector<CommStats> first_step_stats;                   // per rank, after step 1
-  std::vector<int64_t> plan_total, arena_total;              // per rank
   std::vector<std::string> unclaimed;                        // plan buffers some rank never used
 };
 
@@ -52,8 +51,6 @@ class ShardedTrainingTest : public ::testing::Test {
     RunResult result;
     result.all_weights.resize(n);
     result.first_step_stats.resize(n);
-    result.plan_total.resize(n);
-    result.arena_total.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::vector<std::string>> unclaimed(n);
     std::vector<std::thread> threads;
@@ -79,8 +76,6 @@ class ShardedTrainingTest : public ::testing::Test {
           absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
           if (!w.ok()) return w.status();
           result.all_weights[r] = std::move(*w);
-          result.plan_total[r] = (*t)->plan().TotalBytes();
-          result.arena_total[r] = (*t)->arenas().TotalBytesInUse();
           unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
           return absl::OkStatus();
         }();
@@ -356,15 +351,14 @@ TEST_F(ShardedTrainingTest, BytesMovedPerStepFollowZerosAnalysis) {
   }
 }
 
-TEST_F(ShardedTrainingTest, ArenasMatchThePlanOnEveryRankAndStage) {
-  // Each rank's arenas hold exactly its plan: nothing more, nothing unused (the per-stage
-  // division itself is checked on the plan, tests/unit/worker/plan/model_states_test.cc).
+TEST_F(ShardedTrainingTest, EveryRankUsesEveryBufferOfItsPlan) {
+  // The arenas are carved from the plan, so their totals equal it by construction; what can
+  // go wrong is a planned buffer no rank ever uses (memory the plan promises and the engine
+  // wastes). The division per stage is checked on the plan itself
+  // (tests/unit/worker/plan/model_states_test.cc).
   for (int stage = 0; stage <= 3; ++stage) {
     const RunResult run = Train(Job(4, stage, 2), 1);
-    for (int r = 0; r < 4; ++r) {
-      EXPECT_EQ(run.arena_total[r], run.plan_total[r]) << "stage " << stage << " rank " << r;
-    }
-    EXPECT_TRUE(run.unclaimed.empty()) << "stage " << stage;
+    EXPECT_TRUE(run.unclaimed.empty()) << "stage " << stage << ": " << run.unclaimed.front();
   }
 }
 
