@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "proto/control.pb.h"
 
 namespace zt::cli {
 
@@ -45,10 +46,17 @@ absl::Status RunPrepare(const PrepareFlags& flags);
 struct EstimateFlags {
   std::string job_file;
   int world_size = 0;   // 0: the job's parallel.world_size
-  int zero_stage = -1;  // < 0: the job's parallel.zero_stage
+  int zero_stage = -1;  // < 0: the job's parallel.zero_stage (with plan: pins it)
   bool json = false;
+  // Print the sharding planner's choice and every candidate instead of one memory plan.
+  bool plan = false;
+  // With plan: bytes, or a size like "16GiB" (cli/output_format.h); empty: this machine's
+  // MemAvailable divided among the ranks.
+  std::string device_memory;
 };
+// Dispatches to RunEstimatePlan with flags.plan.
 absl::Status RunEstimate(const EstimateFlags& flags);
+absl::Status RunEstimatePlan(const EstimateFlags& flags);
 
 struct ExportFlags {
   // A checkpoint.dir (its `latest` step is exported) or one step directory.
@@ -61,8 +69,68 @@ struct ExportFlags {
 };
 absl::Status RunExport(const ExportFlags& flags);
 
-// 2 for errors in the user's input (InvalidArgument, NotFound, PermissionDenied,
-// FailedPrecondition, OutOfRange, DataLoss), 1 otherwise.
-int ExitCodeFor(const absl::Status& status);
+// How every remote verb reaches the coordinator (worker/node/control_channel.h resolves the
+// empty ones: $ZT_COORDINATOR or 127.0.0.1:7070; $ZT_TOKEN or $ZT_STATE_DIR/token).
+struct RemoteFlags {
+  std::string coordinator;
+  std::string token_file;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  // Print messages through protobuf's JSON mapping instead of tables.
+  bool json = false;
+};
+
+struct SubmitFlags {
+  RemoteFlags remote;
+  std::string job_file;
+  bool watch = false;
+  bool has_priority = false;  // --priority given: it replaces scheduling.priority
+  int priority = 0;
+};
+// Prints the job id (with json: the Job); with watch, then watches as RunWatch.
+absl::Status RunSubmit(const SubmitFlags& flags);
+
+struct ListFlags {
+  RemoteFlags remote;
+  std::string state;  // a Job.State name (any case); empty: every state
+};
+absl::Status RunList(const ListFlags& flags);
+
+struct JobFlags {
+  RemoteFlags remote;
+  std::string job_id;
+};
+absl::Status RunStatus(const JobFlags& flags);
+absl::Status RunCancel(const JobFlags& flags);
+// Streams the job's events until it finishes; the status is JobOutcome's.
+absl::Status RunWatch(const JobFlags& flags);
+
+struct ResumeFlags {
+  RemoteFlags remote;
+  // A job id, or a checkpoint directory (an existing path) to continue with `job_file`.
+  std::string target;
+  std::string job_file;
+  bool fallback = false;
+};
+absl::Status RunResume(const ResumeFlags& flags);
+
+absl::Status RunNodes(const RemoteFlags& flags);
+
+// The exit code of a verb's status (documented in main.cc): 0 OK; 2 the user's input is
+// wrong (InvalidArgument, NotFound, PermissionDenied, FailedPrecondition, OutOfRange,
+// DataLoss, AlreadyExists); 3 Cancelled (the job was cancelled); 4 Unavailable or
+// DeadlineExceeded (the coordinator cannot be reached: retry); 5 Unauthenticated; 1 anything
+// else (the run or the job failed).
+// Only the verbs that talk to a coordinator give 4: in `zt train`, Unavailable and
+// DeadlineExceeded come from the ranks' collectives (a lost peer) and the run failed: 1.
+enum class VerbKind { kOffline, kRemote };
+int ExitCodeFor(const absl::Status& status, VerbKind kind = VerbKind::kRemote);
+
+// A finished job's state as a status that ExitCodeFor maps: SUCCEEDED OK, CANCELLED
+// Cancelled, FAILED Aborted (exit 1), any other state Unknown (exit 1). `reason` (the job's
+// failure_reason) ends the message.
+absl::Status JobOutcome(zerotrain::Job::State state, const std::string& job_id,
+                        const std::string& reason);
 
 }  // namespace zt::cli

@@ -1,5 +1,6 @@
 // `zt estimate JOBFILE [--world-size N] [--zero-stage S] [--json]`: where a rank's memory
-// goes, by category, from the memory plan the engine allocates from. Nothing is allocated, so
+// goes, by category, from the memory plan the engine allocates from (`--plan`: the sharding
+// planner's choice instead, cli/estimate_plan.cc). Nothing is allocated, so
 // it answers instantly for models far larger than this machine.
 #include <cstdio>
 #include <iostream>
@@ -14,6 +15,7 @@
 namespace zt::cli {
 
 absl::Status RunEstimate(const EstimateFlags& flags) {
+  if (flags.plan) return RunEstimatePlan(flags);
   // Estimating needs neither the data files nor an engine that can run the job yet.
   absl::StatusOr<zerotrain::JobSpec> loaded =
       LoadValidatedJob(flags.job_file, {.check_paths = false, .check_engine_support = false});

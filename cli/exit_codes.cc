@@ -2,7 +2,7 @@
 
 namespace zt::cli {
 
-int ExitCodeFor(const absl::Status& status) {
+int ExitCodeFor(const absl::Status& status, VerbKind kind) {
   switch (status.code()) {
     case absl::StatusCode::kOk:
       return 0;
@@ -12,9 +12,33 @@ int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kAlreadyExists:
       return 2;
+    case absl::StatusCode::kCancelled:
+      return 3;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return kind == VerbKind::kRemote ? 4 : 1;
+    case absl::StatusCode::kUnauthenticated:
+      return 5;
     default:
       return 1;
+  }
+}
+
+absl::Status JobOutcome(zerotrain::Job::State state, const std::string& job_id,
+                        const std::string& reason) {
+  const std::string why = reason.empty() ? "" : ": " + reason;
+  switch (state) {
+    case zerotrain::Job::SUCCEEDED:
+      return absl::OkStatus();
+    case zerotrain::Job::CANCELLED:
+      return absl::CancelledError("job " + job_id + " was CANCELLED" + why);
+    case zerotrain::Job::FAILED:
+      return absl::AbortedError("job " + job_id + " FAILED" + why);
+    default:
+      return absl::UnknownError("job " + job_id + " is " + zerotrain::Job::State_Name(state) +
+                                ", not finished" + why);
   }
 }
 

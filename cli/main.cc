@@ -1,10 +1,20 @@
 // zt: the ZeroTrain client. The offline verbs run here, on this machine's devices:
 //   zt train JOBFILE     train a job in this process
 //   zt prepare ...       turn text files into token shards
-//   zt estimate JOBFILE  where a rank's memory goes, from the memory plan
+//   zt estimate JOBFILE [--plan]  where a rank's memory goes / the sharding the planner picks
 //   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
-// Exit codes: 0 success; 1 the run failed; 2 the input (command line, job file, data) is
-// wrong — a batch script can tell "fix the job" from "retry".
+// The remote verbs talk to a coordinator (`ztd`; --coordinator, else $ZT_COORDINATOR, else
+// 127.0.0.1:7070; the token from --token-file, else $ZT_TOKEN, else $ZT_STATE_DIR/token):
+//   zt submit JOBFILE [--watch] [--priority N]   zt list [--state S]   zt status JOB
+//   zt watch JOB   zt cancel JOB   zt resume JOB|CHECKPOINT [--job JOBFILE] [--fallback]
+//   zt nodes
+// Exit codes (cli/exit_codes.cc), so a batch script knows what to do next:
+//   0  success; for submit --watch and watch: the job SUCCEEDED
+//   1  the run failed, or the job FAILED
+//   2  the input (command line, job file, data, a path the coordinator refuses) is wrong
+//   3  the job was CANCELLED
+//   4  the coordinator cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED): retry later
+//   5  UNAUTHENTICATED: the token is missing or wrong
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -79,7 +89,15 @@ int main(int argc, char** argv) {
   estimate_cmd
       ->add_option("--zero-stage", estimate.zero_stage, "ZeRO stage 0-3 (default: the job's)")
       ->check(CLI::Range(0, 3));
-  estimate_cmd->add_flag("--json", estimate.json, "One JSON object (per_rank: bytes by category)");
+  estimate_cmd->add_flag("--json", estimate.json,
+                         "One JSON object (per_rank: bytes by category; with --plan: the "
+                         "ShardingPlan message)");
+  estimate_cmd->add_flag("--plan", estimate.plan,
+                         "Show the ZeRO stage and activation checkpointing the planner chooses, "
+                         "and every alternative");
+  estimate_cmd->add_option("--device-memory", estimate.device_memory,
+                           "With --plan: memory of one device, bytes or a size like 16GiB "
+                           "(default: this machine's MemAvailable / world size)");
 
   zt::cli::ExportFlags export_flags;
   CLI::App* export_cmd = app.add_subcommand(
@@ -96,6 +114,58 @@ int main(int argc, char** argv) {
                          "(default 5000000000)");
   export_cmd->add_flag("--quiet", export_flags.quiet, "No summary line");
 
+  zt::cli::RemoteFlags remote;
+  auto add_remote = [&remote](CLI::App* cmd) {
+    cmd->add_option("--coordinator", remote.coordinator,
+                    "host:port of the coordinator (default $ZT_COORDINATOR, else 127.0.0.1:7070)");
+    cmd->add_option("--token-file", remote.token_file,
+                    "File holding the coordinator's token (default $ZT_TOKEN, else "
+                    "$ZT_STATE_DIR/token)");
+    cmd->add_option("--tls-ca", remote.tls_ca, "PEM CA to verify the coordinator (enables TLS)");
+    cmd->add_option("--tls-cert", remote.tls_cert, "PEM client certificate (mutual TLS)");
+    cmd->add_option("--tls-key", remote.tls_key, "PEM client key (mutual TLS)");
+    cmd->add_flag("--json", remote.json,
+                  "JSON through protobuf's JSON mapping (an object, an array, or for watch one "
+                  "event per line)");
+  };
+
+  zt::cli::SubmitFlags submit;
+  CLI::App* submit_cmd = app.add_subcommand("submit", "Submit a job to the coordinator");
+  submit_cmd->add_option("job", submit.job_file, "Job file (YAML or JSON)")->required();
+  submit_cmd->add_flag("--watch", submit.watch, "Then watch it until it finishes");
+  CLI::Option* priority = submit_cmd->add_option(
+      "--priority", submit.priority, "Scheduling priority, higher first (default: the job's)");
+  add_remote(submit_cmd);
+
+  zt::cli::ListFlags list;
+  CLI::App* list_cmd = app.add_subcommand("list", "List jobs, newest first");
+  list_cmd->add_option("--state", list.state, "Only jobs in this state (PENDING, RUNNING, ...)");
+  add_remote(list_cmd);
+
+  zt::cli::JobFlags job_flags;
+  CLI::App* status_cmd = app.add_subcommand("status", "Show one job");
+  CLI::App* watch_cmd =
+      app.add_subcommand("watch", "Follow a job until it finishes (exit 0 when it SUCCEEDED)");
+  CLI::App* cancel_cmd = app.add_subcommand("cancel", "Cancel a job");
+  for (CLI::App* cmd : {status_cmd, watch_cmd, cancel_cmd}) {
+    cmd->add_option("job", job_flags.job_id, "Job id")->required();
+    add_remote(cmd);
+  }
+
+  zt::cli::ResumeFlags resume_flags;
+  CLI::App* resume_cmd = app.add_subcommand(
+      "resume", "Queue a FAILED or CANCELLED job again, or continue a checkpoint directory");
+  resume_cmd->add_option("target", resume_flags.target, "Job id or checkpoint directory")
+      ->required();
+  resume_cmd->add_option("--job", resume_flags.job_file,
+                         "With a checkpoint directory: the job file to continue");
+  resume_cmd->add_flag("--fallback", resume_flags.fallback,
+                       "Use the newest older checkpoint that verifies if the latest does not");
+  add_remote(resume_cmd);
+
+  CLI::App* nodes_cmd = app.add_subcommand("nodes", "List the coordinator's nodes");
+  add_remote(nodes_cmd);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -108,9 +178,20 @@ int main(int argc, char** argv) {
   if (*prepare_cmd) status = zt::cli::RunPrepare(prepare);
   if (*estimate_cmd) status = zt::cli::RunEstimate(estimate);
   if (*export_cmd) status = zt::cli::RunExport(export_flags);
+  submit.has_priority = priority->count() > 0;
+  submit.remote = list.remote = job_flags.remote = resume_flags.remote = remote;
+  if (*submit_cmd) status = zt::cli::RunSubmit(submit);
+  if (*list_cmd) status = zt::cli::RunList(list);
+  if (*status_cmd) status = zt::cli::RunStatus(job_flags);
+  if (*watch_cmd) status = zt::cli::RunWatch(job_flags);
+  if (*cancel_cmd) status = zt::cli::RunCancel(job_flags);
+  if (*resume_cmd) status = zt::cli::RunResume(resume_flags);
+  if (*nodes_cmd) status = zt::cli::RunNodes(remote);
   if (!status.ok()) {
     std::cerr << "zt: " << status.message() << "\n";
-    return zt::cli::ExitCodeFor(status);
+    const bool offline = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd;
+    return zt::cli::ExitCodeFor(
+        status, offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
   }
   return 0;
 }

@@ -17,3 +17,9 @@ find_package(OpenBLAS CONFIG REQUIRED)
 add_library(zt_openblas INTERFACE)
 target_include_directories(zt_openblas INTERFACE ${OpenBLAS_INCLUDE_DIRS})
 target_link_libraries(zt_openblas INTERFACE ${OpenBLAS_LIBRARIES})
+
+# The control plane: gRPC services, the coordinator's RocksDB state, Prometheus metrics.
+find_package(gRPC CONFIG REQUIRED)
+find_package(prometheus-cpp CONFIG REQUIRED)
+# RocksDB's package adds its own Find modules to CMAKE_MODULE_PATH: it comes last.
+find_package(RocksDB CONFIG REQUIRED)

@@ -16,7 +16,8 @@ for flag in "$@"; do
     --demo) packages+=(fortunes) ;;
     # The tests check the model against an independent PyTorch float64 reference and train
     # on the demo corpus; the benchmarks compare against PyTorch's speed and memory.
-    --test|--bench) packages+=(python3-torch python3-numpy fortunes) ;;
+    # The daemon tests drive the API from a Python gRPC client and check /metrics with promtool.
+    --test|--bench) packages+=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus) ;;
     *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench)" >&2; exit 2 ;;
   esac
 done

@@ -10,6 +10,7 @@
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/model/param_layout.h"
+#include "worker/optimizer_state_reshard.h"
 
 namespace zt {
 
@@ -91,10 +92,8 @@ bool SplitName(const ModelLayout& layout, const std::string& name, int* unit, st
   return false;
 }
 
-bool Reshardable(const std::string& role) {
-  return role == "params" || role == "master" || role == "adam_m" || role == "adam_v" ||
-         role == "momentum";
-}
+// Buffers that hold one value per element of a range of the unit, in unit order.
+bool IsUnitRange(const std::string& role) { return role == "params" || role == "master"; }
 
 // The segment of `role` of unit `u` on `rank` of `job`.
 UnitSegment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit,
@@ -161,23 +160,23 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const Arenas& arenas, bool weights_only) {
   const ModelLayout layout = BuildModelLayout(job.model());
   const int saved_ranks = saved_job.parallel().world_size();
-  std::vector<std::unique_ptr<SafetensorsFile>> files(saved_ranks);
-  auto file_of = [&](int r) -> absl::StatusOr<const SafetensorsFile*> {
-    if (files[r] == nullptr) {
-      ZT_ASSIGN_OR_RETURN(files[r], SafetensorsFile::Open(rank_file(r)));
-    }
-    return files[r].get();
-  };
+  SavedRankFiles saved(saved_job, rank_file);
+  std::vector<bool> states_done(layout.units.size(), false);
   for (const BufferSpec* b : CheckpointedBuffers(plan, weights_only)) {
     int u = -1;
     std::string role;
-    if (!SplitName(layout, b->name, &u, &role) || !Reshardable(role)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "resharding a checkpoint: buffer ", b->name,
-          " is laid out per range (8-bit AdamW blocks, Adafactor rows); resume it on the "
-          "layout that wrote it (parallel.world_size ",
-          saved_ranks, ", zero_stage ", saved_job.parallel().zero_stage(), ", shard_group_size ",
-          saved_job.parallel().shard_group_size(), ")"));
+    if (!SplitName(layout, b->name, &u, &role)) {
+      return absl::InternalError(
+          absl::StrCat("resharding a checkpoint: buffer ", b->name, " belongs to no unit"));
+    }
+    if (!IsUnitRange(role)) {
+      // The unit's optimizer states are laid out per tensor (8-bit blocks, Adafactor's
+      // factored statistics): all of them at once, tensor by tensor.
+      if (!states_done[u]) {
+        ZT_RETURN_IF_ERROR(ReshardUnitOptimizerState(saved, job, rank, layout.units[u], arenas));
+        states_done[u] = true;
+      }
+      continue;
     }
     const UnitSegment want = SegmentOf(job, rank, layout.units[u], role);
     ZT_ASSIGN_OR_RETURN(Tensor dst, arenas.Get(b->name));
@@ -187,16 +186,8 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
       const UnitSegment have = SegmentOf(saved_job, r, layout.units[u], role);
       const int64_t lo = std::max(want.begin, have.begin), hi = std::min(want.end, have.end);
       if (lo >= hi) continue;
-      ZT_ASSIGN_OR_RETURN(const SafetensorsFile* file, file_of(r));
-      const SafetensorsTensorInfo* info = file->Find(b->name);
-      if (info == nullptr || info->dtype != ToStDType(b->dtype) ||
-          info->nbytes() < (hi - have.begin) * element) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("checkpoint file '", file->path(), "': buffer ", b->name,
-                         info == nullptr ? " is missing" : " has another dtype or is too short",
-                         " for the layout its manifest names"));
-      }
-      const absl::Span<const uint8_t> bytes = file->Bytes(*info);
+      ZT_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
+                          saved.Buffer(r, b->name, b->dtype, hi - have.begin));
       std::memcpy(out + (lo - want.begin) * element, bytes.data() + (lo - have.begin) * element,
                   static_cast<size_t>((hi - lo) * element));
       // A saved rank that held the whole wanted range (replicated buffers): done.

@@ -6,14 +6,14 @@
 // bit: gradients and activations are rebuilt every step, and the data position, the learning
 // rate and stochastic rounding are functions of the step.
 //
-// Another parallel layout (world size, ZeRO stage, shard-group size) reshards on read: each
-// buffer is a range of one unit's elements in unit order — the parameters, the master weights
-// and the fp32 moments or momentum of the rank's range (whole units where they are not
-// sharded), because every tensor's state slices follow each other in the unit's order — so a
-// new rank copies, from each saved rank whose range overlaps its own, just the overlap, out
-// of the memory-mapped file (the pages of the other ranges are never read). 8-bit AdamW codes
-// and Adafactor statistics are laid out per range (blocks, rows) and reshard only to the
-// same layout for now.
+// Another parallel layout (world size, ZeRO stage, shard-group size) reshards on read. The
+// parameters and master weights are a range of one unit's elements in unit order (whole units
+// where they are not sharded), so a new rank copies, from each saved rank whose range
+// overlaps its own, just the overlap, out of the memory-mapped file (the pages of the other
+// ranges are never read). Optimizer states are moved tensor by tensor by
+// worker/optimizer_state_reshard.h: fp32 moments, momentum and Adafactor's statistics bit
+// for bit; 8-bit AdamW's blocks bit for bit where a new block is a saved one, requantized
+// from the saved blocks it overlaps elsewhere.
 #pragma once
 
 #include <functional>
@@ -47,10 +47,6 @@ absl::Status WriteRankState(const std::string& path, const MemoryPlan& plan,
 absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, const Arenas& arenas,
                            bool weights_only = false);
 
-// Fills rank `rank` of `job` (its plan `plan`, its `arenas`) from the files of a checkpoint
-// written by `saved_job` — the same model, precision and optimizer on another parallel layout.
-// `rank_file(r)` is the path of saved rank r's file. FailedPrecondition naming the buffer when
-// a state cannot be resharded (8-bit AdamW, Adafactor) or the dtypes differ.
 // Elements [begin, end) of unit `unit`'s `role` ("master" or "params"; the fp32 weights are
 // "master" when the job keeps master weights) as a checkpoint written by `saved_job` holds
 // them, converted to f32 into out[0, end − begin): read from each saved rank whose range
@@ -59,6 +55,11 @@ absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
                            const std::function<std::string(int)>& rank_file, int unit,
                            const std::string& role, int64_t begin, int64_t end, float* out);
 
+// Fills rank `rank` of `job` (its plan `plan`, its `arenas`) from the files of a checkpoint
+// written by `saved_job` — the same model, precision and optimizer on another parallel layout.
+// `rank_file(r)` is the path of saved rank r's file. FailedPrecondition naming the file and
+// the buffer when a saved buffer is missing, of another dtype or too short for the layout
+// its manifest names; DataLoss naming the tensor when no saved rank holds part of its state.
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const std::function<std::string(int)>& rank_file,
                               const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,

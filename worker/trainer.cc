@@ -116,7 +116,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                          .consecutive_hysteresis = ls.consecutive_hysteresis()});
   }
 
-  if (!options.resume_dir.empty()) ZT_RETURN_IF_ERROR(t->Resume());
+  if (!options.resume_dir.empty()) {
+    const auto resume_start = Clock::now();
+    ZT_RETURN_IF_ERROR(t->Resume());
+    t->resume_seconds_ = std::chrono::duration<double>(Clock::now() - resume_start).count();
+  }
   if (!job.checkpoint().dir().empty()) {
     t->checkpoint_writer_.emplace(job, rank, store, t->plan_, *t->arenas_,
                                   /*replace_existing=*/!options.resume_dir.empty());
@@ -407,9 +411,12 @@ absl::StatusOr<StepRecord> Trainer::Step() {
                                                /*last=*/micro + 1 == accum));
     loss += micro_loss / static_cast<double>(accum);
   }
-  ZT_ASSIGN_OR_RETURN(StepTotals totals,
-                      engine_->Combine(ctx_, loss, /*check_finite=*/loss_scaler_.has_value()));
+  const int stop_request = options_.stop ? static_cast<int>(options_.stop->kind()) : 0;
+  ZT_ASSIGN_OR_RETURN(StepTotals totals, engine_->Combine(ctx_, loss,
+                                                          /*check_finite=*/loss_scaler_.has_value(),
+                                                          stop_request));
   StepRecord r;
+  r.stop = static_cast<StopKind>(totals.stop_request);
   r.loss = totals.loss_sum / static_cast<double>(ranks);
   r.lr = LearningRate(job_.optimizer(), step_, train.max_steps());
   r.loss_scale = loss_scale;
@@ -517,9 +524,15 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
     }
     ZT_RETURN_IF_ERROR(AppendMetrics(r));
     const auto& ckpt = job_.checkpoint();
-    if (!ckpt.dir().empty() &&
-        (r.step % ckpt.interval_steps() == 0 || r.step == train.max_steps())) {
+    const bool save_due = r.step % ckpt.interval_steps() == 0 || r.step == train.max_steps() ||
+                          r.stop == StopKind::kCheckpointThenStop;
+    if (!ckpt.dir().empty() && save_due) {
+      const auto save_start = Clock::now();
       ZT_RETURN_IF_ERROR(SaveCheckpoint());
+      r.checkpoint_s = std::chrono::duration<double>(Clock::now() - save_start).count();
+      for (const BufferSpec* b : CheckpointedBuffers(plan_, !ckpt.save_optimizer())) {
+        r.checkpoint_bytes += b->bytes();
+      }
     }
     if (options_.progress && options_.rank == 0 &&
         (r.step % train.log_interval() == 0 || r.step == last)) {
@@ -532,6 +545,10 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
                    r.loss, val.c_str(), r.lr, r.tokens_per_s, FormatDuration(eta).c_str());
     }
     if (on_step) on_step(r);
+    if (r.stop != StopKind::kNone && step_ < last) {
+      stopped_early_ = true;
+      break;
+    }
   }
   std::move(finish_save).Cancel();
   return checkpoint_writer_ ? SaveOutcome(checkpoint_writer_->Finish()) : absl::OkStatus();

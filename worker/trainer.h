@@ -40,6 +40,7 @@
 #include "worker/plan/memory_plan.h"
 #include "worker/shard/rank_communicators.h"
 #include "worker/shard/sharding_engine.h"
+#include "worker/stop_request.h"
 
 namespace zt {
 
@@ -63,6 +64,10 @@ struct TrainOptions {
   // When that checkpoint does not verify, take the newest older one that does (and say so on
   // stderr) instead of failing.
   bool resume_fallback = false;
+  // Polled at every step; not owned, may be null. Run() stops after the step at which any
+  // rank of the job saw a request (all ranks agree on that step), first saving a checkpoint
+  // when one was asked for and checkpoint.dir is set.
+  const StopRequest* stop = nullptr;
 };
 
 // What one optimizer step measured.
@@ -79,6 +84,12 @@ struct StepRecord {
   int64_t comm_bytes = 0;  // bytes this rank sent in the step's collectives
   double comm_s = 0;       // seconds its communicators spent running them
   double comm_wait_s = 0;  // seconds its compute waited for them (not hidden by overlap)
+  StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
+  // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
+  // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's
+  // file.
+  double checkpoint_s = 0;
+  int64_t checkpoint_bytes = 0;
 };
 
 // FP16 anywhere in the precision settings turns dynamic loss scaling on.
@@ -90,7 +101,8 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const zerotrain::JobSpec& job,
                                                          const TrainOptions& options);
 
-  // Runs to stop_after_step (or max_steps), calling `on_step` after each step if set.
+  // Runs to stop_after_step (or max_steps), calling `on_step` after each step if set, or
+  // until a stop request (TrainOptions::stop) ends it early: then stopped_early() is true.
   absl::Status Run(const std::function<void(const StepRecord&)>& on_step = nullptr);
 
   // One optimizer step (the unit Run() is made of).
@@ -115,6 +127,9 @@ class Trainer {
   // Which CPU GEMM the ops use (benchmarks compare them).
   void set_cpu_gemm(CpuGemm gemm) { ctx_.cpu_gemm = gemm; }
   int64_t step() const { return step_; }
+  bool stopped_early() const { return stopped_early_; }
+  // Seconds Create() spent restoring the resumed checkpoint (0 for a fresh start).
+  double resume_seconds() const { return resume_seconds_; }
   const zerotrain::JobSpec& job() const { return job_; }
 
  private:
@@ -148,6 +163,8 @@ class Trainer {
   std::optional<TokenStream> train_data_, val_data_;
   std::optional<Sampler> train_sampler_, val_sampler_;
   int64_t step_ = 0;  // optimizer steps done
+  bool stopped_early_ = false;
+  double resume_seconds_ = 0;
   std::string metrics_path_;
 };
 

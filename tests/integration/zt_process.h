@@ -31,14 +31,16 @@ inline std::string ReadText(const std::string& path) {
   return ss.str();
 }
 
-// A `zt` child process writing stdout and stderr to a log file. Unlike popen, it exposes the
-// pid, so a test can wait with a deadline and kill it. The destructor kills and reaps a child
-// that is still running, so a failed assertion never leaves a training process behind.
+// A `zt` (or `ztd`: `binary`) child process writing stdout and stderr to a log file. Unlike popen,
+// it exposes the pid, so a test can wait with a deadline and kill it. The destructor kills and
+// reaps a child that is still running, so a failed assertion never leaves a training process
+// behind.
 class ZtProcess {
  public:
-  ZtProcess(const std::vector<std::string>& args, std::string log_path)
+  ZtProcess(const std::vector<std::string>& args, std::string log_path,
+            const std::string& binary = "zt")
       : log_path_(std::move(log_path)) {
-    std::vector<std::string> argv_storage = {std::string(ZT_BINARY_DIR) + "/bin/zt"};
+    std::vector<std::string> argv_storage = {std::string(ZT_BINARY_DIR) + "/bin/" + binary};
     argv_storage.insert(argv_storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& a : argv_storage) argv.push_back(a.data());

@@ -116,8 +116,12 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
     checkpoint.set_on_save_error(zerotrain::CheckpointConfig::FAIL);
   }
 
+  zerotrain::SchedulingConfig& scheduling = *spec->mutable_scheduling();
+  if (!scheduling.has_max_restarts()) scheduling.set_max_restarts(3);
+
   zerotrain::ParallelConfig& parallel = *spec->mutable_parallel();
   if (!parallel.has_world_size()) parallel.set_world_size(1);
+  if (!parallel.has_zero_stage()) parallel.set_zero_stage(0);
   if (!parallel.has_shard_group_size()) parallel.set_shard_group_size(parallel.world_size());
   if (!parallel.has_reshard_after_forward()) parallel.set_reshard_after_forward(true);
   if (!parallel.has_prefetch_units()) parallel.set_prefetch_units(1);

@@ -24,4 +24,14 @@ absl::StatusOr<zerotrain::JobSpec> LoadValidatedJob(const std::string& path,
 absl::StatusOr<zerotrain::JobSpec> ValidatedJob(zerotrain::JobSpec job,
                                                 const JobLoadOptions& options = {});
 
+// The sharding planner's input (worker/plan/sharding_planner.h): the stages above run on a
+// copy with every default applied, and the spec returned has those defaults too, except
+// parallel.zero_stage and memory.activation_checkpointing, which stay as the job file left
+// them (unset / CHECKPOINTING_UNSPECIFIED: the planner chooses). Errors as ValidatedJob's.
+absl::StatusOr<zerotrain::JobSpec> JobForPlanning(zerotrain::JobSpec job,
+                                                  const JobLoadOptions& options = {});
+// The same for a job file; errors as LoadValidatedJob's (each line names the file).
+absl::StatusOr<zerotrain::JobSpec> LoadJobForPlanning(const std::string& path,
+                                                      const JobLoadOptions& options = {});
+
 }  // namespace zt

@@ -298,6 +298,10 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
     v.AtLeast("memory.checkpoint_every_k", mem.checkpoint_every_k(), 1);
   }
 
+  if (v.Set("scheduling.max_restarts", spec.scheduling().has_max_restarts())) {
+    v.AtLeast("scheduling.max_restarts", spec.scheduling().max_restarts(), 0);
+  }
+
   const zerotrain::ParallelConfig& p = spec.parallel();
   if (v.Set("parallel.world_size", p.has_world_size())) {
     v.AtLeast("parallel.world_size", p.world_size(), 1);

@@ -396,7 +396,7 @@ absl::StatusOr<double> ShardingEngine::ForwardLoss(const DeviceContext& ctx) {
 }
 
 absl::StatusOr<StepTotals> ShardingEngine::Combine(const DeviceContext& ctx, double loss,
-                                                   bool check_finite) {
+                                                   bool check_finite, int stop_request) {
   double sum_sq = 0;
   bool nonfinite = false;
   for (const Tensor& g : norm_views_) {
@@ -414,7 +414,7 @@ absl::StatusOr<StepTotals> ShardingEngine::Combine(const DeviceContext& ctx, dou
   PutDouble(mine, loss);
   PutDouble(mine + 2, sum_sq);
   mine[4] = nonfinite ? 1.0f : 0.0f;
-  mine[5] = 0.0f;
+  mine[5] = static_cast<float>(stop_request);
   ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.world->AllGather(
                                         Flat(scalars_, kScalarSlots * geometry_.rank, kScalarSlots),
                                         Flat(scalars_, 0, kScalarSlots * N), "step totals"));
@@ -427,6 +427,7 @@ absl::StatusOr<StepTotals> ShardingEngine::Combine(const DeviceContext& ctx, dou
     t.loss_sum += GetDouble(slots);
     if (r >= group_first && r < group_first + G) t.grad_sum_sq += GetDouble(slots + 2);
     t.nonfinite |= slots[4] != 0.0f;
+    t.stop_request = std::max(t.stop_request, static_cast<int>(slots[5]));
   }
   return t;
 }

@@ -63,6 +63,7 @@ struct StepTotals {
   double loss_sum = 0;     // Σ over ranks of each rank's loss
   double grad_sum_sq = 0;  // Σ of squared reduced gradients over the whole model (once)
   bool nonfinite = false;  // any rank saw a non-finite gradient
+  int stop_request = 0;    // the strongest stop request of any rank (worker/stop_request.h)
 };
 
 class ShardingEngine {
@@ -91,8 +92,11 @@ class ShardingEngine {
 
   // Sums the rank's loss, the squares of its share of the reduced gradients (the rank's
   // shard range, so each element is counted once per group) and its overflow flag over the
-  // job: one all-gather, combined in rank order so every rank gets the same bits.
-  absl::StatusOr<StepTotals> Combine(const DeviceContext& ctx, double loss, bool check_finite);
+  // job: one all-gather, combined in rank order so every rank gets the same bits. The same
+  // all-gather carries each rank's stop request (0 none, 1 stop, 2 checkpoint then stop), so
+  // all ranks agree on it without a collective of its own.
+  absl::StatusOr<StepTotals> Combine(const DeviceContext& ctx, double loss, bool check_finite,
+                                     int stop_request = 0);
   // Sums n floats element-wise across the shard group, in place, blocking (sharded
   // Adafactor's statistics).
   absl::Status SumAcrossShardGroup(float* data, int64_t n);

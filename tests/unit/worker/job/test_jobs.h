@@ -87,6 +87,9 @@ precision:
 memory:
   activation_checkpointing: EVERY_K
   checkpoint_every_k: 2
+scheduling:
+  priority: 5
+  max_restarts: 2
 parallel:
   world_size: 2
   zero_stage: 3
@@ -132,6 +135,7 @@ inline constexpr char kFullJson[] = R"({
                                "max_overflows_at_min_scale": "7",
                                "consecutive_hysteresis": true}},
   "memory": {"activation_checkpointing": "EVERY_K", "checkpoint_every_k": 2},
+  "scheduling": {"priority": 5, "max_restarts": 2},
   "parallel": {"world_size": 2, "zero_stage": 3, "shard_group_size": 2,
                "reshard_after_forward": true, "prefetch_units": 1, "bucket_bytes": 26214400,
                "comm_timeout_s": 300},

@@ -1,0 +1,106 @@
+// `zt estimate JOBFILE --plan`: the sharding the planner (worker/plan/sharding_planner.h)
+// chooses for the job on devices of a given size, and every alternative with why it lost.
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "cli/output_format.h"
+#include "worker/job/job_file.h"
+#include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/sharding_planner.h"
+#include "worker/status_macros.h"
+
+namespace zt::cli {
+namespace {
+
+// MemAvailable of /proc/meminfo: what a new process may take without swapping.
+absl::StatusOr<int64_t> MemAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("MemAvailable:")) continue;
+    const std::vector<std::string> parts =
+        absl::StrSplit(line, ' ', absl::SkipWhitespace());  // "MemAvailable:", N, "kB"
+    int64_t kib = 0;
+    if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kib)) return kib * 1024;
+  }
+  return absl::FailedPreconditionError(
+      "--device-memory: not given, and /proc/meminfo has no MemAvailable line to default from");
+}
+
+std::string PolicyName(zerotrain::MemoryConfig::ActivationCheckpointing c) {
+  return zerotrain::MemoryConfig::ActivationCheckpointing_Name(c);
+}
+
+}  // namespace
+
+absl::Status RunEstimatePlan(const EstimateFlags& flags) {
+  ZT_ASSIGN_OR_RETURN(
+      zerotrain::JobSpec job,
+      LoadJobForPlanning(flags.job_file, {.check_paths = false, .check_engine_support = false}));
+  if (flags.world_size > 0) {
+    // A new world shards over all its ranks (the job's shard_group_size was for its own).
+    job.mutable_parallel()->set_world_size(flags.world_size);
+    job.mutable_parallel()->set_shard_group_size(flags.world_size);
+  }
+  if (flags.zero_stage > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--zero-stage: must be in 0..3 (got %d)", flags.zero_stage));
+  }
+  if (flags.zero_stage >= 0) job.mutable_parallel()->set_zero_stage(flags.zero_stage);
+  const int ranks = job.parallel().world_size();
+
+  int64_t device_bytes = 0;
+  std::string device_source;
+  if (!flags.device_memory.empty()) {
+    ZT_ASSIGN_OR_RETURN(device_bytes, ParseByteSize(flags.device_memory, "--device-memory"));
+    device_source = "--device-memory";
+  } else {
+    ZT_ASSIGN_OR_RETURN(const int64_t available, MemAvailableBytes());
+    device_bytes = available / ranks;
+    device_source = absl::StrCat("this machine's MemAvailable ", FormatBytes(available), " / ",
+                                 ranks, ranks == 1 ? " rank" : " ranks");
+  }
+  ZT_ASSIGN_OR_RETURN(const zerotrain::ShardingPlan plan,
+                      PlanSharding(job, {.device_memory_bytes = device_bytes}));
+  if (flags.json) {
+    ZT_ASSIGN_OR_RETURN(const std::string text, ToJson(plan));
+    std::cout << text << "\n";
+    return absl::OkStatus();
+  }
+
+  const std::string name = job.name().empty() ? "job" : job.name();
+  const zerotrain::PlanCandidate& chosen = plan.chosen();
+  std::cout << absl::StrFormat(
+      "%s: %d parameters, world size %d, devices of %s (%s), %g%% kept free\n", name,
+      BuildModelLayout(job.model()).total_numel, plan.world_size(),
+      FormatBytes(plan.device_memory_bytes()), device_source, plan.safety_margin() * 100);
+  std::cout << absl::StrFormat(
+      "%s: ZeRO stage %d, activation checkpointing %s, %s per rank%s\n",
+      chosen.fits() ? "chosen" : "nothing fits; smallest", chosen.zero_stage(),
+      PolicyName(chosen.activation_checkpointing()), FormatBytes(chosen.peak_bytes_per_rank()),
+      chosen.fits() ? "" : absl::StrCat(" (", chosen.rejected_because(), ")"));
+  std::cout << "pinned by the job: "
+            << (plan.pinned().empty() ? "nothing" : absl::StrJoin(plan.pinned(), ", ")) << "\n\n";
+  std::cout << absl::StrFormat("  %-5s %-13s %12s %12s %10s %8s  %s\n", "stage", "checkpointing",
+                               "peak/rank", "comm/step", "recompute", "cost", "fits");
+  for (const zerotrain::PlanCandidate& c : plan.candidates()) {
+    const bool is_chosen = c.zero_stage() == chosen.zero_stage() &&
+                           c.activation_checkpointing() == chosen.activation_checkpointing();
+    std::cout << absl::StrFormat(
+        "%s %-5d %-13s %12s %12s %9.1f%% %8.3f  %s\n", is_chosen ? "*" : " ", c.zero_stage(),
+        PolicyName(c.activation_checkpointing()), FormatBytes(c.peak_bytes_per_rank()),
+        FormatBytes(c.comm_bytes_per_step()), c.recompute_fraction() * 100, c.cost(),
+        c.fits() ? "yes" : absl::StrCat("no: ", c.rejected_because()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zt::cli

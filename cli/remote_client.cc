@@ -1,0 +1,42 @@
+#include "cli/remote_client.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/output_format.h"
+#include "worker/node/control_channel.h"
+#include "worker/status_macros.h"
+
+namespace zt::cli {
+
+std::unique_ptr<grpc::ClientContext> RemoteClient::Context(
+    std::chrono::milliseconds timeout) const {
+  return AuthorizedContext(token, timeout);
+}
+
+absl::Status RemoteClient::Error(const grpc::Status& status, const std::string& call) const {
+  return FromGrpc(status, absl::StrCat("coordinator ", address, ": ", call));
+}
+
+absl::StatusOr<RemoteClient> ConnectRemote(const RemoteFlags& flags) {
+  RemoteClient client;
+  client.address = ResolveCoordinator(flags.coordinator);
+  ZT_ASSIGN_OR_RETURN(client.token, ResolveToken(flags.token_file));
+  ZT_ASSIGN_OR_RETURN(client.channel, ConnectControlPlane({.address = client.address,
+                                                           .tls_ca = flags.tls_ca,
+                                                           .tls_cert = flags.tls_cert,
+                                                           .tls_key = flags.tls_key}));
+  client.jobs = zerotrain::JobService::NewStub(client.channel);
+  return client;
+}
+
+absl::Status PrintJson(const google::protobuf::Message& message) {
+  ZT_ASSIGN_OR_RETURN(const std::string text, ToJson(message));
+  std::cout << text << "\n";
+  return absl::OkStatus();
+}
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+}  // namespace zt::cli

@@ -1,0 +1,44 @@
+// The connection every remote verb opens: the coordinator's address and token resolved from
+// the flags and environment, a channel, and the JobService stub.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cli/commands.h"
+#include "google/protobuf/message.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/control.grpc.pb.h"
+
+namespace zt::cli {
+
+struct RemoteClient {
+  std::string address;
+  std::string token;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<zerotrain::JobService::Stub> jobs;
+
+  // A call's context with the token; no deadline when `timeout` is zero (streams).
+  std::unique_ptr<grpc::ClientContext> Context(
+      std::chrono::milliseconds timeout = std::chrono::seconds(30)) const;
+  // The call's failure with its gRPC code, naming the coordinator and the call.
+  absl::Status Error(const grpc::Status& status, const std::string& call) const;
+};
+
+// InvalidArgument (no token, unreadable TLS files) naming the flag or variable.
+absl::StatusOr<RemoteClient> ConnectRemote(const RemoteFlags& flags);
+
+// Prints `message` to stdout through protobuf's JSON mapping (cli/output_format.h).
+absl::Status PrintJson(const google::protobuf::Message& message);
+
+int64_t NowMs();
+
+// Streams the job's events to the terminal until the job finishes (see RunWatch): a live
+// progress line on stderr when it is a TTY, else one line per event; with json one JSON
+// event per line on stdout. Reconnects after the last sequence seen while the coordinator is
+// UNAVAILABLE, for up to 60 s. Prints the final state on stdout; returns JobOutcome's status.
+absl::Status WatchUntilDone(const RemoteClient& client, const std::string& job_id, bool json);
+
+}  // namespace zt::cli

@@ -1,0 +1,124 @@
+// `zt watch JOB` (and `zt submit --watch`): the job's event stream until it finishes.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "cli/output_format.h"
+#include "cli/remote_client.h"
+#include "cli/remote_format.h"
+#include "worker/status_macros.h"
+
+namespace zt::cli {
+namespace {
+
+// A coordinator restart takes seconds; longer than this and the batch script decides (exit 4).
+constexpr auto kReconnectFor = std::chrono::seconds(60);
+
+bool Finished(zerotrain::Job::State s) {
+  return s == zerotrain::Job::SUCCEEDED || s == zerotrain::Job::FAILED ||
+         s == zerotrain::Job::CANCELLED;
+}
+
+int TerminalWidth() {
+  winsize w{};
+  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  return 80;
+}
+
+// The live line on a terminal: rewritten in place, cleared before any other line.
+class LiveLine {
+ public:
+  explicit LiveLine(bool tty) : tty_(tty) {}
+  ~LiveLine() { Clear(); }
+
+  bool tty() const { return tty_; }
+  void Show(const std::string& line) {
+    std::cerr << "\r\033[K" << line << std::flush;
+    shown_ = true;
+  }
+  void Clear() {
+    if (shown_) std::cerr << "\r\033[K" << std::flush;
+    shown_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool shown_ = false;
+};
+
+}  // namespace
+
+absl::Status WatchUntilDone(const RemoteClient& client, const std::string& job_id, bool json) {
+  LiveLine live(!json && isatty(STDERR_FILENO) == 1);
+  int64_t after = 0;
+  zerotrain::Job::State state = zerotrain::Job::STATE_UNSPECIFIED;
+  auto unavailable_since = std::chrono::steady_clock::time_point::max();
+  while (true) {
+    std::unique_ptr<grpc::ClientContext> context = client.Context(std::chrono::milliseconds(0));
+    zerotrain::WatchJobRequest request;
+    request.set_job_id(job_id);
+    request.set_after_sequence(after);
+    auto reader = client.jobs->WatchJob(context.get(), request);
+    zerotrain::JobEvent event;
+    while (reader->Read(&event)) {
+      unavailable_since = std::chrono::steady_clock::time_point::max();
+      after = event.sequence();
+      const bool state_changed = event.state() != state;
+      state = event.state();
+      if (json) {
+        ZT_ASSIGN_OR_RETURN(const std::string line, ToJson(event, /*indent=*/false));
+        std::cout << line << std::endl;
+      } else if (event.has_progress() && event.message().empty() && !state_changed) {
+        if (live.tty()) {
+          live.Show(FormatProgressLine(event.progress(), TerminalWidth() - 1));
+        } else {
+          std::cerr << FormatEventLine(event) << "\n";
+        }
+      } else {
+        live.Clear();
+        std::cerr << FormatEventLine(event) << "\n";
+      }
+    }
+    const grpc::Status status = reader->Finish();
+    if (Finished(state)) break;
+    const bool retry = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!retry) return client.Error(status, absl::StrCat("WatchJob ", job_id));
+    const auto now = std::chrono::steady_clock::now();
+    if (unavailable_since == std::chrono::steady_clock::time_point::max()) {
+      unavailable_since = now;
+      live.Clear();
+      if (!json) std::cerr << "coordinator " << client.address << " unavailable; reconnecting\n";
+    }
+    if (now - unavailable_since > kReconnectFor) {
+      return client.Error(
+          status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream ended early") : status,
+          absl::StrCat("WatchJob ", job_id, " (reconnecting for 60 s)"));
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  live.Clear();
+  // The failure reason is on the job, not on the last event.
+  std::string reason;
+  if (state == zerotrain::Job::FAILED) {
+    zerotrain::GetJobRequest request;
+    request.set_job_id(job_id);
+    zerotrain::Job job;
+    auto context = client.Context();
+    if (client.jobs->GetJob(context.get(), request, &job).ok()) reason = job.failure_reason();
+  }
+  if (!json) std::cout << job_id << " " << JobStateName(state) << "\n";
+  return JobOutcome(state, job_id, reason);
+}
+
+absl::Status RunWatch(const JobFlags& flags) {
+  ZT_ASSIGN_OR_RETURN(const RemoteClient client, ConnectRemote(flags.remote));
+  return WatchUntilDone(client, flags.job_id, flags.remote.json);
+}
+
+}  // namespace zt::cli

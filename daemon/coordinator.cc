@@ -1,0 +1,417 @@
+// The coordinator's job side: construction and recovery, Submit/Get/List/Cancel/Resume/
+// Estimate, events and watching. The node side (registration, assignments, rank reports,
+// attempts, scheduling) is in coordinator_nodes.cc.
+#include "daemon/coordinator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "worker/job/allowed_roots.h"
+#include "worker/job/job_defaults.h"
+#include "worker/job/job_loading.h"
+#include "worker/plan/sharding_planner.h"
+#include "worker/status_macros.h"
+
+namespace zt {
+namespace {
+
+using zerotrain::Job;
+
+// The event a ResumeJob(job_id) writes; the attempt count after it is the new budget's base.
+constexpr char kResumedPrefix[] = "resumed after attempt ";
+
+bool IsTerminal(Job::State state) {
+  return state == Job::SUCCEEDED || state == Job::FAILED || state == Job::CANCELLED;
+}
+
+int64_t JobNumber(const std::string& job_id) {
+  int64_t n = 0;
+  const size_t dash = job_id.rfind('-');
+  if (dash != std::string::npos) (void)absl::SimpleAtoi(job_id.substr(dash + 1), &n);
+  return n;
+}
+
+}  // namespace
+
+int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(absl::Now()); }
+
+Coordinator::Coordinator(CoordinatorOptions options, AllowedRoots roots,
+                         std::unique_ptr<StateStore> store, CoordinatorMetrics* metrics)
+    : options_(std::move(options)),
+      roots_(std::move(roots)),
+      store_(std::move(store)),
+      rendezvous_(std::make_unique<RendezvousKv>(store_.get())),
+      metrics_(metrics),
+      started_ms_(absl::ToUnixMillis(absl::Now())) {}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
+                                                                 CoordinatorMetrics* metrics) {
+  if (options.heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat_interval must be > 0");
+  }
+  if (options.default_device_memory <= 0) {
+    return absl::InvalidArgumentError("default_device_memory must be > 0");
+  }
+  if (options.run_root.empty()) options.run_root = absl::StrCat(options.state_dir, "/runs");
+  ZT_ASSIGN_OR_RETURN(AllowedRoots roots, AllowedRoots::Create(options.allowed_roots));
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<StateStore> store, StateStore::Open(options.state_dir));
+  std::unique_ptr<Coordinator> coordinator(
+      new Coordinator(std::move(options), std::move(roots), std::move(store), metrics));
+  ZT_RETURN_IF_ERROR(coordinator->Recover());
+  coordinator->background_ = std::thread([c = coordinator.get()] { c->BackgroundLoop(); });
+  return coordinator;
+}
+
+Coordinator::~Coordinator() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_thread_ = true;
+    stop_changed_.SignalAll();
+  }
+  if (background_.joinable()) background_.join();
+}
+
+void Coordinator::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  events_changed_.SignalAll();
+  assignments_changed_.SignalAll();
+}
+
+absl::Status Coordinator::Recover() {
+  ZT_ASSIGN_OR_RETURN(std::vector<zerotrain::Node> nodes, store_->LoadNodes());
+  ZT_ASSIGN_OR_RETURN(std::vector<Job> jobs, store_->LoadJobs());
+  absl::MutexLock lock(&mu_);
+  for (zerotrain::Node& node : nodes) {
+    NodeRecord& record = nodes_[node.info().id()];
+    record.info = node.info();
+    record.registered_ms = node.registered_ms();
+  }
+  for (Job& job : jobs) {
+    JobRecord& record = jobs_[job.id()];
+    ZT_ASSIGN_OR_RETURN(record.events, store_->LoadEvents(job.id()));
+    record.number = JobNumber(job.id());
+    for (const zerotrain::JobEvent& event : record.events) {
+      if (!absl::StartsWith(event.message(), kResumedPrefix)) continue;
+      const std::string rest = event.message().substr(sizeof(kResumedPrefix) - 1);
+      int32_t base = 0;
+      (void)absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &base);
+      record.budget_base = base;
+    }
+    record.job = std::move(job);
+    const Job& j = record.job;
+    if ((j.state() == Job::PLACED || j.state() == Job::RUNNING) && j.attempts_size() > 0) {
+      // The attempt's nodes may still run its ranks: hold their devices until they say.
+      const zerotrain::Attempt& attempt = j.attempts(j.attempts_size() - 1);
+      for (const zerotrain::RankPlacement& p : attempt.placement()) {
+        nodes_[p.node_id()].held[p.device()] = HeldDevice{j.id(), attempt.number(), p.rank()};
+        record.ranks[p.rank()].started = j.state() == Job::RUNNING;
+        record.awaiting_reattach.insert(p.rank());
+      }
+      reattach_pending_ = true;
+    }
+  }
+  UpdateMetrics();
+  return absl::OkStatus();
+}
+
+void Coordinator::BackgroundLoop() {
+  const absl::Duration period = std::min(options_.tick_interval, options_.heartbeat_interval / 4);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_changed_.WaitWithTimeout(&mu_, period);
+      if (stop_thread_) return;
+    }
+    Tick();
+  }
+}
+
+absl::Status Coordinator::AddEvent(JobRecord& record, Job::State state, const std::string& message,
+                                   const zerotrain::Progress* progress) {
+  const int64_t now = NowMs();
+  zerotrain::JobEvent event;
+  event.set_sequence(static_cast<int64_t>(record.events.size()) + 1);
+  event.set_time_ms(now);
+  event.set_state(state);
+  event.set_message(message);
+  if (progress != nullptr) *event.mutable_progress() = *progress;
+  const bool state_change = state != record.job.state() || progress == nullptr;
+  record.job.set_state(state);
+  record.job.set_updated_ms(now);
+  record.events.push_back(event);
+  events_changed_.SignalAll();
+  UpdateMetrics();
+  return store_->PutJobWithEvent(record.job, event,
+                                 state_change ? Durability::kSync : Durability::kWal);
+}
+
+void Coordinator::UpdateMetrics() {
+  if (metrics_ == nullptr) return;
+  std::map<Job::State, int> counts;
+  for (const auto& [id, record] : jobs_) ++counts[record.job.state()];
+  metrics_->SetJobs(counts);
+  int healthy = 0;
+  for (const auto& [id, node] : nodes_) healthy += node.healthy ? 1 : 0;
+  metrics_->SetNodes(static_cast<int>(nodes_.size()), healthy);
+}
+
+int64_t Coordinator::SmallestDeviceMemory(zerotrain::ResourceConfig::DeviceKind kind) const {
+  int64_t smallest = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (!node.healthy) continue;
+    for (const zerotrain::DeviceInfo& d : node.info.devices()) {
+      if (d.kind() != kind) continue;
+      if (smallest == 0 || d.memory_bytes() < smallest) smallest = d.memory_bytes();
+    }
+  }
+  return smallest > 0 ? smallest : options_.default_device_memory;
+}
+
+absl::StatusOr<zerotrain::ShardingPlan> Coordinator::PlanFor(const zerotrain::JobSpec& submitted,
+                                                             const zerotrain::JobSpec& validated,
+                                                             int64_t device_memory_bytes) const {
+  // ValidatedJob filled the defaults in; the planner must see the fields the user left unset
+  // as unset, so it plans on a copy with them cleared again.
+  zerotrain::JobSpec input = validated;
+  const bool pinned_stage = submitted.parallel().has_zero_stage();
+  const bool pinned_checkpointing = submitted.memory().activation_checkpointing() !=
+                                    zerotrain::MemoryConfig::CHECKPOINTING_UNSPECIFIED;
+  if (!pinned_stage) input.mutable_parallel()->clear_zero_stage();
+  if (!pinned_checkpointing) {
+    input.mutable_memory()->set_activation_checkpointing(
+        zerotrain::MemoryConfig::CHECKPOINTING_UNSPECIFIED);
+  }
+  ZT_ASSIGN_OR_RETURN(zerotrain::ShardingPlan plan,
+                      PlanSharding(input, PlannerOptions{.device_memory_bytes = device_memory_bytes,
+                                                         .safety_margin = options_.safety_margin}));
+  plan.clear_pinned();
+  if (pinned_stage) plan.add_pinned("parallel.zero_stage");
+  if (pinned_checkpointing) plan.add_pinned("memory.activation_checkpointing");
+  return plan;
+}
+
+SchedulerJob Coordinator::SchedulerJobFor(const JobRecord& record) const {
+  const zerotrain::JobSpec& spec = record.job.spec();
+  const zerotrain::ShardingPlan& plan = record.job.plan();
+  const double keep = 1.0 - plan.safety_margin();
+  return SchedulerJob{
+      .id = record.job.id(),
+      .priority = spec.scheduling().priority(),
+      .order = record.number,
+      .world_size = spec.parallel().world_size(),
+      .shard_group_size = spec.parallel().shard_group_size(),
+      .device_kind = spec.resources().device(),
+      .device_memory_bytes = static_cast<int64_t>(
+          std::ceil(static_cast<double>(plan.chosen().peak_bytes_per_rank()) / keep)),
+  };
+}
+
+absl::StatusOr<Job> Coordinator::Submit(const zerotrain::JobSpec& spec) {
+  return SubmitValidated(spec, /*resume_fallback=*/false);
+}
+
+absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
+                                                 bool resume_fallback) {
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec validated,
+                      ValidatedJob(spec, {.check_paths = false, .check_engine_support = true}));
+  ZT_RETURN_IF_ERROR(roots_.CheckJob(validated));
+  int64_t device_memory;
+  {
+    absl::MutexLock lock(&mu_);
+    device_memory = SmallestDeviceMemory(validated.resources().device());
+  }
+  ZT_ASSIGN_OR_RETURN(zerotrain::ShardingPlan plan, PlanFor(spec, validated, device_memory));
+  if (!plan.chosen().fits()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", validated.name(), "' fits no sharding on devices of ",
+                     FormatBytes(device_memory), ": ", plan.chosen().rejected_because()));
+  }
+  zerotrain::JobSpec planned = validated;
+  if (!spec.parallel().has_zero_stage()) planned.mutable_parallel()->clear_zero_stage();
+  if (spec.memory().activation_checkpointing() ==
+      zerotrain::MemoryConfig::CHECKPOINTING_UNSPECIFIED) {
+    planned.mutable_memory()->set_activation_checkpointing(
+        zerotrain::MemoryConfig::CHECKPOINTING_UNSPECIFIED);
+  }
+  zerotrain::JobSpec effective = WithPlan(planned, plan);
+  ApplyJobDefaults(&effective);
+
+  absl::MutexLock lock(&mu_);
+  JobRecord probe;
+  probe.job.set_id(validated.name());
+  *probe.job.mutable_spec() = effective;
+  *probe.job.mutable_plan() = plan;
+  std::vector<SchedulerNode> all;
+  for (const auto& [id, node] : nodes_) {
+    SchedulerNode& n = all.emplace_back(SchedulerNode{id, {}});
+    for (const zerotrain::DeviceInfo& d : node.info.devices()) {
+      n.devices.push_back({d.index(), d.kind(), d.memory_bytes()});
+    }
+  }
+  if (!all.empty()) {
+    if (std::optional<std::string> why = NeverFits(SchedulerJobFor(probe), all)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("job '", validated.name(), "' can never be placed: ", *why));
+    }
+  }
+  ZT_ASSIGN_OR_RETURN(int64_t number, store_->NextJobNumber());
+  const std::string id = absl::StrCat(validated.name(), "-", number);
+  const int64_t now = NowMs();
+  JobRecord& record = jobs_[id];
+  record.number = number;
+  record.resume_fallback = resume_fallback;
+  record.job = std::move(probe.job);
+  record.job.set_id(id);
+  record.job.set_state(Job::PENDING);
+  record.job.set_created_ms(now);
+  record.job.set_run_dir(absl::StrCat(options_.run_root, "/", id));
+  absl::Status persisted = AddEvent(record, Job::PENDING, "submitted");
+  if (!persisted.ok()) {
+    jobs_.erase(id);
+    UpdateMetrics();
+    return persisted;
+  }
+  SchedulePass();
+  return jobs_.at(id).job;
+}
+
+absl::StatusOr<Job> Coordinator::GetJob(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return it->second.job;
+}
+
+absl::StatusOr<std::vector<Job>> Coordinator::ListJobs(
+    const zerotrain::ListJobsRequest& request) const {
+  if (request.limit() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit is ", request.limit(), "; it must be ≥ 0 (0: 1000)"));
+  }
+  const size_t limit = request.limit() == 0 ? 1000 : static_cast<size_t>(request.limit());
+  absl::MutexLock lock(&mu_);
+  std::vector<const JobRecord*> order;
+  for (const auto& [id, record] : jobs_) {
+    const bool wanted =
+        request.states().empty() || std::find(request.states().begin(), request.states().end(),
+                                              record.job.state()) != request.states().end();
+    if (wanted) order.push_back(&record);
+  }
+  std::sort(order.begin(), order.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->number > b->number; });
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < order.size() && i < limit; ++i) jobs.push_back(order[i]->job);
+  return jobs;
+}
+
+absl::StatusOr<Job> Coordinator::Cancel(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  JobRecord& record = it->second;
+  Job& job = record.job;
+  if (IsTerminal(job.state())) return job;
+  if (job.state() == Job::PENDING || job.state() == Job::RESTARTING) {
+    ZT_RETURN_IF_ERROR(AddEvent(record, Job::CANCELLED, "cancelled"));
+    ZT_RETURN_IF_ERROR(OnTerminal(record));
+    return job;
+  }
+  zerotrain::Attempt* attempt = job.mutable_attempts(job.attempts_size() - 1);
+  if (attempt->ended_ms() == 0) {
+    attempt->set_ended_ms(NowMs());
+    attempt->set_end_reason("cancelled");
+    StopAttemptRanks(record, zerotrain::StopRanks::CANCEL);
+    ZT_RETURN_IF_ERROR(AddEvent(
+        record, job.state(),
+        absl::StrCat("cancel requested: stopping attempt ", attempt->number(), "'s ranks")));
+  }
+  ZT_RETURN_IF_ERROR(FinishCancelIfDrained(record));
+  return job;
+}
+
+absl::StatusOr<Job> Coordinator::Resume(const zerotrain::ResumeJobRequest& request) {
+  if (request.target_case() == zerotrain::ResumeJobRequest::kCheckpoint) {
+    std::string dir = request.checkpoint();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    const size_t slash = dir.rfind('/');
+    if (slash != std::string::npos && absl::StartsWith(dir.substr(slash + 1), "step-")) {
+      dir = dir.substr(0, std::max<size_t>(slash, 1));
+    }
+    zerotrain::JobSpec spec = request.spec();
+    spec.mutable_checkpoint()->set_dir(dir);
+    return SubmitValidated(spec, request.fallback());
+  }
+  if (request.target_case() != zerotrain::ResumeJobRequest::kJobId) {
+    return absl::InvalidArgumentError("target: set job_id or checkpoint");
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(request.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
+  }
+  JobRecord& record = it->second;
+  if (record.job.state() != Job::FAILED && record.job.state() != Job::CANCELLED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", request.job_id(), "' is ", Job::State_Name(record.job.state()),
+                     "; only FAILED or CANCELLED jobs can be resumed"));
+  }
+  record.budget_base = record.job.attempts_size();
+  record.resume_fallback = request.fallback();
+  ZT_RETURN_IF_ERROR(AddEvent(
+      record, Job::RESTARTING,
+      absl::StrCat(kResumedPrefix, record.budget_base, " on request, with a new budget of ",
+                   record.job.spec().scheduling().max_restarts(), " restarts")));
+  SchedulePass();
+  return record.job;
+}
+
+absl::StatusOr<zerotrain::ShardingPlan> Coordinator::Estimate(
+    const zerotrain::EstimateJobRequest& request) const {
+  if (request.device_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("device_memory_bytes is ",
+                                                   request.device_memory_bytes(),
+                                                   "; it must be ≥ 0 (0: the registered nodes')"));
+  }
+  ZT_ASSIGN_OR_RETURN(
+      zerotrain::JobSpec validated,
+      ValidatedJob(request.spec(), {.check_paths = false, .check_engine_support = false}));
+  int64_t device_memory = request.device_memory_bytes();
+  if (device_memory == 0) {
+    absl::MutexLock lock(&mu_);
+    device_memory = SmallestDeviceMemory(validated.resources().device());
+  }
+  return PlanFor(request.spec(), validated, device_memory);
+}
+
+absl::StatusOr<Coordinator::EventBatch> Coordinator::WaitForEvents(const std::string& job_id,
+                                                                   int64_t after_sequence,
+                                                                   absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    const JobRecord& record = it->second;
+    EventBatch batch;
+    const int64_t after = std::max<int64_t>(after_sequence, 0);
+    for (size_t i = static_cast<size_t>(after); i < record.events.size(); ++i) {
+      batch.events.push_back(record.events[i]);
+    }
+    batch.finished = IsTerminal(record.job.state());
+    if (!batch.events.empty() || batch.finished || absl::Now() >= deadline) return batch;
+    events_changed_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+absl::Status Coordinator::OnTerminal(JobRecord& record) {
+  return rendezvous_->DeleteJobScopes(record.job.id());
+}
+
+}  // namespace zt

@@ -1,0 +1,205 @@
+#include "daemon/state_store.h"
+
+#include <sys/stat.h>
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+#include "worker/status_macros.h"
+
+namespace zt {
+namespace {
+
+constexpr char kFormatKey[] = "meta/format";
+constexpr char kJobCounterKey[] = "meta/job_counter";
+constexpr char kJobPrefix[] = "job/";
+constexpr char kEventPrefix[] = "event/";
+constexpr char kNodePrefix[] = "node/";
+constexpr char kKvPrefix[] = "kv/";
+
+std::string EventKey(const std::string& job_id, int64_t sequence) {
+  return absl::StrFormat("%s%s/%020d", kEventPrefix, job_id, sequence);
+}
+
+std::string KvKey(const std::string& scope, const std::string& key) {
+  return absl::StrCat(kKvPrefix, scope, "/", key);
+}
+
+absl::Status FromRocks(const rocksdb::Status& status, const std::string& what) {
+  if (status.ok()) return absl::OkStatus();
+  std::string message = absl::StrCat(what, ": ", status.ToString());
+  if (status.IsCorruption()) return absl::DataLossError(message);
+  if (status.IsIOError() || status.IsBusy() || status.IsTryAgain()) {
+    return absl::UnavailableError(message);
+  }
+  return absl::InternalError(message);
+}
+
+rocksdb::WriteOptions WriteOptionsFor(Durability durability) {
+  rocksdb::WriteOptions options;
+  options.sync = durability == Durability::kSync;
+  return options;
+}
+
+// Calls `fn(key, value)` for every record under `prefix`, stopping at its first error.
+template <typename Fn>
+absl::Status ScanPrefix(rocksdb::DB* db, const std::string& prefix, Fn fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    ZT_RETURN_IF_ERROR(fn(it->key().ToString(), it->value().ToString()));
+  }
+  return FromRocks(it->status(), absl::StrCat("scanning '", prefix, "'"));
+}
+
+template <typename Message>
+absl::Status ParseRecord(const std::string& key, const std::string& value, Message* out) {
+  if (!out->ParseFromString(value)) {
+    return absl::DataLossError(
+        absl::StrCat("state store record '", key, "' does not parse as ", out->GetTypeName()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StateStore::StateStore(std::unique_ptr<rocksdb::DB> db, std::string dir)
+    : db_(std::move(db)), dir_(std::move(dir)) {}
+
+StateStore::~StateStore() = default;
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& state_dir) {
+  struct stat st;
+  if (::stat(state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(
+        absl::StrCat("state directory '", state_dir, "' does not exist or is not a directory"));
+  }
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  const std::string path = absl::StrCat(state_dir, "/db");
+  rocksdb::Status opened = rocksdb::DB::Open(options, path, &raw);
+  if (!opened.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("opening the state store in '", state_dir, "': ", opened.ToString()));
+  }
+  std::unique_ptr<StateStore> store(new StateStore(std::unique_ptr<rocksdb::DB>(raw), state_dir));
+  std::string format;
+  rocksdb::Status got = store->db_->Get(rocksdb::ReadOptions(), kFormatKey, &format);
+  if (got.IsNotFound()) {
+    ZT_RETURN_IF_ERROR(store->Write(kFormatKey, kStateStoreFormat, Durability::kSync));
+  } else if (!got.ok()) {
+    return FromRocks(got, absl::StrCat("reading '", kFormatKey, "' in '", state_dir, "'"));
+  } else if (format != kStateStoreFormat) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state directory '", state_dir, "' holds format '", format,
+                     "'; this coordinator reads '", kStateStoreFormat, "'"));
+  }
+  return store;
+}
+
+absl::Status StateStore::Write(const std::string& key, const std::string& value,
+                               Durability durability) {
+  return FromRocks(db_->Put(WriteOptionsFor(durability), key, value),
+                   absl::StrCat("writing '", key, "' in '", dir_, "'"));
+}
+
+absl::Status StateStore::PutJob(const zerotrain::Job& job) {
+  return Write(absl::StrCat(kJobPrefix, job.id()), job.SerializeAsString(), Durability::kSync);
+}
+
+absl::Status StateStore::PutJobWithEvent(const zerotrain::Job& job,
+                                         const zerotrain::JobEvent& event, Durability durability) {
+  rocksdb::WriteBatch batch;
+  batch.Put(absl::StrCat(kJobPrefix, job.id()), job.SerializeAsString());
+  batch.Put(EventKey(job.id(), event.sequence()), event.SerializeAsString());
+  return FromRocks(db_->Write(WriteOptionsFor(durability), &batch),
+                   absl::StrCat("writing job '", job.id(), "' event ", event.sequence()));
+}
+
+absl::StatusOr<std::vector<zerotrain::Job>> StateStore::LoadJobs() const {
+  std::vector<zerotrain::Job> jobs;
+  ZT_RETURN_IF_ERROR(
+      ScanPrefix(db_.get(), kJobPrefix, [&](const std::string& key, const std::string& value) {
+        ZT_RETURN_IF_ERROR(ParseRecord(key, value, &jobs.emplace_back()));
+        return absl::OkStatus();
+      }));
+  return jobs;
+}
+
+absl::StatusOr<std::vector<zerotrain::JobEvent>> StateStore::LoadEvents(
+    const std::string& job_id) const {
+  std::vector<zerotrain::JobEvent> events;
+  ZT_RETURN_IF_ERROR(ScanPrefix(db_.get(), absl::StrCat(kEventPrefix, job_id, "/"),
+                                [&](const std::string& key, const std::string& value) {
+                                  ZT_RETURN_IF_ERROR(
+                                      ParseRecord(key, value, &events.emplace_back()));
+                                  return absl::OkStatus();
+                                }));
+  return events;
+}
+
+absl::Status StateStore::PutNode(const zerotrain::NodeInfo& info, int64_t registered_ms) {
+  zerotrain::Node record;
+  *record.mutable_info() = info;
+  record.set_registered_ms(registered_ms);
+  return Write(absl::StrCat(kNodePrefix, info.id()), record.SerializeAsString(), Durability::kSync);
+}
+
+absl::StatusOr<std::vector<zerotrain::Node>> StateStore::LoadNodes() const {
+  std::vector<zerotrain::Node> nodes;
+  ZT_RETURN_IF_ERROR(
+      ScanPrefix(db_.get(), kNodePrefix, [&](const std::string& key, const std::string& value) {
+        ZT_RETURN_IF_ERROR(ParseRecord(key, value, &nodes.emplace_back()));
+        return absl::OkStatus();
+      }));
+  return nodes;
+}
+
+absl::StatusOr<int64_t> StateStore::NextJobNumber() {
+  std::string text;
+  int64_t last = 0;
+  rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), kJobCounterKey, &text);
+  if (got.ok()) {
+    if (!absl::SimpleAtoi(text, &last) || last < 0) {
+      return absl::DataLossError(absl::StrCat("state store record '", kJobCounterKey, "' is '",
+                                              text, "', not a non-negative decimal"));
+    }
+  } else if (!got.IsNotFound()) {
+    return FromRocks(got, absl::StrCat("reading '", kJobCounterKey, "'"));
+  }
+  ZT_RETURN_IF_ERROR(Write(kJobCounterKey, absl::StrCat(last + 1), Durability::kSync));
+  return last + 1;
+}
+
+absl::Status StateStore::KvSet(const std::string& scope, const std::string& key,
+                               const std::string& value) {
+  return Write(KvKey(scope, key), value, Durability::kWal);
+}
+
+absl::StatusOr<std::optional<std::string>> StateStore::KvGet(const std::string& scope,
+                                                             const std::string& key) const {
+  std::string value;
+  const std::string full = KvKey(scope, key);
+  rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), full, &value);
+  if (got.IsNotFound()) return std::optional<std::string>();
+  ZT_RETURN_IF_ERROR(FromRocks(got, absl::StrCat("reading '", full, "'")));
+  return std::optional<std::string>(std::move(value));
+}
+
+absl::Status StateStore::KvDeletePrefix(const std::string& scope_prefix) {
+  const std::string prefix = absl::StrCat(kKvPrefix, scope_prefix);
+  rocksdb::WriteBatch batch;
+  ZT_RETURN_IF_ERROR(ScanPrefix(db_.get(), prefix, [&](const std::string& key, const std::string&) {
+    batch.Delete(key);
+    return absl::OkStatus();
+  }));
+  return FromRocks(db_->Write(WriteOptionsFor(Durability::kWal), &batch),
+                   absl::StrCat("deleting '", prefix, "'"));
+}
+
+}  // namespace zt

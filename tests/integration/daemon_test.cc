@@ -1,0 +1,351 @@
+// The control plane end to end: real `ztd` daemons on loopback (a coordinator and two nodes of
+// two CPU devices each), jobs submitted and watched with `zt`, node and coordinator failures,
+// the security rules, a Python client that knows only the .proto files, and /metrics.
+//
+// Every job here is a stage-3 job over 4 ranks with resources.cpu_threads 1, so a run split
+// over two node processes computes exactly what `zt train` computes with 4 threads in one
+// process: the final weights are compared byte for byte.
+#include <sys/wait.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "proto/control.grpc.pb.h"
+#include "tests/integration/daemon_cluster.h"
+#include "worker/node/control_channel.h"
+
+namespace zt::testing {
+namespace {
+
+using nlohmann::json;
+
+std::string JobIdOf(const RunResult& submitted) {
+  const json j = json::parse(submitted.output, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("id") ? j["id"].get<std::string>() : "";
+}
+
+std::string StateOf(const json& status) {
+  return status.is_object() && status.contains("state") ? status["state"].get<std::string>() : "";
+}
+
+class DaemonTest : public DaemonClusterTest {
+ protected:
+  void StartCluster() {
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+    ASSERT_NO_FATAL_FAILURE(StartNode("node-a"));
+    ASSERT_NO_FATAL_FAILURE(StartNode("node-b"));
+  }
+
+  // The final weights of `zt train` on the same job in one process (the uninterrupted run).
+  std::string ReferenceWeights(int steps, int interval) {
+    const std::string ckpt = Path("reference-ckpt");
+    const std::string job = WriteJob("reference", ckpt, 4, steps, interval);
+    const RunResult r = Zt("train " + job + " --quiet --run-dir " + Path("reference-run"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return ExportedWeights(ckpt, Path("reference-export"));
+  }
+
+  std::string Submit(const std::string& job_file) {
+    const RunResult r = Zt("submit " + job_file + " --json");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return JobIdOf(r);
+  }
+
+  std::unique_ptr<zerotrain::JobService::Stub> JobStub() {
+    auto channel = ConnectControlPlane({.address = address_});
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return zerotrain::JobService::NewStub(*channel);
+  }
+
+  std::string Token() {
+    std::string t = ReadText(state_dir_ + "/token");
+    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+    return t;
+  }
+};
+
+TEST_F(DaemonTest, Stage3JobOverTwoNodesSucceedsWithTheWeightsOfOneProcess) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string job = WriteJob("e2e", Path("ckpt"), 4, 12, 6);
+  const RunResult watched = Zt("submit " + job + " --watch");
+  ASSERT_EQ(watched.exit_code, 0) << watched.output;
+  EXPECT_NE(watched.output.find("SUCCEEDED"), std::string::npos) << watched.output;
+
+  const RunResult listed = Zt("list --json");
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  const json jobs = json::parse(listed.output);
+  ASSERT_EQ(jobs.size(), 1u);
+  const json status = Status(jobs[0]["id"].get<std::string>());
+  EXPECT_EQ(StateOf(status), "SUCCEEDED");
+  ASSERT_EQ(status["attempts"].size(), 1u);
+  std::set<std::string> nodes;
+  for (const json& p : status["attempts"][0]["placement"]) nodes.insert(p["node_id"]);
+  EXPECT_EQ(nodes, (std::set<std::string>{"node-a", "node-b"}));
+  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(12, 6));
+}
+
+TEST_F(DaemonTest, KilledNodeRestartsTheJobFromItsCheckpointWithUninterruptedWeights) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string id = Submit(WriteJob("crash", Path("ckpt"), 4, 300, 10));
+  ASSERT_FALSE(id.empty());
+  const json running = WaitFor(id, [](const json& s) { return StepOf(s) >= 25; });
+  ASSERT_GE(StepOf(running), 25) << running.dump();
+  ASSERT_LT(StepOf(running), 300) << "the job ended before the node could be killed";
+  nodes_["node-b"]->Kill();
+  ASSERT_NO_FATAL_FAILURE(StartNode("node-b"));
+
+  const json done = WaitFor(
+      id, [](const json& s) { return StateOf(s) == "SUCCEEDED" || StateOf(s) == "FAILED"; });
+  ASSERT_EQ(StateOf(done), "SUCCEEDED") << done.dump(2);
+  ASSERT_GE(done["attempts"].size(), 2u);
+  EXPECT_FALSE(done["attempts"][0]["end_reason"].get<std::string>().empty());
+  const json& second = done["attempts"][1];
+  ASSERT_TRUE(second.contains("resumed_from_step")) << second.dump();
+  EXPECT_GE(Int(second["resumed_from_step"]), 10);
+  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(300, 10));
+}
+
+TEST_F(DaemonTest, CoordinatorRestartKeepsTheRunningJobAndItsHistory) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string id = Submit(WriteJob("survive", Path("ckpt"), 4, 300, 50));
+  const json running = WaitFor(id, [](const json& s) { return StepOf(s) >= 10; });
+  ASSERT_GE(StepOf(running), 10) << running.dump();
+  const int port = CoordinatorPort();
+  coordinator_->Kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator(port));
+
+  const json done = WaitFor(
+      id, [](const json& s) { return StateOf(s) == "SUCCEEDED" || StateOf(s) == "FAILED"; });
+  ASSERT_EQ(StateOf(done), "SUCCEEDED") << done.dump(2);
+  // The nodes kept training: one attempt, not a restart.
+  EXPECT_EQ(done["attempts"].size(), 1u) << done.dump(2);
+
+  // The history from before the restart is intact: events numbered 1, 2, … without a gap.
+  const RunResult events = Zt("watch " + id + " --json");
+  ASSERT_EQ(events.exit_code, 0) << events.output;
+  std::istringstream lines(events.output);
+  std::string line;
+  int64_t expected = 1;
+  while (std::getline(lines, line)) {
+    const json e = json::parse(line, nullptr, false);
+    if (!e.is_object() || !e.contains("sequence")) continue;
+    EXPECT_EQ(Int(e["sequence"]), expected) << line;
+    ++expected;
+  }
+  EXPECT_GT(expected, 3) << events.output;
+  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(300, 50));
+}
+
+TEST_F(DaemonTest, BadCallsAreRefusedWithTheirStatusAndTheDaemonKeepsServing) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  auto stub = JobStub();
+
+  zerotrain::ListJobsResponse list;
+  {
+    grpc::ClientContext no_token;
+    EXPECT_EQ(stub->ListJobs(&no_token, {}, &list).error_code(), grpc::UNAUTHENTICATED);
+  }
+  {
+    auto wrong = AuthorizedContext(std::string(64, '0'));
+    EXPECT_EQ(stub->ListJobs(wrong.get(), {}, &list).error_code(), grpc::UNAUTHENTICATED);
+  }
+  {
+    std::ofstream bad(Path("bad-token"));
+    bad << "not-the-token\n";
+  }
+  EXPECT_EQ(Zt("list --token-file " + Path("bad-token")).exit_code, 5);
+
+  // A path outside the allowed roots, named in the answer.
+  zerotrain::SubmitJobRequest outside;
+  auto* spec = outside.mutable_spec();
+  spec->set_name("outside");
+  spec->mutable_model()->set_family(zerotrain::ModelConfig::GPT2);
+  spec->mutable_model()->set_n_layer(1);
+  spec->mutable_model()->set_n_head(1);
+  spec->mutable_model()->set_d_model(8);
+  spec->mutable_model()->set_vocab_size(64);
+  spec->mutable_model()->set_max_seq_len(8);
+  spec->mutable_data()->add_train("/etc/hostname");
+  spec->mutable_data()->set_seq_len(8);
+  spec->mutable_train()->set_micro_batch_size(1);
+  spec->mutable_train()->set_max_steps(1);
+  spec->mutable_optimizer()->set_lr(1e-3f);
+  zerotrain::Job job;
+  {
+    auto ctx = AuthorizedContext(Token());
+    const grpc::Status s = stub->SubmitJob(ctx.get(), outside, &job);
+    EXPECT_EQ(s.error_code(), grpc::PERMISSION_DENIED) << s.error_message();
+    EXPECT_NE(s.error_message().find("/etc/hostname"), std::string::npos) << s.error_message();
+  }
+  // A malformed job: every violation named.
+  {
+    zerotrain::SubmitJobRequest bad = outside;
+    bad.mutable_spec()->mutable_data()->set_train(0, Path("train.bin"));
+    bad.mutable_spec()->mutable_model()->set_n_head(3);
+    bad.mutable_spec()->mutable_train()->set_max_steps(-1);
+    auto ctx = AuthorizedContext(Token());
+    const grpc::Status s = stub->SubmitJob(ctx.get(), bad, &job);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("model.n_head"), std::string::npos) << s.error_message();
+    EXPECT_NE(s.error_message().find("train.max_steps"), std::string::npos) << s.error_message();
+  }
+  // Oversized: 5 MiB of name.
+  {
+    zerotrain::SubmitJobRequest big = outside;
+    big.mutable_spec()->set_name(std::string(5 << 20, 'x'));
+    auto ctx = AuthorizedContext(Token());
+    EXPECT_EQ(stub->SubmitJob(ctx.get(), big, &job).error_code(), grpc::RESOURCE_EXHAUSTED);
+  }
+  // Bytes that are no protobuf at all, and an unknown job.
+  {
+    const std::string script = Path("garbage.py");
+    {
+      std::ofstream py(script);
+      py << "import grpc\n"
+         << "c = grpc.insecure_channel('" << address_
+         << "', options=[('grpc.enable_http_proxy', 0)])\n"
+         << "f = c.unary_unary('/zerotrain.JobService/SubmitJob')\n"
+         << "try:\n"
+         << "    f(b'\\xff\\xff\\xff\\xff', metadata=[('authorization', 'Bearer " << Token()
+         << "')], timeout=10)\n"
+         << "    print('ACCEPTED')\n"
+         << "except grpc.RpcError as e:\n"
+         << "    print(e.code().name)\n";
+    }
+    const std::string cmd = "/usr/bin/python3 " + script + " 2>&1";
+    std::FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[256] = {0};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, p);
+    ::pclose(p);
+    const std::string answer(buf, n);
+    EXPECT_EQ(answer.find("ACCEPTED"), std::string::npos) << answer;
+    EXPECT_TRUE(answer.find("INTERNAL") != std::string::npos ||
+                answer.find("INVALID_ARGUMENT") != std::string::npos)
+        << answer;
+  }
+  {
+    auto ctx = AuthorizedContext(Token());
+    zerotrain::GetJobRequest get;
+    get.set_job_id("no-such-job-7");
+    EXPECT_EQ(stub->GetJob(ctx.get(), get, &job).error_code(), grpc::NOT_FOUND);
+  }
+  // Still serving, and never crashed.
+  EXPECT_FALSE(coordinator_->Poll().has_value()) << coordinator_->Output();
+  EXPECT_EQ(Zt("list").exit_code, 0);
+}
+
+TEST_F(DaemonTest, PythonClientFromTheProtoFilesSubmitsAndWatches) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string job_json = Path("py.json");
+  {
+    std::ofstream f(job_json);
+    f << json{{"name", "py"},
+              {"model",
+               {{"family", "GPT2"},
+                {"nLayer", 1},
+                {"nHead", 2},
+                {"dModel", 16},
+                {"vocabSize", 64},
+                {"maxSeqLen", 16}}},
+              {"data", {{"train", {Path("train.bin")}}, {"seqLen", 16}}},
+              {"train", {{"microBatchSize", 2}, {"maxSteps", 5}}},
+              {"optimizer", {{"lr", 1e-3}}},
+              {"parallel", {{"worldSize", 2}}}}
+             .dump();
+  }
+  const std::string cmd = "/usr/bin/python3 " + std::string(ZT_SOURCE_DIR) +
+                          "/examples/python/zt_client.py --coordinator " + address_ +
+                          " --token-file " + state_dir_ + "/token " + job_json + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(out.find("final state: SUCCEEDED"), std::string::npos) << out;
+}
+
+// `zt_memory_bytes` samples of one rank: category → bytes, for source plan or measured.
+std::map<std::string, int64_t> MemorySeries(const std::string& text, const std::string& rank,
+                                            const std::string& source) {
+  std::map<std::string, int64_t> out;
+  static const std::regex kSample(R"(^zt_memory_bytes\{([^}]*)\} ([0-9.e+]+)$)");
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, kSample)) continue;
+    const std::string labels = m[1];
+    if (labels.find("rank=\"" + rank + "\"") == std::string::npos) continue;
+    if (labels.find("source=\"" + source + "\"") == std::string::npos) continue;
+    std::smatch c;
+    if (std::regex_search(labels, c, std::regex(R"re(category="([a-z_]+)")re"))) {
+      out[c[1]] = static_cast<int64_t>(std::stod(m[2]));
+    }
+  }
+  return out;
+}
+
+std::string Fetch(int port, const std::string& save_to) {
+  const std::string cmd =
+      "/usr/bin/python3 -c \"import urllib.request,sys; "
+      "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:" +
+      std::to_string(port) + "/metrics', timeout=10).read().decode())\" > " + save_to;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return ReadText(save_to);
+}
+
+TEST_F(DaemonTest, MetricsPassPromtoolAndMemoryGaugesEqualThePlan) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  const std::string job = WriteJob("metrics", Path("ckpt"), 4, 100000, 5);
+  const std::string id = Submit(job);
+  const json running = WaitFor(id, [](const json& s) { return StepOf(s) >= 3; });
+  ASSERT_EQ(StateOf(running), "RUNNING") << running.dump();
+
+  const std::string node_text = Fetch(MetricsPort(*nodes_["node-a"]), Path("node.prom"));
+  const std::string coordinator_text = Fetch(MetricsPort(*coordinator_), Path("coord.prom"));
+  for (const std::string& file : {Path("node.prom"), Path("coord.prom")}) {
+    const RunResult r{
+        std::system(("promtool check metrics < " + file + " > " + file + ".check 2>&1").c_str()),
+        ReadText(file + ".check")};
+    EXPECT_EQ(r.exit_code, 0) << file << ":\n" << r.output;
+  }
+  EXPECT_NE(coordinator_text.find("zt_jobs{"), std::string::npos);
+  EXPECT_NE(node_text.find("zt_tokens_per_second{"), std::string::npos);
+
+  // node-a runs ranks 0 and 1 (gang placement packs consecutive ranks onto a node).
+  const auto plan = MemorySeries(node_text, "0", "plan");
+  const auto measured = MemorySeries(node_text, "0", "measured");
+  ASSERT_EQ(plan.size(), 8u) << node_text;
+  EXPECT_EQ(plan, measured);
+  const RunResult estimate = Zt("estimate " + job + " --json");
+  ASSERT_EQ(estimate.exit_code, 0) << estimate.output;
+  const json per_rank = json::parse(estimate.output)["per_rank"];
+  for (const auto& [category, bytes] : plan) {
+    EXPECT_EQ(bytes, per_rank[category].get<int64_t>()) << category;
+  }
+
+  // Cancel stops every rank within seconds and leaves the last checkpoint loadable.
+  const auto cancel_start = Clock::now();
+  ASSERT_EQ(Zt("cancel " + id).exit_code, 0);
+  const json cancelled = WaitFor(
+      id, [](const json& s) { return StateOf(s) == "CANCELLED"; }, std::chrono::seconds(30));
+  EXPECT_EQ(StateOf(cancelled), "CANCELLED") << cancelled.dump(2);
+  EXPECT_LT(Clock::now() - cancel_start, std::chrono::seconds(15));
+  const RunResult exported = Zt("export " + Path("ckpt") + " --out " + Path("export") + " --quiet");
+  EXPECT_EQ(exported.exit_code, 0) << exported.output;
+}
+
+}  // namespace
+}  // namespace zt::testing

@@ -1,0 +1,190 @@
+// NodeMetrics: the values a step and a memory report put into the series, the model-FLOPs
+// formula against a float64 evaluation by hand, counters that advance by differences, removal
+// of a job's series, and `promtool check metrics` on the text.
+#include "worker/node/node_metrics.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+
+namespace zt {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const prometheus::ClientMetric* Find(const std::vector<prometheus::MetricFamily>& families,
+                                     const std::string& name,
+                                     const std::map<std::string, std::string>& labels) {
+  for (const prometheus::MetricFamily& f : families) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      int matched = 0;
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        auto it = labels.find(l.name);
+        if (it != labels.end() && it->second == l.value) ++matched;
+      }
+      if (matched == static_cast<int>(labels.size())) return &m;
+    }
+  }
+  return nullptr;
+}
+
+std::string Text(prometheus::Registry& registry) {
+  std::ostringstream text;
+  prometheus::TextSerializer().Serialize(text, registry.Collect());
+  return text.str();
+}
+
+TEST(NodeMetrics, ModelFlopsPerTokenIsSixNPlusAttention) {
+  zerotrain::JobSpec job;
+  job.mutable_model()->set_n_layer(12);
+  job.mutable_model()->set_d_model(768);
+  job.mutable_data()->set_seq_len(1024);
+  // GPT-2 small: 124,439,808 parameters (tied). Float64 by hand: 6N + 12·L·T·C.
+  const double expected = 6.0 * 124439808.0 + 12.0 * 12.0 * 1024.0 * 768.0;
+  // Both sides are sums of a few exactly representable products: equal to the last bit.
+  EXPECT_EQ(ModelFlopsPerToken(job, 124439808), expected);
+}
+
+TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
+  prometheus::Registry registry;
+  NodeMetrics metrics(registry);
+  const RankSeriesKey key{.job = "job-1", .rank = 1, .node = "node-a", .device = 1};
+  const RankSeriesKey other{.job = "job-2", .rank = 0, .node = "node-a", .device = 0};
+
+  StepRecord step;
+  step.step = 1;
+  step.loss = 3.25;
+  step.lr = 0.5f;
+  step.grad_norm = 1.5;
+  step.tokens_per_s = 2000;
+  step.step_ms = 40;
+  step.loss_scale = 1024;
+  step.skipped = 2;
+  step.val_loss = 3.5;
+  CommStats comm;
+  comm[CommKind::kAllGather].bytes_sent = 1000;
+  comm[CommKind::kAllGather].seconds = 0.25;
+  const double flops_per_token = 1e6, peak = 8e9;
+  metrics.RecordStep(key, step, comm, flops_per_token, peak);
+  metrics.RecordStep(other, step, comm, flops_per_token, peak);
+  // The second step: counters advance by what changed since the first.
+  step.step = 2;
+  step.skipped = 3;
+  step.val_loss.reset();
+  comm[CommKind::kAllGather].bytes_sent = 2500;
+  comm[CommKind::kAllGather].seconds = 0.75;
+  metrics.RecordStep(key, step, comm, flops_per_token, peak);
+
+  std::vector<prometheus::MetricFamily> families = registry.Collect();
+  const std::map<std::string, std::string> labels{
+      {"job", "job-1"}, {"rank", "1"}, {"node", "node-a"}, {"device", "1"}};
+  auto value = [&](const std::string& name, std::map<std::string, std::string> extra = {}) {
+    extra.insert(labels.begin(), labels.end());
+    const prometheus::ClientMetric* m = Find(families, name, extra);
+    EXPECT_NE(m, nullptr) << name;
+    if (m == nullptr) return -1.0;
+    return name.ends_with("_total") ? m->counter.value : m->gauge.value;
+  };
+  // Gauges hold exactly the doubles set (lr is a float widened exactly).
+  EXPECT_EQ(value("zt_loss"), 3.25);
+  EXPECT_EQ(value("zt_validation_loss"), 3.5) << "kept from the last evaluation";
+  EXPECT_EQ(value("zt_learning_rate"), 0.5);
+  EXPECT_EQ(value("zt_grad_norm"), 1.5);
+  EXPECT_EQ(value("zt_loss_scale"), 1024);
+  EXPECT_EQ(value("zt_tokens_per_second"), 2000);
+  // 1e6 FLOP/token · 2000 tokens/s = 2e9 FLOP/s: 0.002 TFLOP/s and 25% of 8e9. One rounding
+  // each (a product and a quotient of doubles): 1 ulp.
+  EXPECT_DOUBLE_EQ(value("zt_model_tflops_per_second"), 2e9 / 1e12);
+  EXPECT_DOUBLE_EQ(value("zt_mfu"), 0.25);
+  EXPECT_EQ(value("zt_skipped_steps_total"), 3);
+  EXPECT_EQ(value("zt_comm_bytes_total", {{"collective", "AllGather"}}), 2500);
+  // 0.25 + 0.5: exact in binary.
+  EXPECT_EQ(value("zt_comm_seconds_total", {{"collective", "AllGather"}}), 0.75);
+  EXPECT_EQ(value("zt_comm_bytes_total", {{"collective", "ReduceScatter"}}), 0);
+  const prometheus::ClientMetric* hist = Find(families, "zt_step_duration_seconds", labels);
+  ASSERT_NE(hist, nullptr);
+  EXPECT_EQ(hist->histogram.sample_count, 2u);
+  // 0.04 s twice; the sum of two identical doubles is exact.
+  EXPECT_EQ(hist->histogram.sample_sum, 2 * 0.04);
+
+  metrics.RemoveJob("job-1");
+  const std::string text = Text(registry);
+  EXPECT_THAT(text, Not(HasSubstr("job-1")));
+  EXPECT_THAT(text, HasSubstr(R"(job="job-2")"));
+}
+
+TEST(NodeMetrics, MemorySeriesHoldThePlanAndTheArenasByCategory) {
+  prometheus::Registry registry;
+  NodeMetrics metrics(registry);
+  zerotrain::JobSpec spec;
+  auto* m = spec.mutable_model();
+  m->set_family(zerotrain::ModelConfig::GPT2);
+  m->set_n_layer(1);
+  m->set_n_head(2);
+  m->set_d_model(16);
+  m->set_vocab_size(32);
+  m->set_max_seq_len(8);
+  spec.mutable_data()->add_train("unused.bin");
+  spec.mutable_data()->set_seq_len(8);
+  spec.mutable_train()->set_micro_batch_size(1);
+  spec.mutable_train()->set_max_steps(1);
+  spec.mutable_optimizer()->set_lr(1e-3f);
+  spec.mutable_resources()->set_cpu_threads(1);
+  const zerotrain::JobSpec job =
+      ValidatedJob(spec, {.check_paths = false, .check_engine_support = false}).value();
+  const MemoryPlan plan = PlanMemory(job, 0);
+  absl::StatusOr<std::unique_ptr<Arenas>> arenas = Arenas::Create(plan);
+  ASSERT_TRUE(arenas.ok()) << arenas.status();
+  const RankSeriesKey key{.job = "j", .rank = 0, .node = "n", .device = 0};
+  metrics.RecordMemory(key, plan, **arenas);
+  const std::vector<prometheus::MetricFamily> families = registry.Collect();
+  // The categories hold different byte counts, so a series under the wrong category would
+  // differ from the plan's figure for its label.
+  for (int c = 0; c < kMemoryCategoryCount; ++c) {
+    const auto category = static_cast<MemoryCategory>(c);
+    const std::string name = MemoryCategoryName(category);
+    const auto* planned =
+        Find(families, "zt_memory_bytes", {{"job", "j"}, {"category", name}, {"source", "plan"}});
+    const auto* measured = Find(families, "zt_memory_bytes",
+                                {{"job", "j"}, {"category", name}, {"source", "measured"}});
+    ASSERT_NE(planned, nullptr) << name;
+    ASSERT_NE(measured, nullptr) << name;
+    EXPECT_EQ(planned->gauge.value, static_cast<double>(plan.CategoryBytes(category))) << name;
+    EXPECT_EQ(measured->gauge.value, static_cast<double>((*arenas)->BytesInUse(category))) << name;
+  }
+}
+
+TEST(NodeMetrics, TextPassesPromtool) {
+  if (!std::filesystem::exists("/usr/bin/promtool")) GTEST_SKIP() << "no /usr/bin/promtool";
+  prometheus::Registry registry;
+  NodeMetrics metrics(registry);
+  StepRecord step;
+  step.step_ms = 10;
+  step.val_loss = 1;
+  metrics.RecordStep({.job = "j", .rank = 0, .node = "n", .device = 0}, step, CommStats{}, 1, 1);
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("zt-node-metrics-" + std::to_string(::getpid()) + ".txt");
+  { std::ofstream(path) << Text(registry); }
+  const std::string command = "/usr/bin/promtool check metrics < " + path.string() + " 2>&1";
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  const int rc = ::pclose(pipe);
+  std::filesystem::remove(path);
+  EXPECT_EQ(rc, 0) << output;
+  EXPECT_EQ(output, "") << "promtool's lint findings";
+}
+
+}  // namespace
+}  // namespace zt

@@ -1,0 +1,100 @@
+// The node daemon's Prometheus series: what each local rank measures, labelled
+// {job, rank, node, device}.
+//
+//   zt_step_duration_seconds        histogram  one optimizer step's wall time
+//   zt_tokens_per_second            gauge      the whole job's tokens per second (last step)
+//   zt_model_tflops_per_second      gauge      the whole job's model TFLOP/s (formula below)
+//   zt_mfu                          gauge      model FLOP/s ÷ the job's devices' peak, 0..1
+//   zt_loss, zt_validation_loss, zt_grad_norm, zt_learning_rate, zt_loss_scale   gauges
+//   zt_skipped_steps_total          counter    steps skipped because fp16 gradients overflowed
+//   zt_memory_bytes{category, source="plan"|"measured"}   gauge, the 8 categories of
+//                                   MemoryCategoryName (measured: the arenas' high-water mark)
+//   zt_comm_bytes_total{collective} counter    bytes this rank sent, by CommKindName
+//   zt_comm_seconds_total{collective} counter  seconds its communicators ran that kind
+//
+// Model FLOPs per token (PaLM, appendix B): 6·N + 12·L·T·C — N every parameter of the model
+// (a tied embedding counted once: its lookup is free, the head's matmul costs 6·V·C), and the
+// attention scores and their weighted sum, 2·T·C FLOPs forward per layer per token for each of
+// QKᵀ and AV, tripled for backward, without the causal mask's halving. Activation
+// checkpointing's recomputation is not counted (MFU measures useful work). The job's peak is
+// the reporting rank's device peak × world size: the coordinator places a job on alike devices.
+//
+// A job's series go away with RemoveJob (called when its attempt ends), so /metrics does not
+// grow with every job a node ever ran. Thread-safe: every rank thread records its own series.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "proto/job.pb.h"
+#include "worker/comm/communicator.h"
+#include "worker/plan/arena.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/trainer.h"
+
+namespace zt {
+
+// 6·params + 12·n_layer·seq_len·d_model (see above).
+double ModelFlopsPerToken(const zerotrain::JobSpec& job, int64_t params);
+
+struct RankSeriesKey {
+  std::string job;
+  int rank = 0;
+  std::string node;
+  int device = 0;
+  auto operator<=>(const RankSeriesKey&) const = default;
+};
+
+class NodeMetrics {
+ public:
+  // Registers the families on `registry` (not owned; outlives this object).
+  explicit NodeMetrics(prometheus::Registry& registry);
+  ~NodeMetrics();
+
+  // The plan's bytes and the arenas' high-water marks by category.
+  void RecordMemory(const RankSeriesKey& key, const MemoryPlan& plan, const Arenas& arenas);
+  // One step: its duration, training figures, and the rank's communication counters so far
+  // (`comm` is cumulative; the counters advance by the difference). `flops_per_token` from
+  // ModelFlopsPerToken, `job_peak_flops` the job's devices together.
+  void RecordStep(const RankSeriesKey& key, const StepRecord& step, const CommStats& comm,
+                  double flops_per_token, double job_peak_flops);
+  // The seconds the rank spent restoring its resumed checkpoint (Trainer::resume_seconds).
+  void RecordLoad(const RankSeriesKey& key, double seconds);
+  // Removes every series labelled with `job`.
+  void RemoveJob(const std::string& job);
+
+ private:
+  struct RankSeries;
+  RankSeries& SeriesOf(const RankSeriesKey& key);  // requires mu_
+
+  prometheus::Family<prometheus::Histogram>& step_duration_;
+  prometheus::Family<prometheus::Gauge>& tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>& model_tflops_;
+  prometheus::Family<prometheus::Gauge>& mfu_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& validation_loss_;
+  prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Gauge>& learning_rate_;
+  prometheus::Family<prometheus::Gauge>& loss_scale_;
+  prometheus::Family<prometheus::Counter>& skipped_steps_;
+  prometheus::Family<prometheus::Gauge>& memory_bytes_;
+  prometheus::Family<prometheus::Counter>& comm_bytes_;
+  prometheus::Family<prometheus::Counter>& comm_seconds_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_save_seconds_;
+  prometheus::Family<prometheus::Counter>& checkpoint_saved_bytes_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_load_seconds_;
+
+  std::mutex mu_;
+  std::map<RankSeriesKey, std::unique_ptr<RankSeries>> series_;  // guarded by mu_
+};
+
+}  // namespace zt

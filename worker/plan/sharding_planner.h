@@ -1,0 +1,84 @@
+// The sharding planner: which ZeRO stage and activation-checkpointing policy a job runs with
+// on devices of a given size, chosen from the memory plan (worker/plan/memory_plan.h) — the
+// same function the engine allocates from, so a plan that fits is a job that fits.
+//
+// Candidates are every (zero_stage 0–3) × (activation_checkpointing NONE, SELECTIVE, FULL)
+// the job does not pin; a field the job sets is kept as set (EVERY_K only when pinned). With
+// N ranks, G = shard group size, R = N/G replica groups, Ψ the model's parameters (P: padded
+// to shards), p / g the bytes of a parameter / gradient element and A = grad_accum_steps,
+// each candidate gets
+//   peak_bytes_per_rank  the memory plan of rank 0 (no rank plans more: every rank's shard
+//                        is the same size and rank 0's owns only real elements, the later
+//                        ranks' may own padding), in device memory: its TotalBytes on CPU
+//                        devices, less the pinned-host and NVMe categories on CUDA devices
+//   comm_bytes_per_step  what each rank sends per optimizer step in ring collectives, as
+//                        worker/shard/sharding_engine.cc issues them: 0 at one rank;
+//                          stage 0    all-reduce of the gradients   2·(N−1)/N·Ψ·g
+//                          stage 1–2  reduce-scatter in the group   (G−1)/G·P·g
+//                                     + parameter all-gather        (G−1)/G·P·p
+//                          stage 3    reduce-scatter                (G−1)/G·P·g
+//                                     + A forward all-gathers       (G−1)/G·P·p each
+//                                     + A backward all-gathers      (G−1)/G·P·p each, only
+//                                       with reshard_after_forward
+//                          hybrid (R > 1, stages 1–3) adds the replicas' all-reduce of the
+//                                     shard                         2·(R−1)/R·(P/G)·g
+//   recompute_fraction   the extra forward FLOPs of recomputation over one step's FLOPs
+//                        (forward 1, backward 2, so a step is 3 forwards): FULL recomputes
+//                        every block, SELECTIVE the attention core and activation function
+//                        of every block, EVERY_K the blocks 0, k, 2k, …, NONE nothing. FLOPs
+//                        of a forward (B micro-batch, T seq_len, C d_model, F d_ff, V vocab):
+//                          per block: linears 2·B·T·(the block's matrix parameters),
+//                                     attention core 2·2·B·T²·C (QKᵀ and AV, causal mask
+//                                     not discounted), activation kActivationFlopsPerElement
+//                                     ·B·T·F (norms, residuals and RoPE neglected)
+//                          head:      2·B·T·C·V
+//   cost                 recompute_fraction + kCommCostPerStepOfCompute ·
+//                        comm_bytes_per_step / (2·Ψ·4)
+// and fits when peak_bytes_per_rank ≤ device_memory_bytes · (1 − safety_margin). The chosen
+// candidate is the cheapest that fits (ties: the lower stage, then the lighter recompute), so
+// a smaller device never gets a choice with a larger peak. Thread-safe (pure).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "proto/control.pb.h"
+#include "proto/job.pb.h"
+
+namespace zt {
+
+// How much of one step's compute time sending 2·Ψ fp32 bytes per rank (a plain fp32
+// all-reduce of the gradients) costs. Assumes ~16k tokens per rank per step at ~160 TFLOP/s
+// achieved (6·Ψ FLOPs a token) against ~50 GB/s per rank of links (400 Gb/s InfiniBand),
+// with no overlap: (8·Ψ / 50e9) / (6·Ψ·16384 / 160e12) ≈ 0.26. Overlap makes communication
+// cheaper than this and small batches dearer; it only ranks candidates against recompute.
+inline constexpr double kCommCostPerStepOfCompute = 0.25;
+
+// FLOPs of the MLP activation per element of its output (GELU's tanh form or SiLU·up): small
+// next to the GEMMs, counted so SELECTIVE's share is not understated.
+inline constexpr double kActivationFlopsPerElement = 8.0;
+
+struct PlannerOptions {
+  // Memory a rank may plan with on the smallest device it may be placed on.
+  int64_t device_memory_bytes = 0;
+  // Fraction of device memory kept free (allocator slack, CUDA context, fragmentation), in
+  // [0, 1).
+  double safety_margin = 0.10;
+};
+
+// `job` is validated with defaults applied, except the fields the planner chooses:
+// parallel.zero_stage (unset: the planner chooses) and memory.activation_checkpointing
+// (CHECKPOINTING_UNSPECIFIED: the planner chooses) — LoadJobForPlanning / JobForPlanning
+// (worker/job/job_loading.h) produce it. Returns the plan with every candidate, cheapest
+// first; `chosen.fits` is false when none fits (then `chosen` is the smallest-memory
+// candidate and its rejected_because gives the numbers). InvalidArgument naming the option
+// when device_memory_bytes ≤ 0 or safety_margin is outside [0, 1).
+absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& job,
+                                                     const PlannerOptions& options);
+
+// `job` with the plan's choice written into its unpinned fields (parallel.zero_stage when
+// unset, memory.activation_checkpointing when CHECKPOINTING_UNSPECIFIED); pinned fields are
+// left as the job set them. Then ApplyJobDefaults fills the rest.
+zerotrain::JobSpec WithPlan(zerotrain::JobSpec job, const zerotrain::ShardingPlan& plan);
+
+}  // namespace zt
