@@ -188,10 +188,11 @@ std::string FormatProgressLine(const zerotrain::Progress& p, int width) {
 
 std::string FormatEventLine(const zerotrain::JobEvent& event) {
   std::string line = absl::StrCat("[", Clock(event.time_ms()), "] ", JobStateName(event.state()));
-  if (!event.message().empty()) absl::StrAppend(&line, ": ", event.message());
+  // A progress event's message ("step 7/300") says less than its progress line.
   if (event.has_progress()) {
-    absl::StrAppend(&line, event.message().empty() ? ": " : "  ",
-                    FormatProgressLine(event.progress(), 0));
+    absl::StrAppend(&line, ": ", FormatProgressLine(event.progress(), 0));
+  } else if (!event.message().empty()) {
+    absl::StrAppend(&line, ": ", event.message());
   }
   return line;
 }

@@ -168,6 +168,9 @@ class Coordinator {
     int64_t last_heartbeat_ms = 0;
     // Registered with this process and not declared dead since.
     bool healthy = false;
+    // Reported a preemption (its daemon is going away): gets no new ranks until it registers
+    // again, so a requeued job is not placed back on the node that is leaving.
+    bool draining = false;
     std::vector<zerotrain::RunningAttempt> running;
     std::deque<zerotrain::Assignment> queue;
     std::map<int32_t, HeldDevice> held;  // by device index

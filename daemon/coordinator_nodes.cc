@@ -199,7 +199,7 @@ void Coordinator::SchedulePass() {
   if (queued.empty()) return;
   std::vector<SchedulerNode> free;
   for (const auto& [id, node] : nodes_) {
-    if (!node.healthy) continue;
+    if (!node.healthy || node.draining) continue;
     SchedulerNode& n = free.emplace_back(SchedulerNode{id, {}});
     for (const zerotrain::DeviceInfo& d : node.info.devices()) {
       if (!node.held.contains(d.index())) {
@@ -234,6 +234,7 @@ absl::StatusOr<zerotrain::RegisterResponse> Coordinator::Register(
   node.registered_ms = now;
   node.last_heartbeat_ms = now;
   node.healthy = true;
+  node.draining = false;
   node.running.assign(request.running().begin(), request.running().end());
 
   std::map<std::string, std::set<int32_t>> running;  // "<job>/<attempt>" -> ranks
@@ -365,6 +366,9 @@ absl::Status Coordinator::HandleExit(JobRecord& record, const zerotrain::RankRep
       }
       case zerotrain::RankExit::STOPPED:
         if (exit.preempted()) {
+          if (auto node = nodes_.find(report.node_id()); node != nodes_.end()) {
+            node->second.draining = true;
+          }
           return FailAttempt(record, absl::StrCat(who, " was preempted"), Failure::kPreempted);
         }
         return FailAttempt(record, absl::StrCat(who, " stopped without a request"),

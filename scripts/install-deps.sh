@@ -17,7 +17,7 @@ for flag in "$@"; do
     # The tests check the model against an independent PyTorch float64 reference and train
     # on the demo corpus; the benchmarks compare against PyTorch's speed and memory.
     # The daemon tests drive the API from a Python gRPC client and check /metrics with promtool.
-    --test|--bench) packages+=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus) ;;
+    --test|--bench) packages+=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus openssl) ;;
     *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench)" >&2; exit 2 ;;
   esac
 done

@@ -40,14 +40,24 @@ class DaemonClusterTest : public ScratchDirTest {
     ScratchDirTest::TearDown();
   }
 
-  // Starts the coordinator (on `port`, 0: any) and waits until it serves.
-  void StartCoordinator(int port = 0) {
+  // Starts the coordinator (on `port`, 0: any; `extra` flags after the others) and waits until
+  // it serves.
+  void StartCoordinator(int port = 0, const std::vector<std::string>& extra = {}) {
     std::filesystem::remove(state_dir_ + "/address");
+    std::vector<std::string> args = {"--coordinator",
+                                     "--listen",
+                                     "127.0.0.1:" + std::to_string(port),
+                                     "--state-dir",
+                                     state_dir_,
+                                     "--metrics-addr",
+                                     "127.0.0.1:0",
+                                     "--heartbeat-interval-ms",
+                                     "300",
+                                     "--allowed-root",
+                                     dir_.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
     coordinator_ = std::make_unique<ZtProcess>(
-        std::vector<std::string>{"--coordinator", "--listen", "127.0.0.1:" + std::to_string(port),
-                                 "--state-dir", state_dir_, "--metrics-addr", "127.0.0.1:0",
-                                 "--heartbeat-interval-ms", "300", "--allowed-root", dir_.string()},
-        Path("coordinator." + std::to_string(++coordinator_starts_) + ".log"), "ztd");
+        args, Path("coordinator." + std::to_string(++coordinator_starts_) + ".log"), "ztd");
     ASSERT_TRUE(coordinator_->started());
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     while (!std::filesystem::exists(state_dir_ + "/address") || MetricsPort(*coordinator_) == 0) {
@@ -63,14 +73,26 @@ class DaemonClusterTest : public ScratchDirTest {
 
   // Starts a node daemon with `devices` CPU devices of `device_memory` bytes each and waits
   // until it registered.
-  void StartNode(const std::string& id, int devices = 2, int64_t device_memory = int64_t{4} << 30) {
+  void StartNode(const std::string& id, int devices = 2, int64_t device_memory = int64_t{4} << 30,
+                 const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"--node",
+                                     "--coordinator-addr",
+                                     address_,
+                                     "--token-file",
+                                     state_dir_ + "/token",
+                                     "--node-id",
+                                     id,
+                                     "--cpu-devices",
+                                     std::to_string(devices),
+                                     "--device-memory",
+                                     std::to_string(device_memory),
+                                     "--metrics-addr",
+                                     "127.0.0.1:0",
+                                     "--allowed-root",
+                                     dir_.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
     auto node = std::make_unique<ZtProcess>(
-        std::vector<std::string>{"--node", "--coordinator-addr", address_, "--token-file",
-                                 state_dir_ + "/token", "--node-id", id, "--cpu-devices",
-                                 std::to_string(devices), "--device-memory",
-                                 std::to_string(device_memory), "--metrics-addr", "127.0.0.1:0",
-                                 "--allowed-root", dir_.string()},
-        Path("node-" + id + "." + std::to_string(++node_starts_[id]) + ".log"), "ztd");
+        args, Path("node-" + id + "." + std::to_string(++node_starts_[id]) + ".log"), "ztd");
     ASSERT_TRUE(node->started());
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     while (node->Output().find("registered") == std::string::npos) {
@@ -125,16 +147,21 @@ class DaemonClusterTest : public ScratchDirTest {
   }
 
   // A stage-3 job over `world` ranks of a tiny GPT-2 on train.bin, checkpointing every
-  // `interval` steps into ckpt_dir: what the daemon tests submit.
+  // `interval` steps into ckpt_dir: what the daemon tests submit. With eval_interval > 0,
+  // train.bin doubles as validation data, evaluated every that many steps.
   std::string WriteJob(const std::string& name, const std::string& ckpt_dir, int world, int steps,
-                       int interval) {
+                       int interval, int eval_interval = 0) {
     const std::string path = Path(name + ".yaml");
     std::ofstream f(path);
     f << "name: " << name << "\n"
       << "model: {family: GPT2, n_layer: 2, n_head: 2, d_model: 32, vocab_size: 64, "
          "max_seq_len: 16}\n"
-      << "data: {train: [" << Path("train.bin") << "], seq_len: 16}\n"
-      << "train: {micro_batch_size: 2, max_steps: " << steps << ", log_interval: 1000}\n"
+      << "data: {train: [" << Path("train.bin") << "], seq_len: 16"
+      << (eval_interval > 0 ? ", val: [" + Path("train.bin") + "]" : "") << "}\n"
+      << "train: {micro_batch_size: 2, max_steps: " << steps << ", log_interval: 1000"
+      << (eval_interval > 0 ? ", eval_steps: 1, eval_interval: " + std::to_string(eval_interval)
+                            : "")
+      << "}\n"
       << "optimizer: {lr: 1.0e-3}\n"
       << "parallel: {world_size: " << world << ", zero_stage: 3, comm_timeout_s: 20}\n"
       << "resources: {cpu_threads: 1}\n"

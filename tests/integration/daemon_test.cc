@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -144,6 +145,38 @@ TEST_F(DaemonTest, CoordinatorRestartKeepsTheRunningJobAndItsHistory) {
   EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(300, 50));
 }
 
+// Slurm preemption: SIGTERM to a node makes its ranks checkpoint at the next step boundary and
+// ztd exit 75; the job is requeued (a preemption is not a failure) and resumes from that
+// checkpoint when a node is back, ending with the weights of an uninterrupted run.
+TEST_F(DaemonTest, PreemptedNodeCheckpointsExitsSeventyFiveAndTheJobResumes) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  ASSERT_NO_FATAL_FAILURE(StartNode("node-a", 4));
+  std::string job = WriteJob("preempt", Path("ckpt"), 4, 300, 1000);
+  {
+    // No periodic checkpoint before the end: what resumes is the emergency one.
+    std::ofstream f(job, std::ios::app);
+    f << "scheduling: {max_restarts: 0}\n";
+  }
+  const std::string id = Submit(job);
+  const json running = WaitFor(id, [](const json& s) { return StepOf(s) >= 20; });
+  ASSERT_GE(StepOf(running), 20) << running.dump();
+  ASSERT_EQ(nodes_["node-a"]->Signal(SIGTERM), 0);
+  const std::optional<int> code =
+      nodes_["node-a"]->WaitUntil(Clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 75) << nodes_["node-a"]->Output();
+  const json requeued = Status(id);
+  EXPECT_NE(StateOf(requeued), "FAILED") << requeued.dump(2);
+
+  ASSERT_NO_FATAL_FAILURE(StartNode("node-a", 4));
+  const json done = WaitFor(
+      id, [](const json& s) { return StateOf(s) == "SUCCEEDED" || StateOf(s) == "FAILED"; });
+  ASSERT_EQ(StateOf(done), "SUCCEEDED") << done.dump(2);
+  ASSERT_EQ(done["attempts"].size(), 2u);
+  EXPECT_GE(Int(done["attempts"][1]["resumed_from_step"]), 20);
+  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(300, 1000));
+}
+
 TEST_F(DaemonTest, BadCallsAreRefusedWithTheirStatusAndTheDaemonKeepsServing) {
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());
   auto stub = JobStub();
@@ -243,6 +276,40 @@ TEST_F(DaemonTest, BadCallsAreRefusedWithTheirStatusAndTheDaemonKeepsServing) {
   EXPECT_EQ(Zt("list").exit_code, 0);
 }
 
+// Mutual TLS: a CA, a server certificate for 127.0.0.1 and a client certificate, made with
+// openssl. Clients with the client certificate get in; without it, or in plaintext, they do not.
+TEST_F(DaemonTest, MutualTlsAdmitsOnlyClientsWithACertificateFromTheCa) {
+  const std::string d = dir_.string();
+  const std::string make_certs =
+      "cd " + d +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2"
+      " -subj /CN=zt-test-ca"
+      " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr"
+      " -subj /CN=127.0.0.1"
+      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial"
+      " -out server.pem -days 2 -extfile san.ext"
+      " && openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=node"
+      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial"
+      " -out client.pem -days 2 > certs.log 2>&1";
+  ASSERT_EQ(std::system(make_certs.c_str()), 0) << ReadText(Path("certs.log"));
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator(0, {"--tls-cert", Path("server.pem"), "--tls-key",
+                                               Path("server.key"), "--tls-ca", Path("ca.pem")}));
+  EXPECT_NE(coordinator_->Output().find("(TLS)"), std::string::npos) << coordinator_->Output();
+  const std::string client_tls = " --tls-ca " + Path("ca.pem") + " --tls-cert " +
+                                 Path("client.pem") + " --tls-key " + Path("client.key");
+  const RunResult with_cert = Zt("list" + client_tls);
+  EXPECT_EQ(with_cert.exit_code, 0) << with_cert.output;
+  EXPECT_NE(Zt("list --tls-ca " + Path("ca.pem")).exit_code, 0);
+  EXPECT_NE(Zt("list").exit_code, 0);
+  ASSERT_NO_FATAL_FAILURE(StartNode("node-tls", 1, int64_t{4} << 30,
+                                    {"--tls-ca", Path("ca.pem"), "--tls-cert", Path("client.pem"),
+                                     "--tls-key", Path("client.key")}));
+  const RunResult nodes = Zt("nodes --json" + client_tls);
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.output;
+  EXPECT_NE(nodes.output.find("node-tls"), std::string::npos) << nodes.output;
+}
+
 TEST_F(DaemonTest, PythonClientFromTheProtoFilesSubmitsAndWatches) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   const std::string job_json = Path("py.json");
@@ -308,7 +375,7 @@ std::string Fetch(int port, const std::string& save_to) {
 
 TEST_F(DaemonTest, MetricsPassPromtoolAndMemoryGaugesEqualThePlan) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
-  const std::string job = WriteJob("metrics", Path("ckpt"), 4, 100000, 5);
+  const std::string job = WriteJob("metrics", Path("ckpt"), 4, 100000, 5, /*eval_interval=*/2);
   const std::string id = Submit(job);
   const json running = WaitFor(id, [](const json& s) { return StepOf(s) >= 3; });
   ASSERT_EQ(StateOf(running), "RUNNING") << running.dump();
@@ -322,6 +389,27 @@ TEST_F(DaemonTest, MetricsPassPromtoolAndMemoryGaugesEqualThePlan) {
     EXPECT_EQ(r.exit_code, 0) << file << ":\n" << r.output;
   }
   EXPECT_NE(coordinator_text.find("zt_jobs{"), std::string::npos);
+  // The deployed scrape config is valid, and every series the Grafana dashboard queries is
+  // one the daemons export (a family is listed by its # TYPE line even before its first
+  // sample, e.g. validation loss before the first evaluation).
+  const std::string deploy = std::string(ZT_SOURCE_DIR) + "/deploy";
+  EXPECT_EQ(std::system(
+                ("promtool check config " + deploy + "/prometheus/prometheus.yml > /dev/null 2>&1")
+                    .c_str()),
+            0);
+  const std::string dashboard = ReadText(deploy + "/grafana/dashboards/zerotrain.json");
+  ASSERT_FALSE(json::parse(dashboard, nullptr, false).is_discarded());
+  static const std::regex kSeries(R"(zt_[a-z_]+)");
+  int queried = 0;
+  for (auto it = std::sregex_iterator(dashboard.begin(), dashboard.end(), kSeries);
+       it != std::sregex_iterator(); ++it, ++queried) {
+    std::string family = it->str();
+    if (family.ends_with("_bucket")) family.resize(family.size() - 7);
+    EXPECT_TRUE(node_text.find("# TYPE " + family + " ") != std::string::npos ||
+                coordinator_text.find("# TYPE " + family + " ") != std::string::npos)
+        << family << " is on the dashboard but no daemon exports it";
+  }
+  EXPECT_GT(queried, 10);
   EXPECT_NE(node_text.find("zt_tokens_per_second{"), std::string::npos);
 
   // node-a runs ranks 0 and 1 (gang placement packs consecutive ranks onto a node).

@@ -17,6 +17,8 @@
 namespace zt {
 namespace {
 
+constexpr int kMaxLayers = 4096;
+
 using zerotrain::JobSpec;
 using zerotrain::ModelConfig;
 using zerotrain::OptimizerConfig;
@@ -95,6 +97,11 @@ void ValidateModel(const JobSpec& spec, Violations& v) {
                        NameOf(m.family(), ModelConfig::Family_Name<int>), ")"));
   }
   v.AtLeast("model.n_layer", m.n_layer(), 1);
+  // The layout, the plan and the planner hold entries per block: a bound keeps a hostile job
+  // from exhausting a daemon's memory (the largest published models have under 200 blocks).
+  if (m.n_layer() > kMaxLayers) {
+    v.Add(absl::StrCat("model.n_layer: must be <= ", kMaxLayers, " (got ", m.n_layer(), ")"));
+  }
   v.AtLeast("model.n_head", m.n_head(), 1);
   v.AtLeast("model.d_model", m.d_model(), 1);
   if (m.n_head() >= 1 && m.d_model() >= 1) {

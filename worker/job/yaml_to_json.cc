@@ -1,5 +1,6 @@
 #include "worker/job/yaml_to_json.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <exception>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -481,6 +483,32 @@ class Converter {
   size_t dropped_errors_ = 0;
 };
 
+// Counts documents without building them (their events are dropped).
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++documents_ == 2) second_ = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  int documents() const { return documents_; }
+  const YAML::Mark& second() const { return second_; }
+
+ private:
+  int documents_ = 0;
+  YAML::Mark second_ = YAML::Mark::null_mark();
+};
+
 std::string MarkPrefix(absl::string_view source_name, const YAML::Mark& mark) {
   if (mark.is_null()) return std::string(source_name);
   return absl::StrCat(source_name, ":", mark.line + 1, ":", mark.column + 1);
@@ -494,18 +522,27 @@ absl::StatusOr<std::string> YamlToJson(std::string_view yaml_text, const Descrip
   const absl::string_view source_name(source.data(), source.size());
   // yaml-cpp reports both syntax errors and misuse by exceptions; none may leave this library.
   try {
-    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml_text));
-    if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
+    // Not YAML::LoadAll: yaml-cpp 0.7 never ends its loop on some inputs (a file holding only
+    // "," yields empty documents forever, jbeder/yaml-cpp#1319). Load takes the first document;
+    // a parser stopped after two documents tells whether there is a second.
+    const std::string text(yaml_text);
+    const YAML::Node first = YAML::Load(text);
+    if (first.IsNull()) {
       return absl::InvalidArgumentError(
           absl::StrCat(source_name, ": the job file is empty (expected a mapping of ",
                        descriptor.name(), " fields)"));
     }
-    if (documents.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(MarkPrefix(source_name, documents[1].Mark()),
-                                                     ": a job file holds one YAML document, found ",
-                                                     documents.size()));
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    DocumentCounter counter;
+    while (counter.documents() < 2 && parser.HandleNextDocument(counter)) {
     }
-    const YAML::Node& root = documents[0];
+    if (counter.documents() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(MarkPrefix(source_name, counter.second()),
+                                                     ": a job file holds one YAML document, found "
+                                                     "more than one"));
+    }
+    const YAML::Node& root = first;
     if (!root.IsMap()) {
       return absl::InvalidArgumentError(absl::StrCat(MarkPrefix(source_name, root.Mark()),
                                                      ": expected a mapping of ", descriptor.name(),

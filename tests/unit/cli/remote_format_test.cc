@@ -143,7 +143,7 @@ TEST(FormatEventLineTest, TimeStateAndMessage) {
   event.set_state(zerotrain::Job::RUNNING);
   event.set_message("placed on node-a:0-1");
   EXPECT_EQ(FormatEventLine(event), "[12:03:04] RUNNING: placed on node-a:0-1");
-  event.clear_message();
+  event.set_message("step 150/300");
   *event.mutable_progress() = Halfway();
   const std::string progress = FormatEventLine(event);
   EXPECT_EQ(progress.rfind("[12:03:04] RUNNING: step 150/300  50%", 0), 0u) << progress;

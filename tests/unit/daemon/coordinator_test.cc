@@ -250,9 +250,12 @@ TEST_F(CoordinatorTest, PermanentErrorsFailAtOnceAndPreemptionDoesNotCount) {
   ASSERT_TRUE(node.Next().has_start());
   ASSERT_TRUE(node.Exit("p-1", 1, 0, RankExit::STOPPED, "", /*preempted=*/true).ok());
   Job job = Get(h(), "p-1");
-  // Requeued although max_restarts is 0, and placed again on the freed device.
-  EXPECT_EQ(job.state(), Job::PLACED);
+  // Requeued although max_restarts is 0; not placed back on the node that is leaving...
+  EXPECT_EQ(job.state(), Job::RESTARTING);
   EXPECT_THAT(job.attempts(0).end_reason(), HasSubstr("preempted"));
+  // ...until it registers again (its daemon came back).
+  node.Register();
+  EXPECT_EQ(Get(h(), "p-1").state(), Job::PLACED);
   const zerotrain::Assignment second = node.Next();
   ASSERT_TRUE(second.has_start());
   EXPECT_EQ(second.start().attempt(), 2);

@@ -207,7 +207,7 @@ TEST(JobFileTest, YamlSyntaxErrorsGiveLineAndColumn) {
   EXPECT_THAT(ErrorOf(Yaml("model:\n  n_layer: 2\n n_head: 4\n")),
               AllOf(StartsWith("job.yaml:3:"), HasSubstr("YAML syntax error")));
   EXPECT_THAT(ErrorOf(Yaml("name: a\n---\nname: b\n")),
-              HasSubstr("a job file holds one YAML document, found 2"));
+              HasSubstr("a job file holds one YAML document, found more than one"));
 }
 
 TEST(JobFileTest, EmptyFilesAreRejectedByName) {
