@@ -89,7 +89,7 @@ if [[ -x $zt_bin && -x /usr/bin/time ]]; then
     kb=$(sed -n 's/^[[:space:]]*Maximum resident set size (kbytes): //p' "$work/time.txt")
     bytes=$(du -sb "$work/export" | cut -f1)
     line=$(printf '{"mode": "export-zt", "peak_rss_bytes": %d, "export_s": %s, "export_bytes": %d}' \
-      "$((kb * 1024))" "$(echo "$end - $start" | bc)" "$bytes")
+      "$((kb * 1024))" "$(echo "$end - $start" | bc | sed 's/^\./0./')" "$bytes")
     echo "  $line" >&2
     echo "$line" >>"$raw"
   else

@@ -66,6 +66,7 @@ absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, cons
     ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(b->name));
     const absl::Span<const uint8_t> bytes = file->Bytes(*info);
     std::memcpy(t.raw(), bytes.data(), bytes.size());
+    file->Release(*info);
   }
   return absl::OkStatus();
 }

@@ -293,6 +293,16 @@ absl::Span<const uint8_t> SafetensorsFile::Bytes(const SafetensorsTensorInfo& te
   return absl::Span<const uint8_t>(data_ + tensor.begin, static_cast<size_t>(tensor.nbytes()));
 }
 
+void SafetensorsFile::Release(const SafetensorsTensorInfo& tensor) const {
+  const absl::Span<const uint8_t> bytes = Bytes(tensor);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(bytes.data());
+  const uintptr_t begin = (first + page - 1) / page * page;
+  const uintptr_t end = (first + bytes.size()) / page * page;
+  // Advice only: a failure leaves the pages resident, which is correct, just larger.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 absl::Status SafetensorsFile::ReadAsF32(const SafetensorsTensorInfo& tensor,
                                         absl::Span<float> out) const {
   const int64_t n = tensor.numel();

@@ -100,6 +100,10 @@ class SafetensorsFile {
   // The raw bytes of a tensor of this file (little-endian, row-major). Not aligned to the
   // element size in general: copy out with memcpy.
   absl::Span<const uint8_t> Bytes(const SafetensorsTensorInfo& tensor) const;
+  // Drops the mapped pages wholly inside `tensor`'s bytes from this process's resident set
+  // once they have been copied out (they are read again from the file if touched later), so
+  // reading a checkpoint tensor by tensor holds about one tensor, not the file.
+  void Release(const SafetensorsTensorInfo& tensor) const;
 
   // Converts a F32, F16 or BF16 tensor into `out`, which must hold exactly numel() floats.
   // InvalidArgument naming the file and the tensor for any other dtype or a size mismatch.
