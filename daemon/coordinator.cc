@@ -24,10 +24,6 @@ using zerotrain::Job;
 // The event a ResumeJob(job_id) writes; the attempt count after it is the new budget's base.
 constexpr char kResumedPrefix[] = "resumed after attempt ";
 
-bool IsTerminal(Job::State state) {
-  return state == Job::SUCCEEDED || state == Job::FAILED || state == Job::CANCELLED;
-}
-
 int64_t JobNumber(const std::string& job_id) {
   int64_t n = 0;
   const size_t dash = job_id.rfind('-');
@@ -36,6 +32,10 @@ int64_t JobNumber(const std::string& job_id) {
 }
 
 }  // namespace
+
+bool IsFinished(Job::State state) {
+  return state == Job::SUCCEEDED || state == Job::FAILED || state == Job::CANCELLED;
+}
 
 int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(absl::Now()); }
 
@@ -316,7 +316,7 @@ absl::StatusOr<Job> Coordinator::Cancel(const std::string& job_id) {
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   JobRecord& record = it->second;
   Job& job = record.job;
-  if (IsTerminal(job.state())) return job;
+  if (IsFinished(job.state())) return job;
   if (job.state() == Job::PENDING || job.state() == Job::RESTARTING) {
     ZT_RETURN_IF_ERROR(AddEvent(record, Job::CANCELLED, "cancelled"));
     ZT_RETURN_IF_ERROR(OnTerminal(record));
@@ -404,7 +404,7 @@ absl::StatusOr<Coordinator::EventBatch> Coordinator::WaitForEvents(const std::st
     for (size_t i = static_cast<size_t>(after); i < record.events.size(); ++i) {
       batch.events.push_back(record.events[i]);
     }
-    batch.finished = IsTerminal(record.job.state());
+    batch.finished = IsFinished(record.job.state());
     if (!batch.events.empty() || batch.finished || absl::Now() >= deadline) return batch;
     events_changed_.WaitWithDeadline(&mu_, deadline);
   }

@@ -54,6 +54,9 @@
 
 namespace zt {
 
+// SUCCEEDED, FAILED or CANCELLED: the job has no attempt to come.
+bool IsFinished(zerotrain::Job::State state);
+
 struct CoordinatorOptions {
   // Holds the state store (and the token, daemon/auth.h). Must exist.
   std::string state_dir;
@@ -177,8 +180,8 @@ class Coordinator {
   };
   enum class Failure { kRetryable, kPreempted, kPermanent };
 
-  Coordinator(CoordinatorOptions options, AllowedRoots roots,
-              std::unique_ptr<StateStore> store, CoordinatorMetrics* metrics);
+  Coordinator(CoordinatorOptions options, AllowedRoots roots, std::unique_ptr<StateStore> store,
+              CoordinatorMetrics* metrics);
   absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   void BackgroundLoop();
 

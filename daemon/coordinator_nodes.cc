@@ -19,10 +19,6 @@ using zerotrain::Job;
 
 constexpr char kPreemptedPrefix[] = "preempted: ";
 
-bool IsTerminal(Job::State state) {
-  return state == Job::SUCCEEDED || state == Job::FAILED || state == Job::CANCELLED;
-}
-
 bool AttemptActive(const Job& job) {
   return (job.state() == Job::PLACED || job.state() == Job::RUNNING) && job.attempts_size() > 0 &&
          job.attempts(job.attempts_size() - 1).ended_ms() == 0;
@@ -137,7 +133,7 @@ absl::Status Coordinator::FailAttempt(JobRecord& record, const std::string& reas
 
 absl::Status Coordinator::FinishCancelIfDrained(JobRecord& record) {
   Job& job = record.job;
-  if (IsTerminal(job.state()) || job.attempts_size() == 0) return absl::OkStatus();
+  if (IsFinished(job.state()) || job.attempts_size() == 0) return absl::OkStatus();
   const zerotrain::Attempt& attempt = job.attempts(job.attempts_size() - 1);
   if (attempt.end_reason() != "cancelled") return absl::OkStatus();
   if (job.state() != Job::PLACED && job.state() != Job::RUNNING) return absl::OkStatus();

@@ -17,7 +17,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -33,8 +32,10 @@
 #include "daemon/coordinator_metrics.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "worker/checkpoint/durable_file.h"
 #include "worker/node/control_channel.h"
 #include "worker/node/node_daemon.h"
+#include "worker/status_macros.h"
 
 namespace {
 
@@ -86,18 +87,16 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
   }
 }
 
-// Writes `text` to `path` through a temporary name, so readers never see half of it.
+// Writes `text` to `path` through a synced temporary file and a rename, so readers never see
+// half of it.
 absl::Status WriteAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text << "\n";
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-  }
   std::error_code ec;
+  std::filesystem::remove(tmp, ec);  // a stale one from a crash
+  ZT_RETURN_IF_ERROR(zt::durable_file::WriteSyncedFile(tmp, text + "\n"));
   std::filesystem::rename(tmp, path, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
-  return absl::OkStatus();
+  return zt::durable_file::SyncDirectory(std::filesystem::path(path).parent_path().string());
 }
 
 // Blocks the signals ztd handles in every thread (threads created later inherit the mask),
