@@ -73,8 +73,8 @@ absl::Status CheckNoElements(const char* op, const char* arg, const Tensor& t) {
 
 // The data and state tensors of an unsharded update: param is the whole tensor.
 absl::Status CheckWholeTensor(const char* op, const DeviceContext& ctx, const AdafactorArgs& args) {
-  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "param", args.param, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(op, "param", args.param, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckMaster(op, args.param, args.param_copy,
+                                           args.stochastic_rounding, ctx));
   const int ndim = args.param.ndim();
   if (ndim != 1 && ndim != 2) {
     return absl::InvalidArgumentError(
@@ -139,7 +139,9 @@ absl::Status CheckShard(const char* op, const DeviceContext& ctx, const Adafacto
       ZT_RETURN_IF_ERROR(CheckNoElements(op, name, *t));
     }
   } else {
-    ZT_RETURN_IF_ERROR(internal::CheckTensor(op, "param", args.param, ctx, DType::kF32, {n}));
+    ZT_RETURN_IF_ERROR(internal::CheckMaster(op, args.param, args.param_copy,
+                                             args.stochastic_rounding, ctx));
+    ZT_RETURN_IF_ERROR(internal::CheckTensor(op, "param", args.param, ctx, args.param.dtype(), {n}));
     ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "grad", args.grad, ctx));
     ZT_RETURN_IF_ERROR(internal::CheckFloatDType(op, "grad", args.grad));
     ZT_RETURN_IF_ERROR(internal::CheckSameShape(op, "grad", args.grad, "param", args.param));

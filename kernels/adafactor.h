@@ -42,8 +42,9 @@
 namespace zt {
 
 struct AdafactorArgs {
-  Tensor param;       // (rows, cols) factored, or (n); f32, updated in place. Tensors of more
-                      // dimensions are passed as (product of the leading ones, last one).
+  Tensor param;       // (rows, cols) factored, or (n); f32 (or i16, a split master:
+                      // kernels/optimizer.h), updated in place. Tensors of more dimensions
+                      // are passed as (product of the leading ones, last one).
   Tensor grad;        // param's shape, f32, bf16 or f16
   Tensor row_state;   // (rows) f32, updated: matrices only, empty for vectors
   Tensor col_state;   // (cols) f32, updated: matrices only, empty for vectors

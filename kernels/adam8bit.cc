@@ -11,8 +11,8 @@ absl::Status AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args
   constexpr const char* kOp = "AdamW8bitUpdate";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(CheckQuantBlock(kOp, args.block));
-  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckMaster(kOp, args.param, args.param_copy,
+                                           args.stochastic_rounding, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckGrad(kOp, args.grad, args.param, ctx));
   ZT_RETURN_IF_ERROR(
       internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));

@@ -24,7 +24,7 @@ namespace zt {
 // must start it at a block boundary so that its blocks are the buffer's blocks: shard
 // boundaries are cut at multiples of `block`.
 struct AdamW8bitArgs {
-  Tensor param;          // (n) f32, updated in place
+  Tensor param;          // (n) f32 (or i16, a split master: kernels/optimizer.h), updated
   Tensor grad;           // (n) f32, bf16 or f16
   Tensor m_codes;        // (n) u8, first moment in DynamicMapSigned(), updated
   Tensor m_absmax;       // (ceil(n / block)) f32, updated

@@ -116,6 +116,32 @@ inline absl::Status CheckParamCopy(const char* op, const Tensor& copy, bool stoc
   return CheckSameNumel(op, "param_copy", copy, "param", param);
 }
 
+// The master parameters an optimizer updates: f32, or i16 when the master is split
+// (SplitMaster in kernels/dtype.h) and its high halves are the bf16 param_copy, which is then
+// rounded to nearest only (a stochastic copy could not be the high half of the master).
+inline absl::Status CheckMaster(const char* op, const Tensor& param, const Tensor& copy,
+                                bool stochastic, const DeviceContext& ctx) {
+  if (absl::Status s = CheckOnDevice(op, "param", param, ctx); !s.ok()) return s;
+  if (param.dtype() == DType::kF32) return absl::OkStatus();
+  if (param.dtype() != DType::kI16) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": param has dtype ",
+                                                   DTypeName(param.dtype()),
+                                                   ", expected f32 (or i16: a split master)"));
+  }
+  if (copy.empty() || copy.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": param is i16 (the low halves of a split master) but param_copy is ",
+        copy.empty() ? std::string("empty") : DTypeName(copy.dtype()),
+        "; the split needs the bf16 high halves in param_copy"));
+  }
+  if (stochastic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": stochastic_rounding with a split master (i16 param): the bf16 copy must be the "
+            "master's high half, rounded to nearest"));
+  }
+  return absl::OkStatus();
+}
+
 inline absl::Status NoCudaKernel(const char* op) {
   return absl::UnimplementedError(absl::StrCat(op, ": no CUDA kernel in this build"));
 }

@@ -14,6 +14,8 @@ const char* DTypeName(DType t) {
       return "i32";
     case DType::kU8:
       return "u8";
+    case DType::kI16:
+      return "i16";
   }
   return "?";
 }

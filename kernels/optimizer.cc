@@ -21,8 +21,8 @@ absl::Status CheckBuffer(const char* op, const char* arg, const Tensor& t, const
 absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
   constexpr const char* kOp = "AdamWUpdate";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckMaster(kOp, args.param, args.param_copy,
+                                           args.stochastic_rounding, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckGrad(kOp, args.grad, args.param, ctx));
   ZT_RETURN_IF_ERROR(
       internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));
@@ -38,8 +38,8 @@ absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
 absl::Status SgdUpdate(const DeviceContext& ctx, const SgdArgs& args) {
   constexpr const char* kOp = "SgdUpdate";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "param", args.param, ctx));
-  ZT_RETURN_IF_ERROR(CheckDType(kOp, "param", args.param, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckMaster(kOp, args.param, args.param_copy,
+                                           args.stochastic_rounding, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckGrad(kOp, args.grad, args.param, ctx));
   ZT_RETURN_IF_ERROR(
       internal::CheckParamCopy(kOp, args.param_copy, args.stochastic_rounding, args.param, ctx));

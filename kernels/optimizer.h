@@ -8,6 +8,11 @@
 // bf16 copy with stochastic_rounding, up with probability equal to the discarded fraction of
 // an ulp, drawn from a hash of (seed, element index within the tensor): deterministic for a
 // seed and independent of the thread count. Callers vary the seed per step and per shard.
+//
+// A split master (every optimizer here takes one): `param` is i16, the low halves of the f32
+// master weights, and param_copy the bf16 high halves (SplitMaster in kernels/dtype.h). The
+// update joins the halves, updates the exact f32 master and splits it again, so the model's
+// bf16 weights are the master rounded to nearest and the master costs 2 bytes beyond them.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +24,7 @@
 namespace zt {
 
 struct AdamWArgs {
-  Tensor param;  // (n) f32, updated in place
+  Tensor param;  // (n) f32, updated in place; or i16, a split master's low halves
   Tensor grad;   // (n) f32, bf16 or f16
   Tensor m;      // (n) f32 first moment, updated
   Tensor v;      // (n) f32 second moment, updated
@@ -39,7 +44,7 @@ struct AdamWArgs {
 absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args);
 
 struct SgdArgs {
-  Tensor param;     // (n) f32, updated in place
+  Tensor param;     // (n) f32, updated in place; or i16, a split master's low halves
   Tensor grad;      // (n) f32, bf16 or f16
   Tensor momentum;  // (n) f32 buffer, or empty when momentum == 0
   float lr = 0;

@@ -51,12 +51,23 @@ double FixedOrderSum(const DeviceContext& ctx, int64_t n, const ChunkSum& chunk_
   return sum;
 }
 
-// Σ x² of x[begin, end), in double.
-double SumSquares(const float* x, int64_t begin, int64_t end) {
+// Σ param² of the master parameters [begin, end), in double.
+template <CopyMode kC>
+double SumSquares(const MasterParams<kC>& master, int64_t begin, int64_t end) {
   double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = begin; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = begin; i < end; ++i) {
+    const double p = master.Load(i);
+    s += p * p;
+  }
   return s;
+}
+
+// Σ param² of the first n master parameters, in the fixed order.
+template <CopyMode kC>
+double MasterSumSquares(const DeviceContext& ctx, const MasterParams<kC>& master, int64_t n) {
+  return FixedOrderSum(ctx, n,
+                       [&](int64_t begin, int64_t end) { return SumSquares(master, begin, end); });
 }
 
 // Everything the apply pass needs besides the buffers.
@@ -66,14 +77,14 @@ struct Apply {
   float wd_alpha;  // weight_decay · α
 };
 
-// m = β1·m + (1 − β1)·scale·U (when m is present); param −= weight_decay·α·param + step.
-inline void ApplyOne(const Apply& a, float u, float* m, float* p) {
+// m = β1·m + (1 − β1)·scale·U (when m is present); returns p − weight_decay·α·p − step.
+inline float ApplyOne(const Apply& a, float u, float* m, float p) {
   float step = a.scale * u;
   if (m != nullptr) {
     *m = a.beta1 * *m + (1.0f - a.beta1) * step;
     step = *m;
   }
-  *p = (*p - a.wd_alpha * *p) - step;
+  return (p - a.wd_alpha * p) - step;
 }
 
 // The matrix case: row and column statistics, then U_ij = g_ij · √(mean(R) / R_i) / √C_j.
@@ -82,10 +93,8 @@ template <DType kG, CopyMode kC>
 void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t,
                     double alpha) {
   const int64_t rows = args.param.dim(0), cols = args.param.dim(1), n = rows * cols;
-  float* param = args.param.data<float>();
+  const MasterParams<kC> master = MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
   const void* grad = args.grad.raw();
-  void* copy = args.param_copy.raw();
-  const uint64_t seed = args.seed;
   float* row_state = args.row_state.data<float>();
   float* col_state = args.col_state.data<float>();
   float* m = args.m.empty() ? nullptr : args.m.data<float>();
@@ -151,14 +160,13 @@ void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float b
 
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = 0; i < rows; ++i) {
-    float* p = param + i * cols;
+    const MasterParams<kC> p = master.At(i * cols);
     float* mi = m == nullptr ? nullptr : m + i * cols;
     const float rf = row_factor(i);
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
       const float u = (LoadAs<kG>(grad, i * cols + j) * gs) * rf / std::sqrt(col_state[j]);
-      ApplyOne(a, u, mi == nullptr ? nullptr : mi + j, p + j);
-      StoreCopy<kC>(copy, i * cols + j, p[j], seed);
+      p.Store(j, ApplyOne(a, u, mi == nullptr ? nullptr : mi + j, p.Load(j)), i * cols + j);
     }
   }
 }
@@ -167,10 +175,8 @@ void FactoredUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float b
 template <DType kG, CopyMode kC>
 void FullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t, double alpha) {
   const int64_t n = args.param.numel();
-  float* param = args.param.data<float>();
+  const MasterParams<kC> master = MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
   const void* grad = args.grad.raw();
-  void* copy = args.param_copy.raw();
-  const uint64_t seed = args.seed;
   float* v = args.full_state.data<float>();
   float* m = args.m.empty() ? nullptr : args.m.data<float>();
   const float gs = args.grad_scale, eps1 = args.eps1, b2t = beta2t;
@@ -194,8 +200,7 @@ void FullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = 0; i < n; ++i) {
     const float u = (LoadAs<kG>(grad, i) * gs) / std::sqrt(v[i]);
-    ApplyOne(a, u, m == nullptr ? nullptr : m + i, param + i);
-    StoreCopy<kC>(copy, i, param[i], seed);
+    master.Store(i, ApplyOne(a, u, m == nullptr ? nullptr : m + i, master.Load(i)));
   }
 }
 
@@ -213,16 +218,8 @@ float Beta2At(const AdafactorArgs& args) {
 
 // ---- Sharded updates: elements [begin, end) of the whole tensor's flattening. ----
 
-// The copy of the element at local index k, whose stochastic counter is its index in the whole
-// tensor, so that sharded and unsharded runs draw the same rounding.
-template <CopyMode kC>
-inline void StoreCopyAt(void* copy, int64_t k, int64_t whole_index, float p, uint64_t seed) {
-  if constexpr (kC == CopyMode::kBf16Stochastic) {
-    static_cast<uint16_t*>(copy)[k] = ToBf16Stochastic(p, seed, static_cast<uint64_t>(whole_index));
-  } else {
-    StoreCopy<kC>(copy, k, p, seed);
-  }
-}
+// A shard stores its element at local index k with the stochastic counter of its index in the
+// whole tensor, so that sharded and unsharded runs draw the same rounding.
 
 // Sums data[0, n) across the shard group, naming the phase in an error.
 absl::Status SumAcross(const AdafactorArgs& args, float* data, int64_t n, const char* phase) {
@@ -250,11 +247,10 @@ Apply ShardedApply(const AdafactorArgs& args, double rho, float param_sq, float 
 }
 
 // Σ param² of the shard's elements (0 unless scale_parameter needs it).
+template <CopyMode kC>
 double ShardParamSquares(const DeviceContext& ctx, const AdafactorArgs& args, int64_t n) {
   if (!args.scale_parameter || n == 0) return 0.0;
-  const float* p = args.param.data<float>();
-  return FixedOrderSum(ctx, n,
-                       [&](int64_t begin, int64_t end) { return SumSquares(p, begin, end); });
+  return MasterSumSquares(ctx, MasterParamsOf<kC>(args.param, args.param_copy, args.seed), n);
 }
 
 // The matrix case on a shard. Phase 1 sums [Σ_j g² per row | Σ_i g² per column | Σ param²]
@@ -309,7 +305,7 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
       for (int64_t j = t0; j < t1; ++j) col_sum[j] = static_cast<float>(acc[j - t0]);
     }
   }
-  *param_sq = static_cast<float>(ShardParamSquares(ctx, args, n));
+  *param_sq = static_cast<float>(ShardParamSquares<kC>(ctx, args, n));
   ZT_RETURN_IF_ERROR(SumAcross(args, row_sum, rows + cols + 1, "row, column and parameter sums"));
 
   // An empty shard may hold no statistics; one that holds them keeps them in step. A tensor
@@ -358,24 +354,21 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
   ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
 
   const Apply a = ShardedApply(args, rho, *param_sq, *u_sq, whole);
-  float* param = args.param.data<float>();
+  const MasterParams<kC> master = MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
   float* m = args.m.empty() ? nullptr : args.m.data<float>();
-  void* copy = args.param_copy.raw();
-  const uint64_t seed = args.seed;
   const int64_t first_row = begin / cols, row_end = (end + cols - 1) / cols;
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = first_row; i < row_end; ++i) {
     const int64_t j0 = std::max<int64_t>(begin - i * cols, 0);
     const int64_t j1 = std::min<int64_t>(end - i * cols, cols);
     const int64_t base = i * cols - begin;
-    float* p = param + base;
+    const MasterParams<kC> p = master.At(base);
     float* mi = m == nullptr ? nullptr : m + base;
     const float rf = row_factor(i);
 #pragma omp simd
     for (int64_t j = j0; j < j1; ++j) {
       const float u = (LoadAs<kG>(grad, base + j) * gs) * rf / std::sqrt(col_state[j]);
-      ApplyOne(a, u, mi == nullptr ? nullptr : mi + j, p + j);
-      StoreCopyAt<kC>(copy, base + j, i * cols + j, p[j], seed);
+      p.Store(j, ApplyOne(a, u, mi == nullptr ? nullptr : mi + j, p.Load(j)), i * cols + j);
     }
   }
   return absl::OkStatus();
@@ -389,15 +382,13 @@ absl::Status ShardedFullUpdate(const DeviceContext& ctx, const AdafactorArgs& ar
   const int64_t begin = sh.begin, n = sh.end - sh.begin, whole = sh.cols;
   float* param_sq = args.reduce_scratch.data<float>();
   float* u_sq = param_sq + 1;
-  *param_sq = static_cast<float>(ShardParamSquares(ctx, args, n));
+  *param_sq = static_cast<float>(ShardParamSquares<kC>(ctx, args, n));
   ZT_RETURN_IF_ERROR(SumAcross(args, param_sq, 1, "parameter sum of squares"));
   *u_sq = 0.0f;
   if (n == 0) return SumAcross(args, u_sq, 1, "sum of squared updates");
 
-  float* param = args.param.data<float>();
+  const MasterParams<kC> master = MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
   const void* grad = args.grad.raw();
-  void* copy = args.param_copy.raw();
-  const uint64_t seed = args.seed;
   float* v = args.full_state.data<float>();
   float* m = args.m.empty() ? nullptr : args.m.data<float>();
   const float gs = args.grad_scale, eps1 = args.eps1, b2t = beta2t;
@@ -418,8 +409,7 @@ absl::Status ShardedFullUpdate(const DeviceContext& ctx, const AdafactorArgs& ar
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t i = 0; i < n; ++i) {
     const float u = (LoadAs<kG>(grad, i) * gs) / std::sqrt(v[i]);
-    ApplyOne(a, u, m == nullptr ? nullptr : m + i, param + i);
-    StoreCopyAt<kC>(copy, i, begin + i, param[i], seed);
+    master.Store(i, ApplyOne(a, u, m == nullptr ? nullptr : m + i, master.Load(i)), begin + i);
   }
   return absl::OkStatus();
 }
@@ -431,7 +421,7 @@ absl::Status ShardedUpdate(const DeviceContext& ctx, const AdafactorArgs& args) 
   absl::Status st;
   // An empty shard's tensors may be absent: its dtypes choose nothing it runs.
   const DType grad_dtype = args.grad.empty() ? DType::kF32 : args.grad.dtype();
-  DispatchGradCopy(grad_dtype, CopyModeFor(args.param_copy, args.stochastic_rounding),
+  DispatchGradCopy(grad_dtype, CopyModeFor(args.param, args.param_copy, args.stochastic_rounding),
                    [&](auto grad_type, auto copy_mode) {
                      constexpr DType kG = decltype(grad_type)::value;
                      constexpr CopyMode kC = decltype(copy_mode)::value;
@@ -447,20 +437,21 @@ absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args
   if (args.shard.has_value()) return ShardedUpdate(ctx, args);
   const int64_t n = args.param.numel();
   const double rho = RelativeOrAbsoluteStep(args);
-  double alpha = rho;
-  if (args.scale_parameter) {
-    const float* p = args.param.data<float>();
-    const double sum_sq = FixedOrderSum(
-        ctx, n, [&](int64_t begin, int64_t end) { return SumSquares(p, begin, end); });
-    alpha =
-        std::max(static_cast<double>(args.eps2), std::sqrt(sum_sq / static_cast<double>(n))) * rho;
-  }
   const float beta2t = Beta2At(args);
   const bool factored = args.param.ndim() == 2;
-  DispatchGradCopy(args.grad.dtype(), CopyModeFor(args.param_copy, args.stochastic_rounding),
+  DispatchGradCopy(args.grad.dtype(),
+                   CopyModeFor(args.param, args.param_copy, args.stochastic_rounding),
                    [&](auto grad_dtype, auto copy_mode) {
                      constexpr DType kG = decltype(grad_dtype)::value;
                      constexpr CopyMode kC = decltype(copy_mode)::value;
+                     double alpha = rho;
+                     if (args.scale_parameter) {
+                       const double sum_sq = MasterSumSquares(
+                           ctx, MasterParamsOf<kC>(args.param, args.param_copy, args.seed), n);
+                       alpha = std::max(static_cast<double>(args.eps2),
+                                        std::sqrt(sum_sq / static_cast<double>(n))) *
+                               rho;
+                     }
                      if (factored) {
                        FactoredUpdate<kG, kC>(ctx, args, beta2t, alpha);
                      } else {

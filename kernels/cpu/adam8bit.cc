@@ -28,10 +28,8 @@ template <DType kG, CopyMode kC>
 void Update(const DeviceContext& ctx, const AdamW8bitArgs& args) {
   const int64_t n = args.param.numel(), block = args.block;
   const int64_t num_blocks = NumQuantBlocks(n, block);
-  float* param = args.param.data<float>();
+  const MasterParams<kC> master = MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
   const void* grad = args.grad.raw();
-  void* copy = args.param_copy.raw();
-  const uint64_t seed = args.seed;
   uint8_t* m_codes = args.m_codes.data<uint8_t>();
   float* m_absmax = args.m_absmax.data<float>();
   uint8_t* v_codes = args.v_codes.data<uint8_t>();
@@ -50,7 +48,7 @@ void Update(const DeviceContext& ctx, const AdamW8bitArgs& args) {
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
   for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t begin = b * block, len = std::min(block, n - begin);
-    float* p = param + begin;
+    const MasterParams<kC> p = master.At(begin);
     uint8_t* mc = m_codes + begin;
     uint8_t* vc = v_codes + begin;
     const float m_scale = m_absmax[b], v_scale = v_absmax[b];
@@ -74,8 +72,8 @@ void Update(const DeviceContext& ctx, const AdamW8bitArgs& args) {
       const float mi = Ema(b1, m_map[mc[i]] * m_scale, gi);
       const float vi = Ema(b2, v_map[vc[i]] * v_scale, gi * gi);
       const float update = (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
-      p[i] -= lr * (update + wd * p[i]);
-      StoreCopy<kC>(copy, begin + i, p[i], seed);
+      const float old = p.Load(i);
+      p.Store(i, old - lr * (update + wd * old), begin + i);
       mc[i] = NearestCode(m_search, mi / m_div);
       vc[i] = NearestCode(v_search, vi / v_div);
     }
@@ -87,7 +85,8 @@ void Update(const DeviceContext& ctx, const AdamW8bitArgs& args) {
 }  // namespace
 
 void AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args) {
-  DispatchGradCopy(args.grad.dtype(), CopyModeFor(args.param_copy, args.stochastic_rounding),
+  DispatchGradCopy(args.grad.dtype(),
+                   CopyModeFor(args.param, args.param_copy, args.stochastic_rounding),
                    [&](auto grad_dtype, auto copy_mode) {
                      Update<decltype(grad_dtype)::value, decltype(copy_mode)::value>(ctx, args);
                    });

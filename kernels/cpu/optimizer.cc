@@ -1,7 +1,8 @@
 // Optimizer updates on the CPU: one streaming pass over the flat buffers, `parallel for simd`
 // with every element independent, so any thread count gives the same bits. Memory bound:
 // AdamW moves 28 bytes per parameter (4 buffers read, 3 written), 2 fewer with a 16-bit
-// gradient and 2 more with a 16-bit parameter copy.
+// gradient and 2 more with a 16-bit parameter copy (4 fewer again with a split master, whose
+// two halves are read and written instead of an f32 master and its copy).
 #include "kernels/cpu/optimizer.h"
 
 #include <cmath>
@@ -19,12 +20,9 @@ constexpr int64_t kMinParallel = 1 << 15;
 
 void AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
   const int64_t n = args.param.numel();
-  float* param = args.param.data<float>();
   const void* grad = args.grad.raw();
   float* m = args.m.data<float>();
   float* v = args.v.data<float>();
-  void* copy = args.param_copy.raw();
-  const uint64_t seed = args.seed;
   const float b1 = args.beta1, b2 = args.beta2;
   // Bias corrections in double: β2^t for t in the thousands is where f32 pow loses digits.
   const double t = static_cast<double>(args.step);
@@ -32,10 +30,13 @@ void AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
   const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(b2), t)));
   const float lr = args.lr, eps = args.eps, wd = args.weight_decay, gs = args.grad_scale;
 
-  DispatchGradCopy(args.grad.dtype(), CopyModeFor(args.param_copy, args.stochastic_rounding),
+  DispatchGradCopy(args.grad.dtype(),
+                   CopyModeFor(args.param, args.param_copy, args.stochastic_rounding),
                    [=](auto grad_dtype, auto copy_mode) {
                      constexpr DType kG = decltype(grad_dtype)::value;
                      constexpr CopyMode kC = decltype(copy_mode)::value;
+                     const MasterParams<kC> master =
+                         MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
                      for (int64_t i = 0; i < n; ++i) {
                        const float g = LoadAs<kG>(grad, i) * gs;
@@ -44,32 +45,30 @@ void AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
                        m[i] = mi;
                        v[i] = vi;
                        const float update = (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
-                       const float p = param[i] - lr * (update + wd * param[i]);
-                       param[i] = p;
-                       StoreCopy<kC>(copy, i, p, seed);
+                       const float old = master.Load(i);
+                       master.Store(i, old - lr * (update + wd * old));
                      }
                    });
 }
 
 void SgdUpdate(const DeviceContext& ctx, const SgdArgs& args) {
   const int64_t n = args.param.numel();
-  float* param = args.param.data<float>();
   const void* grad = args.grad.raw();
   float* buf = args.momentum.empty() ? nullptr : args.momentum.data<float>();
-  void* copy = args.param_copy.raw();
-  const uint64_t seed = args.seed;
   const float lr = args.lr, mu = args.momentum_factor, wd = args.weight_decay;
   const float gs = args.grad_scale;
-  DispatchGradCopy(args.grad.dtype(), CopyModeFor(args.param_copy, args.stochastic_rounding),
+  DispatchGradCopy(args.grad.dtype(),
+                   CopyModeFor(args.param, args.param_copy, args.stochastic_rounding),
                    [=](auto grad_dtype, auto copy_mode) {
                      constexpr DType kG = decltype(grad_dtype)::value;
                      constexpr CopyMode kC = decltype(copy_mode)::value;
+                     const MasterParams<kC> master =
+                         MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
                      if (buf == nullptr) {
 #pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
                        for (int64_t i = 0; i < n; ++i) {
-                         const float p = param[i] - lr * (LoadAs<kG>(grad, i) * gs + wd * param[i]);
-                         param[i] = p;
-                         StoreCopy<kC>(copy, i, p, seed);
+                         const float old = master.Load(i);
+                         master.Store(i, old - lr * (LoadAs<kG>(grad, i) * gs + wd * old));
                        }
                        return;
                      }
@@ -77,9 +76,8 @@ void SgdUpdate(const DeviceContext& ctx, const SgdArgs& args) {
                      for (int64_t i = 0; i < n; ++i) {
                        const float b = mu * buf[i] + LoadAs<kG>(grad, i) * gs;
                        buf[i] = b;
-                       const float p = param[i] - lr * (b + wd * param[i]);
-                       param[i] = p;
-                       StoreCopy<kC>(copy, i, p, seed);
+                       const float old = master.Load(i);
+                       master.Store(i, old - lr * (b + wd * old));
                      }
                    });
 }

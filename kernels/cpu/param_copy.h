@@ -1,7 +1,9 @@
 // Compile-time storage dispatch for the optimizers' streaming loops: the gradient's dtype and
-// how the updated f32 master parameter is written to its 16-bit copy (none, bf16 or f16 to
-// nearest even, or bf16 stochastically) become template arguments, so each combination is
-// one vectorized loop with no per-element switch.
+// how the f32 master parameter is stored with its 16-bit copy (no copy; a bf16 or f16 copy to
+// nearest even; a bf16 copy rounded stochastically; or a split master, whose bf16 copy is its
+// high half and whose i16 `param` buffer holds its low half) become template arguments, so
+// each combination is one vectorized loop with no per-element switch. The loops reach the
+// master only through MasterParams, so every optimizer supports every mode.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +15,10 @@
 
 namespace zt::cpu {
 
-enum class CopyMode : uint8_t { kNone, kBf16, kF16, kBf16Stochastic };
+enum class CopyMode : uint8_t { kNone, kBf16, kF16, kBf16Stochastic, kBf16Split };
 
-inline CopyMode CopyModeFor(const Tensor& param_copy, bool stochastic) {
+inline CopyMode CopyModeFor(const Tensor& param, const Tensor& param_copy, bool stochastic) {
+  if (param.dtype() == DType::kI16) return CopyMode::kBf16Split;
   if (param_copy.empty()) return CopyMode::kNone;
   if (param_copy.dtype() == DType::kF16) return CopyMode::kF16;
   return stochastic ? CopyMode::kBf16Stochastic : CopyMode::kBf16;
@@ -46,6 +49,52 @@ inline void StoreCopy(void* copy, int64_t i, float p, uint64_t seed) {
   }
 }
 
+// The master parameters of an update (f32, or split into the copy's bf16 high halves and
+// `param`'s i16 low halves) and their 16-bit copy, from element `offset` on.
+template <CopyMode M>
+struct MasterParams {
+  void* param = nullptr;
+  void* copy = nullptr;
+  uint64_t seed = 0;
+
+  float Load(int64_t i) const {
+    if constexpr (M == CopyMode::kBf16Split) {
+      return JoinMaster(static_cast<const uint16_t*>(copy)[i],
+                        static_cast<const int16_t*>(param)[i]);
+    } else {
+      return static_cast<const float*>(param)[i];
+    }
+  }
+  // Element i becomes p; `counter` is its stochastic rounding's hash index (the element's
+  // index in the whole tensor when the buffers hold a shard of it).
+  void Store(int64_t i, float p, int64_t counter) const {
+    if constexpr (M == CopyMode::kBf16Split) {
+      const SplitMasterBits b = SplitMaster(p);
+      static_cast<uint16_t*>(copy)[i] = b.high;
+      static_cast<int16_t*>(param)[i] = b.low;
+    } else {
+      static_cast<float*>(param)[i] = p;
+      if constexpr (M == CopyMode::kBf16Stochastic) {
+        static_cast<uint16_t*>(copy)[i] = ToBf16Stochastic(p, seed, static_cast<uint64_t>(counter));
+      } else {
+        StoreCopy<M>(copy, i, p, seed);
+      }
+    }
+  }
+  void Store(int64_t i, float p) const { Store(i, p, i); }
+  // The same buffers from element k on.
+  MasterParams At(int64_t k) const {
+    constexpr int64_t kMasterBytes = M == CopyMode::kBf16Split ? 2 : 4;
+    return {static_cast<char*>(param) + k * kMasterBytes,
+            copy == nullptr ? nullptr : static_cast<char*>(copy) + k * 2, seed};
+  }
+};
+
+template <CopyMode M>
+MasterParams<M> MasterParamsOf(const Tensor& param, const Tensor& param_copy, uint64_t seed) {
+  return {param.raw(), param_copy.raw(), seed};
+}
+
 // Calls f(std::integral_constant<DType, grad>, std::integral_constant<CopyMode, mode>).
 template <typename F>
 void DispatchGradCopy(DType grad, CopyMode mode, F&& f) {
@@ -59,6 +108,8 @@ void DispatchGradCopy(DType grad, CopyMode mode, F&& f) {
         return f(g, std::integral_constant<CopyMode, CopyMode::kF16>{});
       case CopyMode::kBf16Stochastic:
         return f(g, std::integral_constant<CopyMode, CopyMode::kBf16Stochastic>{});
+      case CopyMode::kBf16Split:
+        return f(g, std::integral_constant<CopyMode, CopyMode::kBf16Split>{});
     }
   };
   switch (grad) {

@@ -117,6 +117,8 @@ StDType ToStDType(DType t) {
       return StDType::kI32;
     case DType::kU8:
       return StDType::kU8;
+    case DType::kI16:
+      return StDType::kI16;
   }
   return StDType::kU8;
 }

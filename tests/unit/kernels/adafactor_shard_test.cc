@@ -97,7 +97,9 @@ struct ShardProblem {
   AdafactorArgs args;  // hyperparameters and copy options; tensors are filled in per call
   bool first_moment = false;
   DType grad_dtype = DType::kF32;
-  bool bf16_copy = true;  // a stochastically rounded bf16 parameter copy
+  bool bf16_copy = true;  // a bf16 parameter copy (rounded as args.stochastic_rounding says)
+  // The master split into the bf16 copy and i16 low halves (kernels/dtype.h SplitMaster).
+  bool split_master = false;
   int threads = 1;        // of each rank's context
   // The whole tensor's gradient at a 1-based step.
   std::function<std::vector<float>(int)> grad;
@@ -106,8 +108,9 @@ struct ShardProblem {
 
 // The whole tensor's buffers after the steps.
 struct Outcome {
-  std::vector<float> param, m, row, col, full;
+  std::vector<float> param, m, row, col, full;  // param: an f32 master only
   Stored copy{0, DType::kBF16};
+  std::vector<int16_t> low;  // a split master's low halves
 };
 
 Outcome Fresh(const ShardProblem& s, int64_t begin, int64_t end, bool whole_statistics) {
@@ -120,6 +123,13 @@ Outcome Fresh(const ShardProblem& s, int64_t begin, int64_t end, bool whole_stat
   o.col.assign(s.rows > 0 && whole_statistics ? s.cols : 0, 0.0f);
   o.full.assign(s.rows > 0 ? 0 : n, 0.0f);
   o.copy = Stored(s.bf16_copy ? n : 0, DType::kBF16);
+  if (s.split_master) {
+    for (int64_t k = 0; k < n; ++k) {
+      const SplitMasterBits b = SplitMaster(o.param[k]);
+      o.copy.Set(k, Bf16ToFloat(b.high));
+      o.low.push_back(b.low);
+    }
+  }
   return o;
 }
 
@@ -127,6 +137,10 @@ AdafactorArgs ArgsFor(const ShardProblem& s, int step, Outcome& o, Stored& grad)
   AdafactorArgs a = s.args;
   a.step = step;
   a.param = FlatOrEmpty(o.param);
+  if (s.split_master) {
+    a.param = o.low.empty() ? Tensor()
+                            : Tensor(o.low.data(), DType::kI16, {static_cast<int64_t>(o.low.size())});
+  }
   a.grad = grad.size() == 0 ? Tensor() : grad.Flat();
   a.row_state = FlatOrEmpty(o.row);
   a.col_state = FlatOrEmpty(o.col);
@@ -197,6 +211,7 @@ Outcome RunSharded(const ShardProblem& s, const std::vector<int64_t>& cuts,
   for (int r = 0; r < g; ++r) {
     const Outcome& o = ranks[r];
     joined.param.insert(joined.param.end(), o.param.begin(), o.param.end());
+    joined.low.insert(joined.low.end(), o.low.begin(), o.low.end());
     joined.m.insert(joined.m.end(), o.m.begin(), o.m.end());
     joined.full.insert(joined.full.end(), o.full.begin(), o.full.end());
     for (size_t k = 0; k < o.copy.size(); ++k) joined.copy.Set(cuts[r] + k, o.copy.Get(k));
@@ -362,6 +377,34 @@ TEST(AdafactorShardTest, BitIdenticalToUnshardedWhenSumsAreExact) {
         EXPECT_TRUE(SameBits(sharded.full, whole.full));
         EXPECT_TRUE(testing::SameWords(sharded.copy, whole.copy));
       }
+    }
+  }
+}
+
+// A split master on shards (Σ param² of each shard read through the split) is the f32 master
+// the same shards produce, bit for bit, with its high half the master's nearest bf16.
+TEST(AdafactorShardTest, SplitMasterMatchesFloat32Master) {
+  for (int64_t rows : {int64_t{37}, int64_t{0}}) {
+    const int64_t cols = rows > 0 ? 29 : 1001;
+    ShardProblem s{.rows = rows, .cols = cols, .first_moment = true, .grad_dtype = DType::kBF16};
+    s.args.beta1 = 0.9f;
+    s.args.weight_decay = 0.1f;
+    s.grad = RandomGrads(rows, cols);
+    for (const std::vector<int64_t>& cuts : CutsOf(s.numel())) {
+      SCOPED_TRACE(::testing::Message() << "rows " << rows << " ranks " << cuts.size() - 1);
+      std::vector<std::vector<int64_t>> calls;
+      s.split_master = false;
+      const Outcome f32 = RunSharded(s, cuts, &calls);
+      s.split_master = true;
+      const Outcome split = RunSharded(s, cuts, &calls);
+      ASSERT_EQ(split.low.size(), f32.param.size());
+      for (size_t k = 0; k < split.low.size(); ++k) {
+        const uint16_t high = FloatToBf16(split.copy.Get(k));  // exact: a bf16 value
+        ASSERT_EQ(FloatBits(JoinMaster(high, split.low[k])), FloatBits(f32.param[k])) << k;
+        ASSERT_EQ(high, SplitMaster(f32.param[k]).high) << k;
+      }
+      EXPECT_TRUE(SameBits(split.m, f32.m));
+      EXPECT_TRUE(SameBits(split.row, f32.row));
     }
   }
 }
