@@ -5,7 +5,8 @@
 # Usage: bench/run_memory_bench.sh BUILD_DIR [CONFIG]   (CONFIG: gpt2-small (default) | tiny)
 # Environment: STEPS (timed steps, default 4), THREADS (default 2).
 # Rows: fp32 baseline; bf16 params + fp32 master; + FULL checkpointing; + SELECTIVE instead;
-# bf16 + FULL + 8-bit AdamW; bf16 + Adafactor. Each row is one training_bench run.
+# bf16 + FULL + 8-bit AdamW; the same with bf16 gradients and split master weights (8 bytes of
+# model state per parameter); bf16 + Adafactor. Each row is one training_bench run.
 set -euo pipefail
 build_dir=${1:?usage: $0 BUILD_DIR [CONFIG]}
 config=${2:-gpt2-small}
@@ -20,6 +21,7 @@ rows=(
   "bf16 + FULL checkpointing|--precision bf16 --checkpointing full"
   "bf16 + SELECTIVE checkpointing|--precision bf16 --checkpointing selective"
   "bf16 + FULL + 8-bit AdamW|--precision bf16 --checkpointing full --optimizer adamw8bit"
+  "bf16 + FULL + 8-bit AdamW, bf16 grads, split master|--precision bf16 --checkpointing full --optimizer adamw8bit --grad-dtype bf16 --master split"
   "bf16 + Adafactor|--precision bf16 --optimizer adafactor"
 )
 raw=$(mktemp -t zt_memory_bench.XXXXXX)

@@ -4,10 +4,13 @@
 //   training_bench --config tiny|gpt2-small|tiny-llama [--steps N] [--warmup N]
 //                  [--threads N] [--gemm onednn|openblas]
 //                  [--precision fp32|bf16|fp16] [--checkpointing none|full|selective|every2]
-//                  [--optimizer adamw|adamw8bit|adafactor]
-// The memory techniques (bench/RESULTS.md's second table) are the last three flags:
+//                  [--optimizer adamw|adamw8bit|adafactor] [--grad-dtype fp32|bf16]
+//                  [--master fp32|split]
+// The memory techniques (bench/RESULTS.md's second table) are the last five flags:
 // --precision bf16 means bf16 parameters and activations with fp32 master weights and fp32
-// gradient accumulation.
+// gradient accumulation; --grad-dtype bf16 accumulates gradients in bf16 instead, and
+// --master split keeps the fp32 master as the bf16 parameters plus 16 low bits
+// (precision.split_master_weights).
 //
 // The data are random tokens (throughput does not depend on them). Peak RSS is the kernel's
 // VmHWM; the baseline is VmRSS after the libraries and the OpenMP pool are up, before the
@@ -30,6 +33,7 @@
 int main(int argc, char** argv) {
   std::string config = "tiny", gemm = "onednn";
   std::string precision = "fp32", checkpointing = "none", optimizer = "adamw";
+  std::string grad_dtype = "fp32", master = "fp32";
   int steps = 10, warmup = 2, threads = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -49,6 +53,10 @@ int main(int argc, char** argv) {
       checkpointing = value;
     else if (flag == "--optimizer")
       optimizer = value;
+    else if (flag == "--grad-dtype")
+      grad_dtype = value;
+    else if (flag == "--master")
+      master = value;
     else {
       std::fprintf(stderr, "training_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -70,6 +78,8 @@ int main(int argc, char** argv) {
     const P::DType dtype = precision == "bf16" ? P::BF16 : precision == "fp16" ? P::FP16 : P::FP32;
     job.mutable_precision()->set_param_dtype(dtype);
     job.mutable_precision()->set_compute_dtype(dtype);
+    if (grad_dtype == "bf16") job.mutable_precision()->set_grad_dtype(P::BF16);
+    if (master == "split") job.mutable_precision()->set_split_master_weights(true);
     M* memory = job.mutable_memory();
     if (checkpointing == "full") memory->set_activation_checkpointing(M::FULL);
     if (checkpointing == "selective") memory->set_activation_checkpointing(M::SELECTIVE);
@@ -145,6 +155,8 @@ int main(int argc, char** argv) {
                         {"precision", precision},
                         {"checkpointing", checkpointing},
                         {"optimizer", optimizer},
+                        {"grad_dtype", grad_dtype},
+                        {"master", master},
                         {"final_loss", loss}};
   std::printf("%s\n", out.dump().c_str());
   std::filesystem::remove_all(dir);

@@ -89,4 +89,43 @@ absl::Status CastStochastic(const DeviceContext& ctx, const Tensor& src, const T
   return absl::OkStatus();
 }
 
+namespace {
+
+// `t` (named `name`) lives on ctx's device, holds `dtype` and as many elements as `ref`.
+absl::Status CheckOperand(const char* op, const DeviceContext& ctx, const char* name,
+                          const Tensor& t, DType dtype, const char* ref_name, const Tensor& ref) {
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, name, t, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(op, name, t, dtype));
+  return internal::CheckSameNumel(op, name, t, ref_name, ref);
+}
+
+}  // namespace
+
+absl::Status SplitMasterWeights(const DeviceContext& ctx, const Tensor& src, const Tensor& high,
+                                const Tensor& low) {
+  constexpr const char* kOp = "SplitMasterWeights";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "src", src, DType::kF32, "src", src));
+  ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "high", high, DType::kBF16, "src", src));
+  // An empty `low` rounds without keeping the remainder (a rank's high half outside its range).
+  if (!low.empty()) ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "low", low, DType::kI16, "src", src));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::SplitMasterWeights(ctx, src.data<float>(), high.data<uint16_t>(),
+                          low.empty() ? nullptr : low.data<int16_t>(), src.numel());
+  return absl::OkStatus();
+}
+
+absl::Status JoinMasterWeights(const DeviceContext& ctx, const Tensor& high, const Tensor& low,
+                               const Tensor& dst) {
+  constexpr const char* kOp = "JoinMasterWeights";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "high", high, DType::kBF16, "high", high));
+  ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "low", low, DType::kI16, "high", high));
+  ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "dst", dst, DType::kF32, "high", high));
+  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  cpu::JoinMasterWeights(ctx, high.data<uint16_t>(), low.data<int16_t>(), dst.data<float>(),
+                         high.numel());
+  return absl::OkStatus();
+}
+
 }  // namespace zt

@@ -29,5 +29,14 @@ absl::Status Cast(const DeviceContext& ctx, const Tensor& src, const Tensor& dst
 // (seed, element index): the same seed gives the same bits for any thread count.
 absl::Status CastStochastic(const DeviceContext& ctx, const Tensor& src, const Tensor& dst,
                             uint64_t seed);
+// A split fp32 master (SplitMaster in kernels/dtype.h): high (bf16) and low (i16) of src
+// (f32), equal numel. low may be empty: the high halves alone, which are src rounded to
+// nearest (ties away from zero) — what every rank holding the bf16 parameters writes, while
+// only the rank owning an element keeps its low half.
+absl::Status SplitMasterWeights(const DeviceContext& ctx, const Tensor& src, const Tensor& high,
+                                const Tensor& low);
+// dst (f32) = the master whose halves are high (bf16) and low (i16), equal numel.
+absl::Status JoinMasterWeights(const DeviceContext& ctx, const Tensor& high, const Tensor& low,
+                               const Tensor& dst);
 
 }  // namespace zt

@@ -94,7 +94,9 @@ bool SplitName(const ModelLayout& layout, const std::string& name, int* unit, st
 }
 
 // Buffers that hold one value per element of a range of the unit, in unit order.
-bool IsUnitRange(const std::string& role) { return role == "params" || role == "master"; }
+bool IsUnitRange(const std::string& role) {
+  return role == "params" || role == "master" || role == "master_low";
+}
 
 // The segment of `role` of unit `u` on `rank` of `job`.
 UnitSegment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit,
@@ -104,6 +106,53 @@ UnitSegment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout&
   const bool sharded = role == "params" ? stage >= 3 : stage >= 1;
   if (!sharded) return {0, unit.numel};
   return {shard.owned.begin, shard.owned.end};
+}
+
+}  // namespace
+
+namespace {
+
+// Elements [begin, end) of buffer "<unit>.<role>" as the saved ranks hold them: their bytes,
+// gathered from each saved rank whose range overlaps, and their dtype, one of `dtypes`.
+absl::Status ReadSavedRange(const zerotrain::JobSpec& saved_job,
+                            const std::function<std::string(int)>& rank_file,
+                            const UnitLayout& unit, const std::string& role, int64_t begin,
+                            int64_t end, std::initializer_list<DType> dtypes, DType* dtype,
+                            std::vector<uint8_t>* out) {
+  const std::string name = absl::StrCat(unit.name, ".", role);
+  out->clear();
+  int64_t covered = begin;
+  for (int r = 0; r < saved_job.parallel().world_size() && covered < end; ++r) {
+    const UnitSegment have = SegmentOf(saved_job, r, unit, role);
+    const int64_t lo = std::max(covered, have.begin), hi = std::min(end, have.end);
+    if (lo >= hi) continue;
+    ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(rank_file(r)));
+    const SafetensorsTensorInfo* info = file->Find(name);
+    if (info == nullptr) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint file '", file->path(), "' has no buffer ", name));
+    }
+    std::optional<DType> found;
+    for (DType d : dtypes) {
+      if (ToStDType(d) == info->dtype) found = d;
+    }
+    if (!found || (out->size() > 0 && *found != *dtype) ||
+        DTypeSize(*found) * (hi - have.begin) > info->nbytes()) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint file '", file->path(), "': buffer ", name,
+          found ? " is shorter than its layout says" : " has a dtype its job cannot have"));
+    }
+    *dtype = *found;
+    const absl::Span<const uint8_t> bytes = file->Bytes(*info);
+    out->insert(out->end(), bytes.begin() + (lo - have.begin) * DTypeSize(*found),
+                bytes.begin() + (hi - have.begin) * DTypeSize(*found));
+    covered = hi;
+  }
+  if (covered < end) {
+    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds elements [", covered,
+                                            ", ", end, ") of ", name));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -118,41 +167,26 @@ absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
                                                    "' range [", begin, ", ", end,
                                                    ") is outside the model"));
   }
-  const std::string name = absl::StrCat(layout.units[unit].name, ".", role);
-  int64_t covered = begin;
-  for (int r = 0; r < saved_job.parallel().world_size() && covered < end; ++r) {
-    const UnitSegment have = SegmentOf(saved_job, r, layout.units[unit], role);
-    const int64_t lo = std::max(covered, have.begin), hi = std::min(end, have.end);
-    if (lo >= hi) continue;
-    ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(rank_file(r)));
-    const SafetensorsTensorInfo* info = file->Find(name);
-    if (info == nullptr) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint file '", file->path(), "' has no buffer ", name));
-    }
-    // The weights are stored as f32 (master, or fp32 parameters) or the 16-bit parameters.
-    std::optional<DType> dtype;
-    for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
-      if (ToStDType(d) == info->dtype) dtype = d;
-    }
-    if (!dtype || DTypeSize(*dtype) * (hi - have.begin) > info->nbytes()) {
-      return absl::DataLossError(absl::StrCat("checkpoint file '", file->path(), "': buffer ", name,
-                                              " is shorter than its layout says"));
-    }
-    const absl::Span<const uint8_t> bytes = file->Bytes(*info);
-    // The bytes are unaligned in general: view them through a copy of the overlap.
-    std::vector<uint8_t> raw(bytes.begin() + (lo - have.begin) * DTypeSize(*dtype),
-                             bytes.begin() + (hi - have.begin) * DTypeSize(*dtype));
-    const Tensor src(raw.data(), *dtype, {hi - lo});
-    const Tensor dst(out + (lo - begin), DType::kF32, {hi - lo});
-    ZT_RETURN_IF_ERROR(Cast(CpuContext(1), src, dst));
-    covered = hi;
+  const UnitLayout& u = layout.units[unit];
+  const Tensor dst(out, DType::kF32, {end - begin});
+  // The bytes are unaligned in general: they are viewed through copies of the range.
+  std::vector<uint8_t> bytes;
+  DType dtype = DType::kF32;
+  if (role == "master" && saved_job.precision().split_master_weights()) {
+    // A split master: the bf16 parameters are its high halves, "master_low" the rest.
+    std::vector<uint8_t> low;
+    DType low_dtype = DType::kI16;
+    ZT_RETURN_IF_ERROR(ReadSavedRange(saved_job, rank_file, u, "params", begin, end, {DType::kBF16},
+                                      &dtype, &bytes));
+    ZT_RETURN_IF_ERROR(ReadSavedRange(saved_job, rank_file, u, "master_low", begin, end,
+                                      {DType::kI16}, &low_dtype, &low));
+    return JoinMasterWeights(CpuContext(1), Tensor(bytes.data(), DType::kBF16, {end - begin}),
+                             Tensor(low.data(), DType::kI16, {end - begin}), dst);
   }
-  if (covered < end) {
-    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds elements [", covered,
-                                            ", ", end, ") of ", name));
-  }
-  return absl::OkStatus();
+  // The weights are stored as f32 (master, or fp32 parameters) or the 16-bit parameters.
+  ZT_RETURN_IF_ERROR(ReadSavedRange(saved_job, rank_file, u, role, begin, end,
+                                    {DType::kF32, DType::kBF16, DType::kF16}, &dtype, &bytes));
+  return Cast(CpuContext(1), Tensor(bytes.data(), dtype, {end - begin}), dst);
 }
 
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,

@@ -48,7 +48,8 @@ absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, cons
                            bool weights_only = false);
 
 // Elements [begin, end) of unit `unit`'s `role` ("master" or "params"; the fp32 weights are
-// "master" when the job keeps master weights) as a checkpoint written by `saved_job` holds
+// "master" when the job keeps master weights, joined from "params" and "master_low" when it
+// splits them) as a checkpoint written by `saved_job` holds
 // them, converted to f32 into out[0, end − begin): read from each saved rank whose range
 // overlaps, touching only those bytes. For streaming exports: one tensor at a time.
 absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,

@@ -189,6 +189,7 @@ absl::Status Trainer::InitializeWeights() {
   const zerotrain::ModelConfig& model = job_.model();
   const ModelLayout& layout = model_->layout();
   const std::vector<Tensor>& master = optimizer_->master_weights();
+  const bool split = optimizer_->split_master();
   const int stage = engine_->stage();
   // Imports read whole units (resharding on read comes with sharded checkpoints).
   std::vector<std::vector<float>> imported;
@@ -220,13 +221,21 @@ absl::Status Trainer::InitializeWeights() {
         std::copy(imported[u].begin() + begin, imported[u].begin() + stop, values.begin());
       }
       const Tensor v(values.data(), DType::kF32, {stop - begin});
+      const Tensor params = model_->unit_params()[u];
+      // A split master's high halves are the parameters on every rank that holds them
+      // (rounded as SplitMaster rounds, which on ties is not Cast's way).
       ZT_RETURN_IF_ERROR(
-          Cast(ctx_, v, model_->unit_params()[u].Slice(begin - first, stop - first)));
+          split ? SplitMasterWeights(ctx_, v, params.Slice(begin - first, stop - first), Tensor())
+                : Cast(ctx_, v, params.Slice(begin - first, stop - first)));
       // The master copy holds the rank's range (the whole unit at stage 0).
       const int64_t lo = std::max(begin, range.begin), hi = std::min(stop, range.end);
       if (!master.empty() && lo < hi) {
-        ZT_RETURN_IF_ERROR(Cast(ctx_, v.Slice(lo - begin, hi - begin),
-                                master[u].Slice(lo - range.begin, hi - range.begin)));
+        const Tensor mine = v.Slice(lo - begin, hi - begin);
+        const Tensor master_range = master[u].Slice(lo - range.begin, hi - range.begin);
+        ZT_RETURN_IF_ERROR(
+            split
+                ? SplitMasterWeights(ctx_, mine, params.Slice(lo - first, hi - first), master_range)
+                : Cast(ctx_, mine, master_range));
       }
     }
   }
@@ -380,8 +389,23 @@ absl::Status Trainer::Resume() {
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   const std::vector<Tensor>& master = optimizer_->master_weights();
   const int stage = engine_->stage();
-  return master.empty() ? engine_->FullWeights(ctx_, model_->unit_params(), stage == 3)
-                        : engine_->FullWeights(ctx_, master, stage >= 1);
+  if (master.empty()) return engine_->FullWeights(ctx_, model_->unit_params(), stage == 3);
+  if (!optimizer_->split_master()) return engine_->FullWeights(ctx_, master, stage >= 1);
+  // A split master is joined from the parameters of the rank's range and its low halves,
+  // into buffers of the master's size (a shard's padding stays zero).
+  std::vector<std::vector<float>> joined;
+  std::vector<Tensor> sources;
+  for (size_t u = 0; u < master.size(); ++u) {
+    const FlatRange range = engine_->ranges()[u];
+    const int64_t n = range.end - range.begin;
+    joined.emplace_back(master[u].numel(), 0.0f);
+    sources.push_back(Tensor(joined.back().data(), DType::kF32, {master[u].numel()}));
+    const Tensor params = model_->unit_params()[u];
+    ZT_RETURN_IF_ERROR(JoinMasterWeights(
+        ctx_, stage == 3 ? params.Slice(0, n) : params.Slice(range.begin, range.end),
+        master[u].Slice(0, n), sources.back().Slice(0, n)));
+  }
+  return engine_->FullWeights(ctx_, sources, stage >= 1);
 }
 
 absl::StatusOr<StepRecord> Trainer::Step() {
@@ -412,9 +436,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     loss += micro_loss / static_cast<double>(accum);
   }
   const int stop_request = options_.stop ? static_cast<int>(options_.stop->kind()) : 0;
-  ZT_ASSIGN_OR_RETURN(StepTotals totals, engine_->Combine(ctx_, loss,
-                                                          /*check_finite=*/loss_scaler_.has_value(),
-                                                          stop_request));
+  ZT_ASSIGN_OR_RETURN(StepTotals totals,
+                      engine_->Combine(ctx_, loss,
+                                       /*check_finite=*/loss_scaler_.has_value(), stop_request));
   StepRecord r;
   r.stop = static_cast<StopKind>(totals.stop_request);
   r.loss = totals.loss_sum / static_cast<double>(ranks);

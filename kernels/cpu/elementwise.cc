@@ -77,6 +77,22 @@ void CastStochastic(const DeviceContext& ctx, const float* src, uint16_t* dst, u
   for (int64_t i = 0; i < n; ++i) dst[i] = ToBf16Stochastic(src[i], seed, i);
 }
 
+void SplitMasterWeights(const DeviceContext& ctx, const float* src, uint16_t* high, int16_t* low,
+                        int64_t n) {
+#pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = 0; i < n; ++i) {
+    const SplitMasterBits b = SplitMaster(src[i]);
+    high[i] = b.high;
+    if (low != nullptr) low[i] = b.low;
+  }
+}
+
+void JoinMasterWeights(const DeviceContext& ctx, const uint16_t* high, const int16_t* low,
+                       float* dst, int64_t n) {
+#pragma omp parallel for simd num_threads(ctx.num_threads) schedule(static) if (n >= kMinParallel)
+  for (int64_t i = 0; i < n; ++i) dst[i] = JoinMaster(high[i], low[i]);
+}
+
 void ZeroBytes(const DeviceContext& ctx, void* data, int64_t bytes) {
   constexpr int64_t kChunk = 1 << 20;
   const int64_t chunks = (bytes + kChunk - 1) / kChunk;

@@ -15,6 +15,11 @@ void Scale(const DeviceContext& ctx, void* t, DType dtype, float s, int64_t n);
 // dst (bf16) = src rounded stochastically with the hash of (seed, element index).
 void CastStochastic(const DeviceContext& ctx, const float* src, uint16_t* dst, uint64_t seed,
                     int64_t n);
+// SplitMaster of each src element (low may be null: the high halves only), and JoinMaster.
+void SplitMasterWeights(const DeviceContext& ctx, const float* src, uint16_t* high, int16_t* low,
+                        int64_t n);
+void JoinMasterWeights(const DeviceContext& ctx, const uint16_t* high, const int16_t* low,
+                       float* dst, int64_t n);
 void ZeroBytes(const DeviceContext& ctx, void* data, int64_t bytes);
 // Between f32, bf16 and f16; src and dst must not overlap unless they are the same dtype and
 // the same buffer.

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -71,6 +72,11 @@ const JobCase kGpt2Stage3 = {"GPT2", "  world_size: 2\n  zero_stage: 3\n", ""};
 // bf16 parameters keep fp32 master weights: the export reads those, as `--export` does.
 const JobCase kLlamaGqaBf16Stage2 = {"LLAMA", "  world_size: 2\n  zero_stage: 2\n",
                                      "precision: {param_dtype: BF16}\n"};
+// Split master weights: the fp32 weights are joined from the bf16 parameters and the saved
+// low halves, sharded under stage 3 — both exports must see the same fp32 numbers.
+const JobCase kGpt2SplitMasterStage3 = {
+    "GPT2", "  world_size: 2\n  zero_stage: 3\n",
+    "precision: {param_dtype: BF16, split_master_weights: true}\n"};
 
 // The d_ff the job's defaults gave, as the exported config.json records it.
 int HfConfigDff(const std::string& dir) {
@@ -173,6 +179,18 @@ TEST_F(ZtExportTest, LlamaGqaUntiedBf16ExportReadsMasterWeightsAndRoundTrips) {
   EXPECT_EQ(b["model.layers.0.self_attn.k_proj.weight"].shape,
             (std::vector<int64_t>{config["num_key_value_heads"].get<int64_t>() * D, C}));
   EXPECT_EQ(b["lm_head.weight"].shape, (std::vector<int64_t>{V, C}));
+}
+
+TEST_F(ZtExportTest, SplitMasterStageThreeExportJoinsTheHalvesAndRoundTrips) {
+  ExpectExportMatchesAndRoundTrips(kGpt2SplitMasterStage3);
+  // The joined fp32 weights carry low bits a bf16 value lacks: the export read the low
+  // halves, not only the bf16 parameters.
+  TensorMap b;
+  ASSERT_NO_FATAL_FAILURE(AddTensors(Path("B/model.safetensors"), &b));
+  const std::string& bytes = b.at("transformer.h.0.mlp.c_fc.weight").bytes;
+  std::vector<uint32_t> bits(bytes.size() / 4);
+  std::memcpy(bits.data(), bytes.data(), bits.size() * 4);
+  EXPECT_TRUE(std::any_of(bits.begin(), bits.end(), [](uint32_t v) { return (v & 0xffff) != 0; }));
 }
 
 TEST_F(ZtExportTest, SplitsIntoShardsWithACorrectIndexThatImports) {

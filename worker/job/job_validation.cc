@@ -269,6 +269,22 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
     v.Add(absl::StrCat("precision.stochastic_rounding: requires precision.param_dtype BF16 (got ",
                        NameOf(pr.param_dtype(), PrecisionConfig::DType_Name<int>), ")"));
   }
+  if (pr.split_master_weights()) {
+    if (pr.param_dtype() != PrecisionConfig::BF16) {
+      v.Add(
+          absl::StrCat("precision.split_master_weights: requires precision.param_dtype BF16 (got ",
+                       NameOf(pr.param_dtype(), PrecisionConfig::DType_Name<int>),
+                       "): the parameters are the master weights' high 16 bits"));
+    }
+    if (pr.has_master_weights() && !pr.master_weights()) {
+      v.Add("precision.split_master_weights: requires precision.master_weights (it is false)");
+    }
+    if (pr.stochastic_rounding()) {
+      v.Add(
+          "precision.split_master_weights: cannot be combined with precision.stochastic_rounding "
+          "(the BF16 parameters must be the master rounded to nearest)");
+    }
+  }
   const zerotrain::LossScaleConfig& ls = pr.loss_scale();
   if (v.Set("precision.loss_scale.initial_power", ls.has_initial_power()) &&
       (ls.initial_power() < 0 || ls.initial_power() > 64)) {

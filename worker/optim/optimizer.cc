@@ -41,7 +41,9 @@ absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& co
                                                      " of ", u.numel, " elements"));
     }
     if (precision.master_weights()) {
-      ZT_ASSIGN_OR_RETURN(Tensor master, state.Get(u.name + ".master"));
+      ZT_ASSIGN_OR_RETURN(
+          Tensor master,
+          state.Get(u.name + (precision.split_master_weights() ? ".master_low" : ".master")));
       opt.master_.push_back(master);
     }
     Unit unit;

@@ -27,7 +27,9 @@ class Optimizer {
  public:
   // With precision.master_weights the arenas hold "<unit>.master" (f32): the update runs on
   // it and writes the 16-bit parameters from it in the same pass (rounded to nearest even,
-  // or stochastically for BF16 with precision.stochastic_rounding).
+  // or stochastically for BF16 with precision.stochastic_rounding). With
+  // precision.split_master_weights they hold "<unit>.master_low" (i16) instead: the bf16
+  // parameters are the master's high halves (kernels/optimizer.h).
   //
   // `ranges` (one per unit, empty: every unit whole) is the part of each unit this rank
   // steps — its ZeRO shard; the master weights and states hold that range only.
@@ -59,8 +61,10 @@ class Optimizer {
   // The range of unit u this optimizer steps.
   const FlatRange& range(int u) const { return ranges_[u]; }
 
-  // The fp32 master weights of each unit, or empty when the parameters are their own master.
+  // The fp32 master weights of each unit (i16 low halves when split), or empty when the
+  // parameters are their own master.
   const std::vector<Tensor>& master_weights() const { return master_; }
+  bool split_master() const { return !master_.empty() && master_[0].dtype() == DType::kI16; }
 
   // Updates applied so far (the bias-correction step is this + 1 during Step).
   int64_t steps_taken() const { return steps_taken_; }
@@ -74,7 +78,7 @@ class Optimizer {
   };
   Optimizer() = default;
   struct TensorStep {
-    Tensor param;       // f32: the master slice, or the parameters themselves
+    Tensor param;       // the master slice (f32, or i16 low halves), or the parameters
     Tensor param_copy;  // the 16-bit parameters when `param` is a master slice
     Tensor grad;
     float lr = 0;

@@ -120,7 +120,7 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
 bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
   if (b.category == MemoryCategory::kParameters) return b.name.ends_with(".params");
   return b.category == MemoryCategory::kOptimizerState &&
-         (!weights_only || b.name.ends_with(".master"));
+         (!weights_only || b.name.ends_with(".master") || b.name.ends_with(".master_low"));
 }
 
 bool ShardedAdafactor(const zerotrain::JobSpec& job) {
@@ -161,8 +161,10 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
       add(u.name + ".grad_accum", MemoryCategory::kGradients, grad_dtype, shard.padded);
     }
     if (precision.master_weights()) {
-      add(u.name + ".master", MemoryCategory::kOptimizerState, DType::kF32,
-          stage >= 1 ? shard.shard_numel : u.numel);
+      // A split master keeps only the low halves: the high halves are the bf16 parameters.
+      const bool split = precision.split_master_weights();
+      add(u.name + (split ? ".master_low" : ".master"), MemoryCategory::kOptimizerState,
+          split ? DType::kI16 : DType::kF32, stage >= 1 ? shard.shard_numel : u.numel);
     }
     const FlatRange state_range = stage >= 1 ? shard.owned : FlatRange{};
     for (const UnitOptimizerState::Buffer& b :

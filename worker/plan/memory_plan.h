@@ -120,6 +120,8 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //   "<u>.grad_accum"   S ≥ 2 with grad_accum_steps > 1: P — the full gradient accumulates
 //                      across micro-batches and is reduce-scattered once, on the last
 //   "<u>.master", optimizer states: the rank's range at S ≥ 1, the unit at S = 0
+//                      ("<u>.master_low", i16, with split_master_weights: the high halves
+//                      are the bf16 "<u>.params")
 // and per rank:
 //   "grad.full.0/1"    S ≥ 2, one micro-batch per step: two full gradients of the largest
 //                      unit, alternating, so one unit's reduce-scatter overlaps the next

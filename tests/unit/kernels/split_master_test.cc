@@ -14,6 +14,7 @@
 #include "kernels/adafactor.h"
 #include "kernels/adam8bit.h"
 #include "kernels/dtype.h"
+#include "kernels/elementwise.h"
 #include "kernels/optimizer.h"
 #include "tests/unit/kernels/mixed_check.h"
 #include "tests/unit/kernels/op_check.h"
@@ -78,8 +79,9 @@ TEST(SplitMasterTest, TiesGoAwayFromZeroAndInfinitiesAndNansSurvive) {
   EXPECT_EQ(JoinMaster(SplitMaster(big).high, SplitMaster(big).low), big);
   const float inf = std::numeric_limits<float>::infinity();
   EXPECT_EQ(JoinMaster(SplitMaster(-inf).high, SplitMaster(-inf).low), -inf);
-  for (float nan : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                    BitsToFloat(0x7f800001u), BitsToFloat(0xffc0ffffu)}) {
+  for (float nan :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+        BitsToFloat(0x7f800001u), BitsToFloat(0xffc0ffffu)}) {
     const SplitMasterBits b = SplitMaster(nan);
     EXPECT_TRUE(std::isnan(Bf16ToFloat(b.high)));
     EXPECT_TRUE(std::isnan(JoinMaster(b.high, b.low)));
@@ -123,8 +125,7 @@ struct Masters {
 // Runs `step(param, copy, t)` for t = 1..steps on an f32 master and on its split, comparing
 // after each step. n is above the kernels' parallel threshold, with a partial last block.
 void ExpectSplitMatches(const std::string& what,
-                        const std::function<void(Tensor, Tensor, int)>& step,
-                        int64_t n = 40'000) {
+                        const std::function<void(Tensor, Tensor, int)>& step, int64_t n = 40'000) {
   Masters masters(RandomVector(n, 11));
   for (int t = 1; t <= 4; ++t) {
     step(masters.F32(), masters.Copy(), t);
@@ -149,17 +150,16 @@ TEST(SplitMasterTest, AdamWAndSgdUpdateTheSameMaster) {
   ExpectSplitMatches("AdamW", [&](Tensor param, Tensor copy, int t) {
     std::vector<uint16_t> g = Bf16Grad(n, t);
     const int k = which++ % 2;
-    const absl::Status st = AdamWUpdate(
-        CpuContext(3), {.param = param,
-                        .grad = Tensor(g.data(), DType::kBF16, {n}),
-                        .m = Tensor(m[k].data(), DType::kF32, {n}),
-                        .v = Tensor(v[k].data(), DType::kF32, {n}),
-                        .lr = 1e-2f,
-                        .beta2 = 0.95f,
-                        .weight_decay = 0.1f,
-                        .step = t,
-                        .grad_scale = 0.5f,
-                        .param_copy = copy});
+    const absl::Status st = AdamWUpdate(CpuContext(3), {.param = param,
+                                                        .grad = Tensor(g.data(), DType::kBF16, {n}),
+                                                        .m = Tensor(m[k].data(), DType::kF32, {n}),
+                                                        .v = Tensor(v[k].data(), DType::kF32, {n}),
+                                                        .lr = 1e-2f,
+                                                        .beta2 = 0.95f,
+                                                        .weight_decay = 0.1f,
+                                                        .step = t,
+                                                        .grad_scale = 0.5f,
+                                                        .param_copy = copy});
     ASSERT_TRUE(st.ok()) << st;
   });
   for (bool momentum : {false, true}) {
@@ -167,14 +167,13 @@ TEST(SplitMasterTest, AdamWAndSgdUpdateTheSameMaster) {
       std::vector<float> g = RandomVector(n, 400 + t, -2.0f, 2.0f);
       const int k = which++ % 2;
       const absl::Status st = SgdUpdate(
-          CpuContext(2),
-          {.param = param,
-           .grad = Tensor(g.data(), DType::kF32, {n}),
-           .momentum = momentum ? Tensor(buf[k].data(), DType::kF32, {n}) : Tensor(),
-           .lr = 1e-2f,
-           .momentum_factor = momentum ? 0.9f : 0.0f,
-           .weight_decay = 0.1f,
-           .param_copy = copy});
+          CpuContext(2), {.param = param,
+                          .grad = Tensor(g.data(), DType::kF32, {n}),
+                          .momentum = momentum ? Tensor(buf[k].data(), DType::kF32, {n}) : Tensor(),
+                          .lr = 1e-2f,
+                          .momentum_factor = momentum ? 0.9f : 0.0f,
+                          .weight_decay = 0.1f,
+                          .param_copy = copy});
       ASSERT_TRUE(st.ok()) << st;
     });
   }
@@ -228,7 +227,8 @@ TEST(SplitMasterTest, AdafactorUpdatesTheSameMaster) {
           std::vector<uint16_t> g = Bf16Grad(n, t);
           const int k = which++ % 2;
           const auto f32 = [](std::vector<float>& x) {
-            return x.empty() ? Tensor() : Tensor(x.data(), DType::kF32, {static_cast<int64_t>(x.size())});
+            return x.empty() ? Tensor()
+                             : Tensor(x.data(), DType::kF32, {static_cast<int64_t>(x.size())});
           };
           AdafactorArgs a{.param = param,
                           .grad = Tensor(g.data(), DType::kBF16, {n}),
@@ -251,6 +251,33 @@ TEST(SplitMasterTest, AdafactorUpdatesTheSameMaster) {
   }
 }
 
+// The ops over buffers: SplitMaster and JoinMaster element by element, the high halves alone
+// when low is empty, for any thread count.
+TEST(SplitMasterTest, SplitAndJoinOpsRoundTrip) {
+  const int64_t n = 70'000;  // above the parallel threshold
+  std::vector<float> src = RandomVector(n, 5, -3.0f, 3.0f), back(n);
+  src[0] = 1.0f + std::ldexp(1.0f, -8);  // a tie
+  std::vector<uint16_t> high(n), high_only(n);
+  std::vector<int16_t> low(n);
+  const auto t = [n](auto& v, DType d) { return Tensor(v.data(), d, {n}); };
+  ASSERT_TRUE(SplitMasterWeights(CpuContext(3), t(src, DType::kF32), t(high, DType::kBF16),
+                                 t(low, DType::kI16))
+                  .ok());
+  ASSERT_TRUE(
+      SplitMasterWeights(CpuContext(1), t(src, DType::kF32), t(high_only, DType::kBF16), Tensor())
+          .ok());
+  ASSERT_TRUE(JoinMasterWeights(CpuContext(3), t(high, DType::kBF16), t(low, DType::kI16),
+                                t(back, DType::kF32))
+                  .ok());
+  for (int64_t i = 0; i < n; ++i) {
+    const SplitMasterBits b = SplitMaster(src[i]);
+    ASSERT_EQ(high[i], b.high) << i;
+    ASSERT_EQ(low[i], b.low) << i;
+    ASSERT_EQ(high_only[i], b.high) << i;
+    ASSERT_EQ(FloatBits(back[i]), FloatBits(src[i])) << i;
+  }
+}
+
 void ExpectInvalid(const absl::Status& st, const std::string& needle) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find(needle), std::string::npos) << st;
@@ -267,19 +294,25 @@ TEST(SplitMasterTest, MisuseIsNamed) {
               .m = Tensor(m.data(), DType::kF32, {n}),
               .v = Tensor(v.data(), DType::kF32, {n})};
   ExpectInvalid(AdamWUpdate(CpuContext(1), a),
-                         "AdamWUpdate: param is i16 (the low halves of a split master) but "
-                         "param_copy is empty");
+                "AdamWUpdate: param is i16 (the low halves of a split master) but "
+                "param_copy is empty");
   a.param_copy = Tensor(h.data(), DType::kF16, {n});
   ExpectInvalid(AdamWUpdate(CpuContext(1), a), "param_copy is f16");
   a.param_copy = Tensor(h.data(), DType::kBF16, {n});
   a.stochastic_rounding = true;
-  ExpectInvalid(AdamWUpdate(CpuContext(1), a),
-                         "stochastic_rounding with a split master");
+  ExpectInvalid(AdamWUpdate(CpuContext(1), a), "stochastic_rounding with a split master");
   a.stochastic_rounding = false;
   ASSERT_TRUE(AdamWUpdate(CpuContext(1), a).ok());
   a.param = Tensor(h.data(), DType::kBF16, {n});
   ExpectInvalid(AdamWUpdate(CpuContext(1), a),
-                         "AdamWUpdate: param has dtype bf16, expected f32 (or i16: a split master)");
+                "AdamWUpdate: param has dtype bf16, expected f32 (or i16: a split master)");
+  const Tensor f32(p.data(), DType::kF32, {n}), bf16(h.data(), DType::kBF16, {n});
+  ExpectInvalid(SplitMasterWeights(CpuContext(1), f32, bf16, f32), "SplitMasterWeights: low");
+  ExpectInvalid(SplitMasterWeights(CpuContext(1), f32, low_t, Tensor()),
+                "SplitMasterWeights: high");
+  ExpectInvalid(
+      JoinMasterWeights(CpuContext(1), bf16, low_t, Tensor(p.data(), DType::kF32, {n - 1})),
+      "JoinMasterWeights: dst");
 }
 
 }  // namespace

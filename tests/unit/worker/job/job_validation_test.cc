@@ -375,6 +375,27 @@ TEST(MemoryTechniqueValidationTest, ZeroStaticScaleIsRejected) {
       << s.message();
 }
 
+TEST(MemoryTechniqueValidationTest, SplitMasterWeightsNeedBf16MasterWeightsRoundedToNearest) {
+  JobSpec spec = Valid();
+  spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  spec.mutable_precision()->set_split_master_weights(true);
+  // Valid()'s defaults chose no master for its fp32 parameters; BF16's default keeps one.
+  spec.mutable_precision()->clear_master_weights();
+  ApplyJobDefaults(&spec);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+
+  spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::FP16);
+  spec.mutable_precision()->set_master_weights(false);
+  spec.mutable_precision()->set_stochastic_rounding(true);
+  const absl::Status s = ValidateJobSpec(spec);
+  for (const char* rule :
+       {"precision.split_master_weights: requires precision.param_dtype BF16 (got FP16)",
+        "precision.split_master_weights: requires precision.master_weights (it is false)",
+        "precision.split_master_weights: cannot be combined with precision.stochastic_rounding"}) {
+    EXPECT_NE(s.message().find(rule), std::string::npos) << rule << "\n" << s.message();
+  }
+}
+
 TEST(MemoryTechniqueValidationTest, DefaultsFollowTheParameterDtype) {
   zerotrain::JobSpec spec;
   spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);

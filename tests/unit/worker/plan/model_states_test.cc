@@ -67,6 +67,32 @@ TEST(ModelStatesTest, EightBitAdamSavesSixBytesPerParameter) {
   EXPECT_NEAR(saved, 6.0 - 0.004, 0.002);
 }
 
+TEST(ModelStatesTest, SplitMasterWeightsSaveTwoBytesPerParameter) {
+  zerotrain::JobSpec f32_master = Gpt2Xl(OptimizerConfig::ADAMW_8BIT, 1, 0);
+  f32_master.mutable_precision()->set_param_dtype(PrecisionConfig::BF16);
+  f32_master.mutable_precision()->set_grad_dtype(PrecisionConfig::BF16);
+  zerotrain::JobSpec split = f32_master;
+  split.mutable_precision()->set_split_master_weights(true);
+  const int64_t params = BuildModelLayout(split.model()).total_numel;
+  const MemoryPlan split_plan = PlanMemory(split);
+  const double saved =
+      static_cast<double>(ModelStates(PlanMemory(f32_master)) - ModelStates(split_plan)) / params;
+  EXPECT_NEAR(saved, 2.0, 1e-4);  // 64-byte alignment of each buffer aside
+  // bf16 parameters and gradients, 2-byte low halves, 2 bytes of 8-bit moments and their
+  // block scales: 8 bytes per parameter, where the literature's mixed precision needs 16.
+  EXPECT_NEAR(static_cast<double>(ModelStates(split_plan)) / params, 8.0, 0.01);
+  int low_buffers = 0;
+  for (const BufferSpec& b : split_plan.buffers) {
+    EXPECT_FALSE(b.name.ends_with(".master")) << b.name;
+    if (b.name.ends_with(".master_low")) {
+      ++low_buffers;
+      EXPECT_EQ(b.dtype, DType::kI16);
+      EXPECT_TRUE(IsCheckpointed(b, /*weights_only=*/true)) << b.name;
+    }
+  }
+  EXPECT_EQ(low_buffers, static_cast<int>(BuildModelLayout(split.model()).units.size()));
+}
+
 TEST(ModelStatesTest, ZeroStagesDivideAsThePaperSays) {
   const int64_t params = BuildModelLayout(Gpt2Xl(OptimizerConfig::ADAMW, 1, 0).model()).total_numel;
   const double full =

@@ -22,6 +22,7 @@ struct Config {
   PrecisionConfig::DType dtype;
   MemoryConfig::ActivationCheckpointing checkpointing;
   OptimizerConfig::Type optimizer;
+  bool split_master = false;  // bf16 gradients and split master weights
 };
 
 class MemoryAccountingTest : public ::testing::TestWithParam<Config> {};
@@ -58,6 +59,10 @@ TEST_P(MemoryAccountingTest, ArenasEqualThePlan) {
   job.mutable_optimizer()->set_min_quantized_numel(1024);  // quantize this model's matrices
   job.mutable_optimizer()->set_quant_block_size(256);
   job.mutable_precision()->set_param_dtype(c.dtype);
+  if (c.split_master) {
+    job.mutable_precision()->set_grad_dtype(PrecisionConfig::BF16);
+    job.mutable_precision()->set_split_master_weights(true);
+  }
   job.mutable_memory()->set_activation_checkpointing(c.checkpointing);
   job.mutable_memory()->set_checkpoint_every_k(2);
   job.mutable_resources()->set_cpu_threads(2);
@@ -77,19 +82,20 @@ TEST_P(MemoryAccountingTest, ArenasEqualThePlan) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configurations, MemoryAccountingTest,
-                         ::testing::Values(Config{"Fp32NoneAdamW", PrecisionConfig::FP32,
-                                                  MemoryConfig::NONE, OptimizerConfig::ADAMW},
-                                           Config{"Bf16FullAdamW8bit", PrecisionConfig::BF16,
-                                                  MemoryConfig::FULL, OptimizerConfig::ADAMW_8BIT},
-                                           Config{"Bf16SelectiveAdafactor", PrecisionConfig::BF16,
-                                                  MemoryConfig::SELECTIVE,
-                                                  OptimizerConfig::ADAFACTOR},
-                                           Config{"Fp16EveryKAdamW", PrecisionConfig::FP16,
-                                                  MemoryConfig::EVERY_K, OptimizerConfig::ADAMW},
-                                           Config{"Fp32FullSgd", PrecisionConfig::FP32,
-                                                  MemoryConfig::FULL, OptimizerConfig::SGD}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Configurations, MemoryAccountingTest,
+    ::testing::Values(
+        Config{"Fp32NoneAdamW", PrecisionConfig::FP32, MemoryConfig::NONE, OptimizerConfig::ADAMW},
+        Config{"Bf16FullAdamW8bit", PrecisionConfig::BF16, MemoryConfig::FULL,
+               OptimizerConfig::ADAMW_8BIT},
+        Config{"Bf16FullAdamW8bitSplitMaster", PrecisionConfig::BF16, MemoryConfig::FULL,
+               OptimizerConfig::ADAMW_8BIT, true},
+        Config{"Bf16SelectiveAdafactor", PrecisionConfig::BF16, MemoryConfig::SELECTIVE,
+               OptimizerConfig::ADAFACTOR},
+        Config{"Fp16EveryKAdamW", PrecisionConfig::FP16, MemoryConfig::EVERY_K,
+               OptimizerConfig::ADAMW},
+        Config{"Fp32FullSgd", PrecisionConfig::FP32, MemoryConfig::FULL, OptimizerConfig::SGD}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace zt

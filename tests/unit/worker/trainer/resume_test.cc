@@ -339,6 +339,35 @@ TEST_F(ResumeTest, ResumedRunsContinueBitForBit) {
   ExpectExactResume(eight_bit, "adam8");
 }
 
+TEST_F(ResumeTest, SplitMasterWeightsResumeBitForBitAndReshardExactly) {
+  auto split = [&](int world, int stage, const std::string& checkpoints) {
+    JobSpec job = Job(world, stage, checkpoints);
+    job.mutable_train()->set_micro_batch_size(8 / world);
+    job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+    job.mutable_precision()->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+    job.mutable_precision()->set_split_master_weights(true);
+    return job;
+  };
+  ExpectExactResume(split(2, 3, "split"), "split");
+  // The low halves reshard like the master they replace; the high halves come with the
+  // parameters: a 2-rank and a 1-rank job load the 4-rank master bit for bit.
+  const Outcome at10 = Run(split(4, 3, "split-reshard"), 10);
+  ASSERT_TRUE(at10.status.ok()) << at10.status;
+  const std::string saved = (dir_ / "split-reshard").string();
+  for (const auto& [world, stage] : {std::pair{2, 1}, std::pair{1, 0}}) {
+    const Outcome loaded = Run(split(world, stage, "split-reshard"), 10, saved);
+    ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+    EXPECT_EQ(loaded.weights, at10.weights) << world << " ranks, stage " << stage;
+  }
+  // A job that keeps its master whole cannot take the split one's state as it is.
+  JobSpec whole_master = split(2, 1, "split-reshard");
+  whole_master.mutable_precision()->set_split_master_weights(false);
+  const Outcome refused = Run(whole_master, 10, saved);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status.message()),
+              HasSubstr("was written for another precision configuration"));
+}
+
 TEST_F(ResumeTest, AsynchronousSavesResumeBitForBit) {
   // The state is copied into the plan's staging buffer at the save point and written while
   // the next steps run; what was copied is what the step had.

@@ -229,6 +229,34 @@ TEST_F(ShardedTrainingTest, MixedPrecisionCheckpointingAndUntiedHeadUnderStageTh
   ExpectMatches(Train(llama), Train(llama_reference), "llama stage 3");
 }
 
+TEST_F(ShardedTrainingTest, SplitMasterWeightsUnderEveryStageMatchOneRank) {
+  // bf16 parameters and gradients with split master weights: each rank keeps the low halves of
+  // its range, and the all-gathered bf16 parameters (its high halves) complete the master.
+  // Bounds as in the bf16 test above: bf16 rounding of last-bit reduction differences.
+  JobSpec job = Job(1, 0, 4);
+  job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_precision()->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_precision()->set_split_master_weights(true);
+  const RunResult want = Train(job);
+  EXPECT_LT(want.losses.back(), want.losses.front() - 0.5);
+  for (int stage = 1; stage <= 3; ++stage) {
+    JobSpec sharded = job;
+    sharded.mutable_parallel()->set_world_size(2);
+    sharded.mutable_parallel()->set_zero_stage(stage);
+    sharded.mutable_train()->set_micro_batch_size(2);
+    const RunResult got = Train(sharded);
+    for (size_t s = 0; s < want.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], want.losses[s], 1e-3 * want.losses[s])
+          << "stage " << stage << " step " << s + 1;
+    }
+    EXPECT_LT(RelativeL2Diff(got.weights, want.weights), 0.01) << "stage " << stage;
+    for (size_t r = 1; r < got.all_weights.size(); ++r) {
+      EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << "stage " << stage;
+    }
+    EXPECT_TRUE(got.unclaimed.empty()) << "stage " << stage;
+  }
+}
+
 TEST_F(ShardedTrainingTest, Fp16LossScalingSkipsTheSameStepsAsOneRank) {
   // The scale starts at 2^24, so the first backward passes overflow fp16: every rank must
   // agree to skip (an overflow on any rank skips the step everywhere) and back off exactly as
