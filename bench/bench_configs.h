@@ -38,7 +38,8 @@ inline int64_t ProcStatusBytes(const char* key) {
 }
 
 inline bool IsKnownConfig(const std::string& config) {
-  return config == "tiny" || config == "gpt2-small" || config == "tiny-llama";
+  return config == "tiny" || config == "gpt2-small" || config == "gpt2-medium" ||
+         config == "tiny-llama";
 }
 
 // The job of a named configuration (bench/README.md, "Configurations"), training on the
@@ -49,14 +50,15 @@ inline zerotrain::JobSpec ConfigJob(const std::string& config, const std::string
   job.set_name("bench-" + config);
   auto* m = job.mutable_model();
   auto* t = job.mutable_train();
-  if (config == "gpt2-small") {
+  if (config == "gpt2-small" || config == "gpt2-medium") {
+    const bool medium = config == "gpt2-medium";
     m->set_family(zerotrain::ModelConfig::GPT2);
-    m->set_n_layer(12);
-    m->set_n_head(12);
-    m->set_d_model(768);
+    m->set_n_layer(medium ? 24 : 12);
+    m->set_n_head(medium ? 16 : 12);
+    m->set_d_model(medium ? 1024 : 768);
     m->set_vocab_size(50257);
     m->set_max_seq_len(1024);
-    t->set_micro_batch_size(4);
+    t->set_micro_batch_size(medium ? 1 : 4);
   } else {
     const bool llama = config == "tiny-llama";
     m->set_family(llama ? zerotrain::ModelConfig::LLAMA : zerotrain::ModelConfig::GPT2);

@@ -2,7 +2,7 @@
 // bench/run_checkpoint_bench.sh runs each mode in its own process and puts them in a table.
 //
 //   checkpoint_bench --mode none|sync|async|load|export --dir DIR [--out OUT]
-//                    [--config gpt2-small|tiny] [--steps N] [--warmup N] [--interval K]
+//                    [--config gpt2-small|gpt2-medium|tiny] [--steps N] [--warmup N] [--interval K]
 //                    [--threads N]
 //
 // none|sync|async: trains warmup + steps steps (fp32 AdamW, the configuration's batch) through
@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
     }
   }
   if (!zt::bench::IsKnownConfig(config)) {
-    std::fprintf(stderr, "checkpoint_bench: --config must be tiny, tiny-llama or gpt2-small\n");
+    std::fprintf(
+        stderr, "checkpoint_bench: --config must be tiny, tiny-llama, gpt2-small or gpt2-medium\n");
     return 2;
   }
   if (mode != "none" && mode != "sync" && mode != "async" && mode != "load" && mode != "export") {

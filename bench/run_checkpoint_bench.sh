@@ -7,7 +7,7 @@
 # Needs BUILD_DIR/bin/checkpoint_bench; the `zt export` row also BUILD_DIR/bin/zt and
 # /usr/bin/time (without them only the library's export row, measured in a forked child).
 # Environment (optional):
-#   CONFIG    gpt2-small (default) or tiny
+#   CONFIG    gpt2-small (default), gpt2-medium or tiny
 #   STEPS     timed steps per training run (default 6)
 #   WARMUP    untimed steps before them (default 1)
 #   INTERVAL  checkpoint.interval_steps (default 3: saves after steps 3 and 6)

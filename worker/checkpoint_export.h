@@ -10,7 +10,8 @@
 // tensor's contiguous range of its unit from the saved ranks' files (ReadUnitRange: only the
 // bytes of that range, from whichever ranks hold it, at any world size and ZeRO stage),
 // transposes it where the map says, converts it and appends it to the open safetensors file.
-// The extra memory is one tensor in f32, twice for a transposed one.
+// The extra memory is one tensor in f32, twice for a transposed one: the saved bytes are
+// converted 1 MiB at a time and their mapped pages released as they are passed.
 //
 // The weights are the fp32 master weights when the saved precision keeps them, else the
 // parameters themselves; an export from fp32 equals `zt train --export` of the same state

@@ -1,7 +1,10 @@
 #include "worker/rank_state.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -112,48 +115,98 @@ UnitSegment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout&
 
 namespace {
 
-// Elements [begin, end) of buffer "<unit>.<role>" as the saved ranks hold them: their bytes,
-// gathered from each saved rank whose range overlaps, and their dtype, one of `dtypes`.
-absl::Status ReadSavedRange(const zerotrain::JobSpec& saved_job,
-                            const std::function<std::string(int)>& rank_file,
-                            const UnitLayout& unit, const std::string& role, int64_t begin,
-                            int64_t end, std::initializer_list<DType> dtypes, DType* dtype,
-                            std::vector<uint8_t>* out) {
-  const std::string name = absl::StrCat(unit.name, ".", role);
-  out->clear();
-  int64_t covered = begin;
-  for (int r = 0; r < saved_job.parallel().world_size() && covered < end; ++r) {
-    const UnitSegment have = SegmentOf(saved_job, r, unit, role);
-    const int64_t lo = std::max(covered, have.begin), hi = std::min(end, have.end);
-    if (lo >= hi) continue;
-    ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(rank_file(r)));
-    const SafetensorsTensorInfo* info = file->Find(name);
-    if (info == nullptr) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint file '", file->path(), "' has no buffer ", name));
+// Elements [begin, end) of buffer "<unit>.<role>" as the saved ranks hold them, read in order
+// from each saved rank whose range overlaps. Next() copies the following elements out and
+// drops the mapped pages it has passed, so a streaming reader holds its chunk, not the files.
+class SavedRangeReader {
+ public:
+  // DataLoss naming the file when a saved rank lacks the buffer, stores it in a dtype outside
+  // `dtypes` (or another one than the ranks before it), or holds fewer elements than its
+  // layout says; or when no saved rank holds part of the range.
+  static absl::StatusOr<SavedRangeReader> Open(const zerotrain::JobSpec& saved_job,
+                                               const std::function<std::string(int)>& rank_file,
+                                               const UnitLayout& unit, const std::string& role,
+                                               int64_t begin, int64_t end,
+                                               std::initializer_list<DType> dtypes) {
+    const std::string name = absl::StrCat(unit.name, ".", role);
+    SavedRangeReader reader;
+    int64_t covered = begin;
+    for (int r = 0; r < saved_job.parallel().world_size() && covered < end; ++r) {
+      const UnitSegment have = SegmentOf(saved_job, r, unit, role);
+      const int64_t lo = std::max(covered, have.begin), hi = std::min(end, have.end);
+      if (lo >= hi) continue;
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                          SafetensorsFile::Open(rank_file(r)));
+      const SafetensorsTensorInfo* info = file->Find(name);
+      if (info == nullptr) {
+        return absl::DataLossError(
+            absl::StrCat("checkpoint file '", file->path(), "' has no buffer ", name));
+      }
+      std::optional<DType> found;
+      for (DType d : dtypes) {
+        if (ToStDType(d) == info->dtype) found = d;
+      }
+      if (!found || (!reader.pieces_.empty() && *found != reader.dtype_) ||
+          DTypeSize(*found) * (hi - have.begin) > info->nbytes()) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint file '", file->path(), "': buffer ", name,
+            found ? " is shorter than its layout says" : " has a dtype its job cannot have"));
+      }
+      reader.dtype_ = *found;
+      const int64_t size = DTypeSize(*found);
+      const absl::Span<const uint8_t> bytes =
+          file->Bytes(*info).subspan((lo - have.begin) * size, (hi - lo) * size);
+      reader.pieces_.push_back({std::move(file), bytes});
+      covered = hi;
     }
-    std::optional<DType> found;
-    for (DType d : dtypes) {
-      if (ToStDType(d) == info->dtype) found = d;
+    if (covered < end) {
+      return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds elements [", covered,
+                                              ", ", end, ") of ", name));
     }
-    if (!found || (out->size() > 0 && *found != *dtype) ||
-        DTypeSize(*found) * (hi - have.begin) > info->nbytes()) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint file '", file->path(), "': buffer ", name,
-          found ? " is shorter than its layout says" : " has a dtype its job cannot have"));
-    }
-    *dtype = *found;
-    const absl::Span<const uint8_t> bytes = file->Bytes(*info);
-    out->insert(out->end(), bytes.begin() + (lo - have.begin) * DTypeSize(*found),
-                bytes.begin() + (hi - have.begin) * DTypeSize(*found));
-    covered = hi;
+    return reader;
   }
-  if (covered < end) {
-    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds elements [", covered,
-                                            ", ", end, ") of ", name));
+
+  DType dtype() const { return dtype_; }
+
+  // Copies the next `n` elements (n · DTypeSize(dtype()) bytes) into `out`; the caller asks
+  // for no more than the range holds.
+  void Next(int64_t n, uint8_t* out) {
+    int64_t want = n * DTypeSize(dtype_);
+    while (want > 0) {
+      Piece& p = pieces_[piece_];
+      const int64_t take = std::min<int64_t>(want, p.bytes.size() - offset_);
+      std::memcpy(out, p.bytes.data() + offset_, take);
+      out += take;
+      want -= take;
+      offset_ += take;
+      // Release up to where this piece has been read; a page cut by that point stays until
+      // the next call passes it (released_ then starts on a page boundary).
+      p.file->Release(p.bytes.subspan(released_, offset_ - released_));
+      const auto page = static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+      const auto address = reinterpret_cast<uintptr_t>(p.bytes.data() + offset_);
+      released_ = std::max<int64_t>(released_, offset_ - static_cast<int64_t>(address % page));
+      if (offset_ == static_cast<int64_t>(p.bytes.size())) {
+        ++piece_;
+        offset_ = released_ = 0;
+      }
+    }
   }
-  return absl::OkStatus();
-}
+
+ private:
+  struct Piece {
+    std::unique_ptr<SafetensorsFile> file;
+    absl::Span<const uint8_t> bytes;  // the range's part in this file
+  };
+  std::vector<Piece> pieces_;
+  DType dtype_ = DType::kF32;
+  size_t piece_ = 0;
+  int64_t offset_ = 0;    // bytes of pieces_[piece_] read
+  int64_t released_ = 0;  // bytes of pieces_[piece_] whose pages were released
+};
+
+// Elements converted per chunk by ReadUnitRange: 1 MiB of f32 values, so the raw copy it
+// converts from stays small next to the caller's output.
+constexpr int64_t kReadChunk = int64_t{1} << 18;
 
 }  // namespace
 
@@ -168,25 +221,41 @@ absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
                                                    ") is outside the model"));
   }
   const UnitLayout& u = layout.units[unit];
-  const Tensor dst(out, DType::kF32, {end - begin});
-  // The bytes are unaligned in general: they are viewed through copies of the range.
-  std::vector<uint8_t> bytes;
-  DType dtype = DType::kF32;
+  const DeviceContext ctx = CpuContext(1);
+  // The saved bytes are unaligned in general: each chunk is viewed through an aligned copy.
+  std::vector<uint32_t> chunk, low_chunk;
   if (role == "master" && saved_job.precision().split_master_weights()) {
     // A split master: the bf16 parameters are its high halves, "master_low" the rest.
-    std::vector<uint8_t> low;
-    DType low_dtype = DType::kI16;
-    ZT_RETURN_IF_ERROR(ReadSavedRange(saved_job, rank_file, u, "params", begin, end, {DType::kBF16},
-                                      &dtype, &bytes));
-    ZT_RETURN_IF_ERROR(ReadSavedRange(saved_job, rank_file, u, "master_low", begin, end,
-                                      {DType::kI16}, &low_dtype, &low));
-    return JoinMasterWeights(CpuContext(1), Tensor(bytes.data(), DType::kBF16, {end - begin}),
-                             Tensor(low.data(), DType::kI16, {end - begin}), dst);
+    ZT_ASSIGN_OR_RETURN(
+        SavedRangeReader high,
+        SavedRangeReader::Open(saved_job, rank_file, u, "params", begin, end, {DType::kBF16}));
+    ZT_ASSIGN_OR_RETURN(
+        SavedRangeReader low,
+        SavedRangeReader::Open(saved_job, rank_file, u, "master_low", begin, end, {DType::kI16}));
+    for (int64_t at = begin; at < end; at += kReadChunk) {
+      const int64_t n = std::min(kReadChunk, end - at);
+      chunk.resize((n + 1) / 2);
+      low_chunk.resize((n + 1) / 2);
+      high.Next(n, reinterpret_cast<uint8_t*>(chunk.data()));
+      low.Next(n, reinterpret_cast<uint8_t*>(low_chunk.data()));
+      ZT_RETURN_IF_ERROR(JoinMasterWeights(ctx, Tensor(chunk.data(), DType::kBF16, {n}),
+                                           Tensor(low_chunk.data(), DType::kI16, {n}),
+                                           Tensor(out + (at - begin), DType::kF32, {n})));
+    }
+    return absl::OkStatus();
   }
   // The weights are stored as f32 (master, or fp32 parameters) or the 16-bit parameters.
-  ZT_RETURN_IF_ERROR(ReadSavedRange(saved_job, rank_file, u, role, begin, end,
-                                    {DType::kF32, DType::kBF16, DType::kF16}, &dtype, &bytes));
-  return Cast(CpuContext(1), Tensor(bytes.data(), dtype, {end - begin}), dst);
+  ZT_ASSIGN_OR_RETURN(SavedRangeReader reader,
+                      SavedRangeReader::Open(saved_job, rank_file, u, role, begin, end,
+                                             {DType::kF32, DType::kBF16, DType::kF16}));
+  for (int64_t at = begin; at < end; at += kReadChunk) {
+    const int64_t n = std::min(kReadChunk, end - at);
+    chunk.resize(n);
+    reader.Next(n, reinterpret_cast<uint8_t*>(chunk.data()));
+    ZT_RETURN_IF_ERROR(Cast(ctx, Tensor(chunk.data(), reader.dtype(), {n}),
+                            Tensor(out + (at - begin), DType::kF32, {n})));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,

@@ -296,7 +296,12 @@ absl::Span<const uint8_t> SafetensorsFile::Bytes(const SafetensorsTensorInfo& te
 }
 
 void SafetensorsFile::Release(const SafetensorsTensorInfo& tensor) const {
-  const absl::Span<const uint8_t> bytes = Bytes(tensor);
+  Release(Bytes(tensor));
+}
+
+void SafetensorsFile::Release(absl::Span<const uint8_t> bytes) const {
+  // MADV_DONTNEED zeroes anonymous memory: never advise outside this file's mapping.
+  if (bytes.data() < map_ || bytes.data() + bytes.size() > map_ + map_size_) return;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto first = reinterpret_cast<uintptr_t>(bytes.data());
   const uintptr_t begin = (first + page - 1) / page * page;

@@ -104,6 +104,8 @@ class SafetensorsFile {
   // once they have been copied out (they are read again from the file if touched later), so
   // reading a checkpoint tensor by tensor holds about one tensor, not the file.
   void Release(const SafetensorsTensorInfo& tensor) const;
+  // The same for the pages wholly inside `bytes`, a part of a view this file handed out.
+  void Release(absl::Span<const uint8_t> bytes) const;
 
   // Converts a F32, F16 or BF16 tensor into `out`, which must hold exactly numel() floats.
   // InvalidArgument naming the file and the tensor for any other dtype or a size mismatch.

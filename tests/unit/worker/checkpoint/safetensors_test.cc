@@ -193,9 +193,9 @@ TEST(SafetensorsTest, ReleasedTensorsReadBackUnchanged) {
     for (size_t i = 0; i < values[t].size(); ++i) values[t][i] = static_cast<float>(t * 1e5 + i);
   }
   {
-    auto w = SafetensorsWriter::Create(path, {{"a", StDType::kF32, {5000}},
-                                              {"b", StDType::kF32, {5000}},
-                                              {"c", StDType::kF32, {5000}}});
+    auto w = SafetensorsWriter::Create(
+        path,
+        {{"a", StDType::kF32, {5000}}, {"b", StDType::kF32, {5000}}, {"c", StDType::kF32, {5000}}});
     ASSERT_TRUE(w.ok()) << w.status();
     for (const char* name : {"a", "b", "c"}) {
       ASSERT_TRUE((*w)->WriteF32(name, values[name[0] - 'a']).ok());
@@ -214,6 +214,37 @@ TEST(SafetensorsTest, ReleasedTensorsReadBackUnchanged) {
     ASSERT_TRUE((*f)->ReadAsF32(*info, absl::MakeSpan(out)).ok());
     EXPECT_EQ(out, values[name[0] - 'a']) << name << " after Release";
   }
+}
+
+// Release of part of a tensor (what a streaming reader does chunk by chunk) leaves every byte
+// readable; a span outside the file's mapping is ignored — advising it would zero anonymous
+// memory.
+TEST(SafetensorsTest, ReleasingPartOfATensorOrForeignMemoryChangesNoByte) {
+  ScratchDir dir;
+  const std::string path = dir.Path("part.safetensors");
+  std::vector<float> values(20000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  {
+    auto w = SafetensorsWriter::Create(path, {{"t", StDType::kF32, {20000}}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->WriteF32("t", values).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const SafetensorsTensorInfo* info = (*f)->Find("t");
+  ASSERT_NE(info, nullptr);
+  const absl::Span<const uint8_t> bytes = (*f)->Bytes(*info);
+  (*f)->Release(bytes.subspan(10001, 30000));  // unaligned at both ends
+  (*f)->Release(bytes.subspan(0, 3));          // less than a page
+  std::vector<float> out(values.size());
+  ASSERT_TRUE((*f)->ReadAsF32(*info, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, values);
+
+  std::vector<uint8_t> anonymous(1 << 16, 0xab);
+  (*f)->Release(absl::MakeConstSpan(anonymous));
+  EXPECT_EQ(std::count(anonymous.begin(), anonymous.end(), 0xab),
+            static_cast<std::ptrdiff_t>(anonymous.size()));
 }
 
 TEST(SafetensorsTest, ReadsFileWithNoTensors) {
