@@ -351,7 +351,7 @@ absl::StatusOr<CommHandle> GlooCommunicator::AllReduce(Tensor data, ReduceOp red
                                                        const std::string& label) {
   ZT_RETURN_IF_ERROR(CheckBuffer(CommKind::kAllReduce, label, "data", data));
   const int64_t n = data.numel();
-  if (Is16Bit(data.dtype()) && n > options_.max_16bit_elements) {
+  if (Is16Bit(data.dtype()) && options_.size > 1 && n > options_.max_16bit_elements) {
     return absl::InvalidArgumentError(absl::StrCat("AllReduce '", label, "': data has ", n,
                                                    " 16-bit elements, more than the conversion "
                                                    "buffer's max_16bit_elements = ",
@@ -361,9 +361,11 @@ absl::StatusOr<CommHandle> GlooCommunicator::AllReduce(Tensor data, ReduceOp red
   const int64_t N = options_.size;
   op.bytes_sent = op.bytes_received = 2 * (N - 1) * n * 4 / N;
   op.body = [this, data, reduce, n](const Op& o) {
+    // One rank: the sum, average, or any reduction of one value is that value.
+    if (options_.size == 1) return;
     float* buf = Is16Bit(data.dtype()) ? convert_ : data.data<float>();
     if (Is16Bit(data.dtype())) ToF32(data, 0, n, buf);
-    if (options_.size > 1 && n > 0) {
+    if (n > 0) {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput<float>(buf, static_cast<size_t>(n));
       opts.setReduceFunction(
@@ -423,7 +425,7 @@ absl::StatusOr<CommHandle> GlooCommunicator::ReduceScatter(Tensor input, Tensor 
                                                    input.numel(), " elements, expected ranks (", N,
                                                    ") x output elements (", n, ") = ", N * n));
   }
-  if (Is16Bit(input.dtype()) && N * n > options_.max_16bit_elements) {
+  if (Is16Bit(input.dtype()) && N > 1 && N * n > options_.max_16bit_elements) {
     return absl::InvalidArgumentError(
         absl::StrCat("ReduceScatter '", label, "': input has ", N * n,
                      " 16-bit elements, more than the conversion buffer's max_16bit_elements = ",
@@ -432,6 +434,13 @@ absl::StatusOr<CommHandle> GlooCommunicator::ReduceScatter(Tensor input, Tensor 
   Op op = MakeCollective(CommKind::kReduceScatter, label);
   op.bytes_sent = op.bytes_received = (N - 1) * n * 4;
   op.body = [this, input, output, reduce, n](const Op& o) {
+    if (options_.size == 1) {  // the whole input is this rank's reduced chunk, unchanged
+      if (input.raw() != output.raw()) {
+        std::copy(input.data<uint8_t>(), input.data<uint8_t>() + input.size_bytes(),
+                  output.data<uint8_t>());
+      }
+      return;
+    }
     const bool half = Is16Bit(input.dtype());
     float* work = half ? convert_ : input.data<float>();
     if (half) ToF32(input, 0, n * options_.size, work);
@@ -440,11 +449,7 @@ absl::StatusOr<CommHandle> GlooCommunicator::ReduceScatter(Tensor input, Tensor 
     // in the second conversion buffer.
     float* out = half ? work + static_cast<int64_t>(options_.rank) * n : output.data<float>();
     float* scratch = half ? recv_ : output.data<float>();
-    if (options_.size > 1) {
-      RingReduceScatter(work, scratch, out, n, o.tag);
-    } else {
-      std::copy(work, work + n, out);
-    }
+    RingReduceScatter(work, scratch, out, n, o.tag);
     if (reduce == ReduceOp::kAvg) Scale(out, n, 1.0f / static_cast<float>(options_.size));
     if (half) FromF32(out, n, output);
   };

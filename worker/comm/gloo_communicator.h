@@ -57,7 +57,8 @@ struct GlooCommunicatorOptions {
   double timeout_seconds = 300;
   // Capacity, in elements, of the two f32 conversion buffers for 16-bit reductions: a 16-bit
   // all-reduce of n elements, or reduce-scatter of an N·n input, needs n (or N·n) at most
-  // this. f32 operations need no conversion buffer and have no such limit.
+  // this. f32 operations need no conversion buffer and have no such limit, nor does a
+  // communicator of one rank (its reductions return their input unchanged).
   int64_t max_16bit_elements = int64_t{1} << 20;
   // Where those two buffers live: both null, the communicator allocates them; both set (each
   // max_16bit_elements floats, valid for the communicator's life), it uses them — so the

@@ -103,16 +103,18 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
   if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
   const ShardGeometry g = GeometryOf(job, 0);
   const int stage = job.parallel().zero_stage();
+  // A communicator of one rank reduces nothing, so it converts nothing.
+  const bool gradients_reduced = (stage == 0 ? g.world_size : g.group_size) > 1;
+  const int64_t bucket =
+      job.parallel().bucket_bytes() / DTypeSize(StorageDType(job.precision().grad_dtype()));
   for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
     const UnitShard shard = ShardOf(u.numel, g);
-    if (stage == 0) {
-      const int64_t bucket =
-          job.parallel().bucket_bytes() / DTypeSize(StorageDType(job.precision().grad_dtype()));
-      sizes.gradients = std::max(sizes.gradients, bucket > 0 ? std::min(bucket, u.numel) : u.numel);
-    } else {
-      sizes.gradients = std::max(sizes.gradients, shard.padded);
-      if (g.groups() > 1) sizes.replicas = std::max(sizes.replicas, shard.shard_numel);
+    if (gradients_reduced) {
+      const int64_t reduced =
+          stage > 0 ? shard.padded : (bucket > 0 ? std::min(bucket, u.numel) : u.numel);
+      sizes.gradients = std::max(sizes.gradients, reduced);
     }
+    if (stage > 0 && g.groups() > 1) sizes.replicas = std::max(sizes.replicas, shard.shard_numel);
   }
   return sizes;
 }

@@ -147,7 +147,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);
 // 16-bit gradients, in elements: those of the communicator that reduces the gradients (stage
 // 0: the world's all-reduce of one bucket; stages 1–3: the shard group's reduce-scatter of one
 // padded unit) and of the replica communicator's all-reduce of one shard (hybrid). Zero when
-// the gradients are fp32. The plan holds them as "comm.convert.gradients.0/1" and
+// the gradients are fp32, and for a communicator of one rank (it reduces nothing). The plan holds them as "comm.convert.gradients.0/1" and
 // "comm.convert.replicas.0/1".
 struct ConversionBufferSizes {
   int64_t gradients = 0;

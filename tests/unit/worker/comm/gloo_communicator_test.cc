@@ -269,6 +269,34 @@ TEST(GlooCommunicatorTest, RanksRendezvousThroughAFileStore) {
   std::filesystem::remove_all(dir);
 }
 
+// A one-rank communicator reduces nothing, so it needs no conversion buffer: 16-bit data of
+// any size comes back unchanged (the engine plans none at world size 1). With two ranks the
+// same call beyond max_16bit_elements is refused.
+TEST(GlooCommunicatorTest, OneRankReducesSixteenBitDataWithoutAConversionBuffer) {
+  constexpr int64_t n = 10000;
+  std::vector<uint16_t> data(n), out(n);
+  for (int64_t i = 0; i < n; ++i) data[i] = FloatToBf16(std::sin(0.37f * i) * 3.3f);
+  const std::vector<uint16_t> want = data;
+  InProcessStore store;
+  auto one = GlooCommunicator::Create(
+      {.rank = 0, .size = 1, .store = &store, .prefix = "one", .max_16bit_elements = 0});
+  ASSERT_TRUE(one.ok()) << one.status();
+  WaitOk((*one)->AllReduce(Tensor(data.data(), DType::kBF16, {n}), ReduceOp::kAvg, "avg"));
+  EXPECT_EQ(data, want);
+  WaitOk((*one)->ReduceScatter(Tensor(data.data(), DType::kBF16, {n}),
+                               Tensor(out.data(), DType::kBF16, {n}), ReduceOp::kAvg, "rs"));
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(data, want);
+
+  RunRanks(2, store, [&](Communicator& comm) {
+    std::vector<uint16_t> big(8192);
+    auto ar = comm.AllReduce(Tensor(big.data(), DType::kBF16, {8192}), ReduceOp::kSum, "big");
+    EXPECT_TRUE(absl::IsInvalidArgument(ar.status())) << ar.status();
+    EXPECT_NE(ar.status().message().find("max_16bit_elements = 4096"), std::string::npos)
+        << ar.status();
+  });
+}
+
 TEST(GlooCommunicatorTest, BadArgumentsNameTheArgumentAndRule) {
   InProcessStore store;
   RunRanks(2, store, [&](Communicator& comm) {
