@@ -1,10 +1,11 @@
-# The front door: `make demo` and `make test`. Each installs what it needs (Debian 12),
+# The front door: `make demo` and `make test` (`./make demo`, `./make test` on a machine that
+# has no GNU make yet: it installs it first). Each installs what it needs (Debian 12),
 # configures, builds and runs. The other targets are the steps they are made of.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean
+.PHONY: all deps configure build build-binaries test demo bench format clean
 
 all: build
 
@@ -18,6 +19,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# Only what the demo runs: the daemon and the client, not the tests and benchmarks.
+build-binaries: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target zt ztd
+
 test:
 	@scripts/install-deps.sh --test
 	@$(MAKE) --no-print-directory build
@@ -25,7 +30,7 @@ test:
 
 demo:
 	@scripts/install-deps.sh --demo
-	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory build-binaries
 	@scripts/demo.sh $(BUILD_DIR)
 
 bench:

@@ -3,11 +3,13 @@
 # Idempotent: a machine that has them all runs no apt-get at all.
 set -euo pipefail
 
+# ocl-icd-opencl-dev: oneDNN's CMake package calls find_package(OpenCL), and the package that
+# satisfies it is only a Recommends of libdnnl-dev, which --no-install-recommends skips.
 packages=(
   build-essential cmake pkg-config git
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc libabsl-dev
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libpcre2-dev
-  libdnnl-dev libopenblas-dev
+  libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   prometheus-cpp-dev librocksdb-dev libgloo-dev liburing-dev libzstd-dev
 )
 for flag in "$@"; do
