@@ -11,8 +11,10 @@
 # run in order; the first that fails ends the run with its exit status. With --user they run as
 # a non-root user `dev` who has sudo (installed first), as a developer on their workstation.
 #
-# Needs root (mmdebstrap, chroot and bind mounts), FRESH_ROOT_MIN_GIB of free disk under
-# FRESH_ROOT_BASE, and the Debian mirrors of the host's own apt sources. The root is unmounted
+# Needs root (mmdebstrap, chroot and bind mounts), FRESH_ROOT_MIN_GIB (16) of free disk under
+# FRESH_ROOT_BASE (/var/tmp), and the Debian mirrors of the host's apt sources
+# (FRESH_ROOT_SOURCES, /etc/apt/sources.list.d/debian.sources); each missing one is an error
+# that says which, exit 2. The root is unmounted
 # and removed on every exit path; a run killed with SIGKILL leaves it behind, and the next run
 # removes it before it starts.
 set -euo pipefail
@@ -20,7 +22,7 @@ set -euo pipefail
 base=${FRESH_ROOT_BASE:-/var/tmp}
 min_gib=${FRESH_ROOT_MIN_GIB:-16}
 suite=bookworm
-sources=/etc/apt/sources.list.d/debian.sources
+sources=${FRESH_ROOT_SOURCES:-/etc/apt/sources.list.d/debian.sources}
 checkout=$(cd "$(dirname "$0")/.." && pwd)
 
 fail() {
@@ -70,13 +72,6 @@ if (( avail_kib < min_gib * 1024 * 1024 )); then
   fail "needs ${min_gib} GiB free under $base for the root, its packages and a build; $base has $(( avail_kib / 1024 / 1024 )) GiB (set FRESH_ROOT_BASE to another disk)"
 fi
 
-if ! command -v mmdebstrap >/dev/null; then
-  echo "fresh-root: installing mmdebstrap" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null ||
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null; } ||
-    fail "could not install mmdebstrap with apt-get (is the Debian mirror reachable?)"
-fi
-
 # The mirrors come from the host's apt sources; check one answers before mmdebstrap hides
 # the reason in its own log.
 [[ -r $sources ]] || fail "no $sources on this host: it names the Debian mirrors the root is built from"
@@ -88,6 +83,13 @@ if ! timeout 60 /usr/lib/apt/apt-helper download-file "$mirror/dists/$suite/Rele
   fail "cannot reach the Debian mirror $mirror (from $sources): $mirror/dists/$suite/Release did not download"
 fi
 rm -f "$probe"
+
+if ! command -v mmdebstrap >/dev/null; then
+  echo "fresh-root: installing mmdebstrap" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null; } ||
+    fail "could not install mmdebstrap with apt-get (is the Debian mirror reachable?)"
+fi
 
 root="$base/zt-fresh-root.$$"
 trap 'status=$?; trap - EXIT INT TERM HUP; unmount_and_remove "$root" || status=1; exit $status' EXIT
