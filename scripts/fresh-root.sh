@@ -18,6 +18,9 @@
 # and removed on every exit path; a run killed with SIGKILL leaves it behind, and the next run
 # removes it before it starts.
 set -euo pipefail
+# One brace group, read whole before it runs: editing this file during a run (a checkout
+# that moves) cannot make bash execute a different part of it.
+{
 
 base=${FRESH_ROOT_BASE:-/var/tmp}
 min_gib=${FRESH_ROOT_MIN_GIB:-16}
@@ -149,3 +152,5 @@ for cmd in "$@"; do
   echo "fresh-root: '$cmd' exited $rc after $(( $(date +%s) - cmd_start )) s" >&2
   (( rc == 0 )) || exit "$rc"
 done
+exit 0
+}
