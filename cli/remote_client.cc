@@ -6,13 +6,21 @@
 #include "absl/time/clock.h"
 #include "cli/output_format.h"
 #include "worker/node/control_channel.h"
+#include "worker/node/rpc_retry.h"
 #include "worker/status_macros.h"
 
 namespace zt::cli {
 
 std::unique_ptr<grpc::ClientContext> RemoteClient::Context(
     std::chrono::milliseconds timeout) const {
-  return AuthorizedContext(token, timeout);
+  return AuthorizedContext(token, timeout, CallWait::kWaitForReady);
+}
+
+absl::Status RemoteClient::CallIdempotent(
+    const std::string& call,
+    const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const {
+  return CallRetrying(RetryPolicy{.retry_for = kRetryFor}, absl::StrCat("coordinator ", address, ": ", call),
+                      absl::Now() + kRetryFor, [&] { return rpc(Context().get()); });
 }
 
 absl::Status RemoteClient::Error(const grpc::Status& status, const std::string& call) const {
