@@ -19,8 +19,17 @@ std::unique_ptr<grpc::ClientContext> RemoteClient::Context(
 absl::Status RemoteClient::CallIdempotent(
     const std::string& call,
     const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const {
-  return CallRetrying(RetryPolicy{.retry_for = kRetryFor}, absl::StrCat("coordinator ", address, ": ", call),
-                      absl::Now() + kRetryFor, [&] { return rpc(Context().get()); });
+  const std::string what = absl::StrCat("coordinator ", address, ": ", call);
+  absl::Status status = CallRetrying(RetryPolicy{.retry_for = kRetryFor}, what,
+                                     absl::Now() + kRetryFor, [&] { return rpc(Context().get()); });
+  // A wait-for-ready call to a coordinator that is not there ends at its deadline: say so.
+  if (absl::IsDeadlineExceeded(status) &&
+      channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        status.message(), " (no connection within the call's deadline: is ztd running at ",
+        address, "? --coordinator, $ZT_COORDINATOR or $ZT_STATE_DIR/address names it)"));
+  }
+  return status;
 }
 
 absl::Status RemoteClient::Error(const grpc::Status& status, const std::string& call) const {

@@ -31,6 +31,7 @@ constexpr char kResumedPrefix[] = "resumed after attempt ";
 // ListJobsResponse.next_page_token: the job number the page after it starts below.
 constexpr char kPageTokenPrefix[] = "before-";
 constexpr size_t kMaxRequestIdChars = 128;
+constexpr size_t kMaxPrunedPerPass = 500;
 
 absl::Status CheckRequestId(const std::string& id) {
   if (id.size() > kMaxRequestIdChars) {
@@ -445,7 +446,9 @@ int Coordinator::PruneFinishedJobs() {
   const int64_t now = NowMs();
   const int64_t max_age_ms = absl::ToInt64Milliseconds(options_.keep_finished_for);
   std::vector<std::string> doomed;
-  for (size_t i = 0; i < finished.size(); ++i) {
+  // Each deletion is a synced write under the lock: a backlog (a lowered limit, a long
+  // downtime) drains over several passes instead of stalling every call for seconds.
+  for (size_t i = 0; i < finished.size() && doomed.size() < kMaxPrunedPerPass; ++i) {
     const bool too_many = options_.keep_finished_jobs > 0 &&
                           static_cast<int64_t>(i) >= options_.keep_finished_jobs;
     const bool too_old = max_age_ms > 0 && now - finished[i]->job.updated_ms() > max_age_ms;

@@ -123,8 +123,8 @@ class Coordinator {
   // Removes a finished job, its events and its request_id. NotFound; FailedPrecondition naming
   // the state of a job that has not finished.
   absl::Status DeleteJob(const std::string& job_id);
-  // Applies the retention (CoordinatorOptions::keep_finished_*) now; returns how many jobs it
-  // deleted. The background pass calls it every prune_interval.
+  // Applies the retention (CoordinatorOptions::keep_finished_*) now, deleting at most 500 jobs
+  // per call; returns how many it deleted. The background pass calls it every prune_interval.
   int PruneFinishedJobs();
   // The job after the request (unchanged when it had finished). NotFound.
   absl::StatusOr<zerotrain::Job> Cancel(const std::string& job_id);
