@@ -79,6 +79,9 @@ struct RemoteFlags {
   std::string tls_key;
   // Print messages through protobuf's JSON mapping instead of tables.
   bool json = false;
+  // Seconds each call may take, waiting for the coordinator to accept the connection included
+  // (a coordinator that is restarting delays a call rather than failing it).
+  int timeout_s = 30;
 };
 
 struct SubmitFlags {

@@ -4,7 +4,9 @@
 //   zt estimate JOBFILE [--plan]  where a rank's memory goes / the sharding the planner picks
 //   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
 // The remote verbs talk to a coordinator (`ztd`; --coordinator, else $ZT_COORDINATOR, else
-// 127.0.0.1:7070; the token from --token-file, else $ZT_TOKEN, else $ZT_STATE_DIR/token):
+// 127.0.0.1:7070; the token from --token-file, else $ZT_TOKEN, else $ZT_STATE_DIR/token;
+// each call waits up to --timeout seconds, default 30, for the coordinator to answer,
+// connecting included, and calls that are safe to repeat are resent while it restarts):
 //   zt submit JOBFILE [--watch] [--priority N]   zt list [--state S] [--limit N]
 //   zt status JOB   zt watch JOB   zt cancel JOB   zt delete JOB
 //   zt resume JOB|CHECKPOINT [--job JOBFILE] [--fallback]   zt nodes
@@ -124,6 +126,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--tls-ca", remote.tls_ca, "PEM CA to verify the coordinator (enables TLS)");
     cmd->add_option("--tls-cert", remote.tls_cert, "PEM client certificate (mutual TLS)");
     cmd->add_option("--tls-key", remote.tls_key, "PEM client key (mutual TLS)");
+    cmd->add_option("--timeout", remote.timeout_s,
+                    "Seconds each call waits for the coordinator, connecting included (default 30)")
+        ->check(CLI::PositiveNumber);
     cmd->add_flag("--json", remote.json,
                   "JSON through protobuf's JSON mapping (an object, an array, or for watch one "
                   "event per line)");

@@ -39,6 +39,11 @@ absl::Status RemoteClient::Error(const grpc::Status& status, const std::string& 
 absl::StatusOr<RemoteClient> ConnectRemote(const RemoteFlags& flags) {
   RemoteClient client;
   client.address = ResolveCoordinator(flags.coordinator);
+  if (flags.timeout_s <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout: ", flags.timeout_s, " seconds; it must be > 0"));
+  }
+  client.call_timeout = std::chrono::seconds(flags.timeout_s);
   ZT_ASSIGN_OR_RETURN(client.token, ResolveToken(flags.token_file));
   ZT_ASSIGN_OR_RETURN(client.channel, ConnectControlPlane({.address = client.address,
                                                            .tls_ca = flags.tls_ca,

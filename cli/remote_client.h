@@ -21,11 +21,14 @@ struct RemoteClient {
   std::string token;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<zerotrain::JobService::Stub> jobs;
+  // How long one unary call may take, waiting for a connection included (--timeout).
+  std::chrono::milliseconds call_timeout = std::chrono::seconds(30);
 
   // A call's context with the token. With a deadline (`timeout` > 0) the call waits for a
   // connection until then (wait-for-ready); no deadline when `timeout` is zero (streams).
-  std::unique_ptr<grpc::ClientContext> Context(
-      std::chrono::milliseconds timeout = std::chrono::seconds(30)) const;
+  std::unique_ptr<grpc::ClientContext> Context(std::chrono::milliseconds timeout) const;
+  // The same with call_timeout.
+  std::unique_ptr<grpc::ClientContext> Context() const { return Context(call_timeout); }
   // The call's failure with its gRPC code, naming the coordinator and the call.
   absl::Status Error(const grpc::Status& status, const std::string& call) const;
   // Sends a unary call that is safe to repeat (a read, a cancel, a delete, a submit with its

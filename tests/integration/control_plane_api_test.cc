@@ -43,6 +43,23 @@ TEST_F(ControlPlaneApiTest, TwoHundredFiftySixListsSixtyFourAtATimeAllSucceed) {
   EXPECT_EQ(failures, 0) << "first failure: " << first_failure;
 }
 
+// A submit sent while the coordinator restarts waits for it (within --timeout) instead of
+// failing UNAVAILABLE at once, and makes exactly one job.
+TEST_F(ControlPlaneApiTest, ASubmitDuringACoordinatorRestartWaitsAndMakesOneJob) {
+  StartCoordinator();
+  const int port = CoordinatorPort();
+  const std::string job = WriteJob("patient", Path("ckpt"), 1, 2, 1);
+  coordinator_->Kill();
+  ZtProcess submit({"submit", job}, Path("submit.log"));
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  EXPECT_FALSE(submit.Poll().has_value()) << submit.Output();
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator(port));
+  EXPECT_EQ(submit.WaitUntil(Clock::now() + std::chrono::seconds(60)), 0) << submit.Output();
+  const RunResult list = Zt("list --json");
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  EXPECT_EQ(nlohmann::json::parse(list.output).size(), 1u) << list.output;
+}
+
 // `zt list` pages through every job (newest first, no specs), `--limit` keeps the newest;
 // `zt delete` removes only a finished job.
 TEST_F(ControlPlaneApiTest, ListPagesAndDeleteRemovesOnlyFinishedJobs) {
