@@ -420,7 +420,19 @@ absl::Status Coordinator::DeleteJob(const std::string& job_id) {
                      "; only a SUCCEEDED, FAILED or CANCELLED job can be deleted (cancel it "
                      "first)"));
   }
+  if (StillHoldsDevices(it->second)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' is ", Job::State_Name(it->second.job.state()),
+        " but its last attempt's ranks have not all exited on their nodes yet; try again when "
+        "they have (seconds)"));
+  }
   return DeleteJobLocked(job_id);
+}
+
+bool Coordinator::StillHoldsDevices(const JobRecord& record) const {
+  const Job& job = record.job;
+  return job.attempts_size() > 0 &&
+         AttemptHoldsDevices(job.id(), job.attempts(job.attempts_size() - 1).number());
 }
 
 absl::Status Coordinator::DeleteJobLocked(const std::string& job_id) {
@@ -439,7 +451,8 @@ int Coordinator::PruneFinishedJobs() {
   absl::MutexLock lock(&mu_);
   std::vector<const JobRecord*> finished;
   for (const auto& [id, record] : jobs_) {
-    if (IsFinished(record.job.state())) finished.push_back(&record);
+    // Devices still held: the nodes' exit reports must find the job (the next pass takes it).
+    if (IsFinished(record.job.state()) && !StillHoldsDevices(record)) finished.push_back(&record);
   }
   std::sort(finished.begin(), finished.end(),
             [](const JobRecord* a, const JobRecord* b) { return a->number > b->number; });

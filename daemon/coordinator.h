@@ -121,7 +121,7 @@ class Coordinator {
   absl::StatusOr<zerotrain::ListJobsResponse> ListJobs(
       const zerotrain::ListJobsRequest& request) const;
   // Removes a finished job, its events and its request_id. NotFound; FailedPrecondition naming
-  // the state of a job that has not finished.
+  // the state of a job that has not finished, or of one whose ranks have not all exited yet.
   absl::Status DeleteJob(const std::string& job_id);
   // Applies the retention (CoordinatorOptions::keep_finished_*) now, deleting at most 500 jobs
   // per call; returns how many it deleted. The background pass calls it every prune_interval.
@@ -221,6 +221,8 @@ class Coordinator {
   const JobRecord* JobOfRequest(const std::string& request_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A finished job whose last attempt's ranks some node has not reported exited.
+  bool StillHoldsDevices(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan for `job` (defaults applied) given what `submitted` pinned.
   absl::StatusOr<zerotrain::ShardingPlan> PlanFor(const zerotrain::JobSpec& submitted,
                                                   const zerotrain::JobSpec& validated,

@@ -205,6 +205,29 @@ TEST_F(CoordinatorJobApiTest, DeleteRemovesOnlyAFinishedJobWithItsEventsAndReque
   EXPECT_NE(again, id) << "the request id went with the job";
 }
 
+// A FAILED job whose other ranks are still stopping keeps its record until their exits are
+// reported, so that the node's reports find it and its devices are freed.
+TEST_F(CoordinatorJobApiTest, AFailedJobIsKeptUntilItsRanksHaveExited) {
+  Start({.keep_finished_jobs = 0, .keep_finished_for = absl::Milliseconds(1)});
+  testing::FakeNode node(*harness_, testing::NodeWithDevices("node-a", 2, int64_t{1} << 30));
+  zerotrain::JobSpec spec = testing::SmallJob("pair", dir_.path(), 2);
+  spec.mutable_scheduling()->set_max_restarts(0);
+  Job job;
+  ASSERT_TRUE(Submit(spec, "", &job).ok());
+  ASSERT_TRUE(node.Next().has_start());
+  ASSERT_TRUE(node.Exit(job.id(), 1, 0, zerotrain::RankExit::FAILED, "boom").ok());
+  ASSERT_TRUE(GetJob(job.id(), &job).ok());
+  ASSERT_EQ(job.state(), Job::FAILED);
+  const grpc::Status early = Delete(job.id());
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(early.error_message(), HasSubstr("not all exited"));
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(harness_->coordinator().PruneFinishedJobs(), 0);
+  ASSERT_TRUE(node.Exit(job.id(), 1, 1, zerotrain::RankExit::STOPPED).ok());
+  EXPECT_EQ(harness_->coordinator().PruneFinishedJobs(), 1);
+  EXPECT_TRUE(AllIds(0).empty());
+}
+
 TEST_F(CoordinatorJobApiTest, RetentionKeepsTheNewestFinishedJobsAndNeverAnActiveOne) {
   Start({.keep_finished_jobs = 2, .keep_finished_for = absl::ZeroDuration()});
   std::vector<std::string> ids;
