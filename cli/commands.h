@@ -79,6 +79,9 @@ struct RemoteFlags {
   std::string tls_key;
   // Print messages through protobuf's JSON mapping instead of tables.
   bool json = false;
+  // Seconds each call may take, waiting for the coordinator to accept the connection included
+  // (a coordinator that is restarting delays a call rather than failing it).
+  int timeout_s = 30;
 };
 
 struct SubmitFlags {
@@ -94,6 +97,7 @@ absl::Status RunSubmit(const SubmitFlags& flags);
 struct ListFlags {
   RemoteFlags remote;
   std::string state;  // a Job.State name (any case); empty: every state
+  int64_t limit = 0;  // at most this many jobs, the newest; 0: all of them
 };
 absl::Status RunList(const ListFlags& flags);
 
@@ -103,6 +107,8 @@ struct JobFlags {
 };
 absl::Status RunStatus(const JobFlags& flags);
 absl::Status RunCancel(const JobFlags& flags);
+// Removes a finished job from the coordinator (DeleteJob).
+absl::Status RunDelete(const JobFlags& flags);
 // Streams the job's events until it finishes; the status is JobOutcome's.
 absl::Status RunWatch(const JobFlags& flags);
 

@@ -1,4 +1,7 @@
-// `zt list`, `zt status JOB`, `zt cancel JOB`, `zt resume JOB|CHECKPOINT`: one call each.
+// `zt list` (page by page), `zt status JOB`, `zt cancel JOB`, `zt delete JOB`,
+// `zt resume JOB|CHECKPOINT`: the calls that are safe to repeat are retried
+// (RemoteClient::CallIdempotent); ResumeJob is not.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -12,11 +15,15 @@
 #include "cli/output_format.h"
 #include "cli/remote_client.h"
 #include "cli/remote_format.h"
+#include "worker/node/rpc_retry.h"
 #include "worker/status_macros.h"
 
 namespace zt::cli {
 
 namespace {
+
+// What `zt list` asks for per call (ListJobsRequest.page_size allows up to 1000).
+constexpr int64_t kListPageSize = 500;
 
 absl::Status PrintJob(const zerotrain::Job& job, bool json) {
   if (json) return PrintJson(job);
@@ -27,6 +34,10 @@ absl::Status PrintJob(const zerotrain::Job& job, bool json) {
 }  // namespace
 
 absl::Status RunList(const ListFlags& flags) {
+  if (flags.limit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--limit: ", flags.limit, " is negative (0 or absent: every job)"));
+  }
   zerotrain::ListJobsRequest request;
   if (!flags.state.empty()) {
     zerotrain::Job::State state;
@@ -42,16 +53,24 @@ absl::Status RunList(const ListFlags& flags) {
     request.add_states(state);
   }
   ZT_ASSIGN_OR_RETURN(const RemoteClient client, ConnectRemote(flags.remote));
-  zerotrain::ListJobsResponse response;
-  auto context = client.Context();
-  const grpc::Status status = client.jobs->ListJobs(context.get(), request, &response);
-  if (!status.ok()) return client.Error(status, "ListJobs");
+  // Page by page until the last page or --limit: the coordinator never sends them all at once.
+  google::protobuf::RepeatedPtrField<zerotrain::JobSummary> jobs;
+  do {
+    const int64_t wanted = flags.limit > 0 ? flags.limit - jobs.size() : kListPageSize;
+    request.set_page_size(static_cast<int32_t>(std::min<int64_t>(wanted, kListPageSize)));
+    zerotrain::ListJobsResponse response;
+    ZT_RETURN_IF_ERROR(client.CallIdempotent("ListJobs", [&](grpc::ClientContext* context) {
+      return client.jobs->ListJobs(context, request, &response);
+    }));
+    for (zerotrain::JobSummary& job : *response.mutable_jobs()) *jobs.Add() = std::move(job);
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty() && (flags.limit == 0 || jobs.size() < flags.limit));
   if (!flags.remote.json) {
-    std::cout << FormatJobTable(response.jobs(), NowMs());
+    std::cout << FormatJobTable(jobs, NowMs());
     return absl::OkStatus();
   }
   std::vector<std::string> objects;
-  for (const zerotrain::Job& job : response.jobs()) {
+  for (const zerotrain::JobSummary& job : jobs) {
     ZT_ASSIGN_OR_RETURN(std::string text, ToJson(job));
     objects.push_back(std::move(text));
   }
@@ -64,9 +83,9 @@ absl::Status RunStatus(const JobFlags& flags) {
   zerotrain::GetJobRequest request;
   request.set_job_id(flags.job_id);
   zerotrain::Job job;
-  auto context = client.Context();
-  const grpc::Status status = client.jobs->GetJob(context.get(), request, &job);
-  if (!status.ok()) return client.Error(status, absl::StrCat("GetJob ", flags.job_id));
+  ZT_RETURN_IF_ERROR(client.CallIdempotent(
+      absl::StrCat("GetJob ", flags.job_id),
+      [&](grpc::ClientContext* context) { return client.jobs->GetJob(context, request, &job); }));
   return PrintJob(job, flags.remote.json);
 }
 
@@ -75,11 +94,31 @@ absl::Status RunCancel(const JobFlags& flags) {
   zerotrain::CancelJobRequest request;
   request.set_job_id(flags.job_id);
   zerotrain::Job job;
-  auto context = client.Context();
-  const grpc::Status status = client.jobs->CancelJob(context.get(), request, &job);
-  if (!status.ok()) return client.Error(status, absl::StrCat("CancelJob ", flags.job_id));
+  ZT_RETURN_IF_ERROR(client.CallIdempotent(
+      absl::StrCat("CancelJob ", flags.job_id),
+      [&](grpc::ClientContext* context) { return client.jobs->CancelJob(context, request, &job); }));
   if (flags.remote.json) return PrintJson(job);
   std::cout << job.id() << " " << JobStateName(job.state()) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunDelete(const JobFlags& flags) {
+  ZT_ASSIGN_OR_RETURN(const RemoteClient client, ConnectRemote(flags.remote));
+  zerotrain::DeleteJobRequest request;
+  request.set_job_id(flags.job_id);
+  zerotrain::DeleteJobResponse response;
+  // A retry after a lost reply finds the job gone: NOT_FOUND then means deleted.
+  bool retried = false;
+  absl::Status status = client.CallIdempotent(
+      absl::StrCat("DeleteJob ", flags.job_id), [&](grpc::ClientContext* context) {
+        const grpc::Status s = client.jobs->DeleteJob(context, request, &response);
+        if (!s.ok() && IsRetryable(s)) retried = true;
+        return s;
+      });
+  if (retried && absl::IsNotFound(status)) status = absl::OkStatus();
+  ZT_RETURN_IF_ERROR(status);
+  if (flags.remote.json) return PrintJson(response);
+  std::cout << flags.job_id << " deleted\n";
   return absl::OkStatus();
 }
 

@@ -4,10 +4,12 @@
 //   zt estimate JOBFILE [--plan]  where a rank's memory goes / the sharding the planner picks
 //   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
 // The remote verbs talk to a coordinator (`ztd`; --coordinator, else $ZT_COORDINATOR, else
-// 127.0.0.1:7070; the token from --token-file, else $ZT_TOKEN, else $ZT_STATE_DIR/token):
-//   zt submit JOBFILE [--watch] [--priority N]   zt list [--state S]   zt status JOB
-//   zt watch JOB   zt cancel JOB   zt resume JOB|CHECKPOINT [--job JOBFILE] [--fallback]
-//   zt nodes
+// 127.0.0.1:7070; the token from --token-file, else $ZT_TOKEN, else $ZT_STATE_DIR/token;
+// each call waits up to --timeout seconds, default 30, for the coordinator to answer,
+// connecting included, and calls that are safe to repeat are resent while it restarts):
+//   zt submit JOBFILE [--watch] [--priority N]   zt list [--state S] [--limit N]
+//   zt status JOB   zt watch JOB   zt cancel JOB   zt delete JOB
+//   zt resume JOB|CHECKPOINT [--job JOBFILE] [--fallback]   zt nodes
 // Exit codes (cli/exit_codes.cc), so a batch script knows what to do next:
 //   0  success; for submit --watch and watch: the job SUCCEEDED
 //   1  the run failed, or the job FAILED
@@ -124,6 +126,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--tls-ca", remote.tls_ca, "PEM CA to verify the coordinator (enables TLS)");
     cmd->add_option("--tls-cert", remote.tls_cert, "PEM client certificate (mutual TLS)");
     cmd->add_option("--tls-key", remote.tls_key, "PEM client key (mutual TLS)");
+    cmd->add_option("--timeout", remote.timeout_s,
+                    "Seconds each call waits for the coordinator, connecting included (default 30)")
+        ->check(CLI::PositiveNumber);
     cmd->add_flag("--json", remote.json,
                   "JSON through protobuf's JSON mapping (an object, an array, or for watch one "
                   "event per line)");
@@ -140,6 +145,8 @@ int main(int argc, char** argv) {
   zt::cli::ListFlags list;
   CLI::App* list_cmd = app.add_subcommand("list", "List jobs, newest first");
   list_cmd->add_option("--state", list.state, "Only jobs in this state (PENDING, RUNNING, ...)");
+  list_cmd->add_option("--limit", list.limit, "At most this many, the newest (default: all)")
+      ->check(CLI::NonNegativeNumber);
   add_remote(list_cmd);
 
   zt::cli::JobFlags job_flags;
@@ -147,7 +154,9 @@ int main(int argc, char** argv) {
   CLI::App* watch_cmd =
       app.add_subcommand("watch", "Follow a job until it finishes (exit 0 when it SUCCEEDED)");
   CLI::App* cancel_cmd = app.add_subcommand("cancel", "Cancel a job");
-  for (CLI::App* cmd : {status_cmd, watch_cmd, cancel_cmd}) {
+  CLI::App* delete_cmd = app.add_subcommand(
+      "delete", "Remove a finished job and its history from the coordinator");
+  for (CLI::App* cmd : {status_cmd, watch_cmd, cancel_cmd, delete_cmd}) {
     cmd->add_option("job", job_flags.job_id, "Job id")->required();
     add_remote(cmd);
   }
@@ -185,6 +194,7 @@ int main(int argc, char** argv) {
   if (*status_cmd) status = zt::cli::RunStatus(job_flags);
   if (*watch_cmd) status = zt::cli::RunWatch(job_flags);
   if (*cancel_cmd) status = zt::cli::RunCancel(job_flags);
+  if (*delete_cmd) status = zt::cli::RunDelete(job_flags);
   if (*resume_cmd) status = zt::cli::RunResume(resume_flags);
   if (*nodes_cmd) status = zt::cli::RunNodes(remote);
   if (!status.ok()) {

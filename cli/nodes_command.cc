@@ -15,10 +15,9 @@ namespace zt::cli {
 absl::Status RunNodes(const RemoteFlags& flags) {
   ZT_ASSIGN_OR_RETURN(const RemoteClient client, ConnectRemote(flags));
   zerotrain::ListNodesResponse response;
-  auto context = client.Context();
-  const grpc::Status status =
-      client.jobs->ListNodes(context.get(), zerotrain::ListNodesRequest(), &response);
-  if (!status.ok()) return client.Error(status, "ListNodes");
+  ZT_RETURN_IF_ERROR(client.CallIdempotent("ListNodes", [&](grpc::ClientContext* context) {
+    return client.jobs->ListNodes(context, zerotrain::ListNodesRequest(), &response);
+  }));
   if (!flags.json) {
     std::cout << FormatNodeTable(response.nodes(), NowMs());
     return absl::OkStatus();

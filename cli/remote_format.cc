@@ -81,14 +81,14 @@ std::string Placement(const zerotrain::Attempt& attempt) {
 
 std::string JobStateName(zerotrain::Job::State state) { return zerotrain::Job::State_Name(state); }
 
-std::string FormatJobTable(const google::protobuf::RepeatedPtrField<zerotrain::Job>& jobs,
+std::string FormatJobTable(const google::protobuf::RepeatedPtrField<zerotrain::JobSummary>& jobs,
                            int64_t now_ms) {
   std::vector<Row> rows = {{"ID", "STATE", "STEP", "LOSS", "TOK/S", "RANKS", "ATTEMPTS", "AGE"}};
-  for (const zerotrain::Job& job : jobs) {
-    const int ranks = job.spec().parallel().world_size();
+  for (const zerotrain::JobSummary& job : jobs) {
+    const int ranks = job.world_size();
     rows.push_back({job.id(), JobStateName(job.state()), Steps(job.progress()),
                     Loss(job.progress()), Rate(job.progress().tokens_per_s()),
-                    ranks > 0 ? absl::StrCat(ranks) : "-", absl::StrCat(job.attempts_size()),
+                    ranks > 0 ? absl::StrCat(ranks) : "-", absl::StrCat(job.attempts()),
                     job.created_ms() > 0 ? FormatAge(now_ms - job.created_ms()) : "-"});
   }
   return Table(rows);

@@ -17,7 +17,7 @@ std::string JobStateName(zerotrain::Job::State state);
 // One header line and one line per job: id, state, step/total, loss, tokens/s, ranks,
 // attempts, age (since created_ms). Columns are as wide as their widest cell; missing
 // values print "-".
-std::string FormatJobTable(const google::protobuf::RepeatedPtrField<zerotrain::Job>& jobs,
+std::string FormatJobTable(const google::protobuf::RepeatedPtrField<zerotrain::JobSummary>& jobs,
                            int64_t now_ms);
 
 // One header line and one line per node: id, healthy, devices free/total, memory per device

@@ -73,6 +73,8 @@ class JobServiceImpl final : public zerotrain::JobService::Service {
                         zerotrain::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const zerotrain::CancelJobRequest* request,
                          zerotrain::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const zerotrain::DeleteJobRequest* request,
+                         zerotrain::DeleteJobResponse* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const zerotrain::WatchJobRequest* request,
                         grpc::ServerWriter<zerotrain::JobEvent>* writer) override;
   grpc::Status ResumeJob(grpc::ServerContext* context, const zerotrain::ResumeJobRequest* request,

@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +27,42 @@ using zerotrain::Job;
 
 // The event a ResumeJob(job_id) writes; the attempt count after it is the new budget's base.
 constexpr char kResumedPrefix[] = "resumed after attempt ";
+
+// ListJobsResponse.next_page_token: the job number the page after it starts below.
+constexpr char kPageTokenPrefix[] = "before-";
+constexpr size_t kMaxRequestIdChars = 128;
+constexpr size_t kMaxPrunedPerPass = 500;
+
+absl::Status CheckRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdChars) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: ", id.size(),
+                                                   " characters; at most ", kMaxRequestIdChars));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const char c = id[i];
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request_id: may hold only [A-Za-z0-9._-], found byte 0x",
+                       absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2), " at position ",
+                       i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+zerotrain::JobSummary SummaryOf(const Job& job) {
+  zerotrain::JobSummary summary;
+  summary.set_id(job.id());
+  summary.set_name(job.spec().name());
+  summary.set_state(job.state());
+  summary.set_world_size(job.spec().parallel().world_size());
+  summary.set_attempts(job.attempts_size());
+  if (job.has_progress()) *summary.mutable_progress() = job.progress();
+  summary.set_failure_reason(job.failure_reason());
+  summary.set_created_ms(job.created_ms());
+  summary.set_updated_ms(job.updated_ms());
+  return summary;
+}
 
 int64_t JobNumber(const std::string& job_id) {
   int64_t n = 0;
@@ -103,6 +143,7 @@ absl::Status Coordinator::Recover() {
       (void)absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &base);
       record.budget_base = base;
     }
+    if (!job.request_id().empty()) request_ids_[job.request_id()] = job.id();
     record.job = std::move(job);
     const Job& j = record.job;
     if ((j.state() == Job::PLACED || j.state() == Job::RUNNING) && j.attempts_size() > 0) {
@@ -122,6 +163,7 @@ absl::Status Coordinator::Recover() {
 
 void Coordinator::BackgroundLoop() {
   const absl::Duration period = std::min(options_.tick_interval, options_.heartbeat_interval / 4);
+  absl::Time next_prune = absl::Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -129,6 +171,10 @@ void Coordinator::BackgroundLoop() {
       if (stop_thread_) return;
     }
     Tick();
+    if (absl::Now() >= next_prune) {
+      PruneFinishedJobs();
+      next_prune = absl::Now() + options_.prune_interval;
+    }
   }
 }
 
@@ -212,12 +258,45 @@ SchedulerJob Coordinator::SchedulerJobFor(const JobRecord& record) const {
   };
 }
 
-absl::StatusOr<Job> Coordinator::Submit(const zerotrain::JobSpec& spec) {
-  return SubmitValidated(spec, /*resume_fallback=*/false);
+absl::StatusOr<Job> Coordinator::Submit(const zerotrain::JobSpec& spec,
+                                        const std::string& request_id) {
+  return SubmitValidated(spec, /*resume_fallback=*/false, request_id);
+}
+
+absl::Status Coordinator::CheckSpecSize(const zerotrain::JobSpec& spec) const {
+  const size_t bytes = spec.ByteSizeLong();
+  if (static_cast<int64_t>(bytes) <= options_.max_spec_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec: ", bytes, " bytes serialized; this coordinator accepts at most ",
+      options_.max_spec_bytes, " (--max-spec-bytes). Point data.train at fewer, larger shards"));
+}
+
+const Coordinator::JobRecord* Coordinator::JobOfRequest(const std::string& request_id) const {
+  if (request_id.empty()) return nullptr;
+  auto id = request_ids_.find(request_id);
+  if (id == request_ids_.end()) return nullptr;
+  auto it = jobs_.find(id->second);
+  return it == jobs_.end() ? nullptr : &it->second;
 }
 
 absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
-                                                 bool resume_fallback) {
+                                                 bool resume_fallback,
+                                                 const std::string& request_id) {
+  ZT_RETURN_IF_ERROR(CheckRequestId(request_id));
+  // A retry of a submit whose reply was lost: the job the first call made, as it is now.
+  auto repeated = [&](const JobRecord& made) -> absl::StatusOr<Job> {
+    if (made.job.spec().name() != spec.name()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request_id: '", request_id, "' already made job '", made.job.id(),
+                       "' of another name; send a new request_id for a new job"));
+    }
+    return made.job;
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (const JobRecord* made = JobOfRequest(request_id)) return repeated(*made);
+  }
+  ZT_RETURN_IF_ERROR(CheckSpecSize(spec));
   ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec validated,
                       ValidatedJob(spec, {.check_paths = false, .check_engine_support = true}));
   ZT_RETURN_IF_ERROR(roots_.CheckJob(validated));
@@ -243,6 +322,8 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   ApplyJobDefaults(&effective);
 
   absl::MutexLock lock(&mu_);
+  // The same request_id may have been submitted concurrently while this one validated.
+  if (const JobRecord* made = JobOfRequest(request_id)) return repeated(*made);
   JobRecord probe;
   probe.job.set_id(validated.name());
   *probe.job.mutable_spec() = effective;
@@ -271,12 +352,14 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   record.job.set_state(Job::PENDING);
   record.job.set_created_ms(now);
   record.job.set_run_dir(absl::StrCat(options_.run_root, "/", id));
+  record.job.set_request_id(request_id);
   absl::Status persisted = AddEvent(record, Job::PENDING, "submitted");
   if (!persisted.ok()) {
     jobs_.erase(id);
     UpdateMetrics();
     return persisted;
   }
+  if (!request_id.empty()) request_ids_[request_id] = id;
   SchedulePass();
   return jobs_.at(id).job;
 }
@@ -288,26 +371,113 @@ absl::StatusOr<Job> Coordinator::GetJob(const std::string& job_id) const {
   return it->second.job;
 }
 
-absl::StatusOr<std::vector<Job>> Coordinator::ListJobs(
+absl::StatusOr<zerotrain::ListJobsResponse> Coordinator::ListJobs(
     const zerotrain::ListJobsRequest& request) const {
-  if (request.limit() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("limit is ", request.limit(), "; it must be ≥ 0 (0: 1000)"));
+  if (request.page_size() < 0 || request.page_size() > kMaxListPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size: ", request.page_size(),
+                                                   " is outside 0..", kMaxListPageSize, " (0: ",
+                                                   kDefaultListPageSize, ")"));
   }
-  const size_t limit = request.limit() == 0 ? 1000 : static_cast<size_t>(request.limit());
+  const size_t page_size =
+      static_cast<size_t>(request.page_size() == 0 ? kDefaultListPageSize : request.page_size());
+  int64_t before = std::numeric_limits<int64_t>::max();
+  if (!request.page_token().empty()) {
+    if (!absl::StartsWith(request.page_token(), kPageTokenPrefix) ||
+        !absl::SimpleAtoi(request.page_token().substr(sizeof(kPageTokenPrefix) - 1), &before)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_token: '", absl::CHexEscape(request.page_token().substr(0, 64)),
+                       "' is not a next_page_token this coordinator sent"));
+    }
+  }
   absl::MutexLock lock(&mu_);
   std::vector<const JobRecord*> order;
   for (const auto& [id, record] : jobs_) {
     const bool wanted =
-        request.states().empty() || std::find(request.states().begin(), request.states().end(),
-                                              record.job.state()) != request.states().end();
+        record.number < before &&
+        (request.states().empty() || std::find(request.states().begin(), request.states().end(),
+                                               record.job.state()) != request.states().end());
     if (wanted) order.push_back(&record);
   }
   std::sort(order.begin(), order.end(),
             [](const JobRecord* a, const JobRecord* b) { return a->number > b->number; });
-  std::vector<Job> jobs;
-  for (size_t i = 0; i < order.size() && i < limit; ++i) jobs.push_back(order[i]->job);
-  return jobs;
+  zerotrain::ListJobsResponse response;
+  for (size_t i = 0; i < order.size() && i < page_size; ++i) {
+    *response.add_jobs() = SummaryOf(order[i]->job);
+  }
+  if (order.size() > page_size) {
+    response.set_next_page_token(absl::StrCat(kPageTokenPrefix, order[page_size - 1]->number));
+  }
+  return response;
+}
+
+absl::Status Coordinator::DeleteJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (!IsFinished(it->second.job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job_id, "' is ", Job::State_Name(it->second.job.state()),
+                     "; only a SUCCEEDED, FAILED or CANCELLED job can be deleted (cancel it "
+                     "first)"));
+  }
+  if (StillHoldsDevices(it->second)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' is ", Job::State_Name(it->second.job.state()),
+        " but its last attempt's ranks have not all exited on their nodes yet; try again when "
+        "they have (seconds)"));
+  }
+  return DeleteJobLocked(job_id);
+}
+
+bool Coordinator::StillHoldsDevices(const JobRecord& record) const {
+  const Job& job = record.job;
+  return job.attempts_size() > 0 &&
+         AttemptHoldsDevices(job.id(), job.attempts(job.attempts_size() - 1).number());
+}
+
+absl::Status Coordinator::DeleteJobLocked(const std::string& job_id) {
+  ZT_RETURN_IF_ERROR(store_->DeleteJob(job_id));
+  auto it = jobs_.find(job_id);
+  if (const std::string& request_id = it->second.job.request_id(); !request_id.empty()) {
+    request_ids_.erase(request_id);
+  }
+  jobs_.erase(it);
+  events_changed_.SignalAll();
+  UpdateMetrics();
+  return absl::OkStatus();
+}
+
+int Coordinator::PruneFinishedJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<const JobRecord*> finished;
+  for (const auto& [id, record] : jobs_) {
+    // Devices still held: the nodes' exit reports must find the job (the next pass takes it).
+    if (IsFinished(record.job.state()) && !StillHoldsDevices(record)) finished.push_back(&record);
+  }
+  std::sort(finished.begin(), finished.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->number > b->number; });
+  const int64_t now = NowMs();
+  const int64_t max_age_ms = absl::ToInt64Milliseconds(options_.keep_finished_for);
+  std::vector<std::string> doomed;
+  // Each deletion is a synced write under the lock: a backlog (a lowered limit, a long
+  // downtime) drains over several passes instead of stalling every call for seconds.
+  for (size_t i = 0; i < finished.size() && doomed.size() < kMaxPrunedPerPass; ++i) {
+    const bool too_many = options_.keep_finished_jobs > 0 &&
+                          static_cast<int64_t>(i) >= options_.keep_finished_jobs;
+    const bool too_old = max_age_ms > 0 && now - finished[i]->job.updated_ms() > max_age_ms;
+    if (too_many || too_old) doomed.push_back(finished[i]->job.id());
+  }
+  int deleted = 0;
+  for (const std::string& id : doomed) {
+    // No caller to return to: the daemon's stderr is its log, and the next pass tries again.
+    const absl::Status status = DeleteJobLocked(id);
+    if (!status.ok()) {
+      std::fprintf(stderr, "coordinator: pruning finished job %s: %s\n", id.c_str(),
+                   status.ToString().c_str());
+    }
+    deleted += status.ok() ? 1 : 0;
+  }
+  return deleted;
 }
 
 absl::StatusOr<Job> Coordinator::Cancel(const std::string& job_id) {
@@ -378,6 +548,7 @@ absl::StatusOr<zerotrain::ShardingPlan> Coordinator::Estimate(
                                                    request.device_memory_bytes(),
                                                    "; it must be ≥ 0 (0: the registered nodes')"));
   }
+  ZT_RETURN_IF_ERROR(CheckSpecSize(request.spec()));
   ZT_ASSIGN_OR_RETURN(
       zerotrain::JobSpec validated,
       ValidatedJob(request.spec(), {.check_paths = false, .check_engine_support = false}));

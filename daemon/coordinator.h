@@ -24,6 +24,9 @@
 // persisted (state changes synced, progress to the WAL), so a watcher that reconnects with
 // after_sequence misses nothing.
 //
+// Retention: a finished job stays until DeleteJob, or until the retention
+// (CoordinatorOptions::keep_finished_*) prunes it; an unfinished job is never removed.
+//
 // Restart of the coordinator: construction loads every job, event and node from the state
 // store. Nodes count as unhealthy until they register again. An attempt that was running
 // keeps running when its nodes register again with its ranks (RegisterRequest.running)
@@ -54,6 +57,10 @@
 
 namespace zt {
 
+// ListJobsRequest.page_size: 0 means kDefaultListPageSize; at most kMaxListPageSize.
+inline constexpr int kDefaultListPageSize = 100;
+inline constexpr int kMaxListPageSize = 1000;
+
 // SUCCEEDED, FAILED or CANCELLED: the job has no attempt to come.
 bool IsFinished(zerotrain::Job::State state);
 
@@ -78,6 +85,15 @@ struct CoordinatorOptions {
   // How often the background pass runs (heartbeat deadlines, scheduling); it never runs
   // slower than a quarter of the heartbeat interval.
   absl::Duration tick_interval = absl::Seconds(1);
+  // A submitted spec larger than this (serialized) is refused (--max-spec-bytes).
+  int64_t max_spec_bytes = int64_t{1} << 20;
+  // Retention of finished jobs (SUCCEEDED, FAILED, CANCELLED), applied by PruneFinishedJobs:
+  // only the newest keep_finished_jobs of them are kept (0: no count limit), and none that
+  // finished more than keep_finished_for ago (zero: no age limit).
+  int64_t keep_finished_jobs = 10000;
+  absl::Duration keep_finished_for = absl::Hours(30 * 24);
+  // How often the background pass applies the retention.
+  absl::Duration prune_interval = absl::Minutes(1);
 };
 
 class Coordinator {
@@ -93,13 +109,23 @@ class Coordinator {
 
   // ---- jobs (JobService)
   // Validates, plans and queues the job (see control.proto SubmitJob). InvalidArgument (every
-  // violation), PermissionDenied (a path outside the allowed roots), ResourceExhausted (the
-  // job can never fit the registered nodes, with the numbers; nothing is stored).
-  absl::StatusOr<zerotrain::Job> Submit(const zerotrain::JobSpec& spec);
+  // violation, a spec over max_spec_bytes, a malformed request_id or one another job's name
+  // used), PermissionDenied (a path outside the allowed roots), ResourceExhausted (the job can
+  // never fit the registered nodes, with the numbers; nothing is stored). A request_id that
+  // made a job before returns that job.
+  absl::StatusOr<zerotrain::Job> Submit(const zerotrain::JobSpec& spec,
+                                        const std::string& request_id = "");
   absl::StatusOr<zerotrain::Job> GetJob(const std::string& job_id) const;
-  // Newest first. InvalidArgument for a negative limit.
-  absl::StatusOr<std::vector<zerotrain::Job>> ListJobs(
+  // One page of summaries, newest first (see control.proto ListJobs). InvalidArgument for a
+  // page_size outside 0..kMaxListPageSize or a malformed page_token.
+  absl::StatusOr<zerotrain::ListJobsResponse> ListJobs(
       const zerotrain::ListJobsRequest& request) const;
+  // Removes a finished job, its events and its request_id. NotFound; FailedPrecondition naming
+  // the state of a job that has not finished, or of one whose ranks have not all exited yet.
+  absl::Status DeleteJob(const std::string& job_id);
+  // Applies the retention (CoordinatorOptions::keep_finished_*) now, deleting at most 500 jobs
+  // per call; returns how many it deleted. The background pass calls it every prune_interval.
+  int PruneFinishedJobs();
   // The job after the request (unchanged when it had finished). NotFound.
   absl::StatusOr<zerotrain::Job> Cancel(const std::string& job_id);
   // job_id: FailedPrecondition unless the job is FAILED or CANCELLED. checkpoint: submits
@@ -186,7 +212,17 @@ class Coordinator {
   void BackgroundLoop();
 
   absl::StatusOr<zerotrain::Job> SubmitValidated(const zerotrain::JobSpec& spec,
-                                                 bool resume_fallback) ABSL_LOCKS_EXCLUDED(mu_);
+                                                 bool resume_fallback,
+                                                 const std::string& request_id = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // InvalidArgument naming both sizes when `spec` is over max_spec_bytes.
+  absl::Status CheckSpecSize(const zerotrain::JobSpec& spec) const;
+  // The job a request_id made, if any.
+  const JobRecord* JobOfRequest(const std::string& request_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A finished job whose last attempt's ranks some node has not reported exited.
+  bool StillHoldsDevices(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan for `job` (defaults applied) given what `submitted` pinned.
   absl::StatusOr<zerotrain::ShardingPlan> PlanFor(const zerotrain::JobSpec& submitted,
                                                   const zerotrain::JobSpec& validated,
@@ -238,6 +274,8 @@ class Coordinator {
   absl::CondVar stop_changed_;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
+  // SubmitJobRequest.request_id → the job it made (Job.request_id, rebuilt by Recover).
+  std::map<std::string, std::string> request_ids_ ABSL_GUARDED_BY(mu_);
   bool reattach_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_thread_ ABSL_GUARDED_BY(mu_) = false;

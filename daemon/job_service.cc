@@ -11,15 +11,24 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+namespace {
+
+// The handler's reply: the value into `response`, or the error.
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* response) {
+  if (!result.ok()) return ToGrpc(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const zerotrain::SubmitJobRequest* request,
                                        zerotrain::Job* response) {
   RpcTimer timer(shared_->metrics, "SubmitJob");
   ZT_AUTHORIZE(context);
-  absl::StatusOr<zerotrain::Job> job = shared_->coordinator->Submit(request->spec());
-  if (!job.ok()) return ToGrpc(job.status());
-  *response = *std::move(job);
-  return grpc::Status::OK;
+  return Reply(shared_->coordinator->Submit(request->spec(), request->request_id()), response);
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
@@ -27,10 +36,7 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
                                     zerotrain::Job* response) {
   RpcTimer timer(shared_->metrics, "GetJob");
   ZT_AUTHORIZE(context);
-  absl::StatusOr<zerotrain::Job> job = shared_->coordinator->GetJob(request->job_id());
-  if (!job.ok()) return ToGrpc(job.status());
-  *response = *std::move(job);
-  return grpc::Status::OK;
+  return Reply(shared_->coordinator->GetJob(request->job_id()), response);
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
@@ -38,10 +44,15 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       zerotrain::ListJobsResponse* response) {
   RpcTimer timer(shared_->metrics, "ListJobs");
   ZT_AUTHORIZE(context);
-  absl::StatusOr<std::vector<zerotrain::Job>> jobs = shared_->coordinator->ListJobs(*request);
-  if (!jobs.ok()) return ToGrpc(jobs.status());
-  for (zerotrain::Job& job : *jobs) *response->add_jobs() = std::move(job);
-  return grpc::Status::OK;
+  return Reply(shared_->coordinator->ListJobs(*request), response);
+}
+
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* context,
+                                       const zerotrain::DeleteJobRequest* request,
+                                       zerotrain::DeleteJobResponse* /*response*/) {
+  RpcTimer timer(shared_->metrics, "DeleteJob");
+  ZT_AUTHORIZE(context);
+  return ToGrpc(shared_->coordinator->DeleteJob(request->job_id()));
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
@@ -49,10 +60,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        zerotrain::Job* response) {
   RpcTimer timer(shared_->metrics, "CancelJob");
   ZT_AUTHORIZE(context);
-  absl::StatusOr<zerotrain::Job> job = shared_->coordinator->Cancel(request->job_id());
-  if (!job.ok()) return ToGrpc(job.status());
-  *response = *std::move(job);
-  return grpc::Status::OK;
+  return Reply(shared_->coordinator->Cancel(request->job_id()), response);
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
@@ -84,10 +92,7 @@ grpc::Status JobServiceImpl::ResumeJob(grpc::ServerContext* context,
                                        zerotrain::Job* response) {
   RpcTimer timer(shared_->metrics, "ResumeJob");
   ZT_AUTHORIZE(context);
-  absl::StatusOr<zerotrain::Job> job = shared_->coordinator->Resume(*request);
-  if (!job.ok()) return ToGrpc(job.status());
-  *response = *std::move(job);
-  return grpc::Status::OK;
+  return Reply(shared_->coordinator->Resume(*request), response);
 }
 
 grpc::Status JobServiceImpl::EstimateJob(grpc::ServerContext* context,

@@ -143,6 +143,18 @@ absl::StatusOr<std::vector<zerotrain::JobEvent>> StateStore::LoadEvents(
   return events;
 }
 
+absl::Status StateStore::DeleteJob(const std::string& job_id) {
+  rocksdb::WriteBatch batch;
+  batch.Delete(absl::StrCat(kJobPrefix, job_id));
+  ZT_RETURN_IF_ERROR(ScanPrefix(db_.get(), absl::StrCat(kEventPrefix, job_id, "/"),
+                                [&](const std::string& key, const std::string&) {
+                                  batch.Delete(key);
+                                  return absl::OkStatus();
+                                }));
+  return FromRocks(db_->Write(WriteOptionsFor(Durability::kSync), &batch),
+                   absl::StrCat("deleting job '", job_id, "'"));
+}
+
 absl::Status StateStore::PutNode(const zerotrain::NodeInfo& info, int64_t registered_ms) {
   zerotrain::Node record;
   *record.mutable_info() = info;

@@ -61,6 +61,9 @@ class StateStore {
   absl::StatusOr<std::vector<zerotrain::Job>> LoadJobs() const;
   // The job's events by ascending sequence.
   absl::StatusOr<std::vector<zerotrain::JobEvent>> LoadEvents(const std::string& job_id) const;
+  // Removes the job record and every event of the job in one synced batch (a job that is not
+  // there: OK).
+  absl::Status DeleteJob(const std::string& job_id);
 
   // A node's record (info and registered_ms are kept; the rest is live state), synced.
   absl::Status PutNode(const zerotrain::NodeInfo& info, int64_t registered_ms);

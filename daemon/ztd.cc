@@ -4,6 +4,8 @@
 //   ztd --dev                                           both, on loopback, in a temporary
 //                                                       state directory, 2 CPU devices
 // Every role serves Prometheus metrics on --metrics-addr.
+// The coordinator refuses specs over --max-spec-bytes (1 MiB) and keeps finished jobs for
+// --keep-finished-for (30d) and at most the newest --keep-finished-jobs (10000) of them.
 //
 // Signals: SIGINT and SIGTERM stop a coordinator (jobs keep running on their nodes and
 // reattach when it is back). On a node, SIGTERM and SIGUSR1 mean preemption: the ranks write
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -24,6 +27,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/auth.h"
@@ -50,6 +54,9 @@ struct Flags {
   std::vector<std::string> allowed_roots;
   std::string run_root;
   int heartbeat_interval_ms = 5000;
+  int64_t max_spec_bytes = int64_t{1} << 20;
+  int64_t keep_finished_jobs = 10000;
+  std::string keep_finished_for = "30d";
   std::string metrics_addr;
   std::string tls_cert, tls_key, tls_ca;
   bool insecure_listen_any = false;
@@ -85,6 +92,23 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-addr ", address, ": cannot listen: ", e.what()));
   }
+}
+
+// "30d", "12h", "90m", "45s" or "0" (no limit): a duration in whole days, hours, minutes or
+// seconds.
+absl::StatusOr<absl::Duration> ParseRetention(const std::string& text) {
+  if (text == "0") return absl::ZeroDuration();
+  int64_t n = 0;
+  const char unit = text.empty() ? '\0' : text.back();
+  const absl::Duration units[] = {absl::Hours(24), absl::Hours(1), absl::Minutes(1),
+                                  absl::Seconds(1)};
+  const std::string letters = "dhms";
+  const size_t u = letters.find(unit);
+  if (u == std::string::npos || !absl::SimpleAtoi(text.substr(0, text.size() - 1), &n) || n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--keep-finished-for: '", text, "' is not a duration like 30d, 12h, 90m, 45s, or 0"));
+  }
+  return n * units[u];
 }
 
 // Writes `text` to `path` through a synced temporary file and a rename, so readers never see
@@ -154,12 +178,17 @@ int Run(Flags flags) {
                                                              : zt::ResolveToken(flags.token_file);
     if (!t.ok()) return Fail(t.status(), "token");
     token = *t;
+    absl::StatusOr<absl::Duration> keep_for = ParseRetention(flags.keep_finished_for);
+    if (!keep_for.ok()) return Fail(keep_for.status(), "flags");
     coordinator_metrics = std::make_unique<zt::CoordinatorMetrics>(*registry);
     zt::CoordinatorOptions options{
         .state_dir = flags.state_dir,
         .allowed_roots = flags.allowed_roots,
         .run_root = flags.run_root,
-        .heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms)};
+        .heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms),
+        .max_spec_bytes = flags.max_spec_bytes,
+        .keep_finished_jobs = flags.keep_finished_jobs,
+        .keep_finished_for = *keep_for};
     auto created = zt::Coordinator::Create(options, coordinator_metrics.get());
     if (!created.ok()) return Fail(created.status(), "coordinator");
     coordinator = *std::move(created);
@@ -167,7 +196,12 @@ int Run(Flags flags) {
                                            .tls_cert = flags.tls_cert,
                                            .tls_key = flags.tls_key,
                                            .tls_ca = flags.tls_ca,
-                                           .insecure_listen_any = flags.insecure_listen_any},
+                                           .insecure_listen_any = flags.insecure_listen_any,
+                                           // Room for the largest legal spec and the rest of
+                                           // the request; never below gRPC's 4 MiB default.
+                                           .max_request_bytes = static_cast<int>(std::max(
+                                               flags.max_spec_bytes + (int64_t{1} << 20),
+                                               int64_t{4} << 20))},
                                           coordinator.get(), token, coordinator_metrics.get());
     if (!started.ok()) return Fail(started.status(), "coordinator");
     server = *std::move(started);
@@ -264,6 +298,16 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
                  "Coordinator: node heartbeat period; 3 missed declare a node dead")
       ->check(CLI::Range(10, 600000));
+  app.add_option("--max-spec-bytes", flags.max_spec_bytes,
+                 "Coordinator: refuse job specs larger than this, serialized (default 1048576)")
+      ->check(CLI::Range(int64_t{1} << 10, int64_t{256} << 20));
+  app.add_option("--keep-finished-jobs", flags.keep_finished_jobs,
+                 "Coordinator: keep the newest N finished jobs, delete older ones "
+                 "(default 10000; 0: no count limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-finished-for", flags.keep_finished_for,
+                 "Coordinator: delete finished jobs this long after they finished, e.g. 30d, "
+                 "12h, 90m (default 30d; 0: no age limit)");
   app.add_option("--metrics-addr", flags.metrics_addr,
                  "Prometheus endpoint host:port, or off (default 127.0.0.1:9464, node 9465)");
   app.add_option("--tls-cert", flags.tls_cert, "PEM certificate (coordinator; node: client)");

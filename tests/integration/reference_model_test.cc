@@ -61,6 +61,7 @@ TEST_P(ReferenceModelTest, ValidationLossMatchesFloat64PyTorch) {
                   .ok());
   const int B = 3, T = 24, steps = 6, eval_batches = 2;
   std::ofstream(dir / "job.yaml")
+      << "name: reference\n"
       << "model: {family: " << c.family << ", n_layer: 2, n_head: 4, n_kv_head: " << c.n_kv_head
       << ", d_model: 32, vocab_size: 48, max_seq_len: 32, norm_eps: 1.0e-5,"
          " rope_theta: 10000, init_std: 0.1}\n"

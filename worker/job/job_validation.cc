@@ -10,9 +10,12 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace zt {
 namespace {
@@ -69,10 +72,13 @@ std::string NameOf(int value, EnumName name_of) {
 }
 
 void ValidateName(const std::string& name, Violations& v) {
-  // Empty means "job": the label is optional.
-  if (name.empty()) return;
+  // The name starts the job's id, run directory and metric labels: it must say something.
+  if (name.empty()) {
+    v.Add(absl::StrCat("name: required: 1 to ", kMaxNameChars, " characters of [A-Za-z0-9._-]"));
+    return;
+  }
   if (name.size() > kMaxNameChars) {
-    v.Add(absl::StrCat("name: '", name.substr(0, 40), "...' has ", name.size(),
+    v.Add(absl::StrCat("name: '", absl::CHexEscape(name.substr(0, 40)), "...' has ", name.size(),
                        " characters; at most ", kMaxNameChars, " are allowed"));
   }
   for (size_t i = 0; i < name.size(); ++i) {
@@ -84,6 +90,47 @@ void ValidateName(const std::string& name, Violations& v) {
                          absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2), " at position ",
                          i));
       return;
+    }
+  }
+}
+
+bool IsControl(char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }
+
+void CheckNoControl(const std::string& field, const std::string& value, Violations& v) {
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (!IsControl(value[i])) continue;
+    v.Add(absl::StrCat(field, ": '", absl::CHexEscape(value), "' holds control character 0x",
+                       absl::Hex(static_cast<unsigned char>(value[i]), absl::kZeroPad2),
+                       " at position ", i, "; names and paths may hold none (bytes below 0x20, "
+                       "and 0x7f)"));
+    return;
+  }
+}
+
+// Every string field of `message` at any depth, found by reflection so that a field added to
+// the schema is covered without a line here; `prefix` is the message's own path ("data").
+// A NUL would cut a path short where a C API reads it, a newline forges log and event lines.
+void ValidateStrings(const google::protobuf::Message& message, const std::string& prefix,
+                     Violations& v) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    if (path == "name") continue;  // ValidateName's rule is narrower still
+    const bool text = f->type() == FieldDescriptor::TYPE_STRING;
+    const bool nested = f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE;
+    if (!text && !nested) continue;
+    if (!f->is_repeated()) {
+      if (text) CheckNoControl(path, reflection->GetString(message, f), v);
+      if (nested) ValidateStrings(reflection->GetMessage(message, f), path, v);
+      continue;
+    }
+    for (int i = 0; i < reflection->FieldSize(message, f); ++i) {
+      const std::string item = absl::StrCat(path, "[", i, "]");
+      if (text) CheckNoControl(item, reflection->GetRepeatedString(message, f, i), v);
+      if (nested) ValidateStrings(reflection->GetRepeatedMessage(message, f, i), item, v);
     }
   }
 }
@@ -413,6 +460,7 @@ PathProblem CheckPath(absl::string_view field, const std::string& path,
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   Violations v;
   ValidateName(spec.name(), v);
+  ValidateStrings(spec, "", v);
   ValidateModel(spec, v);
   ValidateData(spec, v);
   ValidateTrain(spec, v);

@@ -32,10 +32,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectControlPlane(
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // gRPC's reconnect backoff grows to 120 s by default: after a coordinator restart, ranks
-  // retrying their store calls would rejoin minutes late.
+  // retrying their store calls would rejoin minutes late. A refused connection (the
+  // coordinator is restarting) fails at once, so the first retry comes after 100 ms.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // Despite its name, gRPC uses this as the connect timeout: how long one attempt may take
+  // from connect(2) to the server's SETTINGS frame. A busy coordinator (64 clients connecting
+  // at once on two cores) takes longer than 100 ms for that, and those clients failed.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kConnectTimeoutMs);
+  args.SetMaxReceiveMessageSize(kMaxResponseBytes);
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options.tls_ca.empty()) {
     credentials = grpc::InsecureChannelCredentials();
@@ -93,10 +98,14 @@ std::string ResolveCoordinator(const std::string& flag) {
 }
 
 std::unique_ptr<grpc::ClientContext> AuthorizedContext(const std::string& token,
-                                                       std::chrono::milliseconds timeout) {
+                                                       std::chrono::milliseconds timeout,
+                                                       CallWait wait) {
   auto context = std::make_unique<grpc::ClientContext>();
   context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
-  if (timeout.count() > 0) context->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (timeout.count() > 0) {
+    context->set_deadline(std::chrono::system_clock::now() + timeout);
+    context->set_wait_for_ready(wait == CallWait::kWaitForReady);
+  }
   return context;
 }
 

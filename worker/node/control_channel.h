@@ -16,6 +16,13 @@
 
 namespace zt {
 
+// One connection attempt may take this long (see GRPC_ARG_MIN_RECONNECT_BACKOFF_MS in
+// control_channel.cc).
+inline constexpr int kConnectTimeoutMs = 10'000;
+// The largest response a client accepts. Coordinator responses stay far below it: a spec is
+// bounded by the coordinator's --max-spec-bytes (default 1 MiB) and ListJobs sends summaries.
+inline constexpr int kMaxResponseBytes = 64 << 20;
+
 struct ControlChannelOptions {
   // host:port of the coordinator.
   std::string address;
@@ -38,9 +45,21 @@ absl::StatusOr<std::string> ResolveToken(const std::string& token_file);
 // coordinator wrote to $ZT_STATE_DIR/address, else 127.0.0.1:7070.
 std::string ResolveCoordinator(const std::string& flag);
 
-// A context for one call: the token attached, and a deadline unless `timeout` is zero.
+// What a call with a deadline does while the channel has no connection.
+enum class CallWait {
+  // Fails UNAVAILABLE at once when a connection attempt failed: for callers with their own
+  // retry loop (worker/node/rpc_retry.h).
+  kFailFast,
+  // Waits for a connection until the deadline (gRPC's wait_for_ready): a coordinator that is
+  // slow to accept, or restarting, delays the call instead of failing it.
+  kWaitForReady,
+};
+
+// A context for one call: the token attached, and a deadline unless `timeout` is zero (a
+// call without a deadline, a stream, always fails fast).
 std::unique_ptr<grpc::ClientContext> AuthorizedContext(
-    const std::string& token, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+    const std::string& token, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+    CallWait wait = CallWait::kFailFast);
 
 // A gRPC status as an absl::Status with the same code and `what` before the message.
 absl::Status FromGrpc(const grpc::Status& status, const std::string& what);

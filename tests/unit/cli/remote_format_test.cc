@@ -60,15 +60,15 @@ std::vector<std::string> Lines(const std::string& text) {
 }
 
 TEST(FormatJobTableTest, OneAlignedRowPerJob) {
-  google::protobuf::RepeatedPtrField<zerotrain::Job> jobs;
-  zerotrain::Job* running = jobs.Add();
+  google::protobuf::RepeatedPtrField<zerotrain::JobSummary> jobs;
+  zerotrain::JobSummary* running = jobs.Add();
   running->set_id("tiny-12");
   running->set_state(zerotrain::Job::RUNNING);
-  running->mutable_spec()->mutable_parallel()->set_world_size(4);
+  running->set_world_size(4);
   *running->mutable_progress() = Halfway();
-  running->add_attempts()->set_number(1);
+  running->set_attempts(1);
   running->set_created_ms(1'000'000);
-  zerotrain::Job* pending = jobs.Add();
+  zerotrain::JobSummary* pending = jobs.Add();
   pending->set_id("a-1");
   pending->set_state(zerotrain::Job::PENDING);
 

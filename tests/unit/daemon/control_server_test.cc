@@ -127,7 +127,7 @@ TEST_F(ControlServerTest, EveryMethodRefusesAMissingOrWrongToken) {
   }
   // Nothing was stored by the refused calls.
   EXPECT_TRUE(harness_->coordinator().ListNodes().empty());
-  EXPECT_TRUE(harness_->coordinator().ListJobs({})->empty());
+  EXPECT_TRUE(harness_->coordinator().ListJobs({})->jobs().empty());
 }
 
 TEST_F(ControlServerTest, TheRightTokenGetsPastAuthorization) {
@@ -245,7 +245,7 @@ TEST_F(ControlServerTest, RefusedRequestsLeaveTheServerServing) {
   EXPECT_THAT(status.error_message(), HasSubstr("key has 513 bytes"));
 
   // Nothing was stored, and the server still serves a good request.
-  EXPECT_TRUE(h.coordinator().ListJobs({})->empty());
+  EXPECT_TRUE(h.coordinator().ListJobs({})->jobs().empty());
   zerotrain::SubmitJobRequest good;
   *good.mutable_spec() = testing::SmallJob("good", dir_.path(), 1);
   status = h.jobs->SubmitJob(h.Context().get(), good, &job);

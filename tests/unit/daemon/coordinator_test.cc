@@ -344,7 +344,7 @@ TEST_F(CoordinatorTest, JobThatCanNeverFitIsRefusedWithTheNumbers) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("needs 2 CPU devices"));
   EXPECT_THAT(status.error_message(), HasSubstr("have 1 such devices (node-a: 1)"));
-  EXPECT_TRUE(h().coordinator().ListJobs({})->empty());
+  EXPECT_TRUE(h().coordinator().ListJobs({})->jobs().empty());
 }
 
 TEST_F(CoordinatorTest, RestartKeepsJobsEventsAndRunningAttempts) {

@@ -206,17 +206,41 @@ TEST(ValidateJobSpecTest, ReportsEveryViolationAtOnce) {
 
 TEST(ValidateJobSpecTest, NameRules) {
   for (const std::string& name :
-       std::vector<std::string>{"", "a", "run-1.v_2", std::string(128, 'z')}) {
+       std::vector<std::string>{"a", "run-1.v_2", std::string(128, 'z')}) {
     JobSpec spec = Valid();
     spec.set_name(name);
     EXPECT_TRUE(ValidateJobSpec(spec).ok()) << "'" << name << "'";
   }
   for (const std::string& name :
-       std::vector<std::string>{"a/b", "caf\xc3\xa9", std::string(129, 'z')}) {
+       std::vector<std::string>{"", "a/b", "caf\xc3\xa9", std::string(129, 'z')}) {
     JobSpec spec = Valid();
     spec.set_name(name);
     EXPECT_THAT(std::string(ValidateJobSpec(spec).message()), HasSubstr("name: ")) << name;
   }
+}
+
+// Regression: NUL and newline inside checkpoint.dir were accepted (with NUL the node read "x"
+// where the spec said "x\0y"). Every string field is walked, nested and repeated ones too.
+TEST(ValidateJobSpecTest, ControlCharactersAreRefusedInEveryStringFieldByItsPath) {
+  JobSpec spec = Valid();
+  spec.mutable_checkpoint()->set_dir(std::string("x\0y", 3));
+  spec.mutable_data()->add_train("b\nc.bin");
+  spec.mutable_model()->set_init_from("w\x7f.safetensors");
+  spec.mutable_data()->add_val("fine.bin");
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      testing::Lines(status),
+      UnorderedElementsAre(
+          "checkpoint.dir: 'x\\x00y' holds control character 0x00 at position 1; names and "
+          "paths may hold none (bytes below 0x20, and 0x7f)",
+          "data.train[1]: 'b\\nc.bin' holds control character 0x0a at position 1; names and "
+          "paths may hold none (bytes below 0x20, and 0x7f)",
+          "model.init_from: 'w\\x7f.safetensors' holds control character 0x7f at position 1; "
+          "names and paths may hold none (bytes below 0x20, and 0x7f)"));
+  spec = Valid();
+  spec.mutable_checkpoint()->set_dir("/ok/dir with spaces/é");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
 TEST(ValidateJobSpecTest, AnEmptyJobListsWhatIsMissingWithoutDividingByZero) {
@@ -227,6 +251,7 @@ TEST(ValidateJobSpecTest, AnEmptyJobListsWhatIsMissingWithoutDividingByZero) {
   EXPECT_THAT(
       testing::Lines(status),
       UnorderedElementsAre(
+          "name: required: 1 to 128 characters of [A-Za-z0-9._-]",
           "model.family: must be GPT2 or LLAMA (got FAMILY_UNSPECIFIED)",
           "model.n_layer: must be >= 1 (got 0)", "model.n_head: must be >= 1 (got 0)",
           "model.d_model: must be >= 1 (got 0)", "model.n_kv_head: must be >= 1 (got 0)",

@@ -145,6 +145,7 @@ inline constexpr char kFullJson[] = R"({
 
 // The smallest job that validates once defaults are applied.
 inline constexpr char kMinimalYaml[] = R"(
+name: minimal
 model: {family: GPT2, n_layer: 2, n_head: 4, d_model: 64, vocab_size: 256, max_seq_len: 64}
 data: {train: [train.bin], seq_len: 32}
 train: {micro_batch_size: 2, max_steps: 5}

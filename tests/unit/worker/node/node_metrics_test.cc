@@ -126,6 +126,7 @@ TEST(NodeMetrics, MemorySeriesHoldThePlanAndTheArenasByCategory) {
   prometheus::Registry registry;
   NodeMetrics metrics(registry);
   zerotrain::JobSpec spec;
+  spec.set_name("metrics");
   auto* m = spec.mutable_model();
   m->set_family(zerotrain::ModelConfig::GPT2);
   m->set_n_layer(1);

@@ -27,6 +27,7 @@ using Ckpt = zerotrain::MemoryConfig;
 // activations outweigh its model states, so recompute and sharding both move the peak.
 zerotrain::JobSpec ParsedTinyJob() {
   zerotrain::JobSpec job;
+  job.set_name("tiny");
   auto* m = job.mutable_model();
   m->set_family(zerotrain::ModelConfig::GPT2);
   m->set_n_layer(4);

@@ -38,6 +38,7 @@ TEST_P(MemoryAccountingTest, ArenasEqualThePlan) {
   ASSERT_TRUE(WriteTokenShard((dir / "d.bin").string(), tokens, 64).ok());
 
   zerotrain::JobSpec job;
+  job.set_name("memory-accounting");
   auto* m = job.mutable_model();
   m->set_family(c.optimizer == OptimizerConfig::SGD ? zerotrain::ModelConfig::GPT2
                                                     : zerotrain::ModelConfig::LLAMA);

@@ -25,6 +25,7 @@ class MixedPrecisionTest : public ::testing::Test {
 
   zerotrain::JobSpec Job(PrecisionConfig::DType param, PrecisionConfig::DType compute) {
     zerotrain::JobSpec job;
+    job.set_name("mixed-precision");
     auto* m = job.mutable_model();
     m->set_family(zerotrain::ModelConfig::LLAMA);
     m->set_n_layer(2);

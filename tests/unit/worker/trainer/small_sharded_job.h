@@ -12,6 +12,7 @@ namespace zt::testing {
 inline zerotrain::JobSpec SmallShardedJob(const std::string& train_path, int world, int stage,
                                           int micro_batch, int accum = 1) {
   zerotrain::JobSpec job;
+  job.set_name("small-sharded");
   auto* m = job.mutable_model();
   m->set_family(zerotrain::ModelConfig::GPT2);
   m->set_n_layer(2);

@@ -29,6 +29,7 @@ class TrainerTest : public ::testing::Test {
 
   zerotrain::JobSpec Job(zerotrain::ModelConfig::Family family, int micro_batch, int accum) {
     zerotrain::JobSpec job;
+    job.set_name("trainer");
     auto* m = job.mutable_model();
     m->set_family(family);
     m->set_n_layer(2);
