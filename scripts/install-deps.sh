@@ -37,6 +37,11 @@ fi
 echo "install-deps: installing ${missing[*]}"
 sudo=""
 if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || {
+    echo "install-deps: installing needs root or sudo, and this machine has no sudo:" \
+      "run the same command as root" >&2
+    exit 2
+  }
   sudo="sudo"
 fi
 export DEBIAN_FRONTEND=noninteractive
