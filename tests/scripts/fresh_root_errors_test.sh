@@ -29,8 +29,13 @@ if [[ $(id -u) -ne 0 ]]; then
   exit $(( failures > 0 ))
 fi
 
-# As root, the not-root check runs under an unprivileged uid.
-expect not-root 2 'needs root' setpriv --reuid=65534 --regid=65534 --clear-groups "$script" true
+# As root, the not-root check runs under an unprivileged uid, on a copy of scripts/ that uid
+# can read: the checkout may sit under a directory only root can enter (CI's is in /root).
+chmod 755 "$scratch"
+cp -r "$(dirname "$script")" "$scratch/scripts"
+chmod -R a+rX "$scratch/scripts"
+expect not-root 2 'needs root' \
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$scratch/scripts/fresh-root.sh" true
 expect no-command 2 'usage' "$script"
 
 # A stale root: its owner pid (a process that has exited) is gone.
