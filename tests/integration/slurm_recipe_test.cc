@@ -141,5 +141,28 @@ TEST_F(SlurmRecipeTest, PreemptedBatchJobIsRequeuedAndEndsWithUninterruptedWeigh
   EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(kSteps, 100));
 }
 
+// scancel (TERM to the job): the nodes checkpoint, and the job ends CANCELLED without requeueing
+// itself (a regression: the script once requeued on every signal, so a cancelled job ran again).
+TEST_F(SlurmRecipeTest, CancelledBatchJobIsNotRequeued) {
+  const std::string job = WriteJob("slurm", Path("ckpt"), 2, 1500, 100);
+  const std::string id = SubmitBatch(job);
+  ASSERT_FALSE(id.empty());
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(Path("ckpt/latest"))) {
+    ASSERT_LT(Clock::now(), deadline) << BatchOutputTail(id);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const RunResult cancel = SlurmCluster::Run("scancel " + id);
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
+  // CANCELLED comes at once; the script's own clean-up (where a requeue would happen) ends
+  // when the job leaves the queue.
+  while (SlurmCluster::Run("squeue -h -j " + id + " -o %i").output.find(id) != std::string::npos) {
+    ASSERT_LT(Clock::now(), deadline) << BatchOutputTail(id);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(SlurmCluster::JobField(id, "JobState"), "CANCELLED") << BatchOutputTail(id);
+  EXPECT_EQ(SlurmCluster::JobField(id, "Restarts"), "0") << BatchOutputTail(id);
+}
+
 }  // namespace
 }  // namespace zt::testing
