@@ -38,8 +38,8 @@ class SlurmCluster {
   // The reason a Slurm cannot be started on this machine, or empty when it can.
   static std::string Unavailable() {
     if (::geteuid() != 0) return "Slurm's daemons need root (SlurmUser=root); not root";
-    for (const char* program : {"munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel",
-                                "squeue", "sinfo"}) {
+    for (const char* program :
+         {"munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "squeue", "sinfo"}) {
       if (Find(program).empty()) {
         return std::string(program) +
                " not found (apt-get install slurm-wlm munge: scripts/install-deps.sh --test)";
@@ -102,7 +102,8 @@ class SlurmCluster {
         << "SlurmctldPidFile=" << Path("slurmctld.pid") << "\n"
         << "SlurmdPidFile=" << Path("slurmd.pid") << "\n"
         << "SlurmctldLogFile=" << Path("slurmctld.log") << "\n"
-        << "SlurmdLogFile=" << Path("slurmd.log") << "\n"
+        << "SlurmdLogFile=" << Path("slurmd.log")
+        << "\n"
         // No cgroups: a chroot without systemd has none to manage.
         << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
         << "JobAcctGatherType=jobacct_gather/none\n"
@@ -111,8 +112,9 @@ class SlurmCluster {
         << "MpiDefault=none\nMailProg=/bin/true\nReturnToService=2\nInactiveLimit=0\nKillWait=5\n"
         // Finished jobs stay visible to `scontrol show job` for the test's checks.
         << "MinJobAge=600\nJobRequeue=1\n"
-        << "NodeName=localhost NodeHostname=" << short_host << " NodeAddr=127.0.0.1 CPUs="
-        << std::thread::hardware_concurrency() << " RealMemory=1000 State=UNKNOWN\n"
+        << "NodeName=localhost NodeHostname=" << short_host
+        << " NodeAddr=127.0.0.1 CPUs=" << std::thread::hardware_concurrency()
+        << " RealMemory=1000 State=UNKNOWN\n"
         << "PartitionName=zt Nodes=localhost Default=YES MaxTime=INFINITE State=UP "
            "OverSubscribe=YES\n";
     }

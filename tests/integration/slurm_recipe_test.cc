@@ -40,8 +40,8 @@ class SlurmRecipeTest : public DaemonClusterTest {
   void TearDown() override {
     if (IsSkipped() && !slurm_) return;
     slurm_.reset();
-    for (const char* name : {"ZT_SLURM_STATE", "ZT_PORT", "ZT_ALLOWED_ROOT",
-                             "ZT_COORDINATOR_ARGS", "ZT_NODE_ARGS"}) {
+    for (const char* name :
+         {"ZT_SLURM_STATE", "ZT_PORT", "ZT_ALLOWED_ROOT", "ZT_COORDINATOR_ARGS", "ZT_NODE_ARGS"}) {
       ::unsetenv(name);
     }
     DaemonClusterTest::TearDown();
@@ -67,12 +67,13 @@ class SlurmRecipeTest : public DaemonClusterTest {
     std::string state;
     while (Clock::now() < deadline) {
       state = SlurmCluster::JobField(id, "JobState");
-      if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" ||
-          state == "TIMEOUT" || state == "NODE_FAIL" || state == "OUT_OF_MEMORY") {
+      if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT" ||
+          state == "NODE_FAIL" || state == "OUT_OF_MEMORY") {
         return state;
       }
       const std::string reason = SlurmCluster::JobField(id, "Reason");
-      if (state == "PENDING" && reason.find("held") != std::string::npos) return state + " " + reason;
+      if (state == "PENDING" && reason.find("held") != std::string::npos)
+        return state + " " + reason;
       if (state == "PENDING" && reason == "BeginTime") {
         SlurmCluster::Run("scontrol update JobId=" + id + " StartTime=now");
       }
@@ -81,13 +82,20 @@ class SlurmRecipeTest : public DaemonClusterTest {
     return state;
   }
 
-  // The final weights of `zt train` on the same job in one process.
-  std::string ReferenceWeights(int steps, int interval) {
-    const std::string ckpt = Path("reference-ckpt");
-    const std::string job = WriteJob("reference", ckpt, 2, steps, interval);
-    const RunResult r = Zt("train " + job + " --quiet --run-dir " + Path("reference-run"));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return ExportedWeights(ckpt, Path("reference-export"));
+  // sbatch of a job of `steps` steps, checkpointing every 100, and a wait until it is mid-run,
+  // after its first checkpoint; the Slurm job id.
+  std::string SubmitAndWaitForCheckpoint(int steps) {
+    const std::string id = SubmitBatch(WriteJob("slurm", Path("ckpt"), 2, steps, 100));
+    if (id.empty()) return id;
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (!std::filesystem::exists(Path("ckpt/latest"))) {
+      if (Clock::now() > deadline) {
+        ADD_FAILURE() << "no checkpoint after 60 s\n" << BatchOutputTail(id);
+        return "";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return id;
   }
 
   // The batch job's output file (both runs of a requeued job append to it).
@@ -110,7 +118,7 @@ TEST_F(SlurmRecipeTest, BatchJobSucceedsWithTheWeightsOfZtTrain) {
   ASSERT_EQ(state, "COMPLETED") << BatchOutputTail(id);
   EXPECT_EQ(SlurmCluster::JobField(id, "ExitCode"), "0:0");
   EXPECT_NE(BatchOutput(id).find("SUCCEEDED"), std::string::npos) << BatchOutputTail(id);
-  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(200, 100));
+  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ZtTrainWeights(2, 200, 100));
 }
 
 // USR1 to the batch shell (what `--signal=B:USR1@300` sends before the time limit): the node
@@ -118,15 +126,8 @@ TEST_F(SlurmRecipeTest, BatchJobSucceedsWithTheWeightsOfZtTrain) {
 // Slurm job id, so the same state directory) resumes the coordinator's job from that checkpoint.
 TEST_F(SlurmRecipeTest, PreemptedBatchJobIsRequeuedAndEndsWithUninterruptedWeights) {
   constexpr int kSteps = 1500;
-  const std::string job = WriteJob("slurm", Path("ckpt"), 2, kSteps, 100);
-  const std::string id = SubmitBatch(job);
+  const std::string id = SubmitAndWaitForCheckpoint(kSteps);
   ASSERT_FALSE(id.empty());
-  // Mid-run, after the first periodic checkpoint.
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (!std::filesystem::exists(Path("ckpt/latest"))) {
-    ASSERT_LT(Clock::now(), deadline) << BatchOutputTail(id);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
   const RunResult signal = SlurmCluster::Run("scancel --signal=USR1 --batch " + id);
   ASSERT_EQ(signal.exit_code, 0) << signal.output;
 
@@ -138,20 +139,15 @@ TEST_F(SlurmRecipeTest, PreemptedBatchJobIsRequeuedAndEndsWithUninterruptedWeigh
   EXPECT_NE(output.find("exit 75"), std::string::npos) << BatchOutputTail(id);
   EXPECT_NE(output.find("restart 1,"), std::string::npos) << BatchOutputTail(id);
   EXPECT_NE(output.find("SUCCEEDED"), std::string::npos) << BatchOutputTail(id);
-  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ReferenceWeights(kSteps, 100));
+  EXPECT_EQ(ExportedWeights(Path("ckpt"), Path("export")), ZtTrainWeights(2, kSteps, 100));
 }
 
 // scancel (TERM to the job): the nodes checkpoint, and the job ends CANCELLED without requeueing
 // itself (a regression: the script once requeued on every signal, so a cancelled job ran again).
 TEST_F(SlurmRecipeTest, CancelledBatchJobIsNotRequeued) {
-  const std::string job = WriteJob("slurm", Path("ckpt"), 2, 1500, 100);
-  const std::string id = SubmitBatch(job);
+  const std::string id = SubmitAndWaitForCheckpoint(1500);
   ASSERT_FALSE(id.empty());
   const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (!std::filesystem::exists(Path("ckpt/latest"))) {
-    ASSERT_LT(Clock::now(), deadline) << BatchOutputTail(id);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
   const RunResult cancel = SlurmCluster::Run("scancel " + id);
   ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
   // CANCELLED comes at once; the script's own clean-up (where a requeue would happen) ends
