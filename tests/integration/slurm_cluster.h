@@ -118,6 +118,13 @@ class SlurmCluster {
         << "PartitionName=zt Nodes=localhost Default=YES MaxTime=INFINITE State=UP "
            "OverSubscribe=YES\n";
     }
+    {
+      // slurmd 22.05 loads a cgroup plugin even with proctrack/linuxproc and task/none, and
+      // autodetection fails where /sys/fs/cgroup is not mounted (a chroot that bind-mounts
+      // /sys alone); the v1 plugin loads without touching it. Read from beside slurm.conf.
+      std::ofstream f(Path("cgroup.conf"));
+      f << "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n";
+    }
     ::setenv("SLURM_CONF", conf.c_str(), 1);
     slurmctld_ = std::make_unique<ZtProcess>(std::vector<std::string>{"-D", "-i"},
                                              Path("slurmctld.out"), Find("slurmctld"));

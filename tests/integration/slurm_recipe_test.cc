@@ -32,6 +32,8 @@ class SlurmRecipeTest : public DaemonClusterTest {
     ::setenv("PATH", (bin + ":" + (path ? path : "/usr/bin:/bin")).c_str(), 1);
     ::setenv("ZT_SLURM_STATE", Path("slurm-state").c_str(), 1);
     ::setenv("ZT_PORT", std::to_string(SlurmCluster::FreePort()).c_str(), 1);
+    // The one node is `localhost`, which a fresh root without /etc/hosts cannot resolve.
+    ::setenv("ZT_COORDINATOR_HOST", "127.0.0.1", 1);
     ::setenv("ZT_ALLOWED_ROOT", dir_.c_str(), 1);
     ::setenv("ZT_COORDINATOR_ARGS", "--metrics-addr off", 1);
     // Two CPU devices on the one node: the job's two ranks.
@@ -40,8 +42,8 @@ class SlurmRecipeTest : public DaemonClusterTest {
   void TearDown() override {
     if (IsSkipped() && !slurm_) return;
     slurm_.reset();
-    for (const char* name :
-         {"ZT_SLURM_STATE", "ZT_PORT", "ZT_ALLOWED_ROOT", "ZT_COORDINATOR_ARGS", "ZT_NODE_ARGS"}) {
+    for (const char* name : {"ZT_SLURM_STATE", "ZT_PORT", "ZT_COORDINATOR_HOST", "ZT_ALLOWED_ROOT",
+                             "ZT_COORDINATOR_ARGS", "ZT_NODE_ARGS"}) {
       ::unsetenv(name);
     }
     DaemonClusterTest::TearDown();
