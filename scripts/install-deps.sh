@@ -19,7 +19,9 @@ for flag in "$@"; do
     # The tests check the model against an independent PyTorch float64 reference and train
     # on the demo corpus; the benchmarks compare against PyTorch's speed and memory.
     # The daemon tests drive the API from a Python gRPC client and check /metrics with promtool.
-    --test|--bench) packages+=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus openssl) ;;
+    # The Slurm recipe test runs deploy/slurm/zerotrain.sbatch on a one-machine Slurm that it
+    # starts itself (slurmctld, slurmd, munged; as root).
+    --test|--bench) packages+=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus openssl slurm-wlm munge) ;;
     *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench)" >&2; exit 2 ;;
   esac
 done

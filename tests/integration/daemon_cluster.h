@@ -169,6 +169,16 @@ class DaemonClusterTest : public ScratchDirTest {
     return path;
   }
 
+  // The final weights of `zt train` in one process on WriteJob's job over `world` ranks: the
+  // uninterrupted run that daemons' runs of the same job must match.
+  std::string ZtTrainWeights(int world, int steps, int interval) {
+    const std::string ckpt = Path("reference-ckpt");
+    const std::string job = WriteJob("reference", ckpt, world, steps, interval);
+    const RunResult r = Zt("train " + job + " --quiet --run-dir " + Path("reference-run"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return ExportedWeights(ckpt, Path("reference-export"));
+  }
+
   // The weights of the latest checkpoint in `ckpt_dir`, as `zt export` writes them.
   std::string ExportedWeights(const std::string& ckpt_dir, const std::string& out) {
     const RunResult r = Zt("export " + ckpt_dir + " --out " + out + " --quiet");

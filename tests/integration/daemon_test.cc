@@ -46,11 +46,7 @@ class DaemonTest : public DaemonClusterTest {
 
   // The final weights of `zt train` on the same job in one process (the uninterrupted run).
   std::string ReferenceWeights(int steps, int interval) {
-    const std::string ckpt = Path("reference-ckpt");
-    const std::string job = WriteJob("reference", ckpt, 4, steps, interval);
-    const RunResult r = Zt("train " + job + " --quiet --run-dir " + Path("reference-run"));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return ExportedWeights(ckpt, Path("reference-export"));
+    return ZtTrainWeights(4, steps, interval);
   }
 
   std::string Submit(const std::string& job_file) {

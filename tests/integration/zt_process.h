@@ -31,7 +31,8 @@ inline std::string ReadText(const std::string& path) {
   return ss.str();
 }
 
-// A `zt` (or `ztd`: `binary`) child process writing stdout and stderr to a log file. Unlike popen,
+// A `zt` (or `ztd`, or any program given by its absolute path: `binary`) child process writing
+// stdout and stderr to a log file. Unlike popen,
 // it exposes the pid, so a test can wait with a deadline and kill it. The destructor kills and
 // reaps a child that is still running, so a failed assertion never leaves a training process
 // behind.
@@ -40,7 +41,8 @@ class ZtProcess {
   ZtProcess(const std::vector<std::string>& args, std::string log_path,
             const std::string& binary = "zt")
       : log_path_(std::move(log_path)) {
-    std::vector<std::string> argv_storage = {std::string(ZT_BINARY_DIR) + "/bin/" + binary};
+    std::vector<std::string> argv_storage = {
+        binary.starts_with('/') ? binary : std::string(ZT_BINARY_DIR) + "/bin/" + binary};
     argv_storage.insert(argv_storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& a : argv_storage) argv.push_back(a.data());
@@ -111,15 +113,16 @@ inline std::pair<int, std::string> RunZt(const std::vector<std::string>& args,
   return {code.value_or(-1), p.Output()};
 }
 
-// Runs `zt ARGS` (a shell command line) to completion through popen: its exit code and its
-// stdout and stderr together.
+// What a command run to completion gave: its exit code and its stdout and stderr together.
 struct RunResult {
   int exit_code = -1;
   std::string output;
 };
 
-inline RunResult RunZtCommand(const std::string& args) {
-  const std::string cmd = std::string(ZT_BINARY_DIR) + "/bin/zt " + args + " 2>&1";
+// Runs the shell command line `cmd_line` to completion through popen: its exit code and its stdout
+// and stderr together.
+inline RunResult RunCommand(const std::string& cmd_line) {
+  const std::string cmd = cmd_line + " 2>&1";
   RunResult r;
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -129,6 +132,11 @@ inline RunResult RunZtCommand(const std::string& args) {
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// Runs `zt ARGS` (a shell command line) to completion.
+inline RunResult RunZtCommand(const std::string& args) {
+  return RunCommand(std::string(ZT_BINARY_DIR) + "/bin/zt " + args);
 }
 
 }  // namespace zt::testing
