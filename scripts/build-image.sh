@@ -39,7 +39,7 @@ avail_kib=$(df --output=avail -k "$base" | tail -n 1 | tr -d ' ')
 if (( avail_kib < min_gib * 1024 * 1024 )); then
   fail "needs ${min_gib} GiB free under $base for the root and the layer; $base has $(( avail_kib / 1024 / 1024 )) GiB (set IMAGE_BASE to another disk)"
 fi
-ensure_commands mmdebstrap=mmdebstrap umoci=umoci
+ensure_commands mmdebstrap=mmdebstrap umoci=umoci strip=binutils
 why=$(debian_mirror_problem) || fail "$why"
 
 # Each shared library the binaries load, as ldd resolves it here.

@@ -17,16 +17,12 @@
 # removes it before it starts.
 set -euo pipefail
 
+log_prefix=fresh-root
+source "$(dirname "$0")/lib/debian-root.sh"
+
 base=${FRESH_ROOT_BASE:-/var/tmp}
 min_gib=${FRESH_ROOT_MIN_GIB:-16}
-suite=bookworm
-sources=/etc/apt/sources.list.d/debian.sources
 checkout=$(cd "$(dirname "$0")/.." && pwd)
-
-fail() {
-  echo "fresh-root: $*" >&2
-  exit 2
-}
 
 as_user=0
 if [[ ${1:-} == --user ]]; then
@@ -70,24 +66,8 @@ if (( avail_kib < min_gib * 1024 * 1024 )); then
   fail "needs ${min_gib} GiB free under $base for the root, its packages and a build; $base has $(( avail_kib / 1024 / 1024 )) GiB (set FRESH_ROOT_BASE to another disk)"
 fi
 
-if ! command -v mmdebstrap >/dev/null; then
-  echo "fresh-root: installing mmdebstrap" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null ||
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null; } ||
-    fail "could not install mmdebstrap with apt-get (is the Debian mirror reachable?)"
-fi
-
-# The mirrors come from the host's apt sources; check one answers before mmdebstrap hides
-# the reason in its own log.
-[[ -r $sources ]] || fail "no $sources on this host: it names the Debian mirrors the root is built from"
-mirror=$(awk '/^URIs:/ {print $2; exit}' "$sources")
-[[ -n $mirror ]] || fail "$sources names no URIs: line"
-probe=$(mktemp)
-if ! timeout 60 /usr/lib/apt/apt-helper download-file "$mirror/dists/$suite/Release" "$probe" >/dev/null 2>&1; then
-  rm -f "$probe"
-  fail "cannot reach the Debian mirror $mirror (from $sources): $mirror/dists/$suite/Release did not download"
-fi
-rm -f "$probe"
+ensure_commands mmdebstrap=mmdebstrap
+why=$(debian_mirror_problem) || fail "$why"
 
 root="$base/zt-fresh-root.$$"
 trap 'status=$?; trap - EXIT INT TERM HUP; unmount_and_remove "$root" || status=1; exit $status' EXIT
@@ -98,7 +78,7 @@ trap 'exit 129' HUP
 echo "fresh-root: creating a minimal Debian 12 root in $root" >&2
 start=$(date +%s)
 mkdir "$root"
-if ! mmdebstrap --quiet --variant=apt --include=ca-certificates,git "$suite" "$root" - <"$sources" \
+if ! mmdebstrap --quiet --variant=apt --include=ca-certificates,git "$debian_suite" "$root" - <"$debian_sources" \
   >"$root.log" 2>&1; then
   cat "$root.log" >&2
   rm -f "$root.log"

@@ -3,7 +3,17 @@
 # sentence before mmdebstrap hides the reason in its own log. The caller sets `log_prefix`.
 
 debian_suite=bookworm
+# The host's apt sources name the mirrors (`mmdebstrap ... -` reads them on stdin): Debian 12
+# installs debian.sources; a root made by mmdebstrap, where CI runs the tests, has
+# 0000main.sources; older machines the one-line sources.list.
 debian_sources=/etc/apt/sources.list.d/debian.sources
+for candidate in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
+  if [[ -s $candidate ]]; then
+    debian_sources=$candidate
+    break
+  fi
+done
+unset candidate
 
 fail() {
   echo "$log_prefix: $*" >&2
@@ -32,9 +42,10 @@ debian_mirror_problem() {
     return 1
   fi
   local mirror probe
-  mirror=$(awk '/^URIs:/ {print $2; exit}' "$debian_sources")
+  mirror=$(awk '/^URIs:/ {print $2; exit}
+    /^deb / {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) {print $i; exit}}' "$debian_sources")
   if [[ -z $mirror ]]; then
-    echo "$debian_sources names no URIs: line"
+    echo "$debian_sources names no mirror (no URIs: line, no deb line)"
     return 1
   fi
   probe=$(mktemp)
