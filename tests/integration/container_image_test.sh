@@ -30,7 +30,7 @@ source "$source_dir/scripts/lib/debian-root.sh"
 if [[ -z ${ZT_IMAGE_ARCHIVE:-} ]]; then
   why=$(debian_mirror_problem) || skip "building the image needs the Debian mirror: $why"
 fi
-ensure_commands umoci=umoci /usr/bin/python3=python3
+ensure_commands umoci=umoci /usr/bin/python3=python3 mount=mount umount=mount
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/zt-image-test.XXXXXX")
 rootfs="$work/bundle/rootfs"
@@ -86,6 +86,13 @@ in_image() {
   chroot "$rootfs" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
     ZT_STATE_DIR=/tmp/ztd "$@"
 }
+
+# What a runtime package missing from the image looks like, said before anything runs.
+if missing=$(in_image ldd /usr/local/bin/zt /usr/local/bin/ztd | grep 'not found'); then
+  echo "the image lacks libraries its binaries load:" >&2
+  echo "$missing" >&2
+  exit 1
+fi
 
 # A corpus of some 100 KB of text (this repository's documents), one token per byte.
 mkdir -p "$rootfs/tmp/job"
