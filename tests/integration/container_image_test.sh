@@ -94,6 +94,20 @@ if missing=$(in_image ldd /usr/local/bin/zt /usr/local/bin/ztd | grep 'not found
   exit 1
 fi
 
+# The manifests run this image (zerotrain/ztd:latest is docker.io/zerotrain/ztd:latest) with
+# flags its ztd knows: a flag renamed in daemon/ztd.cc would otherwise show only as a pod in
+# CrashLoopBackOff.
+ztd_help=$(in_image "${entrypoint[@]}" --help)
+for manifest in "$source_dir"/deploy/kubernetes/*.yaml; do
+  while read -r image; do
+    [[ $image == zerotrain/ztd:latest ]] || { echo "$manifest runs $image, not zerotrain/ztd:latest" >&2; exit 1; }
+  done < <(awk '$1 == "image:" {print $2}' "$manifest")
+  while read -r flag; do
+    grep -qE -- "(^|[ ,])$flag( |$)" <<<"$ztd_help" ||
+      { echo "$manifest passes $flag, which the image's ztd does not know (ztd --help)" >&2; exit 1; }
+  done < <(grep -oE '^ *- --[a-z0-9-]+' "$manifest" | sed 's/.*- //')
+done
+
 # A corpus of some 100 KB of text (this repository's documents), one token per byte.
 mkdir -p "$rootfs/tmp/job"
 cat "$source_dir"/docs/*.md "$source_dir"/deploy/README.md >"$rootfs/tmp/job/corpus.txt"
