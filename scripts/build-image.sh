@@ -48,22 +48,31 @@ if missing=$(ldd "$build_dir/bin/zt" "$build_dir/bin/ztd" | grep 'not found'); t
   fail "the binaries need libraries this machine lacks: $missing"
 fi
 
-# The package that owns a library. dpkg knows each file by the path its package ships it at:
-# /lib/... or /usr/lib/... (Debian 12 merges /usr, and registers libc6's files under /lib),
-# and an alternatives link (libopenblas.so.0) only by its target.
-owner_of() {
-  local lib=$1 real candidate
+# The package that owns each library, in one dpkg-query. dpkg knows a file by the path its
+# package ships it at: /lib/... or /usr/lib/... (Debian 12 merges /usr, and registers libc6's
+# files under /lib), and an alternatives link (libopenblas.so.0) only by its target.
+candidates() {
+  local lib=$1 real
   real=$(realpath "$lib")
-  for candidate in "$lib" "$real" "${lib#/usr}" "${real#/usr}" "/usr$lib" "/usr$real"; do
-    dpkg-query -S "$candidate" 2>/dev/null | awk -F': ' 'NR == 1 {print $1}' | grep . && return 0
-  done
-  return 1
+  printf '%s\n' "$lib" "$real" "${lib#/usr}" "${real#/usr}" "/usr$lib" "/usr$real"
 }
+declare -A owner
+while IFS= read -r line; do
+  [[ $line == diversion\ * ]] && continue
+  pkg=${line%%: *}
+  owner[${line#*: }]=${pkg%%,*}
+done < <(for lib in "${libs[@]}"; do candidates "$lib"; done | sort -u |
+  xargs -d '\n' dpkg-query -S 2>/dev/null || true)
 packages=()
 unpackaged=()
 for lib in "${libs[@]}"; do
-  if pkg=$(owner_of "$lib"); then
-    packages+=("${pkg%%,*}")
+  pkg=
+  while read -r candidate; do
+    pkg=${owner[$candidate]:-}
+    [[ -n $pkg ]] && break
+  done < <(candidates "$lib")
+  if [[ -n $pkg ]]; then
+    packages+=("$pkg")
   else
     unpackaged+=("$lib")
   fi
@@ -116,9 +125,10 @@ if ! mmdebstrap --quiet --variant=minbase --include="$(IFS=,; echo "${packages[*
   fail "mmdebstrap failed (log above)"
 fi
 for lib in "${unpackaged[@]}"; do
-  # The link ldd followed and the file behind it, at the same paths (the binaries' RUNPATH).
-  cp --parents --no-dereference "$lib" "$rootfs"
-  cp --parents "$(realpath "$lib")" "$rootfs"
+  # The file's contents at the path ldd found it at (the binaries' RUNPATH and the soname),
+  # which is where the loader looks in the image too.
+  mkdir -p "$rootfs$(dirname "$lib")"
+  cp --dereference "$lib" "$rootfs$lib"
 done
 
 umoci repack --image "$layout:$image_name" "$work/bundle"
