@@ -5,7 +5,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build build-binaries test demo bench format clean
+.PHONY: all deps configure build build-binaries test demo bench image format clean
 
 all: build
 
@@ -37,6 +37,11 @@ bench:
 	@scripts/install-deps.sh --bench
 	@$(MAKE) --no-print-directory build
 	@bench/run_training_bench.sh $(BUILD_DIR)
+
+# zerotrain/ztd:latest, the image deploy/kubernetes runs, as an OCI archive (as root:
+# scripts/build-image.sh; deploy/README.md says how to load it).
+image: build-binaries
+	@scripts/build-image.sh $(BUILD_DIR) $(BUILD_DIR)/zerotrain-ztd.oci.tar
 
 format:
 	@find kernels worker cli daemon offload tests bench -name '*.h' -o -name '*.cc' -o -name '*.cu' | xargs clang-format -i

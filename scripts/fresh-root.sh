@@ -13,7 +13,7 @@
 #
 # Needs root (mmdebstrap, chroot and bind mounts), FRESH_ROOT_MIN_GIB (16) of free disk under
 # FRESH_ROOT_BASE (/var/tmp), and the Debian mirrors of the host's apt sources
-# (FRESH_ROOT_SOURCES, /etc/apt/sources.list.d/debian.sources); each missing one is an error
+# (DEBIAN_SOURCES, see scripts/lib/debian-root.sh); each missing one is an error
 # that says which, exit 2. The root is unmounted
 # and removed on every exit path; a run killed with SIGKILL leaves it behind, and the next run
 # removes it before it starts.
@@ -22,16 +22,12 @@ set -euo pipefail
 # that moves) cannot make bash execute a different part of it.
 {
 
+log_prefix=fresh-root
+source "$(dirname "$0")/lib/debian-root.sh"
+
 base=${FRESH_ROOT_BASE:-/var/tmp}
 min_gib=${FRESH_ROOT_MIN_GIB:-16}
-suite=bookworm
-sources=${FRESH_ROOT_SOURCES:-/etc/apt/sources.list.d/debian.sources}
 checkout=$(cd "$(dirname "$0")/.." && pwd)
-
-fail() {
-  echo "fresh-root: $*" >&2
-  exit 2
-}
 
 as_user=0
 if [[ ${1:-} == --user ]]; then
@@ -75,24 +71,8 @@ if (( avail_kib < min_gib * 1024 * 1024 )); then
   fail "needs ${min_gib} GiB free under $base for the root, its packages and a build; $base has $(( avail_kib / 1024 / 1024 )) GiB (set FRESH_ROOT_BASE to another disk)"
 fi
 
-# The mirrors come from the host's apt sources; check one answers before mmdebstrap hides
-# the reason in its own log.
-[[ -r $sources ]] || fail "no $sources on this host: it names the Debian mirrors the root is built from"
-mirror=$(awk '/^URIs:/ {print $2; exit}' "$sources")
-[[ -n $mirror ]] || fail "$sources names no URIs: line"
-probe=$(mktemp)
-if ! timeout 60 /usr/lib/apt/apt-helper download-file "$mirror/dists/$suite/Release" "$probe" >/dev/null 2>&1; then
-  rm -f "$probe"
-  fail "cannot reach the Debian mirror $mirror (from $sources): $mirror/dists/$suite/Release did not download"
-fi
-rm -f "$probe"
-
-if ! command -v mmdebstrap >/dev/null; then
-  echo "fresh-root: installing mmdebstrap" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null ||
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null; } ||
-    fail "could not install mmdebstrap with apt-get (is the Debian mirror reachable?)"
-fi
+ensure_commands mmdebstrap=mmdebstrap
+why=$(debian_mirror_problem) || fail "$why"
 
 root="$base/zt-fresh-root.$$"
 trap 'status=$?; trap - EXIT INT TERM HUP; unmount_and_remove "$root" || status=1; exit $status' EXIT
@@ -103,7 +83,7 @@ trap 'exit 129' HUP
 echo "fresh-root: creating a minimal Debian 12 root in $root" >&2
 start=$(date +%s)
 mkdir "$root"
-if ! mmdebstrap --quiet --variant=apt --include=ca-certificates,git "$suite" "$root" - <"$sources" \
+if ! mmdebstrap --quiet --variant=apt --include=ca-certificates,git "$debian_suite" "$root" - <"$debian_sources" \
   >"$root.log" 2>&1; then
   cat "$root.log" >&2
   rm -f "$root.log"

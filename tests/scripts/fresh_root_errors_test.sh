@@ -55,11 +55,11 @@ fi
 printf 'Types: deb\nURIs: http://127.0.0.1:9/debian\nSuites: bookworm\nComponents: main\n' \
   >"$scratch/unreachable.sources"
 expect mirror 2 'cannot reach the Debian mirror http://127.0.0.1:9/debian' \
-  env FRESH_ROOT_BASE="$scratch" FRESH_ROOT_MIN_GIB=0 FRESH_ROOT_SOURCES="$scratch/unreachable.sources" \
+  env FRESH_ROOT_BASE="$scratch" FRESH_ROOT_MIN_GIB=0 DEBIAN_SOURCES="$scratch/unreachable.sources" \
   "$script" true
 printf 'Types: deb\nSuites: bookworm\n' >"$scratch/no-uris.sources"
-expect mirror-not-named 2 'names no URIs' \
-  env FRESH_ROOT_BASE="$scratch" FRESH_ROOT_MIN_GIB=0 FRESH_ROOT_SOURCES="$scratch/no-uris.sources" \
+expect mirror-not-named 2 'names no mirror' \
+  env FRESH_ROOT_BASE="$scratch" FRESH_ROOT_MIN_GIB=0 DEBIAN_SOURCES="$scratch/no-uris.sources" \
   "$script" true
 expect base-missing 2 'not a writable directory' \
   env FRESH_ROOT_BASE="$scratch/absent" "$script" true
