@@ -30,6 +30,7 @@
 #include "daemon/control_server.h"
 #include "daemon/coordinator.h"
 #include "daemon/coordinator_metrics.h"
+#include "daemon/metrics_server.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "worker/checkpoint/durable_file.h"
@@ -70,21 +71,16 @@ int Fail(const absl::Status& status, const char* what) {
 }
 
 // The metrics endpoint; null when --metrics-addr is "off".
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetricsUnlessOff(
     const std::string& address, const std::shared_ptr<prometheus::Registry>& registry) {
   if (address == "off") return nullptr;
-  try {
-    auto exposer = std::make_unique<prometheus::Exposer>(address);
-    exposer->RegisterCollectable(registry);
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    const std::string host = address.substr(0, address.rfind(':'));
-    std::cerr << "ztd: metrics on http://" << host << ":" << (ports.empty() ? 0 : ports[0])
-              << "/metrics\n";
-    return exposer;
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-addr ", address, ": cannot listen: ", e.what()));
-  }
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<prometheus::Exposer> exposer,
+                      zt::ServeMetrics(address, registry));
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  const std::string host = address.substr(0, address.rfind(':'));
+  std::cerr << "ztd: metrics on http://" << host << ":" << (ports.empty() ? 0 : ports[0])
+            << "/metrics\n";
+  return exposer;
 }
 
 // Writes `text` to `path` through a synced temporary file and a rename, so readers never see
@@ -131,7 +127,7 @@ int Run(Flags flags) {
     flags.metrics_addr = flags.node ? "127.0.0.1:9465" : "127.0.0.1:9464";
   }
 
-  auto exposer = ServeMetrics(flags.metrics_addr, registry);
+  auto exposer = ServeMetricsUnlessOff(flags.metrics_addr, registry);
   if (!exposer.ok()) return Fail(exposer.status(), "metrics");
 
   std::unique_ptr<zt::CoordinatorMetrics> coordinator_metrics;
