@@ -33,9 +33,9 @@
 #include "daemon/metrics_server.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
-#include "worker/checkpoint/durable_file.h"
 #include "worker/node/control_channel.h"
 #include "worker/node/node_daemon.h"
+#include "worker/node/secret_file.h"
 #include "worker/status_macros.h"
 
 namespace {
@@ -83,18 +83,6 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetricsUnlessOff(
   return exposer;
 }
 
-// Writes `text` to `path` through a synced temporary file and a rename, so readers never see
-// half of it.
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::error_code ec;
-  std::filesystem::remove(tmp, ec);  // a stale one from a crash
-  ZT_RETURN_IF_ERROR(zt::durable_file::WriteSyncedFile(tmp, text + "\n"));
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
-  return zt::durable_file::SyncDirectory(std::filesystem::path(path).parent_path().string());
-}
-
 // Blocks the signals ztd handles in every thread (threads created later inherit the mask),
 // so that main can take them one at a time with sigwait.
 sigset_t HandledSignals() {
@@ -139,12 +127,19 @@ int Run(Flags flags) {
     if (flags.state_dir.empty()) {
       return Fail(absl::InvalidArgumentError("--state-dir: required with --coordinator"), "flags");
     }
+    // A state directory ztd creates is its user's alone: the job store lives there.
     std::error_code ec;
-    std::filesystem::create_directories(flags.state_dir, ec);
+    if (std::filesystem::create_directories(flags.state_dir, ec) && !ec) {
+      std::filesystem::permissions(flags.state_dir, std::filesystem::perms::owner_all, ec);
+    }
     if (ec) {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--state-dir ", flags.state_dir,
                                                           ": cannot create: ", ec.message())),
                   "flags");
+    }
+    if (!flags.token_file.empty()) {
+      absl::Status mode = zt::CheckOwnerOnlyFile(flags.token_file, "token file");
+      if (!mode.ok()) return Fail(mode, "token");
     }
     absl::StatusOr<std::string> t = flags.token_file.empty() ? zt::EnsureToken(flags.state_dir)
                                                              : zt::ResolveToken(flags.token_file);
@@ -170,7 +165,8 @@ int Run(Flags flags) {
     const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
     coordinator_addr = absl::StrCat(host, ":", server->port());
     // `zt` finds a coordinator through $ZT_STATE_DIR/address (and the token beside it).
-    if (absl::Status s = WriteAtomically(flags.state_dir + "/address", coordinator_addr); !s.ok()) {
+    if (absl::Status s = zt::WriteOwnerOnlyFileAtomically(flags.state_dir + "/address",
+                                                             coordinator_addr + "\n"); !s.ok()) {
       return Fail(s, "state directory");
     }
     std::cerr << "ztd: coordinator listening on " << coordinator_addr
@@ -189,6 +185,7 @@ int Run(Flags flags) {
       return Fail(absl::InvalidArgumentError("--coordinator-addr: required with --node"), "flags");
     }
     if (!run_coordinator) {
+      if (absl::Status s = zt::CheckTokenFile(flags.token_file); !s.ok()) return Fail(s, "token");
       auto t = zt::ResolveToken(flags.token_file);
       if (!t.ok()) return Fail(t.status(), "token");
       token = *t;
