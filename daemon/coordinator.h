@@ -24,6 +24,11 @@
 // persisted (state changes synced, progress to the WAL), so a watcher that reconnects with
 // after_sequence misses nothing.
 //
+// State store faults (a full disk): the store resumes by itself once it can write again
+// (daemon/state_store.h). Meanwhile calls that must persist fail with Unavailable, and no job
+// is placed: queued jobs stay PENDING or RESTARTING instead of failing, and placement goes on
+// once the store writes again (zt_store_writable shows which).
+//
 // Restart of the coordinator: construction loads every job, event and node from the state
 // store. Nodes count as unhealthy until they register again. An attempt that was running
 // keeps running when its nodes register again with its ranks (RegisterRequest.running)
@@ -78,6 +83,8 @@ struct CoordinatorOptions {
   // How often the background pass runs (heartbeat deadlines, scheduling); it never runs
   // slower than a quarter of the heartbeat interval.
   absl::Duration tick_interval = absl::Seconds(1);
+  // The state store's RocksDB environment; null: the real file system (tests inject faults).
+  rocksdb::Env* store_env = nullptr;
 };
 
 class Coordinator {
@@ -159,6 +166,9 @@ class Coordinator {
     // After a coordinator restart: ranks of the current attempt not yet reported again by
     // their nodes.
     std::set<int32_t> awaiting_reattach;
+    // The first event the state store failed to take (0: every event is stored); written
+    // again with the job once the store writes (PersistUnsaved).
+    int64_t unsaved_from = 0;
   };
   struct HeldDevice {
     std::string job_id;
@@ -201,6 +211,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places queued jobs on free devices.
   void SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the state store writes and every event it failed to take is written now; false
+  // while it cannot write (placement waits for true).
+  bool StoreWritable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartAttempt(JobRecord& record, const JobPlacement& placement)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current attempt; the job goes RESTARTING or FAILED.
@@ -238,6 +251,8 @@ class Coordinator {
   absl::CondVar stop_changed_;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
+  // Jobs with events the state store failed to take (JobRecord::unsaved_from).
+  std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
   bool reattach_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_thread_ ABSL_GUARDED_BY(mu_) = false;
