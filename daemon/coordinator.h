@@ -85,6 +85,8 @@ struct CoordinatorOptions {
   absl::Duration tick_interval = absl::Seconds(1);
   // The state store's RocksDB environment; null: the real file system (tests inject faults).
   rocksdb::Env* store_env = nullptr;
+  // Free bytes the state store keeps on its disk (StateStoreOptions::min_free_bytes).
+  int64_t store_min_free_bytes = StateStoreOptions{}.min_free_bytes;
 };
 
 class Coordinator {

@@ -77,13 +77,29 @@ absl::Status ParseRecord(const std::string& key, const std::string& value, Messa
 static rocksdb::Options DbOptions(rocksdb::Env* env) {
   rocksdb::Options options;
   options.create_if_missing = true;
+  options.write_buffer_size = StateStore::kWriteBufferBytes;
   if (env != nullptr) options.env = env;
   return options;
 }
 
 StateStore::StateStore(std::unique_ptr<rocksdb::DB> db, std::string dir, std::string db_path,
-                       rocksdb::Env* env)
-    : dir_(std::move(dir)), db_path_(std::move(db_path)), env_(env), db_(std::move(db)) {}
+                       const StateStoreOptions& options)
+    : dir_(std::move(dir)),
+      db_path_(std::move(db_path)),
+      env_(options.env),
+      min_free_bytes_(options.min_free_bytes),
+      db_(std::move(db)) {}
+
+absl::Status StateStore::CheckReserve() const {
+  if (min_free_bytes_ <= 0) return absl::OkStatus();
+  rocksdb::Env* env = env_ != nullptr ? env_ : rocksdb::Env::Default();
+  uint64_t free_bytes = 0;
+  if (!env->GetFreeSpace(dir_, &free_bytes).ok()) return absl::OkStatus();  // unknown: try
+  if (free_bytes >= static_cast<uint64_t>(min_free_bytes_)) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "the disk of '", dir_, "' has ", free_bytes, " bytes free, under the ", min_free_bytes_,
+      " bytes the state store keeps in reserve (RocksDB must never meet a full disk)"));
+}
 
 StateStore::DbRef StateStore::Db() const {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
@@ -112,8 +128,8 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
     return absl::FailedPreconditionError(
         absl::StrCat("opening the state store in '", state_dir, "': ", opened.ToString()));
   }
-  std::unique_ptr<StateStore> store(new StateStore(std::unique_ptr<rocksdb::DB>(raw), state_dir,
-                                                   path, store_options.env));
+  std::unique_ptr<StateStore> store(
+      new StateStore(std::unique_ptr<rocksdb::DB>(raw), state_dir, path, store_options));
   std::string format;
   rocksdb::Status got = raw->Get(rocksdb::ReadOptions(), kFormatKey, &format);
   if (got.IsNotFound()) {
@@ -139,6 +155,12 @@ absl::Status StateStore::Commit(rocksdb::WriteBatch& batch, Durability durabilit
                                 const std::string& what) {
   // A write is the caller's own attempt: it may resume at once, whenever the last try was.
   if (!writable_.load()) TryRecover(absl::ZeroDuration());
+  if (absl::Status reserve = CheckReserve(); !reserve.ok()) {
+    write_errors_.fetch_add(1);
+    writable_.store(false);
+    return absl::UnavailableError(absl::StrCat(what, ": ", reserve.message(),
+                                               " (the state store resumes by itself)"));
+  }
   DbRef ref = Db();
   if (ref.db == nullptr) {
     write_errors_.fetch_add(1);
@@ -179,7 +201,7 @@ bool StateStore::TryRecover(absl::Duration at_most_every) {
   const absl::Time now = absl::Now();
   if (now - last_recover_ < at_most_every) return false;
   last_recover_ = now;
-  if (!DiskTakesWrites()) return false;
+  if (!CheckReserve().ok() || !DiskTakesWrites()) return false;
   {
     // RocksDB may have recovered on its own (its SstFileManager retries flushes).
     DbRef ref = Db();

@@ -65,6 +65,12 @@ struct StateStoreOptions {
   // The RocksDB environment the database does its I/O through; null: the real file system.
   // Tests pass one that fails writes on demand. Outlives the store.
   rocksdb::Env* env = nullptr;
+  // Writes are refused (Unavailable, the store unwritable) while the state directory's file
+  // system has fewer free bytes: Debian's RocksDB 7.8 is built with assertions, and a write
+  // that meets ENOSPC in its write-ahead log aborts the process (WritableFileWriter's
+  // "sync_without_flush_called_" assertion), so the store keeps RocksDB away from a full disk.
+  // The reserve holds a memtable flush (write buffers are kWriteBufferBytes). 0: no reserve.
+  int64_t min_free_bytes = int64_t{16} << 20;
 };
 
 class StateStore {
@@ -74,6 +80,9 @@ class StateStore {
   // The probe that says the disk has space again: more than a flush of the coordinator's
   // memtable needs in practice (jobs and events are kilobytes).
   static constexpr size_t kProbeBytes = size_t{256} << 10;
+  // RocksDB's memtable size here: the coordinator's records are kilobytes, and a flush must
+  // fit in the free-space reserve.
+  static constexpr size_t kWriteBufferBytes = size_t{4} << 20;
 
   // Opens (creating when missing) the database under `state_dir`/db; `state_dir` must exist.
   // Errors name the directory.
@@ -126,7 +135,9 @@ class StateStore {
   };
 
   StateStore(std::unique_ptr<rocksdb::DB> db, std::string dir, std::string db_path,
-             rocksdb::Env* env);
+             const StateStoreOptions& options);
+  // Unavailable naming the free bytes and the reserve when the disk is below it.
+  absl::Status CheckReserve() const;
   DbRef Db() const;
   absl::Status Closed() const;
   absl::Status Write(const std::string& key, const std::string& value, Durability durability);
@@ -141,6 +152,7 @@ class StateStore {
   const std::string dir_;
   const std::string db_path_;
   rocksdb::Env* const env_;  // null: the default
+  const int64_t min_free_bytes_;
   mutable std::shared_mutex db_mu_;
   std::unique_ptr<rocksdb::DB> db_;  // replaced under db_mu_ held exclusively
   std::atomic<bool> writable_{true};

@@ -51,6 +51,7 @@ struct Flags {
   std::vector<std::string> allowed_roots;
   std::string run_root;
   int heartbeat_interval_ms = 5000;
+  int64_t state_reserve_mib = 16;
   std::string metrics_addr;
   std::string tls_cert, tls_key, tls_ca;
   bool insecure_listen_any = false;
@@ -150,7 +151,8 @@ int Run(Flags flags) {
         .state_dir = flags.state_dir,
         .allowed_roots = flags.allowed_roots,
         .run_root = flags.run_root,
-        .heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms)};
+        .heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms),
+        .store_min_free_bytes = flags.state_reserve_mib << 20};
     auto created = zt::Coordinator::Create(options, coordinator_metrics.get());
     if (!created.ok()) return Fail(created.status(), "coordinator");
     coordinator = *std::move(created);
@@ -257,6 +259,10 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
                  "Coordinator: node heartbeat period; 3 missed declare a node dead")
       ->check(CLI::Range(10, 600000));
+  app.add_option("--state-reserve-mib", flags.state_reserve_mib,
+                 "Coordinator: MiB the job store keeps free on its disk; writes are refused (and "
+                 "placement pauses) below it, and resume by themselves above it (default 16)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics-addr", flags.metrics_addr,
                  "Prometheus endpoint host:port, or off (default 127.0.0.1:9464, node 9465)");
   app.add_option("--tls-cert", flags.tls_cert, "PEM certificate (coordinator; node: client)");

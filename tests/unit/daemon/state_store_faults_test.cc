@@ -116,5 +116,23 @@ TEST(StateStoreFaultsTest, SurvivesManyFullAndFreeCyclesAndReopens) {
   for (const zerotrain::Job& job : *jobs) EXPECT_THAT(job.id(), HasSubstr("kept-"));
 }
 
+TEST(StateStoreFaultsTest, WritesBelowTheFreeSpaceReserveAreRefusedBeforeRocksDbSeesThem) {
+  testing::TempDir dir;
+  ASSERT_TRUE(StateStore::Open(dir.path()).ok());  // writes the format record
+  // No disk has an exabyte free: every write is under the reserve.
+  absl::StatusOr<std::unique_ptr<StateStore>> store =
+      StateStore::Open(dir.path(), {.min_free_bytes = int64_t{1} << 60});
+  ASSERT_TRUE(store.ok()) << store.status();
+  const absl::Status refused = (*store)->PutJob(JobNamed("a-1"));
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("bytes free"));
+  EXPECT_THAT(refused.message(), HasSubstr(dir.path()));
+  EXPECT_FALSE((*store)->writable());
+  EXPECT_FALSE((*store)->Writable());
+  absl::StatusOr<std::vector<zerotrain::Job>> jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << "reads go on: " << jobs.status();
+  EXPECT_TRUE(jobs->empty());
+}
+
 }  // namespace
 }  // namespace zt
