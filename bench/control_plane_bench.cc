@@ -477,10 +477,10 @@ std::optional<CoordinatorChild> StartCoordinatorChild(const std::string& ztd,
                                                       const std::string& dir, int heartbeat_ms) {
   const std::string state = dir + "/coordinator-state";
   const std::string log = dir + "/ztd-coordinator.log";
-  absl::StatusOr<std::unique_ptr<Child>> child = Child::Start(
-      {ztd, "--coordinator", "--listen", "127.0.0.1:0", "--state-dir", state, "--metrics-addr",
-       "off", "--heartbeat-interval-ms", absl::StrCat(heartbeat_ms)},
-      log);
+  absl::StatusOr<std::unique_ptr<Child>> child =
+      Child::Start({ztd, "--coordinator", "--listen", "127.0.0.1:0", "--state-dir", state,
+                    "--metrics-addr", "off", "--heartbeat-interval-ms", absl::StrCat(heartbeat_ms)},
+                   log);
   if (!child.ok()) return std::nullopt;
   auto coordinator = WaitForCoordinator(**child, state, log);
   if (!coordinator.ok()) {
@@ -622,8 +622,10 @@ void MixedClient(const std::string& address, const std::string& token, const std
     Call call = Call::kSubmit;
     if (!mine.empty() && roll >= submit_percent) {
       const int rest = (roll - submit_percent) * 100 / std::max(1, 100 - submit_percent);
-      call = rest < 35 ? Call::kList : rest < 75 ? Call::kGet : rest < 90 ? Call::kWatch
-                                                                          : Call::kCancel;
+      call = rest < 35   ? Call::kList
+             : rest < 75 ? Call::kGet
+             : rest < 90 ? Call::kWatch
+                         : Call::kCancel;
     }
     const std::string some = mine.empty() ? "" : mine[rng() % mine.size()];
     const auto before = Clock::now();
@@ -762,8 +764,8 @@ int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
     std::vector<MixedStats> stats(clients);
     std::vector<std::thread> threads;
     const auto run_start = Clock::now();
-    const Clock::time_point end =
-        run_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    const Clock::time_point end = run_start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(seconds));
     for (int t = 0; t < clients; ++t) {
       threads.emplace_back(MixedClient, address, token, dir, t, submit_percent, end, &stats[t],
                            &jobs_submitted);
@@ -843,7 +845,8 @@ int main(int argc, char** argv) {
     else if (flag == "--clients") {
       clients.clear();
       std::stringstream list(value);
-      for (std::string item; std::getline(list, item, ',');) clients.push_back(std::atoi(item.c_str()));
+      for (std::string item; std::getline(list, item, ',');)
+        clients.push_back(std::atoi(item.c_str()));
     } else if (flag == "--submit-percent")
       submit_percent = std::atoi(value.c_str());
     else if (flag == "--heartbeat-ms")
@@ -870,8 +873,7 @@ int main(int argc, char** argv) {
   }
   std::filesystem::create_directories(dir);
   if (mode == "mixed") {
-    return RunMixed(ztd, dir, nodes, clients, seconds, submit_percent, heartbeat_ms,
-                    rss_interval);
+    return RunMixed(ztd, dir, nodes, clients, seconds, submit_percent, heartbeat_ms, rss_interval);
   }
   return mode == "latency" ? RunLatency(ztd, zt, dir, jobs, steps)
                            : RunThroughput(ztd, dir, nodes, threads, seconds, submit_seconds);

@@ -58,9 +58,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   }
   if (options.run_root.empty()) options.run_root = absl::StrCat(options.state_dir, "/runs");
   ZT_ASSIGN_OR_RETURN(AllowedRoots roots, AllowedRoots::Create(options.allowed_roots));
-  ZT_ASSIGN_OR_RETURN(std::unique_ptr<StateStore> store, StateStore::Open(options.state_dir, {.env = options.store_env,
-                                                          .min_free_bytes =
-                                                              options.store_min_free_bytes}));
+  ZT_ASSIGN_OR_RETURN(
+      std::unique_ptr<StateStore> store,
+      StateStore::Open(options.state_dir,
+                       {.env = options.store_env, .min_free_bytes = options.store_min_free_bytes}));
   std::unique_ptr<Coordinator> coordinator(
       new Coordinator(std::move(options), std::move(roots), std::move(store), metrics));
   ZT_RETURN_IF_ERROR(coordinator->Recover());
@@ -149,8 +150,8 @@ absl::Status Coordinator::AddEvent(JobRecord& record, Job::State state, const st
   record.events.push_back(event);
   events_changed_.SignalAll();
   UpdateMetrics();
-  absl::Status persisted =
-      store_->PutJobWithEvent(record.job, event, state_change ? Durability::kSync : Durability::kWal);
+  absl::Status persisted = store_->PutJobWithEvent(
+      record.job, event, state_change ? Durability::kSync : Durability::kWal);
   if (!persisted.ok() && record.unsaved_from == 0) {
     record.unsaved_from = event.sequence();
     unsaved_.insert(record.job.id());

@@ -108,14 +108,14 @@ StateStore::DbRef StateStore::Db() const {
 }
 
 absl::Status StateStore::Closed() const {
-  return absl::UnavailableError(absl::StrCat("the state store in '", dir_,
-                                             "' is closed until its disk takes writes again"));
+  return absl::UnavailableError(
+      absl::StrCat("the state store in '", dir_, "' is closed until its disk takes writes again"));
 }
 
 StateStore::~StateStore() = default;
 
-absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& state_dir,
-                                                             const StateStoreOptions& store_options) {
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(
+    const std::string& state_dir, const StateStoreOptions& store_options) {
   struct stat st;
   if (::stat(state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::NotFoundError(
@@ -158,8 +158,8 @@ absl::Status StateStore::Commit(rocksdb::WriteBatch& batch, Durability durabilit
   if (absl::Status reserve = CheckReserve(); !reserve.ok()) {
     write_errors_.fetch_add(1);
     writable_.store(false);
-    return absl::UnavailableError(absl::StrCat(what, ": ", reserve.message(),
-                                               " (the state store resumes by itself)"));
+    return absl::UnavailableError(
+        absl::StrCat(what, ": ", reserve.message(), " (the state store resumes by itself)"));
   }
   DbRef ref = Db();
   if (ref.db == nullptr) {

@@ -167,8 +167,9 @@ int Run(Flags flags) {
     const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
     coordinator_addr = absl::StrCat(host, ":", server->port());
     // `zt` finds a coordinator through $ZT_STATE_DIR/address (and the token beside it).
-    if (absl::Status s = zt::WriteOwnerOnlyFileAtomically(flags.state_dir + "/address",
-                                                             coordinator_addr + "\n"); !s.ok()) {
+    if (absl::Status s =
+            zt::WriteOwnerOnlyFileAtomically(flags.state_dir + "/address", coordinator_addr + "\n");
+        !s.ok()) {
       return Fail(s, "state directory");
     }
     std::cerr << "ztd: coordinator listening on " << coordinator_addr

@@ -94,8 +94,9 @@ class SimulatedNodes {
           device->set_memory_bytes(int64_t{4} << 30);
         }
         zerotrain::RegisterResponse registered;
-        if (!nodes->Register(ReadyContext(token, std::chrono::seconds(20)).get(), request,
-                             &registered)
+        if (!nodes
+                 ->Register(ReadyContext(token, std::chrono::seconds(20)).get(), request,
+                            &registered)
                  .ok()) {
           failures_.fetch_add(1);
         }

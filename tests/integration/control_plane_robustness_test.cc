@@ -51,8 +51,8 @@ std::string Describe(const char* call, const grpc::Status& status) {
 TEST_F(ControlPlaneRobustnessTest, ScrapeAnswersWithinASecondWithAHundredIdleConnectionsOpen) {
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());
   ASSERT_NO_FATAL_FAILURE(StartNode("node-a"));
-  const std::pair<std::string, int> endpoints[] = {
-      {"coordinator", MetricsPort(*coordinator_)}, {"node", MetricsPort(*nodes_["node-a"])}};
+  const std::pair<std::string, int> endpoints[] = {{"coordinator", MetricsPort(*coordinator_)},
+                                                   {"node", MetricsPort(*nodes_["node-a"])}};
   for (const auto& [who, port] : endpoints) {
     SCOPED_TRACE(who);
     IdleConnections idle(port, 100);
@@ -197,8 +197,8 @@ TEST_F(ControlPlaneRobustnessTest, ConcurrentClientsMixingEveryCallWhileNodesHea
     calls += t.calls;
     failures.insert(failures.end(), t.failures.begin(), t.failures.end());
   }
-  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << calls << " calls failed; first: "
-                                << failures.front();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << calls
+                                << " calls failed; first: " << failures.front();
   EXPECT_GT(calls, 10 * kClients) << "too few calls for a load test";
   EXPECT_EQ(nodes.failures(), 0);
   EXPECT_GT(nodes.heartbeats(), 20);
@@ -302,12 +302,17 @@ void MutateField(google::protobuf::Message* message, std::mt19937& rng, int dept
     if (depth < 6 && !f->is_repeated()) MutateField(r->MutableMessage(message, f), rng, depth + 1);
     return;
   }
-  const int64_t ints[] = {0, -1, 1, std::numeric_limits<int32_t>::max(),
-                          std::numeric_limits<int32_t>::min(), 1 << 20, static_cast<int32_t>(rng())};
-  const double reals[] = {0, -1, std::nan(""), std::numeric_limits<double>::infinity(), 1e30,
-                          -1e-30};
-  const std::string strings[] = {"", "..", "a/../../etc", std::string(300, 'a'),
-                                 std::string("x\0y", 3), "shard_*.bin", "/"};
+  const int64_t ints[] = {0,
+                          -1,
+                          1,
+                          std::numeric_limits<int32_t>::max(),
+                          std::numeric_limits<int32_t>::min(),
+                          1 << 20,
+                          static_cast<int32_t>(rng())};
+  const double reals[] = {0,    -1,    std::nan(""), std::numeric_limits<double>::infinity(),
+                          1e30, -1e-30};
+  const std::string strings[] = {
+      "", "..", "a/../../etc", std::string(300, 'a'), std::string("x\0y", 3), "shard_*.bin", "/"};
   const int64_t i = ints[rng() % std::size(ints)];
   const double x = reals[rng() % std::size(reals)];
   const std::string& str = strings[rng() % std::size(strings)];
@@ -320,16 +325,35 @@ void MutateField(google::protobuf::Message* message, std::mt19937& rng, int dept
     return;
   }
   switch (f->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_INT32: r->SetInt32(message, f, static_cast<int32_t>(i)); break;
-    case FieldDescriptor::CPPTYPE_INT64: r->SetInt64(message, f, i * (rng() % 2 ? 1 : 1 << 30)); break;
-    case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(message, f, static_cast<uint32_t>(i)); break;
-    case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(message, f, static_cast<uint64_t>(i)); break;
-    case FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(message, f, static_cast<float>(x)); break;
-    case FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(message, f, x); break;
-    case FieldDescriptor::CPPTYPE_BOOL: r->SetBool(message, f, !r->GetBool(*message, f)); break;
-    case FieldDescriptor::CPPTYPE_ENUM: r->SetEnumValue(message, f, static_cast<int>(rng() % 12) - 1); break;
-    case FieldDescriptor::CPPTYPE_STRING: r->SetString(message, f, str); break;
-    default: break;
+    case FieldDescriptor::CPPTYPE_INT32:
+      r->SetInt32(message, f, static_cast<int32_t>(i));
+      break;
+    case FieldDescriptor::CPPTYPE_INT64:
+      r->SetInt64(message, f, i * (rng() % 2 ? 1 : 1 << 30));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      r->SetUInt32(message, f, static_cast<uint32_t>(i));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT64:
+      r->SetUInt64(message, f, static_cast<uint64_t>(i));
+      break;
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      r->SetFloat(message, f, static_cast<float>(x));
+      break;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      r->SetDouble(message, f, x);
+      break;
+    case FieldDescriptor::CPPTYPE_BOOL:
+      r->SetBool(message, f, !r->GetBool(*message, f));
+      break;
+    case FieldDescriptor::CPPTYPE_ENUM:
+      r->SetEnumValue(message, f, static_cast<int>(rng() % 12) - 1);
+      break;
+    case FieldDescriptor::CPPTYPE_STRING:
+      r->SetString(message, f, str);
+      break;
+    default:
+      break;
   }
 }
 
@@ -370,12 +394,12 @@ TEST_F(ControlPlaneRobustnessTest, FuzzedSpecsThroughTheRealRpcAreAnsweredAndNev
     const grpc::Status status =
         client.jobs->SubmitJob(client.Context(std::chrono::seconds(10)).get(), request, &job);
     if (!Answered(status)) {
-      unanswered.push_back(absl::StrCat(Describe("fields", status), " for ",
-                                        request.spec().ShortDebugString()));
+      unanswered.push_back(
+          absl::StrCat(Describe("fields", status), " for ", request.spec().ShortDebugString()));
     }
   }
-  EXPECT_TRUE(unanswered.empty()) << unanswered.size() << " unanswered; first: "
-                                  << unanswered.front();
+  EXPECT_TRUE(unanswered.empty()) << unanswered.size()
+                                  << " unanswered; first: " << unanswered.front();
   ASSERT_TRUE(CoordinatorAlive()) << coordinator_->Output();
   zerotrain::Job job;
   const grpc::Status after = client.jobs->SubmitJob(client.Context().get(), valid, &job);
@@ -384,8 +408,8 @@ TEST_F(ControlPlaneRobustnessTest, FuzzedSpecsThroughTheRealRpcAreAnsweredAndNev
 
 // A small tmpfs as the state disk, filled by submits, then grown: the coordinator refuses
 // writes cleanly before RocksDB meets ENOSPC (which aborts Debian's RocksDB), writes again by
-// itself once the disk is grown, and zt_store_writable says 0 then 1. Needs root (mount); the fault seam
-// test (tests/unit/daemon/coordinator_store_faults_test.cc) covers the same everywhere.
+// itself once the disk is grown, and zt_store_writable says 0 then 1. Needs root (mount); the fault
+// seam test (tests/unit/daemon/coordinator_store_faults_test.cc) covers the same everywhere.
 TEST_F(ControlPlaneRobustnessTest, FullStateTmpfsRecoversWithoutARestartOnceGrown) {
   if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
   std::filesystem::create_directories(state_dir_);
@@ -418,8 +442,8 @@ TEST_F(ControlPlaneRobustnessTest, FullStateTmpfsRecoversWithoutARestartOnceGrow
   zerotrain::SubmitJobRequest big;
   *big.mutable_spec() = TinySpec("big", dir_.string());
   for (int i = 0; i < 2000; ++i) {
-    big.mutable_spec()->mutable_data()->add_train(absl::StrCat(dir_.string(), "/shard-", i, "-",
-                                                               std::string(64, 'p'), ".bin"));
+    big.mutable_spec()->mutable_data()->add_train(
+        absl::StrCat(dir_.string(), "/shard-", i, "-", std::string(64, 'p'), ".bin"));
   }
   grpc::Status full;
   for (int n = 0; n < 200 && full.ok(); ++n) {

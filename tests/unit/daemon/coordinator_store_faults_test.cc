@@ -26,8 +26,8 @@ class CoordinatorStoreFaultsTest : public ::testing::Test {
  protected:
   void Start() {
     harness_ = std::make_unique<testing::Harness>(
-        state_.path(), CoordinatorOptions{.allowed_roots = {dir_.path()},
-                                          .store_env = disk_.env.get()});
+        state_.path(),
+        CoordinatorOptions{.allowed_roots = {dir_.path()}, .store_env = disk_.env.get()});
     ASSERT_TRUE(harness_->ok());
   }
   testing::Harness& h() { return *harness_; }

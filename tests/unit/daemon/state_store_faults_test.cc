@@ -2,7 +2,6 @@
 // full, and the store writes again by itself once space is back, with no reopen. Through
 // FullDiskFs, a RocksDB FileSystem that fails writes with ENOSPC on demand.
 #include "daemon/state_store.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/daemon/daemon_test_util.h"
@@ -35,13 +34,24 @@ absl::Status SucceedsWithin(absl::Duration timeout, Write write) {
   return status;
 }
 
-TEST(StateStoreFaultsTest, WritesAgainByItselfOnceTheFullDiskHasSpace) {
+// A store in a temporary directory on a FullDiskFs; `store` is null when it did not open.
+struct FullDiskStore {
+  FullDiskStore() {
+    absl::StatusOr<std::unique_ptr<StateStore>> opened =
+        StateStore::Open(dir.path(), {.env = disk.env.get()});
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    if (opened.ok()) store = *std::move(opened);
+  }
   testing::TempDir dir;
   testing::FullDiskEnv disk;
-  absl::StatusOr<std::unique_ptr<StateStore>> opened =
-      StateStore::Open(dir.path(), {.env = disk.env.get()});
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  StateStore& store = **opened;
+  std::unique_ptr<StateStore> store;
+};
+
+TEST(StateStoreFaultsTest, WritesAgainByItselfOnceTheFullDiskHasSpace) {
+  FullDiskStore fixture;
+  ASSERT_NE(fixture.store, nullptr);
+  testing::FullDiskEnv& disk = fixture.disk;
+  StateStore& store = *fixture.store;
   ASSERT_TRUE(store.PutJob(JobNamed("before-1")).ok());
   EXPECT_TRUE(store.writable());
 
@@ -73,12 +83,10 @@ TEST(StateStoreFaultsTest, WritesAgainByItselfOnceTheFullDiskHasSpace) {
 }
 
 TEST(StateStoreFaultsTest, WritableResumesWithoutAWrite) {
-  testing::TempDir dir;
-  testing::FullDiskEnv disk;
-  absl::StatusOr<std::unique_ptr<StateStore>> opened =
-      StateStore::Open(dir.path(), {.env = disk.env.get()});
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  StateStore& store = **opened;
+  FullDiskStore fixture;
+  ASSERT_NE(fixture.store, nullptr);
+  testing::FullDiskEnv& disk = fixture.disk;
+  StateStore& store = *fixture.store;
   disk.fs->SetFull(true);
   ASSERT_FALSE(store.PutJob(JobNamed("a-1")).ok());
   EXPECT_FALSE(store.Writable());
