@@ -12,6 +12,17 @@
 //                      SubmitJob of world-size-8 jobs for `--submit-seconds`; calls/s,
 //                      p50/p99 latency, and the coordinator's VmRSS/VmHWM after registration
 //                      and after the load.
+//   --mode mixed       `ztd --coordinator` as a child (issue 20); `--nodes` simulated nodes that
+//                      register and heartbeat every `--heartbeat-ms` from their own threads;
+//                      then for each count in `--clients` (default 64,256), that many client
+//                      threads, each on its own connection, mix SubmitJob (`--submit-percent`),
+//                      ListJobs (limit 20), GetJob, WatchJob (the history's first event, then
+//                      hang up) and CancelJob for `--seconds`: calls/s, p50/p99 latency overall
+//                      and by call, and the failure count with the first failure. Calls wait
+//                      for their channel to be ready within a 30 s deadline. The coordinator's
+//                      VmRSS is sampled every `--rss-interval` seconds over the whole run with
+//                      the job count beside it, so a long run (--seconds 3600) shows whether
+//                      memory stays flat or grows only with the jobs kept.
 // Each mode prints one JSON line per figure group on stdout; progress goes to stderr.
 // The client threads and the coordinator share this machine's cores.
 #include <signal.h>
@@ -26,6 +37,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -455,23 +467,37 @@ nlohmann::json Summarize(CallStats& s, double elapsed_s) {
   return j;
 }
 
-int RunThroughput(const std::string& ztd, const std::string& dir, int nodes, int threads,
-                  double seconds, double submit_seconds) {
+struct CoordinatorChild {
+  std::unique_ptr<Child> child;
+  std::string address, token;
+};
+
+// `ztd --coordinator` in `dir`, without metrics, once it serves; errors are printed.
+std::optional<CoordinatorChild> StartCoordinatorChild(const std::string& ztd,
+                                                      const std::string& dir, int heartbeat_ms) {
   const std::string state = dir + "/coordinator-state";
   const std::string log = dir + "/ztd-coordinator.log";
-  // A 60 s heartbeat interval keeps the nodes alive through registration and the SubmitJob
-  // phase, when nothing heartbeats them; it changes nothing in what a heartbeat costs.
   absl::StatusOr<std::unique_ptr<Child>> child =
       Child::Start({ztd, "--coordinator", "--listen", "127.0.0.1:0", "--state-dir", state,
-                    "--metrics-addr", "off", "--heartbeat-interval-ms", "60000"},
+                    "--metrics-addr", "off", "--heartbeat-interval-ms", absl::StrCat(heartbeat_ms)},
                    log);
-  if (!child.ok()) return 1;
+  if (!child.ok()) return std::nullopt;
   auto coordinator = WaitForCoordinator(**child, state, log);
   if (!coordinator.ok()) {
     std::fprintf(stderr, "control_plane_bench: %s\n", coordinator.status().ToString().c_str());
-    return 1;
+    return std::nullopt;
   }
-  const auto [address, token] = *coordinator;
+  return CoordinatorChild{*std::move(child), coordinator->first, coordinator->second};
+}
+
+int RunThroughput(const std::string& ztd, const std::string& dir, int nodes, int threads,
+                  double seconds, double submit_seconds) {
+  // A 60 s heartbeat interval keeps the nodes alive through registration and the SubmitJob
+  // phase, when nothing heartbeats them; it changes nothing in what a heartbeat costs.
+  std::optional<CoordinatorChild> started = StartCoordinatorChild(ztd, dir, 60000);
+  if (!started) return 1;
+  const std::string address = started->address, token = started->token;
+  std::unique_ptr<Child>* child = &started->child;
   const pid_t pid = (*child)->pid();
   const auto [rss_idle, hwm_idle] = Rss(pid);
 
@@ -562,12 +588,238 @@ int RunThroughput(const std::string& ztd, const std::string& dir, int nodes, int
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Mixed job-API load while nodes heartbeat
+
+enum class Call { kSubmit, kList, kGet, kWatch, kCancel };
+constexpr const char* kCallNames[] = {"SubmitJob", "ListJobs", "GetJob", "WatchJob", "CancelJob"};
+
+struct MixedStats {
+  int64_t failures = 0;
+  std::string first_failure;
+  std::vector<double> latencies_ms[5];
+};
+
+std::unique_ptr<grpc::ClientContext> ReadyContext(const std::string& token) {
+  auto context = zt::AuthorizedContext(token, std::chrono::seconds(30));
+  context->set_wait_for_ready(true);
+  return context;
+}
+
+// One client thread's loop until `end`.
+void MixedClient(const std::string& address, const std::string& token, const std::string& dir,
+                 int t, int submit_percent, Clock::time_point end, MixedStats* stats,
+                 std::atomic<int64_t>* submitted) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection, as a process has
+  auto jobs = zerotrain::JobService::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 1);
+  std::vector<std::string> mine;
+  for (int64_t i = 0; Clock::now() < end; ++i) {
+    const int roll = static_cast<int>(rng() % 100);
+    Call call = Call::kSubmit;
+    if (!mine.empty() && roll >= submit_percent) {
+      const int rest = (roll - submit_percent) * 100 / std::max(1, 100 - submit_percent);
+      call = rest < 35   ? Call::kList
+             : rest < 75 ? Call::kGet
+             : rest < 90 ? Call::kWatch
+                         : Call::kCancel;
+    }
+    const std::string some = mine.empty() ? "" : mine[rng() % mine.size()];
+    const auto before = Clock::now();
+    grpc::Status status;
+    switch (call) {
+      case Call::kSubmit: {
+        zerotrain::SubmitJobRequest request;
+        *request.mutable_spec() = TinyJob(absl::StrCat("mix", t, "x", i), dir + "/train.bin", 100);
+        zerotrain::Job job;
+        status = jobs->SubmitJob(ReadyContext(token).get(), request, &job);
+        if (status.ok()) {
+          mine.push_back(job.id());
+          submitted->fetch_add(1);
+        }
+        break;
+      }
+      case Call::kList: {
+        zerotrain::ListJobsRequest request;
+        request.set_page_size(20);
+        zerotrain::ListJobsResponse response;
+        status = jobs->ListJobs(ReadyContext(token).get(), request, &response);
+        break;
+      }
+      case Call::kGet: {
+        zerotrain::GetJobRequest request;
+        request.set_job_id(some);
+        zerotrain::Job job;
+        status = jobs->GetJob(ReadyContext(token).get(), request, &job);
+        break;
+      }
+      case Call::kWatch: {
+        zerotrain::WatchJobRequest request;
+        request.set_job_id(some);
+        auto context = ReadyContext(token);
+        auto reader = jobs->WatchJob(context.get(), request);
+        zerotrain::JobEvent event;
+        const bool got = reader->Read(&event);
+        context->TryCancel();
+        while (reader->Read(&event)) {
+        }
+        status = reader->Finish();
+        if (got) status = grpc::Status::OK;  // the cancel is ours
+        break;
+      }
+      case Call::kCancel: {
+        zerotrain::CancelJobRequest request;
+        request.set_job_id(some);
+        zerotrain::Job job;
+        status = jobs->CancelJob(ReadyContext(token).get(), request, &job);
+        break;
+      }
+    }
+    stats->latencies_ms[static_cast<int>(call)].push_back(MsSince(before));
+    if (!status.ok() && stats->failures++ == 0) {
+      stats->first_failure = absl::StrCat(kCallNames[static_cast<int>(call)], ": ",
+                                          status.error_code(), " ", status.error_message());
+    }
+  }
+}
+
+nlohmann::json LatencySummary(std::vector<double>& v, double seconds) {
+  return {{"calls", v.size()},
+          {"calls_per_s", static_cast<double>(v.size()) / seconds},
+          {"p50_ms", Quantile(v, 0.5)},
+          {"p99_ms", Quantile(v, 0.99)},
+          {"max_ms", v.empty() ? 0 : v.back()}};
+}
+
+int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
+             const std::vector<int>& client_counts, double seconds, int submit_percent,
+             int heartbeat_ms, double rss_interval) {
+  std::optional<CoordinatorChild> started =
+      StartCoordinatorChild(ztd, dir, std::max(heartbeat_ms, 10));
+  if (!started) return 1;
+  const std::string address = started->address, token = started->token;
+  std::unique_ptr<Child>* child = &started->child;
+  const pid_t pid = (*child)->pid();
+  const auto start = Clock::now();
+
+  // The simulated nodes: registered once, then a heartbeat each per interval.
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> heartbeats{0}, node_failures{0};
+  std::vector<std::thread> node_threads;
+  constexpr int kNodeThreads = 4;
+  for (int k = 0; k < kNodeThreads; ++k) {
+    node_threads.emplace_back([&, k] {
+      auto channel = zt::ConnectControlPlane({address});
+      if (!channel.ok()) return;
+      auto stub = zerotrain::NodeService::NewStub(*channel);
+      for (int n = k; n < nodes; n += kNodeThreads) {
+        zerotrain::RegisterRequest request;
+        *request.mutable_info() = FakeNode(n);
+        zerotrain::RegisterResponse response;
+        if (!stub->Register(ReadyContext(token).get(), request, &response).ok()) ++node_failures;
+      }
+      while (!stop.load()) {
+        const auto round = Clock::now();
+        for (int n = k; n < nodes && !stop.load(); n += kNodeThreads) {
+          zerotrain::HeartbeatRequest request;
+          request.set_node_id(absl::StrCat("sim-", n));
+          zerotrain::HeartbeatResponse response;
+          if (stub->Heartbeat(ReadyContext(token).get(), request, &response).ok()) {
+            ++heartbeats;
+          } else {
+            ++node_failures;
+          }
+        }
+        std::this_thread::sleep_until(round + std::chrono::milliseconds(heartbeat_ms));
+      }
+    });
+  }
+
+  // RSS samples with the number of jobs the coordinator keeps.
+  std::atomic<int64_t> jobs_submitted{0};
+  nlohmann::json rss_samples = nlohmann::json::array();
+  std::mutex rss_mu;
+  std::thread sampler([&] {
+    while (!stop.load()) {
+      {
+        std::lock_guard<std::mutex> lock(rss_mu);
+        rss_samples.push_back({{"t_s", MsSince(start) / 1e3},
+                               {"vm_rss", Rss(pid).first},
+                               {"jobs", jobs_submitted.load()}});
+      }
+      const auto next = Clock::now() + std::chrono::duration<double>(rss_interval);
+      while (!stop.load() && Clock::now() < next) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  });
+
+  nlohmann::json runs = nlohmann::json::array();
+  for (int clients : client_counts) {
+    std::fprintf(stderr, "mixed load: %d clients for %.0f s, %d nodes heartbeating\n", clients,
+                 seconds, nodes);
+    std::vector<MixedStats> stats(clients);
+    std::vector<std::thread> threads;
+    const auto run_start = Clock::now();
+    const Clock::time_point end = run_start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(seconds));
+    for (int t = 0; t < clients; ++t) {
+      threads.emplace_back(MixedClient, address, token, dir, t, submit_percent, end, &stats[t],
+                           &jobs_submitted);
+    }
+    for (std::thread& th : threads) th.join();
+    const double elapsed = MsSince(run_start) / 1e3;
+    MixedStats all;
+    for (MixedStats& s : stats) {
+      all.failures += s.failures;
+      if (all.first_failure.empty()) all.first_failure = s.first_failure;
+      for (int c = 0; c < 5; ++c) {
+        all.latencies_ms[c].insert(all.latencies_ms[c].end(), s.latencies_ms[c].begin(),
+                                   s.latencies_ms[c].end());
+      }
+    }
+    std::vector<double> every;
+    nlohmann::json by_call;
+    for (int c = 0; c < 5; ++c) {
+      every.insert(every.end(), all.latencies_ms[c].begin(), all.latencies_ms[c].end());
+      by_call[kCallNames[c]] = LatencySummary(all.latencies_ms[c], elapsed);
+    }
+    nlohmann::json run = {{"clients", clients},
+                          {"seconds", elapsed},
+                          {"all", LatencySummary(every, elapsed)},
+                          {"by_call", by_call},
+                          {"failures", all.failures}};
+    if (!all.first_failure.empty()) run["first_failure"] = all.first_failure;
+    runs.push_back(run);
+  }
+  stop.store(true);
+  for (std::thread& th : node_threads) th.join();
+  sampler.join();
+  (*child)->Stop();
+  const nlohmann::json line = {{"mode", "mixed"},
+                               {"nodes", nodes},
+                               {"heartbeat_ms", heartbeat_ms},
+                               {"submit_percent", submit_percent},
+                               {"runs", runs},
+                               {"heartbeats", heartbeats.load()},
+                               {"node_failures", node_failures.load()},
+                               {"rss", rss_samples}};
+  std::printf("%s\n", line.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string mode, ztd, zt, dir;
   int jobs = 5, steps = 20, nodes = 1000, threads = 12;
   double seconds = 10, submit_seconds = 5;
+  std::vector<int> clients = {64, 256};
+  int submit_percent = 10, heartbeat_ms = 1000;
+  double rss_interval = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--mode")
@@ -590,20 +842,39 @@ int main(int argc, char** argv) {
       seconds = std::atof(value.c_str());
     else if (flag == "--submit-seconds")
       submit_seconds = std::atof(value.c_str());
+    else if (flag == "--clients") {
+      clients.clear();
+      std::stringstream list(value);
+      for (std::string item; std::getline(list, item, ',');)
+        clients.push_back(std::atoi(item.c_str()));
+    } else if (flag == "--submit-percent")
+      submit_percent = std::atoi(value.c_str());
+    else if (flag == "--heartbeat-ms")
+      heartbeat_ms = std::atoi(value.c_str());
+    else if (flag == "--rss-interval")
+      rss_interval = std::atof(value.c_str());
     else {
       std::fprintf(stderr, "control_plane_bench: unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
-  if ((mode != "latency" && mode != "throughput") || ztd.empty() || dir.empty() || jobs < 1 ||
-      steps < 1 || nodes < 1 || threads < 1 || seconds <= 0 || submit_seconds <= 0) {
+  const bool clients_ok =
+      !clients.empty() && std::all_of(clients.begin(), clients.end(), [](int c) { return c >= 1; });
+  if ((mode != "latency" && mode != "throughput" && mode != "mixed") || ztd.empty() ||
+      dir.empty() || jobs < 1 || steps < 1 || nodes < 1 || threads < 1 || seconds <= 0 ||
+      submit_seconds <= 0 || !clients_ok || submit_percent < 1 || submit_percent > 100 ||
+      heartbeat_ms < 1 || rss_interval <= 0) {
     std::fprintf(stderr,
-                 "usage: control_plane_bench --mode latency|throughput --ztd PATH --dir DIR "
+                 "usage: control_plane_bench --mode latency|throughput|mixed --ztd PATH --dir DIR "
                  "[--zt PATH] [--jobs N>=1] [--steps N>=1] [--nodes N>=1] [--threads N>=1] "
-                 "[--seconds S>0] [--submit-seconds S>0]\n");
+                 "[--seconds S>0] [--submit-seconds S>0] [--clients N,N,...] "
+                 "[--submit-percent 1..100] [--heartbeat-ms MS>=1] [--rss-interval S>0]\n");
     return 2;
   }
   std::filesystem::create_directories(dir);
+  if (mode == "mixed") {
+    return RunMixed(ztd, dir, nodes, clients, seconds, submit_percent, heartbeat_ms, rss_interval);
+  }
   return mode == "latency" ? RunLatency(ztd, zt, dir, jobs, steps)
                            : RunThroughput(ztd, dir, nodes, threads, seconds, submit_seconds);
 }

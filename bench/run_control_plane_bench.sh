@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Control-plane figures (issue 6): submit-to-first-step latency against `ztd --dev` (with
-# `zt train` of the same job beside it), and a `ztd --coordinator` under 1,000 simulated nodes
-# (Heartbeat and SubmitJob calls/s and latency, coordinator RSS). About 1–2 minutes.
+# `zt train` of the same job beside it), a `ztd --coordinator` under 1,000 simulated nodes
+# (Heartbeat and SubmitJob calls/s and latency, coordinator RSS), and the job API under mixed
+# load from 64 and 256 concurrent clients while nodes heartbeat (issue 20: calls/s, p50/p99,
+# failures, coordinator RSS over time). About 2–3 minutes; MIXED_SECONDS=3600 for the hour.
 #
 # Usage: bench/run_control_plane_bench.sh BUILD_DIR
 # Needs BUILD_DIR/bin/control_plane_bench and BUILD_DIR/bin/ztd; BUILD_DIR/bin/zt for the
@@ -13,6 +15,10 @@
 #   THREADS         client threads driving the coordinator (default 12)
 #   SECONDS_HB      seconds of Heartbeat load (default 10)
 #   SECONDS_SUBMIT  seconds of SubmitJob load (default 5)
+#   CLIENTS         client counts of the mixed load, comma-separated (default 64,256)
+#   MIXED_SECONDS   seconds of mixed load per client count (default 20)
+#   MIXED_NODES     simulated nodes heartbeating once a second during it (default 100)
+#   RSS_INTERVAL    seconds between coordinator RSS samples (default 10)
 #   WORK_DIR        state directories and logs (default: a temporary directory, removed)
 #   RAW_OUT         file to which the raw JSON lines are appended (default: a temporary file)
 # Progress goes to stderr; the table to stdout.
@@ -56,6 +62,10 @@ echo "[$(date +%T)] throughput: ${NODES:-1000} nodes, ${THREADS:-12} client thre
 "$bench_bin" --mode throughput --ztd "$ztd_bin" --dir "$work/throughput" \
   --nodes "${NODES:-1000}" --threads "${THREADS:-12}" --seconds "${SECONDS_HB:-10}" \
   --submit-seconds "${SECONDS_SUBMIT:-5}" >>"$raw" || echo "throughput run failed" >&2
+echo "[$(date +%T)] mixed: ${CLIENTS:-64,256} clients, ${MIXED_SECONDS:-20} s each" >&2
+"$bench_bin" --mode mixed --ztd "$ztd_bin" --dir "$work/mixed" --nodes "${MIXED_NODES:-100}" \
+  --clients "${CLIENTS:-64,256}" --seconds "${MIXED_SECONDS:-20}" \
+  --rss-interval "${RSS_INTERVAL:-10}" >>"$raw" || echo "mixed run failed" >&2
 echo "raw results: $raw" >&2
 
 /usr/bin/python3 - "$raw" <<'PY'
@@ -109,4 +119,21 @@ if tp:
                       ("after_load", "after the load")):
         print(f"| coordinator RSS {what} (VmRSS / VmHWM) | {rss[key]['vm_rss'] / MIB:.0f} / "
               f"{rss[key]['vm_hwm'] / MIB:.0f} MiB | — |")
+mx = runs.get("mixed")
+if mx:
+    for run in mx["runs"]:
+        a = run["all"]
+        first = f" (first: {run['first_failure']})" if run["failures"] else ""
+        print(f"| mixed job API, {run['clients']} clients, {mx['nodes']} nodes heartbeating | "
+              f"{a['calls_per_s']:,.0f} calls/s; p50 {a['p50_ms']:.2f} ms, p99 {a['p99_ms']:.2f} ms"
+              f" | {a['calls']:,} calls in {run['seconds']:.0f} s; failures {run['failures']}"
+              f"{first} |")
+        for call, r in run["by_call"].items():
+            print(f"| — {call}, {run['clients']} clients | p50 {r['p50_ms']:.2f} ms, p99 "
+                  f"{r['p99_ms']:.2f} ms | {r['calls']:,} calls |")
+    samples = mx["rss"]
+    if samples:
+        series = ", ".join(f"{s['t_s']:.0f} s: {s['vm_rss'] / MIB:.0f} MiB ({s['jobs']} jobs)"
+                           for s in samples)
+        print(f"| coordinator VmRSS over the mixed load | {series} | — |")
 PY

@@ -27,6 +27,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "cli/commands.h"
+#include "worker/node/secret_file.h"
 
 int main(int argc, char** argv) {
   // A peer rank that dies closes its sockets; writing to one must fail the collective with
@@ -181,6 +182,13 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  // A token file that others can read is refused before any remote verb sends it, as ssh
+  // refuses such a private key (exit 2: the operator must fix the file).
+  const bool offline_verb = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd;
+  if (absl::Status mode = zt::CheckTokenFile(remote.token_file); !offline_verb && !mode.ok()) {
+    std::cerr << "zt: " << mode.message() << "\n";
+    return zt::cli::ExitCodeFor(mode, zt::cli::VerbKind::kRemote);
+  }
   absl::Status status;
   train.resume = resume->count() > 0;
   if (*train_cmd) status = zt::cli::RunTrain(train);

@@ -98,7 +98,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   }
   if (options.run_root.empty()) options.run_root = absl::StrCat(options.state_dir, "/runs");
   ZT_ASSIGN_OR_RETURN(AllowedRoots roots, AllowedRoots::Create(options.allowed_roots));
-  ZT_ASSIGN_OR_RETURN(std::unique_ptr<StateStore> store, StateStore::Open(options.state_dir));
+  ZT_ASSIGN_OR_RETURN(
+      std::unique_ptr<StateStore> store,
+      StateStore::Open(options.state_dir,
+                       {.env = options.store_env, .min_free_bytes = options.store_min_free_bytes}));
   std::unique_ptr<Coordinator> coordinator(
       new Coordinator(std::move(options), std::move(roots), std::move(store), metrics));
   ZT_RETURN_IF_ERROR(coordinator->Recover());
@@ -193,8 +196,33 @@ absl::Status Coordinator::AddEvent(JobRecord& record, Job::State state, const st
   record.events.push_back(event);
   events_changed_.SignalAll();
   UpdateMetrics();
-  return store_->PutJobWithEvent(record.job, event,
-                                 state_change ? Durability::kSync : Durability::kWal);
+  absl::Status persisted = store_->PutJobWithEvent(
+      record.job, event, state_change ? Durability::kSync : Durability::kWal);
+  if (!persisted.ok() && record.unsaved_from == 0) {
+    record.unsaved_from = event.sequence();
+    unsaved_.insert(record.job.id());
+  }
+  return persisted;
+}
+
+bool Coordinator::StoreWritable() {
+  if (!store_->Writable()) return false;
+  for (auto it = unsaved_.begin(); it != unsaved_.end();) {
+    auto found = jobs_.find(*it);
+    if (found != jobs_.end()) {
+      JobRecord& record = found->second;
+      for (int64_t seq = record.unsaved_from; seq <= static_cast<int64_t>(record.events.size());
+           ++seq) {
+        absl::Status s =
+            store_->PutJobWithEvent(record.job, record.events[seq - 1], Durability::kSync);
+        if (!s.ok()) return false;
+        record.unsaved_from = seq + 1;
+      }
+      record.unsaved_from = 0;
+    }
+    it = unsaved_.erase(it);
+  }
+  return true;
 }
 
 void Coordinator::UpdateMetrics() {
@@ -205,6 +233,7 @@ void Coordinator::UpdateMetrics() {
   int healthy = 0;
   for (const auto& [id, node] : nodes_) healthy += node.healthy ? 1 : 0;
   metrics_->SetNodes(static_cast<int>(nodes_.size()), healthy);
+  metrics_->SetStore(store_->writable(), store_->write_errors());
 }
 
 int64_t Coordinator::SmallestDeviceMemory(zerotrain::ResourceConfig::DeviceKind kind) const {
@@ -355,6 +384,7 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   record.job.set_request_id(request_id);
   absl::Status persisted = AddEvent(record, Job::PENDING, "submitted");
   if (!persisted.ok()) {
+    unsaved_.erase(id);
     jobs_.erase(id);
     UpdateMetrics();
     return persisted;

@@ -27,6 +27,11 @@
 // Retention: a finished job stays until DeleteJob, or until the retention
 // (CoordinatorOptions::keep_finished_*) prunes it; an unfinished job is never removed.
 //
+// State store faults (a full disk): the store resumes by itself once it can write again
+// (daemon/state_store.h). Meanwhile calls that must persist fail with Unavailable, and no job
+// is placed: queued jobs stay PENDING or RESTARTING instead of failing, and placement goes on
+// once the store writes again (zt_store_writable shows which).
+//
 // Restart of the coordinator: construction loads every job, event and node from the state
 // store. Nodes count as unhealthy until they register again. An attempt that was running
 // keeps running when its nodes register again with its ranks (RegisterRequest.running)
@@ -94,6 +99,10 @@ struct CoordinatorOptions {
   absl::Duration keep_finished_for = absl::Hours(30 * 24);
   // How often the background pass applies the retention.
   absl::Duration prune_interval = absl::Minutes(1);
+  // The state store's RocksDB environment; null: the real file system (tests inject faults).
+  rocksdb::Env* store_env = nullptr;
+  // Free bytes the state store keeps on its disk (StateStoreOptions::min_free_bytes).
+  int64_t store_min_free_bytes = StateStoreOptions{}.min_free_bytes;
 };
 
 class Coordinator {
@@ -185,6 +194,9 @@ class Coordinator {
     // After a coordinator restart: ranks of the current attempt not yet reported again by
     // their nodes.
     std::set<int32_t> awaiting_reattach;
+    // The first event the state store failed to take (0: every event is stored); written
+    // again with the job once the store writes (PersistUnsaved).
+    int64_t unsaved_from = 0;
   };
   struct HeldDevice {
     std::string job_id;
@@ -237,6 +249,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places queued jobs on free devices.
   void SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the state store writes and every event it failed to take is written now; false
+  // while it cannot write (placement waits for true).
+  bool StoreWritable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartAttempt(JobRecord& record, const JobPlacement& placement)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current attempt; the job goes RESTARTING or FAILED.
@@ -276,6 +291,8 @@ class Coordinator {
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
   // SubmitJobRequest.request_id → the job it made (Job.request_id, rebuilt by Recover).
   std::map<std::string, std::string> request_ids_ ABSL_GUARDED_BY(mu_);
+  // Jobs with events the state store failed to take (JobRecord::unsaved_from).
+  std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
   bool reattach_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_thread_ ABSL_GUARDED_BY(mu_) = false;

@@ -38,8 +38,20 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
       rpc_duration_(prometheus::BuildHistogram()
                         .Name("zt_rpc_duration_seconds")
                         .Help("Control-plane RPC handler latency, by method")
-                        .Register(registry)) {
+                        .Register(registry)),
+      store_writable_(prometheus::BuildGauge()
+                          .Name("zt_store_writable")
+                          .Help("1 while the coordinator's state store writes; 0 while it cannot "
+                                "(a full disk: placement pauses until it writes again)")
+                          .Register(registry)
+                          .Add({})),
+      store_write_errors_(prometheus::BuildCounter()
+                              .Name("zt_store_write_errors_total")
+                              .Help("Writes to the coordinator's state store that failed")
+                              .Register(registry)
+                              .Add({})) {
   SetJobs({});
+  store_writable_.Set(1);
 }
 
 void CoordinatorMetrics::SetJobs(const std::map<zerotrain::Job::State, int>& counts) {
@@ -57,6 +69,15 @@ void CoordinatorMetrics::AddRestart() { restarts_.Increment(); }
 void CoordinatorMetrics::SetNodes(int registered, int healthy) {
   nodes_registered_.Set(registered);
   nodes_healthy_.Set(healthy);
+}
+
+void CoordinatorMetrics::SetStore(bool writable, int64_t write_errors) {
+  store_writable_.Set(writable ? 1 : 0);
+  absl::MutexLock lock(&mu_);
+  if (write_errors > store_write_errors_seen_) {
+    store_write_errors_.Increment(static_cast<double>(write_errors - store_write_errors_seen_));
+    store_write_errors_seen_ = write_errors;
+  }
 }
 
 void CoordinatorMetrics::ObserveRpc(const std::string& method, double seconds) {

@@ -186,6 +186,7 @@ absl::Status Coordinator::StartAttempt(JobRecord& record, const JobPlacement& pl
 }
 
 void Coordinator::SchedulePass() {
+  if (!StoreWritable()) return;  // placement pauses while the state store cannot write
   std::vector<SchedulerJob> queued;
   for (const auto& [id, record] : jobs_) {
     if (record.job.state() == Job::PENDING || record.job.state() == Job::RESTARTING) {

@@ -2,12 +2,15 @@
 
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
 #include "worker/status_macros.h"
@@ -21,6 +24,10 @@ constexpr char kJobPrefix[] = "job/";
 constexpr char kEventPrefix[] = "event/";
 constexpr char kNodePrefix[] = "node/";
 constexpr char kKvPrefix[] = "kv/";
+// Written by the recovery check (StateStore::TryRecover): the time of the last recovery.
+constexpr char kProbeKey[] = "meta/recovered_ms";
+
+int64_t NowMsForProbe() { return absl::ToUnixMillis(absl::Now()); }
 
 std::string EventKey(const std::string& job_id, int64_t sequence) {
   return absl::StrFormat("%s%s/%020d", kEventPrefix, job_id, sequence);
@@ -67,29 +74,64 @@ absl::Status ParseRecord(const std::string& key, const std::string& value, Messa
 
 }  // namespace
 
-StateStore::StateStore(std::unique_ptr<rocksdb::DB> db, std::string dir)
-    : db_(std::move(db)), dir_(std::move(dir)) {}
+static rocksdb::Options DbOptions(rocksdb::Env* env) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.write_buffer_size = StateStore::kWriteBufferBytes;
+  if (env != nullptr) options.env = env;
+  return options;
+}
+
+StateStore::StateStore(std::unique_ptr<rocksdb::DB> db, std::string dir, std::string db_path,
+                       const StateStoreOptions& options)
+    : dir_(std::move(dir)),
+      db_path_(std::move(db_path)),
+      env_(options.env),
+      min_free_bytes_(options.min_free_bytes),
+      db_(std::move(db)) {}
+
+absl::Status StateStore::CheckReserve() const {
+  if (min_free_bytes_ <= 0) return absl::OkStatus();
+  rocksdb::Env* env = env_ != nullptr ? env_ : rocksdb::Env::Default();
+  uint64_t free_bytes = 0;
+  if (!env->GetFreeSpace(dir_, &free_bytes).ok()) return absl::OkStatus();  // unknown: try
+  if (free_bytes >= static_cast<uint64_t>(min_free_bytes_)) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "the disk of '", dir_, "' has ", free_bytes, " bytes free, under the ", min_free_bytes_,
+      " bytes the state store keeps in reserve (RocksDB must never meet a full disk)"));
+}
+
+StateStore::DbRef StateStore::Db() const {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  rocksdb::DB* db = db_.get();
+  return DbRef{std::move(lock), db};
+}
+
+absl::Status StateStore::Closed() const {
+  return absl::UnavailableError(
+      absl::StrCat("the state store in '", dir_, "' is closed until its disk takes writes again"));
+}
 
 StateStore::~StateStore() = default;
 
-absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& state_dir) {
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(
+    const std::string& state_dir, const StateStoreOptions& store_options) {
   struct stat st;
   if (::stat(state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::NotFoundError(
         absl::StrCat("state directory '", state_dir, "' does not exist or is not a directory"));
   }
-  rocksdb::Options options;
-  options.create_if_missing = true;
   rocksdb::DB* raw = nullptr;
   const std::string path = absl::StrCat(state_dir, "/db");
-  rocksdb::Status opened = rocksdb::DB::Open(options, path, &raw);
+  rocksdb::Status opened = rocksdb::DB::Open(DbOptions(store_options.env), path, &raw);
   if (!opened.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("opening the state store in '", state_dir, "': ", opened.ToString()));
   }
-  std::unique_ptr<StateStore> store(new StateStore(std::unique_ptr<rocksdb::DB>(raw), state_dir));
+  std::unique_ptr<StateStore> store(
+      new StateStore(std::unique_ptr<rocksdb::DB>(raw), state_dir, path, store_options));
   std::string format;
-  rocksdb::Status got = store->db_->Get(rocksdb::ReadOptions(), kFormatKey, &format);
+  rocksdb::Status got = raw->Get(rocksdb::ReadOptions(), kFormatKey, &format);
   if (got.IsNotFound()) {
     ZT_RETURN_IF_ERROR(store->Write(kFormatKey, kStateStoreFormat, Durability::kSync));
   } else if (!got.ok()) {
@@ -104,8 +146,84 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
 
 absl::Status StateStore::Write(const std::string& key, const std::string& value,
                                Durability durability) {
-  return FromRocks(db_->Put(WriteOptionsFor(durability), key, value),
-                   absl::StrCat("writing '", key, "' in '", dir_, "'"));
+  rocksdb::WriteBatch batch;
+  batch.Put(key, value);
+  return Commit(batch, durability, absl::StrCat("writing '", key, "' in '", dir_, "'"));
+}
+
+absl::Status StateStore::Commit(rocksdb::WriteBatch& batch, Durability durability,
+                                const std::string& what) {
+  // A write is the caller's own attempt: it may resume at once, whenever the last try was.
+  if (!writable_.load()) TryRecover(absl::ZeroDuration());
+  if (absl::Status reserve = CheckReserve(); !reserve.ok()) {
+    write_errors_.fetch_add(1);
+    writable_.store(false);
+    return absl::UnavailableError(
+        absl::StrCat(what, ": ", reserve.message(), " (the state store resumes by itself)"));
+  }
+  DbRef ref = Db();
+  if (ref.db == nullptr) {
+    write_errors_.fetch_add(1);
+    return Closed();
+  }
+  rocksdb::Status written = ref.db->Write(WriteOptionsFor(durability), &batch);
+  if (written.ok()) return absl::OkStatus();
+  write_errors_.fetch_add(1);
+  if (!written.IsCorruption()) writable_.store(false);
+  absl::Status status = FromRocks(written, what);
+  if (written.IsIOError() || written.IsNoSpace()) {
+    // Stopped by a background error: name what the operator waits for.
+    return absl::UnavailableError(absl::StrCat(
+        status.message(), " (the state store cannot write; it resumes by itself once ",
+        written.IsNoSpace() ? "the disk has space again)" : "the disk accepts writes again)"));
+  }
+  return status;
+}
+
+bool StateStore::Writable() { return TryRecover(kRecoverInterval); }
+
+bool StateStore::DiskTakesWrites() const {
+  rocksdb::Env* env = env_ != nullptr ? env_ : rocksdb::Env::Default();
+  const std::string probe = absl::StrCat(dir_, "/.store-probe");
+  std::unique_ptr<rocksdb::WritableFile> file;
+  rocksdb::Status s = env->NewWritableFile(probe, &file, rocksdb::EnvOptions());
+  if (s.ok()) s = file->Append(std::string(kProbeBytes, '\0'));
+  if (s.ok()) s = file->Sync();
+  if (file != nullptr) (void)file->Close();
+  (void)env->DeleteFile(probe);
+  return s.ok();
+}
+
+bool StateStore::TryRecover(absl::Duration at_most_every) {
+  if (writable_.load()) return true;
+  std::lock_guard<std::mutex> lock(recover_mu_);
+  if (writable_.load()) return true;
+  const absl::Time now = absl::Now();
+  if (now - last_recover_ < at_most_every) return false;
+  last_recover_ = now;
+  if (!CheckReserve().ok() || !DiskTakesWrites()) return false;
+  {
+    // RocksDB may have recovered on its own (its SstFileManager retries flushes).
+    DbRef ref = Db();
+    rocksdb::WriteOptions sync;
+    sync.sync = true;
+    if (ref.db != nullptr && ref.db->Put(sync, kProbeKey, absl::StrCat(NowMsForProbe())).ok()) {
+      writable_.store(true);
+      return true;
+    }
+  }
+  std::unique_lock<std::shared_mutex> exclusive(db_mu_);
+  db_.reset();
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status opened = rocksdb::DB::Open(DbOptions(env_), db_path_, &raw);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "state store: reopening '%s': %s\n", db_path_.c_str(),
+                 opened.ToString().c_str());
+    return false;
+  }
+  db_.reset(raw);
+  writable_.store(true);
+  return true;
 }
 
 absl::Status StateStore::PutJob(const zerotrain::Job& job) {
@@ -117,14 +235,16 @@ absl::Status StateStore::PutJobWithEvent(const zerotrain::Job& job,
   rocksdb::WriteBatch batch;
   batch.Put(absl::StrCat(kJobPrefix, job.id()), job.SerializeAsString());
   batch.Put(EventKey(job.id(), event.sequence()), event.SerializeAsString());
-  return FromRocks(db_->Write(WriteOptionsFor(durability), &batch),
-                   absl::StrCat("writing job '", job.id(), "' event ", event.sequence()));
+  return Commit(batch, durability,
+                absl::StrCat("writing job '", job.id(), "' event ", event.sequence()));
 }
 
 absl::StatusOr<std::vector<zerotrain::Job>> StateStore::LoadJobs() const {
   std::vector<zerotrain::Job> jobs;
+  DbRef ref = Db();
+  if (ref.db == nullptr) return Closed();
   ZT_RETURN_IF_ERROR(
-      ScanPrefix(db_.get(), kJobPrefix, [&](const std::string& key, const std::string& value) {
+      ScanPrefix(ref.db, kJobPrefix, [&](const std::string& key, const std::string& value) {
         ZT_RETURN_IF_ERROR(ParseRecord(key, value, &jobs.emplace_back()));
         return absl::OkStatus();
       }));
@@ -134,7 +254,9 @@ absl::StatusOr<std::vector<zerotrain::Job>> StateStore::LoadJobs() const {
 absl::StatusOr<std::vector<zerotrain::JobEvent>> StateStore::LoadEvents(
     const std::string& job_id) const {
   std::vector<zerotrain::JobEvent> events;
-  ZT_RETURN_IF_ERROR(ScanPrefix(db_.get(), absl::StrCat(kEventPrefix, job_id, "/"),
+  DbRef ref = Db();
+  if (ref.db == nullptr) return Closed();
+  ZT_RETURN_IF_ERROR(ScanPrefix(ref.db, absl::StrCat(kEventPrefix, job_id, "/"),
                                 [&](const std::string& key, const std::string& value) {
                                   ZT_RETURN_IF_ERROR(
                                       ParseRecord(key, value, &events.emplace_back()));
@@ -164,8 +286,10 @@ absl::Status StateStore::PutNode(const zerotrain::NodeInfo& info, int64_t regist
 
 absl::StatusOr<std::vector<zerotrain::Node>> StateStore::LoadNodes() const {
   std::vector<zerotrain::Node> nodes;
+  DbRef ref = Db();
+  if (ref.db == nullptr) return Closed();
   ZT_RETURN_IF_ERROR(
-      ScanPrefix(db_.get(), kNodePrefix, [&](const std::string& key, const std::string& value) {
+      ScanPrefix(ref.db, kNodePrefix, [&](const std::string& key, const std::string& value) {
         ZT_RETURN_IF_ERROR(ParseRecord(key, value, &nodes.emplace_back()));
         return absl::OkStatus();
       }));
@@ -175,7 +299,12 @@ absl::StatusOr<std::vector<zerotrain::Node>> StateStore::LoadNodes() const {
 absl::StatusOr<int64_t> StateStore::NextJobNumber() {
   std::string text;
   int64_t last = 0;
-  rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), kJobCounterKey, &text);
+  rocksdb::Status got;
+  {
+    DbRef ref = Db();
+    if (ref.db == nullptr) return Closed();
+    got = ref.db->Get(rocksdb::ReadOptions(), kJobCounterKey, &text);
+  }
   if (got.ok()) {
     if (!absl::SimpleAtoi(text, &last) || last < 0) {
       return absl::DataLossError(absl::StrCat("state store record '", kJobCounterKey, "' is '",
@@ -197,7 +326,12 @@ absl::StatusOr<std::optional<std::string>> StateStore::KvGet(const std::string& 
                                                              const std::string& key) const {
   std::string value;
   const std::string full = KvKey(scope, key);
-  rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), full, &value);
+  rocksdb::Status got;
+  {
+    DbRef ref = Db();
+    if (ref.db == nullptr) return Closed();
+    got = ref.db->Get(rocksdb::ReadOptions(), full, &value);
+  }
   if (got.IsNotFound()) return std::optional<std::string>();
   ZT_RETURN_IF_ERROR(FromRocks(got, absl::StrCat("reading '", full, "'")));
   return std::optional<std::string>(std::move(value));
@@ -206,12 +340,15 @@ absl::StatusOr<std::optional<std::string>> StateStore::KvGet(const std::string& 
 absl::Status StateStore::KvDeletePrefix(const std::string& scope_prefix) {
   const std::string prefix = absl::StrCat(kKvPrefix, scope_prefix);
   rocksdb::WriteBatch batch;
-  ZT_RETURN_IF_ERROR(ScanPrefix(db_.get(), prefix, [&](const std::string& key, const std::string&) {
-    batch.Delete(key);
-    return absl::OkStatus();
-  }));
-  return FromRocks(db_->Write(WriteOptionsFor(Durability::kWal), &batch),
-                   absl::StrCat("deleting '", prefix, "'"));
+  {
+    DbRef ref = Db();
+    if (ref.db == nullptr) return Closed();
+    ZT_RETURN_IF_ERROR(ScanPrefix(ref.db, prefix, [&](const std::string& key, const std::string&) {
+      batch.Delete(key);
+      return absl::OkStatus();
+    }));
+  }
+  return Commit(batch, Durability::kWal, absl::StrCat("deleting '", prefix, "'"));
 }
 
 }  // namespace zt

@@ -34,11 +34,12 @@
 #include "daemon/control_server.h"
 #include "daemon/coordinator.h"
 #include "daemon/coordinator_metrics.h"
+#include "daemon/metrics_server.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
-#include "worker/checkpoint/durable_file.h"
 #include "worker/node/control_channel.h"
 #include "worker/node/node_daemon.h"
+#include "worker/node/secret_file.h"
 #include "worker/status_macros.h"
 
 namespace {
@@ -57,6 +58,7 @@ struct Flags {
   int64_t max_spec_bytes = int64_t{1} << 20;
   int64_t keep_finished_jobs = 10000;
   std::string keep_finished_for = "30d";
+  int64_t state_reserve_mib = 16;
   std::string metrics_addr;
   std::string tls_cert, tls_key, tls_ca;
   bool insecure_listen_any = false;
@@ -77,21 +79,16 @@ int Fail(const absl::Status& status, const char* what) {
 }
 
 // The metrics endpoint; null when --metrics-addr is "off".
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetricsUnlessOff(
     const std::string& address, const std::shared_ptr<prometheus::Registry>& registry) {
   if (address == "off") return nullptr;
-  try {
-    auto exposer = std::make_unique<prometheus::Exposer>(address);
-    exposer->RegisterCollectable(registry);
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    const std::string host = address.substr(0, address.rfind(':'));
-    std::cerr << "ztd: metrics on http://" << host << ":" << (ports.empty() ? 0 : ports[0])
-              << "/metrics\n";
-    return exposer;
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-addr ", address, ": cannot listen: ", e.what()));
-  }
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<prometheus::Exposer> exposer,
+                      zt::ServeMetrics(address, registry));
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  const std::string host = address.substr(0, address.rfind(':'));
+  std::cerr << "ztd: metrics on http://" << host << ":" << (ports.empty() ? 0 : ports[0])
+            << "/metrics\n";
+  return exposer;
 }
 
 // "30d", "12h", "90m", "45s" or "0" (no limit): a duration in whole days, hours, minutes or
@@ -109,18 +106,6 @@ absl::StatusOr<absl::Duration> ParseRetention(const std::string& text) {
         "--keep-finished-for: '", text, "' is not a duration like 30d, 12h, 90m, 45s, or 0"));
   }
   return n * units[u];
-}
-
-// Writes `text` to `path` through a synced temporary file and a rename, so readers never see
-// half of it.
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::error_code ec;
-  std::filesystem::remove(tmp, ec);  // a stale one from a crash
-  ZT_RETURN_IF_ERROR(zt::durable_file::WriteSyncedFile(tmp, text + "\n"));
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
-  return zt::durable_file::SyncDirectory(std::filesystem::path(path).parent_path().string());
 }
 
 // Blocks the signals ztd handles in every thread (threads created later inherit the mask),
@@ -155,7 +140,7 @@ int Run(Flags flags) {
     flags.metrics_addr = flags.node ? "127.0.0.1:9465" : "127.0.0.1:9464";
   }
 
-  auto exposer = ServeMetrics(flags.metrics_addr, registry);
+  auto exposer = ServeMetricsUnlessOff(flags.metrics_addr, registry);
   if (!exposer.ok()) return Fail(exposer.status(), "metrics");
 
   std::unique_ptr<zt::CoordinatorMetrics> coordinator_metrics;
@@ -167,12 +152,19 @@ int Run(Flags flags) {
     if (flags.state_dir.empty()) {
       return Fail(absl::InvalidArgumentError("--state-dir: required with --coordinator"), "flags");
     }
+    // A state directory ztd creates is its user's alone: the job store lives there.
     std::error_code ec;
-    std::filesystem::create_directories(flags.state_dir, ec);
+    if (std::filesystem::create_directories(flags.state_dir, ec) && !ec) {
+      std::filesystem::permissions(flags.state_dir, std::filesystem::perms::owner_all, ec);
+    }
     if (ec) {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--state-dir ", flags.state_dir,
                                                           ": cannot create: ", ec.message())),
                   "flags");
+    }
+    if (!flags.token_file.empty()) {
+      absl::Status mode = zt::CheckOwnerOnlyFile(flags.token_file, "token file");
+      if (!mode.ok()) return Fail(mode, "token");
     }
     absl::StatusOr<std::string> t = flags.token_file.empty() ? zt::EnsureToken(flags.state_dir)
                                                              : zt::ResolveToken(flags.token_file);
@@ -188,7 +180,9 @@ int Run(Flags flags) {
         .heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms),
         .max_spec_bytes = flags.max_spec_bytes,
         .keep_finished_jobs = flags.keep_finished_jobs,
-        .keep_finished_for = *keep_for};
+        .keep_finished_for = *keep_for,
+
+        .store_min_free_bytes = flags.state_reserve_mib << 20};
     auto created = zt::Coordinator::Create(options, coordinator_metrics.get());
     if (!created.ok()) return Fail(created.status(), "coordinator");
     coordinator = *std::move(created);
@@ -208,7 +202,9 @@ int Run(Flags flags) {
     const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
     coordinator_addr = absl::StrCat(host, ":", server->port());
     // `zt` finds a coordinator through $ZT_STATE_DIR/address (and the token beside it).
-    if (absl::Status s = WriteAtomically(flags.state_dir + "/address", coordinator_addr); !s.ok()) {
+    if (absl::Status s =
+            zt::WriteOwnerOnlyFileAtomically(flags.state_dir + "/address", coordinator_addr + "\n");
+        !s.ok()) {
       return Fail(s, "state directory");
     }
     std::cerr << "ztd: coordinator listening on " << coordinator_addr
@@ -227,6 +223,7 @@ int Run(Flags flags) {
       return Fail(absl::InvalidArgumentError("--coordinator-addr: required with --node"), "flags");
     }
     if (!run_coordinator) {
+      if (absl::Status s = zt::CheckTokenFile(flags.token_file); !s.ok()) return Fail(s, "token");
       auto t = zt::ResolveToken(flags.token_file);
       if (!t.ok()) return Fail(t.status(), "token");
       token = *t;
@@ -308,6 +305,10 @@ int main(int argc, char** argv) {
   app.add_option("--keep-finished-for", flags.keep_finished_for,
                  "Coordinator: delete finished jobs this long after they finished, e.g. 30d, "
                  "12h, 90m (default 30d; 0: no age limit)");
+  app.add_option("--state-reserve-mib", flags.state_reserve_mib,
+                 "Coordinator: MiB the job store keeps free on its disk; writes are refused (and "
+                 "placement pauses) below it, and resume by themselves above it (default 16)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics-addr", flags.metrics_addr,
                  "Prometheus endpoint host:port, or off (default 127.0.0.1:9464, node 9465)");
   app.add_option("--tls-cert", flags.tls_cert, "PEM certificate (coordinator; node: client)");

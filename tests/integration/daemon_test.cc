@@ -190,6 +190,9 @@ TEST_F(DaemonTest, BadCallsAreRefusedWithTheirStatusAndTheDaemonKeepsServing) {
     std::ofstream bad(Path("bad-token"));
     bad << "not-the-token\n";
   }
+  // Owner-only, so that it is refused for its content, not for its mode.
+  std::filesystem::permissions(
+      Path("bad-token"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   EXPECT_EQ(Zt("list --token-file " + Path("bad-token")).exit_code, 5);
 
   // A path outside the allowed roots, named in the answer.

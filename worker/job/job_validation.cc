@@ -390,6 +390,10 @@ void ValidateRest(const JobSpec& spec, Violations& v) {
   v.Set("parallel.reshard_after_forward", p.has_reshard_after_forward());
   if (v.Set("parallel.prefetch_units", p.has_prefetch_units())) {
     v.AtLeast("parallel.prefetch_units", p.prefetch_units(), 0);
+    // Each prefetched unit holds a gather buffer; a huge count hung the planner (issue 20 fuzz).
+    if (p.prefetch_units() > 64) {
+      v.Add(absl::StrCat("parallel.prefetch_units: at most 64, got ", p.prefetch_units()));
+    }
   }
   if (v.Set("parallel.bucket_bytes", p.has_bucket_bytes())) {
     v.AtLeast("parallel.bucket_bytes", p.bucket_bytes(), 0);
