@@ -16,13 +16,17 @@
 //                      register and heartbeat every `--heartbeat-ms` from their own threads;
 //                      then for each count in `--clients` (default 64,256), that many client
 //                      threads, each on its own connection, mix SubmitJob (`--submit-percent`),
-//                      ListJobs (limit 20), GetJob, WatchJob (the history's first event, then
+//                      ListJobs (pages of 20), GetJob, WatchJob (the history's first event, then
 //                      hang up) and CancelJob for `--seconds`: calls/s, p50/p99 latency overall
 //                      and by call, and the failure count with the first failure. Calls wait
 //                      for their channel to be ready within a 30 s deadline. The coordinator's
 //                      VmRSS is sampled every `--rss-interval` seconds over the whole run with
 //                      the job count beside it, so a long run (--seconds 3600) shows whether
-//                      memory stays flat or grows only with the jobs kept.
+//                      memory stays flat or grows only with the jobs kept. With `--live-jobs N`
+//                      a client holding N jobs retires its oldest instead of submitting: it
+//                      cancels it, reports its ranks' exits as their (simulated) node would,
+//                      and deletes it, so the coordinator holds a bounded number of jobs and
+//                      any growth of its memory over an hour is a leak.
 // Each mode prints one JSON line per figure group on stdout; progress goes to stderr.
 // The client threads and the coordinator share this machine's cores.
 #include <signal.h>
@@ -591,13 +595,16 @@ int RunThroughput(const std::string& ztd, const std::string& dir, int nodes, int
 // ---------------------------------------------------------------------------------------------
 // Mixed job-API load while nodes heartbeat
 
-enum class Call { kSubmit, kList, kGet, kWatch, kCancel };
-constexpr const char* kCallNames[] = {"SubmitJob", "ListJobs", "GetJob", "WatchJob", "CancelJob"};
+enum class Call { kSubmit, kList, kGet, kWatch, kCancel, kRetire };
+constexpr int kCallKinds = 6;
+constexpr const char* kCallNames[kCallKinds] = {
+    "SubmitJob", "ListJobs",  "GetJob",
+    "WatchJob",  "CancelJob", "Retire (CancelJob, the ranks' exits, DeleteJob)"};
 
 struct MixedStats {
   int64_t failures = 0;
   std::string first_failure;
-  std::vector<double> latencies_ms[5];
+  std::vector<double> latencies_ms[kCallKinds];
 };
 
 std::unique_ptr<grpc::ClientContext> ReadyContext(const std::string& token) {
@@ -606,15 +613,47 @@ std::unique_ptr<grpc::ClientContext> ReadyContext(const std::string& token) {
   return context;
 }
 
-// One client thread's loop until `end`.
+// Retires job `id`: cancels it, reports every rank of its current attempt as stopped, as the
+// simulated node it was placed on would, and deletes it once it is CANCELLED.
+grpc::Status RetireJob(zerotrain::JobService::Stub& jobs, zerotrain::NodeService::Stub& nodes,
+                       const std::string& token, const std::string& id) {
+  zerotrain::CancelJobRequest cancel;
+  cancel.set_job_id(id);
+  zerotrain::Job job;
+  grpc::Status status = jobs.CancelJob(ReadyContext(token).get(), cancel, &job);
+  if (!status.ok()) return status;
+  if (job.attempts_size() > 0) {
+    const zerotrain::Attempt& attempt = job.attempts(job.attempts_size() - 1);
+    for (const zerotrain::RankPlacement& p : attempt.placement()) {
+      zerotrain::RankReport report;
+      report.set_node_id(p.node_id());
+      report.set_job_id(id);
+      report.set_attempt(attempt.number());
+      report.set_rank(p.rank());
+      report.mutable_exit()->set_outcome(zerotrain::RankExit::STOPPED);
+      zerotrain::RankReportResponse response;
+      status = nodes.ReportRank(ReadyContext(token).get(), report, &response);
+      if (!status.ok()) return status;
+    }
+  }
+  zerotrain::DeleteJobRequest request;
+  request.set_job_id(id);
+  zerotrain::DeleteJobResponse response;
+  return jobs.DeleteJob(ReadyContext(token).get(), request, &response);
+}
+
+// One client thread's loop until `end`. `live_jobs` > 0: at most that many jobs of its own
+// at a time (the oldest is retired instead of a submit).
 void MixedClient(const std::string& address, const std::string& token, const std::string& dir,
-                 int t, int submit_percent, Clock::time_point end, MixedStats* stats,
-                 std::atomic<int64_t>* submitted) {
+                 int t, int submit_percent, int live_jobs, Clock::time_point end, MixedStats* stats,
+                 std::atomic<int64_t>* submitted, std::atomic<int64_t>* retired) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection, as a process has
-  auto jobs = zerotrain::JobService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  const std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto jobs = zerotrain::JobService::NewStub(channel);
+  auto nodes = zerotrain::NodeService::NewStub(channel);
   std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 1);
   std::vector<std::string> mine;
   for (int64_t i = 0; Clock::now() < end; ++i) {
@@ -626,6 +665,9 @@ void MixedClient(const std::string& address, const std::string& token, const std
              : rest < 75 ? Call::kGet
              : rest < 90 ? Call::kWatch
                          : Call::kCancel;
+    }
+    if (call == Call::kSubmit && live_jobs > 0 && static_cast<int>(mine.size()) >= live_jobs) {
+      call = Call::kRetire;
     }
     const std::string some = mine.empty() ? "" : mine[rng() % mine.size()];
     const auto before = Clock::now();
@@ -677,6 +719,12 @@ void MixedClient(const std::string& address, const std::string& token, const std
         status = jobs->CancelJob(ReadyContext(token).get(), request, &job);
         break;
       }
+      case Call::kRetire: {
+        status = RetireJob(*jobs, *nodes, token, mine.front());
+        mine.erase(mine.begin());
+        retired->fetch_add(1);
+        break;
+      }
     }
     stats->latencies_ms[static_cast<int>(call)].push_back(MsSince(before));
     if (!status.ok() && stats->failures++ == 0) {
@@ -696,7 +744,7 @@ nlohmann::json LatencySummary(std::vector<double>& v, double seconds) {
 
 int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
              const std::vector<int>& client_counts, double seconds, int submit_percent,
-             int heartbeat_ms, double rss_interval) {
+             int live_jobs, int heartbeat_ms, double rss_interval) {
   std::optional<CoordinatorChild> started =
       StartCoordinatorChild(ztd, dir, std::max(heartbeat_ms, 10));
   if (!started) return 1;
@@ -739,7 +787,7 @@ int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
   }
 
   // RSS samples with the number of jobs the coordinator keeps.
-  std::atomic<int64_t> jobs_submitted{0};
+  std::atomic<int64_t> jobs_submitted{0}, jobs_retired{0};
   nlohmann::json rss_samples = nlohmann::json::array();
   std::mutex rss_mu;
   std::thread sampler([&] {
@@ -748,7 +796,7 @@ int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
         std::lock_guard<std::mutex> lock(rss_mu);
         rss_samples.push_back({{"t_s", MsSince(start) / 1e3},
                                {"vm_rss", Rss(pid).first},
-                               {"jobs", jobs_submitted.load()}});
+                               {"jobs", jobs_submitted.load() - jobs_retired.load()}});
       }
       const auto next = Clock::now() + std::chrono::duration<double>(rss_interval);
       while (!stop.load() && Clock::now() < next) {
@@ -767,8 +815,8 @@ int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
     const Clock::time_point end = run_start + std::chrono::duration_cast<Clock::duration>(
                                                   std::chrono::duration<double>(seconds));
     for (int t = 0; t < clients; ++t) {
-      threads.emplace_back(MixedClient, address, token, dir, t, submit_percent, end, &stats[t],
-                           &jobs_submitted);
+      threads.emplace_back(MixedClient, address, token, dir, t, submit_percent, live_jobs, end,
+                           &stats[t], &jobs_submitted, &jobs_retired);
     }
     for (std::thread& th : threads) th.join();
     const double elapsed = MsSince(run_start) / 1e3;
@@ -776,14 +824,15 @@ int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
     for (MixedStats& s : stats) {
       all.failures += s.failures;
       if (all.first_failure.empty()) all.first_failure = s.first_failure;
-      for (int c = 0; c < 5; ++c) {
+      for (int c = 0; c < kCallKinds; ++c) {
         all.latencies_ms[c].insert(all.latencies_ms[c].end(), s.latencies_ms[c].begin(),
                                    s.latencies_ms[c].end());
       }
     }
     std::vector<double> every;
     nlohmann::json by_call;
-    for (int c = 0; c < 5; ++c) {
+    for (int c = 0; c < kCallKinds; ++c) {
+      if (all.latencies_ms[c].empty()) continue;
       every.insert(every.end(), all.latencies_ms[c].begin(), all.latencies_ms[c].end());
       by_call[kCallNames[c]] = LatencySummary(all.latencies_ms[c], elapsed);
     }
@@ -803,6 +852,8 @@ int RunMixed(const std::string& ztd, const std::string& dir, int nodes,
                                {"nodes", nodes},
                                {"heartbeat_ms", heartbeat_ms},
                                {"submit_percent", submit_percent},
+                               {"live_jobs", live_jobs},
+                               {"jobs_retired", jobs_retired.load()},
                                {"runs", runs},
                                {"heartbeats", heartbeats.load()},
                                {"node_failures", node_failures.load()},
@@ -818,7 +869,7 @@ int main(int argc, char** argv) {
   int jobs = 5, steps = 20, nodes = 1000, threads = 12;
   double seconds = 10, submit_seconds = 5;
   std::vector<int> clients = {64, 256};
-  int submit_percent = 10, heartbeat_ms = 1000;
+  int submit_percent = 10, live_jobs = 0, heartbeat_ms = 1000;
   double rss_interval = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -849,6 +900,8 @@ int main(int argc, char** argv) {
         clients.push_back(std::atoi(item.c_str()));
     } else if (flag == "--submit-percent")
       submit_percent = std::atoi(value.c_str());
+    else if (flag == "--live-jobs")
+      live_jobs = std::atoi(value.c_str());
     else if (flag == "--heartbeat-ms")
       heartbeat_ms = std::atoi(value.c_str());
     else if (flag == "--rss-interval")
@@ -863,17 +916,19 @@ int main(int argc, char** argv) {
   if ((mode != "latency" && mode != "throughput" && mode != "mixed") || ztd.empty() ||
       dir.empty() || jobs < 1 || steps < 1 || nodes < 1 || threads < 1 || seconds <= 0 ||
       submit_seconds <= 0 || !clients_ok || submit_percent < 1 || submit_percent > 100 ||
-      heartbeat_ms < 1 || rss_interval <= 0) {
+      live_jobs < 0 || heartbeat_ms < 1 || rss_interval <= 0) {
     std::fprintf(stderr,
                  "usage: control_plane_bench --mode latency|throughput|mixed --ztd PATH --dir DIR "
                  "[--zt PATH] [--jobs N>=1] [--steps N>=1] [--nodes N>=1] [--threads N>=1] "
                  "[--seconds S>0] [--submit-seconds S>0] [--clients N,N,...] "
-                 "[--submit-percent 1..100] [--heartbeat-ms MS>=1] [--rss-interval S>0]\n");
+                 "[--submit-percent 1..100] [--live-jobs N>=0] [--heartbeat-ms MS>=1] "
+                 "[--rss-interval S>0]\n");
     return 2;
   }
   std::filesystem::create_directories(dir);
   if (mode == "mixed") {
-    return RunMixed(ztd, dir, nodes, clients, seconds, submit_percent, heartbeat_ms, rss_interval);
+    return RunMixed(ztd, dir, nodes, clients, seconds, submit_percent, live_jobs, heartbeat_ms,
+                    rss_interval);
   }
   return mode == "latency" ? RunLatency(ztd, zt, dir, jobs, steps)
                            : RunThroughput(ztd, dir, nodes, threads, seconds, submit_seconds);

@@ -18,6 +18,8 @@
 #   CLIENTS         client counts of the mixed load, comma-separated (default 64,256)
 #   MIXED_SECONDS   seconds of mixed load per client count (default 20)
 #   MIXED_NODES     simulated nodes heartbeating once a second during it (default 100)
+#   LIVE_JOBS       jobs each mixed-load client keeps before it retires its oldest (cancel,
+#                   its ranks' exits, delete); 0: no limit (default 0; 32 for the hour)
 #   RSS_INTERVAL    seconds between coordinator RSS samples (default 10)
 #   WORK_DIR        state directories and logs (default: a temporary directory, removed)
 #   RAW_OUT         file to which the raw JSON lines are appended (default: a temporary file)
@@ -64,7 +66,7 @@ echo "[$(date +%T)] throughput: ${NODES:-1000} nodes, ${THREADS:-12} client thre
   --submit-seconds "${SECONDS_SUBMIT:-5}" >>"$raw" || echo "throughput run failed" >&2
 echo "[$(date +%T)] mixed: ${CLIENTS:-64,256} clients, ${MIXED_SECONDS:-20} s each" >&2
 "$bench_bin" --mode mixed --ztd "$ztd_bin" --dir "$work/mixed" --nodes "${MIXED_NODES:-100}" \
-  --clients "${CLIENTS:-64,256}" --seconds "${MIXED_SECONDS:-20}" \
+  --clients "${CLIENTS:-64,256}" --seconds "${MIXED_SECONDS:-20}" --live-jobs "${LIVE_JOBS:-0}" \
   --rss-interval "${RSS_INTERVAL:-10}" >>"$raw" || echo "mixed run failed" >&2
 echo "raw results: $raw" >&2
 
