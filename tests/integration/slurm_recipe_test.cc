@@ -132,10 +132,19 @@ TEST_F(SlurmRecipeTest, PreemptedBatchJobIsRequeuedAndEndsWithUninterruptedWeigh
   ASSERT_FALSE(id.empty());
   const RunResult signal = SlurmCluster::Run("scancel --signal=USR1 --batch " + id);
   ASSERT_EQ(signal.exit_code, 0) << signal.output;
+  // The requeue first: while the first run's allocation is torn down, its state can read as
+  // ended before Slurm counts the restart (a loaded CI run once saw FAILED there).
+  const auto requeue_deadline = Clock::now() + std::chrono::seconds(60);
+  while (SlurmCluster::JobField(id, "Restarts") != "1") {
+    ASSERT_LT(Clock::now(), requeue_deadline)
+        << "not requeued; state " << SlurmCluster::JobField(id, "JobState") << "\n"
+        << BatchOutputTail(id) << ReadText(slurm_->Path("slurmctld.log"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 
   const std::string state = WaitForBatchEnd(id, std::chrono::seconds(120));
   const std::string output = BatchOutput(id);
-  ASSERT_EQ(state, "COMPLETED") << BatchOutputTail(id);
+  ASSERT_EQ(state, "COMPLETED") << BatchOutputTail(id) << ReadText(slurm_->Path("slurmctld.log"));
   EXPECT_EQ(SlurmCluster::JobField(id, "ExitCode"), "0:0");
   EXPECT_EQ(SlurmCluster::JobField(id, "Restarts"), "1");
   EXPECT_NE(output.find("exit 75"), std::string::npos) << BatchOutputTail(id);
