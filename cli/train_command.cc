@@ -147,6 +147,8 @@ absl::Status RunTrain(const TrainFlags& flags) {
           "--resume: give the checkpoint directory, or set checkpoint.dir in the job");
     }
     options.resume_fallback = flags.fallback;
+    // --resume is the explicit request to continue whatever checkpoints the directory holds.
+    options.take_over_checkpoints = true;
   } else if (flags.fallback) {
     return absl::InvalidArgumentError("--fallback: only with --resume");
   }

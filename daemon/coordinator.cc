@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/job/allowed_roots.h"
 #include "worker/job/job_defaults.h"
 #include "worker/job/job_loading.h"
@@ -35,16 +37,15 @@ constexpr size_t kMaxPrunedPerPass = 500;
 
 absl::Status CheckRequestId(const std::string& id) {
   if (id.size() > kMaxRequestIdChars) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id: ", id.size(),
-                                                   " characters; at most ", kMaxRequestIdChars));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: ", id.size(), " characters; at most ", kMaxRequestIdChars));
   }
   for (size_t i = 0; i < id.size(); ++i) {
     const char c = id[i];
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request_id: may hold only [A-Za-z0-9._-], found byte 0x",
-                       absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2), " at position ",
-                       i));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request_id: may hold only [A-Za-z0-9._-], found byte 0x",
+          absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2), " at position ", i));
     }
   }
   return absl::OkStatus();
@@ -292,6 +293,43 @@ absl::StatusOr<Job> Coordinator::Submit(const zerotrain::JobSpec& spec,
   return SubmitValidated(spec, /*resume_fallback=*/false, request_id);
 }
 
+namespace {
+
+// `dir` made absolute and lexically normal, without a trailing separator.
+std::filesystem::path NormalDir(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
+  return p.has_filename() ? p : p.parent_path();
+}
+
+// Whether `a` is `b` or one of its ancestors, by path components.
+bool IsSameOrAncestor(const std::filesystem::path& a, const std::filesystem::path& b) {
+  return std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first == a.end();
+}
+
+}  // namespace
+
+absl::Status Coordinator::CheckCheckpointDirUnused(const std::string& dir) const {
+  if (dir.empty()) return absl::OkStatus();
+  // Lexical: symlinks are not followed (docs/daemon.md); paths are what the jobs wrote.
+  const std::filesystem::path mine = NormalDir(dir);
+  for (const auto& [id, record] : jobs_) {
+    const std::string& theirs_text = record.job.spec().checkpoint().dir();
+    if (IsFinished(record.job.state()) || theirs_text.empty()) continue;
+    const std::filesystem::path theirs = NormalDir(theirs_text);
+    const bool inside = IsSameOrAncestor(theirs, mine), contains = IsSameOrAncestor(mine, theirs);
+    if (!inside && !contains) continue;
+    const std::string how = mine == theirs ? "is the checkpoint.dir"
+                            : inside       ? "lies inside the checkpoint.dir"
+                                           : "contains the checkpoint.dir";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir: '", mine.string(), "' ", how, " '", theirs.string(), "' of job ", id, " (",
+        record.job.spec().name(), "), which is ", Job::State_Name(record.job.state()),
+        "; two jobs never share a checkpoint directory tree: choose another, or wait until ", id,
+        " has finished"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::CheckSpecSize(const zerotrain::JobSpec& spec) const {
   const size_t bytes = spec.ByteSizeLong();
   if (static_cast<int64_t>(bytes) <= options_.max_spec_bytes) return absl::OkStatus();
@@ -310,7 +348,8 @@ const Coordinator::JobRecord* Coordinator::JobOfRequest(const std::string& reque
 
 absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
                                                  bool resume_fallback,
-                                                 const std::string& request_id) {
+                                                 const std::string& request_id,
+                                                 bool takes_over_checkpoints) {
   ZT_RETURN_IF_ERROR(CheckRequestId(request_id));
   // A retry of a submit whose reply was lost: the job the first call made, as it is now.
   auto repeated = [&](const JobRecord& made) -> absl::StatusOr<Job> {
@@ -329,6 +368,9 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec validated,
                       ValidatedJob(spec, {.check_paths = false, .check_engine_support = true}));
   ZT_RETURN_IF_ERROR(roots_.CheckJob(validated));
+  // A new job has no id yet, so any job's checkpoints there are another job's.
+  ZT_RETURN_IF_ERROR(
+      CheckCheckpointOwnership(validated.checkpoint().dir(), /*me=*/"", takes_over_checkpoints));
   int64_t device_memory;
   {
     absl::MutexLock lock(&mu_);
@@ -353,6 +395,7 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   absl::MutexLock lock(&mu_);
   // The same request_id may have been submitted concurrently while this one validated.
   if (const JobRecord* made = JobOfRequest(request_id)) return repeated(*made);
+  ZT_RETURN_IF_ERROR(CheckCheckpointDirUnused(validated.checkpoint().dir()));
   JobRecord probe;
   probe.job.set_id(validated.name());
   *probe.job.mutable_spec() = effective;
@@ -382,6 +425,7 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   record.job.set_created_ms(now);
   record.job.set_run_dir(absl::StrCat(options_.run_root, "/", id));
   record.job.set_request_id(request_id);
+  record.job.set_takes_over_checkpoints(takes_over_checkpoints);
   absl::Status persisted = AddEvent(record, Job::PENDING, "submitted");
   if (!persisted.ok()) {
     unsaved_.erase(id);
@@ -405,8 +449,8 @@ absl::StatusOr<zerotrain::ListJobsResponse> Coordinator::ListJobs(
     const zerotrain::ListJobsRequest& request) const {
   if (request.page_size() < 0 || request.page_size() > kMaxListPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size: ", request.page_size(),
-                                                   " is outside 0..", kMaxListPageSize, " (0: ",
-                                                   kDefaultListPageSize, ")"));
+                                                   " is outside 0..", kMaxListPageSize,
+                                                   " (0: ", kDefaultListPageSize, ")"));
   }
   const size_t page_size =
       static_cast<size_t>(request.page_size() == 0 ? kDefaultListPageSize : request.page_size());
@@ -492,8 +536,8 @@ int Coordinator::PruneFinishedJobs() {
   // Each deletion is a synced write under the lock: a backlog (a lowered limit, a long
   // downtime) drains over several passes instead of stalling every call for seconds.
   for (size_t i = 0; i < finished.size() && doomed.size() < kMaxPrunedPerPass; ++i) {
-    const bool too_many = options_.keep_finished_jobs > 0 &&
-                          static_cast<int64_t>(i) >= options_.keep_finished_jobs;
+    const bool too_many =
+        options_.keep_finished_jobs > 0 && static_cast<int64_t>(i) >= options_.keep_finished_jobs;
     const bool too_old = max_age_ms > 0 && now - finished[i]->job.updated_ms() > max_age_ms;
     if (too_many || too_old) doomed.push_back(finished[i]->job.id());
   }
@@ -545,7 +589,8 @@ absl::StatusOr<Job> Coordinator::Resume(const zerotrain::ResumeJobRequest& reque
     }
     zerotrain::JobSpec spec = request.spec();
     spec.mutable_checkpoint()->set_dir(dir);
-    return SubmitValidated(spec, request.fallback());
+    return SubmitValidated(spec, request.fallback(), /*request_id=*/"",
+                           /*takes_over_checkpoints=*/true);
   }
   if (request.target_case() != zerotrain::ResumeJobRequest::kJobId) {
     return absl::InvalidArgumentError("target: set job_id or checkpoint");

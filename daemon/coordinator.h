@@ -223,10 +223,18 @@ class Coordinator {
   absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   void BackgroundLoop();
 
+  // `takes_over_checkpoints`: ResumeJob(checkpoint), which continues whichever job's
+  // checkpoints checkpoint.dir holds; otherwise a directory holding another job's is refused.
   absl::StatusOr<zerotrain::Job> SubmitValidated(const zerotrain::JobSpec& spec,
                                                  bool resume_fallback,
-                                                 const std::string& request_id = "")
+                                                 const std::string& request_id = "",
+                                                 bool takes_over_checkpoints = false)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // FailedPrecondition naming both directories and the job when `dir` is, contains or lies
+  // inside the checkpoint.dir of a job that has not finished: two jobs never write, resume
+  // or prune one directory tree at once.
+  absl::Status CheckCheckpointDirUnused(const std::string& dir) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // InvalidArgument naming both sizes when `spec` is over max_spec_bytes.
   absl::Status CheckSpecSize(const zerotrain::JobSpec& spec) const;
   // The job a request_id made, if any.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/coordinator.h"
 #include "worker/checkpoint/checkpoint_directory.h"
+#include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/status_macros.h"
 
 namespace zt {
@@ -145,7 +146,11 @@ absl::Status Coordinator::FinishCancelIfDrained(JobRecord& record) {
 absl::Status Coordinator::StartAttempt(JobRecord& record, const JobPlacement& placement) {
   Job& job = record.job;
   const std::string& dir = job.spec().checkpoint().dir();
-  const bool resume = HasLatest(dir);
+  // Only the job's own checkpoints, unless it was made to take over a directory's
+  // (ResumeJob(checkpoint)): a first attempt never resumes from another job's.
+  absl::StatusOr<std::optional<CheckpointOwner>> owner = ReadCheckpointOwner(dir);
+  const bool own = owner.ok() && owner->has_value() && (*owner)->job_id == job.id();
+  const bool resume = HasLatest(dir) && (own || job.takes_over_checkpoints());
   zerotrain::Attempt* attempt = job.add_attempts();
   attempt->set_number(job.attempts_size());
   attempt->set_started_ms(NowMs());
@@ -173,6 +178,7 @@ absl::Status Coordinator::StartAttempt(JobRecord& record, const JobPlacement& pl
       devices.push_back(absl::StrCat(p->device()));
     }
     start->set_resume_dir(resume ? dir : "");
+    start->set_take_over_checkpoints(job.takes_over_checkpoints());
     start->set_resume_fallback(record.resume_fallback);
     start->set_run_dir(job.run_dir());
     start->set_store_scope(absl::StrCat(job.id(), "/", attempt->number()));

@@ -115,6 +115,17 @@ std::vector<std::vector<size_t>> SplitIntoShards(const std::vector<HfTensor>& ta
   return shards;
 }
 
+// The rank-state role of the fp32 weights the optimizer updates: the master copy when the
+// precision keeps one.
+std::string WeightsRole(const zerotrain::PrecisionConfig& precision) {
+  const bool master =
+      precision.has_master_weights()
+          ? precision.master_weights()
+          : precision.param_dtype() != zerotrain::PrecisionConfig::FP32 &&
+                precision.param_dtype() != zerotrain::PrecisionConfig::DTYPE_UNSPECIFIED;
+  return master ? "master" : "params";
+}
+
 }  // namespace
 
 absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint) {
@@ -174,14 +185,7 @@ absl::StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& check
                      "); give a new or empty directory, or remove those files"));
   }
 
-  // The fp32 weights the optimizer updates: the master copy when there is one.
-  const zerotrain::PrecisionConfig& precision = job.precision();
-  const bool master =
-      precision.has_master_weights()
-          ? precision.master_weights()
-          : precision.param_dtype() != zerotrain::PrecisionConfig::FP32 &&
-                precision.param_dtype() != zerotrain::PrecisionConfig::DTYPE_UNSPECIFIED;
-  const std::string role = master ? "master" : "params";
+  const std::string role = WeightsRole(job.precision());
   const std::string step_dir = ckpt->path();
   auto rank_file = [&](int r) { return JoinPath(step_dir, RankFileName(r)); };
 
@@ -228,6 +232,49 @@ absl::StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& check
   ZT_RETURN_IF_ERROR(WriteJsonFile(out_dir, kHfConfigName, config));
   result.files.push_back(kHfConfigName);
   return result;
+}
+
+bool IsCheckpoint(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  return std::filesystem::exists(p / kCheckpointLatestName, ec) ||
+         std::filesystem::exists(p / kCheckpointManifestName, ec);
+}
+
+absl::Status ReadCheckpointWeights(const std::string& checkpoint,
+                                   const zerotrain::ModelConfig& model,
+                                   const std::vector<float*>& units) {
+  ZT_ASSIGN_OR_RETURN(const std::unique_ptr<Checkpoint> ckpt, OpenVerified(checkpoint));
+  ZT_ASSIGN_OR_RETURN(const zerotrain::JobSpec saved, SavedJobSpec(*ckpt));
+  const ModelLayout layout = BuildModelLayout(model);
+  const ModelLayout saved_layout = BuildModelLayout(saved.model());
+  auto other_model = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat("model.init_from: checkpoint '", ckpt->path(),
+                                                      "' was saved for another model: ", what));
+  };
+  if (saved.model().family() != model.family()) {
+    return other_model(
+        absl::StrCat("family ", zerotrain::ModelConfig::Family_Name(saved.model().family()),
+                     ", this job's ", zerotrain::ModelConfig::Family_Name(model.family())));
+  }
+  if (saved_layout.units.size() != layout.units.size() || units.size() != layout.units.size()) {
+    return other_model(
+        absl::StrCat(saved_layout.units.size(), " units, this job's ", layout.units.size()));
+  }
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    if (saved_layout.units[u].numel != layout.units[u].numel) {
+      return other_model(absl::StrCat("unit ", u, " has ", saved_layout.units[u].numel,
+                                      " parameters, this job's ", layout.units[u].numel));
+    }
+  }
+  const std::string role = WeightsRole(saved.precision());
+  const std::string step_dir = ckpt->path();
+  auto rank_file = [&](int r) { return JoinPath(step_dir, RankFileName(r)); };
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    ZT_RETURN_IF_ERROR(ReadUnitRange(saved, rank_file, static_cast<int>(u), role, 0,
+                                     layout.units[u].numel, units[u]));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zt

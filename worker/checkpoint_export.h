@@ -74,4 +74,17 @@ absl::StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& check
                                                         const std::string& out_dir,
                                                         const CheckpointExportOptions& options);
 
+// Whether `path` is a checkpoint: a checkpoint.dir (it has `latest`) or one step directory (it
+// has manifest.json). model.init_from takes one, or a Hugging Face model directory.
+bool IsCheckpoint(const std::string& path);
+
+// The fp32 weights of `checkpoint` (a checkpoint.dir's `latest` step, or one step directory),
+// written at any world size and ZeRO stage, into units[u][0, numel) of `model`'s layout: the
+// master weights when the saved precision keeps them, else the parameters. Every rank file is
+// verified first (DataLoss naming a corrupt one). FailedPrecondition naming the checkpoint
+// and the first difference when it was saved for another model (family or a unit's size).
+absl::Status ReadCheckpointWeights(const std::string& checkpoint,
+                                   const zerotrain::ModelConfig& model,
+                                   const std::vector<float*>& units);
+
 }  // namespace zt

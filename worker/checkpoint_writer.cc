@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -19,13 +20,15 @@ std::string RankFileName(int rank) { return absl::StrFormat("rank-%05d.safetenso
 
 CheckpointWriter::CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store,
                                    const MemoryPlan& plan, const Arenas& arenas,
-                                   bool replace_existing)
+                                   bool replace_existing, CheckpointOwner owner, bool take_over)
     : job_(job),
       rank_(rank),
       store_(store),
       plan_(plan),
       arenas_(arenas),
       replace_existing_(replace_existing),
+      owner_(std::move(owner)),
+      take_over_(take_over),
       weights_only_(!job.checkpoint().save_optimizer()) {
   if (job.checkpoint().async()) {
     absl::StatusOr<Tensor> staging = arenas.Get("checkpoint.staging");
@@ -65,8 +68,16 @@ absl::Status CheckpointWriter::Write(int64_t step, const nlohmann::json& state, 
   std::unique_ptr<CheckpointSave> save;
   std::string path;
   if (rank_ == 0) {
+    // The owner record precedes the first save: checked again here, since another job may
+    // have saved into the directory since set-up.
+    absl::Status claimed =
+        claimed_ ? absl::OkStatus() : ClaimCheckpointDirectory(dir, owner_, take_over_);
+    // The first save also clears what killed runs left behind (a pruning, a save).
+    if (claimed.ok() && !claimed_) claimed = RemoveCheckpointLeftovers(dir);
+    claimed_ = claimed.ok();
     absl::StatusOr<std::unique_ptr<CheckpointSave>> begun =
-        BeginSave(dir, step, {.overwrite = replace_existing_});
+        claimed.ok() ? BeginSave(dir, step, {.overwrite = replace_existing_})
+                     : absl::StatusOr<std::unique_ptr<CheckpointSave>>(claimed);
     ZT_RETURN_IF_ERROR(store_->Set(prefix + "path",
                                    begun.ok() ? "ok:" + (*begun)->current_path()
                                               : absl::StrCat("error:", begun.status().message())));

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "proto/job.pb.h"
+#include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/comm/store.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
@@ -32,9 +33,12 @@ namespace zt {
 class CheckpointWriter {
  public:
   // `store`, `plan` and `arenas` must outlive the writer. `replace_existing`: a resumed run's
-  // saves replace the saves of its abandoned future.
+  // saves replace the saves of its abandoned future. Rank 0 claims checkpoint.dir for `owner`
+  // before its first save (ClaimCheckpointDirectory; `take_over`: an explicit continuation of
+  // another job's checkpoints).
   CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store, const MemoryPlan& plan,
-                   const Arenas& arenas, bool replace_existing);
+                   const Arenas& arenas, bool replace_existing, CheckpointOwner owner,
+                   bool take_over);
   ~CheckpointWriter();
 
   // Saves the rank's state as of now as step `step`; `state` is the manifest's (rank 0's).
@@ -54,6 +58,9 @@ class CheckpointWriter {
   const MemoryPlan& plan_;
   const Arenas& arenas_;
   bool replace_existing_;
+  CheckpointOwner owner_;
+  bool take_over_;
+  bool claimed_ = false;
   bool weights_only_;  // checkpoint.save_optimizer false
   std::optional<Tensor> staging_;
   std::future<absl::Status> in_flight_;

@@ -15,7 +15,9 @@
 #include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint_directory.h"
+#include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/rank_state.h"
@@ -116,6 +118,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                          .consecutive_hysteresis = ls.consecutive_hysteresis()});
   }
 
+  const CheckpointOwner owner =
+      options.checkpoint_owner.empty()
+          ? LocalRunOwner(job.name())
+          : CheckpointOwner{.job_id = options.checkpoint_owner, .job_name = job.name()};
+  // Another job's checkpoints are never resumed, interleaved with or pruned unless asked for:
+  // checked before the resume and any step; the directory is claimed before the first save.
+  ZT_RETURN_IF_ERROR(CheckCheckpointOwnership(job.checkpoint().dir(), owner.job_id,
+                                              options.take_over_checkpoints));
   if (!options.resume_dir.empty()) {
     const auto resume_start = Clock::now();
     ZT_RETURN_IF_ERROR(t->Resume());
@@ -123,7 +133,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   }
   if (!job.checkpoint().dir().empty()) {
     t->checkpoint_writer_.emplace(job, rank, store, t->plan_, *t->arenas_,
-                                  /*replace_existing=*/!options.resume_dir.empty());
+                                  /*replace_existing=*/!options.resume_dir.empty(), owner,
+                                  options.take_over_checkpoints);
   }
   // A run that is not continuing the checkpoints in checkpoint.dir must not interleave its
   // saves with them (its `latest` would hide theirs, and pruning would delete them).
@@ -199,7 +210,11 @@ absl::Status Trainer::InitializeWeights() {
       imported.emplace_back(u.numel);
       units.push_back(imported.back().data());
     }
-    ZT_RETURN_IF_ERROR(ImportHuggingFace(model.init_from(), model, layout, units));
+    // A ZeroTrain checkpoint (another job's, started from explicitly) or a Hugging Face
+    // model directory.
+    ZT_RETURN_IF_ERROR(IsCheckpoint(model.init_from())
+                           ? ReadCheckpointWeights(model.init_from(), model, units)
+                           : ImportHuggingFace(model.init_from(), model, layout, units));
   }
   // The fp32 values pass through a bounded buffer, a chunk at a time, so set-up never holds
   // a whole unit beside the arenas (the memory plan is the peak).
@@ -261,7 +276,7 @@ std::string ProtoJson(const google::protobuf::Message& m) {
 
 }  // namespace
 
-absl::Status Trainer::SaveCheckpoint() {
+absl::Status Trainer::SaveCheckpoint(bool final) {
   nlohmann::json state = {{"step", step_},
                           {"optimizer_steps", optimizer_->steps_taken()},
                           {"world_size", job_.parallel().world_size()},
@@ -280,11 +295,22 @@ absl::Status Trainer::SaveCheckpoint() {
                             {"overflows_at_min_scale", ls.overflows_at_min_scale},
                             {"skipped_steps", ls.skipped_steps}};
   }
-  return SaveOutcome(checkpoint_writer_->Save(step_, std::move(state)));
+  // Synchronous: the outcome is this save's. Asynchronous: the previous save's (never the
+  // final one: that is the last); Finish() gives this one's.
+  const bool synchronous = !job_.checkpoint().async();
+  last_save_final_ = final;
+  return SaveOutcome(checkpoint_writer_->Save(step_, std::move(state)), synchronous && final);
 }
 
-absl::Status Trainer::SaveOutcome(absl::Status saved) {
+absl::Status Trainer::SaveOutcome(absl::Status saved, bool final) {
   if (saved.ok()) return saved;
+  if (final) {
+    return absl::Status(saved.code(),
+                        absl::StrCat("the final checkpoint (step ", step_,
+                                     ") failed, so the run did not succeed (on_save_error: "
+                                     "CONTINUE covers the periodic saves only): ",
+                                     saved.message()));
+  }
   if (job_.checkpoint().on_save_error() == zerotrain::CheckpointConfig::CONTINUE) {
     // The previous checkpoint is intact; the next save tries again.
     std::fprintf(stderr, "zt: rank %d: checkpoint failed, training goes on: %s\n", options_.rank,
@@ -548,11 +574,11 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
     }
     ZT_RETURN_IF_ERROR(AppendMetrics(r));
     const auto& ckpt = job_.checkpoint();
-    const bool save_due = r.step % ckpt.interval_steps() == 0 || r.step == train.max_steps() ||
-                          r.stop == StopKind::kCheckpointThenStop;
+    const bool final_save = r.step == train.max_steps() || r.stop == StopKind::kCheckpointThenStop;
+    const bool save_due = r.step % ckpt.interval_steps() == 0 || final_save;
     if (!ckpt.dir().empty() && save_due) {
       const auto save_start = Clock::now();
-      ZT_RETURN_IF_ERROR(SaveCheckpoint());
+      ZT_RETURN_IF_ERROR(SaveCheckpoint(final_save));
       r.checkpoint_s = std::chrono::duration<double>(Clock::now() - save_start).count();
       for (const BufferSpec* b : CheckpointedBuffers(plan_, !ckpt.save_optimizer())) {
         r.checkpoint_bytes += b->bytes();
@@ -575,7 +601,8 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
     }
   }
   std::move(finish_save).Cancel();
-  return checkpoint_writer_ ? SaveOutcome(checkpoint_writer_->Finish()) : absl::OkStatus();
+  return checkpoint_writer_ ? SaveOutcome(checkpoint_writer_->Finish(), last_save_final_)
+                            : absl::OkStatus();
 }
 
 }  // namespace zt

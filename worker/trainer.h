@@ -64,6 +64,13 @@ struct TrainOptions {
   // When that checkpoint does not verify, take the newest older one that does (and say so on
   // stderr) instead of failing.
   bool resume_fallback = false;
+  // Whose checkpoints checkpoint.dir holds (worker/checkpoint/checkpoint_owner.h): a daemon
+  // job's id; empty: LocalRunOwner(name), a `zt train` run. A run refuses a directory that
+  // holds another job's checkpoints, and claims it before its first save.
+  std::string checkpoint_owner;
+  // Continue another job's checkpoints in checkpoint.dir: an explicit request (`zt train
+  // --resume`, `zt resume DIR --job FILE`); the run claims the directory.
+  bool take_over_checkpoints = false;
   // Polled at every step; not owned, may be null. Run() stops after the step at which any
   // rank of the job saw a request (all ranks agree on that step), first saving a checkpoint
   // when one was asked for and checkpoint.dir is set.
@@ -79,11 +86,11 @@ struct StepRecord {
   double tokens_per_s = 0;
   double step_ms = 0;
   std::optional<double> val_loss;
-  double loss_scale = 1;   // the scale this step's backward ran with (1 without fp16)
-  int64_t skipped = 0;     // steps skipped so far because fp16 gradients overflowed
-  int64_t comm_bytes = 0;  // bytes this rank sent in the step's collectives
-  double comm_s = 0;       // seconds its communicators spent running them
-  double comm_wait_s = 0;  // seconds its compute waited for them (not hidden by overlap)
+  double loss_scale = 1;            // the scale this step's backward ran with (1 without fp16)
+  int64_t skipped = 0;              // steps skipped so far because fp16 gradients overflowed
+  int64_t comm_bytes = 0;           // bytes this rank sent in the step's collectives
+  double comm_s = 0;                // seconds its communicators spent running them
+  double comm_wait_s = 0;           // seconds its compute waited for them (not hidden by overlap)
   StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
   // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
   // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's
@@ -141,8 +148,12 @@ class Trainer {
   absl::Status InitializeWeights();
   // Saves the step just taken into checkpoint.dir (every rank takes part; worker/
   // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
-  absl::Status SaveCheckpoint();
-  absl::Status SaveOutcome(absl::Status saved);
+  // `final`: the save at max_steps or of a stop (see SaveOutcome).
+  absl::Status SaveCheckpoint(bool final);
+  // `saved` as the run's outcome: with on_save_error CONTINUE a failed save is reported and
+  // training goes on, unless it is the `final` one (at max_steps, or the checkpoint of a
+  // stop): a run whose last state is not saved never succeeds.
+  absl::Status SaveOutcome(absl::Status saved, bool final);
   // Restores the state options_.resume_dir's checkpoint holds (each rank its own file).
   absl::Status Resume();
 
@@ -164,6 +175,8 @@ class Trainer {
   std::optional<Sampler> train_sampler_, val_sampler_;
   int64_t step_ = 0;  // optimizer steps done
   bool stopped_early_ = false;
+  // Whether the last save begun was a final one (its outcome comes from Finish() when async).
+  bool last_save_final_ = false;
   double resume_seconds_ = 0;
   std::string metrics_path_;
 };

@@ -459,15 +459,55 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListComplete(const std::string& dir
   return out;
 }
 
+namespace {
+
+// Removes step directory `path` of `dir` crash-safely: renamed to a `.tmp-` name first (one
+// atomic step after which no reader sees it as a checkpoint), then deleted. A process killed
+// in between, or half-way through the deletion, leaves only a `.tmp-` entry, which
+// RemoveCheckpointLeftovers() deletes; never a half-deleted step directory.
+absl::Status RemoveStepDirectory(const std::string& dir, const std::string& path) {
+  const std::string aside =
+      JoinPath(dir, absl::StrCat(kCheckpointTempPrefix, "pruned-",
+                                 std::filesystem::path(path).filename().string()));
+  if (IsDirectory(aside)) ZT_RETURN_IF_ERROR(RemoveTree(aside));
+  if (std::rename(path.c_str(), aside.c_str()) != 0) {
+    return ErrnoStatus(errno, "cannot move aside the pruned step directory", path);
+  }
+  ZT_RETURN_IF_ERROR(SyncDirectory(dir));
+  return RemoveTree(aside);
+}
+
+}  // namespace
+
+absl::Status RemoveCheckpointLeftovers(const std::string& dir) {
+  ZT_ASSIGN_OR_RETURN(const std::vector<std::string> names, ListNames(dir));
+  std::vector<std::string> stale;
+  {
+    std::lock_guard<std::mutex> lock(LiveTempMutex());
+    for (const std::string& name : names) {
+      const std::string path = JoinPath(dir, name);
+      const bool temp =
+          name.rfind(kCheckpointTempPrefix, 0) == 0 && LiveTempPaths().count(path) == 0;
+      // A step directory without a manifest was never published (Publish renames sealed
+      // directories only): the remains of a deletion that an older version did in place.
+      const bool unpublished = ParseStepDirName(name).has_value() && IsDirectory(path) &&
+                               !IsRegularFile(JoinPath(path, kCheckpointManifestName));
+      if (temp || unpublished) stale.push_back(path);
+    }
+  }
+  for (const std::string& path : stale) ZT_RETURN_IF_ERROR(RemoveTree(path));
+  if (!stale.empty()) ZT_RETURN_IF_ERROR(SyncDirectory(dir));
+  return absl::OkStatus();
+}
+
 absl::Status Prune(const std::string& dir, int keep_last) {
   if (keep_last < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint keep_last ", keep_last, " for '", dir, "': must be >= 1"));
   }
   ZT_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> complete, ListComplete(dir));
-  // Without a valid `latest` nothing is known to count: only temporary entries go.
+  // Without a valid `latest` nothing is known to count: only leftovers go.
   absl::StatusOr<std::string> latest = FindLatest(dir);
-  bool removed_any = false;
   if (latest.ok()) {
     const std::optional<int64_t> latest_step =
         ParseStepDirName(std::filesystem::path(*latest).filename().string());
@@ -476,8 +516,7 @@ absl::Status Prune(const std::string& dir, int keep_last) {
       if (entry.step > *latest_step) {
         // Renamed into place but `latest` never moved: a save that died before it counted.
         // Loading ignores it, and left here it would block the resumed run's save of that step.
-        ZT_RETURN_IF_ERROR(RemoveTree(entry.path));
-        removed_any = true;
+        ZT_RETURN_IF_ERROR(RemoveStepDirectory(dir, entry.path));
       } else {
         counted.push_back(&entry);
       }
@@ -485,28 +524,10 @@ absl::Status Prune(const std::string& dir, int keep_last) {
     const size_t keep = static_cast<size_t>(keep_last);
     for (size_t i = 0; i + keep < counted.size(); ++i) {
       if (counted[i]->path == *latest) continue;
-      ZT_RETURN_IF_ERROR(RemoveTree(counted[i]->path));
-      removed_any = true;
+      ZT_RETURN_IF_ERROR(RemoveStepDirectory(dir, counted[i]->path));
     }
   }
-
-  ZT_ASSIGN_OR_RETURN(const std::vector<std::string> names, ListNames(dir));
-  std::vector<std::string> stale;
-  {
-    std::lock_guard<std::mutex> lock(LiveTempMutex());
-    for (const std::string& name : names) {
-      const std::string path = JoinPath(dir, name);
-      if (name.rfind(kCheckpointTempPrefix, 0) == 0 && LiveTempPaths().count(path) == 0) {
-        stale.push_back(path);
-      }
-    }
-  }
-  for (const std::string& path : stale) {
-    ZT_RETURN_IF_ERROR(RemoveTree(path));
-    removed_any = true;
-  }
-  if (removed_any) ZT_RETURN_IF_ERROR(SyncDirectory(dir));
-  return absl::OkStatus();
+  return RemoveCheckpointLeftovers(dir);
 }
 
 // ---------------------------------------------------------------------------------------------

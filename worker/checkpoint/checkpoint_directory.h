@@ -190,12 +190,20 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListComplete(const std::string& dir
 
 // Deletes, in `dir`: the oldest complete step directories beyond the newest `keep_last` up to
 // the one `latest` names (never that one); complete step directories newer than it (a save
-// that died between Publish() and MoveLatest(): loading ignores them); and every `.tmp-` entry
-// that no save of this process has open. Without a valid `latest`, only the `.tmp-` entries.
+// that died between Publish() and MoveLatest(): loading ignores them); then the leftovers
+// (RemoveCheckpointLeftovers). Without a valid `latest`, only the leftovers. A step directory
+// is renamed to a `.tmp-` name before it is deleted, so a process killed while pruning leaves
+// a leftover, never a half-deleted step.
 // Call it after a successful Commit(), never while another process saves into `dir`.
 // InvalidArgument for keep_last < 1; errno-derived statuses naming the path that could not be
 // removed.
 absl::Status Prune(const std::string& dir, int keep_last);
+
+// Deletes what killed processes left in `dir`: every `.tmp-` entry that no save of this
+// process has open (saves and prunings that died), and step directories without a manifest
+// (never published; loading ignores them). Called by Prune() and by a job's first save.
+// Errno-derived statuses naming the path that could not be removed.
+absl::Status RemoveCheckpointLeftovers(const std::string& dir);
 
 // One file a manifest lists.
 struct CheckpointFileInfo {

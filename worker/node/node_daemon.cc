@@ -325,6 +325,9 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
     options.store = attempt->store.get();
     options.resume_dir = start.resume_dir();
     options.resume_fallback = start.resume_fallback();
+    // The directory belongs to this job; only a ResumeJob(checkpoint) job takes another's.
+    options.checkpoint_owner = start.job_id();
+    options.take_over_checkpoints = start.take_over_checkpoints();
     options.stop = &attempt->stop;
     ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(spec, options));
 

@@ -1,12 +1,14 @@
 // The coordinator's state machine through real gRPC, with fake nodes driven by the test.
 #include "daemon/coordinator.h"
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/daemon/daemon_test_util.h"
+#include "worker/checkpoint/checkpoint_owner.h"
 
 namespace zt {
 namespace {
@@ -182,8 +184,6 @@ TEST_F(CoordinatorTest, SubmitRunsToSuccessAndWatchReplaysThenFollows) {
 TEST_F(CoordinatorTest, FailedRankRestartsFromLatestCheckpointThenFailsAfterMaxRestarts) {
   Start();
   const std::string ckpt = dir_.Sub("ckpt");
-  std::filesystem::create_directories(absl::StrCat(ckpt, "/step-00000020"));
-  { std::ofstream(absl::StrCat(ckpt, "/latest")) << "step-00000020"; }
   testing::FakeNode node(h(), testing::NodeWithDevices("node-a", 2, kGiB));
   zerotrain::JobSpec spec = testing::SmallJob("r", dir_.path(), 2);
   spec.mutable_checkpoint()->set_dir(ckpt);
@@ -191,6 +191,10 @@ TEST_F(CoordinatorTest, FailedRankRestartsFromLatestCheckpointThenFailsAfterMaxR
   Submit(h(), spec);
 
   ASSERT_TRUE(node.Next().has_start());
+  // The first attempt's ranks claim the directory and save step 20.
+  ASSERT_TRUE(WriteCheckpointOwner(ckpt, {.job_id = "r-1", .job_name = "r"}).ok());
+  std::filesystem::create_directories(absl::StrCat(ckpt, "/step-00000020"));
+  { std::ofstream(absl::StrCat(ckpt, "/latest")) << "step-00000020"; }
   ASSERT_TRUE(node.Started("r-1", 1, 0).ok());
   ASSERT_TRUE(node.Started("r-1", 1, 1).ok());
   ASSERT_TRUE(node.Exit("r-1", 1, 1, RankExit::FAILED, "all-gather 'unit 3': peer gone").ok());
@@ -444,6 +448,106 @@ TEST_F(CoordinatorTest, EstimateReportsThePlanAndItsAlternatives) {
   EXPECT_TRUE(response.plan().pinned().empty());
   // Every stage × every checkpointing policy when nothing is pinned.
   EXPECT_EQ(response.plan().candidates_size(), 12);
+}
+
+// Checkpoint ownership (issue 20): job `owner` saved into D; job `intruder`, another name and
+// the same D, used to be accepted, resume from owner's step and prune owner's steps.
+void SaveFakeCheckpoint(const std::string& dir, const std::string& owner_id) {
+  if (!owner_id.empty()) {
+    ASSERT_TRUE(WriteCheckpointOwner(dir, {.job_id = owner_id, .job_name = "owner"}).ok());
+  }
+  std::filesystem::create_directories(absl::StrCat(dir, "/step-00000006"));
+  std::ofstream(absl::StrCat(dir, "/step-00000006/manifest.json")) << "{}";
+  std::ofstream(absl::StrCat(dir, "/latest")) << "step-00000006";
+}
+
+grpc::Status TrySubmit(testing::Harness& h, const zerotrain::JobSpec& spec, Job* job) {
+  zerotrain::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  return h.jobs->SubmitJob(h.Context().get(), request, job);
+}
+
+TEST_F(CoordinatorTest, SubmitRefusesADirectoryHoldingAnotherJobsCheckpoints) {
+  Start();
+  const std::string ckpt = dir_.Sub("ckpt");
+  SaveFakeCheckpoint(ckpt, "owner-1");
+  zerotrain::JobSpec spec = testing::SmallJob("intruder", dir_.path(), 1);
+  spec.mutable_checkpoint()->set_dir(ckpt);
+  Job job;
+  grpc::Status status = TrySubmit(h(), spec, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr(ckpt));
+  EXPECT_THAT(status.error_message(), HasSubstr("job owner-1 (owner)"));
+  EXPECT_THAT(status.error_message(), HasSubstr("zt resume DIR --job JOB"));
+  EXPECT_TRUE(std::filesystem::exists(absl::StrCat(ckpt, "/step-00000006/manifest.json")));
+
+  // Checkpoints that no record claims (written before records existed) are refused too.
+  const std::string legacy = dir_.Sub("legacy");
+  SaveFakeCheckpoint(legacy, "");
+  spec.mutable_checkpoint()->set_dir(legacy);
+  status = TrySubmit(h(), spec, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("no job claims"));
+
+  // Continuing them is explicit: ResumeJob(checkpoint) takes the directory over.
+  testing::FakeNode node(h(), testing::NodeWithDevices("node-a", 1, kGiB));
+  zerotrain::ResumeJobRequest resume;
+  resume.set_checkpoint(ckpt);
+  *resume.mutable_spec() = testing::SmallJob("continued", dir_.path(), 1);
+  ASSERT_TRUE(h().jobs->ResumeJob(h().Context().get(), resume, &job).ok());
+  EXPECT_TRUE(job.takes_over_checkpoints());
+  const zerotrain::Assignment start = node.Next();
+  ASSERT_TRUE(start.has_start());
+  EXPECT_EQ(start.start().resume_dir(), ckpt);
+  EXPECT_TRUE(start.start().take_over_checkpoints());
+}
+
+TEST_F(CoordinatorTest, SubmitRefusesTheCheckpointTreeOfAJobThatHasNotFinished) {
+  Start();
+  const std::string ckpt = dir_.Sub("shared/ckpt");
+  zerotrain::JobSpec first = testing::SmallJob("first", dir_.path(), 1);
+  first.mutable_checkpoint()->set_dir(ckpt);
+  const Job pending = Submit(h(), first);  // no node: it stays PENDING
+  ASSERT_EQ(pending.state(), Job::PENDING);
+
+  zerotrain::JobSpec second = testing::SmallJob("second", dir_.path(), 1);
+  for (const std::string& dir :
+       {ckpt, ckpt + "/", ckpt + "/inner", dir_.Sub("shared"), dir_.Sub("shared/other/../ckpt")}) {
+    second.mutable_checkpoint()->set_dir(dir);
+    Job job;
+    const grpc::Status status = TrySubmit(h(), second, &job);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << dir;
+    EXPECT_THAT(status.error_message(), HasSubstr("of job first-1 (first), which is PENDING"))
+        << dir;
+  }
+  // A sibling is fine; and once the first job has finished, its directory is free again.
+  second.mutable_checkpoint()->set_dir(dir_.Sub("shared/ckpt2"));
+  Submit(h(), second);
+  zerotrain::CancelJobRequest cancel;
+  cancel.set_job_id(pending.id());
+  Job cancelled;
+  ASSERT_TRUE(h().jobs->CancelJob(h().Context().get(), cancel, &cancelled).ok());
+  ASSERT_TRUE(WaitForState(h(), pending.id(), Job::CANCELLED));
+  zerotrain::JobSpec third = testing::SmallJob("third", dir_.path(), 1);
+  third.mutable_checkpoint()->set_dir(ckpt + "/inner");
+  Job job;
+  EXPECT_TRUE(TrySubmit(h(), third, &job).ok());
+}
+
+TEST_F(CoordinatorTest, AFirstAttemptNeverResumesAnotherJobsCheckpoints) {
+  Start();
+  const std::string ckpt = dir_.Sub("ckpt");
+  zerotrain::JobSpec spec = testing::SmallJob("late", dir_.path(), 1);
+  spec.mutable_checkpoint()->set_dir(ckpt);
+  const Job job = Submit(h(), spec);
+  // While it waits for a node, another run (a `zt train`) saves into the directory.
+  SaveFakeCheckpoint(ckpt, "local:other");
+  testing::FakeNode node(h(), testing::NodeWithDevices("node-a", 1, kGiB));
+  const zerotrain::Assignment start = node.Next();
+  ASSERT_TRUE(start.has_start());
+  EXPECT_EQ(start.start().resume_dir(), "") << "resumed local:other's step 6";
+  EXPECT_FALSE(start.start().take_over_checkpoints());
+  EXPECT_EQ(Get(h(), job.id()).attempts(0).resumed_from_step(), 0);
 }
 
 }  // namespace

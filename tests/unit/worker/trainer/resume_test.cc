@@ -22,6 +22,7 @@
 #include "kernels/quantization.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
@@ -185,8 +186,10 @@ class ResumeTest : public ::testing::Test {
   }
 
   // Runs every rank to `stop_after`, from the checkpoint in `resume` when set.
+  // `owner`: TrainOptions::checkpoint_owner (empty: a `zt train` run's); `take_over`: an
+  // explicit continuation of another job's checkpoints.
   static Outcome Run(const JobSpec& spec, int64_t stop_after, const std::string& resume = "",
-                     bool fallback = false) {
+                     bool fallback = false, const std::string& owner = "", bool take_over = false) {
     const JobSpec job = ValidatedJob(spec).value();
     const int n = job.parallel().world_size();
     InProcessStore store;
@@ -202,6 +205,8 @@ class ResumeTest : public ::testing::Test {
           options.stop_after_step = stop_after;
           options.resume_dir = resume;
           options.resume_fallback = fallback;
+          options.checkpoint_owner = owner;
+          options.take_over_checkpoints = take_over;
           absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
           if (!t.ok()) return t.status();
           absl::Status s = (*t)->Run([&](const StepRecord& rec) {
@@ -410,6 +415,68 @@ TEST_F(ResumeTest, AFailedSaveStopsTheJobOrIsReportedAndSkipped) {
   const Outcome continued = Run(job, 10);
   EXPECT_TRUE(continued.status.ok()) << continued.status;
   EXPECT_EQ(continued.losses.size(), 10u);
+}
+
+TEST_F(ResumeTest, AFailedFinalSaveFailsTheRunWhateverOnSaveErrorSays) {
+  // The periodic saves (steps 5..15) may be skipped with CONTINUE; the one at max_steps (20)
+  // holds the run's result, so its failure is the run's, synchronous or asynchronous.
+  { std::ofstream(dir_ / "file") << "x"; }
+  for (const bool async : {false, true}) {
+    JobSpec job = Job(2, 0, "file/ckpt");
+    job.mutable_checkpoint()->set_on_save_error(zerotrain::CheckpointConfig::CONTINUE);
+    job.mutable_checkpoint()->set_async(async);
+    const Outcome outcome = Run(job, job.train().max_steps());
+    EXPECT_FALSE(outcome.status.ok()) << "async " << async;
+    EXPECT_THAT(outcome.status.message(), HasSubstr("the final checkpoint (step 20) failed"))
+        << "async " << async;
+    EXPECT_EQ(outcome.losses.size(), 20u) << "async " << async << ": every step trained";
+  }
+}
+
+TEST_F(ResumeTest, AnotherJobsCheckpointsAreRefusedUnlessTakenOverExplicitly) {
+  const JobSpec job = Job(2, 0, "ckpt");
+  ASSERT_TRUE(Run(job, 10, "", false, "owner-1").status.ok());
+  absl::StatusOr<std::optional<CheckpointOwner>> owner =
+      ReadCheckpointOwner(job.checkpoint().dir());
+  ASSERT_TRUE(owner.ok() && owner->has_value()) << owner.status();
+  EXPECT_EQ((*owner)->job_id, "owner-1");
+
+  // Another job, even resuming, is refused before it takes a step, and deletes nothing.
+  const Outcome intruder = Run(job, 20, job.checkpoint().dir(), false, "intruder-2");
+  EXPECT_EQ(intruder.status.code(), absl::StatusCode::kFailedPrecondition) << intruder.status;
+  EXPECT_THAT(intruder.status.message(), HasSubstr("job owner-1"));
+  EXPECT_TRUE(intruder.losses.empty());
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "ckpt" / "step-00000005"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "ckpt" / "step-00000010"));
+
+  // The owner's next attempt resumes; an explicit take-over continues and claims the directory.
+  ASSERT_TRUE(Run(job, 15, job.checkpoint().dir(), false, "owner-1").status.ok());
+  const Outcome taken = Run(job, 20, job.checkpoint().dir(), false, "intruder-2", true);
+  ASSERT_TRUE(taken.status.ok()) << taken.status;
+  EXPECT_EQ(taken.losses.size(), 5u);
+  owner = ReadCheckpointOwner(job.checkpoint().dir());
+  ASSERT_TRUE(owner.ok() && owner->has_value());
+  EXPECT_EQ((*owner)->job_id, "intruder-2");
+}
+
+TEST_F(ResumeTest, InitFromACheckpointStartsFromItsWeightsAtAnyLayout) {
+  // Job A (2 ranks, ZeRO-3) saves at step 10; job B (1 rank, stage 0, its own directory)
+  // starts from those weights, exactly, without resuming A's optimizer or step.
+  const JobSpec a = Job(2, 3, "a");
+  const Outcome trained = Run(a, 10);
+  ASSERT_TRUE(trained.status.ok()) << trained.status;
+  JobSpec b = Job(1, 0, "b");
+  b.mutable_train()->set_micro_batch_size(4);
+  b.mutable_model()->set_init_from(a.checkpoint().dir());
+  const Outcome started = Run(b, 0);
+  ASSERT_TRUE(started.status.ok()) << started.status;
+  EXPECT_EQ(started.weights, trained.weights);
+
+  JobSpec other = b;
+  other.mutable_model()->set_d_model(b.model().d_model() * 2);
+  const Outcome refused = Run(other, 0);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
+  EXPECT_THAT(refused.status.message(), HasSubstr("was saved for another model"));
 }
 
 TEST_F(ResumeTest, CorruptCheckpointIsRefusedByNameOrSkippedWithFallback) {
