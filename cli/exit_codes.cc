@@ -1,4 +1,5 @@
 #include "cli/commands.h"
+#include "worker/job/failure_kind.h"
 
 namespace zt::cli {
 
@@ -6,14 +7,6 @@ int ExitCodeFor(const absl::Status& status, VerbKind kind) {
   switch (status.code()) {
     case absl::StatusCode::kOk:
       return 0;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kDataLoss:
-    case absl::StatusCode::kAlreadyExists:
-      return 2;
     case absl::StatusCode::kCancelled:
       return 3;
     case absl::StatusCode::kUnavailable:
@@ -22,7 +15,8 @@ int ExitCodeFor(const absl::Status& status, VerbKind kind) {
     case absl::StatusCode::kUnauthenticated:
       return 5;
     default:
-      return 1;
+      // The classification the daemon restarts by: a permanent error is the input's fault.
+      return IsPermanentFailure(status) ? 2 : 1;
   }
 }
 

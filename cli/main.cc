@@ -13,7 +13,10 @@
 // Exit codes (cli/exit_codes.cc), so a batch script knows what to do next:
 //   0  success; for submit --watch and watch: the job SUCCEEDED
 //   1  the run failed, or the job FAILED
-//   2  the input (command line, job file, data, a path the coordinator refuses) is wrong
+//   2  the input (command line, job file, data, a path the coordinator refuses) is wrong:
+//      for `zt train`, a rank failed with an error no rerun can fix (the classification the
+//      daemon uses to fail a job instead of restarting it, worker/job/failure_kind.h); 1 is a
+//      failure a rerun may not repeat (a lost peer, a full disk)
 //   3  the job was CANCELLED
 //   4  the coordinator cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED): retry later
 //   5  UNAUTHENTICATED: the token is missing or wrong
@@ -155,8 +158,8 @@ int main(int argc, char** argv) {
   CLI::App* watch_cmd =
       app.add_subcommand("watch", "Follow a job until it finishes (exit 0 when it SUCCEEDED)");
   CLI::App* cancel_cmd = app.add_subcommand("cancel", "Cancel a job");
-  CLI::App* delete_cmd = app.add_subcommand(
-      "delete", "Remove a finished job and its history from the coordinator");
+  CLI::App* delete_cmd =
+      app.add_subcommand("delete", "Remove a finished job and its history from the coordinator");
   for (CLI::App* cmd : {status_cmd, watch_cmd, cancel_cmd, delete_cmd}) {
     cmd->add_option("job", job_flags.job_id, "Job id")->required();
     add_remote(cmd);
@@ -208,8 +211,8 @@ int main(int argc, char** argv) {
   if (!status.ok()) {
     std::cerr << "zt: " << status.message() << "\n";
     const bool offline = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd;
-    return zt::cli::ExitCodeFor(
-        status, offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
+    return zt::cli::ExitCodeFor(status,
+                                offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
   }
   return 0;
 }

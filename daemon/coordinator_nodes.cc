@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/coordinator.h"
 #include "worker/checkpoint/checkpoint_directory.h"
+#include "worker/job/failure_kind.h"
 #include "worker/status_macros.h"
 
 namespace zt {
@@ -24,10 +25,11 @@ bool AttemptActive(const Job& job) {
          job.attempts(job.attempts_size() - 1).ended_ms() == 0;
 }
 
-// Statuses that a restart cannot cure: the job or its paths are wrong.
-bool IsPermanent(const std::string& message) {
-  return absl::StrContains(message, "PERMISSION_DENIED") ||
-         absl::StrContains(message, "INVALID_ARGUMENT");
+// A failed rank's exit by the one classification (worker/job/failure_kind.h) of the code it
+// carries; a node that sends none (status_code 0, built before the field) is unclassified.
+bool IsPermanent(const zerotrain::RankExit& exit) {
+  return ClassifyFailure(static_cast<absl::StatusCode>(exit.status_code())) ==
+         FailureKind::kPermanent;
 }
 
 // The step `latest` names in `dir` (0 when it names none that exists).
@@ -372,7 +374,7 @@ absl::Status Coordinator::HandleExit(JobRecord& record, const zerotrain::RankRep
                            Failure::kRetryable);
       default:
         return FailAttempt(record, absl::StrCat(who, ": ", exit.message()),
-                           IsPermanent(exit.message()) ? Failure::kPermanent : Failure::kRetryable);
+                           IsPermanent(exit) ? Failure::kPermanent : Failure::kRetryable);
     }
   }
   return FinishCancelIfDrained(record);

@@ -237,6 +237,7 @@ void NodeDaemon::HandleStart(const zerotrain::StartRanks& start) {
       zerotrain::RankExit exit;
       exit.set_outcome(zerotrain::RankExit::FAILED);
       exit.set_message(ready.ToString());
+      exit.set_status_code(static_cast<int32_t>(ready.code()));
       exit.set_checkpoint_step(LatestCheckpointStep(start.spec().checkpoint().dir()));
       ReportExit(*attempt, p.rank(), std::move(exit));
     }
@@ -392,6 +393,7 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
   if (!status.ok()) {
     exit.set_outcome(zerotrain::RankExit::FAILED);
     exit.set_message(status.ToString());
+    exit.set_status_code(static_cast<int32_t>(status.code()));
   } else {
     exit.set_outcome(stopped_early ? zerotrain::RankExit::STOPPED : zerotrain::RankExit::FINISHED);
   }

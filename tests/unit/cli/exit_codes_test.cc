@@ -15,7 +15,7 @@ TEST(ExitCodeForTest, EachCodeSaysWhatToDoNext) {
   for (const absl::Status& input :
        {absl::InvalidArgumentError("x"), absl::NotFoundError("x"), absl::PermissionDeniedError("x"),
         absl::FailedPreconditionError("x"), absl::OutOfRangeError("x"), absl::DataLossError("x"),
-        absl::AlreadyExistsError("x")}) {
+        absl::AlreadyExistsError("x"), absl::UnimplementedError("x")}) {
     EXPECT_EQ(ExitCodeFor(input), 2) << input;
   }
   EXPECT_EQ(ExitCodeFor(absl::CancelledError("x")), 3);
@@ -25,6 +25,12 @@ TEST(ExitCodeForTest, EachCodeSaysWhatToDoNext) {
   EXPECT_EQ(ExitCodeFor(absl::UnavailableError("x"), VerbKind::kOffline), 1);
   EXPECT_EQ(ExitCodeFor(absl::DeadlineExceededError("x"), VerbKind::kOffline), 1);
   EXPECT_EQ(ExitCodeFor(absl::InvalidArgumentError("x"), VerbKind::kOffline), 2);
+  // `zt train` by the classification the daemon restarts jobs by (worker/job/failure_kind.h).
+  EXPECT_EQ(ExitCodeFor(absl::NotFoundError("x"), VerbKind::kOffline), 2);
+  EXPECT_EQ(ExitCodeFor(absl::FailedPreconditionError("x"), VerbKind::kOffline), 2);
+  EXPECT_EQ(ExitCodeFor(absl::UnimplementedError("x"), VerbKind::kOffline), 2);
+  EXPECT_EQ(ExitCodeFor(absl::AbortedError("x"), VerbKind::kOffline), 1);
+  EXPECT_EQ(ExitCodeFor(absl::ResourceExhaustedError("x"), VerbKind::kOffline), 1);
   EXPECT_EQ(ExitCodeFor(absl::UnauthenticatedError("x")), 5);
 }
 
