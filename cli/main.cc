@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
   zt::cli::TrainFlags train;
   CLI::App* train_cmd = app.add_subcommand("train", "Run a job in this process, on this machine");
   train_cmd->add_option("job", train.job_file, "Job file (YAML or JSON)")->required();
+  train_cmd->footer(
+      "Exit codes: 0 trained; 2 an error no rerun can fix (the job file, its data or paths, a "
+      "checkpoint of another configuration: the errors on which the daemon fails a job instead "
+      "of restarting it); 1 a failure a rerun may not repeat (a lost peer, a full disk).");
   train_cmd
       ->add_option("--steps", train.stop_after_step,
                    "Stop after this global step without changing the schedule (0: no steps)")

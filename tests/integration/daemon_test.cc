@@ -61,6 +61,19 @@ class DaemonTest : public DaemonClusterTest {
     return zerotrain::JobService::NewStub(*channel);
   }
 
+  // The job ends FAILED after its first attempt, its failure_reason holding each of `words`.
+  static void ExpectFailedAfterOneAttempt(const std::string& id,
+                                          const std::vector<std::string>& words) {
+    const json done = WaitFor(
+        id, [](const json& s) { return StateOf(s) == "FAILED" || StateOf(s) == "SUCCEEDED"; });
+    ASSERT_EQ(StateOf(done), "FAILED") << done.dump(2);
+    EXPECT_EQ(done["attempts"].size(), 1u) << done.dump(2);
+    const std::string reason = done.value("failure_reason", "");
+    for (const std::string& word : words) {
+      EXPECT_NE(reason.find(word), std::string::npos) << word << " in " << reason;
+    }
+  }
+
   std::string Token() {
     std::string t = ReadText(state_dir_ + "/token");
     while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
@@ -463,13 +476,7 @@ TEST_F(DaemonTest, DataMissingOnTheNodeFailsTheJobAfterOneAttemptNamingThePath) 
        {std::pair<std::string, std::string>{
             plain, "data.train[0]: '" + Path("gone.bin") + "' does not exist"},
         {pattern, "data.train[0]: pattern '" + Path("shards/shard_*.bin") + "' matches no file"}}) {
-    const json done = WaitFor(
-        id, [](const json& s) { return StateOf(s) == "FAILED" || StateOf(s) == "SUCCEEDED"; });
-    ASSERT_EQ(StateOf(done), "FAILED") << done.dump(2);
-    EXPECT_EQ(done["attempts"].size(), 1u) << done.dump(2);
-    const std::string reason = done.value("failure_reason", "");
-    EXPECT_NE(reason.find("NOT_FOUND"), std::string::npos) << reason;
-    EXPECT_NE(reason.find(expected), std::string::npos) << reason;
+    ExpectFailedAfterOneAttempt(id, {"NOT_FOUND", expected});
   }
 }
 
@@ -491,13 +498,7 @@ TEST_F(DaemonTest, CheckpointOfAnotherConfigurationFailsTheJobAfterOneAttempt) {
   const std::string id = JobIdOf(resumed);
   ASSERT_FALSE(id.empty()) << resumed.output;
   ASSERT_NO_FATAL_FAILURE(StartNode("node-a", 4));
-  const json done = WaitFor(
-      id, [](const json& s) { return StateOf(s) == "FAILED" || StateOf(s) == "SUCCEEDED"; });
-  ASSERT_EQ(StateOf(done), "FAILED") << done.dump(2);
-  EXPECT_EQ(done["attempts"].size(), 1u) << done.dump(2);
-  const std::string reason = done.value("failure_reason", "");
-  EXPECT_NE(reason.find("FAILED_PRECONDITION"), std::string::npos) << reason;
-  EXPECT_NE(reason.find("another optimizer configuration"), std::string::npos) << reason;
+  ExpectFailedAfterOneAttempt(id, {"FAILED_PRECONDITION", "another optimizer configuration"});
 }
 
 }  // namespace
