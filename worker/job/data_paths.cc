@@ -9,6 +9,18 @@
 #include "absl/strings/str_cat.h"
 
 namespace zt {
+namespace {
+
+// glob(3) reports why it stopped through a callback without a user argument: the errno of the
+// failing directory lands here, one per thread, so concurrent expansions do not mix them up.
+thread_local int glob_errno = 0;
+
+int RecordGlobError(const char* /*path*/, int error) {
+  glob_errno = error;
+  return 1;  // stop: an unreadable directory makes the expansion fail, not shrink
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<std::string>> ExpandDataEntry(const std::string& entry,
                                                          absl::string_view label) {
@@ -24,16 +36,16 @@ absl::StatusOr<std::vector<std::string>> ExpandDataEntry(const std::string& entr
   // GLOB_NOSORT: glob sorts by the locale's collation; the byte order below is the same on
   // every machine. GLOB_MARK ends directories with '/', so they can be left out. GLOB_ERR: an
   // unreadable directory is an error, not a silently shorter list.
-  int error_errno = 0;
-  const int rc = ::glob(entry.c_str(), GLOB_NOSORT | GLOB_MARK | GLOB_ERR, nullptr, &matches);
-  if (rc == GLOB_ABORTED) error_errno = errno;
+  glob_errno = 0;
+  const int rc =
+      ::glob(entry.c_str(), GLOB_NOSORT | GLOB_MARK | GLOB_ERR, &RecordGlobError, &matches);
   if (rc == GLOB_NOSPACE) {
     return absl::ResourceExhaustedError(
         absl::StrCat(label, ": pattern '", entry, "': out of memory expanding it"));
   }
   if (rc == GLOB_ABORTED) {
     return absl::ErrnoToStatus(
-        error_errno != 0 ? error_errno : EIO,
+        glob_errno != 0 ? glob_errno : EIO,
         absl::StrCat(label, ": pattern '", entry, "': cannot read its directory '",
                      DataPatternDirectory(entry), "'"));
   }
