@@ -135,9 +135,10 @@ enum class VerbKind { kOffline, kRemote };
 int ExitCodeFor(const absl::Status& status, VerbKind kind = VerbKind::kRemote);
 
 // A finished job's state as a status that ExitCodeFor maps: SUCCEEDED OK, CANCELLED
-// Cancelled, FAILED Aborted (exit 1), any other state Unknown (exit 1). `reason` (the job's
-// failure_reason) ends the message.
+// Cancelled, FAILED Aborted (exit 1) or, when `failure_code` (the job's) is a permanent error,
+// that code (exit 2: the job, its data or paths are wrong; rerunning it fails again), any other
+// state Unknown (exit 1). `reason` (the job's failure_reason) ends the message.
 absl::Status JobOutcome(zerotrain::Job::State state, const std::string& job_id,
-                        const std::string& reason);
+                        const std::string& reason, int32_t failure_code = 0);
 
 }  // namespace zt::cli

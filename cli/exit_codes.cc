@@ -21,15 +21,20 @@ int ExitCodeFor(const absl::Status& status, VerbKind kind) {
 }
 
 absl::Status JobOutcome(zerotrain::Job::State state, const std::string& job_id,
-                        const std::string& reason) {
+                        const std::string& reason, int32_t failure_code) {
   const std::string why = reason.empty() ? "" : ": " + reason;
   switch (state) {
     case zerotrain::Job::SUCCEEDED:
       return absl::OkStatus();
     case zerotrain::Job::CANCELLED:
       return absl::CancelledError("job " + job_id + " was CANCELLED" + why);
-    case zerotrain::Job::FAILED:
+    case zerotrain::Job::FAILED: {
+      const auto code = static_cast<absl::StatusCode>(failure_code);
+      if (IsPermanentFailure(absl::Status(code, "x"))) {
+        return absl::Status(code, "job " + job_id + " FAILED" + why);
+      }
       return absl::AbortedError("job " + job_id + " FAILED" + why);
+    }
     default:
       return absl::UnknownError("job " + job_id + " is " + zerotrain::Job::State_Name(state) +
                                 ", not finished" + why);

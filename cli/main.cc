@@ -12,11 +12,12 @@
 //   zt resume JOB|CHECKPOINT [--job JOBFILE] [--fallback]   zt nodes
 // Exit codes (cli/exit_codes.cc), so a batch script knows what to do next:
 //   0  success; for submit --watch and watch: the job SUCCEEDED
-//   1  the run failed, or the job FAILED
+//   1  the run failed, or the job FAILED (after spending its restarts)
 //   2  the input (command line, job file, data, a path the coordinator refuses) is wrong:
 //      for `zt train`, a rank failed with an error no rerun can fix (the classification the
 //      daemon uses to fail a job instead of restarting it, worker/job/failure_kind.h); 1 is a
-//      failure a rerun may not repeat (a lost peer, a full disk)
+//      failure a rerun may not repeat (a lost peer, a full disk). For watch and submit
+//      --watch: the job FAILED on such an error (Job.failure_code), without a restart
 //   3  the job was CANCELLED
 //   4  the coordinator cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED): retry later
 //   5  UNAUTHENTICATED: the token is missing or wrong

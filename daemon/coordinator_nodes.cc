@@ -121,6 +121,7 @@ absl::Status Coordinator::FailAttempt(JobRecord& record, const std::string& reas
       absl::StrCat("attempt ", attempt->number(), " ",
                    failure == Failure::kPreempted ? "preempted" : "failed", ": ", reason);
   if (failure != Failure::kPreempted) job.set_failure_reason(reason);
+  if (failure != Failure::kPermanent) job.clear_failure_code();
   if (failure == Failure::kPermanent || failures > max_restarts) {
     const std::string why =
         failure == Failure::kPermanent
@@ -372,9 +373,12 @@ absl::Status Coordinator::HandleExit(JobRecord& record, const zerotrain::RankRep
         }
         return FailAttempt(record, absl::StrCat(who, " stopped without a request"),
                            Failure::kRetryable);
-      default:
+      default: {
+        const bool permanent = IsPermanent(exit);
+        if (permanent) record.job.set_failure_code(exit.status_code());
         return FailAttempt(record, absl::StrCat(who, ": ", exit.message()),
-                           IsPermanent(exit) ? Failure::kPermanent : Failure::kRetryable);
+                           permanent ? Failure::kPermanent : Failure::kRetryable);
+      }
     }
   }
   return FinishCancelIfDrained(record);

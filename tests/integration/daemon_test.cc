@@ -72,6 +72,9 @@ class DaemonTest : public DaemonClusterTest {
     for (const std::string& word : words) {
       EXPECT_NE(reason.find(word), std::string::npos) << word << " in " << reason;
     }
+    // A batch script learns not to resubmit: exit 2, as `zt train` gives for the same error.
+    const RunResult watched = Zt("watch " + id);
+    EXPECT_EQ(watched.exit_code, 2) << watched.output;
   }
 
   std::string Token() {

@@ -304,6 +304,7 @@ TEST_F(CoordinatorTest, ExitCodeNotMessageDecidesWhetherToRestart) {
     EXPECT_THAT(job.failure_reason(), HasSubstr(std::string(c.status.message()))) << c.name;
     if (c.permanent) {
       EXPECT_EQ(job.attempts_size(), 1) << c.name;
+      EXPECT_EQ(job.failure_code(), static_cast<int32_t>(c.status.code())) << c.name;
       continue;
     }
     // Attempt 2 fails the same way and spends the one restart.
@@ -313,6 +314,7 @@ TEST_F(CoordinatorTest, ExitCodeNotMessageDecidesWhetherToRestart) {
     job = Get(h(), id);
     EXPECT_EQ(job.state(), Job::FAILED) << c.name;
     EXPECT_EQ(job.attempts_size(), 2) << c.name;
+    EXPECT_EQ(job.failure_code(), 0) << c.name << ": failed by spending its restarts";
   }
   // A node built before RankExit.status_code sends none: unclassified, restarted.
   const std::string old = Submit(h(), testing::SmallJob("old", dir_.path(), 1)).id();
