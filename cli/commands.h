@@ -123,20 +123,22 @@ absl::Status RunResume(const ResumeFlags& flags);
 
 absl::Status RunNodes(const RemoteFlags& flags);
 
-// The exit code of a verb's status (documented in main.cc): 0 OK; 2 the user's input is
-// wrong (InvalidArgument, NotFound, PermissionDenied, FailedPrecondition, OutOfRange,
-// DataLoss, AlreadyExists); 3 Cancelled (the job was cancelled); 4 Unavailable or
-// DeadlineExceeded (the coordinator cannot be reached: retry); 5 Unauthenticated; 1 anything
-// else (the run or the job failed).
+// The exit code of a verb's status (documented in main.cc): 0 OK; 3 Cancelled (the job was
+// cancelled); 4 Unavailable or DeadlineExceeded (the coordinator cannot be reached: retry);
+// 5 Unauthenticated; otherwise by the classification the daemon restarts jobs by
+// (worker/job/failure_kind.h): 2 a permanent error, the user's input is wrong
+// (InvalidArgument, NotFound, PermissionDenied, FailedPrecondition, OutOfRange, DataLoss,
+// AlreadyExists, Unimplemented); 1 a transient one (the run or the job failed).
 // Only the verbs that talk to a coordinator give 4: in `zt train`, Unavailable and
 // DeadlineExceeded come from the ranks' collectives (a lost peer) and the run failed: 1.
 enum class VerbKind { kOffline, kRemote };
 int ExitCodeFor(const absl::Status& status, VerbKind kind = VerbKind::kRemote);
 
 // A finished job's state as a status that ExitCodeFor maps: SUCCEEDED OK, CANCELLED
-// Cancelled, FAILED Aborted (exit 1), any other state Unknown (exit 1). `reason` (the job's
-// failure_reason) ends the message.
+// Cancelled, FAILED Aborted (exit 1) or, when `failure_code` (the job's) is a permanent error,
+// that code (exit 2: the job, its data or paths are wrong; rerunning it fails again), any other
+// state Unknown (exit 1). `reason` (the job's failure_reason) ends the message.
 absl::Status JobOutcome(zerotrain::Job::State state, const std::string& job_id,
-                        const std::string& reason);
+                        const std::string& reason, int32_t failure_code = 0);
 
 }  // namespace zt::cli

@@ -12,8 +12,12 @@
 //   zt resume JOB|CHECKPOINT [--job JOBFILE] [--fallback]   zt nodes
 // Exit codes (cli/exit_codes.cc), so a batch script knows what to do next:
 //   0  success; for submit --watch and watch: the job SUCCEEDED
-//   1  the run failed, or the job FAILED
-//   2  the input (command line, job file, data, a path the coordinator refuses) is wrong
+//   1  the run failed, or the job FAILED (after spending its restarts)
+//   2  the input (command line, job file, data, a path the coordinator refuses) is wrong:
+//      for `zt train`, a rank failed with an error no rerun can fix (the classification the
+//      daemon uses to fail a job instead of restarting it, worker/job/failure_kind.h); 1 is a
+//      failure a rerun may not repeat (a lost peer, a full disk). For watch and submit
+//      --watch: the job FAILED on such an error (Job.failure_code), without a restart
 //   3  the job was CANCELLED
 //   4  the coordinator cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED): retry later
 //   5  UNAUTHENTICATED: the token is missing or wrong
@@ -39,6 +43,10 @@ int main(int argc, char** argv) {
   zt::cli::TrainFlags train;
   CLI::App* train_cmd = app.add_subcommand("train", "Run a job in this process, on this machine");
   train_cmd->add_option("job", train.job_file, "Job file (YAML or JSON)")->required();
+  train_cmd->footer(
+      "Exit codes: 0 trained; 2 an error no rerun can fix (the job file, its data or paths, a "
+      "checkpoint of another configuration: the errors on which the daemon fails a job instead "
+      "of restarting it); 1 a failure a rerun may not repeat (a lost peer, a full disk).");
   train_cmd
       ->add_option("--steps", train.stop_after_step,
                    "Stop after this global step without changing the schedule (0: no steps)")
@@ -155,8 +163,8 @@ int main(int argc, char** argv) {
   CLI::App* watch_cmd =
       app.add_subcommand("watch", "Follow a job until it finishes (exit 0 when it SUCCEEDED)");
   CLI::App* cancel_cmd = app.add_subcommand("cancel", "Cancel a job");
-  CLI::App* delete_cmd = app.add_subcommand(
-      "delete", "Remove a finished job and its history from the coordinator");
+  CLI::App* delete_cmd =
+      app.add_subcommand("delete", "Remove a finished job and its history from the coordinator");
   for (CLI::App* cmd : {status_cmd, watch_cmd, cancel_cmd, delete_cmd}) {
     cmd->add_option("job", job_flags.job_id, "Job id")->required();
     add_remote(cmd);
@@ -208,8 +216,8 @@ int main(int argc, char** argv) {
   if (!status.ok()) {
     std::cerr << "zt: " << status.message() << "\n";
     const bool offline = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd;
-    return zt::cli::ExitCodeFor(
-        status, offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
+    return zt::cli::ExitCodeFor(status,
+                                offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
   }
   return 0;
 }

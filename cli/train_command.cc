@@ -15,6 +15,7 @@
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/comm/store.h"
 #include "worker/data/tokenizer.h"
+#include "worker/job/failure_kind.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/text_generation.h"
 #include "worker/trainer.h"
@@ -165,14 +166,17 @@ absl::Status RunTrain(const TrainFlags& flags) {
     });
   }
   for (std::thread& t : threads) t.join();
-  // The first rank that failed on its own, rather than one that timed out waiting for it.
+  // The first rank that failed on its own, rather than one that timed out waiting for it or
+  // whose communicator was aborted under it: a permanent error (exit 2, the classification the
+  // daemon fails a job by) first, then any but a timeout.
+  auto weight = [](const absl::Status& s) {
+    if (IsPermanentFailure(s)) return 2;
+    return s.code() == absl::StatusCode::kDeadlineExceeded ? 0 : 1;
+  };
   const absl::Status* failed = nullptr;
   for (const absl::Status& s : results) {
     if (s.ok()) continue;
-    if (failed == nullptr || (failed->code() == absl::StatusCode::kDeadlineExceeded &&
-                              s.code() != absl::StatusCode::kDeadlineExceeded)) {
-      failed = &s;
-    }
+    if (failed == nullptr || weight(s) > weight(*failed)) failed = &s;
   }
   if (failed != nullptr) {
     const int index = static_cast<int>(failed - results.data());

@@ -105,15 +105,19 @@ absl::Status WatchUntilDone(const RemoteClient& client, const std::string& job_i
   live.Clear();
   // The failure reason is on the job, not on the last event.
   std::string reason;
+  int32_t failure_code = 0;
   if (state == zerotrain::Job::FAILED) {
     zerotrain::GetJobRequest request;
     request.set_job_id(job_id);
     zerotrain::Job job;
     auto context = client.Context();
-    if (client.jobs->GetJob(context.get(), request, &job).ok()) reason = job.failure_reason();
+    if (client.jobs->GetJob(context.get(), request, &job).ok()) {
+      reason = job.failure_reason();
+      failure_code = job.failure_code();
+    }
   }
   if (!json) std::cout << job_id << " " << JobStateName(state) << "\n";
-  return JobOutcome(state, job_id, reason);
+  return JobOutcome(state, job_id, reason, failure_code);
 }
 
 absl::Status RunWatch(const JobFlags& flags) {

@@ -11,6 +11,7 @@
 #include "daemon/coordinator.h"
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/checkpoint_owner.h"
+#include "worker/job/failure_kind.h"
 #include "worker/status_macros.h"
 
 namespace zt {
@@ -25,10 +26,11 @@ bool AttemptActive(const Job& job) {
          job.attempts(job.attempts_size() - 1).ended_ms() == 0;
 }
 
-// Statuses that a restart cannot cure: the job or its paths are wrong.
-bool IsPermanent(const std::string& message) {
-  return absl::StrContains(message, "PERMISSION_DENIED") ||
-         absl::StrContains(message, "INVALID_ARGUMENT");
+// A failed rank's exit by the one classification (worker/job/failure_kind.h) of the code it
+// carries; a node that sends none (status_code 0, built before the field) is unclassified.
+bool IsPermanent(const zerotrain::RankExit& exit) {
+  return ClassifyFailure(static_cast<absl::StatusCode>(exit.status_code())) ==
+         FailureKind::kPermanent;
 }
 
 // The step `latest` names in `dir` (0 when it names none that exists).
@@ -120,6 +122,7 @@ absl::Status Coordinator::FailAttempt(JobRecord& record, const std::string& reas
       absl::StrCat("attempt ", attempt->number(), " ",
                    failure == Failure::kPreempted ? "preempted" : "failed", ": ", reason);
   if (failure != Failure::kPreempted) job.set_failure_reason(reason);
+  if (failure != Failure::kPermanent) job.clear_failure_code();
   if (failure == Failure::kPermanent || failures > max_restarts) {
     const std::string why =
         failure == Failure::kPermanent
@@ -376,9 +379,12 @@ absl::Status Coordinator::HandleExit(JobRecord& record, const zerotrain::RankRep
         }
         return FailAttempt(record, absl::StrCat(who, " stopped without a request"),
                            Failure::kRetryable);
-      default:
+      default: {
+        const bool permanent = IsPermanent(exit);
+        if (permanent) record.job.set_failure_code(exit.status_code());
         return FailAttempt(record, absl::StrCat(who, ": ", exit.message()),
-                           IsPermanent(exit.message()) ? Failure::kPermanent : Failure::kRetryable);
+                           permanent ? Failure::kPermanent : Failure::kRetryable);
+      }
     }
   }
   return FinishCancelIfDrained(record);

@@ -19,6 +19,7 @@
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
+#include "worker/job/data_paths.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/rank_state.h"
 
@@ -52,14 +53,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
 
   // Data first: a bad path or a token beyond the vocabulary should fail before gigabytes
   // are allocated.
-  const std::vector<std::string> train_paths(job.data().train().begin(), job.data().train().end());
+  ZT_ASSIGN_OR_RETURN(const std::vector<std::string> train_paths,
+                      ExpandDataPaths(job.data().train(), "data.train"));
   ZT_ASSIGN_OR_RETURN(TokenStream train, TokenStream::Open(train_paths, "data.train"));
   ZT_RETURN_IF_ERROR(train.CheckVocab(model.vocab_size()));
   t->train_data_.emplace(std::move(train));
   t->train_sampler_.emplace(&*t->train_data_, B, T, job.data().shuffle(), job.data().seed());
   ZT_RETURN_IF_ERROR(t->train_sampler_->Check());
   if (!job.data().val().empty()) {
-    const std::vector<std::string> val_paths(job.data().val().begin(), job.data().val().end());
+    ZT_ASSIGN_OR_RETURN(const std::vector<std::string> val_paths,
+                        ExpandDataPaths(job.data().val(), "data.val"));
     ZT_ASSIGN_OR_RETURN(TokenStream val, TokenStream::Open(val_paths, "data.val"));
     ZT_RETURN_IF_ERROR(val.CheckVocab(model.vocab_size()));
     t->val_data_.emplace(std::move(val));

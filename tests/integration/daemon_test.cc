@@ -61,6 +61,22 @@ class DaemonTest : public DaemonClusterTest {
     return zerotrain::JobService::NewStub(*channel);
   }
 
+  // The job ends FAILED after its first attempt, its failure_reason holding each of `words`.
+  static void ExpectFailedAfterOneAttempt(const std::string& id,
+                                          const std::vector<std::string>& words) {
+    const json done = WaitFor(
+        id, [](const json& s) { return StateOf(s) == "FAILED" || StateOf(s) == "SUCCEEDED"; });
+    ASSERT_EQ(StateOf(done), "FAILED") << done.dump(2);
+    EXPECT_EQ(done["attempts"].size(), 1u) << done.dump(2);
+    const std::string reason = done.value("failure_reason", "");
+    for (const std::string& word : words) {
+      EXPECT_NE(reason.find(word), std::string::npos) << word << " in " << reason;
+    }
+    // A batch script learns not to resubmit: exit 2, as `zt train` gives for the same error.
+    const RunResult watched = Zt("watch " + id);
+    EXPECT_EQ(watched.exit_code, 2) << watched.output;
+  }
+
   std::string Token() {
     std::string t = ReadText(state_dir_ + "/token");
     while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
@@ -433,6 +449,59 @@ TEST_F(DaemonTest, MetricsPassPromtoolAndMemoryGaugesEqualThePlan) {
   EXPECT_LT(Clock::now() - cancel_start, std::chrono::seconds(15));
   const RunResult exported = Zt("export " + Path("ckpt") + " --out " + Path("export") + " --quiet");
   EXPECT_EQ(exported.exit_code, 0) << exported.output;
+}
+
+// Issue 20, regression: a data path missing on the node (NOT_FOUND) was restarted until every
+// restart was spent (4 attempts). The node checks the job's inputs before its ranks start and
+// reports a permanent code: the job fails after its first attempt, naming the path. The same
+// for a pattern that matches nothing there.
+TEST_F(DaemonTest, DataMissingOnTheNodeFailsTheJobAfterOneAttemptNamingThePath) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  std::filesystem::create_directories(Path("shards"));
+  std::filesystem::copy_file(Path("train.bin"), Path("gone.bin"));
+  std::filesystem::copy_file(Path("train.bin"), Path("shards/shard_0.bin"));
+  auto job_on = [&](const std::string& name, const std::string& data) {
+    std::string text = ReadText(WriteJob(name, Path("ckpt-" + name), 4, 5, 1000));
+    const std::string train = "train: [" + Path("train.bin") + "]";
+    text.replace(text.find(train), train.size(), "train: [\"" + data + "\"]");
+    std::ofstream(Path(name + ".yaml")) << text;
+    return Path(name + ".yaml");
+  };
+  // `zt submit` checks the paths where it runs: they exist there, then vanish before placement.
+  const std::string plain = Submit(job_on("plain", Path("gone.bin")));
+  const std::string pattern = Submit(job_on("pattern", Path("shards/shard_*.bin")));
+  ASSERT_FALSE(plain.empty());
+  ASSERT_FALSE(pattern.empty());
+  std::filesystem::remove(Path("gone.bin"));
+  std::filesystem::remove(Path("shards/shard_0.bin"));
+  ASSERT_NO_FATAL_FAILURE(StartNode("node-a", 4));
+  for (const auto& [id, expected] :
+       {std::pair<std::string, std::string>{
+            plain, "data.train[0]: '" + Path("gone.bin") + "' does not exist"},
+        {pattern, "data.train[0]: pattern '" + Path("shards/shard_*.bin") + "' matches no file"}}) {
+    ExpectFailedAfterOneAttempt(id, {"NOT_FOUND", expected});
+  }
+}
+
+// Issue 20, regression: resuming from a checkpoint written for another configuration fails
+// FAILED_PRECONDITION in every rank; that was restarted until the restarts were spent.
+TEST_F(DaemonTest, CheckpointOfAnotherConfigurationFailsTheJobAfterOneAttempt) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  const std::string ckpt = Path("ckpt");
+  const RunResult trained =
+      Zt("train " + WriteJob("first", ckpt, 4, 2, 1) + " --quiet --run-dir " + Path("run"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  // The same job with another learning rate: the optimizer's configuration differs.
+  std::string text = ReadText(WriteJob("other", Path("other-ckpt"), 4, 4, 1));
+  const std::string lr = "lr: 1.0e-3";
+  text.replace(text.find(lr), lr.size(), "lr: 2.0e-3");
+  std::ofstream(Path("other.yaml")) << text;
+  const RunResult resumed = Zt("resume " + ckpt + " --job " + Path("other.yaml") + " --json");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::string id = JobIdOf(resumed);
+  ASSERT_FALSE(id.empty()) << resumed.output;
+  ASSERT_NO_FATAL_FAILURE(StartNode("node-a", 4));
+  ExpectFailedAfterOneAttempt(id, {"FAILED_PRECONDITION", "another optimizer configuration"});
 }
 
 }  // namespace

@@ -107,6 +107,22 @@ TEST_F(ZtCliTest, MissingDataFileIsNamed) {
   EXPECT_THAT(r.output, AllOf(HasSubstr("data.train[0]"), HasSubstr("nope.bin")));
 }
 
+// data.train patterns: one that matches trains; one that matches nothing is named, exit 2.
+TEST_F(ZtCliTest, DataPatternsTrainAndAnEmptyOneIsNamed) {
+  std::filesystem::create_directories(Path("shards"));
+  std::filesystem::copy_file(Path("train.bin"), Path("shards/shard_0.bin"));
+  std::filesystem::copy_file(Path("train.bin"), Path("shards/shard_1.bin"));
+  const RunResult ok =
+      RunZt("train " + WriteJob("ok.yaml", "", "\"" + Path("shards/shard_*.bin") + "\"") +
+            " --quiet --run-dir " + Path("run"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  const RunResult r =
+      RunZt("train " + WriteJob("bad.yaml", "", "\"" + Path("shards/val_*.bin") + "\""));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("data.train[0]: pattern '" + Path("shards/val_*.bin") +
+                                  "' matches no file"));
+}
+
 TEST_F(ZtCliTest, TokenBeyondVocabularyIsNamed) {
   ASSERT_TRUE(WriteTokenShard(Path("big.bin"), std::vector<int32_t>(100, 70), 128).ok());
   const RunResult r = RunZt("train " + WriteJob("bad.yaml", "", Path("big.bin")));

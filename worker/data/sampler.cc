@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 
 namespace zt {
 namespace {
@@ -73,26 +74,21 @@ absl::Status Sampler::Fill(int64_t k, int32_t* inputs, int32_t* targets) const {
     return absl::InvalidArgumentError(
         absl::StrCat(stream_->field_label(), ": micro-batch index ", k, " must be >= 0"));
   }
-  if (shuffle_) {
-    FillShuffled(k, inputs, targets);
-  } else {
-    FillSequential(k, inputs, targets);
-  }
-  return absl::OkStatus();
+  return shuffle_ ? FillShuffled(k, inputs, targets) : FillSequential(k, inputs, targets);
 }
 
 // One read of B*T tokens into inputs; targets are inputs shifted by one plus the next token,
 // so no scratch buffer is needed.
-void Sampler::FillSequential(int64_t k, int32_t* inputs, int32_t* targets) const {
+absl::Status Sampler::FillSequential(int64_t k, int32_t* inputs, int32_t* targets) const {
   const int64_t size = stream_->size();
   const int64_t n = static_cast<int64_t>(B_) * T_;
   const int64_t start = MulMod(k % size, n % size, size);
-  stream_->Read(start, n, inputs);
+  ZT_RETURN_IF_ERROR(stream_->Read(start, n, inputs));
   std::copy(inputs + 1, inputs + n, targets);
-  stream_->Read(start + n, 1, targets + n - 1);
+  return stream_->Read(start + n, 1, targets + n - 1);
 }
 
-void Sampler::FillShuffled(int64_t k, int32_t* inputs, int32_t* targets) const {
+absl::Status Sampler::FillShuffled(int64_t k, int32_t* inputs, int32_t* targets) const {
   const int64_t windows = windows_per_epoch();
   for (int b = 0; b < B_; ++b) {
     // Position k*B + b in the concatenated epochs; k*B stays far from overflow for any
@@ -102,10 +98,11 @@ void Sampler::FillShuffled(int64_t k, int32_t* inputs, int32_t* targets) const {
     const int64_t start = (*order)[position % windows] * T_;
     int32_t* in = inputs + static_cast<int64_t>(b) * T_;
     int32_t* tg = targets + static_cast<int64_t>(b) * T_;
-    stream_->Read(start, T_, in);
+    ZT_RETURN_IF_ERROR(stream_->Read(start, T_, in));
     std::copy(in + 1, in + T_, tg);
-    stream_->Read(start + T_, 1, tg + T_ - 1);
+    ZT_RETURN_IF_ERROR(stream_->Read(start + T_, 1, tg + T_ - 1));
   }
+  return absl::OkStatus();
 }
 
 std::shared_ptr<const std::vector<int64_t>> Sampler::Permutation(int64_t epoch) const {

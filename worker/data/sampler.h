@@ -46,7 +46,8 @@ class Sampler {
   absl::Status Check() const;
 
   // Writes micro-batch k (k >= 0) into inputs and targets, each B*T ids, row-major (B, T).
-  // Returns Check()'s error, or InvalidArgument for a negative k.
+  // Returns Check()'s error, InvalidArgument for a negative k, or the stream's error when a
+  // shard cannot be mapped.
   absl::Status Fill(int64_t k, int32_t* inputs, int32_t* targets) const;
 
   // Input tokens in one pass over the data: size() when sequential, W*T when shuffled.
@@ -58,8 +59,8 @@ class Sampler {
   int T() const { return T_; }
 
  private:
-  void FillSequential(int64_t k, int32_t* inputs, int32_t* targets) const;
-  void FillShuffled(int64_t k, int32_t* inputs, int32_t* targets) const;
+  absl::Status FillSequential(int64_t k, int32_t* inputs, int32_t* targets) const;
+  absl::Status FillShuffled(int64_t k, int32_t* inputs, int32_t* targets) const;
   std::shared_ptr<const std::vector<int64_t>> Permutation(int64_t epoch) const;
 
   const TokenStream* stream_;

@@ -133,31 +133,12 @@ absl::Status WriteTokenShard(const std::string& path, absl::Span<const int32_t> 
   return SyncDirectory(path);
 }
 
-absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& path) {
-  std::unique_ptr<TokenShard> shard(new TokenShard());
-  shard->path_ = path;
-  shard->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (shard->fd_ < 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("opening token shard '", path, "'"));
-  }
-  struct stat st;
-  if (::fstat(shard->fd_, &st) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("stat of token shard '", path, "'"));
-  }
-  const int64_t file_bytes = st.st_size;
-  if (file_bytes < kTokenShardHeaderBytes) {
-    return absl::DataLossError(absl::StrCat("token shard '", path, "' is truncated: ", file_bytes,
-                                            " bytes, shorter than the ", kTokenShardHeaderBytes,
-                                            "-byte header"));
-  }
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, shard->fd_, 0);
-  if (map == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("mapping token shard '", path, "'"));
-  }
-  shard->map_ = map;
-  shard->map_bytes_ = file_bytes;
-  const auto* header = static_cast<const unsigned char*>(map);
+namespace {
 
+// The checks of a header against the size of its file, shared by the reader that maps the
+// shard and the one that only reads its header.
+absl::StatusOr<TokenShardHeader> ParseHeader(const std::string& path, const unsigned char* header,
+                                             int64_t file_bytes) {
   if (std::memcmp(header + kOffMagic, kTokenShardMagic, sizeof(kTokenShardMagic)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'", path, "' is not a token shard: bad magic (the file must start with \"ZTTOKENS\")"));
@@ -196,11 +177,74 @@ absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& 
                                             max_token, " does not fit its vocab size ", vocab,
                                             " and token width ", width));
   }
+  return TokenShardHeader{.width = static_cast<int>(width),
+                          .count = static_cast<int64_t>(count),
+                          .vocab_size = vocab,
+                          .max_token = static_cast<int32_t>(max_token)};
+}
+
+absl::Status TruncatedHeader(const std::string& path, int64_t file_bytes) {
+  return absl::DataLossError(absl::StrCat("token shard '", path, "' is truncated: ", file_bytes,
+                                          " bytes, shorter than the ", kTokenShardHeaderBytes,
+                                          "-byte header"));
+}
+
+// Opens `path` read-only and returns its descriptor and size.
+absl::Status OpenShardFile(const std::string& path, int& fd, int64_t& file_bytes) {
+  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("opening token shard '", path, "'"));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("stat of token shard '", path, "'"));
+  }
+  file_bytes = st.st_size;
+  if (file_bytes < kTokenShardHeaderBytes) return TruncatedHeader(path, file_bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenShardHeader> ReadTokenShardHeader(const std::string& path) {
+  int fd = -1;
+  absl::Cleanup close_fd = [&fd] {
+    if (fd >= 0) ::close(fd);
+  };
+  int64_t file_bytes = 0;
+  ZT_RETURN_IF_ERROR(OpenShardFile(path, fd, file_bytes));
+  unsigned char header[kTokenShardHeaderBytes];
+  int64_t got = 0;
+  while (got < kTokenShardHeaderBytes) {
+    const ssize_t n = ::pread(fd, header + got, kTokenShardHeaderBytes - got, got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("reading token shard '", path, "'"));
+    if (n == 0) return TruncatedHeader(path, got);
+    got += n;
+  }
+  return ParseHeader(path, header, file_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& path) {
+  std::unique_ptr<TokenShard> shard(new TokenShard());
+  shard->path_ = path;
+  int64_t file_bytes = 0;
+  ZT_RETURN_IF_ERROR(OpenShardFile(path, shard->fd_, file_bytes));
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, shard->fd_, 0);
+  if (map == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("mapping token shard '", path, "'"));
+  }
+  shard->map_ = map;
+  shard->map_bytes_ = file_bytes;
+  // The mapping keeps the file's pages reachable: the descriptor is not needed after it, and
+  // closing it keeps a process with many mapped shards far from its open-file limit.
+  ::close(shard->fd_);
+  shard->fd_ = -1;
+  const auto* header = static_cast<const unsigned char*>(map);
+  ZT_ASSIGN_OR_RETURN(const TokenShardHeader parsed, ParseHeader(path, header, file_bytes));
   shard->tokens_ = header + kTokenShardHeaderBytes;
-  shard->width_ = static_cast<int>(width);
-  shard->count_ = static_cast<int64_t>(count);
-  shard->vocab_size_ = vocab;
-  shard->max_token_ = static_cast<int32_t>(max_token);
+  shard->width_ = parsed.width;
+  shard->count_ = parsed.count;
+  shard->vocab_size_ = parsed.vocab_size;
+  shard->max_token_ = parsed.max_token;
   return shard;
 }
 
@@ -233,14 +277,22 @@ void TokenShard::Read(int64_t start, int64_t n, int32_t* out) const {
   }
 }
 
-absl::Status TokenShard::CheckVocab(int32_t vocab_size, std::string_view shard_field,
-                                    std::string_view vocab_field) const {
-  if (count_ > 0 && max_token_ >= vocab_size) {
+absl::Status CheckShardVocab(const std::string& path, const TokenShardHeader& header,
+                             int32_t vocab_size, std::string_view shard_field,
+                             std::string_view vocab_field) {
+  if (header.count > 0 && header.max_token >= vocab_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat(std::string(shard_field), " '", path_, "': token id ", max_token_,
+        absl::StrCat(std::string(shard_field), " '", path, "': token id ", header.max_token,
                      " >= ", std::string(vocab_field), " ", vocab_size));
   }
   return absl::OkStatus();
+}
+
+absl::Status TokenShard::CheckVocab(int32_t vocab_size, std::string_view shard_field,
+                                    std::string_view vocab_field) const {
+  return CheckShardVocab(
+      path_, {.width = width_, .count = count_, .vocab_size = vocab_size_, .max_token = max_token_},
+      vocab_size, shard_field, vocab_field);
 }
 
 }  // namespace zt

@@ -33,8 +33,29 @@ inline constexpr int64_t kTokenShardMaxU16Vocab = 65536;
 absl::Status WriteTokenShard(const std::string& path, absl::Span<const int32_t> tokens,
                              uint32_t vocab_size);
 
+// What a shard's header says, checked against its file's size.
+struct TokenShardHeader {
+  int width = 0;  // bytes per token: 2 or 4
+  int64_t count = 0;
+  uint32_t vocab_size = 0;  // the writer's; 0 when it was unknown
+  int32_t max_token = 0;    // the largest id present (0 for an empty shard)
+};
+
+// Reads and checks the header of the shard at `path` without mapping its tokens; the file is
+// closed on return, so checking 100,000 shards holds one descriptor at a time. Errors as
+// TokenShard::Open's.
+absl::StatusOr<TokenShardHeader> ReadTokenShardHeader(const std::string& path);
+
+// Fails with InvalidArgument when an id in the shard at `path` (its header) does not fit a
+// model whose vocabulary has `vocab_size` entries. The labels name the job fields in the
+// message: "data.train[0] 'x.bin': token id 300 >= model.vocab_size 256".
+absl::Status CheckShardVocab(const std::string& path, const TokenShardHeader& header,
+                             int32_t vocab_size, std::string_view shard_field,
+                             std::string_view vocab_field = "model.vocab_size");
+
 // A read-only, memory-mapped token shard. Immutable after Open, so it is safe to read from
-// any number of threads. Owns its mapping and its file descriptor.
+// any number of threads. Owns its mapping; the file descriptor is closed once the file is
+// mapped (the mapping does not need it).
 class TokenShard {
  public:
   // Maps the shard at `path` and checks its header against the file. Errors, each naming
@@ -60,9 +81,7 @@ class TokenShard {
   uint32_t vocab_size() const { return vocab_size_; }
   int token_width() const { return width_; }
 
-  // Fails with InvalidArgument when an id in this shard does not fit a model whose
-  // vocabulary has `vocab_size` entries. The labels name the job fields in the message:
-  // "data.train[0] 'x.bin': token id 300 >= model.vocab_size 256".
+  // CheckShardVocab of this shard.
   absl::Status CheckVocab(int32_t vocab_size, std::string_view shard_field,
                           std::string_view vocab_field = "model.vocab_size") const;
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker/job/data_paths.h"
 
 namespace zt {
 namespace {
@@ -76,11 +77,23 @@ absl::Status AllowedRoots::CheckJob(const zerotrain::JobSpec& job) const {
     absl::Status s = Check(field, path);
     if (!s.ok()) violations.emplace_back(s.message());
   };
+  // A pattern's matches are not known here (the coordinator may not see the node's files):
+  // its directory is checked, which holds every match, since wildcards are refused in the
+  // directory part. A match that is a symlink out of the roots is caught on the node, which
+  // checks every expanded file (worker/node/job_inputs_check.h).
+  auto check_data = [&](const std::string& field, const std::string& entry) {
+    if (IsDataPattern(entry)) {
+      check(absl::StrCat(field, " (the directory of pattern '", entry, "')"),
+            DataPatternDirectory(entry));
+    } else {
+      check(field, entry);
+    }
+  };
   for (int i = 0; i < job.data().train_size(); ++i) {
-    check(absl::StrCat("data.train[", i, "]"), job.data().train(i));
+    check_data(absl::StrCat("data.train[", i, "]"), job.data().train(i));
   }
   for (int i = 0; i < job.data().val_size(); ++i) {
-    check(absl::StrCat("data.val[", i, "]"), job.data().val(i));
+    check_data(absl::StrCat("data.val[", i, "]"), job.data().val(i));
   }
   check("model.init_from", job.model().init_from());
   check("checkpoint.dir", job.checkpoint().dir());

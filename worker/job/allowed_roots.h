@@ -29,7 +29,9 @@ class AllowedRoots {
   // OK, or PermissionDenied "<field> <path> is outside the allowed roots (<roots>)".
   absl::Status Check(const std::string& field, const std::string& path) const;
   // Every path of the job: data.train[i], data.val[i], model.init_from, checkpoint.dir. All
-  // violations in one PermissionDenied, one per line.
+  // violations in one PermissionDenied, one per line. For a data pattern (worker/job/
+  // data_paths.h) its directory part is checked; the files it matches are checked where it
+  // is expanded.
   absl::Status CheckJob(const zerotrain::JobSpec& job) const;
 
   const std::vector<std::string>& roots() const { return roots_; }

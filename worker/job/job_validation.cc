@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "worker/job/data_paths.h"
 
 namespace zt {
 namespace {
@@ -101,7 +102,8 @@ void CheckNoControl(const std::string& field, const std::string& value, Violatio
     if (!IsControl(value[i])) continue;
     v.Add(absl::StrCat(field, ": '", absl::CHexEscape(value), "' holds control character 0x",
                        absl::Hex(static_cast<unsigned char>(value[i]), absl::kZeroPad2),
-                       " at position ", i, "; names and paths may hold none (bytes below 0x20, "
+                       " at position ", i,
+                       "; names and paths may hold none (bytes below 0x20, "
                        "and 0x7f)"));
     return;
   }
@@ -191,12 +193,18 @@ void ValidateModel(const JobSpec& spec, Violations& v) {
 void ValidateData(const JobSpec& spec, Violations& v) {
   const zerotrain::DataConfig& d = spec.data();
   if (d.train().empty()) v.Add("data.train: at least one file is required");
+  auto check_entry = [&](const std::string& field, const std::string& entry) {
+    if (entry.empty()) v.Add(absl::StrCat(field, ": the path is empty"));
+    if (IsDataPattern(DataPatternDirectory(entry))) {
+      v.Add(absl::StrCat(field, ": '", entry,
+                         "' has a wildcard in its directory part; only the file name may be a "
+                         "pattern (the directory is what the allowed roots are checked against)"));
+    }
+  };
   for (int i = 0; i < d.train_size(); ++i) {
-    if (d.train(i).empty()) v.Add(absl::StrCat("data.train[", i, "]: the path is empty"));
+    check_entry(absl::StrCat("data.train[", i, "]"), d.train(i));
   }
-  for (int i = 0; i < d.val_size(); ++i) {
-    if (d.val(i).empty()) v.Add(absl::StrCat("data.val[", i, "]: the path is empty"));
-  }
+  for (int i = 0; i < d.val_size(); ++i) check_entry(absl::StrCat("data.val[", i, "]"), d.val(i));
   v.AtLeast("data.seq_len", d.seq_len(), 1);
   if (d.seq_len() >= 1 && spec.model().max_seq_len() >= 1 &&
       d.seq_len() > spec.model().max_seq_len()) {
@@ -483,11 +491,22 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
     missing |= problem == PathProblem::kMissing;
     unreadable |= problem == PathProblem::kUnreadable;
   };
+  // Each entry on its own, so every bad one is listed, not only the first pattern's.
+  auto check_entry = [&](const std::string& field, const std::string& entry) {
+    absl::StatusOr<std::vector<std::string>> files = ExpandDataEntry(entry, field);
+    if (!files.ok()) {
+      lines.emplace_back(files.status().message());
+      missing |= files.status().code() == absl::StatusCode::kNotFound;
+      unreadable |= files.status().code() == absl::StatusCode::kPermissionDenied;
+      return;
+    }
+    for (const std::string& file : *files) check(field, file);
+  };
   for (int i = 0; i < spec.data().train_size(); ++i) {
-    check(absl::StrCat("data.train[", i, "]"), spec.data().train(i));
+    check_entry(absl::StrCat("data.train[", i, "]"), spec.data().train(i));
   }
   for (int i = 0; i < spec.data().val_size(); ++i) {
-    check(absl::StrCat("data.val[", i, "]"), spec.data().val(i));
+    check_entry(absl::StrCat("data.val[", i, "]"), spec.data().val(i));
   }
   if (!spec.model().init_from().empty()) {
     check("model.init_from", spec.model().init_from(), /*directory_ok=*/true);

@@ -12,6 +12,7 @@
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/job/job_loading.h"
+#include "worker/node/job_inputs_check.h"
 #include "worker/node/remote_store.h"
 #include "worker/stop_request.h"
 #include "worker/trainer.h"
@@ -225,6 +226,9 @@ void NodeDaemon::HandleStart(const zerotrain::StartRanks& start) {
   absl::Status ready = [&]() -> absl::Status {
     ZT_RETURN_IF_ERROR(roots_.CheckJob(start.spec()));
     ZT_ASSIGN_OR_RETURN(*attempt->start.mutable_spec(), ValidatedJob(start.spec()));
+    // Before the gang starts: a job whose inputs are missing here fails this attempt with a
+    // permanent code (worker/job/failure_kind.h), so the coordinator does not restart it.
+    ZT_RETURN_IF_ERROR(CheckJobInputsOnNode(attempt->start.spec(), roots_));
     ZT_ASSIGN_OR_RETURN(attempt->store,
                         RemoteStore::Create(channel_, {.coordinator = options_.coordinator.address,
                                                        .token = options_.token,
@@ -237,6 +241,7 @@ void NodeDaemon::HandleStart(const zerotrain::StartRanks& start) {
       zerotrain::RankExit exit;
       exit.set_outcome(zerotrain::RankExit::FAILED);
       exit.set_message(ready.ToString());
+      exit.set_status_code(static_cast<int32_t>(ready.code()));
       exit.set_checkpoint_step(LatestCheckpointStep(start.spec().checkpoint().dir()));
       ReportExit(*attempt, p.rank(), std::move(exit));
     }
@@ -395,6 +400,7 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
   if (!status.ok()) {
     exit.set_outcome(zerotrain::RankExit::FAILED);
     exit.set_message(status.ToString());
+    exit.set_status_code(static_cast<int32_t>(status.code()));
   } else {
     exit.set_outcome(stopped_early ? zerotrain::RankExit::STOPPED : zerotrain::RankExit::FINISHED);
   }

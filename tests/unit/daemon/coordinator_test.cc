@@ -265,8 +265,9 @@ TEST_F(CoordinatorTest, PermanentErrorsFailAtOnceAndPreemptionDoesNotCount) {
   EXPECT_EQ(second.start().attempt(), 2);
 
   Submit(h(), testing::SmallJob("q", dir_.path(), 1));  // waits behind p for the device
-  ASSERT_TRUE(node.Exit("p-1", 2, 0, RankExit::FAILED,
-                        "PERMISSION_DENIED: data.train[0] '/x' is outside the allowed roots")
+  ASSERT_TRUE(node.ExitFailed("p-1", 2, 0,
+                              absl::PermissionDeniedError(
+                                  "data.train[0] '/x' is outside the allowed roots"))
                   .ok());
   job = Get(h(), "p-1");
   EXPECT_EQ(job.state(), Job::FAILED);
@@ -275,6 +276,56 @@ TEST_F(CoordinatorTest, PermanentErrorsFailAtOnceAndPreemptionDoesNotCount) {
   const zerotrain::Assignment next = node.Next();
   ASSERT_TRUE(next.has_start());
   EXPECT_EQ(next.start().job_id(), "q-2");
+}
+
+// Issue 20: NOT_FOUND (a data path missing on the node) and FAILED_PRECONDITION (a checkpoint
+// written for another configuration) used every restart; the exit's code decides, not its text.
+TEST_F(CoordinatorTest, ExitCodeNotMessageDecidesWhetherToRestart) {
+  Start();
+  testing::FakeNode node(h(), testing::NodeWithDevices("node-a", 1, kGiB));
+  struct Case {
+    std::string name;
+    absl::Status status;
+    bool permanent;
+  };
+  const std::vector<Case> cases = {
+      {"nf", absl::NotFoundError("data.train[0]: '/d/x.bin' does not exist"), true},
+      {"fp", absl::FailedPreconditionError("checkpoint written for another configuration"), true},
+      {"dl", absl::DataLossError("token shard '/d/x.bin' is truncated"), true},
+      // Words of a permanent code in the text of a transient one change nothing.
+      {"un", absl::UnavailableError("peer said INVALID_ARGUMENT, PERMISSION_DENIED"), false},
+      {"de", absl::DeadlineExceededError("all-gather 'unit 3': peer gone"), false},
+  };
+  for (const Case& c : cases) {
+    zerotrain::JobSpec spec = testing::SmallJob(c.name, dir_.path(), 1);
+    spec.mutable_scheduling()->set_max_restarts(1);
+    const std::string id = Submit(h(), spec).id();
+    ASSERT_TRUE(node.Next().has_start()) << c.name;
+    ASSERT_TRUE(node.ExitFailed(id, 1, 0, c.status).ok()) << c.name;
+    Job job = Get(h(), id);
+    // A restarted job is placed again at once: the failed rank gave its device back.
+    EXPECT_EQ(job.state(), c.permanent ? Job::FAILED : Job::PLACED) << c.name;
+    EXPECT_THAT(job.failure_reason(), HasSubstr(std::string(c.status.message()))) << c.name;
+    if (c.permanent) {
+      EXPECT_EQ(job.attempts_size(), 1) << c.name;
+      EXPECT_EQ(job.failure_code(), static_cast<int32_t>(c.status.code())) << c.name;
+      continue;
+    }
+    // Attempt 2 fails the same way and spends the one restart.
+    EXPECT_EQ(job.attempts_size(), 2) << c.name;
+    ASSERT_TRUE(node.Next().has_start()) << c.name;
+    ASSERT_TRUE(node.ExitFailed(id, 2, 0, c.status).ok()) << c.name;
+    job = Get(h(), id);
+    EXPECT_EQ(job.state(), Job::FAILED) << c.name;
+    EXPECT_EQ(job.attempts_size(), 2) << c.name;
+    EXPECT_EQ(job.failure_code(), 0) << c.name << ": failed by spending its restarts";
+  }
+  // A node built before RankExit.status_code sends none: unclassified, restarted.
+  const std::string old = Submit(h(), testing::SmallJob("old", dir_.path(), 1)).id();
+  ASSERT_TRUE(node.Next().has_start());
+  ASSERT_TRUE(node.Exit(old, 1, 0, RankExit::FAILED, "INVALID_ARGUMENT: x").ok());
+  EXPECT_EQ(Get(h(), old).state(), Job::PLACED);
+  EXPECT_EQ(Get(h(), old).attempts_size(), 2);
 }
 
 TEST_F(CoordinatorTest, SilentNodeEndsTheAttempt) {

@@ -214,6 +214,16 @@ class FakeNode {
     });
   }
 
+  // A FAILED exit as a node sends it: the status's text and its code.
+  grpc::Status ExitFailed(const std::string& job_id, int attempt, int rank,
+                          const absl::Status& status) {
+    return Report(job_id, attempt, rank, [&](zerotrain::RankReport* r) {
+      r->mutable_exit()->set_outcome(zerotrain::RankExit::FAILED);
+      r->mutable_exit()->set_message(status.ToString());
+      r->mutable_exit()->set_status_code(static_cast<int32_t>(status.code()));
+    });
+  }
+
  private:
   Harness& harness_;
   zerotrain::NodeInfo info_;

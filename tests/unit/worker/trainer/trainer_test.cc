@@ -1,6 +1,7 @@
 // The step loop end to end on the CPU: gradient accumulation, determinism, learning.
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -115,6 +116,36 @@ TEST_F(TrainerTest, SameJobTwiceGivesBitwiseIdenticalMetrics) {
     ASSERT_EQ(a.size(), 8u);
     EXPECT_EQ(a, b);
   }
+}
+
+// A data.train pattern over the corpus cut into shards trains exactly as the one file: the
+// matches are read in byte order (part_0, part_1, part_10, part_11, part_2, ...), the order the
+// chunks were written in here.
+TEST_F(TrainerTest, APatternOverShardsTrainsAsTheirConcatenation) {
+  const std::vector<int32_t> tokens = testing::PatternTokens();
+  constexpr int kParts = 12;
+  std::vector<std::string> names;
+  for (int i = 0; i < kParts; ++i) names.push_back("part_" + std::to_string(i) + ".bin");
+  std::sort(names.begin(), names.end());
+  const size_t chunk = (tokens.size() + kParts - 1) / kParts;
+  std::filesystem::create_directories(dir_ / "parts");
+  for (int k = 0; k < kParts; ++k) {
+    const size_t begin = std::min(tokens.size(), k * chunk);
+    const size_t end = std::min(tokens.size(), begin + chunk);
+    ASSERT_TRUE(WriteTokenShard((dir_ / "parts" / names[k]).string(),
+                                std::vector<int32_t>(tokens.begin() + begin, tokens.begin() + end),
+                                32)
+                    .ok());
+  }
+  zerotrain::JobSpec job = Job(zerotrain::ModelConfig::GPT2, 2, 1);
+  job.mutable_data()->set_shuffle(true);
+  job.mutable_train()->set_max_steps(8);
+  ASSERT_TRUE(Make(job, "file")->Run().ok());
+  job.mutable_data()->set_train(0, (dir_ / "parts" / "part_*.bin").string());
+  ASSERT_TRUE(Make(job, "pattern")->Run().ok());
+  const auto file = LossLines(dir_ / "file" / "metrics.jsonl");
+  ASSERT_EQ(file.size(), 8u);
+  EXPECT_EQ(LossLines(dir_ / "pattern" / "metrics.jsonl"), file);
 }
 
 TEST_F(TrainerTest, LossFallsAndValidationIsRecorded) {
