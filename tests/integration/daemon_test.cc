@@ -36,6 +36,11 @@ std::string StateOf(const json& status) {
   return status.is_object() && status.contains("state") ? status["state"].get<std::string>() : "";
 }
 
+bool Ended(const json& status) {
+  const std::string state = StateOf(status);
+  return state == "SUCCEEDED" || state == "FAILED" || state == "CANCELLED";
+}
+
 class DaemonTest : public DaemonClusterTest {
  protected:
   void StartCluster() {
@@ -502,6 +507,39 @@ TEST_F(DaemonTest, CheckpointOfAnotherConfigurationFailsTheJobAfterOneAttempt) {
   ASSERT_FALSE(id.empty()) << resumed.output;
   ASSERT_NO_FATAL_FAILURE(StartNode("node-a", 4));
   ExpectFailedAfterOneAttempt(id, {"FAILED_PRECONDITION", "another optimizer configuration"});
+}
+
+// Issue 20: job `owner` saved steps 3 and 6 into D; job `intruder`, another name, the same D,
+// was accepted, resumed from owner's step 6, and its pruning deleted owner's steps.
+TEST_F(DaemonTest, AnotherJobsCheckpointsAreNeverTakenOverUnlessAskedFor) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  ASSERT_NO_FATAL_FAILURE(StartNode("node-a", 2));
+  const std::string ckpt = Path("ckpt");
+  const std::string owner = Submit(WriteJob("owner", ckpt, 2, 6, 3));
+  ASSERT_FALSE(owner.empty());
+  const json done = WaitFor(owner, [](const json& s) { return Ended(s); });
+  ASSERT_EQ(StateOf(done), "SUCCEEDED") << done.dump(2);
+  const std::string weights = ExportedWeights(ckpt, Path("owner-export"));
+  const std::string owner_record = ReadText(ckpt + "/owner");
+  EXPECT_NE(owner_record.find("\"" + owner + "\""), std::string::npos) << owner_record;
+
+  const RunResult intruder = Zt("submit " + WriteJob("intruder", ckpt, 2, 12, 3) + " --json");
+  EXPECT_NE(intruder.exit_code, 0) << intruder.output;
+  EXPECT_NE(intruder.output.find("'" + ckpt + "' holds the checkpoints of job " + owner),
+            std::string::npos)
+      << intruder.output;
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000003")) << "owner's step 3 pruned";
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000006")) << "owner's step 6 pruned";
+  EXPECT_EQ(ExportedWeights(ckpt, Path("after-export")), weights);
+
+  // Continuing is explicit: zt resume D --job FILE takes the directory over from step 6.
+  const RunResult resumed = Zt("resume " + ckpt + " --job " + Path("intruder.yaml") + " --json");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::string continued = JobIdOf(resumed);
+  const json ended = WaitFor(continued, [](const json& s) { return Ended(s); });
+  ASSERT_EQ(StateOf(ended), "SUCCEEDED") << ended.dump(2);
+  EXPECT_EQ(Int(ended["attempts"][0].value("resumed_from_step", json())), 6) << ended.dump(2);
+  EXPECT_NE(ReadText(ckpt + "/owner").find("\"" + continued + "\""), std::string::npos);
 }
 
 }  // namespace
