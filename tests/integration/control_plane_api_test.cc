@@ -66,7 +66,8 @@ TEST_F(ControlPlaneApiTest, ListPagesAndDeleteRemovesOnlyFinishedJobs) {
   StartCoordinator();
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
-    const RunResult r = Zt("submit " + WriteJob("listed" + std::to_string(i), Path("ckpt"), 1, 2, 1));
+    const RunResult r = Zt("submit " + WriteJob("listed" + std::to_string(i),
+                                                Path("ckpt" + std::to_string(i)), 1, 2, 1));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     ids.push_back(r.output.substr(0, r.output.find('\n')));
   }
@@ -102,12 +103,17 @@ TEST_F(ControlPlaneApiTest, HugeSpecsAreRefusedAtSubmitAndListKeepsWorking) {
   nlohmann::json job = {
       {"name", "huge"},
       {"model",
-       {{"family", "GPT2"}, {"n_layer", 1}, {"n_head", 2}, {"d_model", 32}, {"vocab_size", 64},
+       {{"family", "GPT2"},
+        {"n_layer", 1},
+        {"n_head", 2},
+        {"d_model", 32},
+        {"vocab_size", 64},
         {"max_seq_len", 16}}},
       // About 3.3 MB, as in the report: over --max-spec-bytes, under gRPC's 4 MiB receive
       // limit (a larger request is RESOURCE_EXHAUSTED from gRPC itself, naming both sizes).
-      {"data", {{"train", std::vector<std::string>(3'300'000 / (train.size() + 3), train)},
-                {"seq_len", 16}}},
+      {"data",
+       {{"train", std::vector<std::string>(3'300'000 / (train.size() + 3), train)},
+        {"seq_len", 16}}},
       {"train", {{"micro_batch_size", 1}, {"max_steps", 1}}},
       {"optimizer", {{"lr", 1e-3}}}};
   std::ofstream(Path("huge.json")) << job.dump();
@@ -126,14 +132,17 @@ TEST_F(ControlPlaneApiTest, TrainAndSubmitRefuseAnEmptyNameAndControlCharactersB
   StartCoordinator();
   const std::string train = Path("train.bin");
   auto write = [&](const std::string& file, const std::string& name, const std::string& dir) {
-    nlohmann::json job = {
-        {"model",
-         {{"family", "GPT2"}, {"n_layer", 1}, {"n_head", 2}, {"d_model", 32}, {"vocab_size", 64},
-          {"max_seq_len", 16}}},
-        {"data", {{"train", {train}}, {"seq_len", 16}}},
-        {"train", {{"micro_batch_size", 1}, {"max_steps", 1}}},
-        {"optimizer", {{"lr", 1e-3}}},
-        {"checkpoint", {{"dir", dir}}}};
+    nlohmann::json job = {{"model",
+                           {{"family", "GPT2"},
+                            {"n_layer", 1},
+                            {"n_head", 2},
+                            {"d_model", 32},
+                            {"vocab_size", 64},
+                            {"max_seq_len", 16}}},
+                          {"data", {{"train", {train}}, {"seq_len", 16}}},
+                          {"train", {{"micro_batch_size", 1}, {"max_steps", 1}}},
+                          {"optimizer", {{"lr", 1e-3}}},
+                          {"checkpoint", {{"dir", dir}}}};
     if (!name.empty()) job["name"] = name;
     std::ofstream(Path(file)) << job.dump();
     return Path(file);
