@@ -545,5 +545,33 @@ TEST(CheckpointDirectoryTest, PruneKeepsTheNewestAndLatestAndSparesOpenSaves) {
   ExpectStep(*FindLatest(dir), 40);
 }
 
+// Issue 20: a kill -9 while pruning left an empty step directory behind. Pruning now renames a
+// step aside (one atomic step) before deleting it, so a kill leaves only a `.tmp-` entry; both
+// kinds of leftover are invisible to loading and removed by the next pruning or first save.
+TEST(CheckpointDirectoryTest, LeftoversOfAKilledPruningAreIgnoredThenRemoved) {
+  ScratchDir scratch;
+  const std::string dir = scratch.Path("ckpt");
+  for (int64_t step : {10, 20, 30}) SaveStep(dir, step);
+  // Killed after the rename, during the deletion: part of step 10's files remain aside.
+  fs::rename(dir + "/step-00000010", dir + "/.tmp-pruned-step-00000010");
+  fs::remove(dir + "/.tmp-pruned-step-00000010/manifest.json");
+  // Killed half-way through an in-place deletion (an older version): a step without manifest.
+  fs::create_directories(dir + "/step-00000005");
+  absl::StatusOr<std::vector<CheckpointEntry>> complete = ListComplete(dir);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  ASSERT_EQ(complete->size(), 2u);
+  EXPECT_EQ((*complete)[0].step, 20);
+  ExpectStep(*FindLatest(dir), 30);
+
+  ASSERT_TRUE(RemoveCheckpointLeftovers(dir).ok());
+  EXPECT_THAT(Entries(dir, ""), UnorderedElementsAre("latest", "step-00000020", "step-00000030"));
+
+  // Pruning itself leaves nothing aside: step 20 goes, and only the kept steps remain.
+  fs::create_directories(dir + "/.tmp-pruned-step-00000020");  // a stale one of the same name
+  ASSERT_TRUE(Prune(dir, 1).ok());
+  EXPECT_THAT(Entries(dir, ""), UnorderedElementsAre("latest", "step-00000030"));
+  ExpectStep(*FindLatest(dir), 30);
+}
+
 }  // namespace
 }  // namespace zt
