@@ -48,9 +48,21 @@ absl::StatusOr<std::string> RendezvousKv::Get(const std::string& scope, const st
 }
 
 absl::StatusOr<int64_t> RendezvousKv::Add(const std::string& scope, const std::string& key,
-                                          int64_t delta) {
+                                          int64_t delta, const std::string& request_id) {
   ZT_RETURN_IF_ERROR(CheckScopeAndKey(scope, key));
+  if (!request_id.empty()) {
+    ZT_RETURN_IF_ERROR(CheckStoreField("request_id", request_id.size(), kMaxAddRequestIdBytes));
+  }
+  // The results of identified additions live beside the keys under a prefix no key of a
+  // client's can have (keys are checked to be at most 512 bytes; this one is longer).
+  const std::string done_key =
+      request_id.empty() ? "" : absl::StrCat(std::string(kMaxStoreKeyBytes, '#'), request_id);
   absl::MutexLock lock(&mu_);
+  if (!done_key.empty()) {
+    ZT_ASSIGN_OR_RETURN(std::optional<std::string> done, store_->KvGet(scope, done_key));
+    int64_t result = 0;
+    if (done.has_value() && absl::SimpleAtoi(*done, &result)) return result;
+  }
   ZT_ASSIGN_OR_RETURN(std::optional<std::string> value, store_->KvGet(scope, key));
   int64_t current = 0;
   if (value.has_value() && !absl::SimpleAtoi(*value, &current)) {
@@ -58,7 +70,9 @@ absl::StatusOr<int64_t> RendezvousKv::Add(const std::string& scope, const std::s
         "key '", key, "' of scope '", scope, "' holds a value that is not a decimal counter"));
   }
   const int64_t next = current + delta;
-  ZT_RETURN_IF_ERROR(store_->KvSet(scope, key, absl::StrCat(next)));
+  ZT_RETURN_IF_ERROR(done_key.empty() ? store_->KvSet(scope, key, absl::StrCat(next))
+                                      : store_->KvSetPair(scope, key, absl::StrCat(next), done_key,
+                                                          absl::StrCat(next)));
   changed_.SignalAll();
   return next;
 }

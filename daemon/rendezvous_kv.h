@@ -21,6 +21,7 @@ namespace zt {
 inline constexpr size_t kMaxStoreKeyBytes = 512;
 inline constexpr size_t kMaxStoreValueBytes = 1 << 20;
 inline constexpr size_t kMaxStoreWaitKeys = 256;
+inline constexpr size_t kMaxAddRequestIdBytes = 128;
 
 class RendezvousKv {
  public:
@@ -31,8 +32,12 @@ class RendezvousKv {
   // NotFound naming the key when it was never set.
   absl::StatusOr<std::string> Get(const std::string& scope, const std::string& key);
   // Adds `delta` to the decimal counter at key (absent: 0); returns the new value.
-  // InvalidArgument when the present value is not a decimal integer.
-  absl::StatusOr<int64_t> Add(const std::string& scope, const std::string& key, int64_t delta);
+  // InvalidArgument when the present value is not a decimal integer. With a `request_id`
+  // (1–128 bytes, the client's for this one addition) a repeat of the call — a retry after a
+  // lost reply — adds nothing and returns what the first call returned: the result is kept
+  // with the counter, written together with it, for the life of the scope.
+  absl::StatusOr<int64_t> Add(const std::string& scope, const std::string& key, int64_t delta,
+                              const std::string& request_id = "");
   // Waits up to `timeout` for every key to be set; returns the keys still missing (empty:
   // all set). Callers loop with short timeouts to notice cancellation.
   absl::StatusOr<std::vector<std::string>> Wait(const std::string& scope,

@@ -64,7 +64,8 @@ grpc::Status RendezvousServiceImpl::StoreAdd(grpc::ServerContext* context,
   RpcTimer timer(shared_->metrics, "StoreAdd");
   ZT_AUTHORIZE(context);
   absl::StatusOr<int64_t> value =
-      shared_->coordinator->rendezvous().Add(request->scope(), request->key(), request->delta());
+      shared_->coordinator->rendezvous().Add(request->scope(), request->key(), request->delta(),
+                                             request->request_id());
   if (!value.ok()) return ToGrpc(value.status());
   response->set_value(*value);
   return grpc::Status::OK;

@@ -322,6 +322,16 @@ absl::Status StateStore::KvSet(const std::string& scope, const std::string& key,
   return Write(KvKey(scope, key), value, Durability::kWal);
 }
 
+absl::Status StateStore::KvSetPair(const std::string& scope, const std::string& key1,
+                                   const std::string& value1, const std::string& key2,
+                                   const std::string& value2) {
+  rocksdb::WriteBatch batch;
+  batch.Put(KvKey(scope, key1), value1);
+  batch.Put(KvKey(scope, key2), value2);
+  return Commit(batch, Durability::kWal,
+                absl::StrCat("writing '", KvKey(scope, key1), "' in '", dir_, "'"));
+}
+
 absl::StatusOr<std::optional<std::string>> StateStore::KvGet(const std::string& scope,
                                                              const std::string& key) const {
   std::string value;

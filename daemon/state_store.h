@@ -115,6 +115,10 @@ class StateStore {
 
   // Rendezvous values (written to the WAL, not synced).
   absl::Status KvSet(const std::string& scope, const std::string& key, const std::string& value);
+  // Two values of one scope in one atomic write: both land, or neither.
+  absl::Status KvSetPair(const std::string& scope, const std::string& key1,
+                         const std::string& value1, const std::string& key2,
+                         const std::string& value2);
   // nullopt when the key was never set.
   absl::StatusOr<std::optional<std::string>> KvGet(const std::string& scope,
                                                    const std::string& key) const;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,13 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
 // Slack on a StoreWait RPC's deadline beyond the wait it asks the server for, so the server's
 // DEADLINE_EXCEEDED (which names the missing keys) arrives before the client gives up.
 constexpr absl::Duration kWaitSlack = absl::Seconds(5);
+
+// 128 random bits as 32 hex digits: unique among every client's additions to a scope.
+std::string AddRequestId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  const uint64_t high = rng(), low = rng();
+  return absl::StrCat(absl::Hex(high, absl::kZeroPad16), absl::Hex(low, absl::kZeroPad16));
+}
 
 }  // namespace
 
@@ -103,6 +112,8 @@ absl::StatusOr<int64_t> RemoteStore::Add(const std::string& key, int64_t delta) 
   request.set_scope(options_.scope);
   request.set_key(key);
   request.set_delta(delta);
+  // One id for this addition, sent again on every retry: the coordinator adds once.
+  request.set_request_id(AddRequestId());
   zerotrain::StoreAddResponse response;
   absl::Status status =
       CallRetrying(options_.retry, Describe("add", key), absl::InfiniteFuture(), [&] {
