@@ -1,5 +1,7 @@
 // zt: the ZeroTrain client. The offline verbs run here, on this machine's devices:
 //   zt train JOBFILE     train a job in this process
+//   (train, estimate and submit take --deepspeed DS_CONFIG: a DeepSpeed ds_config.json laid
+//   over the job file, docs/deepspeed.md)
 //   zt prepare ...       turn text files into token shards
 //   zt estimate JOBFILE [--plan]  where a rank's memory goes / the sharding the planner picks
 //   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
@@ -39,6 +41,10 @@ int main(int argc, char** argv) {
   zt::cli::TrainFlags train;
   CLI::App* train_cmd = app.add_subcommand("train", "Run a job in this process, on this machine");
   train_cmd->add_option("job", train.job_file, "Job file (YAML or JSON)")->required();
+  const char* deepspeed_help =
+      "DeepSpeed ds_config.json whose batch sizes, precision, ZeRO stage, optimizer and "
+      "scheduler replace the job file's (docs/deepspeed.md)";
+  train_cmd->add_option("--deepspeed", train.deepspeed, deepspeed_help);
   train_cmd
       ->add_option("--steps", train.stop_after_step,
                    "Stop after this global step without changing the schedule (0: no steps)")
@@ -85,6 +91,7 @@ int main(int argc, char** argv) {
   CLI::App* estimate_cmd = app.add_subcommand(
       "estimate", "Print where a rank's memory goes, by category, without allocating it");
   estimate_cmd->add_option("job", estimate.job_file, "Job file (YAML or JSON)")->required();
+  estimate_cmd->add_option("--deepspeed", estimate.deepspeed, deepspeed_help);
   estimate_cmd
       ->add_option("--world-size", estimate.world_size,
                    "Ranks, sharded as one group (default: the job's)")
@@ -138,6 +145,7 @@ int main(int argc, char** argv) {
   zt::cli::SubmitFlags submit;
   CLI::App* submit_cmd = app.add_subcommand("submit", "Submit a job to the coordinator");
   submit_cmd->add_option("job", submit.job_file, "Job file (YAML or JSON)")->required();
+  submit_cmd->add_option("--deepspeed", submit.deepspeed, deepspeed_help);
   submit_cmd->add_flag("--watch", submit.watch, "Then watch it until it finishes");
   CLI::Option* priority = submit_cmd->add_option(
       "--priority", submit.priority, "Scheduling priority, higher first (default: the job's)");
@@ -208,8 +216,8 @@ int main(int argc, char** argv) {
   if (!status.ok()) {
     std::cerr << "zt: " << status.message() << "\n";
     const bool offline = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd;
-    return zt::cli::ExitCodeFor(
-        status, offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
+    return zt::cli::ExitCodeFor(status,
+                                offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
   }
   return 0;
 }
