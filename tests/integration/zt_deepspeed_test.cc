@@ -6,9 +6,12 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/zt_process.h"
 
 namespace zt {
@@ -57,6 +60,68 @@ TEST_F(ZtDeepSpeedTest, EstimateShowsThePlanTheConfigGives) {
   EXPECT_THAT(r.output, HasSubstr("optimizer: ADAMW lr 0.00015, betas (0.9, 0.95)"));
   EXPECT_THAT(r.output, HasSubstr("bytes/param\n  parameters"));
   EXPECT_NE(r.output, plain.output);
+}
+
+// (step, loss, lr) of every line of a run's metrics.jsonl.
+std::vector<std::tuple<int64_t, double, double>> LossCurve(const std::filesystem::path& run_dir) {
+  std::vector<std::tuple<int64_t, double, double>> curve;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    curve.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>(),
+                       j.at("lr").get<double>());
+  }
+  return curve;
+}
+
+// The mapping is the training: a job plus a DeepSpeed config trains bit for bit as the job file
+// that writes the same settings out in ZeroTrain's own fields (the CPU is deterministic).
+TEST_F(ZtDeepSpeedTest, TrainWithTheConfigEqualsTheJobFileThatSpellsItOut) {
+  std::string text;
+  for (int i = 0; i < 400; ++i)
+    text += "line " + std::to_string(i * 7919 % 1000) + " of the corpus\n";
+  std::ofstream(dir_ / "corpus.txt") << text;
+  const std::string shard = (dir_ / "train.bin").string();
+  testing::RunResult r = RunZtCommand("prepare " + (dir_ / "corpus.txt").string() +
+                                      " --tokenizer bytes --out " + shard);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string model =
+      "model: {family: GPT2, n_layer: 2, n_head: 2, d_model: 32, vocab_size: 256,"
+      " max_seq_len: 32}\n"
+      "data: {train: [" +
+      shard + "], seq_len: 32}\n";
+  const std::string job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << "name: ds\n"
+                     << model
+                     << "train: {micro_batch_size: 1, max_steps: 6}\noptimizer: {lr: 1.0e-3}\n";
+  const std::string ds = (dir_ / "ds.json").string();
+  std::ofstream(ds) << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "betas": [0.9, 0.95],
+                                               "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 6,
+      "warmup_num_steps": 2, "cos_min_ratio": 0.1, "warmup_type": "linear"}},
+    "gradient_clipping": 0.5, "zero_optimization": {"stage": 1}, "steps_per_print": 1})";
+  const std::string spelled = (dir_ / "spelled.yaml").string();
+  std::ofstream(spelled) << "name: ds\n"
+                         << model
+                         << "train: {micro_batch_size: 2, grad_accum_steps: 4, max_steps: 6}\n"
+                            "optimizer: {type: ADAMW, lr: 2.0e-3, beta1: 0.9, beta2: 0.95,"
+                            " eps: 1.0e-8, weight_decay: 0.1, grad_clip: 0.5,"
+                            " schedule: {warmup_steps: 2, decay: COSINE, min_lr_ratio: 0.1}}\n"
+                            "parallel: {zero_stage: 1}\n";
+  r = RunZtCommand("train " + job + " --quiet --deepspeed " + ds + " --run-dir " +
+                   (dir_ / "with-ds").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunZtCommand("train " + spelled + " --quiet --run-dir " + (dir_ / "spelled").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto with_ds = LossCurve(dir_ / "with-ds");
+  ASSERT_EQ(with_ds.size(), 6u);
+  EXPECT_EQ(with_ds, LossCurve(dir_ / "spelled"));
+  // And the config did change the run: the job file alone trains another curve.
+  r = RunZtCommand("train " + job + " --quiet --run-dir " + (dir_ / "job-only").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(with_ds, LossCurve(dir_ / "job-only"));
 }
 
 TEST_F(ZtDeepSpeedTest, BadConfigsExitTwoNamingTheFieldAndTheRule) {
