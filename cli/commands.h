@@ -123,6 +123,8 @@ struct ResumeFlags {
   // A job id, or a checkpoint directory (an existing path) to continue with `job_file`.
   std::string target;
   std::string job_file;
+  // With job_file: a DeepSpeed ds_config.json laid over it, as the run being continued had.
+  std::string deepspeed;
   bool fallback = false;
 };
 absl::Status RunResume(const ResumeFlags& flags);

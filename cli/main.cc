@@ -1,7 +1,7 @@
 // zt: the ZeroTrain client. The offline verbs run here, on this machine's devices:
 //   zt train JOBFILE     train a job in this process
-//   (train, estimate and submit take --deepspeed DS_CONFIG: a DeepSpeed ds_config.json laid
-//   over the job file, docs/deepspeed.md)
+//   (train, estimate, submit and resume --job take --deepspeed DS_CONFIG: a DeepSpeed
+//   ds_config.json laid over the job file, docs/deepspeed.md)
 //   zt prepare ...       turn text files into token shards
 //   zt estimate JOBFILE [--plan]  where a rank's memory goes / the sharding the planner picks
 //   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
@@ -177,6 +177,8 @@ int main(int argc, char** argv) {
       ->required();
   resume_cmd->add_option("--job", resume_flags.job_file,
                          "With a checkpoint directory: the job file to continue");
+  resume_cmd->add_option("--deepspeed", resume_flags.deepspeed,
+                         "With --job: the DeepSpeed config the job was submitted with");
   resume_cmd->add_flag("--fallback", resume_flags.fallback,
                        "Use the newest older checkpoint that verifies if the latest does not");
   add_remote(resume_cmd);

@@ -145,5 +145,15 @@ TEST_F(ZtDeepSpeedTest, BadConfigsExitTwoNamingTheFieldAndTheRule) {
   EXPECT_THAT(r.output, HasSubstr(contradiction + ": malformed JSON: parse error at line 1"));
 }
 
+// A job id keeps the spec it was submitted with: a config beside it would be ignored, so it is
+// refused before any coordinator is asked.
+TEST_F(ZtDeepSpeedTest, ResumeTakesAConfigOnlyWithAJobFile) {
+  const testing::RunResult r =
+      RunZtCommand("resume no-such-job-7 --deepspeed " + Data("zero2_tutorial.json") +
+                   " --coordinator 127.0.0.1:1 --timeout 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--deepspeed: only with --job and a checkpoint directory"));
+}
+
 }  // namespace
 }  // namespace zt
