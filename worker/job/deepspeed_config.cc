@@ -9,6 +9,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <vector>
 
@@ -673,8 +674,22 @@ absl::StatusOr<JobSpec> ApplyDeepSpeedConfig(std::string_view json_text,
                                              const DeepSpeedOptions& options) {
   const std::string source(source_name);
   nlohmann::json config;
+  // DeepSpeed loads its config with a hook that refuses a key given twice in one object; here
+  // too, the second would otherwise silently win.
+  std::vector<std::set<std::string>> keys_seen;
+  std::string duplicate;
+  auto find_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) keys_seen.emplace_back();
+    if (event == Event::object_end && !keys_seen.empty()) keys_seen.pop_back();
+    if (event == Event::key && !keys_seen.empty() &&
+        !keys_seen.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    config = nlohmann::json::parse(json_text.begin(), json_text.end());
+    config = nlohmann::json::parse(json_text.begin(), json_text.end(), find_duplicates);
   } catch (const nlohmann::json::parse_error& e) {
     // what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
     const std::string what = e.what();
@@ -685,6 +700,12 @@ absl::StatusOr<JobSpec> ApplyDeepSpeedConfig(std::string_view json_text,
   if (!config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": a DeepSpeed config is a JSON object (got ", config.type_name(), ")"));
+  }
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": \"", duplicate,
+        "\" is given twice in one object; DeepSpeed refuses duplicate keys, and which one "
+        "counts would be a guess"));
   }
   const DsSection root(&config, source, "");
   ZT_RETURN_IF_ERROR(root.CheckKeys(TopLevelKeys()));

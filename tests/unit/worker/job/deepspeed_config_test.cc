@@ -504,6 +504,10 @@ TEST(DeepSpeedConfigTest, MalformedJsonNamesLineAndColumn) {
   EXPECT_THAT(Apply("{\n  \"train_batch_size\": 8,\n  \"fp16\": {\"enabled\": tru}\n}", BaseJob()),
               IsErrorWith("ds.json: malformed JSON: parse error at line 3, column"));
   EXPECT_THAT(Apply("[1, 2]", BaseJob()), IsErrorWith("a DeepSpeed config is a JSON object"));
+  EXPECT_THAT(Apply(R"({"fp16": {"enabled": true, "enabled": false}})", BaseJob()),
+              IsErrorWith("ds.json: \"enabled\" is given twice in one object"));
+  // The same key in two objects is no duplicate.
+  EXPECT_TRUE(Apply(R"({"fp16": {"enabled": false}, "bf16": {"enabled": true}})", BaseJob()).ok());
 }
 
 TEST(DeepSpeedConfigTest, UnknownKeysAreRefusedAndNoOpKeysAccepted) {
