@@ -8,11 +8,13 @@
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "cli/output_format.h"
 #include "cli/training_summary.h"
 #include "nlohmann/json.hpp"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/status_macros.h"
 
 namespace zt::cli {
 
@@ -47,11 +49,17 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
       per_rank[MemoryCategoryName(category)] = plan.CategoryBytes(category);
     }
     per_rank["total"] = plan.TotalBytes();
-    const nlohmann::json out = {{"job", name},
-                                {"parameters", params},
-                                {"world_size", job.parallel().world_size()},
-                                {"zero_stage", job.parallel().zero_stage()},
-                                {"per_rank", per_rank}};
+    nlohmann::json out = {{"job", name},
+                          {"parameters", params},
+                          {"world_size", job.parallel().world_size()},
+                          {"zero_stage", job.parallel().zero_stage()},
+                          {"per_rank", per_rank}};
+    // With a DeepSpeed config, the whole spec it produced (defaults applied), by the JSON
+    // mapping, so a script can check every field.
+    if (!flags.deepspeed.empty()) {
+      ZT_ASSIGN_OR_RETURN(const std::string spec, ToJson(job, /*indent=*/false));
+      out["spec"] = nlohmann::json::parse(spec);
+    }
     std::cout << out.dump(2) << "\n";
     return absl::OkStatus();
   }

@@ -60,6 +60,18 @@ TEST_F(ZtDeepSpeedTest, EstimateShowsThePlanTheConfigGives) {
   EXPECT_THAT(r.output, HasSubstr("optimizer: ADAMW lr 0.00015, betas (0.9, 0.95)"));
   EXPECT_THAT(r.output, HasSubstr("bytes/param\n  parameters"));
   EXPECT_NE(r.output, plain.output);
+
+  // --json carries the whole spec the config produced.
+  const testing::RunResult j = RunZtCommand(
+      "estimate " + job_ + " --json --world-size 2 --deepspeed " + Data("zero2_tutorial.json"));
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  const nlohmann::json out = nlohmann::json::parse(j.output);
+  EXPECT_EQ(out.at("zero_stage"), 2);
+  const nlohmann::json& spec = out.at("spec");
+  EXPECT_EQ(spec.at("train").at("micro_batch_size"), 4);
+  EXPECT_EQ(spec.at("train").at("grad_accum_steps"), 8);
+  EXPECT_EQ(spec.at("precision").at("param_dtype"), "FP16");
+  EXPECT_EQ(spec.at("parallel").at("bucket_bytes"), "100000000");  // int64: a JSON string
 }
 
 // (step, loss, lr) of every line of a run's metrics.jsonl.
