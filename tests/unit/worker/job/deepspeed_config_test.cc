@@ -498,6 +498,45 @@ TEST(DeepSpeedConfigTest, ActivationCheckpointingIsFullUnlessTheJobNamesAPolicy)
               IsErrorWith("activation_checkpointing.cpu_checkpointing: true offloads"));
 }
 
+// Every other value ZeroTrain cannot honour, each named with its field.
+TEST(DeepSpeedConfigTest, EachRefusalNamesItsField) {
+  const struct {
+    const char* config;
+    const char* error;
+  } kCases[] = {
+      {R"({"fp16": {"enabled": true, "fp16_master_weights_and_grads": true}})",
+       "fp16.fp16_master_weights_and_grads: true keeps master weights"},
+      {R"({"optimizer": {"type": "Adam", "params": {"bias_correction": false}}})",
+       "optimizer.params.bias_correction: false turns"},
+      {R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "dampening": 0.1}}})",
+       "optimizer.params.dampening: must be 0"},
+      {R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
+       "optimizer.params.lr: SGD needs a learning rate"},
+      {R"({"optimizer": {"params": {"lr": 0.1}}})", "optimizer.type: must name the optimizer"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linear",
+           "last_batch_iteration": 99}}})",
+       "scheduler.params.last_batch_iteration: must be -1"},
+      {R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_type": "linear"}}})",
+       "scheduler.params.total_num_steps: is required by this scheduler"},
+      {R"({"zero_optimization": {"load_from_fp32_weights": false}})",
+       "zero_optimization.load_from_fp32_weights: false resumes"},
+      {R"({"zero_optimization": {"overlap_comm": "yes"}})",
+       "zero_optimization.overlap_comm: must be true, false or \"auto\""},
+      {R"({"gradient_predivide_factor": 2.0})", "gradient_predivide_factor: must be 1.0"},
+      {R"({"gradient_clipping": -1})", "gradient_clipping: must be in [0, "},
+      {R"({"data_types": {"grad_accum_dtype": "int8"}})",
+       "data_types.grad_accum_dtype: must be \"fp32\", \"fp16\" or \"bf16\" (got \"int8\")"},
+      {R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})",
+       "bfloat16: is DeepSpeed's other spelling of bf16"},
+      {R"({"train_micro_batch_size_per_gpu": 2.5})",
+       "train_micro_batch_size_per_gpu: must be an integer or \"auto\" (got 2.5)"},
+  };
+  for (const auto& c : kCases) {
+    EXPECT_THAT(Apply(c.config, BaseJob()), IsErrorWith(std::string("ds.json: ") + c.error))
+        << c.config;
+  }
+}
+
 // ---- the file as a whole ----------------------------------------------------------------------
 
 TEST(DeepSpeedConfigTest, MalformedJsonNamesLineAndColumn) {
