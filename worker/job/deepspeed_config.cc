@@ -52,14 +52,27 @@ absl::StatusOr<std::optional<int64_t>> IntegerAtLeast(const DsSection& s, const 
   return v;
 }
 
+enum class Bound { kClosed, kOpen };
+
 absl::StatusOr<std::optional<double>> NumberIn(const DsSection& s, const std::string& key,
-                                               double min, double max, bool min_open = false) {
+                                               double min, double max,
+                                               Bound lower = Bound::kClosed) {
   ZT_ASSIGN_OR_RETURN(std::optional<double> v, s.Number(key));
-  if (v && (*v < min || *v > max || (min_open && *v == min))) {
+  const bool open = lower == Bound::kOpen;
+  if (v && (*v < min || *v > max || (open && *v == min))) {
     return s.Error(
-        key, absl::StrCat("must be in ", min_open ? "(" : "[", min, ", ", max, "] (got ", *v, ")"));
+        key, absl::StrCat("must be in ", open ? "(" : "[", min, ", ", max, "] (got ", *v, ")"));
   }
   return v;
+}
+
+// Learning rates, epsilons and scales: > 0 (or ≥ 0), and within float32, where the JobSpec
+// keeps them.
+absl::StatusOr<std::optional<double>> Positive(const DsSection& s, const std::string& key) {
+  return NumberIn(s, key, 0, std::numeric_limits<float>::max(), Bound::kOpen);
+}
+absl::StatusOr<std::optional<double>> NonNegative(const DsSection& s, const std::string& key) {
+  return NumberIn(s, key, 0, std::numeric_limits<float>::max());
 }
 
 // A key whose only value ZeroTrain can honour is `expected`: anything else changes training in
@@ -177,8 +190,7 @@ absl::StatusOr<PrecisionConfig::DType> DTypeNamed(const DsSection& s, const std:
 // an absent key takes DeepSpeed's default, "auto" keeps the job's.
 absl::Status ApplyLossScale(const DsSection& fp16, JobSpec* job) {
   zerotrain::LossScaleConfig& ls = *job->mutable_precision()->mutable_loss_scale();
-  ZT_ASSIGN_OR_RETURN(std::optional<double> fixed,
-                      NumberIn(fp16, "loss_scale", 0, std::numeric_limits<double>::max()));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> fixed, NonNegative(fp16, "loss_scale"));
   if (!fp16.IsAuto("loss_scale")) {
     // DeepSpeed: 0 (the default) is dynamic scaling.
     if (fixed.value_or(0) > 0) {
@@ -196,9 +208,7 @@ absl::Status ApplyLossScale(const DsSection& fp16, JobSpec* job) {
   if (!fp16.IsAuto("loss_scale_window")) ls.set_window(window.value_or(1000));
   ZT_ASSIGN_OR_RETURN(std::optional<int64_t> hysteresis, IntegerAtLeast(fp16, "hysteresis", 1));
   if (!fp16.IsAuto("hysteresis")) ls.set_hysteresis(static_cast<int32_t>(hysteresis.value_or(2)));
-  ZT_ASSIGN_OR_RETURN(std::optional<double> min_scale,
-                      NumberIn(fp16, "min_loss_scale", 0, std::numeric_limits<float>::max(),
-                               /*min_open=*/true));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> min_scale, Positive(fp16, "min_loss_scale"));
   if (!fp16.IsAuto("min_loss_scale")) ls.set_min_scale(static_cast<float>(min_scale.value_or(1)));
   ZT_ASSIGN_OR_RETURN(std::optional<bool> consecutive, fp16.Bool("consecutive_hysteresis"));
   if (!fp16.IsAuto("consecutive_hysteresis")) {
@@ -291,12 +301,9 @@ absl::StatusOr<std::optional<double>> ApplyAdam(const DsSection& params, bool na
       RequireBool(params, "amsgrad", false, "true asks for AMSGrad, which ZeroTrain lacks"));
   // DeepSpeed: type AdamW always decays decoupled; type Adam unless adam_w_mode is false.
   const bool decoupled = named_adamw || adam_w_mode.value_or(true);
-  ZT_ASSIGN_OR_RETURN(std::optional<double> lr,
-                      NumberIn(params, "lr", 0, std::numeric_limits<float>::max(), true));
-  ZT_ASSIGN_OR_RETURN(std::optional<double> eps,
-                      NumberIn(params, "eps", 0, std::numeric_limits<float>::max(), true));
-  ZT_ASSIGN_OR_RETURN(std::optional<double> weight_decay,
-                      NumberIn(params, "weight_decay", 0, std::numeric_limits<float>::max()));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> lr, Positive(params, "lr"));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> eps, Positive(params, "eps"));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> weight_decay, NonNegative(params, "weight_decay"));
   // FusedAdam and CPUAdam default weight_decay to 0; torch.optim.AdamW to 0.01.
   const double default_decay = torch_adam.value_or(false) && decoupled ? 0.01 : 0.0;
   const double decay = weight_decay.value_or(default_decay);
@@ -333,13 +340,11 @@ absl::StatusOr<std::optional<double>> ApplyAdam(const DsSection& params, bool na
 absl::StatusOr<std::optional<double>> ApplySgd(const DsSection& params, JobSpec* job) {
   OptimizerConfig& opt = *job->mutable_optimizer();
   ZT_RETURN_IF_ERROR(params.CheckKeys({"lr", "momentum", "weight_decay", "dampening", "nesterov"}));
-  ZT_ASSIGN_OR_RETURN(std::optional<double> lr,
-                      NumberIn(params, "lr", 0, std::numeric_limits<float>::max(), true));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> lr, Positive(params, "lr"));
   if (!lr && !params.IsAuto("lr")) return params.Error("lr", "SGD needs a learning rate");
   ZT_ASSIGN_OR_RETURN(std::optional<double> momentum, NumberIn(params, "momentum", 0, 1));
   if (momentum && *momentum >= 1) return params.Error("momentum", "must be below 1");
-  ZT_ASSIGN_OR_RETURN(std::optional<double> weight_decay,
-                      NumberIn(params, "weight_decay", 0, std::numeric_limits<float>::max()));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> weight_decay, NonNegative(params, "weight_decay"));
   if (weight_decay.value_or(0) != 0) {
     return params.Error(
         "weight_decay",
@@ -470,9 +475,7 @@ absl::Status ApplyScheduler(const DsSection& root, std::optional<double> optimiz
                         "must be 0: ZeroTrain's warmup starts from 0 (and WarmupDecayLR would "
                         "decay to it; use WarmupCosineLR's cos_min_ratio for a floor)");
   }
-  ZT_ASSIGN_OR_RETURN(
-      std::optional<double> max_lr,
-      NumberIn(params, "warmup_max_lr", 0, std::numeric_limits<float>::max(), true));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> max_lr, Positive(params, "warmup_max_lr"));
   // WarmupLR's peak defaults to the optimizer's lr; WarmupDecayLR's to 0.001.
   if (decay_lr && !max_lr && !params.IsAuto("warmup_max_lr")) max_lr = 1e-3;
   if (max_lr) {
@@ -641,8 +644,7 @@ const std::vector<std::string>& TopLevelKeys() {
 }
 
 absl::Status ApplyGradientSettings(const DsSection& root, JobSpec* job) {
-  ZT_ASSIGN_OR_RETURN(std::optional<double> clip,
-                      NumberIn(root, "gradient_clipping", 0, std::numeric_limits<float>::max()));
+  ZT_ASSIGN_OR_RETURN(std::optional<double> clip, NonNegative(root, "gradient_clipping"));
   if (clip) job->mutable_optimizer()->set_grad_clip(static_cast<float>(*clip));
   ZT_RETURN_IF_ERROR(RequireBool(root, "prescale_gradients", false,
                                  "true divides gradients by the world size before the reduction; "
