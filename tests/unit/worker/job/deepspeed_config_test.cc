@@ -4,6 +4,9 @@
 // "auto", and bing_bert's LAMB config.
 #include "worker/job/deepspeed_config.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -567,6 +570,37 @@ TEST(DeepSpeedConfigTest, UnknownKeysAreRefusedAndNoOpKeysAccepted) {
               IsErrorWith("prescale_gradients: true divides gradients"));
   EXPECT_THAT(Apply(R"({"steps_per_print": "often"})", BaseJob()),
               IsErrorWith("steps_per_print: must be an integer"));
+}
+
+// Validation runs on the job the two files make together, and its errors name both files.
+TEST(DeepSpeedConfigTest, LoadValidatedJobChecksTheCombinationNamingBothFiles) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("zt-ds-load-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string job = (dir / "job.yaml").string(), ds = (dir / "ds.json").string();
+  std::ofstream(job) << "name: ds\n"
+                        "model: {family: GPT2, n_layer: 2, n_head: 4, d_model: 64,"
+                        " vocab_size: 256, max_seq_len: 64}\n"
+                        "data: {train: [train.bin], seq_len: 32}\n"
+                        "train: {micro_batch_size: 2, max_steps: 10}\n"
+                        "optimizer: {lr: 1.0e-3}\n"
+                        "precision: {param_dtype: BF16, stochastic_rounding: true}\n";
+  std::ofstream(ds) << R"({"fp16": {"enabled": true}, "train_batch_size": 8})";
+  const JobLoadOptions options{
+      .check_paths = false, .check_engine_support = false, .deepspeed_config = ds};
+  absl::StatusOr<JobSpec> loaded = LoadValidatedJob(job, options);
+  EXPECT_THAT(loaded, IsErrorWith(job + " with " + ds +
+                                  ": precision.stochastic_rounding: requires "
+                                  "precision.param_dtype BF16"));
+  std::ofstream(ds) << R"({"bf16": {"enabled": true}, "train_batch_size": 8})";
+  loaded = LoadValidatedJob(job, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->train().micro_batch_size(), 8);
+  // The planner's copy keeps what neither file sets open.
+  loaded = LoadJobForPlanning(job, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_FALSE(loaded->parallel().has_zero_stage());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(DeepSpeedConfigTest, MissingFileIsNotFound) {
