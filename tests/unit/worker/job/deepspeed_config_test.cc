@@ -22,8 +22,6 @@
 namespace zt {
 namespace {
 
-using ::testing::AllOf;
-using ::testing::HasSubstr;
 using zerotrain::JobSpec;
 using zerotrain::MemoryConfig;
 using zerotrain::OptimizerConfig;
