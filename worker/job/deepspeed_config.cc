@@ -692,12 +692,14 @@ absl::StatusOr<JobSpec> ApplyDeepSpeedConfig(std::string_view json_text,
   };
   try {
     config = nlohmann::json::parse(json_text.begin(), json_text.end(), find_duplicates);
-  } catch (const nlohmann::json::parse_error& e) {
-    // what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+  } catch (const nlohmann::json::exception& e) {
+    // Syntax errors (parse_error: "[json.exception.parse_error.101] parse error at line 3,
+    // column 5: ...") and numbers past double's range (out_of_range.406) alike.
     const std::string what = e.what();
-    const size_t start = what.find("parse error");
+    const size_t tag_end = what.find("] ");
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": malformed JSON: ", start == std::string::npos ? what : what.substr(start)));
+        source,
+        ": malformed JSON: ", tag_end == std::string::npos ? what : what.substr(tag_end + 2)));
   }
   if (!config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -546,6 +546,11 @@ TEST(DeepSpeedConfigTest, MalformedJsonNamesLineAndColumn) {
   EXPECT_THAT(Apply("[1, 2]", BaseJob()), IsErrorWith("a DeepSpeed config is a JSON object"));
   EXPECT_THAT(Apply(R"({"fp16": {"enabled": true, "enabled": false}})", BaseJob()),
               IsErrorWith("ds.json: \"enabled\" is given twice in one object"));
+  // A number past double's range is malformed, not a crash; so is nesting a million deep.
+  EXPECT_THAT(Apply(R"({"train_batch_size": 1e999})", BaseJob()),
+              IsErrorWith("ds.json: malformed JSON"));
+  EXPECT_THAT(Apply(R"({"steps_per_print": )" + std::string(1'000'000, '[') + "}", BaseJob()),
+              IsErrorWith("ds.json: malformed JSON"));
   // The same key in two objects is no duplicate.
   EXPECT_TRUE(Apply(R"({"fp16": {"enabled": false}, "bf16": {"enabled": true}})", BaseJob()).ok());
 }
