@@ -182,8 +182,8 @@ absl::StatusOr<PrecisionConfig::DType> DTypeNamed(const DsSection& s, const std:
   if (lower == "fp32" || lower == "float32" || lower == "float") return PrecisionConfig::FP32;
   if (lower == "fp16" || lower == "float16" || lower == "half") return PrecisionConfig::FP16;
   if (lower == "bf16" || lower == "bfloat16") return PrecisionConfig::BF16;
-  return s.Error(key, absl::StrCat("must be \"fp32\", \"fp16\" or \"bf16\" (got \"",
-                                   name.value_or(""), "\")"));
+  return s.Error(key, absl::StrCat("must be \"fp32\", \"fp16\" or \"bf16\" (got ",
+                                   job_internal::Quoted(name.value_or("")), ")"));
 }
 
 // DeepSpeed's dynamic loss scaler and ZeroTrain's take the same knobs (proto LossScaleConfig);
@@ -377,8 +377,8 @@ absl::StatusOr<std::optional<double>> ApplyOptimizer(const DsSection& root, JobS
   if (lower == "adam" || lower == "adamw") return ApplyAdam(p, lower == "adamw", job);
   if (*type == "SGD") return ApplySgd(p, job);
   return section->Error(
-      "type", absl::StrCat("\"", *type,
-                           "\" has no ZeroTrain equivalent; supported: Adam and AdamW (ZeroTrain "
+      "type", absl::StrCat(job_internal::Quoted(*type),
+                           " has no ZeroTrain equivalent; supported: Adam and AdamW (ZeroTrain "
                            "ADAMW), SGD. ZeroTrain's ADAMW_8BIT and ADAFACTOR have no DeepSpeed "
                            "name: set optimizer.type in the job file and leave \"optimizer\" out "
                            "of the DeepSpeed config"));
@@ -415,8 +415,8 @@ absl::Status ApplyScheduler(const DsSection& root, std::optional<double> optimiz
              cosine_lr = name == "WarmupCosineLR";
   if (!warmup_lr && !decay_lr && !cosine_lr) {
     return section->Error(
-        "type", absl::StrCat("\"", name,
-                             "\" has no ZeroTrain equivalent; supported: WarmupLR, "
+        "type", absl::StrCat(job_internal::Quoted(name),
+                             " has no ZeroTrain equivalent; supported: WarmupLR, "
                              "WarmupDecayLR, WarmupCosineLR (OneCycle and LRRangeTest are not)"));
   }
   ZT_ASSIGN_OR_RETURN(const DsSection params, section->ObjectOrEmpty("params"));
@@ -437,7 +437,7 @@ absl::Status ApplyScheduler(const DsSection& root, std::optional<double> optimiz
     if (warmup_type.value_or("log") != "linear") {
       return params.Error(
           "warmup_type",
-          absl::StrCat("\"", warmup_type.value_or("log"), "\"",
+          absl::StrCat(job_internal::Quoted(warmup_type.value_or("log")),
                        warmup_type ? "" : " (DeepSpeed's default when the key is absent)",
                        " warms up logarithmically; ZeroTrain warms up linearly: write "
                        "\"warmup_type\": \"linear\""));
@@ -513,8 +513,8 @@ absl::Status RefuseOffload(const DsSection& zero, const std::string& key) {
   ZT_ASSIGN_OR_RETURN(std::optional<std::string> device, offload->String("device"));
   if (device.value_or("none") != "none") {
     return offload->Error(
-        "device", absl::StrCat("\"", *device,
-                               "\" offload is not supported yet: ZeroTrain's offload tier (host "
+        "device", absl::StrCat(job_internal::Quoted(*device),
+                               " offload is not supported yet: ZeroTrain's offload tier (host "
                                "and NVMe) is not built; remove \"",
                                key, "\" or set its device to \"none\""));
   }
@@ -707,8 +707,8 @@ absl::StatusOr<JobSpec> ApplyDeepSpeedConfig(std::string_view json_text,
   }
   if (!duplicate.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": \"", duplicate,
-        "\" is given twice in one object; DeepSpeed refuses duplicate keys, and which one "
+        source, ": ", job_internal::Quoted(duplicate),
+        " is given twice in one object; DeepSpeed refuses duplicate keys, and which one "
         "counts would be a guess"));
   }
   const DsSection root(&config, source, "");

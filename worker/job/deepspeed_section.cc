@@ -1,5 +1,6 @@
 #include "worker/job/deepspeed_section.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -8,6 +9,8 @@
 #include "absl/strings/str_join.h"
 
 namespace zt::job_internal {
+
+std::string Quoted(const std::string& text) { return nlohmann::json(text).dump(); }
 
 DsSection::DsSection(const nlohmann::json* object, std::string source, std::string path)
     : object_(object), source_(std::move(source)), path_(std::move(path)) {}
@@ -20,7 +23,12 @@ bool DsSection::IsAuto(const std::string& key) const {
 }
 
 std::string DsSection::Field(const std::string& key) const {
-  return path_.empty() ? key : absl::StrCat(path_, ".", key);
+  // A key is echoed as written unless it holds a control character.
+  const bool plain = std::none_of(key.begin(), key.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+  });
+  const std::string name = plain ? key : Quoted(key);
+  return path_.empty() ? name : absl::StrCat(path_, ".", name);
 }
 
 absl::Status DsSection::Error(const std::string& key, const std::string& rule) const {

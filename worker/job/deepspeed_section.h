@@ -15,6 +15,10 @@
 
 namespace zt::job_internal {
 
+// `text` as JSON writes a string: quoted, control characters escaped, so a value echoed in a
+// message cannot forge a log line.
+std::string Quoted(const std::string& text);
+
 class DsSection {
  public:
   // `object` is a JSON object; `path` is its key path ("" for the top level).

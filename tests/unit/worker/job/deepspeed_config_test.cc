@@ -569,6 +569,11 @@ TEST(DeepSpeedConfigTest, UnknownKeysAreRefusedAndNoOpKeysAccepted) {
                                       base);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->SerializeAsString(), base.SerializeAsString());
+  // Control characters in a key or value are escaped in the message, never echoed raw.
+  EXPECT_THAT(Apply("{\"bad\\nkey\": 1}", BaseJob()),
+              IsErrorWith("ds.json: \"bad\\nkey\": not a key"));
+  EXPECT_THAT(Apply(R"({"optimizer": {"type": "Lamb\nzt: forged"}})", BaseJob()),
+              IsErrorWith("optimizer.type: \"Lamb\\nzt: forged\" has no"));
   EXPECT_THAT(Apply(R"({"prescale_gradients": true})", BaseJob()),
               IsErrorWith("prescale_gradients: true divides gradients"));
   EXPECT_THAT(Apply(R"({"steps_per_print": "often"})", BaseJob()),
