@@ -13,6 +13,8 @@ namespace zt::cli {
 
 struct TrainFlags {
   std::string job_file;
+  // A DeepSpeed ds_config.json laid over the job file (worker/job/deepspeed_config.h).
+  std::string deepspeed;
   int64_t stop_after_step = -1;  // < 0: run to train.max_steps
   std::string run_dir;
   std::string export_path;
@@ -45,6 +47,8 @@ absl::Status RunPrepare(const PrepareFlags& flags);
 
 struct EstimateFlags {
   std::string job_file;
+  // A DeepSpeed ds_config.json laid over the job file; its batch rule uses world_size when set.
+  std::string deepspeed;
   int world_size = 0;   // 0: the job's parallel.world_size
   int zero_stage = -1;  // < 0: the job's parallel.zero_stage (with plan: pins it)
   bool json = false;
@@ -87,6 +91,8 @@ struct RemoteFlags {
 struct SubmitFlags {
   RemoteFlags remote;
   std::string job_file;
+  // A DeepSpeed ds_config.json laid over the job file before it is sent.
+  std::string deepspeed;
   bool watch = false;
   bool has_priority = false;  // --priority given: it replaces scheduling.priority
   int priority = 0;
@@ -117,6 +123,8 @@ struct ResumeFlags {
   // A job id, or a checkpoint directory (an existing path) to continue with `job_file`.
   std::string target;
   std::string job_file;
+  // With job_file: a DeepSpeed ds_config.json laid over it, as the run being continued had.
+  std::string deepspeed;
   bool fallback = false;
 };
 absl::Status RunResume(const ResumeFlags& flags);

@@ -1,5 +1,6 @@
-// `zt estimate JOBFILE [--world-size N] [--zero-stage S] [--json]`: where a rank's memory
-// goes, by category, from the memory plan the engine allocates from (`--plan`: the sharding
+// `zt estimate JOBFILE [--deepspeed DS_CONFIG] [--world-size N] [--zero-stage S] [--json]`:
+// where a rank's memory goes, by category, from the memory plan the engine allocates from
+// (with --deepspeed, then how the job trains: cli/training_summary.h) (`--plan`: the sharding
 // planner's choice instead, cli/estimate_plan.cc). Nothing is allocated, so
 // it answers instantly for models far larger than this machine.
 #include <cstdio>
@@ -7,10 +8,13 @@
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "cli/output_format.h"
+#include "cli/training_summary.h"
 #include "nlohmann/json.hpp"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/status_macros.h"
 
 namespace zt::cli {
 
@@ -18,7 +22,10 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
   if (flags.plan) return RunEstimatePlan(flags);
   // Estimating needs neither the data files nor an engine that can run the job yet.
   absl::StatusOr<zerotrain::JobSpec> loaded =
-      LoadValidatedJob(flags.job_file, {.check_paths = false, .check_engine_support = false});
+      LoadValidatedJob(flags.job_file, {.check_paths = false,
+                                        .check_engine_support = false,
+                                        .deepspeed_config = flags.deepspeed,
+                                        .deepspeed_world_size = flags.world_size});
   if (!loaded.ok()) return loaded.status();
   zerotrain::JobSpec job = *loaded;
   if (flags.world_size > 0) {
@@ -42,11 +49,17 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
       per_rank[MemoryCategoryName(category)] = plan.CategoryBytes(category);
     }
     per_rank["total"] = plan.TotalBytes();
-    const nlohmann::json out = {{"job", name},
-                                {"parameters", params},
-                                {"world_size", job.parallel().world_size()},
-                                {"zero_stage", job.parallel().zero_stage()},
-                                {"per_rank", per_rank}};
+    nlohmann::json out = {{"job", name},
+                          {"parameters", params},
+                          {"world_size", job.parallel().world_size()},
+                          {"zero_stage", job.parallel().zero_stage()},
+                          {"per_rank", per_rank}};
+    // With a DeepSpeed config, the whole spec it produced (defaults applied), by the JSON
+    // mapping, so a script can check every field.
+    if (!flags.deepspeed.empty()) {
+      ZT_ASSIGN_OR_RETURN(const std::string spec, ToJson(job, /*indent=*/false));
+      out["spec"] = nlohmann::json::parse(spec);
+    }
     std::cout << out.dump(2) << "\n";
     return absl::OkStatus();
   }
@@ -65,6 +78,10 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
     row(MemoryCategoryName(category), plan.CategoryBytes(category));
   }
   row("total", plan.TotalBytes());
+  // What the DeepSpeed config became, so its user can check the mapping (docs/deepspeed.md).
+  if (!flags.deepspeed.empty()) {
+    std::cout << "training, with " << flags.deepspeed << ":\n" << TrainingSummary(job);
+  }
   return absl::OkStatus();
 }
 

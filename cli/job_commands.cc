@@ -132,13 +132,18 @@ absl::Status RunResume(const ResumeFlags& flags) {
           absl::StrCat("--job: required to resume from the checkpoint directory ", flags.target,
                        " (the job file to continue)"));
     }
-    ZT_ASSIGN_OR_RETURN(*request.mutable_spec(), JobToSubmit(flags.job_file));
+    ZT_ASSIGN_OR_RETURN(*request.mutable_spec(), JobToSubmit(flags.job_file, flags.deepspeed));
     request.set_checkpoint(std::filesystem::absolute(flags.target).lexically_normal().string());
   } else {
     if (!flags.job_file.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--job: only with a checkpoint directory; '", flags.target,
                        "' is not a path here, so it names a job, which keeps its own spec"));
+    }
+    if (!flags.deepspeed.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--deepspeed: only with --job and a checkpoint directory; '", flags.target,
+                       "' names a job, which keeps its own spec"));
     }
     request.set_job_id(flags.target);
   }

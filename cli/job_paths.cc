@@ -31,9 +31,11 @@ void AbsolutizeJobPaths(zerotrain::JobSpec* job, const std::string& cwd) {
   }
 }
 
-absl::StatusOr<zerotrain::JobSpec> JobToSubmit(const std::string& job_file) {
-  ZT_RETURN_IF_ERROR(LoadValidatedJob(job_file).status());
-  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobFile(job_file));
+absl::StatusOr<zerotrain::JobSpec> JobToSubmit(const std::string& job_file,
+                                               const std::string& deepspeed) {
+  const JobLoadOptions options{.deepspeed_config = deepspeed};
+  ZT_RETURN_IF_ERROR(LoadValidatedJob(job_file, options).status());
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobSource(job_file, options));
   std::error_code error;
   const std::filesystem::path cwd = std::filesystem::current_path(error);
   if (error) {

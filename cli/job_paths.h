@@ -19,7 +19,10 @@ void AbsolutizeJobPaths(zerotrain::JobSpec* job, const std::string& cwd);
 // check (defaults, rules, paths, engine support; errors name the file), then sent as the
 // file wrote it — not the defaulted copy, whose defaults would pin parallel.zero_stage and
 // memory.activation_checkpointing, which the coordinator plans when the file leaves them —
-// with its paths made absolute against the current directory.
-absl::StatusOr<zerotrain::JobSpec> JobToSubmit(const std::string& job_file);
+// with its paths made absolute against the current directory. A non-empty `deepspeed` config
+// is laid over the job file first (worker/job/deepspeed_config.h), so what is sent is the job
+// file as written plus what the config sets.
+absl::StatusOr<zerotrain::JobSpec> JobToSubmit(const std::string& job_file,
+                                               const std::string& deepspeed = "");
 
 }  // namespace zt::cli

@@ -1,5 +1,7 @@
 // zt: the ZeroTrain client. The offline verbs run here, on this machine's devices:
 //   zt train JOBFILE     train a job in this process
+//   (train, estimate, submit and resume --job take --deepspeed DS_CONFIG: a DeepSpeed
+//   ds_config.json laid over the job file, docs/deepspeed.md)
 //   zt prepare ...       turn text files into token shards
 //   zt estimate JOBFILE [--plan]  where a rank's memory goes / the sharding the planner picks
 //   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
@@ -47,6 +49,10 @@ int main(int argc, char** argv) {
       "Exit codes: 0 trained; 2 an error no rerun can fix (the job file, its data or paths, a "
       "checkpoint of another configuration: the errors on which the daemon fails a job instead "
       "of restarting it); 1 a failure a rerun may not repeat (a lost peer, a full disk).");
+  const char* deepspeed_help =
+      "DeepSpeed ds_config.json whose batch sizes, precision, ZeRO stage, optimizer and "
+      "scheduler replace the job file's (docs/deepspeed.md)";
+  train_cmd->add_option("--deepspeed", train.deepspeed, deepspeed_help);
   train_cmd
       ->add_option("--steps", train.stop_after_step,
                    "Stop after this global step without changing the schedule (0: no steps)")
@@ -93,6 +99,7 @@ int main(int argc, char** argv) {
   CLI::App* estimate_cmd = app.add_subcommand(
       "estimate", "Print where a rank's memory goes, by category, without allocating it");
   estimate_cmd->add_option("job", estimate.job_file, "Job file (YAML or JSON)")->required();
+  estimate_cmd->add_option("--deepspeed", estimate.deepspeed, deepspeed_help);
   estimate_cmd
       ->add_option("--world-size", estimate.world_size,
                    "Ranks, sharded as one group (default: the job's)")
@@ -146,6 +153,7 @@ int main(int argc, char** argv) {
   zt::cli::SubmitFlags submit;
   CLI::App* submit_cmd = app.add_subcommand("submit", "Submit a job to the coordinator");
   submit_cmd->add_option("job", submit.job_file, "Job file (YAML or JSON)")->required();
+  submit_cmd->add_option("--deepspeed", submit.deepspeed, deepspeed_help);
   submit_cmd->add_flag("--watch", submit.watch, "Then watch it until it finishes");
   CLI::Option* priority = submit_cmd->add_option(
       "--priority", submit.priority, "Scheduling priority, higher first (default: the job's)");
@@ -177,6 +185,8 @@ int main(int argc, char** argv) {
       ->required();
   resume_cmd->add_option("--job", resume_flags.job_file,
                          "With a checkpoint directory: the job file to continue");
+  resume_cmd->add_option("--deepspeed", resume_flags.deepspeed,
+                         "With --job: the DeepSpeed config the job was submitted with");
   resume_cmd->add_flag("--fallback", resume_flags.fallback,
                        "Use the newest older checkpoint that verifies if the latest does not");
   add_remote(resume_cmd);

@@ -1,7 +1,8 @@
-// `zt submit JOBFILE [--watch] [--priority N]`: validate the job here (paths included, so a
-// typo fails before it queues), then send it as the file wrote it with absolute paths: the
-// coordinator applies the defaults and plans what the file leaves open. The request carries a
-// fresh request_id, so the call is retried like a read (RemoteClient::CallIdempotent).
+// `zt submit JOBFILE [--deepspeed DS_CONFIG] [--watch] [--priority N]`: validate the job here
+// (paths included, so a typo fails before it queues), then send it as the file wrote it with
+// absolute paths: the coordinator applies the defaults and plans what the file leaves open. The
+// request carries a fresh request_id, so the call is retried like a read
+// (RemoteClient::CallIdempotent).
 #include <iostream>
 #include <random>
 #include <string>
@@ -26,7 +27,7 @@ std::string NewRequestId() {
 }  // namespace
 
 absl::Status RunSubmit(const SubmitFlags& flags) {
-  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, JobToSubmit(flags.job_file));
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, JobToSubmit(flags.job_file, flags.deepspeed));
   if (flags.has_priority) job.mutable_scheduling()->set_priority(flags.priority);
   ZT_ASSIGN_OR_RETURN(const RemoteClient client, ConnectRemote(flags.remote));
   zerotrain::SubmitJobRequest request;

@@ -106,7 +106,8 @@ absl::Status RunRank(const zerotrain::JobSpec& job, const TrainFlags& flags, Tra
 }  // namespace
 
 absl::Status RunTrain(const TrainFlags& flags) {
-  absl::StatusOr<zerotrain::JobSpec> loaded = LoadValidatedJob(flags.job_file);
+  absl::StatusOr<zerotrain::JobSpec> loaded =
+      LoadValidatedJob(flags.job_file, {.deepspeed_config = flags.deepspeed});
   if (!loaded.ok()) return loaded.status();
   const zerotrain::JobSpec& job = *loaded;
   absl::StatusOr<DType> export_dtype = ParseExportDType(flags.export_dtype);

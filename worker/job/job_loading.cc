@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/status_macros.h"
+#include "worker/job/deepspeed_config.h"
 #include "worker/job/job_defaults.h"
 #include "worker/job/job_file.h"
 #include "worker/job/job_validation.h"
@@ -37,27 +38,40 @@ namespace {
 
 // Names the file on every line (validation reports one violation per line) and keeps the
 // code: the caller decides by it what to do next.
-absl::Status InFile(const std::string& path, const absl::Status& status) {
+// With a DeepSpeed config the values checked may come from either file: both are named.
+absl::Status InFile(const std::string& path, const JobLoadOptions& options,
+                    const absl::Status& status) {
+  const std::string label = options.deepspeed_config.empty()
+                                ? path
+                                : absl::StrCat(path, " with ", options.deepspeed_config);
   std::vector<std::string> lines = absl::StrSplit(status.message(), '\n');
-  for (std::string& line : lines) line = absl::StrCat(path, ": ", line);
+  for (std::string& line : lines) line = absl::StrCat(label, ": ", line);
   return absl::Status(status.code(), absl::StrJoin(lines, "\n"));
 }
 
 }  // namespace
 
+absl::StatusOr<zerotrain::JobSpec> LoadJobSource(const std::string& path,
+                                                 const JobLoadOptions& options) {
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobFile(path));
+  if (options.deepspeed_config.empty()) return job;
+  return ApplyDeepSpeedConfigFile(options.deepspeed_config, std::move(job),
+                                  {.world_size = options.deepspeed_world_size});
+}
+
 absl::StatusOr<zerotrain::JobSpec> LoadValidatedJob(const std::string& path,
                                                     const JobLoadOptions& options) {
-  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobFile(path));
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobSource(path, options));
   absl::StatusOr<zerotrain::JobSpec> validated = ValidatedJob(std::move(job), options);
-  if (!validated.ok()) return InFile(path, validated.status());
+  if (!validated.ok()) return InFile(path, options, validated.status());
   return validated;
 }
 
 absl::StatusOr<zerotrain::JobSpec> LoadJobForPlanning(const std::string& path,
                                                       const JobLoadOptions& options) {
-  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobFile(path));
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobSource(path, options));
   absl::StatusOr<zerotrain::JobSpec> planned = JobForPlanning(std::move(job), options);
-  if (!planned.ok()) return InFile(path, planned.status());
+  if (!planned.ok()) return InFile(path, options, planned.status());
   return planned;
 }
 

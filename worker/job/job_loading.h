@@ -16,7 +16,17 @@ struct JobLoadOptions {
   bool check_paths = true;
   // Check that this engine can train the job (off for tools that only plan).
   bool check_engine_support = true;
+  // A DeepSpeed ds_config.json laid over the job file after parsing, before defaults
+  // (worker/job/deepspeed_config.h); empty: none. Only the Load* functions read it.
+  std::string deepspeed_config;
+  // The world size of DeepSpeed's batch rule; 0: the job's parallel.world_size.
+  int deepspeed_world_size = 0;
 };
+
+// The job file as written with options.deepspeed_config laid over it: no defaults, no
+// validation. Errors as LoadJobFile's and ApplyDeepSpeedConfigFile's (each names its file).
+absl::StatusOr<zerotrain::JobSpec> LoadJobSource(const std::string& path,
+                                                 const JobLoadOptions& options = {});
 
 absl::StatusOr<zerotrain::JobSpec> LoadValidatedJob(const std::string& path,
                                                     const JobLoadOptions& options = {});

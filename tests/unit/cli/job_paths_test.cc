@@ -85,5 +85,28 @@ TEST_F(JobToSubmitTest, RefusesMissingDataAndBadFieldsBeforeSending) {
   EXPECT_NE(missing.status().message().find("data.train[0]"), std::string::npos);
 }
 
+// `zt submit --deepspeed`: the config's settings travel in the spec; what neither file sets is
+// still left for the coordinator to plan.
+TEST_F(JobToSubmitTest, LaysTheDeepSpeedConfigOverTheFile) {
+  Write(kJob);
+  std::ofstream("ds.json") << R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+                                 "bf16": {"enabled": true}})";
+  const absl::StatusOr<zerotrain::JobSpec> job = JobToSubmit("job.yaml", "ds.json");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->train().micro_batch_size(), 4);
+  EXPECT_EQ(job->train().grad_accum_steps(), 4);
+  EXPECT_EQ(job->precision().param_dtype(), zerotrain::PrecisionConfig::BF16);
+  EXPECT_FALSE(job->parallel().has_zero_stage());
+  EXPECT_FALSE(job->optimizer().has_beta1());
+
+  std::ofstream("ds.json") << R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+                                 "gradient_accumulation_steps": 2})";
+  const absl::StatusOr<zerotrain::JobSpec> bad = JobToSubmit("job.yaml", "ds.json");
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("ds.json: train_batch_size: 16 does not equal"),
+            std::string::npos)
+      << bad.status();
+}
+
 }  // namespace
 }  // namespace zt::cli
