@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -116,6 +117,16 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
     context->setTimeout(comm->timeout_);
     context->connectFullMesh(*comm->adapter_, device);
+    // connectFullMesh can return on one rank while a peer is still completing its side of a
+    // pair; a rank that then finished or failed at once closed the pair under that peer, whose
+    // set-up failed "Connection closed by peer" (once in CI, under load). Every rank leaves
+    // set-up only when all are connected. The tag is one no collective's sequence reaches.
+    if (options.size > 1) {
+      gloo::BarrierOptions setup(context);
+      setup.setTag(std::numeric_limits<uint32_t>::max());
+      setup.setTimeout(comm->timeout_);
+      gloo::barrier(setup);
+    }
     comm->context_ = std::move(context);
   } catch (const std::exception& e) {
     const std::string what = e.what();
