@@ -77,6 +77,10 @@ class SlurmRecipeTest : public DaemonClusterTest {
       if (state == "PENDING" && reason.find("held") != std::string::npos)
         return state + " " + reason;
       if (state == "PENDING" && reason == "BeginTime") {
+        // A requeued job is held ~2 minutes; the test shortens that to 3 s, not to nothing:
+        // slurmd revokes the previous run's credential, with one-second resolution, and a
+        // run started within the same second is killed "Job credential revoked" (seen in CI).
+        std::this_thread::sleep_for(std::chrono::seconds(3));
         SlurmCluster::Run("scontrol update JobId=" + id + " StartTime=now");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
