@@ -146,6 +146,19 @@ inline absl::Status NoCudaKernel(const char* op) {
   return absl::UnimplementedError(absl::StrCat(op, ": no CUDA kernel in this build"));
 }
 
+}  // namespace zt::internal
+
+// An op's entry point hands a CUDA context's call to its kernels/cuda/ twin: `return
+// ZT_CUDA_OP(kOp, cuda::LayerNormForward(ctx, args));`. In a build without nvcc the twin is not
+// compiled (nor named), and the op says so.
+#if ZT_HAVE_CUDA
+#define ZT_CUDA_OP(op, call) (call)
+#else
+#define ZT_CUDA_OP(op, call) (::zt::internal::NoCudaKernel(op))
+#endif
+
+namespace zt::internal {
+
 // Adam's hyperparameters, shared by AdamWUpdate and AdamW8bitUpdate: β1, β2 in [0, 1),
 // ε > 0, a 1-based step. The error names the op and the argument.
 inline absl::Status CheckAdamHyperparameters(const char* op, float beta1, float beta2, float eps,

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cuda/rope.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -38,9 +39,7 @@ absl::Status RopeApply(const DeviceContext& ctx, const RopeArgs& args) {
     ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "positions", args.positions, ctx, DType::kI32,
                                              {qkv.dim(0), qkv.dim(1)}));
   }
-  if (ctx.device.kind == DeviceKind::kCuda) {
-    return internal::NoCudaKernel(kOp);
-  }
+  if (ctx.device.kind == DeviceKind::kCuda) return ZT_CUDA_OP(kOp, cuda::RopeApply(ctx, args));
   if (d > cpu::kRopeMaxHeadDim) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": qkv has head size D = ", d,
