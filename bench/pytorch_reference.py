@@ -1,10 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch reference for the ZeroTrain training benchmark.
+"""PyTorch reference for the ZeroTrain training benchmarks.
 
-Trains a GPT-2 or Llama decoder on random tokens on the CPU, the way ZeroTrain's
-`training_bench` does, and prints one JSON line of results (tokens/s, median step time,
-peak and baseline RSS, final loss). Written for PyTorch 1.13 as Debian ships it: run it with
-/usr/bin/python3.
+Trains a GPT-2 or Llama decoder on random tokens, the way ZeroTrain's `training_bench` does,
+and prints one JSON line of results (tokens/s, median step time, peak and baseline RSS, final
+loss; on a GPU also peak device memory, achieved TFLOP/s and MFU). On the CPU it is written
+for PyTorch 1.13 as Debian ships it (run it with /usr/bin/python3); on a GPU (--device cuda,
+PyTorch 2.x as the GPU machines have it) it is the reference of issue 15: bf16 autocast,
+scaled_dot_product_attention (flash), fused AdamW, eager or --compile (torch.compile).
 
 The model mirrors worker/model/param_layout.h so the GEMM shapes are the same on both sides:
 one fused qkv projection per block (rows [q | k | v]) and, for Llama, one fused SwiGLU input
@@ -16,6 +18,7 @@ D = C/H (head size), F = d_ff, V = vocab, L = layers.
 """
 
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -45,6 +48,14 @@ def parse_args(argv):
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps before timing")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: autocast to bf16 around the forward (fp32 master weights and "
+                        "optimizer), as ZeroTrain's bf16 compute dtype")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch 2)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's dense peak for --precision, for MFU (default on CUDA: "
+                        "989.4, an H100 SXM's bf16 dense peak; 494.7 for tf32)")
     p.add_argument("--omp-wait-policy", choices=["passive", "active", "unset"],
                    default="passive",
                    help="OMP_WAIT_POLICY for torch's OpenMP pool (default passive: with the "
@@ -122,6 +133,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 BASELINE_RSS_BYTES = current_rss_bytes()
+HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")
 
 
 class RMSNorm(nn.Module):
@@ -171,10 +183,13 @@ class Attention(nn.Module):
             rep = H // Hkv
             k = k[:, :, None].expand(B, Hkv, rep, T, D).reshape(B, H, T, D)
             v = v[:, :, None].expand(B, Hkv, rep, T, D).reshape(B, H, T, D)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B, H, T, T)
-        att = att.masked_fill(self.future[:, :, :T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = att @ v  # (B, H, T, D)
+        if HAVE_SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B, H, T, T)
+            att = att.masked_fill(self.future[:, :, :T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, H * D)
         return self.proj(y)
 
@@ -262,7 +277,7 @@ class Decoder(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def make_optimizer(model):
+def make_optimizer(model, device):
     # Only linear layers' weight matrices decay (the C++ default, decay_all_parameters
     # false); with tied embeddings the shared matrix is wte, which does not decay.
     decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
@@ -272,42 +287,82 @@ def make_optimizer(model):
         {"params": [p for p in params if id(p) in decay_ids], "weight_decay": 0.1},
         {"params": [p for p in params if id(p) not in decay_ids], "weight_decay": 0.0},
     ]
+    if device == "cuda":
+        # The fused CUDA kernel (PyTorch 2.x): one launch for every tensor's update.
+        opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+        return opt, "AdamW(fused=True)"
     # PyTorch 1.13's AdamW has no fused kernel (fused arrives in 2.x); foreach batches the
     # update over all tensors, the fastest path it offers.
     opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
-    return opt, "AdamW(foreach=True, fused unavailable in torch 1.13)"
+    return opt, "AdamW(foreach=True)"
+
+
+def flops_per_token(a, n_params):
+    # 6 per parameter per token (forward 2, backward 4), the embedding lookups excluded (they
+    # are gathers) but a tied head's matrix included (it is a GEMM), plus attention's QKᵀ and
+    # PV: 2·2·T·C per layer forward, ×3 with the backward, counted over the full T×T as
+    # PaLM's and nanoGPT's MFU do (a causal kernel does about half of it).
+    gemm_params = n_params - a.vocab * a.d_model * (0 if a.tied else 1)
+    if a.family == "gpt2":
+        gemm_params -= a.max_seq_len * a.d_model
+    return 6 * gemm_params + 12 * a.n_layer * a.seq_len * a.d_model
 
 
 def main():
     a = args
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    model = Decoder(a)
+    cuda = a.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("pytorch_reference.py: --device cuda but torch.cuda.is_available() is False")
+    if cuda:
+        # TF32 off, as ZeroTrain's default: fp32 GEMMs stay fp32 (bf16 runs are unaffected).
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    model = Decoder(a).to(a.device)
     model.train()
-    opt, opt_desc = make_optimizer(model)
+    opt, opt_desc = make_optimizer(model, a.device)
     n_params = sum(p.numel() for p in model.parameters())
+    step_model = model
+    if a.compile:
+        if not hasattr(torch, "compile"):
+            sys.exit(f"pytorch_reference.py: --compile needs PyTorch 2 (this is {torch.__version__})")
+        step_model = torch.compile(model)
+    autocast = (torch.autocast(device_type=a.device, dtype=torch.bfloat16)
+                if a.precision == "bf16" else contextlib.nullcontext())
 
     # All batches are drawn before timing so the sampler is not on the timed path.
     gen = torch.Generator().manual_seed(a.seed)
     total = a.warmup_steps + a.steps
-    data = torch.randint(0, a.vocab, (total, a.batch, a.seq_len + 1), generator=gen)
+    data = torch.randint(0, a.vocab, (total, a.batch, a.seq_len + 1), generator=gen).to(a.device)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
 
     step_s = []
     loss_value = float("nan")
     for i in range(total):
         x, y = data[i, :, :-1], data[i, :, 1:]
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with autocast:
+            loss = step_model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_value = loss.item()
+        loss_value = loss.item()  # synchronizes: the step's time includes the whole step
         t1 = time.perf_counter()
         if i >= a.warmup_steps:
             step_s.append(t1 - t0)
 
     elapsed = sum(step_s)
+    tokens_per_s = a.batch * a.seq_len * a.steps / elapsed
+    peak_tflops = a.peak_tflops
+    if peak_tflops is None and cuda:
+        peak_tflops = 989.4 if a.precision == "bf16" else 494.7
+    achieved_tflops = flops_per_token(a, n_params) * tokens_per_s / 1e12
     result = {
         "impl": "pytorch",
         "torch": torch.__version__,
@@ -318,14 +373,22 @@ def main():
         "max_seq_len": a.max_seq_len, "batch": a.batch, "tied": a.tied,
         "steps": a.steps, "warmup_steps": a.warmup_steps,
         "params": n_params,
-        "tokens_per_s": a.batch * a.seq_len * a.steps / elapsed,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "precision": a.precision,
+        "compiled": a.compile,
+        "tokens_per_s": tokens_per_s,
+        "achieved_tflops": achieved_tflops,
+        "peak_tflops": peak_tflops,
+        "mfu": achieved_tflops / peak_tflops if peak_tflops else None,
+        "peak_device_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "step_ms": statistics.median(step_s) * 1e3,
         "elapsed_s": elapsed,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "baseline_rss_bytes": BASELINE_RSS_BYTES,
         "final_loss": loss_value,
         "optimizer": opt_desc,
-        "attention": "explicit masked softmax (no SDPA in torch 1.13)",
+        "attention": ("scaled_dot_product_attention" if HAVE_SDPA
+                      else "explicit masked softmax (no SDPA in this torch)"),
         "openblas": openblas_info(),
         "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE"),
         "omp_wait_policy_env": os.environ.get("OMP_WAIT_POLICY"),

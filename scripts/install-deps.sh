@@ -22,7 +22,9 @@ for flag in "$@"; do
     # The Slurm recipe test runs deploy/slurm/zerotrain.sbatch on a one-machine Slurm that it
     # starts itself (slurmctld, slurmd, munged; as root).
     --test|--bench) packages+=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus openssl slurm-wlm munge) ;;
-    *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench)" >&2; exit 2 ;;
+    # scripts/gpu-bundle.sh compresses with xz and smoke-runs the PyTorch reference.
+    --gpu-bundle) packages+=(xz-utils python3-torch) ;;
+    *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench, --gpu-bundle)" >&2; exit 2 ;;
   esac
 done
 

@@ -128,6 +128,9 @@ inline Tensor ToDevice(const Tensor& host, DeviceBuffer& storage) {
   EXPECT_EQ(cudaMemcpy(storage.data(), host.raw(), static_cast<size_t>(host.size_bytes()),
                        cudaMemcpyHostToDevice),
             cudaSuccess);
+  // From pageable memory, cudaMemcpy may return once the bytes are staged, before they land;
+  // and the tests' streams are non-blocking, not ordered after the legacy stream it used.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return SameShapeAt(host, storage.data(), Gpu0());
 }
 

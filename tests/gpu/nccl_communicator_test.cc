@@ -23,24 +23,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace zt {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Why a test cannot run here, or nothing when `gpus` devices are visible.
-std::optional<std::string> SkipReason(int gpus) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::StrCat("no usable CUDA device: cudaGetDeviceCount failed with error ",
-                        static_cast<int>(e), ": ", cudaGetErrorString(e));
-  }
-  if (count < gpus) return absl::StrCat("needs ", gpus, " CUDA devices, found ", count);
-  return std::nullopt;
-}
+using gpu_test::SkipReason;
 
 std::string UniquePrefix() {
   static int counter = 0;

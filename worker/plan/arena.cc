@@ -4,23 +4,46 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "worker/status_macros.h"
 
 namespace zt {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Arenas>> Arenas::Create(const MemoryPlan& plan) {
-  std::unique_ptr<Arenas> a(new Arenas());
-  a->plan_ = plan;
-  for (int c = 0; c < kMemoryCategoryCount; ++c) {
-    const auto category = static_cast<MemoryCategory>(c);
-    const int64_t bytes = a->plan_.CategoryBytes(category);
-    if (bytes == 0) continue;
-    void* p = std::aligned_alloc(kBufferAlignment, static_cast<size_t>(bytes));
+class HostArenaAllocator : public ArenaAllocator {
+ public:
+  Device DeviceOf(MemoryCategory) const override { return Device{}; }
+
+  absl::StatusOr<void*> Allocate(MemoryCategory category, int64_t bytes) override {
+    // aligned_alloc wants a multiple of the alignment.
+    const int64_t rounded = AlignedBytes(bytes);
+    void* p = std::aligned_alloc(kBufferAlignment, static_cast<size_t>(rounded));
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "memory plan: cannot allocate ", bytes, " bytes for ", MemoryCategoryName(category)));
     }
-    std::memset(p, 0, static_cast<size_t>(bytes));
-    a->base_[c] = p;
+    std::memset(p, 0, static_cast<size_t>(rounded));
+    return p;
+  }
+
+  void Free(MemoryCategory, void* data) override { std::free(data); }
+};
+
+}  // namespace
+
+std::unique_ptr<ArenaAllocator> MakeHostArenaAllocator() {
+  return std::make_unique<HostArenaAllocator>();
+}
+
+absl::StatusOr<std::unique_ptr<Arenas>> Arenas::Create(
+    const MemoryPlan& plan, std::unique_ptr<ArenaAllocator> allocator) {
+  std::unique_ptr<Arenas> a(new Arenas());
+  a->plan_ = plan;
+  a->allocator_ = allocator != nullptr ? std::move(allocator) : MakeHostArenaAllocator();
+  for (int c = 0; c < kMemoryCategoryCount; ++c) {
+    const auto category = static_cast<MemoryCategory>(c);
+    const int64_t bytes = a->plan_.CategoryBytes(category);
+    if (bytes == 0) continue;
+    ZT_ASSIGN_OR_RETURN(a->base_[c], a->allocator_->Allocate(category, bytes));
   }
   for (const BufferSpec& spec : a->plan_.buffers) {
     const int c = static_cast<int>(spec.category);
@@ -32,7 +55,9 @@ absl::StatusOr<std::unique_ptr<Arenas>> Arenas::Create(const MemoryPlan& plan) {
 }
 
 Arenas::~Arenas() {
-  for (void* p : base_) std::free(p);
+  for (int c = 0; c < kMemoryCategoryCount; ++c) {
+    if (base_[c] != nullptr) allocator_->Free(static_cast<MemoryCategory>(c), base_[c]);
+  }
 }
 
 absl::StatusOr<Tensor> Arenas::Get(const std::string& name) const {
@@ -43,15 +68,16 @@ absl::StatusOr<Tensor> Arenas::Get(const std::string& name) const {
   it->second.claimed = true;
   const BufferSpec& s = *it->second.spec;
   const auto& d = s.shape;
+  const Device device = allocator_->DeviceOf(s.category);
   switch (d.size()) {
     case 1:
-      return Tensor(it->second.data, s.dtype, {d[0]});
+      return Tensor(it->second.data, s.dtype, {d[0]}, device);
     case 2:
-      return Tensor(it->second.data, s.dtype, {d[0], d[1]});
+      return Tensor(it->second.data, s.dtype, {d[0], d[1]}, device);
     case 3:
-      return Tensor(it->second.data, s.dtype, {d[0], d[1], d[2]});
+      return Tensor(it->second.data, s.dtype, {d[0], d[1], d[2]}, device);
     default:
-      return Tensor(it->second.data, s.dtype, {s.numel()});
+      return Tensor(it->second.data, s.dtype, {s.numel()}, device);
   }
 }
 

@@ -1,10 +1,16 @@
 // Arenas: one allocation per memory category, carved into the plan's buffers.
 //
 // An Arenas object takes a MemoryPlan, makes one 64-byte-aligned allocation per non-empty
-// category of host memory (zero-filled, so every page is touched before the first step and the
-// measured RSS is the plan's), and hands out tensor views by buffer name. Nothing is allocated
-// after construction. Lookups are for set-up (a hash map by name); the step loop keeps the
-// views it took. Not thread-safe for construction; views may be used from any thread.
+// category (zero-filled, so every page is touched before the first step and the measured
+// memory is the plan's), and hands out tensor views by buffer name, each on the device its
+// category lives on. Nothing is allocated after construction. Lookups are for set-up (a hash
+// map by name); the step loop keeps the views it took. Not thread-safe for construction; views
+// may be used from any thread.
+//
+// Where a category's memory comes from is an ArenaAllocator: on a CPU device every category
+// is host memory (HostArenaAllocator); on a CUDA device the device categories come from one
+// cudaMalloc each and the pinned-host category from cudaHostAlloc (the CUDA backend's
+// allocator), so the same plan and the same carving serve both.
 #pragma once
 
 #include <array>
@@ -20,10 +26,26 @@
 
 namespace zt {
 
+// Makes and frees the one allocation of each category. Allocate returns zero-filled memory
+// aligned to kBufferAlignment, or ResourceExhausted naming the category and the bytes.
+class ArenaAllocator {
+ public:
+  virtual ~ArenaAllocator() = default;
+  // The device the category's tensors are on.
+  virtual Device DeviceOf(MemoryCategory category) const = 0;
+  virtual absl::StatusOr<void*> Allocate(MemoryCategory category, int64_t bytes) = 0;
+  virtual void Free(MemoryCategory category, void* data) = 0;
+};
+
+// Every category in this process's host memory, on the CPU device.
+std::unique_ptr<ArenaAllocator> MakeHostArenaAllocator();
+
 class Arenas {
  public:
-  // ResourceExhausted names the category when an allocation fails.
-  static absl::StatusOr<std::unique_ptr<Arenas>> Create(const MemoryPlan& plan);
+  // ResourceExhausted names the category when an allocation fails. Without an allocator,
+  // every category is host memory.
+  static absl::StatusOr<std::unique_ptr<Arenas>> Create(
+      const MemoryPlan& plan, std::unique_ptr<ArenaAllocator> allocator = nullptr);
   ~Arenas();
   Arenas(const Arenas&) = delete;
   Arenas& operator=(const Arenas&) = delete;
@@ -50,6 +72,7 @@ class Arenas {
     mutable bool claimed = false;
   };
   MemoryPlan plan_;
+  std::unique_ptr<ArenaAllocator> allocator_;
   std::array<void*, kMemoryCategoryCount> base_{};
   std::array<int64_t, kMemoryCategoryCount> in_use_{};
   absl::flat_hash_map<std::string, Entry> by_name_;
