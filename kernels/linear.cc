@@ -166,7 +166,8 @@ absl::StatusOr<int64_t> LinearWorkspaceBytes(const DeviceContext& ctx, int64_t M
                              .b_dtype = dtypes.inp,
                              .c_dtype = dtypes.dweight};
   const GemmShape gemms[] = {forward, forward_bias, dinp, dinp_add, dweight};
-  int64_t most = 0;
+  // On CUDA the bias gradient's partial sums share the workspace too.
+  int64_t most = ctx.device.kind == DeviceKind::kCuda ? cuda::BiasGradWorkspaceBytes(M, N) : 0;
   for (const GemmShape& g : gemms) {
     ZT_ASSIGN_OR_RETURN(int64_t bytes, GemmWorkspaceBytes(ctx, g));
     most = std::max(most, bytes);

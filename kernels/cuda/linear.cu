@@ -25,7 +25,8 @@
 // value in out's dtype"; otherwise out is seeded with the rounded bias and the GEMM adds to
 // it (beta = 1), as the CPU does. The linear op has no activation, so no GELU epilogue.
 // The bias gradient is not BGRADB: that epilogue overwrites (dbias is +=) and sums in f32
-// (the CPU sums the B·T rows in f64); a small kernel does it instead.
+// (the CPU sums the B·T rows in f64); two small kernels do it instead, their f64 partials in
+// the workspace (BiasGradWorkspaceBytes, inside the GEMMs' 32 MiB for any real layer).
 //
 // Scratch and state. The workspace is [f32 a | f32 b | f32 c | cuBLASLt's 32 MiB]: exactly
 // GemmWorkspaceBytes. cuBLASLt always gets the same workspace size, so the algorithm (and
@@ -339,26 +340,69 @@ __global__ void BroadcastRowsKernel(FloatPtr bias, FloatPtr out, int64_t m, int6
   }
 }
 
-// dbias (n) += column sums of dout (m, n), summed in f64 in a fixed order. A block owns
-// kBiasCols columns; its kBiasRowThreads rows of threads each sum a fixed stride of rows, and
-// one thread per column adds those partials in row-thread order.
+// dbias (n) += column sums of dout (m, n), summed in f64 in a fixed order, in two passes so
+// that a GPT-2 layer's 16384 rows spread over many blocks: block (x, y) sums column strip x
+// (kBiasCols columns) over row chunk y — its kBiasRowThreads rows of threads each a fixed
+// stride of rows, added in row-thread order — into partials[y][j]; then one thread per column
+// adds the chunks in chunk order and adds the total to dbias (in f32, rounded once, as the
+// CPU does). The chunk count depends on m alone (BiasGradChunks), so the bits never change.
 constexpr int kBiasCols = 32;
 constexpr int kBiasRowThreads = 16;
 
-__global__ void BiasGradKernel(FloatPtr dout, FloatPtr dbias, int64_t m, int64_t n) {
+__global__ void BiasGradPartials(FloatPtr dout, int64_t m, int64_t n, int64_t rows_per_chunk,
+                                 double* partials) {
   __shared__ double partial[kBiasRowThreads][kBiasCols + 1];
   const int64_t j = blockIdx.x * static_cast<int64_t>(kBiasCols) + threadIdx.x;
+  const int64_t first = blockIdx.y * rows_per_chunk;
+  const int64_t end = first + rows_per_chunk < m ? first + rows_per_chunk : m;
   double sum = 0;
   if (j < n) {
-    for (int64_t i = threadIdx.y; i < m; i += kBiasRowThreads) sum += dout.Load(i * n + j);
+    for (int64_t i = first + threadIdx.y; i < end; i += kBiasRowThreads) {
+      sum += dout.Load(i * n + j);
+    }
   }
   partial[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && j < n) {
     double total = 0;
     for (int r = 0; r < kBiasRowThreads; ++r) total += partial[r][threadIdx.x];
+    partials[blockIdx.y * n + j] = total;
+  }
+}
+
+__global__ void BiasGradFinish(const double* partials, int64_t chunks, int64_t n, FloatPtr dbias) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double total = 0;
+    for (int64_t c = 0; c < chunks; ++c) total += partials[c * n + j];
     dbias.Store(j, dbias.Load(j) + static_cast<float>(total));
   }
+}
+
+// Enqueues dbias += column sums of dout; the partials go to the start of ctx.workspace (the
+// GEMMs before it on the stream are done with it by then).
+absl::Status BiasGrad(const DeviceContext& ctx, const Tensor& dout, const Tensor& dbias) {
+  constexpr const char* kOp = "LinearBackward dbias";
+  const int64_t m = dout.dim(0), n = dout.dim(1);
+  const int64_t need = BiasGradWorkspaceBytes(m, n);
+  const int64_t have = ctx.workspace.data != nullptr ? ctx.workspace.bytes : 0;
+  if (have < need || AlignmentOf(ctx.workspace.data) < 8) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kOp, ": needs ", need, " workspace bytes (8-byte aligned) for ", m, " x ", n,
+                     ", context has ", have, " (size ctx.workspace with LinearWorkspaceBytes)"));
+  }
+  const int64_t chunks = BiasGradChunks(m);
+  const int64_t rows_per_chunk = (m + chunks - 1) / chunks;
+  auto* partials = static_cast<double*>(ctx.workspace.data);
+  const dim3 grid(static_cast<unsigned int>((n + kBiasCols - 1) / kBiasCols),
+                  static_cast<unsigned int>(chunks));
+  const dim3 block(kBiasCols, kBiasRowThreads);
+  BiasGradPartials<<<grid, block, 0, StreamOf(ctx)>>>(AsFloatPtr(dout), m, n, rows_per_chunk,
+                                                      partials);
+  constexpr int kThreads = 256;
+  BiasGradFinish<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(partials, chunks, n,
+                                                                       AsFloatPtr(dbias));
+  return LaunchStatus(kOp);
 }
 
 }  // namespace
@@ -447,13 +491,7 @@ absl::Status LinearBackward(const DeviceContext& ctx, const LinearBackwardArgs& 
                               .b_dtype = args.inp.dtype(),
                               .c = args.dweight.raw(),
                               .c_dtype = args.dweight.dtype()}));
-  if (!args.dbias.empty() && n > 0) {
-    const dim3 block(kBiasCols, kBiasRowThreads);
-    const unsigned int blocks = static_cast<unsigned int>((n + kBiasCols - 1) / kBiasCols);
-    BiasGradKernel<<<blocks, block, 0, StreamOf(ctx)>>>(AsFloatPtr(args.dout),
-                                                        AsFloatPtr(args.dbias), m, n);
-    ZT_RETURN_IF_ERROR(LaunchStatus("LinearBackward dbias"));
-  }
+  if (!args.dbias.empty() && n > 0) ZT_RETURN_IF_ERROR(BiasGrad(ctx, args.dout, args.dbias));
   return absl::OkStatus();
 }
 

@@ -33,4 +33,15 @@ absl::StatusOr<int64_t> GemmWorkspaceBytes(const DeviceContext& ctx, const GemmS
 // split-K and stream-K kernels the heuristic picks for skinny shapes such as 768 x 50304.
 inline constexpr int64_t kCublasLtWorkspaceBytes = int64_t{32} << 20;
 
+// The bias gradient's first pass splits dout's m rows into BiasGradChunks(m) chunks of about
+// kBiasGradRowsPerChunk rows (a function of m alone, so the summation order never changes)
+// and keeps one f64 partial per chunk and column in ctx.workspace.
+inline constexpr int64_t kBiasGradRowsPerChunk = 512;
+inline constexpr int64_t kBiasGradMaxChunks = 64;
+inline int64_t BiasGradChunks(int64_t m) {
+  const int64_t chunks = (m + kBiasGradRowsPerChunk - 1) / kBiasGradRowsPerChunk;
+  return chunks < 1 ? 1 : (chunks > kBiasGradMaxChunks ? kBiasGradMaxChunks : chunks);
+}
+inline int64_t BiasGradWorkspaceBytes(int64_t m, int64_t n) { return BiasGradChunks(m) * n * 8; }
+
 }  // namespace zt::cuda

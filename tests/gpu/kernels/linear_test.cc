@@ -375,6 +375,23 @@ TEST(GemmGpuTest, WorkspaceIsCublasLtsPlusTheWidenedCopies) {
   EXPECT_EQ(LinearWorkspaceBytes(ctx, 16384, 768, 50304).value(), kLt);
 }
 
+TEST(GemmGpuTest, BiasGradientPartialsNeedTheirWorkspace) {
+  // K = 0: no GEMM runs, but dbias still sums dout's columns, in f64 partials in the workspace.
+  const DeviceContext ctx = BareCudaContext();
+  EXPECT_EQ(LinearWorkspaceBytes(ctx, 4, 0, 3).value(), 3 * 8);
+  EXPECT_EQ(LinearWorkspaceBytes(ctx, 16384, 0, 768).value(), 32 * 768 * 8);  // 512-row chunks
+  std::vector<float> buf(64, 0.0f);
+  const Device gpu = gpu_test::Gpu0();
+  const absl::Status s =
+      LinearBackward(ctx, {.dout = Tensor(buf.data(), DType::kF32, {4, 3}, gpu),
+                           .inp = Tensor(buf.data(), DType::kF32, {4, 0}, gpu),
+                           .weight = Tensor(buf.data(), DType::kF32, {3, 0}, gpu),
+                           .dweight = Tensor(buf.data(), DType::kF32, {3, 0}, gpu),
+                           .dbias = Tensor(buf.data(), DType::kF32, {3}, gpu)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("needs 24 workspace bytes"), std::string_view::npos) << s;
+}
+
 TEST(GemmGpuTest, TooSmallWorkspaceIsFailedPreconditionNamingBothSizes) {
   std::vector<float> buf(64, 0.0f);
   const Tensor a(buf.data(), DType::kF32, {4, 4}, gpu_test::Gpu0());
