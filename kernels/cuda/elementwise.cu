@@ -4,12 +4,13 @@
 // grid-stride loops over packs of kVec elements, loaded and stored as whole aligned packs
 // (16-byte loads for 16-bit data) when every pointer is aligned to its pack, one element at a
 // time otherwise; the last n mod kVec elements are done one at a time.
+#include "kernels/cuda/elementwise.h"
+
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
 
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/elementwise_bits.cuh"
 #include "kernels/cuda/float_io.cuh"
 

@@ -34,6 +34,8 @@
 // handle per device, created on first use (cublasLtCreate allocates no device memory) and
 // kept for the process; algorithms are cached per (device, shape, dtypes, transposes,
 // epilogue, alignments, compute type, workspace size). Both maps are mutex-guarded.
+#include "kernels/cuda/linear.h"
+
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -41,12 +43,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/float_io.cuh"
-#include "kernels/cuda/linear.h"
 #include "kernels/status_macros.h"
 
 namespace zt::cuda {

@@ -4,13 +4,14 @@
 // an f32/bf16/f16 x is exact in f64 (24-bit significands square into 48 bits), so GPU and
 // CPU differ only by the order of the f64 additions, a relative difference of at most
 // 2·n·2⁻⁵³ for n non-negative terms.
+#include "kernels/cuda/reduce.h"
+
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise_bits.cuh"
 #include "kernels/cuda/float_io.cuh"
-#include "kernels/cuda/reduce.h"
 
 namespace zt::cuda {
 namespace {
