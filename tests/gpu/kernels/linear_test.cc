@@ -17,8 +17,10 @@
 
 #include "kernels/linear.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -99,8 +101,9 @@ TEST_P(GemmGpuTest, MatchesTheCpuOp) {
   ZT_SKIP_WITHOUT_GPU();
   const GemmCase c = GetParam();
   const bool ta = c.ta == Transpose::kYes, tb = c.tb == Transpose::kYes;
-  Stored a_host(RandomVector(c.m * c.k, 1), c.a);
-  Stored b_host(RandomVector(c.k * c.n, 2), c.b);
+  // At least one element each, so that a k = 0 operand still has memory (a null one is "empty").
+  Stored a_host(RandomVector(std::max<int64_t>(c.m * c.k, 1), 1), c.a);
+  Stored b_host(RandomVector(std::max<int64_t>(c.k * c.n, 1), 2), c.b);
   Stored c_host(RandomVector(c.m * c.n, 3), c.c);
   const Tensor a = ta ? a_host.View({c.k, c.m}) : a_host.View({c.m, c.k});
   const Tensor b = tb ? b_host.View({c.n, c.k}) : b_host.View({c.k, c.n});
