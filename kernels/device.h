@@ -42,6 +42,11 @@ struct DeviceContext {
   // GemmWorkspaceBytes in kernels/linear.h). May be empty for ops that need none. One
   // context's ops run one after another, so they share it; concurrent ranks need their own.
   Workspace workspace;
+  // CUDA: let f32 GEMMs multiply in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a
+  // 10-bit mantissa, ~1e-3 relative error, several times faster). Off by default because the
+  // CPU backend is the reference and f32 there means full f32 products; a job option turns it
+  // on for speed. bf16/f16 GEMMs are unaffected (they always accumulate in f32).
+  bool allow_tf32 = false;
 };
 
 // A CPU context with every core of the machine (or `threads` when > 0).

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -28,7 +29,10 @@ absl::Status Add(const DeviceContext& ctx, const Tensor& a, const Tensor& b, con
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "out", out, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "b", b, "a", a));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "out", out, "a", a));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::Add(ctx, a.raw(), a.dtype(), b.raw(), b.dtype(), out.raw(),
+                                     out.dtype(), a.numel()));
+  }
   cpu::Add(ctx, a.raw(), a.dtype(), b.raw(), b.dtype(), out.raw(), out.dtype(), a.numel());
   return absl::OkStatus();
 }
@@ -39,7 +43,10 @@ absl::Status AddInPlace(const DeviceContext& ctx, const Tensor& acc, const Tenso
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "acc", acc, ctx));
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "x", x, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "x", x, "acc", acc));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::Add(ctx, acc.raw(), acc.dtype(), x.raw(), x.dtype(), acc.raw(),
+                                     acc.dtype(), acc.numel()));
+  }
   cpu::Add(ctx, acc.raw(), acc.dtype(), x.raw(), x.dtype(), acc.raw(), acc.dtype(), acc.numel());
   return absl::OkStatus();
 }
@@ -48,7 +55,9 @@ absl::Status Scale(const DeviceContext& ctx, const Tensor& t, float s) {
   constexpr const char* kOp = "Scale";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "t", t, ctx));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::Scale(ctx, t.raw(), t.dtype(), s, t.numel()));
+  }
   cpu::Scale(ctx, t.raw(), t.dtype(), s, t.numel());
   return absl::OkStatus();
 }
@@ -57,7 +66,9 @@ absl::Status Zero(const DeviceContext& ctx, const Tensor& t) {
   constexpr const char* kOp = "Zero";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "t", t, ctx));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::ZeroBytes(ctx, t.raw(), t.size_bytes()));
+  }
   cpu::ZeroBytes(ctx, t.raw(), t.size_bytes());
   return absl::OkStatus();
 }
@@ -70,7 +81,10 @@ absl::Status Cast(const DeviceContext& ctx, const Tensor& src, const Tensor& dst
   ZT_RETURN_IF_ERROR(CheckFloatDType(kOp, "src", src));
   ZT_RETURN_IF_ERROR(CheckFloatDType(kOp, "dst", dst));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "dst", dst, "src", src));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp,
+                      cuda::Cast(ctx, src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel()));
+  }
   cpu::Cast(ctx, src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel());
   return absl::OkStatus();
 }
@@ -84,7 +98,10 @@ absl::Status CastStochastic(const DeviceContext& ctx, const Tensor& src, const T
   ZT_RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
   ZT_RETURN_IF_ERROR(CheckDType(kOp, "dst", dst, DType::kBF16));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "dst", dst, "src", src));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(
+        kOp, cuda::CastStochastic(ctx, src.data<float>(), dst.data<uint16_t>(), seed, src.numel()));
+  }
   cpu::CastStochastic(ctx, src.data<float>(), dst.data<uint16_t>(), seed, src.numel());
   return absl::OkStatus();
 }
@@ -109,7 +126,11 @@ absl::Status SplitMasterWeights(const DeviceContext& ctx, const Tensor& src, con
   ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "high", high, DType::kBF16, "src", src));
   // An empty `low` rounds without keeping the remainder (a rank's high half outside its range).
   if (!low.empty()) ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "low", low, DType::kI16, "src", src));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(
+        kOp, cuda::SplitMasterWeights(ctx, src.data<float>(), high.data<uint16_t>(),
+                                      low.empty() ? nullptr : low.data<int16_t>(), src.numel()));
+  }
   cpu::SplitMasterWeights(ctx, src.data<float>(), high.data<uint16_t>(),
                           low.empty() ? nullptr : low.data<int16_t>(), src.numel());
   return absl::OkStatus();
@@ -122,7 +143,10 @@ absl::Status JoinMasterWeights(const DeviceContext& ctx, const Tensor& high, con
   ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "high", high, DType::kBF16, "high", high));
   ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "low", low, DType::kI16, "high", high));
   ZT_RETURN_IF_ERROR(CheckOperand(kOp, ctx, "dst", dst, DType::kF32, "high", high));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::JoinMasterWeights(ctx, high.data<uint16_t>(), low.data<int16_t>(),
+                                                   dst.data<float>(), high.numel()));
+  }
   cpu::JoinMasterWeights(ctx, high.data<uint16_t>(), low.data<int16_t>(), dst.data<float>(),
                          high.numel());
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -14,7 +15,6 @@ namespace zt {
 using internal::CheckContext;
 using internal::CheckOnDevice;
 using internal::CheckRank;
-using internal::NoCudaKernel;
 
 namespace {
 
@@ -63,7 +63,9 @@ absl::Status Gemm(const DeviceContext& ctx, const Tensor& a, const Tensor& b, co
                      a.DebugString(), (ta ? " transposed" : ""), ")"));
   }
   ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "c", c, ctx, {m, n}));
-  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::Gemm(ctx, a, b, c, args));
+  }
   return cpu::Gemm(ctx, {.trans_a = args.trans_a,
                          .trans_b = args.trans_b,
                          .m = m,
@@ -89,7 +91,9 @@ absl::Status LinearForward(const DeviceContext& ctx, const LinearForwardArgs& ar
   if (!args.bias.empty()) {
     ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "bias", args.bias, ctx, {n}));
   }
-  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::LinearForward(ctx, args));
+  }
   return cpu::LinearForward(ctx, args);
 }
 
@@ -110,7 +114,9 @@ absl::Status LinearBackward(const DeviceContext& ctx, const LinearBackwardArgs& 
   if (!args.dbias.empty()) {
     ZT_RETURN_IF_ERROR(CheckFloatOperand(kOp, "dbias", args.dbias, ctx, {n}));
   }
-  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::LinearBackward(ctx, args));
+  }
   return cpu::LinearBackward(ctx, args);
 }
 
@@ -126,7 +132,9 @@ absl::StatusOr<int64_t> GemmWorkspaceBytes(const DeviceContext& ctx, const GemmS
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "shape.a_dtype", shape.a_dtype));
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "shape.b_dtype", shape.b_dtype));
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "shape.c_dtype", shape.c_dtype));
-  if (ctx.device.kind == DeviceKind::kCuda) return NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::GemmWorkspaceBytes(ctx, shape));
+  }
   return cpu::GemmWorkspaceBytes(ctx, shape);
 }
 
@@ -158,7 +166,8 @@ absl::StatusOr<int64_t> LinearWorkspaceBytes(const DeviceContext& ctx, int64_t M
                              .b_dtype = dtypes.inp,
                              .c_dtype = dtypes.dweight};
   const GemmShape gemms[] = {forward, forward_bias, dinp, dinp_add, dweight};
-  int64_t most = 0;
+  // On CUDA the bias gradient's partial sums share the workspace too.
+  int64_t most = ctx.device.kind == DeviceKind::kCuda ? cuda::BiasGradWorkspaceBytes(M, N) : 0;
   for (const GemmShape& g : gemms) {
     ZT_ASSIGN_OR_RETURN(int64_t bytes, GemmWorkspaceBytes(ctx, g));
     most = std::max(most, bytes);

@@ -111,7 +111,7 @@ struct LinearDTypes {
 
 // The most scratch any GEMM of LinearForward or LinearBackward needs for a layer with M rows,
 // K inputs, N outputs and these dtypes: forward with and without bias, dinp overwritten and
-// accumulated, dweight.
+// accumulated, dweight; on CUDA also the bias gradient's f64 partial sums (a few per column).
 absl::StatusOr<int64_t> LinearWorkspaceBytes(const DeviceContext& ctx, int64_t M, int64_t K,
                                              int64_t N, const LinearDTypes& dtypes = {});
 

@@ -2,11 +2,15 @@
 // of SumOfSquares over every gradient buffer (of this rank, then across ranks).
 #pragma once
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
 #include "kernels/tensor.h"
 
 namespace zt {
+
+// On CUDA both ops return a host value, so they copy it back and wait for ctx's stream.
 
 // Σ x² over the tensor (f32, bf16 or f16), accumulated in double over fixed-size chunks combined in
 // a fixed order: the result is bitwise the same for any thread count.
@@ -15,5 +19,11 @@ absl::StatusOr<double> SumOfSquares(const DeviceContext& ctx, const Tensor& t);
 // True when every element of the tensor (f32, bf16 or f16) is finite (no inf, no NaN): the
 // loss scaler's overflow check on 16-bit gradients.
 absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const Tensor& t);
+
+// Bytes of ctx.workspace SumOfSquares and AllFinite need for a tensor of `numel` elements:
+// 0 on the CPU; on CUDA the per-block partials of the two-pass reduction (at most ~8 KiB,
+// well inside the GEMM workspace the memory plan already gives a CUDA context).
+// FailedPrecondition from either op names both sizes when the workspace is smaller.
+int64_t ReduceWorkspaceBytes(const DeviceContext& ctx, int64_t numel);
 
 }  // namespace zt

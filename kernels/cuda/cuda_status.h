@@ -30,7 +30,7 @@ inline absl::Status CudaError(const char* op, const char* call, cudaError_t e) {
 
 inline absl::Status CublasError(const char* op, const char* call, cublasStatus_t s) {
   const std::string message = absl::StrCat(op, ": ", call, " failed: cuBLAS status ",
-                                           static_cast<int>(s), " (", cublasGetStatusName(s), ")");
+                                           static_cast<int>(s), " (", cublasLtGetStatusName(s), ")");
   if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(message);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
     return absl::InvalidArgumentError(message);
