@@ -107,6 +107,9 @@ TEST_P(AttentionGpuTest, MatchesTheCpuOp) {
   const Tensor d_cpu_lse = ToDevice(h_lse, cpu_lse_mem);
   const Tensor d_dout = ToDevice(h_dout, dout_mem);
   const Tensor d_dqkv = ToDevice(h_dqkv, dqkv_mem);  // overwritten (=) by the GPU backward
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and the op's
+  // non-blocking stream does not wait for it: let the uploads finish first.
+  ZT_ASSERT_CUDA(cudaDeviceSynchronize());
   GpuStream stream;
   DeviceBuffer workspace(AttentionWorkspaceBytes(DeviceKind::kCuda, kB, T, kH));
   const DeviceContext ctx = gpu_test::CudaContext(stream, workspace.AsWorkspace());
@@ -146,7 +149,9 @@ TEST_P(AttentionGpuTest, MatchesTheCpuOp) {
       << "dv";
 
   // Deterministic: a second run gives the same bits.
-  ASSERT_EQ(cudaMemset(d_dqkv.raw(), 0xff, static_cast<size_t>(d_dqkv.size_bytes())), cudaSuccess);
+  ASSERT_EQ(
+      cudaMemsetAsync(d_dqkv.raw(), 0xff, static_cast<size_t>(d_dqkv.size_bytes()), stream.get()),
+      cudaSuccess);
   ASSERT_TRUE(AttentionBackward(ctx, backward).ok());
   ASSERT_EQ(stream.Sync(), cudaSuccess);
   EXPECT_TRUE(ToHostBytes(d_dqkv) == first_dqkv);

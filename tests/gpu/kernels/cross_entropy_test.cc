@@ -71,6 +71,9 @@ TEST_P(CrossEntropyGpuTest, MatchesTheCpuOp) {
   args.logits = d_logits;
   args.targets = ToDevice(args.targets, targets_mem);
   args.losses = ToDevice(Tensor(losses_init.data(), DType::kF32, {kN}), losses_mem);
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and the op's
+  // non-blocking stream does not wait for it: let the uploads finish first.
+  ZT_ASSERT_CUDA(cudaDeviceSynchronize());
   GpuStream stream;
   ASSERT_TRUE(SoftmaxCrossEntropy(gpu_test::CudaContext(stream), args).ok());
   ASSERT_EQ(stream.Sync(), cudaSuccess);
@@ -127,6 +130,9 @@ TEST(CrossEntropyGpuOnlyTest, ATargetPastTheVocabularyGivesNaN) {
       .targets = ToDevice(Tensor(targets.data(), DType::kI32, {kN}), targets_mem),
       .losses = ToDevice(Tensor(losses.data(), DType::kF32, {kN}), losses_mem),
       .write_grad = true};
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and the op's
+  // non-blocking stream does not wait for it: let the uploads finish first.
+  ZT_ASSERT_CUDA(cudaDeviceSynchronize());
   GpuStream stream;
   ASSERT_TRUE(SoftmaxCrossEntropy(gpu_test::CudaContext(stream), args).ok());
   ASSERT_EQ(stream.Sync(), cudaSuccess);

@@ -92,19 +92,20 @@ TEST_P(EmbeddingGpuTest, MatchesTheCpuOpBitForBit) {
   const Tensor d_out = ToDevice(out.View({kB, kT, ch}), out_mem);  // overwritten
   const Tensor d_dwte = ToDevice(gpu_dwte_init.View({v, ch}), dwte_mem);
   const Tensor d_dwpe = c.positions ? ToDevice(gpu_dwpe_init.View({p, ch}), dwpe_mem) : Tensor();
+  const Tensor d_wte = ToDevice(wte.View({v, ch}), wte_mem);
+  const Tensor d_wpe = ToDevice(h_wpe, wpe_mem);
+  const Tensor d_dout = ToDevice(dout.View({kB, kT, ch}), dout_mem);
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and the op's
+  // non-blocking stream does not wait for it: let the uploads finish first.
+  ZT_ASSERT_CUDA(cudaDeviceSynchronize());
   GpuStream stream;
   DeviceBuffer workspace(EmbeddingWorkspaceBytes(DeviceKind::kCuda, kB * kT, v));
   const DeviceContext ctx = gpu_test::CudaContext(stream, workspace.AsWorkspace());
-  ASSERT_TRUE(EmbeddingForward(ctx, {.tokens = d_tokens,
-                                     .wte = ToDevice(wte.View({v, ch}), wte_mem),
-                                     .wpe = ToDevice(h_wpe, wpe_mem),
-                                     .out = d_out})
-                  .ok());
-  ASSERT_TRUE(EmbeddingBackward(ctx, {.tokens = d_tokens,
-                                      .dout = ToDevice(dout.View({kB, kT, ch}), dout_mem),
-                                      .dwte = d_dwte,
-                                      .dwpe = d_dwpe})
-                  .ok());
+  ASSERT_TRUE(
+      EmbeddingForward(ctx, {.tokens = d_tokens, .wte = d_wte, .wpe = d_wpe, .out = d_out}).ok());
+  ASSERT_TRUE(
+      EmbeddingBackward(ctx, {.tokens = d_tokens, .dout = d_dout, .dwte = d_dwte, .dwpe = d_dwpe})
+          .ok());
   ASSERT_EQ(stream.Sync(), cudaSuccess);
 
   EXPECT_EQ(ToHostFloats(d_out), HostFloats(out.View({kB, kT, ch})));
@@ -140,16 +141,17 @@ TEST(EmbeddingGpuOnlyTest, ATokenOutsideTheVocabularyGivesANaNRow) {
   std::vector<int32_t> tokens = {1, 4};
   std::vector<float> wte(4 * 2, 1.0f), out(2 * 2, 0.0f);
   DeviceBuffer tokens_mem, wte_mem, out_mem;
-  const Tensor d_out = ToDevice(Tensor(out.data(), DType::kF32, {1, 2, 2}), out_mem);
+  const EmbeddingForwardArgs args{
+      .tokens = ToDevice(Tensor(tokens.data(), DType::kI32, {1, 2}), tokens_mem),
+      .wte = ToDevice(Tensor(wte.data(), DType::kF32, {4, 2}), wte_mem),
+      .out = ToDevice(Tensor(out.data(), DType::kF32, {1, 2, 2}), out_mem)};
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and the op's
+  // non-blocking stream does not wait for it: let the uploads finish first.
+  ZT_ASSERT_CUDA(cudaDeviceSynchronize());
   GpuStream stream;
-  ASSERT_TRUE(
-      EmbeddingForward(gpu_test::CudaContext(stream),
-                       {.tokens = ToDevice(Tensor(tokens.data(), DType::kI32, {1, 2}), tokens_mem),
-                        .wte = ToDevice(Tensor(wte.data(), DType::kF32, {4, 2}), wte_mem),
-                        .out = d_out})
-          .ok());
+  ASSERT_TRUE(EmbeddingForward(gpu_test::CudaContext(stream), args).ok());
   ASSERT_EQ(stream.Sync(), cudaSuccess);
-  const std::vector<float> got = ToHostFloats(d_out);
+  const std::vector<float> got = ToHostFloats(args.out);
   EXPECT_EQ(got[0], 1.0f);
   EXPECT_TRUE(std::isnan(got[2]));
 }
