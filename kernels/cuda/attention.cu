@@ -111,12 +111,33 @@ __device__ __forceinline__ float RowSum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// acc[c] = Σ_d a[d] · tile[sub + c·kRowThreads][d], d in increasing order: this thread's
+// kCols columns of one row of a · tileᵀ (a score row), a[d] loaded once for all of them.
 template <int kD>
-__device__ __forceinline__ float Dot(const float* a, const float* b) {
-  float acc = 0.0f;
-#pragma unroll 16
-  for (int d = 0; d < kD; ++d) acc += a[d] * b[d];
-  return acc;
+__device__ __forceinline__ void RowTimesTileT(const float* a, const float* tile, int sub,
+                                              float (&acc)[kCols]) {
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+#pragma unroll 4
+  for (int d = 0; d < kD; ++d) {
+    const float x = a[d];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[c] += x * tile[(sub + c * kRowThreads) * (kD + 1) + d];
+  }
+}
+
+// acc[k] += Σ_{j < n} w[j] · tile[j][sub + k·kRowThreads], j in increasing order: this
+// thread's output columns of one row of w · tile, w[j] loaded once for all of them.
+template <int kD>
+__device__ __forceinline__ void AccumulateRowTimesTile(const float* w, const float* tile, int n,
+                                                       int sub, float (&acc)[kD / kRowThreads]) {
+  for (int j = 0; j < n; ++j) {
+    const float x = w[j];
+#pragma unroll
+    for (int k = 0; k < kD / kRowThreads; ++k) {
+      acc[k] += x * tile[j * (kD + 1) + sub + k * kRowThreads];
+    }
+  }
 }
 
 template <int kD>
@@ -154,13 +175,14 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     float s[kCols];
+    RowTimesTileT<kD>(sq + r * kLd, sk, sub, s);
     float tile_max = -INFINITY;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int j = sub + c * kRowThreads;
       // Same tile for keys and queries on the diagonal: query r sees keys j ≤ r.
       const bool visible = j < nk && (jt < it || j <= r);
-      s[c] = visible ? Dot<kD>(sq + r * kLd, sk + j * kLd) : -INFINITY;
+      if (!visible) s[c] = -INFINITY;
       tile_max = fmaxf(tile_max, s[c]);
     }
     const float m_new = fmaxf(m, RowMax(tile_max));
@@ -181,12 +203,8 @@ __global__ void __launch_bounds__(kThreads)
 
     // O (row r, my columns) = corr · O + P (row r) · V
 #pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      const int d = sub + k * kRowThreads;
-      float acc = 0.0f;
-      for (int j = 0; j < nk; ++j) acc += sp[r * kScoreLd + j] * sv[j * kLd + d];
-      o[k] = o[k] * corr + acc;
-    }
+    for (int k = 0; k < kOut; ++k) o[k] *= corr;
+    AccumulateRowTimesTile<kD>(sp + r * kScoreLd, sv, nk, sub, o);
   }
 
   if (r >= nq) return;
@@ -253,27 +271,23 @@ __global__ void __launch_bounds__(kThreads) DqKernel(FloatPtr qkv, FloatPtr dout
     __syncthreads();  // the previous tile's sk, sv, sds are no longer read
     LoadKeyValueTile<kD>(qkv, g, b, kv, jt, sk, sv);
     __syncthreads();
-#pragma unroll 4
+    float s[kCols], dp[kCols];
+    RowTimesTileT<kD>(sq + r * kLd, sk, sub, s);    // Q·Kᵀ, unscaled
+    RowTimesTileT<kD>(sdo + r * kLd, sv, sub, dp);  // dO·Vᵀ
+#pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int j = sub + c * kRowThreads;
       const bool visible = row_valid && j < nk && (jt < it || j <= r);
       float ds = 0.0f;
       if (visible) {
-        const float p = expf(Dot<kD>(sq + r * kLd, sk + j * kLd) * g.scale - lse_r);
-        const float dp = Dot<kD>(sdo + r * kLd, sv + j * kLd);
-        ds = p * (dp - di_r) * g.scale;
+        const float p = expf(s[c] * g.scale - lse_r);
+        ds = p * (dp[c] - di_r) * g.scale;
       }
       sds[r * kScoreLd + j] = ds;
     }
     __syncthreads();
     // dQ (row r, my columns) += dS (row r) · K
-#pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      const int d = sub + k * kRowThreads;
-      float acc = 0.0f;
-      for (int j = 0; j < nk; ++j) acc += sds[r * kScoreLd + j] * sk[j * kLd + d];
-      dq[k] += acc;
-    }
+    AccumulateRowTimesTile<kD>(sds + r * kScoreLd, sk, nk, sub, dq);
   }
 
   if (!row_valid) return;
@@ -328,33 +342,26 @@ __global__ void __launch_bounds__(kThreads) DkvKernel(FloatPtr qkv, FloatPtr dou
         sdi[i] = i < nq ? di[g.Stat(b, h, i0 + i)] : 0.0f;
       }
       __syncthreads();
-#pragma unroll 4
+      float s[kCols], dp[kCols];
+      RowTimesTileT<kD>(sk + j * kLd, sq, sub, s);    // K·Qᵀ, unscaled
+      RowTimesTileT<kD>(sv + j * kLd, sdo, sub, dp);  // V·dOᵀ
+#pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int i = sub + c * kRowThreads;
         // Query i0 + i sees key j0 + j when it is not earlier; on the diagonal, i ≥ j.
         const bool visible = j < nk && i < nq && (it > jt || i >= j);
         float p = 0.0f, ds = 0.0f;
         if (visible) {
-          p = expf(Dot<kD>(sk + j * kLd, sq + i * kLd) * g.scale - slse[i]);
-          const float dp = Dot<kD>(sv + j * kLd, sdo + i * kLd);
-          ds = p * (dp - sdi[i]) * g.scale;
+          p = expf(s[c] * g.scale - slse[i]);
+          ds = p * (dp[c] - sdi[i]) * g.scale;
         }
         sp[j * kScoreLd + i] = p;
         sds[j * kScoreLd + i] = ds;
       }
       __syncthreads();
       // dV (row j, my columns) += Pᵀ (row j) · dO;  dK (row j, my columns) += dSᵀ (row j) · Q
-#pragma unroll
-      for (int k = 0; k < kOut; ++k) {
-        const int d = sub + k * kRowThreads;
-        float acc_v = 0.0f, acc_k = 0.0f;
-        for (int i = 0; i < nq; ++i) {
-          acc_v += sp[j * kScoreLd + i] * sdo[i * kLd + d];
-          acc_k += sds[j * kScoreLd + i] * sq[i * kLd + d];
-        }
-        dv[k] += acc_v;
-        dk[k] += acc_k;
-      }
+      AccumulateRowTimesTile<kD>(sp + j * kScoreLd, sdo, nq, sub, dv);
+      AccumulateRowTimesTile<kD>(sds + j * kScoreLd, sq, nq, sub, dk);
     }
   }
 
