@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -52,7 +53,9 @@ absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardAr
       internal::CheckFloatTensor(kOp, "out", args.out, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "lse", args.lse, ctx, DType::kF32,
                                            {dims.batch, dims.n_head, dims.seq}));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::AttentionForward(ctx, dims, args));
+  }
   cpu::AttentionForward(ctx, dims, args);
   return absl::OkStatus();
 }
@@ -70,9 +73,22 @@ absl::Status AttentionBackward(const DeviceContext& ctx, const AttentionBackward
       internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dqkv", args.dqkv, ctx,
                                                 {dims.batch, dims.seq, args.qkv.dim(2)}));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  const int64_t need = AttentionWorkspaceBytes(ctx.device.kind, dims.batch, dims.seq, dims.n_head);
+  if (ctx.workspace.bytes < need) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kOp, ": the workspace holds ", ctx.workspace.bytes, " bytes, this call needs ",
+                     need, " (AttentionWorkspaceBytes)"));
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::AttentionBackward(ctx, dims, args));
+  }
   cpu::AttentionBackward(ctx, dims, args);
   return absl::OkStatus();
+}
+
+int64_t AttentionWorkspaceBytes(DeviceKind kind, int64_t batch, int64_t seq, int n_head) {
+  if (kind != DeviceKind::kCuda) return 0;
+  return batch * n_head * seq * static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace zt

@@ -35,6 +35,15 @@ struct AttentionBackwardArgs {
   int n_kv_head = 0;
 };
 // Deterministic: every dk/dv row is reduced by one thread in a fixed order.
+// Scratch comes from ctx.workspace: FailedPrecondition (naming both sizes) when it holds fewer
+// bytes than AttentionWorkspaceBytes says.
 absl::Status AttentionBackward(const DeviceContext& ctx, const AttentionBackwardArgs& args);
+
+// Scratch bytes AttentionForward and AttentionBackward need in ctx.workspace on a device of
+// this kind, for B = batch, T = seq, H = n_head. The forward needs none. The CUDA backward
+// keeps Di = rowsum(dO ∘ O) of every query row there, (B, H, T) f32; the CPU's needs none
+// (its tiles live on each thread's stack and a 16-bit dQ sum in per-thread heap scratch, see
+// kernels/cpu/attention.h), so it is 0.
+int64_t AttentionWorkspaceBytes(DeviceKind kind, int64_t batch, int64_t seq, int n_head);
 
 }  // namespace zt

@@ -2,6 +2,7 @@
 
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cuda/cross_entropy.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -15,7 +16,9 @@ absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArg
   const int64_t n = args.logits.dim(0);
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "targets", args.targets, ctx, DType::kI32, {n}));
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "losses", args.losses, ctx, DType::kF32, {n}));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::SoftmaxCrossEntropy(ctx, args));
+  }
   return cpu::SoftmaxCrossEntropy(ctx, args);
 }
 

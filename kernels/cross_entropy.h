@@ -23,7 +23,9 @@ struct CrossEntropyArgs {
   float grad_scale = 1.0f;
   bool write_grad = false;
 };
-// Returns InvalidArgument naming the first target ≥ V.
+// Returns InvalidArgument naming the first target ≥ V. On CUDA the targets are on the device
+// and are not read back (that would wait for the stream): such a row's loss and gradient are
+// NaN instead (kernels/cuda/cross_entropy.h).
 absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArgs& args);
 
 }  // namespace zt

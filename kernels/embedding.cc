@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cuda/embedding.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -44,7 +45,9 @@ absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardAr
   ZT_RETURN_IF_ERROR(CheckTables(kOp, ctx, args.tokens, "wte", args.wte, "wpe", args.wpe));
   const int64_t b = args.tokens.dim(0), t = args.tokens.dim(1), c = args.wte.dim(1);
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "out", args.out, ctx, {b, t, c}));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::EmbeddingForward(ctx, args));
+  }
   return cpu::EmbeddingForward(ctx, args);
 }
 
@@ -53,8 +56,22 @@ absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackward
   ZT_RETURN_IF_ERROR(CheckTables(kOp, ctx, args.tokens, "dwte", args.dwte, "dwpe", args.dwpe));
   const int64_t b = args.tokens.dim(0), t = args.tokens.dim(1), c = args.dwte.dim(1);
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {b, t, c}));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  const int64_t need = EmbeddingWorkspaceBytes(ctx.device.kind, b * t, args.dwte.dim(0));
+  if (ctx.workspace.bytes < need) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kOp, ": the workspace holds ", ctx.workspace.bytes, " bytes, this call needs ",
+                     need, " (EmbeddingWorkspaceBytes)"));
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::EmbeddingBackward(ctx, args));
+  }
   return cpu::EmbeddingBackward(ctx, args);
+}
+
+int64_t EmbeddingWorkspaceBytes(DeviceKind kind, int64_t positions, int64_t vocab) {
+  if (kind != DeviceKind::kCuda) return 0;
+  // offsets (V + 1), cursors (V) and the sorted positions (B·T), all i32.
+  return (2 * vocab + 1 + positions) * static_cast<int64_t>(sizeof(int32_t));
 }
 
 }  // namespace zt

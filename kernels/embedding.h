@@ -18,7 +18,9 @@ struct EmbeddingForwardArgs {
   Tensor wpe;     // (P, C) with P ≥ T, or empty (no learned positions)
   Tensor out;     // (B, T, C) = wte[tokens] (+ wpe[t])
 };
-// Returns InvalidArgument naming the first token id outside [0, V).
+// Returns InvalidArgument naming the first token id outside [0, V). On CUDA the tokens are on
+// the device and are not read back (that would wait for the stream): such a position's output
+// row is NaN instead, and the backward adds nothing for it (kernels/cuda/embedding.h).
 absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardArgs& args);
 
 struct EmbeddingBackwardArgs {
@@ -28,6 +30,15 @@ struct EmbeddingBackwardArgs {
   Tensor dwpe;    // (P, C) += or empty
 };
 // Deterministic: the result does not depend on the thread count or schedule.
+// Scratch comes from ctx.workspace: FailedPrecondition (naming both sizes) when it holds fewer
+// bytes than EmbeddingWorkspaceBytes says.
 absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackwardArgs& args);
+
+// Scratch bytes EmbeddingBackward needs in ctx.workspace on a device of this kind, for
+// `positions` = B·T token positions and a vocabulary of `vocab` rows (EmbeddingForward needs
+// none). The CUDA backward sorts the positions by token there (a counting sort: offsets and
+// cursors per vocabulary row, the sorted positions); the CPU's needs none (its sort lives in
+// per-thread heap buffers), so it is 0.
+int64_t EmbeddingWorkspaceBytes(DeviceKind kind, int64_t positions, int64_t vocab);
 
 }  // namespace zt
