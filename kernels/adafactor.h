@@ -102,8 +102,15 @@ struct AdafactorArgs {
   // ([row sums | column sums | Σ param² | Σ U²]), 2 for a vector; unused when not sharded.
   Tensor reduce_scratch;
 };
-// Returns InvalidArgument naming the argument and the rule for bad input, Unimplemented on a
-// CUDA context, or (sharded) the first error of sum_across_shards, prefixed with the phase.
+// Returns InvalidArgument naming the argument and the rule for bad input, or (sharded) the
+// first error of sum_across_shards, prefixed with the phase. On a CUDA context: an unsharded
+// update only (Unimplemented for a sharded one: its sums go through a host callback), with
+// FailedPrecondition when ctx.workspace holds fewer than AdafactorWorkspaceBytes.
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args);
+
+// Scratch an unsharded AdafactorUpdate takes from ctx.workspace on a device of `kind`, for a
+// param of `rows` rows (a matrix; 0 for a vector): 0 on the CPU; on CUDA, the fixed-order
+// partial sums (4 KiB), the update's scalars and one f32 row factor per row.
+int64_t AdafactorWorkspaceBytes(DeviceKind kind, int64_t rows);
 
 }  // namespace zt
