@@ -182,16 +182,10 @@ absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args
   }
   ZT_RETURN_IF_ERROR(CheckHyperparameters(kOp, args));
   if (ctx.device.kind == DeviceKind::kCuda) {
-    if (args.shard.has_value()) {
-      return absl::UnimplementedError(
-          absl::StrCat(kOp,
-                       ": a sharded update on a CUDA device is not supported (its partial "
-                       "sums go through the host callback shard.sum_across_shards); update "
-                       "the whole tensor, or shard on the CPU"));
-    }
-    if (args.param.numel() == 0) return absl::OkStatus();
-    const int64_t need =
-        AdafactorWorkspaceBytes(ctx.device.kind, args.param.ndim() == 2 ? args.param.dim(0) : 0);
+    if (!args.shard.has_value() && args.param.numel() == 0) return absl::OkStatus();
+    const int64_t rows = args.shard.has_value() ? args.shard->rows
+                                                : (args.param.ndim() == 2 ? args.param.dim(0) : 0);
+    const int64_t need = AdafactorWorkspaceBytes(ctx.device.kind, rows);
     if (ctx.workspace.bytes < need || ctx.workspace.data == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(kOp, ": ctx.workspace holds ", ctx.workspace.bytes,

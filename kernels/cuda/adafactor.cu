@@ -19,6 +19,7 @@
 #include "kernels/cuda/float_io.cuh"
 #include "kernels/cuda/norm_reduce.cuh"
 #include "kernels/cuda/optimizer_master.cuh"
+#include "kernels/status_macros.h"
 
 namespace zt::cuda {
 namespace {
@@ -100,16 +101,17 @@ __global__ void RowFactorKernel(const float* row_state, int64_t rows, float* row
   }
 }
 
+// Element k of the range has the whole tensor's index begin + k (begin 0 unsharded).
 template <typename G>
 __global__ void FactoredUSquaresKernel(const G* grad, float gs, int64_t cols, int64_t n,
-                                       const float* row_factor, const float* col_state,
-                                       double* part) {
+                                       int64_t begin, const float* row_factor,
+                                       const float* col_state, double* part) {
   __shared__ double scratch[32];
   double s = 0;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = k / cols, j = k % cols;
-    const float u = (ToFloat(grad[k]) * gs) * row_factor[i] / sqrtf(col_state[j]);
+    const int64_t w = begin + k;
+    const float u = (ToFloat(grad[k]) * gs) * row_factor[w / cols] / sqrtf(col_state[w % cols]);
     s += static_cast<double>(u) * u;
   }
   s = BlockSum(s, scratch);
@@ -143,20 +145,95 @@ struct Hyper {
   bool scale_parameter;
 };
 
-// One thread: α, the clip, and the f32 factors of the apply pass.
-__global__ void FinalizeKernel(const double* param_part, const double* u_part, Hyper h,
-                               float* scalars) {
-  double alpha = h.rho;
-  if (h.scale_parameter) {
-    double sum_sq = 0;
-    for (int b = 0; b < kAdafactorSumBlocks; ++b) sum_sq += param_part[b];
-    alpha = fmax(h.eps2, sqrt(sum_sq / static_cast<double>(h.n))) * h.rho;
-  }
-  double u_sq = 0;
-  for (int b = 0; b < kAdafactorSumBlocks; ++b) u_sq += u_part[b];
+// The scalars of the update for a whole tensor of n elements.
+Hyper HyperOf(const AdafactorArgs& args, double rho, int64_t n) {
+  return {.rho = rho,
+          .eps2 = args.eps2,
+          .clip_threshold = args.clip_threshold,
+          .weight_decay = args.weight_decay,
+          .n = n,
+          .scale_parameter = args.scale_parameter};
+}
+
+// α, the clip, and the f32 factors of the apply pass, from Σ param² and Σ U² over the whole
+// tensor's h.n elements.
+__device__ void WriteScalars(double param_sq, double u_sq, const Hyper& h, float* scalars) {
+  const double alpha =
+      h.scale_parameter ? fmax(h.eps2, sqrt(param_sq / static_cast<double>(h.n))) * h.rho : h.rho;
   const double clip = fmax(1.0, sqrt(u_sq / static_cast<double>(h.n)) / h.clip_threshold);
   scalars[0] = static_cast<float>(alpha / clip);
   scalars[1] = static_cast<float>(h.weight_decay * alpha);
+}
+
+__device__ double SumPartials(const double* part) {
+  double sum = 0;
+  for (int b = 0; b < kAdafactorSumBlocks; ++b) sum += part[b];
+  return sum;
+}
+
+// One thread, unsharded: the partials added in block order.
+__global__ void FinalizeKernel(const double* param_part, const double* u_part, Hyper h,
+                               float* scalars) {
+  WriteScalars(h.scale_parameter ? SumPartials(param_part) : 0.0, SumPartials(u_part), h, scalars);
+}
+
+// One thread, sharded: this rank's partials as one f32 (its share of a group sum).
+__global__ void PartialsToFloatKernel(const double* part, float* out) {
+  *out = static_cast<float>(SumPartials(part));
+}
+
+// One thread, sharded: from the group's f32 sums, as the CPU's ShardedApply.
+__global__ void ShardedFinalizeKernel(const float* param_sq, const float* u_sq, Hyper h,
+                                      float* scalars) {
+  WriteScalars(*param_sq, *u_sq, h, scalars);
+}
+
+// Sharded matrix: this rank's Σ_j g² of each row it touches and Σ_i g² of every column, as
+// f32, where (i, j) is the whole tensor's element i·cols + j, the shard's i·cols + j − begin.
+template <typename G>
+__global__ void ShardRowSumsKernel(const G* grad, float gs, int64_t cols, int64_t begin,
+                                   int64_t end, int64_t first_row, int64_t row_end,
+                                   float* row_sum) {
+  __shared__ double scratch[32];
+  for (int64_t i = first_row + blockIdx.x; i < row_end; i += gridDim.x) {
+    const int64_t j0 = begin - i * cols > 0 ? begin - i * cols : 0;
+    const int64_t j1 = end - i * cols < cols ? end - i * cols : cols;
+    const int64_t base = i * cols - begin;
+    double s = 0;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+      const float gj = ToFloat(grad[base + j]) * gs;
+      s += static_cast<double>(gj) * gj;
+    }
+    s = BlockSum(s, scratch);
+    if (threadIdx.x == 0) row_sum[i] = static_cast<float>(s);
+  }
+}
+
+template <typename G>
+__global__ void ShardColSumsKernel(const G* grad, float gs, int64_t cols, int64_t begin,
+                                   int64_t end, int64_t first_row, int64_t row_end,
+                                   float* col_sum) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < cols;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double acc = 0;
+    for (int64_t i = first_row; i < row_end; ++i) {
+      const int64_t w = i * cols + j;
+      if (w < begin || w >= end) continue;
+      const float gj = ToFloat(grad[w - begin]) * gs;
+      acc += static_cast<double>(gj) * gj;
+    }
+    col_sum[j] = static_cast<float>(acc);
+  }
+}
+
+// state[k] = β2t·state[k] + (1 − β2t)·(sum[k] / count + eps1), in double as the CPU does.
+__global__ void StateFromSumsKernel(float* state, const float* sum, int64_t n, double count,
+                                    double b2t, double eps1) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double mean = static_cast<double>(sum[k]) / count + eps1;
+    state[k] = static_cast<float>(b2t * state[k] + (1.0 - b2t) * mean);
+  }
 }
 
 // p − weight_decay·α·p − step, with m = β1·m + (1 − β1)·scale·U when m is present.
@@ -174,19 +251,20 @@ __device__ __forceinline__ float ApplyOne(float scale, float wd_alpha, float bet
 // with C in `state`.
 template <typename G, CopyMode M>
 __global__ void ApplyKernel(DeviceMaster<M> master, const G* grad, float gs, int64_t cols,
-                            int64_t n, const float* row_factor, const float* state, float* m,
-                            float beta1, const float* scalars) {
+                            int64_t n, int64_t begin, const float* row_factor, const float* state,
+                            float* m, float beta1, const float* scalars) {
   const float scale = scalars[0], wd_alpha = scalars[1];
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t w = begin + k;  // the whole tensor's index: the stochastic counter
     float u;
     if (row_factor != nullptr) {
-      u = (ToFloat(grad[k]) * gs) * row_factor[k / cols] / sqrtf(state[k % cols]);
+      u = (ToFloat(grad[k]) * gs) * row_factor[w / cols] / sqrtf(state[w % cols]);
     } else {
       u = (ToFloat(grad[k]) * gs) / sqrtf(state[k]);
     }
     master.Store(
-        k, ApplyOne(scale, wd_alpha, beta1, u, m == nullptr ? nullptr : m + k, master.Load(k)), k);
+        k, ApplyOne(scale, wd_alpha, beta1, u, m == nullptr ? nullptr : m + k, master.Load(k)), w);
   }
 }
 
@@ -216,8 +294,8 @@ void Enqueue(const DeviceContext& ctx, const AdafactorArgs& args, const Scratch&
     ColStatsKernel<G><<<GridFor(cols, kThreads), kThreads, 0, stream>>>(grad, gs, rows, cols,
                                                                         col_state, b2t, eps1);
     RowFactorKernel<<<1, 1024, 0, stream>>>(row_state, rows, w.row_factor);
-    FactoredUSquaresKernel<G>
-        <<<sum_blocks, kThreads, 0, stream>>>(grad, gs, cols, n, w.row_factor, col_state, w.u_part);
+    FactoredUSquaresKernel<G><<<sum_blocks, kThreads, 0, stream>>>(
+        grad, gs, cols, n, /*begin=*/0, w.row_factor, col_state, w.u_part);
     state = col_state;
     row_factor = w.row_factor;
   } else {
@@ -226,22 +304,100 @@ void Enqueue(const DeviceContext& ctx, const AdafactorArgs& args, const Scratch&
         <<<sum_blocks, kThreads, 0, stream>>>(grad, gs, n, v, beta2t, args.eps1, w.u_part);
     state = v;
   }
-  const Hyper h{.rho = rho,
-                .eps2 = args.eps2,
-                .clip_threshold = args.clip_threshold,
-                .weight_decay = args.weight_decay,
-                .n = n,
-                .scale_parameter = args.scale_parameter};
+  const Hyper h = HyperOf(args, rho, n);
   FinalizeKernel<<<1, 1, 0, stream>>>(w.param_part, w.u_part, h, w.scalars);
   ApplyKernel<G, M><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
-      master, grad, gs, cols, n, row_factor, state, args.m.empty() ? nullptr : args.m.data<float>(),
-      args.beta1, w.scalars);
+      master, grad, gs, cols, n, /*begin=*/0, row_factor, state,
+      args.m.empty() ? nullptr : args.m.data<float>(), args.beta1, w.scalars);
+}
+
+// Sums data[0, count) across the shard group, naming the phase in an error (SumAcross on
+// the CPU). The launches enqueued so far are checked first, so a bad launch is not reported
+// as the callback's.
+absl::Status SumAcross(const AdafactorArgs& args, float* data, int64_t count, const char* phase) {
+  ZT_RETURN_IF_ERROR(LaunchStatus("AdafactorUpdate"));
+  absl::Status st = args.shard->sum_across_shards(data, count);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat("AdafactorUpdate: sum_across_shards of the ", phase,
+                                              " failed: ", st.message()));
+}
+
+// The sharded update: the CPU's ShardedFactoredUpdate / ShardedFullUpdate, with reduce_scratch
+// in device memory ([row sums | column sums | Σ param² | Σ U²] for a matrix, [Σ param² | Σ U²]
+// for a vector) handed to the callback, which sums it on ctx's stream.
+template <typename G, CopyMode M>
+absl::Status EnqueueSharded(const DeviceContext& ctx, const AdafactorArgs& args, const Scratch& w,
+                            float beta2t, double rho) {
+  cudaStream_t stream = StreamOf(ctx);
+  const AdafactorArgs::Shard& sh = *args.shard;
+  const bool factored = sh.rows > 0;
+  const int64_t rows = sh.rows, cols = sh.cols, begin = sh.begin, end = sh.end;
+  const int64_t n = end - begin, whole = factored ? rows * cols : cols;
+  const unsigned int sum_blocks = static_cast<unsigned int>(kAdafactorSumBlocks);
+  const int64_t sums = factored ? rows + cols + 2 : 2;
+  float* row_sum = args.reduce_scratch.data<float>();     // (rows)
+  float* col_sum = row_sum + rows;                        // (cols)
+  float* param_sq = factored ? col_sum + cols : row_sum;  // (1)
+  float* u_sq = param_sq + 1;                             // (1)
+  ZT_CUDA_RETURN_IF_ERROR("AdafactorUpdate",
+                          cudaMemsetAsync(row_sum, 0, sums * sizeof(float), stream));
+  const DeviceMaster<M> master = DeviceMasterOf<M>(args.param, args.param_copy, args.seed);
+  const G* grad = n > 0 ? static_cast<const G*>(args.grad.raw()) : nullptr;
+  const float gs = args.grad_scale;
+  if (args.scale_parameter && n > 0) {
+    ParamSquaresKernel<M><<<sum_blocks, kThreads, 0, stream>>>(master, n, w.param_part);
+    PartialsToFloatKernel<<<1, 1, 0, stream>>>(w.param_part, param_sq);
+  }
+  const Hyper h = HyperOf(args, rho, whole);
+  float* m = args.m.empty() || n == 0 ? nullptr : args.m.data<float>();
+  if (!factored) {
+    ZT_RETURN_IF_ERROR(SumAcross(args, param_sq, 1, "parameter sum of squares"));
+    if (n == 0) return SumAcross(args, u_sq, 1, "sum of squared updates");
+    float* v = args.full_state.data<float>();
+    FullUSquaresKernel<G>
+        <<<sum_blocks, kThreads, 0, stream>>>(grad, gs, n, v, beta2t, args.eps1, w.u_part);
+    PartialsToFloatKernel<<<1, 1, 0, stream>>>(w.u_part, u_sq);
+    ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
+    ShardedFinalizeKernel<<<1, 1, 0, stream>>>(param_sq, u_sq, h, w.scalars);
+    ApplyKernel<G, M><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+        master, grad, gs, n, n, begin, /*row_factor=*/nullptr, v, m, args.beta1, w.scalars);
+    return LaunchStatus("AdafactorUpdate");
+  }
+  const int64_t first_row = begin / cols, row_end = (end + cols - 1) / cols;
+  if (n > 0) {
+    ShardRowSumsKernel<G><<<GridFor(row_end - first_row, 1), kThreads, 0, stream>>>(
+        grad, gs, cols, begin, end, first_row, row_end, row_sum);
+    ShardColSumsKernel<G><<<GridFor(cols, kThreads), kThreads, 0, stream>>>(
+        grad, gs, cols, begin, end, first_row, row_end, col_sum);
+  }
+  ZT_RETURN_IF_ERROR(SumAcross(args, row_sum, rows + cols + 1, "row, column and parameter sums"));
+  // An empty shard may hold no statistics; one that holds them keeps them in step.
+  float* row_state = args.row_state.empty() || whole == 0 ? nullptr : args.row_state.data<float>();
+  float* col_state = args.col_state.empty() || whole == 0 ? nullptr : args.col_state.data<float>();
+  const double b2t = beta2t, eps1 = args.eps1;
+  if (row_state != nullptr) {
+    StateFromSumsKernel<<<GridFor(rows, kThreads), kThreads, 0, stream>>>(
+        row_state, row_sum, rows, static_cast<double>(cols), b2t, eps1);
+  }
+  if (col_state != nullptr) {
+    StateFromSumsKernel<<<GridFor(cols, kThreads), kThreads, 0, stream>>>(
+        col_state, col_sum, cols, static_cast<double>(rows), b2t, eps1);
+  }
+  if (n == 0) return SumAcross(args, u_sq, 1, "sum of squared updates");
+  RowFactorKernel<<<1, 1024, 0, stream>>>(row_state, rows, w.row_factor);
+  FactoredUSquaresKernel<G><<<sum_blocks, kThreads, 0, stream>>>(grad, gs, cols, n, begin,
+                                                                 w.row_factor, col_state, w.u_part);
+  PartialsToFloatKernel<<<1, 1, 0, stream>>>(w.u_part, u_sq);
+  ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
+  ShardedFinalizeKernel<<<1, 1, 0, stream>>>(param_sq, u_sq, h, w.scalars);
+  ApplyKernel<G, M><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+      master, grad, gs, cols, n, begin, w.row_factor, col_state, m, args.beta1, w.scalars);
+  return LaunchStatus("AdafactorUpdate");
 }
 
 }  // namespace
 
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
-  if (args.param.numel() == 0) return absl::OkStatus();
   // ρ and β2t as the CPU computes them (RelativeOrAbsoluteStep, Beta2At).
   const double t = static_cast<double>(args.step);
   const double rho = args.relative_step
@@ -249,6 +405,18 @@ absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args
                          : static_cast<double>(args.lr);
   const float beta2t = static_cast<float>(1.0 - std::pow(t, static_cast<double>(args.decay_rate)));
   const Scratch w = ScratchOf(ctx.workspace);
+  if (args.shard.has_value()) {
+    // An empty shard's tensors may be absent: its dtypes choose nothing it runs.
+    const Tensor f32;
+    const bool empty = args.shard->begin == args.shard->end;
+    return DispatchGradCopy(empty ? f32 : args.grad, empty ? f32 : args.param,
+                            empty ? f32 : args.param_copy, !empty && args.stochastic_rounding,
+                            [&](auto grad_tag, auto mode_tag) {
+                              return EnqueueSharded<decltype(grad_tag), decltype(mode_tag)::value>(
+                                  ctx, args, w, beta2t, rho);
+                            });
+  }
+  if (args.param.numel() == 0) return absl::OkStatus();
   DispatchGradCopy(args.grad, args.param, args.param_copy, args.stochastic_rounding,
                    [&](auto grad_tag, auto mode_tag) {
                      Enqueue<decltype(grad_tag), decltype(mode_tag)::value>(ctx, args, w, beta2t,

@@ -92,12 +92,13 @@ DeviceMaster<M> DeviceMasterOf(const Tensor& param, const Tensor& param_copy, ui
 }
 
 // Calls f(G{}, std::integral_constant<CopyMode, mode>{}) with G the gradient's storage type
-// (float, __nv_bfloat16 or __half) and the master's mode for these arguments. Host side.
+// (float, __nv_bfloat16 or __half) and the master's mode for these arguments, and returns
+// what f returns. Host side.
 template <typename F>
-void DispatchGradCopy(const Tensor& grad, const Tensor& param, const Tensor& param_copy,
-                      bool stochastic, F&& f) {
+decltype(auto) DispatchGradCopy(const Tensor& grad, const Tensor& param, const Tensor& param_copy,
+                                bool stochastic, F&& f) {
   const CopyMode mode = cpu::CopyModeFor(param, param_copy, stochastic);
-  auto with_grad = [&](auto m) {
+  auto with_grad = [&](auto m) -> decltype(auto) {
     switch (grad.dtype()) {
       case DType::kBF16:
         return f(__nv_bfloat16{}, m);
@@ -116,7 +117,7 @@ void DispatchGradCopy(const Tensor& grad, const Tensor& param, const Tensor& par
       return with_grad(std::integral_constant<CopyMode, CopyMode::kF16>{});
     case CopyMode::kBf16Stochastic:
       return with_grad(std::integral_constant<CopyMode, CopyMode::kBf16Stochastic>{});
-    case CopyMode::kBf16Split:
+    default:  // CopyMode::kBf16Split
       return with_grad(std::integral_constant<CopyMode, CopyMode::kBf16Split>{});
   }
 }
