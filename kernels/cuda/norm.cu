@@ -83,7 +83,7 @@ __global__ void NormBackwardKernel(FloatPtr dout, FloatPtr inp, FloatPtr weight,
     dw[i] = 0.0f;
     if (db != nullptr) db[i] = 0.0f;
   }
-  const float inv_c_div = static_cast<float>(c);
+  const float c_float = static_cast<float>(c);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t base = r * c;
     const float m = mean != nullptr ? mean[r] : 0.0f;
@@ -98,8 +98,8 @@ __global__ void NormBackwardKernel(FloatPtr dout, FloatPtr inp, FloatPtr weight,
     // any thread's write of its dinp (they may alias).
     sum_dn = BlockSum(sum_dn, scratch);
     sum_dn_xhat = BlockSum(sum_dn_xhat, scratch);
-    const float a = mean != nullptr ? sum_dn / inv_c_div : 0.0f;
-    const float b = sum_dn_xhat / inv_c_div;
+    const float a = mean != nullptr ? sum_dn / c_float : 0.0f;
+    const float b = sum_dn_xhat / c_float;
     for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
       const float dy = dout.Load(base + i);
       const float xhat = (inp.Load(base + i) - m) * rs;
