@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/activation.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -33,7 +34,9 @@ absl::Status GeluForward(const DeviceContext& ctx, const Tensor& inp, const Tens
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "inp", inp, ctx));
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "out", out, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "out", out, "inp", inp));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::GeluForward(ctx, inp, out));
+  }
   cpu::GeluForward(ctx, inp, out);
   return absl::OkStatus();
 }
@@ -47,7 +50,9 @@ absl::Status GeluBackward(const DeviceContext& ctx, const Tensor& inp, const Ten
   ZT_RETURN_IF_ERROR(CheckFloat(kOp, "dinp", dinp, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "dout", dout, "inp", inp));
   ZT_RETURN_IF_ERROR(internal::CheckSameShape(kOp, "dinp", dinp, "inp", inp));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::GeluBackward(ctx, inp, dout, dinp));
+  }
   cpu::GeluBackward(ctx, inp, dout, dinp);
   return absl::OkStatus();
 }
@@ -58,7 +63,9 @@ absl::Status SwigluForward(const DeviceContext& ctx, const Tensor& inp, const Te
   ZT_RETURN_IF_ERROR(CheckPacked(kOp, "inp", inp, ctx));
   const int64_t n = inp.dim(0), f = inp.dim(1) / 2;
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "out", out, ctx, {n, f}));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::SwigluForward(ctx, inp, out));
+  }
   cpu::SwigluForward(ctx, inp, out);
   return absl::OkStatus();
 }
@@ -71,7 +78,9 @@ absl::Status SwigluBackward(const DeviceContext& ctx, const Tensor& inp, const T
   const int64_t n = inp.dim(0), f = inp.dim(1) / 2;
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dout", dout, ctx, {n, f}));
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dinp", dinp, ctx, {n, 2 * f}));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::SwigluBackward(ctx, inp, dout, dinp));
+  }
   cpu::SwigluBackward(ctx, inp, dout, dinp);
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/adafactor.h"
+#include "kernels/cuda/adafactor.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -167,6 +168,10 @@ absl::Status CheckShard(const char* op, const DeviceContext& ctx, const Adafacto
 
 }  // namespace
 
+int64_t AdafactorWorkspaceBytes(DeviceKind kind, int64_t rows) {
+  return kind == DeviceKind::kCuda ? cuda::AdafactorCudaWorkspaceBytes(rows) : 0;
+}
+
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args) {
   constexpr const char* kOp = "AdafactorUpdate";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
@@ -176,7 +181,18 @@ absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args
     ZT_RETURN_IF_ERROR(CheckWholeTensor(kOp, ctx, args));
   }
   ZT_RETURN_IF_ERROR(CheckHyperparameters(kOp, args));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    if (!args.shard.has_value() && args.param.numel() == 0) return absl::OkStatus();
+    const int64_t rows = args.shard.has_value() ? args.shard->rows
+                                                : (args.param.ndim() == 2 ? args.param.dim(0) : 0);
+    const int64_t need = AdafactorWorkspaceBytes(ctx.device.kind, rows);
+    if (ctx.workspace.bytes < need || ctx.workspace.data == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kOp, ": ctx.workspace holds ", ctx.workspace.bytes,
+                       " bytes, this call needs ", need, " (AdafactorWorkspaceBytes)"));
+    }
+    return ZT_CUDA_OP(kOp, cuda::AdafactorUpdate(ctx, args));
+  }
   // An empty tensor has nothing to update (and no RMS to take); an empty shard still takes
   // part in its group's sums.
   if (!args.shard.has_value() && args.param.numel() == 0) return absl::OkStatus();

@@ -102,8 +102,18 @@ struct AdafactorArgs {
   // ([row sums | column sums | Σ param² | Σ U²]), 2 for a vector; unused when not sharded.
   Tensor reduce_scratch;
 };
-// Returns InvalidArgument naming the argument and the rule for bad input, Unimplemented on a
-// CUDA context, or (sharded) the first error of sum_across_shards, prefixed with the phase.
+// Returns InvalidArgument naming the argument and the rule for bad input, or (sharded) the
+// first error of sum_across_shards, prefixed with the phase. On a CUDA context,
+// FailedPrecondition when ctx.workspace holds fewer than AdafactorWorkspaceBytes; and, sharded,
+// reduce_scratch is device memory: sum_across_shards(data, n) gets a device pointer whose
+// values are produced by work already enqueued on ctx.stream, and must leave the sums there in
+// stream order (an all-reduce enqueued on ctx.stream, e.g. NCCL's; or a wait for the stream, a
+// host sum and a copy back), since the op enqueues what reads them right after it returns.
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args);
+
+// Scratch AdafactorUpdate takes from ctx.workspace on a device of `kind`, for a tensor of
+// `rows` rows (a matrix's, or shard.rows when sharded; 0 for a vector): 0 on the CPU; on CUDA,
+// the fixed-order partial sums (4 KiB), the update's scalars and one f32 row factor per row.
+int64_t AdafactorWorkspaceBytes(DeviceKind kind, int64_t rows);
 
 }  // namespace zt

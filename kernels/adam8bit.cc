@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/adam8bit.h"
+#include "kernels/cuda/adam8bit.h"
 #include "kernels/quantization.h"
 #include "kernels/status_macros.h"
 
@@ -24,7 +25,9 @@ absl::Status AdamW8bitUpdate(const DeviceContext& ctx, const AdamW8bitArgs& args
                                                     ctx));
   ZT_RETURN_IF_ERROR(
       internal::CheckAdamHyperparameters(kOp, args.beta1, args.beta2, args.eps, args.step));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::AdamW8bitUpdate(ctx, args));
+  }
   cpu::AdamW8bitUpdate(ctx, args);
   return absl::OkStatus();
 }

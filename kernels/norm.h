@@ -38,6 +38,13 @@ struct LayerNormBackwardArgs {
 };
 absl::Status LayerNormBackward(const DeviceContext& ctx, const LayerNormBackwardArgs& args);
 
+// Scratch that LayerNormBackward takes from ctx.workspace on a device of `kind` for N rows of
+// C channels: 0 on the CPU; on CUDA, f32 per-block partial sums of dweight and dbias
+// (min(N, 256) blocks × C each), added in a fixed order by a second pass, so dweight and
+// dbias are the same bits on every run without float atomics. FailedPrecondition when the
+// context's workspace is smaller.
+int64_t LayerNormBackwardWorkspaceBytes(DeviceKind kind, int64_t rows, int64_t channels);
+
 struct RmsNormForwardArgs {
   Tensor inp;     // (N, C)
   Tensor weight;  // (C)
@@ -57,5 +64,8 @@ struct RmsNormBackwardArgs {
   Accumulate dinp_mode = Accumulate::kOverwrite;
 };
 absl::Status RmsNormBackward(const DeviceContext& ctx, const RmsNormBackwardArgs& args);
+
+// As LayerNormBackwardWorkspaceBytes, for dweight only.
+int64_t RmsNormBackwardWorkspaceBytes(DeviceKind kind, int64_t rows, int64_t channels);
 
 }  // namespace zt

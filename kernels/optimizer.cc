@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/cuda/optimizer.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -30,7 +31,7 @@ absl::Status AdamWUpdate(const DeviceContext& ctx, const AdamWArgs& args) {
   ZT_RETURN_IF_ERROR(CheckBuffer(kOp, "v", args.v, args.param, ctx));
   ZT_RETURN_IF_ERROR(
       internal::CheckAdamHyperparameters(kOp, args.beta1, args.beta2, args.eps, args.step));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) return ZT_CUDA_OP(kOp, cuda::AdamWUpdate(ctx, args));
   cpu::AdamWUpdate(ctx, args);
   return absl::OkStatus();
 }
@@ -50,7 +51,7 @@ absl::Status SgdUpdate(const DeviceContext& ctx, const SgdArgs& args) {
         absl::StrCat(kOp, ": momentum is empty but momentum_factor is ", args.momentum_factor,
                      "; a buffer is required when it is not 0"));
   }
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) return ZT_CUDA_OP(kOp, cuda::SgdUpdate(ctx, args));
   cpu::SgdUpdate(ctx, args);
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/quantization.h"
+#include "kernels/cuda/quantization.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -84,7 +85,7 @@ absl::Status BlockQuantize(const DeviceContext& ctx, const BlockQuantizeArgs& ar
   ZT_RETURN_IF_ERROR(CheckDType(kOp, "src", args.src, DType::kF32));
   ZT_RETURN_IF_ERROR(internal::CheckQuantizedBuffer(kOp, "codes", args.codes, "absmax", args.absmax,
                                                     "src", args.src, args.block, ctx));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) return ZT_CUDA_OP(kOp, cuda::BlockQuantize(ctx, args));
   cpu::BlockQuantize(ctx, args);
   return absl::OkStatus();
 }
@@ -97,7 +98,9 @@ absl::Status BlockDequantize(const DeviceContext& ctx, const BlockDequantizeArgs
   ZT_RETURN_IF_ERROR(CheckDType(kOp, "dst", args.dst, DType::kF32));
   ZT_RETURN_IF_ERROR(internal::CheckQuantizedBuffer(kOp, "codes", args.codes, "absmax", args.absmax,
                                                     "dst", args.dst, args.block, ctx));
-  if (ctx.device.kind == DeviceKind::kCuda) return internal::NoCudaKernel(kOp);
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::BlockDequantize(ctx, args));
+  }
   cpu::BlockDequantize(ctx, args);
   return absl::OkStatus();
 }
