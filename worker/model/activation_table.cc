@@ -4,7 +4,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/adafactor.h"
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
 #include "kernels/linear.h"
+#include "kernels/norm.h"
+#include "kernels/reduce.h"
 
 namespace zt {
 namespace {
@@ -120,7 +125,19 @@ int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, in
     const absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, rows, d.C, d.V, dtypes);
     if (bytes.ok()) most = std::max(most, *bytes);
   }
-  return most;
+  // Every other op of a step takes its scratch from the same workspace (one op runs at a time
+  // on a context): on the CPU they need none, on CUDA the attention backward's row sums, the
+  // embedding backward's sort, the norms' and Adafactor's partial sums and the gradient norm's.
+  // The largest parameter matrix has max(V, Q, 2F, C) rows; a shard of one is no larger.
+  const DeviceKind kind = ctx.device.kind;
+  const int64_t rows = std::max({d.V, d.Q, 2 * d.F, d.C});
+  return std::max({most, AttentionWorkspaceBytes(kind, d.B, d.T, static_cast<int>(d.H)),
+                   EmbeddingWorkspaceBytes(kind, d.BT, d.V),
+                   LayerNormBackwardWorkspaceBytes(kind, d.BT, d.C),
+                   RmsNormBackwardWorkspaceBytes(kind, d.BT, d.C),
+                   AdafactorWorkspaceBytes(kind, rows),
+                   // The gradient norm's partials are capped (~8 KiB) whatever the size.
+                   ReduceWorkspaceBytes(ctx, int64_t{1} << 40)});
 }
 
 std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t batch,

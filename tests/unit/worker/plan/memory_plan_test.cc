@@ -12,8 +12,11 @@
 #include <utility>
 
 #include "gtest/gtest.h"
+#include "kernels/attention.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/linear.h"
+#include "kernels/norm.h"
 #include "worker/model/activation_table.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/arena.h"
@@ -78,6 +81,26 @@ TEST_P(GemmWorkspacePlanTest, PlanHoldsTheLargestLinearLayerScratch) {
   EXPECT_GT(most, 0);
   EXPECT_EQ(ws->bytes(), most);
   EXPECT_EQ(GemmWorkspaceBytesFor(job.model(), 4, 32, ctx), most);
+}
+
+// On a CUDA device every op's scratch comes from the one workspace: at a long context the
+// attention backward's row sums (B·H·T f32: 64 MiB here) outgrow cuBLASLt's 32 MiB, and the
+// plan must hold them or the backward fails FailedPrecondition on the GPU. Arithmetic only.
+TEST_P(GemmWorkspacePlanTest, ACudaWorkspaceHoldsTheLargestScratchOfAnyOp) {
+  zerotrain::JobSpec job = SmallJob(GetParam(), 2);
+  job.mutable_model()->set_n_head(32);
+  job.mutable_model()->set_n_kv_head(GetParam() == zerotrain::ModelConfig::GPT2 ? 32 : 8);
+  job.mutable_model()->set_d_model(32 * 64);
+  DeviceContext ctx;
+  ctx.device = Device{.kind = DeviceKind::kCuda, .index = 0};
+  const int64_t B = 64, T = 8192;
+  const int64_t attention = AttentionWorkspaceBytes(DeviceKind::kCuda, B, T, 32);
+  ASSERT_GT(attention, int64_t{32} << 20);
+  const int64_t ws = GemmWorkspaceBytesFor(job.model(), B, T, ctx);
+  EXPECT_GE(ws, attention);
+  EXPECT_GE(ws, EmbeddingWorkspaceBytes(DeviceKind::kCuda, B * T, 300));
+  EXPECT_GE(ws, LayerNormBackwardWorkspaceBytes(DeviceKind::kCuda, B * T, 32 * 64));
+  EXPECT_GE(ws, RmsNormBackwardWorkspaceBytes(DeviceKind::kCuda, B * T, 32 * 64));
 }
 
 TEST_P(GemmWorkspacePlanTest, OpenBlasNeedsNoWorkspace) {
