@@ -1,6 +1,7 @@
 #include "offload/swap_env.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,6 +57,28 @@ absl::Status SwapEnv::SyncData(IoEngine& engine, int fd, const std::string& path
 }
 
 absl::Status SwapEnv::AtCommitStage(CommitStage, absl::string_view, uint64_t) {
+  return absl::OkStatus();
+}
+
+absl::Status CheckWritableDirectory(const std::string& path, absl::string_view what) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(
+          absl::StrCat(what, " directory '", path, "' does not exist; create it first"));
+    }
+    return IoErrnoStatus(err, absl::StrCat(what, " directory"), path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " path '", path, "' is not a directory"));
+  }
+  // access() also reports a read-only mount (EROFS), which stops even root.
+  if (access(path.c_str(), W_OK | X_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(what, " directory '", path,
+                                                    "' is not writable: ", std::strerror(errno)));
+  }
   return absl::OkStatus();
 }
 

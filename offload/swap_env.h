@@ -48,6 +48,10 @@ class SwapEnv {
                                      uint64_t generation);
 };
 
+// OK when `path` is an existing directory this process may create files in; else NotFound,
+// InvalidArgument (not a directory) or PermissionDenied, each naming `what` and the path.
+absl::Status CheckWritableDirectory(const std::string& path, absl::string_view what);
+
 // The real operating system. Never null; lives for the whole process.
 SwapEnv* DefaultSwapEnv();
 

@@ -1,7 +1,6 @@
 #include "offload/swap_store.h"
 
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -101,24 +100,7 @@ absl::StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(SwapStoreOptions opti
                                                    " is outside 1..4096"));
   }
   if (!options.warn) options.warn = WarnToStderr;
-  struct stat st{};
-  if (stat(options.path.c_str(), &st) != 0) {
-    const int err = errno;
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("swap store directory '", options.path,
-                                              "' does not exist; create it first"));
-    }
-    return IoErrnoStatus(err, "swap store directory", options.path);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("swap store path '", options.path, "' is not a directory"));
-  }
-  if (access(options.path.c_str(), W_OK | X_OK) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("swap store directory '", options.path,
-                                                    "' is not writable: ",
-                                                    std::strerror(errno)));
-  }
+  ZT_RETURN_IF_ERROR(CheckWritableDirectory(options.path, "swap store"));
   std::unique_ptr<SwapStore> store(new SwapStore(std::move(options)));
   SwapOpenReport report;
   {
