@@ -204,7 +204,9 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
     options_.warn(absl::StrCat(reason, "; discarded its content (swap is scratch: the jobs "
                                        "resume from their checkpoints)"));
   }
-  return PutStateLocked(swap_format::kStateOpen);
+  ZT_RETURN_IF_ERROR(PutStateLocked(swap_format::kStateOpen));
+  opened_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status SwapStore::PutStateLocked(absl::string_view state) {
@@ -314,8 +316,9 @@ absl::Status SwapStore::DiscardLocked(std::string reason) {
 
 SwapStore::~SwapStore() {
   absl::MutexLock lock(&mu_);
-  // A commit that stopped part-way leaves the state "open", so the next open verifies.
-  if (db_ != nullptr && broken_.ok()) PutStateLocked(swap_format::kStateClean).IgnoreError();
+  // A commit that stopped part-way, or an open that failed before the store was judged, leaves
+  // the state as it was ("open" after a crash), so the next open verifies.
+  if (opened_ && broken_.ok()) PutStateLocked(swap_format::kStateClean).IgnoreError();
   db_.reset();
   for (const File& f : files_) env_->Close(f.fd);
   if (bounce_ != nullptr) munmap(bounce_, bounce_size_);

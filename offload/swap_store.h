@@ -200,6 +200,7 @@ class SwapStore {
   // Aligned buffers for the unaligned parts of callers' data (queue_depth blocks).
   std::byte* bounce_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t bounce_size_ = 0;
+  bool opened_ ABSL_GUARDED_BY(mu_) = false;  // Open finished: the store was judged sound
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // a failed commit: the store refuses all calls
   uint64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_read_ ABSL_GUARDED_BY(mu_) = 0;

@@ -278,6 +278,34 @@ TEST(SwapStoreTest, UncleanStopIsVerifiedAtReopen) {
   EXPECT_EQ((*store)->stats().free_bytes, (*store)->stats().capacity_bytes - 4 * 32768);
 }
 
+// Regression: a refused open's destructor marked the store clean, so the open after it trusted
+// the store it had just refused without verifying it.
+TEST(SwapStoreTest, RefusedOpenLeavesTheStoreToBeVerifiedAgain) {
+  TempDir dir;
+  FaultInjectionEnv env;
+  SwapStoreOptions options = SmallStore(dir.path());
+  options.env = &env;
+  {
+    auto store = SwapStore::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Write(Key(0, SwapRole::kMaster, 1), Pattern(20000, 1)).ok());
+    env.crash_at = CommitStage::kIndexCommitted;
+    ASSERT_FALSE((*store)->Commit("job-a", 1).ok());
+  }
+  // The unclean store's one extent then rots on disk.
+  const std::string file = dir.path() + "/swap-000.zts";
+  const int fd = open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, "X", 1, 100), 1);
+  close(fd);
+  SwapStoreOptions strict = SmallStore(dir.path());
+  strict.recovery = RecoveryPolicy::kFail;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto refused = SwapStore::Open(strict);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << "attempt " << attempt;
+  }
+}
+
 TEST(SwapStoreTest, FullSwapFilesAreResourceExhaustedNamingPathAndBytes) {
   TempDir dir;
   SwapStoreOptions options = SmallStore(dir.path());
