@@ -167,8 +167,12 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
 
   bool warned_direct = false;
   report.direct_io = options_.direct_io;
+  // A swap file missing under an existing index (removed by hand, a wiped disk) makes the
+  // index's word worth nothing: verified like an unclean store.
+  bool file_was_missing = false;
   for (uint32_t i = 0; i < options_.file_count; ++i) {
     File file{.path = swap_format::SwapFilePath(path, i)};
+    if (access(file.path.c_str(), F_OK) != 0) file_was_missing = true;
     ZT_ASSIGN_OR_RETURN(const OpenedFile opened, env_->Open(file.path, options_.direct_io));
     file.fd = opened.fd;
     file.direct = opened.direct;
@@ -188,7 +192,8 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
   // A store whose index cannot be trusted is verified; what fails is discarded or refused.
   absl::Status trust = LoadIndexLocked();
   if (trust.ok()) trust = RebuildFreeListLocked();
-  if (trust.ok() && (report.unclean || options_.verify_clean_stores)) {
+  if (trust.ok() &&
+      (report.unclean || options_.verify_clean_stores || (file_was_missing && !report.created))) {
     trust = VerifyLocked();
     for (const auto& [name, job] : jobs_) report.extents_verified += job.extents.size();
   }
