@@ -25,23 +25,23 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 absl::StatusOr<BandwidthResult> ProbeBandwidth(const BandwidthProbeOptions& options) {
   if (options.block_size == 0 || options.block_size % 4096 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bandwidth probe: block_size ", options.block_size, " must be a positive multiple of 4096"));
+    return absl::InvalidArgumentError(absl::StrCat("bandwidth probe: block_size ",
+                                                   options.block_size,
+                                                   " must be a positive multiple of 4096"));
   }
   if (options.bytes == 0) {
     return absl::InvalidArgumentError("bandwidth probe: bytes must be > 0");
   }
   ZT_RETURN_IF_ERROR(CheckWritableDirectory(options.path, "bandwidth probe"));
   const WarningSink warn = options.warn ? options.warn : WarningSink(WarnToStderr);
-  ZT_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine,
-                      CreateIoEngine(options.queue_depth, warn));
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, CreateIoEngine(options.queue_depth, warn));
   const uint64_t blocks = (options.bytes + options.block_size - 1) / options.block_size;
   const uint64_t bytes = blocks * options.block_size;
 
   // One buffer per I/O in flight; the bytes are not zeros, which some devices compress.
   const size_t buffer_bytes = size_t{options.queue_depth} * options.block_size;
-  void* mem = mmap(nullptr, buffer_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* mem =
+      mmap(nullptr, buffer_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrCat("bandwidth probe: cannot map ", buffer_bytes, " bytes of buffers"));
@@ -50,8 +50,7 @@ absl::StatusOr<BandwidthResult> ProbeBandwidth(const BandwidthProbeOptions& opti
   auto* buffers = static_cast<std::byte*>(mem);
   for (size_t i = 0; i < buffer_bytes; ++i) buffers[i] = static_cast<std::byte>(i * 131 + 7);
 
-  const std::string file =
-      absl::StrCat(options.path, "/zt-bandwidth-probe-", getpid(), ".tmp");
+  const std::string file = absl::StrCat(options.path, "/zt-bandwidth-probe-", getpid(), ".tmp");
   SwapEnv* env = DefaultSwapEnv();
   ZT_ASSIGN_OR_RETURN(const OpenedFile opened, env->Open(file, options.direct_io));
   absl::Cleanup remove = [&] {

@@ -96,10 +96,10 @@ CopyHandle CopyQueue::SwapIn(const SwapKey& key, absl::Span<std::byte> dst) {
         auto length = store_->Length(key);
         if (!length.ok()) return length.status();
         if (*length > lease->size() || *length > dst.size()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "swap-in of ", SwapKeyText(key), ": the extent's ", *length,
-              " bytes exceed the destination's ", dst.size(), " or the buffer_size ",
-              lease->size()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("swap-in of ", SwapKeyText(key), ": the extent's ", *length,
+                           " bytes exceed the destination's ", dst.size(), " or the buffer_size ",
+                           lease->size()));
         }
         auto n = store_->Read(key, lease->span());
         if (n.ok()) std::memcpy(dst.data(), lease->data(), *n);
@@ -122,9 +122,8 @@ CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation) {
 absl::Status CopyQueue::Drain() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](CopyQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
-        return q->queue_.empty() && q->running_ == 0;
-      },
+      +[](CopyQueue* q)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return q->queue_.empty() && q->running_ == 0; },
       this));
   return std::exchange(first_error_, absl::OkStatus());
 }
@@ -140,9 +139,8 @@ void CopyQueue::WorkerLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](CopyQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
-            return !q->queue_.empty() || q->stopping_;
-          },
+          +[](CopyQueue* q)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return !q->queue_.empty() || q->stopping_; },
           this));
       if (queue_.empty()) return;  // stopping, and everything queued is done
       task = std::move(queue_.front());

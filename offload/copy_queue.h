@@ -60,7 +60,7 @@ class CopyHandle {
 };
 
 struct CopyQueueOptions {
-  size_t buffer_count = 4;           // ring buffers, > 0
+  size_t buffer_count = 4;               // ring buffers, > 0
   size_t buffer_size = size_t{1} << 24;  // bytes each, >= the largest transfer
   HostAllocator* allocator = nullptr;    // not owned; nullptr: mlock'd host memory
   WarningSink warn = WarnToStderr;

@@ -47,8 +47,8 @@ const std::string& PathOf(const IoOp& op) {
 // A transfer that came back short continues from where it stopped.
 absl::Status Advance(IoOp& op, int64_t done) {
   if (done == 0) {
-    return absl::DataLossError(absl::StrCat(OpText(op), " '", PathOf(op),
-                                            "': the file ends before the extent does"));
+    return absl::DataLossError(
+        absl::StrCat(OpText(op), " '", PathOf(op), "': the file ends before the extent does"));
   }
   op.buf += done;
   op.length -= static_cast<size_t>(done);
@@ -135,8 +135,7 @@ class UringEngine : public IoEngine {
       io_uring_cqe_seen(&ring_, cqe);
       --in_flight;
       IoOp& op = slots[slot];
-      absl::Status s = res < 0 ? IoErrnoStatus(-res, OpText(op), PathOf(op))
-                               : Advance(op, res);
+      absl::Status s = res < 0 ? IoErrnoStatus(-res, OpText(op), PathOf(op)) : Advance(op, res);
       if (!s.ok()) {
         if (first_error.ok()) first_error = s;
         free_slots.push_back(slot);

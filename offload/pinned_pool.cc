@@ -96,9 +96,9 @@ absl::StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(PinnedPoolOptions
   const size_t size = (options.buffer_size + kHostBufferAlignment - 1) / kHostBufferAlignment *
                       kHostBufferAlignment;
   if (size > std::numeric_limits<size_t>::max() / options.buffer_count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pinned host pool: buffer_count ", options.buffer_count, " x buffer_size ", size,
-        " overflows the address space"));
+    return absl::InvalidArgumentError(absl::StrCat("pinned host pool: buffer_count ",
+                                                   options.buffer_count, " x buffer_size ", size,
+                                                   " overflows the address space"));
   }
   std::unique_ptr<HostAllocator> owned;
   HostAllocator* allocator = options.allocator;
@@ -143,9 +143,9 @@ PinnedLease PinnedPool::Acquire() {
 absl::StatusOr<PinnedLease> PinnedPool::TryAcquire() {
   absl::MutexLock lock(&mu_);
   if (free_.empty()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("pinned host pool: all ", buffer_count_, " buffers of ", buffer_size_,
-                     " bytes are leased"));
+    return absl::ResourceExhaustedError(absl::StrCat("pinned host pool: all ", buffer_count_,
+                                                     " buffers of ", buffer_size_,
+                                                     " bytes are leased"));
   }
   return TakeLocked();
 }

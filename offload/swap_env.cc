@@ -41,16 +41,14 @@ absl::Status SwapEnv::Preallocate(int fd, const std::string& path, uint64_t size
   const int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
   if (err == 0) return absl::OkStatus();
   if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot preallocate swap file '", path, "': ", std::strerror(err),
-                     " (needs ", size, " bytes)"));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot preallocate swap file '", path,
+                                                     "': ", std::strerror(err), " (needs ", size,
+                                                     " bytes)"));
   }
   return IoErrnoStatus(err, "cannot preallocate swap file", path);
 }
 
-absl::Status SwapEnv::Run(IoEngine& engine, absl::Span<const IoOp> ops) {
-  return engine.Run(ops);
-}
+absl::Status SwapEnv::Run(IoEngine& engine, absl::Span<const IoOp> ops) { return engine.Run(ops); }
 
 absl::Status SwapEnv::SyncData(IoEngine& engine, int fd, const std::string& path) {
   return engine.SyncData(fd, path);
@@ -71,13 +69,12 @@ absl::Status CheckWritableDirectory(const std::string& path, absl::string_view w
     return IoErrnoStatus(err, absl::StrCat(what, " directory"), path);
   }
   if (!S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " path '", path, "' is not a directory"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " path '", path, "' is not a directory"));
   }
   // access() also reports a read-only mount (EROFS), which stops even root.
   if (access(path.c_str(), W_OK | X_OK) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(what, " directory '", path,
-                                                    "' is not writable: ", std::strerror(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " directory '", path, "' is not writable: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -44,8 +44,7 @@ class SwapEnv {
   virtual absl::Status SyncData(IoEngine& engine, int fd, const std::string& path);
   // Called by SwapStore::Commit as it passes each stage. A non-OK status aborts the commit
   // there, as a killed process would stop: the store then refuses every further call.
-  virtual absl::Status AtCommitStage(CommitStage stage, absl::string_view job,
-                                     uint64_t generation);
+  virtual absl::Status AtCommitStage(CommitStage stage, absl::string_view job, uint64_t generation);
 };
 
 // OK when `path` is an existing directory this process may create files in; else NotFound,

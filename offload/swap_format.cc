@@ -70,9 +70,9 @@ absl::StatusOr<Meta> DecodeMeta(absl::string_view value, const std::string& wher
   const uint64_t version = r.Int(1);
   Meta meta{.file_size = r.Int(8), .file_count = static_cast<uint32_t>(r.Int(4))};
   if (!r.done() || magic != kMetaMagic || version != kVersion) {
-    return absl::DataLossError(absl::StrCat(
-        "swap store index '", where, "': its meta record is not a version ", kVersion,
-        " swap store's (magic ", absl::Hex(magic), ", version ", version, ")"));
+    return absl::DataLossError(
+        absl::StrCat("swap store index '", where, "': its meta record is not a version ", kVersion,
+                     " swap store's (magic ", absl::Hex(magic), ", version ", version, ")"));
   }
   return meta;
 }
@@ -125,8 +125,8 @@ absl::StatusOr<ExtentRecord> DecodeExtentValue(absl::string_view value, const st
   rec.length = r.Int(8);
   rec.crc = static_cast<uint32_t>(r.Int(4));
   if (!r.done() || magic != kExtentMagic || version != kVersion) {
-    return absl::DataLossError(absl::StrCat("the index's record of ", what,
-                                            " is not a version ", kVersion, " extent record"));
+    return absl::DataLossError(absl::StrCat("the index's record of ", what, " is not a version ",
+                                            kVersion, " extent record"));
   }
   return rec;
 }

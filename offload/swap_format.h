@@ -3,10 +3,10 @@
 // together, and bump the version for any change of layout.
 //
 // Index keys (integers big-endian, so RocksDB's byte order sorts them numerically):
-//   "m"                                         -> meta: magic "ZTSM", version, file_size, file_count
-//   "s"                                         -> "open" while a process has the store, "clean" after
-//   "c" job_len:u16 job                         -> the job's committed generation: u64
-//   "x" job_len:u16 job unit:u32 begin:u64 end:u64 role:u8 generation:u64
+//   "m"                                         -> meta: magic "ZTSM", version, file_size,
+//   file_count "s"                                         -> "open" while a process has the store,
+//   "clean" after "c" job_len:u16 job                         -> the job's committed generation:
+//   u64 "x" job_len:u16 job unit:u32 begin:u64 end:u64 role:u8 generation:u64
 //                                               -> extent: magic "ZTSX", version, file:u32,
 //                                                  offset:u64, length:u64, crc32c:u32
 #pragma once
@@ -22,7 +22,7 @@
 namespace zt::offload::swap_format {
 
 inline constexpr uint64_t kExtentAlignment = 4096;  // O_DIRECT's unit; extents start and pad to it
-inline constexpr uint32_t kMetaMagic = 0x5A54534D;    // "ZTSM"
+inline constexpr uint32_t kMetaMagic = 0x5A54534D;  // "ZTSM"
 inline constexpr uint32_t kExtentMagic = 0x5A545358;  // "ZTSX"
 inline constexpr uint8_t kVersion = 1;
 

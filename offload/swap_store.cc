@@ -49,18 +49,18 @@ uint64_t RoundUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; }
 
-absl::Status RocksStatus(const rocksdb::Status& s, absl::string_view what, const std::string& path) {
+absl::Status RocksStatus(const rocksdb::Status& s, absl::string_view what,
+                         const std::string& path) {
   return absl::InternalError(absl::StrCat(what, " '", path, "': ", s.ToString()));
 }
 
 absl::Status CheckKey(const SwapKey& key) {
   if (key.job.empty() || key.job.size() > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "swap key job name must be 1..65535 bytes (got ", key.job.size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("swap key job name must be 1..65535 bytes (got ", key.job.size(), ")"));
   }
   if (key.generation == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(SwapKeyText(key), ": generation must be > 0"));
+    return absl::InvalidArgumentError(absl::StrCat(SwapKeyText(key), ": generation must be > 0"));
   }
   if (key.range_begin > key.range_end) {
     return absl::InvalidArgumentError(
@@ -85,19 +85,17 @@ absl::StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(SwapStoreOptions opti
                                                    " must be a positive multiple of 4096"));
   }
   if (options.file_count == 0 || options.file_count > 999) {
-    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path,
-                                                   "': file_count ", options.file_count,
-                                                   " is outside 1..999"));
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': file_count ",
+                                                   options.file_count, " is outside 1..999"));
   }
   if (options.block_size == 0 || options.block_size % kAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path,
-                                                   "': block_size ", options.block_size,
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': block_size ",
+                                                   options.block_size,
                                                    " must be a positive multiple of 4096"));
   }
   if (options.queue_depth < 1 || options.queue_depth > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path,
-                                                   "': queue_depth ", options.queue_depth,
-                                                   " is outside 1..4096"));
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': queue_depth ",
+                                                   options.queue_depth, " is outside 1..4096"));
   }
   if (!options.warn) options.warn = WarnToStderr;
   ZT_RETURN_IF_ERROR(CheckWritableDirectory(options.path, "swap store"));
@@ -117,11 +115,11 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
   report.io_uring = engine_->uses_io_uring();
   bounce_size_ = size_t{options_.queue_depth} * options_.block_size;
   // mmap: page-aligned, and untouched pages cost nothing.
-  void* bounce = mmap(nullptr, bounce_size_, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* bounce =
+      mmap(nullptr, bounce_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (bounce == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "swap store '", path, "': cannot map ", bounce_size_, " bytes of staging buffers"));
+    return absl::ResourceExhaustedError(absl::StrCat("swap store '", path, "': cannot map ",
+                                                     bounce_size_, " bytes of staging buffers"));
   }
   bounce_ = static_cast<std::byte*>(bounce);
 
@@ -138,7 +136,8 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
       return absl::FailedPreconditionError(absl::StrCat(
           "swap store index '", index_path,
           "' is held by another process: a node has one swap store, shared by its ranks "
-          "(RocksDB admits one process per database): ", s.ToString()));
+          "(RocksDB admits one process per database): ",
+          s.ToString()));
     }
     return RocksStatus(s, "cannot open swap store index", index_path);
   }
@@ -158,8 +157,8 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
     if (meta.file_size != options_.file_size || meta.file_count != options_.file_count) {
       return absl::FailedPreconditionError(absl::StrCat(
           "swap store '", path, "' was made with ", meta.file_count, " swap files of ",
-          meta.file_size, " bytes; asked for ", options_.file_count, " of ",
-          options_.file_size, ": remove the directory's content or use the same geometry"));
+          meta.file_size, " bytes; asked for ", options_.file_count, " of ", options_.file_size,
+          ": remove the directory's content or use the same geometry"));
     }
   }
   s = db_->Get(rocksdb::ReadOptions(), swap_format::kStateKey, &value);
@@ -198,16 +197,17 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
     for (const auto& [name, job] : jobs_) report.extents_verified += job.extents.size();
   }
   if (!trust.ok()) {
-    const std::string reason = absl::StrCat(
-        "swap store '", path, "'", report.unclean ? " was not closed cleanly and" : "",
-        " failed verification: ", trust.message());
+    const std::string reason =
+        absl::StrCat("swap store '", path, "'", report.unclean ? " was not closed cleanly and" : "",
+                     " failed verification: ", trust.message());
     if (options_.recovery == RecoveryPolicy::kFail) return absl::DataLossError(reason);
     ZT_RETURN_IF_ERROR(DiscardLocked(reason));
     report.extents_verified = 0;
     report.discarded = true;
     report.discard_reason = reason;
-    options_.warn(absl::StrCat(reason, "; discarded its content (swap is scratch: the jobs "
-                                       "resume from their checkpoints)"));
+    options_.warn(absl::StrCat(reason,
+                               "; discarded its content (swap is scratch: the jobs "
+                               "resume from their checkpoints)"));
   }
   ZT_RETURN_IF_ERROR(PutStateLocked(swap_format::kStateOpen));
   opened_ = true;
@@ -217,8 +217,10 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
 absl::Status SwapStore::PutStateLocked(absl::string_view state) {
   rocksdb::WriteOptions sync;
   sync.sync = true;
-  const rocksdb::Status s = db_->Put(sync, swap_format::kStateKey, rocksdb::Slice(state.data(), state.size()));
-  if (!s.ok()) return RocksStatus(s, "cannot write swap store index", swap_format::IndexPath(options_.path));
+  const rocksdb::Status s =
+      db_->Put(sync, swap_format::kStateKey, rocksdb::Slice(state.data(), state.size()));
+  if (!s.ok())
+    return RocksStatus(s, "cannot write swap store index", swap_format::IndexPath(options_.path));
   return absl::OkStatus();
 }
 
@@ -239,16 +241,15 @@ absl::Status SwapStore::LoadIndexLocked() {
                         swap_format::DecodeExtentValue(it->value().ToString(), SwapKeyText(key)));
     auto job = jobs_.find(key.job);
     if (job == jobs_.end() || job->second.committed != key.generation) {
-      return absl::DataLossError(absl::StrCat(
-          "the index holds ", SwapKeyText(key), ", which is not its job's committed generation"));
+      return absl::DataLossError(absl::StrCat("the index holds ", SwapKeyText(key),
+                                              ", which is not its job's committed generation"));
     }
-    if (rec.file >= options_.file_count ||
-        rec.offset + RoundUp(rec.length) > options_.file_size) {
-      return absl::DataLossError(absl::StrCat("the index places ", SwapKeyText(key),
-                                              " outside the swap files"));
+    if (rec.file >= options_.file_count || rec.offset + RoundUp(rec.length) > options_.file_size) {
+      return absl::DataLossError(
+          absl::StrCat("the index places ", SwapKeyText(key), " outside the swap files"));
     }
-    job->second.extents[Slot{key.unit, key.range_begin, key.range_end,
-                             static_cast<uint8_t>(key.role)}] =
+    job->second
+        .extents[Slot{key.unit, key.range_begin, key.range_end, static_cast<uint8_t>(key.role)}] =
         Extent{.file = rec.file, .offset = rec.offset, .length = rec.length, .crc = rec.crc};
   }
   if (!it->status().ok()) {
@@ -267,9 +268,9 @@ absl::Status SwapStore::RebuildFreeListLocked() {
       const uint64_t end = e.offset + RoundUp(e.length);
       auto it = free.upper_bound(e.offset);
       if (it == free.begin() || std::prev(it)->first + std::prev(it)->second < end) {
-        return absl::DataLossError(absl::StrCat(
-            "two extents of the index overlap in '", files_[e.file].path, "' at offset ",
-            e.offset, " (job '", name, "')"));
+        return absl::DataLossError(absl::StrCat("two extents of the index overlap in '",
+                                                files_[e.file].path, "' at offset ", e.offset,
+                                                " (job '", name, "')"));
       }
       --it;
       const uint64_t begin = it->first, len = it->second;
@@ -354,11 +355,11 @@ absl::StatusOr<SwapStore::Extent> SwapStore::AllocateLocked(uint64_t length, con
       }
     }
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "swap store '", options_.path, "' is full: ", SwapKeyText(key), " needs ", need,
-      " bytes, the largest free extent is ", largest, " (", total_free, " bytes free in ",
-      options_.file_count, " swap files of ", options_.file_size,
-      " bytes); give the store more or larger swap files"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("swap store '", options_.path, "' is full: ", SwapKeyText(key), " needs ", need,
+                   " bytes, the largest free extent is ", largest, " (", total_free,
+                   " bytes free in ", options_.file_count, " swap files of ", options_.file_size,
+                   " bytes); give the store more or larger swap files"));
 }
 
 void SwapStore::FreeLocked(const Extent& e) {
@@ -402,8 +403,12 @@ absl::Status SwapStore::WriteExtentLocked(const Extent& e, absl::Span<const std:
       std::memset(slot + have, 0, chunk - have);
       src = slot;
     }
-    ops.push_back(IoOp{.kind = IoOp::Kind::kWrite, .fd = file.fd, .buf = src, .length = chunk,
-                       .offset = e.offset + pos, .path = &file.path});
+    ops.push_back(IoOp{.kind = IoOp::Kind::kWrite,
+                       .fd = file.fd,
+                       .buf = src,
+                       .length = chunk,
+                       .offset = e.offset + pos,
+                       .path = &file.path});
   }
   file.dirty = true;
   ZT_RETURN_IF_ERROR(env_->Run(*engine_, ops));
@@ -437,17 +442,21 @@ absl::Status SwapStore::ReadExtentLocked(const Extent& e, const std::string& wha
                           static_cast<size_t>(std::min<uint64_t>(chunk, e.length - pos)));
       dst = slot;
     }
-    ops.push_back(IoOp{.kind = IoOp::Kind::kRead, .fd = file.fd, .buf = dst, .length = chunk,
-                       .offset = e.offset + pos, .path = &file.path});
+    ops.push_back(IoOp{.kind = IoOp::Kind::kRead,
+                       .fd = file.fd,
+                       .buf = dst,
+                       .length = chunk,
+                       .offset = e.offset + pos,
+                       .path = &file.path});
   }
   ZT_RETURN_IF_ERROR(run_wave());
   bytes_read_ += e.length;
   const uint32_t crc = Crc32cExtend(0, out.data(), e.length);
   if (crc != e.crc) {
-    return absl::DataLossError(absl::StrCat(
-        "swap extent of ", what, " in '", file.path, "' at offset ", e.offset, " (", e.length,
-        " bytes): CRC32C ", Crc32cToHex(crc), " does not match the index's ", Crc32cToHex(e.crc),
-        ": the extent is torn or stale"));
+    return absl::DataLossError(
+        absl::StrCat("swap extent of ", what, " in '", file.path, "' at offset ", e.offset, " (",
+                     e.length, " bytes): CRC32C ", Crc32cToHex(crc), " does not match the index's ",
+                     Crc32cToHex(e.crc), ": the extent is torn or stale"));
   }
   return absl::OkStatus();
 }
@@ -488,14 +497,14 @@ absl::Status SwapStore::Commit(absl::string_view job_name, uint64_t generation) 
   ZT_RETURN_IF_ERROR(CheckUsableLocked());
   JobState& job = jobs_[std::string(job_name)];
   if (generation <= job.committed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "commit of job '", job_name, "' generation ", generation,
-        ": not newer than the committed generation ", job.committed));
+    return absl::FailedPreconditionError(
+        absl::StrCat("commit of job '", job_name, "' generation ", generation,
+                     ": not newer than the committed generation ", job.committed));
   }
   if (job.staged != 0 && job.staged != generation) {
-    return absl::FailedPreconditionError(absl::StrCat("commit of job '", job_name,
-                                                      "' generation ", generation,
-                                                      ": the staged generation is ", job.staged));
+    return absl::FailedPreconditionError(absl::StrCat("commit of job '", job_name, "' generation ",
+                                                      generation, ": the staged generation is ",
+                                                      job.staged));
   }
   // From here a failure leaves the disk in a state only a reopen may judge.
   auto broken = [&](absl::Status s) {
@@ -540,15 +549,15 @@ absl::Status SwapStore::Commit(absl::string_view job_name, uint64_t generation) 
     set_slot(slot);
     key.generation = generation;
     batch.Put(swap_format::EncodeExtentKey(key),
-              swap_format::EncodeExtentValue({.file = e.file, .offset = e.offset,
-                                              .length = e.length, .crc = e.crc}));
+              swap_format::EncodeExtentValue(
+                  {.file = e.file, .offset = e.offset, .length = e.length, .crc = e.crc}));
   }
   batch.Put(swap_format::EncodeCommittedKey(job_name), swap_format::EncodeGeneration(generation));
   rocksdb::WriteOptions sync;
   sync.sync = true;
   if (const rocksdb::Status s = db_->Write(sync, &batch); !s.ok()) {
-    return broken(RocksStatus(s, "cannot write swap store index",
-                              swap_format::IndexPath(options_.path)));
+    return broken(
+        RocksStatus(s, "cannot write swap store index", swap_format::IndexPath(options_.path)));
   }
   job.extents = std::move(next);
   job.committed = generation;
@@ -574,12 +583,12 @@ absl::StatusOr<const SwapStore::Extent*> SwapStore::FindLocked(const SwapKey& ke
     if (extents != nullptr) {
       if (auto it = extents->find(slot); it != extents->end()) return &it->second;
     }
-    return absl::NotFoundError(absl::StrCat(
-        SwapKeyText(key), " is not in swap store '", options_.path, "' (committed generation ",
-        js.committed, ", staged generation ", js.staged, ")"));
+    return absl::NotFoundError(absl::StrCat(SwapKeyText(key), " is not in swap store '",
+                                            options_.path, "' (committed generation ", js.committed,
+                                            ", staged generation ", js.staged, ")"));
   }
-  return absl::NotFoundError(absl::StrCat(SwapKeyText(key), " is not in swap store '",
-                                          options_.path, "' (no such job)"));
+  return absl::NotFoundError(
+      absl::StrCat(SwapKeyText(key), " is not in swap store '", options_.path, "' (no such job)"));
 }
 
 absl::StatusOr<size_t> SwapStore::Length(const SwapKey& key) {
@@ -592,9 +601,8 @@ absl::StatusOr<size_t> SwapStore::Read(const SwapKey& key, absl::Span<std::byte>
   absl::MutexLock lock(&mu_);
   ZT_ASSIGN_OR_RETURN(const Extent* e, FindLocked(key));
   if (out.size() < e->length) {
-    return absl::InvalidArgumentError(absl::StrCat("read of ", SwapKeyText(key), ": ",
-                                                   out.size(), " bytes given for an extent of ",
-                                                   e->length));
+    return absl::InvalidArgumentError(absl::StrCat("read of ", SwapKeyText(key), ": ", out.size(),
+                                                   " bytes given for an extent of ", e->length));
   }
   ZT_RETURN_IF_ERROR(ReadExtentLocked(*e, SwapKeyText(key), out));
   return static_cast<size_t>(e->length);

@@ -77,15 +77,15 @@ enum class RecoveryPolicy {
 };
 
 struct SwapStoreOptions {
-  std::string path;                     // an existing, writable directory
+  std::string path;                         // an existing, writable directory
   uint64_t file_size = uint64_t{64} << 20;  // bytes of each swap file, a multiple of 4096
   uint32_t file_count = 1;
-  uint32_t queue_depth = 32;            // I/Os in flight per call, 1..4096
-  uint32_t block_size = 1u << 20;       // bytes per I/O, a multiple of 4096
-  bool direct_io = true;                // O_DIRECT; buffered with a warning where refused
+  uint32_t queue_depth = 32;       // I/Os in flight per call, 1..4096
+  uint32_t block_size = 1u << 20;  // bytes per I/O, a multiple of 4096
+  bool direct_io = true;           // O_DIRECT; buffered with a warning where refused
   RecoveryPolicy recovery = RecoveryPolicy::kVerifyOrDiscard;
-  bool verify_clean_stores = false;     // verify at open even after a clean close
-  SwapEnv* env = nullptr;               // not owned; nullptr: DefaultSwapEnv()
+  bool verify_clean_stores = false;  // verify at open even after a clean close
+  SwapEnv* env = nullptr;            // not owned; nullptr: DefaultSwapEnv()
   WarningSink warn = WarnToStderr;
 };
 

@@ -81,7 +81,8 @@ TEST(PinnedPoolTest, SmallPoolIsPinned) {
                  << "beside what this process already locks";
   }
   Warnings warnings;
-  auto pool = PinnedPool::Create({.buffer_count = 4, .buffer_size = 16384, .warn = warnings.sink()});
+  auto pool =
+      PinnedPool::Create({.buffer_count = 4, .buffer_size = 16384, .warn = warnings.sink()});
   ASSERT_TRUE(pool.ok()) << pool.status();
   EXPECT_TRUE((*pool)->pinned());
   EXPECT_TRUE(warnings.lines.empty());
@@ -92,10 +93,8 @@ TEST(PinnedPoolTest, FallsBackToPageableMemoryWithOneWarningWhenMlockIsRefused) 
   // root, which the limit does not bind, so the refusal comes through the allocator's seam.
   MlockAllocator refusing([](void*, size_t) { return ENOMEM; });
   Warnings warnings;
-  auto pool = PinnedPool::Create({.buffer_count = 4,
-                                  .buffer_size = 1 << 20,
-                                  .allocator = &refusing,
-                                  .warn = warnings.sink()});
+  auto pool = PinnedPool::Create(
+      {.buffer_count = 4, .buffer_size = 1 << 20, .allocator = &refusing, .warn = warnings.sink()});
   ASSERT_TRUE(pool.ok()) << pool.status();
   EXPECT_FALSE((*pool)->pinned());
   ASSERT_EQ(warnings.lines.size(), 1u);

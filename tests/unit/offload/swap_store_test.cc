@@ -20,8 +20,8 @@
 namespace zt::offload {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::FaultInjectionEnv;
+using ::testing::HasSubstr;
 using testing::Pattern;
 using testing::TempDir;
 
@@ -33,11 +33,8 @@ struct Warnings {
 };
 
 SwapStoreOptions SmallStore(const std::string& dir) {
-  return {.path = dir,
-          .file_size = 4 << 20,
-          .file_count = 2,
-          .queue_depth = 4,
-          .block_size = 16384};
+  return {
+      .path = dir, .file_size = 4 << 20, .file_count = 2, .queue_depth = 4, .block_size = 16384};
 }
 
 SwapKey Key(uint32_t unit, SwapRole role, uint64_t generation, std::string job = "job-a") {
