@@ -20,7 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
-#include "worker/checkpoint/crc32c.h"
+#include "kernels/crc32c.h"
 #include "worker/checkpoint/durable_file.h"
 
 namespace zt {

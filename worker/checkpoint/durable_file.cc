@@ -11,7 +11,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "worker/checkpoint/crc32c.h"
+#include "kernels/crc32c.h"
 
 namespace zt::durable_file {
 

@@ -24,7 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/checkpoint/checkpoint_test_util.h"
-#include "worker/checkpoint/crc32c.h"
+#include "kernels/crc32c.h"
 
 namespace zt {
 namespace {

@@ -1,6 +1,7 @@
 // CRC32C (Castagnoli polynomial 0x1EDC6F41, reflected; the checksum of iSCSI, ext4 and
-// RocksDB), which checkpoint manifests record for every file. Debian's Abseil (20220623) has no
-// absl/crc, so it lives here: the SSE4.2 instruction where the CPU has it, a table elsewhere.
+// RocksDB), which checkpoint manifests record for every file and the offload swap store for
+// every extent. Debian's Abseil (20220623) has no absl/crc, so it lives here, in the bottom layer
+// both may include: the SSE4.2 instruction where the CPU has it, a table elsewhere.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "worker/checkpoint/crc32c.h"
+#include "kernels/crc32c.h"
 
 #include <cstring>
 

@@ -1,0 +1,171 @@
+#include "offload/copy_queue.h"
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zt::offload {
+
+absl::Status CopyHandle::Wait() const {
+  if (state_ == nullptr) return absl::OkStatus();
+  absl::MutexLock lock(&state_->mu);
+  state_->mu.Await(absl::Condition(&state_->done));
+  return state_->status;
+}
+
+bool CopyHandle::done() const {
+  if (state_ == nullptr) return true;
+  absl::MutexLock lock(&state_->mu);
+  return state_->done;
+}
+
+size_t CopyHandle::bytes() const {
+  if (state_ == nullptr) return 0;
+  absl::MutexLock lock(&state_->mu);
+  return state_->bytes;
+}
+
+CopyHandle CopyHandle::Finished(absl::Status status) {
+  CopyHandle handle(std::make_shared<State>());
+  handle.Complete(std::move(status), 0);
+  return handle;
+}
+
+void CopyHandle::Complete(absl::Status status, size_t bytes) const {
+  absl::MutexLock lock(&state_->mu);
+  state_->status = std::move(status);
+  state_->bytes = bytes;
+  state_->done = true;
+}
+
+absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create(SwapStore* store,
+                                                             CopyQueueOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("copy queue: store must not be null");
+  auto pool = PinnedPool::Create({.buffer_count = options.buffer_count,
+                                  .buffer_size = options.buffer_size,
+                                  .allocator = options.allocator,
+                                  .warn = options.warn});
+  if (!pool.ok()) return pool.status();
+  return std::unique_ptr<CopyQueue>(new CopyQueue(store, std::move(*pool)));
+}
+
+CopyQueue::CopyQueue(SwapStore* store, std::unique_ptr<PinnedPool> pool)
+    : store_(store), pool_(std::move(pool)), worker_([this] { WorkerLoop(); }) {}
+
+CopyQueue::~CopyQueue() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  worker_.join();
+}
+
+CopyHandle CopyQueue::Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in) {
+  CopyHandle handle(std::make_shared<CopyHandle::State>());
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(Task{.run = std::move(run), .handle = handle, .swap_in = swap_in});
+  return handle;
+}
+
+CopyHandle CopyQueue::SwapOut(const SwapKey& key, absl::Span<const std::byte> src) {
+  if (src.size() > pool_->buffer_size()) {
+    return CopyHandle::Finished(absl::InvalidArgumentError(
+        absl::StrCat("swap-out of ", SwapKeyText(key), ": ", src.size(),
+                     " bytes exceed the copy queue's buffer_size ", pool_->buffer_size())));
+  }
+  // The lease moves into the task, which returns it once the store has the bytes.
+  auto lease = std::make_shared<PinnedLease>(pool_->Acquire());
+  std::memcpy(lease->data(), src.data(), src.size());
+  const size_t n = src.size();
+  return Enqueue(
+      [this, key, lease, n]() -> absl::StatusOr<size_t> {
+        absl::Status s = store_->Write(key, lease->span().subspan(0, n));
+        lease->Release();
+        if (!s.ok()) return s;
+        return n;
+      },
+      /*swap_in=*/false);
+}
+
+CopyHandle CopyQueue::SwapIn(const SwapKey& key, absl::Span<std::byte> dst) {
+  auto lease = std::make_shared<PinnedLease>(pool_->Acquire());
+  return Enqueue(
+      [this, key, lease, dst]() -> absl::StatusOr<size_t> {
+        auto length = store_->Length(key);
+        if (!length.ok()) return length.status();
+        if (*length > lease->size() || *length > dst.size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("swap-in of ", SwapKeyText(key), ": the extent's ", *length,
+                           " bytes exceed the destination's ", dst.size(), " or the buffer_size ",
+                           lease->size()));
+        }
+        auto n = store_->Read(key, lease->span());
+        if (n.ok()) std::memcpy(dst.data(), lease->data(), *n);
+        lease->Release();
+        return n;
+      },
+      /*swap_in=*/true);
+}
+
+CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation) {
+  return Enqueue(
+      [this, job, generation]() -> absl::StatusOr<size_t> {
+        absl::Status s = store_->Commit(job, generation);
+        if (!s.ok()) return s;
+        return size_t{0};
+      },
+      /*swap_in=*/false);
+}
+
+absl::Status CopyQueue::Drain() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](CopyQueue* q)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return q->queue_.empty() && q->running_ == 0; },
+      this));
+  return std::exchange(first_error_, absl::OkStatus());
+}
+
+CopyQueueStats CopyQueue::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void CopyQueue::WorkerLoop() {
+  while (true) {
+    Task task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](CopyQueue* q)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return !q->queue_.empty() || q->stopping_; },
+          this));
+      if (queue_.empty()) return;  // stopping, and everything queued is done
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = 1;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<size_t> result = task.run();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    {
+      absl::MutexLock lock(&mu_);
+      if (result.ok()) {
+        (task.swap_in ? stats_.bytes_in : stats_.bytes_out) += *result;
+      } else if (first_error_.ok()) {
+        first_error_ = result.status();
+      }
+      (task.swap_in ? stats_.seconds_in : stats_.seconds_out) += seconds;
+    }
+    // Completed after the stats count it and before Drain may return, so both see it.
+    task.handle.Complete(result.ok() ? absl::OkStatus() : result.status(),
+                         result.ok() ? *result : 0);
+    absl::MutexLock lock(&mu_);
+    running_ = 0;
+  }
+}
+
+}  // namespace zt::offload

@@ -1,0 +1,122 @@
+// Asynchronous swap-in and swap-out between callers' memory and the swap store, through a
+// bounded ring of pinned buffers: write-behind (SwapOut returns once the bytes are in a ring
+// buffer; a worker thread writes them to the store) and read-ahead (SwapIn queued ahead of use;
+// the worker reads into a ring buffer and copies out). Each call returns a CopyHandle whose
+// Wait gives the transfer's status.
+//
+// Order: the worker runs transfers and commits in the order they were queued, so a Commit
+// queued after a generation's SwapOuts makes exactly those durable, and a SwapIn queued after a
+// SwapOut of the same key reads what it wrote.
+//
+// The ring bounds memory: a SwapOut or SwapIn takes its ring buffer on the caller's thread,
+// waiting while all `buffer_count` are taken by queued transfers (which the worker is always
+// able to finish, since it never waits for a buffer itself). A transfer must fit in one buffer:
+// buffer_size is sized to the largest unit shard (DeepSpeed's buffer_size rule).
+//
+// Thread-safe: calls from any threads. Owns its pool and worker; does not own the store, which
+// must outlive it. The destructor finishes everything queued.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "offload/pinned_pool.h"
+#include "offload/swap_store.h"
+
+namespace zt::offload {
+
+// The completion of one queued transfer or commit. Copyable; all copies see the same result.
+class CopyHandle {
+ public:
+  CopyHandle() = default;
+  // Blocks until the transfer finished; its status. An empty handle returns OK.
+  absl::Status Wait() const;
+  bool done() const;
+  // Bytes moved, once done.
+  size_t bytes() const;
+
+ private:
+  friend class CopyQueue;
+  struct State {
+    mutable absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    size_t bytes ABSL_GUARDED_BY(mu) = 0;
+  };
+  explicit CopyHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  static CopyHandle Finished(absl::Status status);
+  void Complete(absl::Status status, size_t bytes) const;
+  std::shared_ptr<State> state_;
+};
+
+struct CopyQueueOptions {
+  size_t buffer_count = 4;               // ring buffers, > 0
+  size_t buffer_size = size_t{1} << 24;  // bytes each, >= the largest transfer
+  HostAllocator* allocator = nullptr;    // not owned; nullptr: mlock'd host memory
+  WarningSink warn = WarnToStderr;
+};
+
+struct CopyQueueStats {
+  uint64_t bytes_out = 0;  // swapped out (written to the store)
+  uint64_t bytes_in = 0;   // swapped in (read from the store)
+  double seconds_out = 0;  // the worker's time in store writes and commits
+  double seconds_in = 0;   // ... in store reads
+};
+
+class CopyQueue {
+ public:
+  // `store` is not owned and must outlive the queue. Errors as PinnedPool::Create's.
+  static absl::StatusOr<std::unique_ptr<CopyQueue>> Create(SwapStore* store,
+                                                           CopyQueueOptions options);
+  ~CopyQueue();
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+
+  // Copies `src` into a ring buffer (waiting for one) and queues its write as `key`. `src` may
+  // be reused when this returns. The handle fails with InvalidArgument when `src` exceeds
+  // buffer_size, or with the store's error.
+  CopyHandle SwapOut(const SwapKey& key, absl::Span<const std::byte> src);
+  // Queues the read of `key` into `dst`, which must stay valid until the handle is done and
+  // hold the extent. Queue it ahead of use: that is the read-ahead.
+  CopyHandle SwapIn(const SwapKey& key, absl::Span<std::byte> dst);
+  // Queues SwapStore::Commit(job, generation) after everything queued before it.
+  CopyHandle Commit(const std::string& job, uint64_t generation);
+  // Waits until everything queued so far is done; the first error among what finished since
+  // the last Drain, or OK.
+  absl::Status Drain();
+
+  const PinnedPool& pool() const { return *pool_; }
+  CopyQueueStats stats() const;
+
+ private:
+  struct Task {
+    std::function<absl::StatusOr<size_t>()> run;
+    CopyHandle handle;
+    bool swap_in = false;
+  };
+  CopyQueue(SwapStore* store, std::unique_ptr<PinnedPool> pool);
+  CopyHandle Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in);
+  void WorkerLoop();
+
+  SwapStore* const store_;
+  const std::unique_ptr<PinnedPool> pool_;
+  mutable absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  size_t running_ ABSL_GUARDED_BY(mu_) = 0;  // 1 while the worker runs a task
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  CopyQueueStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;  // last: starts after the members it reads
+};
+
+}  // namespace zt::offload

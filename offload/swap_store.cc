@@ -1,0 +1,659 @@
+#include "offload/swap_store.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/crc32c.h"
+#include "kernels/status_macros.h"
+#include "offload/swap_format.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+
+namespace zt::offload {
+
+absl::string_view SwapRoleName(SwapRole role) {
+  switch (role) {
+    case SwapRole::kMaster:
+      return "master";
+    case SwapRole::kMomentum:
+      return "m";
+    case SwapRole::kVariance:
+      return "v";
+    case SwapRole::kQuantScales:
+      return "scales";
+    case SwapRole::kParameters:
+      return "params";
+  }
+  return "unknown";
+}
+
+std::string SwapKeyText(const SwapKey& key) {
+  return absl::StrCat("job '", key.job, "' unit ", key.unit, " range [", key.range_begin, ", ",
+                      key.range_end, ") role ", SwapRoleName(key.role), " generation ",
+                      key.generation);
+}
+
+namespace {
+
+constexpr uint64_t kAlign = swap_format::kExtentAlignment;
+
+uint64_t RoundUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; }
+
+absl::Status RocksStatus(const rocksdb::Status& s, absl::string_view what,
+                         const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " '", path, "': ", s.ToString()));
+}
+
+absl::Status CheckKey(const SwapKey& key) {
+  if (key.job.empty() || key.job.size() > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("swap key job name must be 1..65535 bytes (got ", key.job.size(), ")"));
+  }
+  if (key.generation == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(SwapKeyText(key), ": generation must be > 0"));
+  }
+  if (key.range_begin > key.range_end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(SwapKeyText(key), ": range begin must not exceed its end"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SwapStore::SwapStore(SwapStoreOptions options)
+    : options_(std::move(options)),
+      env_(options_.env != nullptr ? options_.env : DefaultSwapEnv()) {}
+
+absl::StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(SwapStoreOptions options) {
+  if (options.path.empty()) {
+    return absl::InvalidArgumentError("swap store: path must name a directory (got \"\")");
+  }
+  if (options.file_size == 0 || options.file_size % kAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': file_size ",
+                                                   options.file_size,
+                                                   " must be a positive multiple of 4096"));
+  }
+  if (options.file_count == 0 || options.file_count > 999) {
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': file_count ",
+                                                   options.file_count, " is outside 1..999"));
+  }
+  if (options.block_size == 0 || options.block_size % kAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': block_size ",
+                                                   options.block_size,
+                                                   " must be a positive multiple of 4096"));
+  }
+  if (options.queue_depth < 1 || options.queue_depth > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': queue_depth ",
+                                                   options.queue_depth, " is outside 1..4096"));
+  }
+  if (!options.warn) options.warn = WarnToStderr;
+  ZT_RETURN_IF_ERROR(CheckWritableDirectory(options.path, "swap store"));
+  std::unique_ptr<SwapStore> store(new SwapStore(std::move(options)));
+  SwapOpenReport report;
+  {
+    absl::MutexLock lock(&store->mu_);
+    ZT_RETURN_IF_ERROR(store->OpenLocked(report));
+  }
+  store->report_ = report;
+  return store;
+}
+
+absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
+  const std::string& path = options_.path;
+  ZT_ASSIGN_OR_RETURN(engine_, CreateIoEngine(options_.queue_depth, options_.warn));
+  report.io_uring = engine_->uses_io_uring();
+  bounce_size_ = size_t{options_.queue_depth} * options_.block_size;
+  // mmap: page-aligned, and untouched pages cost nothing.
+  void* bounce =
+      mmap(nullptr, bounce_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (bounce == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("swap store '", path, "': cannot map ",
+                                                     bounce_size_, " bytes of staging buffers"));
+  }
+  bounce_ = static_cast<std::byte*>(bounce);
+
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.paranoid_checks = true;
+  db_options.max_open_files = 64;
+  db_options.keep_log_file_num = 2;
+  const std::string index_path = swap_format::IndexPath(path);
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, index_path, &db);
+  if (!s.ok()) {
+    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "swap store index '", index_path,
+          "' is held by another process: a node has one swap store, shared by its ranks "
+          "(RocksDB admits one process per database): ",
+          s.ToString()));
+    }
+    return RocksStatus(s, "cannot open swap store index", index_path);
+  }
+  db_.reset(db);
+
+  std::string value;
+  s = db_->Get(rocksdb::ReadOptions(), swap_format::kMetaKey, &value);
+  if (s.IsNotFound()) {
+    report.created = true;
+    s = db_->Put(rocksdb::WriteOptions(), swap_format::kMetaKey,
+                 swap_format::EncodeMeta(options_.file_size, options_.file_count));
+    if (!s.ok()) return RocksStatus(s, "cannot write swap store index", index_path);
+  } else if (!s.ok()) {
+    return RocksStatus(s, "cannot read swap store index", index_path);
+  } else {
+    ZT_ASSIGN_OR_RETURN(const swap_format::Meta meta, swap_format::DecodeMeta(value, index_path));
+    if (meta.file_size != options_.file_size || meta.file_count != options_.file_count) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "swap store '", path, "' was made with ", meta.file_count, " swap files of ",
+          meta.file_size, " bytes; asked for ", options_.file_count, " of ", options_.file_size,
+          ": remove the directory's content or use the same geometry"));
+    }
+  }
+  s = db_->Get(rocksdb::ReadOptions(), swap_format::kStateKey, &value);
+  report.unclean = s.ok() && value == swap_format::kStateOpen;
+
+  bool warned_direct = false;
+  report.direct_io = options_.direct_io;
+  // A swap file missing under an existing index (removed by hand, a wiped disk) makes the
+  // index's word worth nothing: verified like an unclean store.
+  bool file_was_missing = false;
+  for (uint32_t i = 0; i < options_.file_count; ++i) {
+    File file{.path = swap_format::SwapFilePath(path, i)};
+    if (access(file.path.c_str(), F_OK) != 0) file_was_missing = true;
+    ZT_ASSIGN_OR_RETURN(const OpenedFile opened, env_->Open(file.path, options_.direct_io));
+    file.fd = opened.fd;
+    file.direct = opened.direct;
+    files_.push_back(file);
+    if (options_.direct_io && !opened.direct) {
+      report.direct_io = false;
+      if (!warned_direct) {
+        warned_direct = true;
+        options_.warn(absl::StrCat("swap store '", path,
+                                   "': the filesystem refuses O_DIRECT; using buffered I/O "
+                                   "(the page cache then competes with the pinned pool)"));
+      }
+    }
+    ZT_RETURN_IF_ERROR(env_->Preallocate(file.fd, file.path, options_.file_size));
+  }
+
+  // A store whose index cannot be trusted is verified; what fails is discarded or refused.
+  absl::Status trust = LoadIndexLocked();
+  if (trust.ok()) trust = RebuildFreeListLocked();
+  if (trust.ok() &&
+      (report.unclean || options_.verify_clean_stores || (file_was_missing && !report.created))) {
+    trust = VerifyLocked();
+    for (const auto& [name, job] : jobs_) report.extents_verified += job.extents.size();
+  }
+  if (!trust.ok()) {
+    const std::string reason =
+        absl::StrCat("swap store '", path, "'", report.unclean ? " was not closed cleanly and" : "",
+                     " failed verification: ", trust.message());
+    if (options_.recovery == RecoveryPolicy::kFail) return absl::DataLossError(reason);
+    ZT_RETURN_IF_ERROR(DiscardLocked(reason));
+    report.extents_verified = 0;
+    report.discarded = true;
+    report.discard_reason = reason;
+    options_.warn(absl::StrCat(reason,
+                               "; discarded its content (swap is scratch: the jobs "
+                               "resume from their checkpoints)"));
+  }
+  ZT_RETURN_IF_ERROR(PutStateLocked(swap_format::kStateOpen));
+  opened_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::PutStateLocked(absl::string_view state) {
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  const rocksdb::Status s =
+      db_->Put(sync, swap_format::kStateKey, rocksdb::Slice(state.data(), state.size()));
+  if (!s.ok())
+    return RocksStatus(s, "cannot write swap store index", swap_format::IndexPath(options_.path));
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::LoadIndexLocked() {
+  jobs_.clear();
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  // Committed generations first: an extent is checked against its job's.
+  for (it->Seek(swap_format::kCommittedPrefix);
+       it->Valid() && it->key().starts_with(swap_format::kCommittedPrefix); it->Next()) {
+    ZT_ASSIGN_OR_RETURN(auto committed,
+                        swap_format::DecodeCommitted(it->key().ToString(), it->value().ToString()));
+    jobs_[committed.first].committed = committed.second;
+  }
+  for (it->Seek(swap_format::kExtentPrefix);
+       it->Valid() && it->key().starts_with(swap_format::kExtentPrefix); it->Next()) {
+    ZT_ASSIGN_OR_RETURN(const SwapKey key, swap_format::DecodeExtentKey(it->key().ToString()));
+    ZT_ASSIGN_OR_RETURN(const swap_format::ExtentRecord rec,
+                        swap_format::DecodeExtentValue(it->value().ToString(), SwapKeyText(key)));
+    auto job = jobs_.find(key.job);
+    if (job == jobs_.end() || job->second.committed != key.generation) {
+      return absl::DataLossError(absl::StrCat("the index holds ", SwapKeyText(key),
+                                              ", which is not its job's committed generation"));
+    }
+    if (rec.file >= options_.file_count || rec.offset + RoundUp(rec.length) > options_.file_size) {
+      return absl::DataLossError(
+          absl::StrCat("the index places ", SwapKeyText(key), " outside the swap files"));
+    }
+    job->second
+        .extents[Slot{key.unit, key.range_begin, key.range_end, static_cast<uint8_t>(key.role)}] =
+        Extent{.file = rec.file, .offset = rec.offset, .length = rec.length, .crc = rec.crc};
+  }
+  if (!it->status().ok()) {
+    return absl::DataLossError(absl::StrCat("reading the index: ", it->status().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::RebuildFreeListLocked() {
+  free_.assign(options_.file_count, {});
+  for (auto& f : free_) f[0] = options_.file_size;
+  for (const auto& [name, job] : jobs_) {
+    for (const auto& [slot, e] : job.extents) {
+      if (e.length == 0) continue;
+      auto& free = free_[e.file];
+      const uint64_t end = e.offset + RoundUp(e.length);
+      auto it = free.upper_bound(e.offset);
+      if (it == free.begin() || std::prev(it)->first + std::prev(it)->second < end) {
+        return absl::DataLossError(absl::StrCat("two extents of the index overlap in '",
+                                                files_[e.file].path, "' at offset ", e.offset,
+                                                " (job '", name, "')"));
+      }
+      --it;
+      const uint64_t begin = it->first, len = it->second;
+      free.erase(it);
+      if (e.offset > begin) free[begin] = e.offset - begin;
+      if (begin + len > end) free[end] = begin + len - end;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::VerifyLocked() {
+  std::vector<std::byte> buf;
+  for (const auto& [name, job] : jobs_) {
+    for (const auto& [slot, e] : job.extents) {
+      buf.resize(e.length);
+      const SwapKey key{.job = name,
+                        .unit = std::get<0>(slot),
+                        .range_begin = std::get<1>(slot),
+                        .range_end = std::get<2>(slot),
+                        .role = static_cast<SwapRole>(std::get<3>(slot)),
+                        .generation = job.committed};
+      ZT_RETURN_IF_ERROR(ReadExtentLocked(e, SwapKeyText(key), absl::MakeSpan(buf)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::DiscardLocked(std::string reason) {
+  rocksdb::WriteBatch batch;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (const char* prefix : {swap_format::kExtentPrefix, swap_format::kCommittedPrefix}) {
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      batch.Delete(it->key());
+    }
+  }
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  const rocksdb::Status s = db_->Write(sync, &batch);
+  if (!s.ok()) {
+    return RocksStatus(s, absl::StrCat(reason, "; and discarding it failed: index"),
+                       swap_format::IndexPath(options_.path));
+  }
+  jobs_.clear();
+  free_.assign(options_.file_count, {});
+  for (auto& f : free_) f[0] = options_.file_size;
+  return absl::OkStatus();
+}
+
+SwapStore::~SwapStore() {
+  absl::MutexLock lock(&mu_);
+  // A commit that stopped part-way, or an open that failed before the store was judged, leaves
+  // the state as it was ("open" after a crash), so the next open verifies.
+  if (opened_ && broken_.ok()) PutStateLocked(swap_format::kStateClean).IgnoreError();
+  db_.reset();
+  for (const File& f : files_) env_->Close(f.fd);
+  if (bounce_ != nullptr) munmap(bounce_, bounce_size_);
+}
+
+absl::Status SwapStore::CheckUsableLocked() const {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("swap store '", options_.path,
+                     "' stopped after a failed commit (reopen it to verify): ", broken_.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SwapStore::Extent> SwapStore::AllocateLocked(uint64_t length, const SwapKey& key) {
+  const uint64_t need = RoundUp(length);
+  if (need == 0) return Extent{};
+  uint64_t total_free = 0, largest = 0;
+  for (uint32_t f = 0; f < free_.size(); ++f) {
+    for (auto it = free_[f].begin(); it != free_[f].end(); ++it) {
+      total_free += it->second;
+      largest = std::max(largest, it->second);
+      if (it->second >= need) {
+        const uint64_t offset = it->first, len = it->second;
+        free_[f].erase(it);
+        if (len > need) free_[f][offset + need] = len - need;
+        return Extent{.file = f, .offset = offset, .length = length};
+      }
+    }
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("swap store '", options_.path, "' is full: ", SwapKeyText(key), " needs ", need,
+                   " bytes, the largest free extent is ", largest, " (", total_free,
+                   " bytes free in ", options_.file_count, " swap files of ", options_.file_size,
+                   " bytes); give the store more or larger swap files"));
+}
+
+void SwapStore::FreeLocked(const Extent& e) {
+  if (e.length == 0) return;
+  auto& free = free_[e.file];
+  uint64_t begin = e.offset, len = RoundUp(e.length);
+  auto next = free.lower_bound(begin);
+  if (next != free.end() && begin + len == next->first) {
+    len += next->second;
+    next = free.erase(next);
+  }
+  if (next != free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == begin) {
+      begin = prev->first;
+      len += prev->second;
+      free.erase(prev);
+    }
+  }
+  free[begin] = len;
+}
+
+absl::Status SwapStore::WriteExtentLocked(const Extent& e, absl::Span<const std::byte> data) {
+  File& file = files_[e.file];
+  const uint64_t padded = RoundUp(e.length);
+  std::vector<IoOp> ops;
+  size_t bounce_used = 0;
+  for (uint64_t pos = 0; pos < padded; pos += options_.block_size) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(options_.block_size, padded - pos));
+    std::byte* src = const_cast<std::byte*>(data.data()) + pos;
+    if (pos + chunk > e.length || !Aligned(src)) {
+      // The tail and unaligned callers' data go through an aligned staging block, zero-padded.
+      if (bounce_used == options_.queue_depth) {
+        ZT_RETURN_IF_ERROR(env_->Run(*engine_, ops));
+        ops.clear();
+        bounce_used = 0;
+      }
+      std::byte* slot = bounce_ + bounce_used++ * size_t{options_.block_size};
+      const size_t have = static_cast<size_t>(std::min<uint64_t>(chunk, e.length - pos));
+      std::memcpy(slot, src, have);
+      std::memset(slot + have, 0, chunk - have);
+      src = slot;
+    }
+    ops.push_back(IoOp{.kind = IoOp::Kind::kWrite,
+                       .fd = file.fd,
+                       .buf = src,
+                       .length = chunk,
+                       .offset = e.offset + pos,
+                       .path = &file.path});
+  }
+  file.dirty = true;
+  ZT_RETURN_IF_ERROR(env_->Run(*engine_, ops));
+  bytes_written_ += e.length;
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::ReadExtentLocked(const Extent& e, const std::string& what,
+                                         absl::Span<std::byte> out) {
+  const File& file = files_[e.file];
+  const uint64_t padded = RoundUp(e.length);
+  std::vector<IoOp> ops;
+  // (staging block, destination, bytes) copied out after each wave.
+  std::vector<std::tuple<std::byte*, std::byte*, size_t>> copies;
+  size_t bounce_used = 0;
+  auto run_wave = [&]() -> absl::Status {
+    ZT_RETURN_IF_ERROR(env_->Run(*engine_, ops));
+    for (const auto& [from, to, n] : copies) std::memcpy(to, from, n);
+    ops.clear();
+    copies.clear();
+    bounce_used = 0;
+    return absl::OkStatus();
+  };
+  for (uint64_t pos = 0; pos < padded; pos += options_.block_size) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(options_.block_size, padded - pos));
+    std::byte* dst = out.data() + pos;
+    if (pos + chunk > e.length || !Aligned(dst)) {
+      if (bounce_used == options_.queue_depth) ZT_RETURN_IF_ERROR(run_wave());
+      std::byte* slot = bounce_ + bounce_used++ * size_t{options_.block_size};
+      copies.emplace_back(slot, dst,
+                          static_cast<size_t>(std::min<uint64_t>(chunk, e.length - pos)));
+      dst = slot;
+    }
+    ops.push_back(IoOp{.kind = IoOp::Kind::kRead,
+                       .fd = file.fd,
+                       .buf = dst,
+                       .length = chunk,
+                       .offset = e.offset + pos,
+                       .path = &file.path});
+  }
+  ZT_RETURN_IF_ERROR(run_wave());
+  bytes_read_ += e.length;
+  const uint32_t crc = Crc32cExtend(0, out.data(), e.length);
+  if (crc != e.crc) {
+    return absl::DataLossError(
+        absl::StrCat("swap extent of ", what, " in '", file.path, "' at offset ", e.offset, " (",
+                     e.length, " bytes): CRC32C ", Crc32cToHex(crc), " does not match the index's ",
+                     Crc32cToHex(e.crc), ": the extent is torn or stale"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::Write(const SwapKey& key, absl::Span<const std::byte> data) {
+  ZT_RETURN_IF_ERROR(CheckKey(key));
+  absl::MutexLock lock(&mu_);
+  ZT_RETURN_IF_ERROR(CheckUsableLocked());
+  JobState& job = jobs_[key.job];
+  if (key.generation <= job.committed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "write of ", SwapKeyText(key), ": the job's committed generation is ", job.committed,
+        "; a step writes a newer generation, never over the committed one"));
+  }
+  if (job.staged != 0 && job.staged != key.generation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("write of ", SwapKeyText(key), ": generation ", job.staged,
+                     " is staged and not committed; commit it first"));
+  }
+  ZT_ASSIGN_OR_RETURN(Extent e, AllocateLocked(data.size(), key));
+  e.crc = Crc32cExtend(0, data.data(), data.size());
+  if (absl::Status s = WriteExtentLocked(e, data); !s.ok()) {
+    FreeLocked(e);
+    return absl::Status(s.code(), absl::StrCat("write of ", SwapKeyText(key), ": ", s.message()));
+  }
+  job.staged = key.generation;
+  const Slot slot{key.unit, key.range_begin, key.range_end, static_cast<uint8_t>(key.role)};
+  auto [it, inserted] = job.staged_extents.try_emplace(slot, e);
+  if (!inserted) {
+    FreeLocked(it->second);
+    it->second = e;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SwapStore::Commit(absl::string_view job_name, uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  ZT_RETURN_IF_ERROR(CheckUsableLocked());
+  JobState& job = jobs_[std::string(job_name)];
+  if (generation <= job.committed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("commit of job '", job_name, "' generation ", generation,
+                     ": not newer than the committed generation ", job.committed));
+  }
+  if (job.staged != 0 && job.staged != generation) {
+    return absl::FailedPreconditionError(absl::StrCat("commit of job '", job_name, "' generation ",
+                                                      generation, ": the staged generation is ",
+                                                      job.staged));
+  }
+  // From here a failure leaves the disk in a state only a reopen may judge.
+  auto broken = [&](absl::Status s) {
+    broken_ = absl::Status(s.code(), absl::StrCat("commit of job '", job_name, "' generation ",
+                                                  generation, ": ", s.message()));
+    return broken_;
+  };
+  if (auto s = env_->AtCommitStage(CommitStage::kDataWritten, job_name, generation); !s.ok()) {
+    return broken(s);
+  }
+  for (File& f : files_) {
+    if (!f.dirty) continue;
+    if (auto s = env_->SyncData(*engine_, f.fd, f.path); !s.ok()) return broken(s);
+    f.dirty = false;
+  }
+  if (auto s = env_->AtCommitStage(CommitStage::kDataDurable, job_name, generation); !s.ok()) {
+    return broken(s);
+  }
+  std::map<Slot, Extent> next = job.extents;
+  std::vector<Extent> replaced;
+  for (const auto& [slot, e] : job.staged_extents) {
+    auto [it, inserted] = next.try_emplace(slot, e);
+    if (!inserted) {
+      replaced.push_back(it->second);
+      it->second = e;
+    }
+  }
+  rocksdb::WriteBatch batch;
+  SwapKey key{.job = std::string(job_name)};
+  auto set_slot = [&key](const Slot& slot) {
+    key.unit = std::get<0>(slot);
+    key.range_begin = std::get<1>(slot);
+    key.range_end = std::get<2>(slot);
+    key.role = static_cast<SwapRole>(std::get<3>(slot));
+  };
+  for (const auto& [slot, e] : job.extents) {
+    set_slot(slot);
+    key.generation = job.committed;
+    batch.Delete(swap_format::EncodeExtentKey(key));
+  }
+  for (const auto& [slot, e] : next) {
+    set_slot(slot);
+    key.generation = generation;
+    batch.Put(swap_format::EncodeExtentKey(key),
+              swap_format::EncodeExtentValue(
+                  {.file = e.file, .offset = e.offset, .length = e.length, .crc = e.crc}));
+  }
+  batch.Put(swap_format::EncodeCommittedKey(job_name), swap_format::EncodeGeneration(generation));
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  if (const rocksdb::Status s = db_->Write(sync, &batch); !s.ok()) {
+    return broken(
+        RocksStatus(s, "cannot write swap store index", swap_format::IndexPath(options_.path)));
+  }
+  job.extents = std::move(next);
+  job.committed = generation;
+  job.staged = 0;
+  job.staged_extents.clear();
+  for (const Extent& e : replaced) FreeLocked(e);
+  if (auto s = env_->AtCommitStage(CommitStage::kIndexCommitted, job_name, generation); !s.ok()) {
+    return broken(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const SwapStore::Extent*> SwapStore::FindLocked(const SwapKey& key) {
+  ZT_RETURN_IF_ERROR(CheckKey(key));
+  ZT_RETURN_IF_ERROR(CheckUsableLocked());
+  auto job = jobs_.find(key.job);
+  const Slot slot{key.unit, key.range_begin, key.range_end, static_cast<uint8_t>(key.role)};
+  if (job != jobs_.end()) {
+    const JobState& js = job->second;
+    const std::map<Slot, Extent>* extents = key.generation == js.staged      ? &js.staged_extents
+                                            : key.generation == js.committed ? &js.extents
+                                                                             : nullptr;
+    if (extents != nullptr) {
+      if (auto it = extents->find(slot); it != extents->end()) return &it->second;
+    }
+    return absl::NotFoundError(absl::StrCat(SwapKeyText(key), " is not in swap store '",
+                                            options_.path, "' (committed generation ", js.committed,
+                                            ", staged generation ", js.staged, ")"));
+  }
+  return absl::NotFoundError(
+      absl::StrCat(SwapKeyText(key), " is not in swap store '", options_.path, "' (no such job)"));
+}
+
+absl::StatusOr<size_t> SwapStore::Length(const SwapKey& key) {
+  absl::MutexLock lock(&mu_);
+  ZT_ASSIGN_OR_RETURN(const Extent* e, FindLocked(key));
+  return static_cast<size_t>(e->length);
+}
+
+absl::StatusOr<size_t> SwapStore::Read(const SwapKey& key, absl::Span<std::byte> out) {
+  absl::MutexLock lock(&mu_);
+  ZT_ASSIGN_OR_RETURN(const Extent* e, FindLocked(key));
+  if (out.size() < e->length) {
+    return absl::InvalidArgumentError(absl::StrCat("read of ", SwapKeyText(key), ": ", out.size(),
+                                                   " bytes given for an extent of ", e->length));
+  }
+  ZT_RETURN_IF_ERROR(ReadExtentLocked(*e, SwapKeyText(key), out));
+  return static_cast<size_t>(e->length);
+}
+
+uint64_t SwapStore::CommittedGeneration(absl::string_view job) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? 0 : it->second.committed;
+}
+
+absl::Status SwapStore::DropJob(absl::string_view job_name) {
+  absl::MutexLock lock(&mu_);
+  ZT_RETURN_IF_ERROR(CheckUsableLocked());
+  auto job = jobs_.find(job_name);
+  if (job == jobs_.end()) return absl::OkStatus();
+  rocksdb::WriteBatch batch;
+  SwapKey key{.job = std::string(job_name), .generation = job->second.committed};
+  for (const auto& [slot, e] : job->second.extents) {
+    key.unit = std::get<0>(slot);
+    key.range_begin = std::get<1>(slot);
+    key.range_end = std::get<2>(slot);
+    key.role = static_cast<SwapRole>(std::get<3>(slot));
+    batch.Delete(swap_format::EncodeExtentKey(key));
+  }
+  batch.Delete(swap_format::EncodeCommittedKey(job_name));
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  if (const rocksdb::Status s = db_->Write(sync, &batch); !s.ok()) {
+    return RocksStatus(s, "cannot write swap store index", swap_format::IndexPath(options_.path));
+  }
+  for (const auto& [slot, e] : job->second.extents) FreeLocked(e);
+  for (const auto& [slot, e] : job->second.staged_extents) FreeLocked(e);
+  jobs_.erase(job);
+  return absl::OkStatus();
+}
+
+SwapStoreStats SwapStore::stats() {
+  absl::MutexLock lock(&mu_);
+  SwapStoreStats st;
+  st.capacity_bytes = options_.file_size * options_.file_count;
+  for (const auto& f : free_) {
+    for (const auto& [off, len] : f) st.free_bytes += len;
+  }
+  for (const auto& [name, job] : jobs_) {
+    st.committed_extents += job.extents.size();
+    st.staged_extents += job.staged_extents.size();
+  }
+  st.bytes_written = bytes_written_;
+  st.bytes_read = bytes_read_;
+  return st;
+}
+
+}  // namespace zt::offload

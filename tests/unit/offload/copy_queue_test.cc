@@ -1,0 +1,105 @@
+#include "offload/copy_queue.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/offload/offload_test_util.h"
+
+namespace zt::offload {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Pattern;
+using testing::TempDir;
+
+SwapKey Key(uint32_t unit, uint64_t generation) {
+  return {.job = "job-q",
+          .unit = unit,
+          .range_begin = 0,
+          .range_end = 4096,
+          .role = SwapRole::kMomentum,
+          .generation = generation};
+}
+
+class CopyQueueTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = SwapStore::Open(
+        {.path = dir_.path(), .file_size = 8 << 20, .queue_depth = 8, .block_size = 65536});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    auto queue = CopyQueue::Create(store_.get(), {.buffer_count = 3, .buffer_size = 100000});
+    ASSERT_TRUE(queue.ok()) << queue.status();
+    queue_ = std::move(*queue);
+  }
+  TempDir dir_;
+  std::unique_ptr<SwapStore> store_;
+  std::unique_ptr<CopyQueue> queue_;
+};
+
+TEST_F(CopyQueueTest, WriteBehindThenReadAheadRoundTripsMoreUnitsThanTheRingHolds) {
+  constexpr int kUnits = 12;  // four times the ring
+  std::vector<CopyHandle> outs;
+  for (int u = 0; u < kUnits; ++u) {
+    std::vector<std::byte> src = Pattern(60000 + 1000 * u, u);
+    outs.push_back(queue_->SwapOut(Key(u, 1), src));
+    // The source is free once SwapOut returns: scribbling on it changes nothing stored.
+    std::fill(src.begin(), src.end(), std::byte{0});
+  }
+  CopyHandle commit = queue_->Commit("job-q", 1);
+  ASSERT_TRUE(commit.Wait().ok()) << commit.Wait();
+  for (int u = 0; u < kUnits; ++u) {
+    ASSERT_TRUE(outs[u].done());  // queued before the commit, so done before it
+    EXPECT_TRUE(outs[u].Wait().ok()) << outs[u].Wait();
+    EXPECT_EQ(outs[u].bytes(), size_t(60000 + 1000 * u));
+  }
+  EXPECT_EQ(store_->CommittedGeneration("job-q"), 1u);
+
+  // Read-ahead: every swap-in queued before the first is waited for.
+  std::vector<std::vector<std::byte>> dst(kUnits, std::vector<std::byte>(100000));
+  std::vector<CopyHandle> ins;
+  for (int u = 0; u < kUnits; ++u) ins.push_back(queue_->SwapIn(Key(u, 1), absl::MakeSpan(dst[u])));
+  for (int u = 0; u < kUnits; ++u) {
+    ASSERT_TRUE(ins[u].Wait().ok()) << ins[u].Wait();
+    dst[u].resize(ins[u].bytes());
+    EXPECT_EQ(dst[u], Pattern(60000 + 1000 * u, u)) << "unit " << u;
+  }
+  EXPECT_TRUE(queue_->Drain().ok());
+  EXPECT_EQ(queue_->pool().leased(), 0u);
+  const CopyQueueStats stats = queue_->stats();
+  EXPECT_EQ(stats.bytes_out, stats.bytes_in);
+  EXPECT_EQ(stats.bytes_out, uint64_t{kUnits * 60000 + 1000 * (kUnits - 1) * kUnits / 2});
+}
+
+TEST_F(CopyQueueTest, ErrorsReachTheHandleAndDrain) {
+  std::vector<std::byte> big(queue_->pool().buffer_size() + 1);  // 100000 rounded to pages, + 1
+  CopyHandle too_big = queue_->SwapOut(Key(0, 1), big);
+  const absl::Status refused = too_big.Wait();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("buffer_size 102400"));
+
+  std::vector<std::byte> dst(100000);
+  CopyHandle missing = queue_->SwapIn(Key(7, 1), absl::MakeSpan(dst));
+  CopyHandle after = queue_->SwapOut(Key(1, 1), Pattern(10, 1));
+  absl::Status drained = queue_->Drain();
+  EXPECT_EQ(drained.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(drained.message(), HasSubstr(SwapKeyText(Key(7, 1))));
+  EXPECT_EQ(missing.Wait().code(), absl::StatusCode::kNotFound);
+  // One failure does not stop the queue.
+  EXPECT_TRUE(after.Wait().ok());
+  EXPECT_TRUE(queue_->Drain().ok());  // the error was reported once
+}
+
+TEST_F(CopyQueueTest, DestructorFinishesWhatIsQueued) {
+  std::vector<CopyHandle> outs;
+  for (int u = 0; u < 6; ++u) outs.push_back(queue_->SwapOut(Key(u, 1), Pattern(50000, u)));
+  CopyHandle commit = queue_->Commit("job-q", 1);
+  queue_.reset();
+  EXPECT_TRUE(commit.done());
+  EXPECT_TRUE(commit.Wait().ok());
+  EXPECT_EQ(store_->CommittedGeneration("job-q"), 1u);
+}
+
+}  // namespace
+}  // namespace zt::offload

@@ -1,0 +1,131 @@
+// Helpers of the offload tests: temporary directories, byte patterns, and a SwapEnv that
+// injects faults (LevelDB's fault_injection_test in spirit): ENOSPC after a write budget,
+// a "crash" at a stage of a commit, and the loss of unsynced writes a power cut causes.
+#pragma once
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "offload/swap_env.h"
+
+namespace zt::offload::testing {
+
+// A fresh directory under the test temp dir, removed with its content at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = ::testing::TempDir() + "offload-test-XXXXXX";
+    path_ = mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
+    EXPECT_FALSE(path_.empty()) << "mkdtemp failed";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Deterministic bytes that differ by `seed` and by position.
+inline std::vector<std::byte> Pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> out(n);
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    out[i] = static_cast<std::byte>(x >> 24);
+  }
+  return out;
+}
+
+class FaultInjectionEnv : public SwapEnv {
+ public:
+  // The commit stage at which the "process dies": that call and every later one fail.
+  std::optional<CommitStage> crash_at;
+  // Bytes the filesystem still takes; a write past them fails with ENOSPC, writing nothing.
+  std::optional<uint64_t> write_budget;
+
+  absl::StatusOr<OpenedFile> Open(const std::string& path, bool want_direct) override {
+    auto opened = SwapEnv::Open(path, want_direct);
+    if (opened.ok()) {
+      if (paths_.size() <= static_cast<size_t>(opened->fd)) paths_.resize(opened->fd + 1);
+      paths_[opened->fd] = path;
+    }
+    return opened;
+  }
+
+  absl::Status Run(IoEngine& engine, absl::Span<const IoOp> ops) override {
+    if (crashed_) return absl::AbortedError("simulated crash: the process is gone");
+    for (const IoOp& op : ops) {
+      if (op.kind != IoOp::Kind::kWrite || !write_budget) continue;
+      if (op.length > *write_budget) {
+        return IoErrnoStatus(ENOSPC, "write", op.path != nullptr ? *op.path : "");
+      }
+      *write_budget -= op.length;
+    }
+    absl::Status s = SwapEnv::Run(engine, ops);
+    for (const IoOp& op : ops) {
+      if (op.kind == IoOp::Kind::kWrite) {
+        unsynced_.push_back({paths_[op.fd], op.fd, op.offset, op.length});
+      }
+    }
+    return s;
+  }
+
+  absl::Status SyncData(IoEngine& engine, int fd, const std::string& path) override {
+    if (crashed_) return absl::AbortedError("simulated crash: the process is gone");
+    absl::Status s = SwapEnv::SyncData(engine, fd, path);
+    if (s.ok()) std::erase_if(unsynced_, [fd](const Range& r) { return r.fd == fd; });
+    return s;
+  }
+
+  absl::Status AtCommitStage(CommitStage stage, absl::string_view job,
+                             uint64_t generation) override {
+    if (crashed_) return absl::AbortedError("simulated crash: the process is gone");
+    if (crash_at == stage) {
+      crashed_ = true;
+      return absl::AbortedError(absl::StrCat("simulated crash at '", CommitStageName(stage),
+                                             "' of job '", job, "' generation ", generation));
+    }
+    return absl::OkStatus();
+  }
+
+  // What a power cut does to writes never synced: they are lost, here overwritten with a byte
+  // no test pattern is made of wholesale. Call after the store is closed.
+  void DropUnsyncedData() {
+    for (const Range& r : unsynced_) {
+      const int fd = open(r.path.c_str(), O_WRONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0) << r.path;
+      std::vector<char> junk(r.length, '\xA5');
+      ASSERT_EQ(pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(r.offset)),
+                static_cast<ssize_t>(junk.size()));
+      close(fd);
+    }
+    unsynced_.clear();
+  }
+  size_t unsynced_ranges() const { return unsynced_.size(); }
+
+ private:
+  struct Range {
+    std::string path;
+    int fd;
+    uint64_t offset;
+    uint64_t length;
+  };
+  bool crashed_ = false;
+  std::vector<std::string> paths_;  // by descriptor
+  std::vector<Range> unsynced_;
+};
+
+}  // namespace zt::offload::testing
