@@ -10,7 +10,7 @@
 // the stage needs it. Data-parallel rank r of N reads global micro-batch (step·A + a)·N + r.
 // Rank 0 writes <run_dir>/metrics.jsonl, one JSON line per step:
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped",
-//    "comm_bytes", "comm_s", "comm_wait_s"}  (+ "val_loss" every eval_interval steps and after the
+//    "comm_bytes", "comm_s", "comm_wait_s", "data_wait_s", "optimizer_s", "compute_s"}  (+ "val_loss" every eval_interval steps and after the
 //    last)
 // and every rank its plan beside its arenas' high-water marks by category: memory.json for
 // rank 0, memory.rank<r>.json for the others. tokens_per_s counts the whole job's tokens.
@@ -91,6 +91,12 @@ struct StepRecord {
   int64_t comm_bytes = 0;           // bytes this rank sent in the step's collectives
   double comm_s = 0;                // seconds its communicators spent running them
   double comm_wait_s = 0;           // seconds its compute waited for them (not hidden by overlap)
+  // The step's wall time in parts (they add up to step_ms): waiting for the sampler to fill
+  // the micro-batches, the optimizer update with its parameter all-gather and the loss
+  // scaler, communication waits (comm_wait_s), and the rest, compute.
+  double data_wait_s = 0;
+  double optimizer_s = 0;
+  double compute_s = 0;
   StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
   // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
   // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's
