@@ -61,37 +61,54 @@ std::string Sparkline(const std::vector<double>& values, int width) {
 
 std::string FormatLossSparkline(const std::vector<double>& losses, int width) {
   if (losses.empty()) return "";
-  const std::string tail =
-      absl::StrFormat(" %.4f \u2192 %.4f (last %d steps)", losses.front(), losses.back(),
-                      static_cast<int>(losses.size()));
-  // "loss " and the tail take 5 + their columns (the arrow is one column, three bytes).
-  const int room = width - 5 - static_cast<int>(tail.size() - 2);
-  const std::string line = Sparkline(losses, std::max(room, 8));
-  return absl::StrCat("loss ", line, tail);
+  auto tail = [](std::vector<double>::const_iterator first, const std::vector<double>& all) {
+    return absl::StrFormat(" %.4f \u2192 %.4f (last %d steps)", *first, all.back(),
+                           static_cast<int>(all.end() - first));
+  };
+  // "loss " and the tail take 5 + their columns (the arrow is one column, three bytes); the
+  // figures are those of the steps drawn.
+  const int room =
+      std::max(8, width - 5 - static_cast<int>(tail(losses.begin(), losses).size() - 2));
+  const auto first =
+      losses.end() - static_cast<std::ptrdiff_t>(std::min(losses.size(), static_cast<size_t>(room)));
+  return absl::StrCat("loss ", Sparkline(losses, room), tail(first, losses));
 }
 
 std::string FormatMemoryBars(const zerotrain::MemoryByCategory& measured,
                              const zerotrain::MemoryByCategory& plan, int width) {
   const auto used = Categories(measured);
   const auto planned = Categories(plan);
-  std::string out;
+  struct Row {
+    const char* category;
+    int64_t bytes, budget;
+    std::string figures;
+  };
+  std::vector<Row> rows;
+  size_t widest = 0;  // figures, so every bar is as long and they line up
   for (size_t c = 0; c < used.size(); ++c) {
     const int64_t bytes = used[c].second, budget = planned[c].second;
     if (bytes == 0 && budget == 0) continue;
-    const std::string figures =
+    std::string figures =
         budget > 0 ? absl::StrFormat("%s / %s  %4.0f%%", FormatBytes(bytes), FormatBytes(budget),
                                      100.0 * static_cast<double>(bytes) / budget)
                    : absl::StrCat(FormatBytes(bytes), " / no plan");
-    const std::string label = absl::StrFormat("  %-14s", used[c].first);
-    const int bar = std::max(10, width - static_cast<int>(label.size() + figures.size()) - 4);
-    const bool over = bytes > budget;
-    const double share = budget > 0 ? std::min(1.0, static_cast<double>(bytes) / budget) : 1.0;
+    widest = std::max(widest, figures.size());
+    rows.push_back({used[c].first, bytes, budget, std::move(figures)});
+  }
+  // "  " + 14 for the category, "[", "]", 2 spaces before the figures.
+  const int bar = std::max(10, width - 16 - 4 - static_cast<int>(widest));
+  std::string out;
+  for (const Row& row : rows) {
+    const bool over = row.bytes > row.budget;
+    const double share =
+        row.budget > 0 ? std::min(1.0, static_cast<double>(row.bytes) / row.budget) : 1.0;
     const int filled = over ? bar - 1 : static_cast<int>(std::lround(share * bar));
     std::string drawn;
     for (int i = 0; i < filled; ++i) drawn += kFull;
     if (over) drawn += '!';
     for (int i = filled + (over ? 1 : 0); i < bar; ++i) drawn += kEmpty;
-    absl::StrAppend(&out, label, "[", drawn, "]  ", figures, "\n");
+    absl::StrAppend(&out, absl::StrFormat("  %-14s[%s]  %*s\n", row.category, drawn,
+                                          static_cast<int>(widest), row.figures));
   }
   return out;
 }
