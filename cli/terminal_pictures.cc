@@ -69,8 +69,8 @@ std::string FormatLossSparkline(const std::vector<double>& losses, int width) {
   // figures are those of the steps drawn.
   const int room =
       std::max(8, width - 5 - static_cast<int>(tail(losses.begin(), losses).size() - 2));
-  const auto first =
-      losses.end() - static_cast<std::ptrdiff_t>(std::min(losses.size(), static_cast<size_t>(room)));
+  const auto first = losses.end() - static_cast<std::ptrdiff_t>(
+                                        std::min(losses.size(), static_cast<size_t>(room)));
   return absl::StrCat("loss ", Sparkline(losses, room), tail(first, losses));
 }
 

@@ -110,15 +110,14 @@ class DashboardLiveTest : public DaemonClusterTest {
     port_ = FreePort();
     ASSERT_GT(port_, 0);
     prometheus_ = std::make_unique<ZtProcess>(
-        std::vector<std::string>{"--config.file=" + config,
-                                 "--storage.tsdb.path=" + Path("tsdb"),
+        std::vector<std::string>{"--config.file=" + config, "--storage.tsdb.path=" + Path("tsdb"),
                                  "--web.listen-address=127.0.0.1:" + std::to_string(port_),
                                  "--log.level=warn"},
         Path("prometheus.log"), kPrometheus);
     ASSERT_TRUE(prometheus_->started());
     const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (HttpBody(HttpGet(port_, "/-/ready", std::chrono::seconds(2)).response)
-               .find("Ready") == std::string::npos) {
+    while (HttpBody(HttpGet(port_, "/-/ready", std::chrono::seconds(2)).response).find("Ready") ==
+           std::string::npos) {
       ASSERT_FALSE(prometheus_->Poll().has_value()) << prometheus_->Output();
       ASSERT_LT(Clock::now(), deadline) << prometheus_->Output();
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -142,11 +141,11 @@ class DashboardLiveTest : public DaemonClusterTest {
     const auto now = std::chrono::duration_cast<std::chrono::seconds>(
                          std::chrono::system_clock::now().time_since_epoch())
                          .count();
-    const std::string target =
-        instant ? "/api/v1/query?query=" + UrlEncode(expr)
-                : "/api/v1/query_range?query=" + UrlEncode(expr) +
-                      "&start=" + std::to_string(now - 20) + "&end=" + std::to_string(now) +
-                      "&step=" + std::to_string(kStepSeconds);
+    const std::string target = instant ? "/api/v1/query?query=" + UrlEncode(expr)
+                                       : "/api/v1/query_range?query=" + UrlEncode(expr) +
+                                             "&start=" + std::to_string(now - 20) +
+                                             "&end=" + std::to_string(now) +
+                                             "&step=" + std::to_string(kStepSeconds);
     const json data = Api(target, what);
     return data.is_object() ? data["result"] : json::array();
   }
@@ -193,8 +192,8 @@ TEST_F(DashboardLiveTest, EveryPanelAndVariableReturnsSeriesPerTrainingJob) {
       Submit(WriteJob("alpha", Path("ckpt-alpha"), 1, 1000000, 5, /*eval_interval=*/2)),
       Submit(WriteJob("beta", Path("ckpt-beta"), 1, 1000000, 5, /*eval_interval=*/2))};
   for (const std::string& id : training) {
-    ASSERT_GE(StepOf(WaitFor(id, [](const json& s) { return StepOf(s) >= 3; },
-                             std::chrono::seconds(60))),
+    ASSERT_GE(StepOf(WaitFor(
+                  id, [](const json& s) { return StepOf(s) >= 3; }, std::chrono::seconds(60))),
               3)
         << id;
   }
@@ -221,8 +220,8 @@ TEST_F(DashboardLiveTest, EveryPanelAndVariableReturnsSeriesPerTrainingJob) {
   EXPECT_TRUE(
       Series(R"({__name__=~"zt_.+",exported_instance!=""})", true, "exported_instance").empty());
 
-  const json dashboard =
-      json::parse(ReadText(std::string(ZT_SOURCE_DIR) + "/deploy/grafana/dashboards/zerotrain.json"));
+  const json dashboard = json::parse(
+      ReadText(std::string(ZT_SOURCE_DIR) + "/deploy/grafana/dashboards/zerotrain.json"));
   // Variables, in order: each later one sees the earlier ones' values (all selected).
   std::map<std::string, std::vector<std::string>> values;
   auto substitute = [&](std::string text) {
@@ -242,9 +241,9 @@ TEST_F(DashboardLiveTest, EveryPanelAndVariableReturnsSeriesPerTrainingJob) {
                                   : variable["query"].get<std::string>();
     std::smatch m;
     ASSERT_TRUE(std::regex_match(query, m, kLabelValues)) << "variable " << name << ": " << query;
-    const json data = Api("/api/v1/label/" + std::string(m[2]) +
-                              "/values?match[]=" + UrlEncode(substitute(m[1])),
-                          "variable " + name);
+    const json data =
+        Api("/api/v1/label/" + std::string(m[2]) + "/values?match[]=" + UrlEncode(substitute(m[1])),
+            "variable " + name);
     ASSERT_TRUE(data.is_array() && !data.empty()) << "variable " << name << ": " << query;
     values[name] = data.get<std::vector<std::string>>();
   }

@@ -26,8 +26,7 @@ std::chrono::milliseconds Millis(absl::Duration d) {
 
 // Seconds since the Unix epoch: Prometheus timestamps (`time() - gauge` is an age).
 double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Deadline of a registration, a heartbeat, and a started or exit report.
@@ -353,10 +352,11 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
     started.mutable_started()->set_start_step(trainer->step());
     if (metrics_) {
       metrics_->RecordMemory(series, trainer->plan(), trainer->arenas());
-      metrics_->RecordStart(series, {.load_seconds = trainer->resume_seconds(),
-                                     .step = trainer->step(),
-                                     .checkpoint_interval_steps = spec.checkpoint().interval_steps(),
-                                     .unix_time = UnixSeconds()});
+      metrics_->RecordStart(series,
+                            {.load_seconds = trainer->resume_seconds(),
+                             .step = trainer->step(),
+                             .checkpoint_interval_steps = spec.checkpoint().interval_steps(),
+                             .unix_time = UnixSeconds()});
     }
     if (Report(started, /*reliable=*/true)) attempt->stop.Request(StopKind::kStop);
 

@@ -80,8 +80,8 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   step.data_wait_s = 0.001953125;
   step.checkpoint_s = 0.5;
   step.checkpoint_bytes = 4096;
-  metrics.RecordStart(key, {.load_seconds = 0.25, .step = 0, .checkpoint_interval_steps = 5,
-                            .unix_time = 1000});
+  metrics.RecordStart(
+      key, {.load_seconds = 0.25, .step = 0, .checkpoint_interval_steps = 5, .unix_time = 1000});
   metrics.RecordStep(key, step, comm, flops_per_token, peak, /*unix_time=*/1001);
   metrics.RecordStep(other, step, comm, flops_per_token, peak, 1001);
   // The second step: counters advance by what changed since the first.
@@ -188,8 +188,8 @@ TEST(NodeMetrics, MemorySeriesHoldThePlanAndTheArenasByCategory) {
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     const auto category = static_cast<MemoryCategory>(c);
     const std::string name = MemoryCategoryName(category);
-    const auto* planned =
-        Find(families, "zt_memory_bytes", {{"job_id", "j"}, {"category", name}, {"source", "plan"}});
+    const auto* planned = Find(families, "zt_memory_bytes",
+                               {{"job_id", "j"}, {"category", name}, {"source", "plan"}});
     const auto* measured = Find(families, "zt_memory_bytes",
                                 {{"job_id", "j"}, {"category", name}, {"source", "measured"}});
     ASSERT_NE(planned, nullptr) << name;
@@ -206,8 +206,7 @@ TEST(NodeMetrics, TextPassesPromtool) {
   StepRecord step;
   step.step_ms = 10;
   step.val_loss = 1;
-  metrics.RecordStep({.job = "j", .rank = 0, .node = "n", .device = 0}, step, CommStats{}, 1, 1,
-                     1);
+  metrics.RecordStep({.job = "j", .rank = 0, .node = "n", .device = 0}, step, CommStats{}, 1, 1, 1);
   const auto path = std::filesystem::temp_directory_path() /
                     ("zt-node-metrics-" + std::to_string(::getpid()) + ".txt");
   { std::ofstream(path) << Text(registry); }
