@@ -1,6 +1,8 @@
 // `zt list` (page by page), `zt status JOB`, `zt cancel JOB`, `zt delete JOB`,
 // `zt resume JOB|CHECKPOINT`: the calls that are safe to repeat are retried
 // (RemoteClient::CallIdempotent); ResumeJob is not.
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -15,6 +17,7 @@
 #include "cli/output_format.h"
 #include "cli/remote_client.h"
 #include "cli/remote_format.h"
+#include "cli/terminal_pictures.h"
 #include "worker/node/rpc_retry.h"
 #include "worker/status_macros.h"
 
@@ -86,7 +89,13 @@ absl::Status RunStatus(const JobFlags& flags) {
   ZT_RETURN_IF_ERROR(client.CallIdempotent(
       absl::StrCat("GetJob ", flags.job_id),
       [&](grpc::ClientContext* context) { return client.jobs->GetJob(context, request, &job); }));
-  return PrintJob(job, flags.remote.json);
+  ZT_RETURN_IF_ERROR(PrintJob(job, flags.remote.json));
+  // On a terminal, pictures below the text (scripts reading a pipe see the text alone).
+  if (!flags.remote.json && isatty(STDOUT_FILENO) == 1) {
+    const std::vector<double> losses(job.recent_loss().begin(), job.recent_loss().end());
+    std::cout << FormatTrainingPictures(losses, job.progress(), TerminalColumns(STDOUT_FILENO) - 1);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RunCancel(const JobFlags& flags) {

@@ -1,17 +1,19 @@
 // `zt watch JOB` (and `zt submit --watch`): the job's event stream until it finishes.
-#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/output_format.h"
 #include "cli/remote_client.h"
 #include "cli/remote_format.h"
+#include "cli/terminal_pictures.h"
 #include "worker/status_macros.h"
 
 namespace zt::cli {
@@ -25,31 +27,38 @@ bool Finished(zerotrain::Job::State s) {
          s == zerotrain::Job::CANCELLED;
 }
 
-int TerminalWidth() {
-  winsize w{};
-  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
-  return 80;
-}
+// How many recent losses the live sparkline shows.
+constexpr size_t kRecentLosses = 64;
 
-// The live line on a terminal: rewritten in place, cleared before any other line.
+// The live block on a terminal: the pictures and the progress line, redrawn in place and
+// erased before any other line.
 class LiveLine {
  public:
   explicit LiveLine(bool tty) : tty_(tty) {}
   ~LiveLine() { Clear(); }
 
   bool tty() const { return tty_; }
-  void Show(const std::string& line) {
-    std::cerr << "\r\033[K" << line << std::flush;
-    shown_ = true;
+  // `block`: lines separated by '\n', each narrower than the terminal, the last without one.
+  void Show(const std::string& block) {
+    Erase();
+    std::cerr << block << std::flush;
+    lines_ = 1 + static_cast<int>(std::count(block.begin(), block.end(), '\n'));
   }
   void Clear() {
-    if (shown_) std::cerr << "\r\033[K" << std::flush;
-    shown_ = false;
+    Erase();
+    std::cerr << std::flush;
   }
 
  private:
+  void Erase() {
+    if (lines_ == 0) return;
+    if (lines_ > 1) std::cerr << "\033[" << lines_ - 1 << "A";
+    std::cerr << "\r\033[J";
+    lines_ = 0;
+  }
+
   bool tty_;
-  bool shown_ = false;
+  int lines_ = 0;  // shown now
 };
 
 }  // namespace
@@ -57,6 +66,7 @@ class LiveLine {
 absl::Status WatchUntilDone(const RemoteClient& client, const std::string& job_id, bool json) {
   LiveLine live(!json && isatty(STDERR_FILENO) == 1);
   int64_t after = 0;
+  std::vector<double> losses;  // the last kRecentLosses, oldest first
   zerotrain::Job::State state = zerotrain::Job::STATE_UNSPECIFIED;
   auto unavailable_since = std::chrono::steady_clock::time_point::max();
   while (true) {
@@ -68,15 +78,21 @@ absl::Status WatchUntilDone(const RemoteClient& client, const std::string& job_i
     zerotrain::JobEvent event;
     while (reader->Read(&event)) {
       unavailable_since = std::chrono::steady_clock::time_point::max();
+      if (event.has_progress()) {
+        losses.push_back(event.progress().loss());
+        if (losses.size() > kRecentLosses) losses.erase(losses.begin());
+      }
       after = event.sequence();
       const bool state_changed = event.state() != state;
       state = event.state();
       if (json) {
         ZT_ASSIGN_OR_RETURN(const std::string line, ToJson(event, /*indent=*/false));
         std::cout << line << std::endl;
-      } else if (event.has_progress() && event.message().empty() && !state_changed) {
+      } else if (event.has_progress() && !state_changed) {
         if (live.tty()) {
-          live.Show(FormatProgressLine(event.progress(), TerminalWidth() - 1));
+          const int width = TerminalColumns(STDERR_FILENO) - 1;
+          live.Show(FormatTrainingPictures(losses, event.progress(), width) +
+                    FormatProgressLine(event.progress(), width));
         } else {
           std::cerr << FormatEventLine(event) << "\n";
         }

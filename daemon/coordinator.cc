@@ -229,11 +229,21 @@ bool Coordinator::StoreWritable() {
 void Coordinator::UpdateMetrics() {
   if (metrics_ == nullptr) return;
   std::map<Job::State, int> counts;
-  for (const auto& [id, record] : jobs_) ++counts[record.job.state()];
+  std::map<std::string, Job::State> states;
+  for (const auto& [id, record] : jobs_) {
+    ++counts[record.job.state()];
+    states.emplace(id, record.job.state());
+  }
   metrics_->SetJobs(counts);
+  metrics_->SetJobStates(states);
   int healthy = 0;
-  for (const auto& [id, node] : nodes_) healthy += node.healthy ? 1 : 0;
+  std::map<std::string, bool> health;
+  for (const auto& [id, node] : nodes_) {
+    healthy += node.healthy ? 1 : 0;
+    health.emplace(id, node.healthy);
+  }
   metrics_->SetNodes(static_cast<int>(nodes_.size()), healthy);
+  metrics_->SetNodeHealth(health);
   metrics_->SetStore(store_->writable(), store_->write_errors());
 }
 

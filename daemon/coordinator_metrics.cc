@@ -20,11 +20,20 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                 .Name("zt_jobs")
                 .Help("Jobs known to the coordinator, by state")
                 .Register(registry)),
+      job_state_(prometheus::BuildGauge()
+                     .Name("zt_job_state")
+                     .Help("1 for each job the coordinator holds, labelled with its state")
+                     .Register(registry)),
       restarts_(prometheus::BuildCounter()
                     .Name("zt_job_restarts_total")
-                    .Help("Job attempts that ended with a failure or preemption and were requeued")
-                    .Register(registry)
-                    .Add({})),
+                    .Help("The job's attempts that ended with a failure or preemption and were "
+                          "requeued")
+                    .Register(registry)),
+      node_healthy_(prometheus::BuildGauge()
+                        .Name("zt_node_healthy")
+                        .Help("1 while the node's heartbeats arrive; 0 once it is declared dead "
+                              "or has not registered again since the coordinator started")
+                        .Register(registry)),
       nodes_registered_(prometheus::BuildGauge()
                             .Name("zt_nodes_registered")
                             .Help("Nodes the coordinator has a record of")
@@ -64,7 +73,55 @@ void CoordinatorMetrics::SetJobs(const std::map<zerotrain::Job::State, int>& cou
   }
 }
 
-void CoordinatorMetrics::AddRestart() { restarts_.Increment(); }
+CoordinatorMetrics::JobSeries& CoordinatorMetrics::JobSeriesOf(const std::string& job_id) {
+  JobSeries& series = jobs_by_id_[job_id];
+  if (series.restarts == nullptr) series.restarts = &restarts_.Add({{"job_id", job_id}});
+  return series;
+}
+
+void CoordinatorMetrics::SetJobStates(const std::map<std::string, zerotrain::Job::State>& states) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = jobs_by_id_.begin(); it != jobs_by_id_.end();) {
+    if (states.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    if (it->second.state_gauge != nullptr) job_state_.Remove(it->second.state_gauge);
+    restarts_.Remove(it->second.restarts);
+    it = jobs_by_id_.erase(it);
+  }
+  for (const auto& [job_id, state] : states) {
+    JobSeries& series = JobSeriesOf(job_id);
+    if (series.state == state && series.state_gauge != nullptr) continue;
+    if (series.state_gauge != nullptr) job_state_.Remove(series.state_gauge);
+    series.state = state;
+    series.state_gauge =
+        &job_state_.Add({{"job_id", job_id}, {"state", zerotrain::Job::State_Name(state)}});
+    series.state_gauge->Set(1);
+  }
+}
+
+void CoordinatorMetrics::AddRestart(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  JobSeriesOf(job_id).restarts->Increment();
+}
+
+void CoordinatorMetrics::SetNodeHealth(const std::map<std::string, bool>& healthy) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = node_healthy_by_id_.begin(); it != node_healthy_by_id_.end();) {
+    if (healthy.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    node_healthy_.Remove(it->second);
+    it = node_healthy_by_id_.erase(it);
+  }
+  for (const auto& [node, up] : healthy) {
+    prometheus::Gauge*& gauge = node_healthy_by_id_[node];
+    if (gauge == nullptr) gauge = &node_healthy_.Add({{"node", node}});
+    gauge->Set(up ? 1 : 0);
+  }
+}
 
 void CoordinatorMetrics::SetNodes(int registered, int healthy) {
   nodes_registered_.Set(registered);

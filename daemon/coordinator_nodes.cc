@@ -131,7 +131,7 @@ absl::Status Coordinator::FailAttempt(JobRecord& record, const std::string& reas
     ZT_RETURN_IF_ERROR(AddEvent(record, Job::FAILED, absl::StrCat(what, " (", why, ")")));
     return OnTerminal(record);
   }
-  if (metrics_ != nullptr) metrics_->AddRestart();
+  if (metrics_ != nullptr) metrics_->AddRestart(job.id());
   return AddEvent(record, Job::RESTARTING, absl::StrCat(what, "; restarting"));
 }
 
@@ -441,6 +441,12 @@ absl::StatusOr<zerotrain::RankReportResponse> Coordinator::ReportRank(
     }
   } else if (report.has_progress() && report.rank() == 0) {
     *job.mutable_progress() = report.progress();
+    job.add_recent_loss(report.progress().loss());
+    constexpr int kRecentLosses = 64;
+    if (job.recent_loss_size() > kRecentLosses) {
+      auto* losses = job.mutable_recent_loss();
+      losses->erase(losses->begin(), losses->begin() + (losses->size() - kRecentLosses));
+    }
     ZT_RETURN_IF_ERROR(AddEvent(
         record, job.state(),
         absl::StrCat("step ", report.progress().step(), "/", report.progress().max_steps()),

@@ -455,10 +455,13 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const float grad_scale =
       static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
   double loss = 0;
+  double data_wait_s = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     const int64_t global = (step_ * accum + micro) * ranks + options_.rank;
+    const auto fill_start = Clock::now();
     ZT_RETURN_IF_ERROR(
         train_sampler_->Fill(global, m.tokens().data<int32_t>(), m.targets().data<int32_t>()));
+    data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
     ZT_ASSIGN_OR_RETURN(double micro_loss, engine_->ForwardBackward(
                                                ctx_, {.write_grad = true, .grad_scale = grad_scale},
                                                /*last=*/micro + 1 == accum));
@@ -473,6 +476,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   r.loss = totals.loss_sum / static_cast<double>(ranks);
   r.lr = LearningRate(job_.optimizer(), step_, train.max_steps());
   r.loss_scale = loss_scale;
+  const auto optimizer_start = Clock::now();
+  const double waited_in_step_before_optimizer = engine_->waited_seconds();
   if (totals.nonfinite) {
     // A scaled gradient overflowed: skip the update, let the scaler back off. The step still
     // counts (data and schedule move on), as DeepSpeed counts it.
@@ -500,10 +505,18 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
   ++step_;
   r.step = step_;
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto end = Clock::now();
+  const double seconds = std::chrono::duration<double>(end - start).count();
   r.step_ms = seconds * 1e3;
   r.tokens_per_s = static_cast<double>(ranks * accum * tokens_per_micro) / seconds;
   r.comm_wait_s = engine_->waited_seconds() - waited_before;
+  // The optimizer's part holds the all-gather FinishStep waits for: that wait is counted in
+  // comm_wait_s, so it is taken out here and the parts still add up to the step.
+  const double optimizer_span = std::chrono::duration<double>(end - optimizer_start).count();
+  const double waited_in_optimizer = engine_->waited_seconds() - waited_in_step_before_optimizer;
+  r.data_wait_s = data_wait_s;
+  r.optimizer_s = std::max(0.0, optimizer_span - waited_in_optimizer);
+  r.compute_s = std::max(0.0, seconds - r.data_wait_s - r.optimizer_s - r.comm_wait_s);
   const CommStats comm_after = engine_->stats();
   for (int k = 0; k < kNumCommKinds; ++k) {
     r.comm_bytes += comm_after.by_kind[k].bytes_sent - comm_before.by_kind[k].bytes_sent;
@@ -542,6 +555,9 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   line["comm_bytes"] = r.comm_bytes;
   line["comm_s"] = r.comm_s;
   line["comm_wait_s"] = r.comm_wait_s;
+  line["data_wait_s"] = r.data_wait_s;
+  line["optimizer_s"] = r.optimizer_s;
+  line["compute_s"] = r.compute_s;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   std::FILE* f = std::fopen(metrics_path_.c_str(), "a");
   if (f == nullptr) {

@@ -10,8 +10,8 @@
 // the stage needs it. Data-parallel rank r of N reads global micro-batch (step·A + a)·N + r.
 // Rank 0 writes <run_dir>/metrics.jsonl, one JSON line per step:
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped",
-//    "comm_bytes", "comm_s", "comm_wait_s"}  (+ "val_loss" every eval_interval steps and after the
-//    last)
+//    "comm_bytes", "comm_s", "comm_wait_s", "data_wait_s", "optimizer_s", "compute_s"}  (+
+//    "val_loss" every eval_interval steps and after the last)
 // and every rank its plan beside its arenas' high-water marks by category: memory.json for
 // rank 0, memory.rank<r>.json for the others. tokens_per_s counts the whole job's tokens.
 // Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
@@ -86,11 +86,17 @@ struct StepRecord {
   double tokens_per_s = 0;
   double step_ms = 0;
   std::optional<double> val_loss;
-  double loss_scale = 1;            // the scale this step's backward ran with (1 without fp16)
-  int64_t skipped = 0;              // steps skipped so far because fp16 gradients overflowed
-  int64_t comm_bytes = 0;           // bytes this rank sent in the step's collectives
-  double comm_s = 0;                // seconds its communicators spent running them
-  double comm_wait_s = 0;           // seconds its compute waited for them (not hidden by overlap)
+  double loss_scale = 1;   // the scale this step's backward ran with (1 without fp16)
+  int64_t skipped = 0;     // steps skipped so far because fp16 gradients overflowed
+  int64_t comm_bytes = 0;  // bytes this rank sent in the step's collectives
+  double comm_s = 0;       // seconds its communicators spent running them
+  double comm_wait_s = 0;  // seconds its compute waited for them (not hidden by overlap)
+  // The step's wall time in parts (they add up to step_ms): waiting for the sampler to fill
+  // the micro-batches, the optimizer update with its parameter all-gather and the loss
+  // scaler, communication waits (comm_wait_s), and the rest, compute.
+  double data_wait_s = 0;
+  double optimizer_s = 0;
+  double compute_s = 0;
   StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
   // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
   // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's

@@ -60,7 +60,10 @@ class DaemonClusterTest : public ScratchDirTest {
         args, Path("coordinator." + std::to_string(++coordinator_starts_) + ".log"), "ztd");
     ASSERT_TRUE(coordinator_->started());
     const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (!std::filesystem::exists(state_dir_ + "/address") || MetricsPort(*coordinator_) == 0) {
+    // ztd writes the address file just before it prints its "listening on" line (which tests
+    // read): wait for the line too.
+    while (!std::filesystem::exists(state_dir_ + "/address") || MetricsPort(*coordinator_) == 0 ||
+           coordinator_->Output().find("coordinator listening on") == std::string::npos) {
       ASSERT_FALSE(coordinator_->Poll().has_value()) << coordinator_->Output();
       ASSERT_LT(Clock::now(), deadline) << coordinator_->Output();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

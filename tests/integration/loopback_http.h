@@ -1,5 +1,5 @@
-// Raw TCP and HTTP/1.0 on loopback for tests of ztd's metrics endpoint: idle connections that
-// never send a byte, and a scrape timed from connect to the last byte.
+// Raw TCP and HTTP/1.0 on loopback for tests of ztd's metrics endpoint and of a Prometheus:
+// idle connections that never send a byte, and a GET timed from connect to the last byte.
 #pragma once
 
 #include <arpa/inet.h>
@@ -29,6 +29,23 @@ inline int ConnectLoopback(int port) {
   return fd;
 }
 
+// A TCP port on loopback that nothing listens on now (bound, read and closed: another process
+// may take it before the caller does, rarely).
+inline int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
 // Connections that stay open and silent until the object goes away.
 class IdleConnections {
  public:
@@ -55,15 +72,16 @@ struct Scrape {
   double seconds = 0;
 };
 
-// GET /metrics over a new connection, reading until the server closes it or `timeout` ends.
-inline Scrape ScrapeMetrics(int port, std::chrono::milliseconds timeout) {
+// GET `target` (a path with its query) over a new HTTP/1.0 connection, reading until the
+// server closes it or `timeout` ends.
+inline Scrape HttpGet(int port, const std::string& target, std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   Scrape result;
   const int fd = ConnectLoopback(port);
   if (fd < 0) return result;
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  const std::string request = "GET " + target + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   std::string response;
   bool complete = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
                   static_cast<ssize_t>(request.size());
@@ -85,6 +103,17 @@ inline Scrape ScrapeMetrics(int port, std::chrono::milliseconds timeout) {
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (complete) result.response = std::move(response);
   return result;
+}
+
+// GET /metrics over a new connection, reading until the server closes it or `timeout` ends.
+inline Scrape ScrapeMetrics(int port, std::chrono::milliseconds timeout) {
+  return HttpGet(port, "/metrics", timeout);
+}
+
+// The body of an HTTP response (after the blank line ending the headers); empty without one.
+inline std::string HttpBody(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "" : response.substr(end + 4);
 }
 
 }  // namespace zt::testing

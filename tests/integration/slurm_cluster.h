@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/integration/loopback_http.h"
 #include "tests/integration/zt_process.h"
 
 namespace zt::testing {
@@ -175,22 +176,6 @@ class SlurmCluster {
   }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-
-  // A TCP port on loopback that nothing listens on now.
-  static int FreePort() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    int port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
-    }
-    ::close(fd);
-    return port;
-  }
 
  private:
   // The absolute path of `program` in the sbin folders or on $PATH; empty when absent.

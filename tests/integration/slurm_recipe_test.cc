@@ -31,7 +31,7 @@ class SlurmRecipeTest : public DaemonClusterTest {
     const char* path = std::getenv("PATH");
     ::setenv("PATH", (bin + ":" + (path ? path : "/usr/bin:/bin")).c_str(), 1);
     ::setenv("ZT_SLURM_STATE", Path("slurm-state").c_str(), 1);
-    ::setenv("ZT_PORT", std::to_string(SlurmCluster::FreePort()).c_str(), 1);
+    ::setenv("ZT_PORT", std::to_string(FreePort()).c_str(), 1);
     // The one node is `localhost`, which a fresh root without /etc/hosts cannot resolve.
     ::setenv("ZT_COORDINATOR_HOST", "127.0.0.1", 1);
     ::setenv("ZT_ALLOWED_ROOT", dir_.c_str(), 1);

@@ -24,6 +24,11 @@ std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
 
+// Seconds since the Unix epoch: Prometheus timestamps (`time() - gauge` is an age).
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Deadline of a registration, a heartbeat, and a started or exit report.
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
 
@@ -347,7 +352,11 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
     started.mutable_started()->set_start_step(trainer->step());
     if (metrics_) {
       metrics_->RecordMemory(series, trainer->plan(), trainer->arenas());
-      metrics_->RecordLoad(series, trainer->resume_seconds());
+      metrics_->RecordStart(series,
+                            {.load_seconds = trainer->resume_seconds(),
+                             .step = trainer->step(),
+                             .checkpoint_interval_steps = spec.checkpoint().interval_steps(),
+                             .unix_time = UnixSeconds()});
     }
     if (Report(started, /*reliable=*/true)) attempt->stop.Request(StopKind::kStop);
 
@@ -355,7 +364,8 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
     const double job_peak = device_peak * spec.parallel().world_size();
     ZT_RETURN_IF_ERROR(trainer->Run([&](const StepRecord& r) {
       if (metrics_) {
-        metrics_->RecordStep(series, r, trainer->comm_stats(), flops_per_token, job_peak);
+        metrics_->RecordStep(series, r, trainer->comm_stats(), flops_per_token, job_peak,
+                             UnixSeconds());
         metrics_->RecordMemory(series, trainer->plan(), trainer->arenas());
       }
       if (rank != 0) return;
@@ -374,6 +384,11 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
       p.set_comm_bytes(r.comm_bytes);
       p.set_comm_s(r.comm_s);
       p.set_memory_bytes(trainer->arenas().TotalBytesInUse());
+      for (int c = 0; c < kMemoryCategoryCount; ++c) {
+        measured[c] = trainer->arenas().BytesInUse(static_cast<MemoryCategory>(c));
+      }
+      FillMemory(*p.mutable_memory(), measured);
+      FillMemory(*p.mutable_memory_plan(), planned);
       p.set_model_flops_per_s(flops_per_token * r.tokens_per_s);
       p.set_mfu(job_peak > 0 ? flops_per_token * r.tokens_per_s / job_peak : 0.0);
       if (Report(report, /*reliable=*/false)) attempt->stop.Request(StopKind::kStop);

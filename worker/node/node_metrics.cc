@@ -1,10 +1,16 @@
 #include "worker/node/node_metrics.h"
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
 namespace zt {
 namespace {
+
+// The parts of a step's wall time (StepRecord), as zt_step_seconds_total's `part` label.
+enum StepPart { kCompute, kCommWait, kOptimizer, kDataWait, kNumStepParts };
+constexpr std::array<const char*, kNumStepParts> kStepPartNames = {"compute", "comm_wait",
+                                                                   "optimizer", "data_wait"};
 
 // From a tiny model's 5 ms step to a large offloaded model's minute.
 const prometheus::Histogram::BucketBoundaries& StepBuckets() {
@@ -14,7 +20,7 @@ const prometheus::Histogram::BucketBoundaries& StepBuckets() {
 }
 
 prometheus::Labels LabelsOf(const RankSeriesKey& key) {
-  return {{"job", key.job},
+  return {{"job_id", key.job},
           {"rank", std::to_string(key.rank)},
           {"node", key.node},
           {"device", std::to_string(key.device)}};
@@ -49,6 +55,13 @@ struct NodeMetrics::RankSeries {
   prometheus::Gauge* checkpoint_save_seconds = nullptr;
   prometheus::Counter* checkpoint_saved_bytes = nullptr;
   prometheus::Gauge* checkpoint_load_seconds = nullptr;
+  prometheus::Gauge* checkpoint_last_save_time = nullptr;
+  prometheus::Gauge* checkpoint_last_save_bytes = nullptr;
+  prometheus::Gauge* checkpoint_last_step = nullptr;
+  prometheus::Gauge* checkpoint_interval_steps = nullptr;
+  prometheus::Gauge* step = nullptr;
+  prometheus::Counter* comm_wait_seconds = nullptr;
+  std::array<prometheus::Counter*, kNumStepParts> step_seconds{};
   std::array<prometheus::Gauge*, kMemoryCategoryCount> memory_plan{};
   std::array<prometheus::Gauge*, kMemoryCategoryCount> memory_measured{};
   std::array<prometheus::Counter*, kNumCommKinds> comm_bytes{};
@@ -126,7 +139,40 @@ NodeMetrics::NodeMetrics(prometheus::Registry& registry)
       checkpoint_load_seconds_(prometheus::BuildGauge()
                                    .Name("zt_checkpoint_load_seconds")
                                    .Help("Seconds the rank spent restoring its resumed checkpoint")
-                                   .Register(registry)) {}
+                                   .Register(registry)),
+      checkpoint_last_save_time_(
+          prometheus::BuildGauge()
+              .Name("zt_checkpoint_last_save_timestamp_seconds")
+              .Help("Unix time of the rank's last checkpoint save (of its start until the first)")
+              .Register(registry)),
+      checkpoint_last_save_bytes_(prometheus::BuildGauge()
+                                      .Name("zt_checkpoint_last_save_bytes")
+                                      .Help("Bytes of this rank's checkpoint file in its last save")
+                                      .Register(registry)),
+      checkpoint_last_step_(prometheus::BuildGauge()
+                                .Name("zt_checkpoint_last_step")
+                                .Help("Step of the rank's last checkpoint save (the step it "
+                                      "resumed from until the first)")
+                                .Register(registry)),
+      checkpoint_interval_steps_(prometheus::BuildGauge()
+                                     .Name("zt_checkpoint_interval_steps")
+                                     .Help("The job's checkpoint.interval_steps (0: no periodic "
+                                           "saves)")
+                                     .Register(registry)),
+      step_(prometheus::BuildGauge()
+                .Name("zt_step")
+                .Help("The last completed optimizer step")
+                .Register(registry)),
+      comm_wait_seconds_(prometheus::BuildCounter()
+                             .Name("zt_comm_wait_seconds_total")
+                             .Help("Seconds this rank's compute blocked waiting for communication "
+                                   "(what overlap did not hide)")
+                             .Register(registry)),
+      step_seconds_(prometheus::BuildCounter()
+                        .Name("zt_step_seconds_total")
+                        .Help("Steps' wall time by part: compute, comm_wait, optimizer, "
+                              "data_wait (the parts add up to the step)")
+                        .Register(registry)) {}
 
 NodeMetrics::~NodeMetrics() {
   std::vector<std::string> jobs;
@@ -155,6 +201,15 @@ NodeMetrics::RankSeries& NodeMetrics::SeriesOf(const RankSeriesKey& key) {
   s.checkpoint_save_seconds = &checkpoint_save_seconds_.Add(labels);
   s.checkpoint_saved_bytes = &checkpoint_saved_bytes_.Add(labels);
   s.checkpoint_load_seconds = &checkpoint_load_seconds_.Add(labels);
+  s.checkpoint_last_save_time = &checkpoint_last_save_time_.Add(labels);
+  s.checkpoint_last_save_bytes = &checkpoint_last_save_bytes_.Add(labels);
+  s.checkpoint_last_step = &checkpoint_last_step_.Add(labels);
+  s.checkpoint_interval_steps = &checkpoint_interval_steps_.Add(labels);
+  s.step = &step_.Add(labels);
+  s.comm_wait_seconds = &comm_wait_seconds_.Add(labels);
+  for (int p = 0; p < kNumStepParts; ++p) {
+    s.step_seconds[p] = &step_seconds_.Add(With(labels, "part", kStepPartNames[p]));
+  }
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     const auto with_category =
         With(labels, "category", MemoryCategoryName(static_cast<MemoryCategory>(c)));
@@ -180,15 +235,26 @@ void NodeMetrics::RecordMemory(const RankSeriesKey& key, const MemoryPlan& plan,
   }
 }
 
-void NodeMetrics::RecordLoad(const RankSeriesKey& key, double seconds) {
+void NodeMetrics::RecordStart(const RankSeriesKey& key, const Start& start) {
   std::lock_guard<std::mutex> lock(mu_);
-  SeriesOf(key).checkpoint_load_seconds->Set(seconds);
+  RankSeries& s = SeriesOf(key);
+  s.checkpoint_load_seconds->Set(start.load_seconds);
+  s.step->Set(static_cast<double>(start.step));
+  s.checkpoint_last_step->Set(static_cast<double>(start.step));
+  s.checkpoint_last_save_time->Set(start.unix_time);
+  s.checkpoint_interval_steps->Set(static_cast<double>(start.checkpoint_interval_steps));
 }
 
 void NodeMetrics::RecordStep(const RankSeriesKey& key, const StepRecord& step,
-                             const CommStats& comm, double flops_per_token, double job_peak_flops) {
+                             const CommStats& comm, double flops_per_token, double job_peak_flops,
+                             double unix_time) {
   std::lock_guard<std::mutex> lock(mu_);
   RankSeries& s = SeriesOf(key);
+  s.step->Set(static_cast<double>(step.step));
+  s.comm_wait_seconds->Increment(std::max(0.0, step.comm_wait_s));
+  const std::array<double, kNumStepParts> parts = {step.compute_s, step.comm_wait_s,
+                                                   step.optimizer_s, step.data_wait_s};
+  for (int p = 0; p < kNumStepParts; ++p) s.step_seconds[p]->Increment(std::max(0.0, parts[p]));
   s.step_duration->Observe(step.step_ms / 1e3);
   s.tokens_per_second->Set(step.tokens_per_s);
   const double flops = flops_per_token * step.tokens_per_s;
@@ -209,6 +275,9 @@ void NodeMetrics::RecordStep(const RankSeriesKey& key, const StepRecord& step,
   if (step.checkpoint_bytes > 0) {
     s.checkpoint_save_seconds->Set(step.checkpoint_s);
     s.checkpoint_saved_bytes->Increment(static_cast<double>(step.checkpoint_bytes));
+    s.checkpoint_last_save_time->Set(unix_time);
+    s.checkpoint_last_step->Set(static_cast<double>(step.step));
+    s.checkpoint_last_save_bytes->Set(static_cast<double>(step.checkpoint_bytes));
   }
   for (int k = 0; k < kNumCommKinds; ++k) {
     const CommStats::Entry& now = comm.by_kind[k];
@@ -242,6 +311,13 @@ void NodeMetrics::RemoveJob(const std::string& job) {
     checkpoint_save_seconds_.Remove(s.checkpoint_save_seconds);
     checkpoint_saved_bytes_.Remove(s.checkpoint_saved_bytes);
     checkpoint_load_seconds_.Remove(s.checkpoint_load_seconds);
+    checkpoint_last_save_time_.Remove(s.checkpoint_last_save_time);
+    checkpoint_last_save_bytes_.Remove(s.checkpoint_last_save_bytes);
+    checkpoint_last_step_.Remove(s.checkpoint_last_step);
+    checkpoint_interval_steps_.Remove(s.checkpoint_interval_steps);
+    step_.Remove(s.step);
+    comm_wait_seconds_.Remove(s.comm_wait_seconds);
+    for (int p = 0; p < kNumStepParts; ++p) step_seconds_.Remove(s.step_seconds[p]);
     for (int c = 0; c < kMemoryCategoryCount; ++c) {
       memory_bytes_.Remove(s.memory_plan[c]);
       memory_bytes_.Remove(s.memory_measured[c]);

@@ -1,6 +1,8 @@
 // The node daemon's Prometheus series: what each local rank measures, labelled
-// {job, rank, node, device}.
+// {job_id, rank, node, device}. The training job is `job_id`, never `job`: Prometheus owns
+// `job` (the scrape job) and `instance`, and would rename ours to `exported_job`.
 //
+//   zt_step                         gauge      the last completed step (alerts on no progress)
 //   zt_step_duration_seconds        histogram  one optimizer step's wall time
 //   zt_tokens_per_second            gauge      the whole job's tokens per second (last step)
 //   zt_model_tflops_per_second      gauge      the whole job's model TFLOP/s (formula below)
@@ -11,6 +13,17 @@
 //                                   MemoryCategoryName (measured: the arenas' high-water mark)
 //   zt_comm_bytes_total{collective} counter    bytes this rank sent, by CommKindName
 //   zt_comm_seconds_total{collective} counter  seconds its communicators ran that kind
+//   zt_comm_wait_seconds_total      counter    seconds its compute blocked on communication
+//   zt_step_seconds_total{part}     counter    the steps' wall time by part: compute,
+//                                              comm_wait, optimizer, data_wait (they add up)
+//   zt_checkpoint_save_seconds      gauge      the step loop's time in the last save
+//   zt_checkpoint_saved_bytes_total counter    bytes of this rank's checkpoint files
+//   zt_checkpoint_last_save_timestamp_seconds  gauge  unix time of the last save (or start)
+//   zt_checkpoint_last_save_bytes   gauge      bytes of this rank's file in the last save
+//   zt_checkpoint_last_step         gauge      the step of the last save (the resumed step
+//                                              at start)
+//   zt_checkpoint_interval_steps    gauge      checkpoint.interval_steps (0: no periodic saves)
+//   zt_checkpoint_load_seconds      gauge      seconds restoring the resumed checkpoint
 //
 // Model FLOPs per token (PaLM, appendix B): 6·N + 12·L·T·C — N every parameter of the model
 // (a tied embedding counted once: its lookup is free, the head's matmul costs 6·V·C), and the
@@ -65,10 +78,19 @@ class NodeMetrics {
   // One step: its duration, training figures, and the rank's communication counters so far
   // (`comm` is cumulative; the counters advance by the difference). `flops_per_token` from
   // ModelFlopsPerToken, `job_peak_flops` the job's devices together.
+  // `unix_time`: when the step ended (the checkpoint's save time when it saved one).
   void RecordStep(const RankSeriesKey& key, const StepRecord& step, const CommStats& comm,
-                  double flops_per_token, double job_peak_flops);
-  // The seconds the rank spent restoring its resumed checkpoint (Trainer::resume_seconds).
-  void RecordLoad(const RankSeriesKey& key, double seconds);
+                  double flops_per_token, double job_peak_flops, double unix_time);
+  // At the rank's start: the seconds it spent restoring its resumed checkpoint
+  // (Trainer::resume_seconds), the step it starts from (its last checkpoint's, 0 when fresh),
+  // the job's checkpoint.interval_steps, and the unix time now.
+  struct Start {
+    double load_seconds = 0;
+    int64_t step = 0;
+    int64_t checkpoint_interval_steps = 0;
+    double unix_time = 0;
+  };
+  void RecordStart(const RankSeriesKey& key, const Start& start);
   // Removes every series labelled with `job`.
   void RemoveJob(const std::string& job);
 
@@ -92,6 +114,13 @@ class NodeMetrics {
   prometheus::Family<prometheus::Gauge>& checkpoint_save_seconds_;
   prometheus::Family<prometheus::Counter>& checkpoint_saved_bytes_;
   prometheus::Family<prometheus::Gauge>& checkpoint_load_seconds_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_last_save_time_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_last_save_bytes_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_last_step_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_interval_steps_;
+  prometheus::Family<prometheus::Gauge>& step_;
+  prometheus::Family<prometheus::Counter>& comm_wait_seconds_;
+  prometheus::Family<prometheus::Counter>& step_seconds_;
 
   std::mutex mu_;
   std::map<RankSeriesKey, std::unique_ptr<RankSeries>> series_;  // guarded by mu_

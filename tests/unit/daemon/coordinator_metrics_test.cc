@@ -60,7 +60,9 @@ TEST(CoordinatorMetricsTest, JobsNodesRestartsAndRpcLatency) {
   report.mutable_exit()->set_outcome(zerotrain::RankExit::FAILED);
   report.mutable_exit()->set_message("boom");
   ASSERT_TRUE(c.ReportRank(report).ok());
-  EXPECT_EQ(Sample(registry, "zt_job_restarts_total", "", ""), 1);
+  EXPECT_EQ(Sample(registry, "zt_job_restarts_total", "job_id", "m-1"), 1);
+  EXPECT_EQ(Sample(registry, "zt_job_state", "job_id", "m-2"), 1);
+  EXPECT_EQ(Sample(registry, "zt_node_healthy", "node", "node-a"), 1);
   // A restarted job keeps its submission order: m-1 takes the freed device again ahead of m-2.
   EXPECT_EQ(Sample(registry, "zt_jobs", "state", "PLACED"), 1);
   EXPECT_EQ(Sample(registry, "zt_jobs", "state", "PENDING"), 1);
@@ -77,6 +79,15 @@ TEST(CoordinatorMetricsTest, JobsNodesRestartsAndRpcLatency) {
     ASSERT_TRUE(stub->ListJobs(&context, {}, &response).ok());
   }
   EXPECT_EQ(Sample(registry, "zt_rpc_duration_seconds", "method", "ListJobs"), 3);
+  // Prometheus owns `job` and `instance` (it would rename ours exported_job).
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        EXPECT_NE(l.name, "job") << f.name;
+        EXPECT_NE(l.name, "instance") << f.name;
+      }
+    }
+  }
   (*server)->Shutdown();
 }
 

@@ -221,7 +221,7 @@ TEST_F(NodeDaemonTest, RegistersHeartbeatsAndRunsAJobToTheEnd) {
                              "zt_memory_bytes", "zt_comm_bytes_total", "zt_comm_seconds_total"}) {
     EXPECT_THAT(metrics_during_run, HasSubstr(family));
   }
-  EXPECT_THAT(metrics_during_run, HasSubstr(R"(job="job-1",node="node-a",rank="1")"));
+  EXPECT_THAT(metrics_during_run, HasSubstr(R"(job_id="job-1",node="node-a",rank="1")"));
   // The attempt ended: its series are gone.
   EXPECT_THAT(MetricsText(), ::testing::Not(HasSubstr("job-1")));
   EXPECT_TRUE(daemon_->Running().empty());

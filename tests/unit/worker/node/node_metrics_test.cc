@@ -74,19 +74,28 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   comm[CommKind::kAllGather].bytes_sent = 1000;
   comm[CommKind::kAllGather].seconds = 0.25;
   const double flops_per_token = 1e6, peak = 8e9;
-  metrics.RecordStep(key, step, comm, flops_per_token, peak);
-  metrics.RecordStep(other, step, comm, flops_per_token, peak);
+  step.compute_s = 0.025;
+  step.comm_wait_s = 0.0078125;
+  step.optimizer_s = 0.00390625;
+  step.data_wait_s = 0.001953125;
+  step.checkpoint_s = 0.5;
+  step.checkpoint_bytes = 4096;
+  metrics.RecordStart(
+      key, {.load_seconds = 0.25, .step = 0, .checkpoint_interval_steps = 5, .unix_time = 1000});
+  metrics.RecordStep(key, step, comm, flops_per_token, peak, /*unix_time=*/1001);
+  metrics.RecordStep(other, step, comm, flops_per_token, peak, 1001);
   // The second step: counters advance by what changed since the first.
   step.step = 2;
   step.skipped = 3;
   step.val_loss.reset();
+  step.checkpoint_bytes = 0;
   comm[CommKind::kAllGather].bytes_sent = 2500;
   comm[CommKind::kAllGather].seconds = 0.75;
-  metrics.RecordStep(key, step, comm, flops_per_token, peak);
+  metrics.RecordStep(key, step, comm, flops_per_token, peak, 1002);
 
   std::vector<prometheus::MetricFamily> families = registry.Collect();
   const std::map<std::string, std::string> labels{
-      {"job", "job-1"}, {"rank", "1"}, {"node", "node-a"}, {"device", "1"}};
+      {"job_id", "job-1"}, {"rank", "1"}, {"node", "node-a"}, {"device", "1"}};
   auto value = [&](const std::string& name, std::map<std::string, std::string> extra = {}) {
     extra.insert(labels.begin(), labels.end());
     const prometheus::ClientMetric* m = Find(families, name, extra);
@@ -110,16 +119,42 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   // 0.25 + 0.5: exact in binary.
   EXPECT_EQ(value("zt_comm_seconds_total", {{"collective", "AllGather"}}), 0.75);
   EXPECT_EQ(value("zt_comm_bytes_total", {{"collective", "ReduceScatter"}}), 0);
+  EXPECT_EQ(value("zt_step"), 2);
+  // Each part twice; powers of two, so the sums are exact.
+  EXPECT_EQ(value("zt_step_seconds_total", {{"part", "compute"}}), 0.05);
+  EXPECT_EQ(value("zt_step_seconds_total", {{"part", "comm_wait"}}), 2 * 0.0078125);
+  EXPECT_EQ(value("zt_step_seconds_total", {{"part", "optimizer"}}), 2 * 0.00390625);
+  EXPECT_EQ(value("zt_step_seconds_total", {{"part", "data_wait"}}), 2 * 0.001953125);
+  EXPECT_EQ(value("zt_comm_wait_seconds_total"), 2 * 0.0078125);
+  // The save after step 1 (step 2 saved nothing): its time, step and bytes.
+  EXPECT_EQ(value("zt_checkpoint_save_seconds"), 0.5);
+  EXPECT_EQ(value("zt_checkpoint_saved_bytes_total"), 4096);
+  EXPECT_EQ(value("zt_checkpoint_last_save_timestamp_seconds"), 1001);
+  EXPECT_EQ(value("zt_checkpoint_last_step"), 1);
+  EXPECT_EQ(value("zt_checkpoint_last_save_bytes"), 4096);
+  EXPECT_EQ(value("zt_checkpoint_interval_steps"), 5);
+  EXPECT_EQ(value("zt_checkpoint_load_seconds"), 0.25);
   const prometheus::ClientMetric* hist = Find(families, "zt_step_duration_seconds", labels);
   ASSERT_NE(hist, nullptr);
   EXPECT_EQ(hist->histogram.sample_count, 2u);
   // 0.04 s twice; the sum of two identical doubles is exact.
   EXPECT_EQ(hist->histogram.sample_sum, 2 * 0.04);
 
+  // Prometheus owns `job` and `instance`: a label of either name would be renamed
+  // exported_job / exported_instance on scrape, and the dashboard could not tell jobs apart.
+  for (const prometheus::MetricFamily& f : families) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        EXPECT_NE(l.name, "job") << f.name;
+        EXPECT_NE(l.name, "instance") << f.name;
+      }
+    }
+  }
+
   metrics.RemoveJob("job-1");
   const std::string text = Text(registry);
   EXPECT_THAT(text, Not(HasSubstr("job-1")));
-  EXPECT_THAT(text, HasSubstr(R"(job="job-2")"));
+  EXPECT_THAT(text, HasSubstr(R"(job_id="job-2")"));
 }
 
 TEST(NodeMetrics, MemorySeriesHoldThePlanAndTheArenasByCategory) {
@@ -153,10 +188,10 @@ TEST(NodeMetrics, MemorySeriesHoldThePlanAndTheArenasByCategory) {
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     const auto category = static_cast<MemoryCategory>(c);
     const std::string name = MemoryCategoryName(category);
-    const auto* planned =
-        Find(families, "zt_memory_bytes", {{"job", "j"}, {"category", name}, {"source", "plan"}});
+    const auto* planned = Find(families, "zt_memory_bytes",
+                               {{"job_id", "j"}, {"category", name}, {"source", "plan"}});
     const auto* measured = Find(families, "zt_memory_bytes",
-                                {{"job", "j"}, {"category", name}, {"source", "measured"}});
+                                {{"job_id", "j"}, {"category", name}, {"source", "measured"}});
     ASSERT_NE(planned, nullptr) << name;
     ASSERT_NE(measured, nullptr) << name;
     EXPECT_EQ(planned->gauge.value, static_cast<double>(plan.CategoryBytes(category))) << name;
@@ -171,7 +206,7 @@ TEST(NodeMetrics, TextPassesPromtool) {
   StepRecord step;
   step.step_ms = 10;
   step.val_loss = 1;
-  metrics.RecordStep({.job = "j", .rank = 0, .node = "n", .device = 0}, step, CommStats{}, 1, 1);
+  metrics.RecordStep({.job = "j", .rank = 0, .node = "n", .device = 0}, step, CommStats{}, 1, 1, 1);
   const auto path = std::filesystem::temp_directory_path() /
                     ("zt-node-metrics-" + std::to_string(::getpid()) + ".txt");
   { std::ofstream(path) << Text(registry); }

@@ -99,6 +99,9 @@ std::vector<std::string> LossLines(const std::filesystem::path& metrics) {
     j.erase("step_ms");
     j.erase("comm_s");
     j.erase("comm_wait_s");
+    j.erase("data_wait_s");
+    j.erase("optimizer_s");
+    j.erase("compute_s");
     out.push_back(j.dump());
   }
   return out;
@@ -177,6 +180,22 @@ TEST_F(TrainerTest, StopAfterStepKeepsTheSchedule) {
     auto r = full->Step().value();
     EXPECT_EQ(r.lr, records[s].lr);
     EXPECT_EQ(r.loss, records[s].loss);
+  }
+}
+
+// Issue 21: the step's parts, as zt_step_seconds_total{part} exports them, are each
+// non-negative and add up to the step's wall time.
+TEST_F(TrainerTest, StepTimePartsAddUpToTheStep) {
+  auto t = Make(Job(zerotrain::ModelConfig::GPT2, 2, 1), "");
+  for (int s = 0; s < 3; ++s) {
+    const StepRecord r = t->Step().value();
+    EXPECT_GE(r.data_wait_s, 0);
+    EXPECT_GE(r.optimizer_s, 0);
+    EXPECT_GE(r.comm_wait_s, 0);
+    EXPECT_GT(r.compute_s, 0) << "forward and backward take time";
+    // Sums of doubles of a few ms: far below a microsecond of rounding.
+    EXPECT_NEAR(r.data_wait_s + r.optimizer_s + r.comm_wait_s + r.compute_s, r.step_ms / 1e3,
+                1e-6);
   }
 }
 
