@@ -1,17 +1,15 @@
 #include "worker/comm/cuda/cuda_copy_engine.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace zt {
 namespace {
 
+// The kernels' mapping of CUDA errors to statuses (memory → ResourceExhausted), named for the
+// engine and the step that failed.
 absl::Status CudaStatus(const char* what, cudaError_t e) {
-  cudaGetLastError();
-  const std::string message = absl::StrCat("CudaCopyEngine: ", what, ": CUDA error ",
-                                           static_cast<int>(e), " (", cudaGetErrorName(e),
-                                           "): ", cudaGetErrorString(e));
-  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
+  return cuda::CudaError("CudaCopyEngine", what, e);
 }
 
 #define ZT_COPY_ENGINE_CHECK(what, expr)                        \

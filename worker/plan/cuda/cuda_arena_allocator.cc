@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace zt {
 namespace {
@@ -13,14 +14,13 @@ bool OnHost(MemoryCategory c) {
   return c == MemoryCategory::kPinnedHost || c == MemoryCategory::kNvme;
 }
 
+// "memory plan: cudaMalloc of N bytes for <category> failed: CUDA error ...", with the kernels'
+// mapping of CUDA errors to statuses (memory → ResourceExhausted).
 absl::Status CudaFailure(MemoryCategory c, int64_t bytes, const char* call, cudaError_t e) {
-  cudaGetLastError();
-  const std::string message =
-      absl::StrCat("memory plan: ", call, " of ", bytes, " bytes for ", MemoryCategoryName(c),
-                   " failed: CUDA error ", static_cast<int>(e), " (", cudaGetErrorName(e),
-                   "): ", cudaGetErrorString(e));
-  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
+  return cuda::CudaError("memory plan",
+                         absl::StrCat(call, " of ", bytes, " bytes for ", MemoryCategoryName(c))
+                             .c_str(),
+                         e);
 }
 
 class CudaArenaAllocator : public ArenaAllocator {
