@@ -5,6 +5,7 @@
 #include <ctime>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -97,9 +98,28 @@ std::string FormatJobTable(const google::protobuf::RepeatedPtrField<zerotrain::J
 std::string FormatNodeTable(const google::protobuf::RepeatedPtrField<zerotrain::Node>& nodes,
                             int64_t now_ms) {
   std::vector<Row> rows = {
-      {"ID", "HEALTHY", "DEVICES FREE/TOTAL", "MEMORY/DEVICE", "JOBS", "HEARTBEAT"}};
+      {"ID", "HEALTHY", "DEVICES", "FREE/TOTAL", "MEMORY/DEVICE", "JOBS", "HEARTBEAT"}};
   for (const zerotrain::Node& node : nodes) {
     const int total = node.info().devices_size();
+    // "8× NVIDIA H100 80GB HBM3 (sm 9.0)": devices grouped by what they are, in index order
+    // of first appearance, so a job's `resources.device` can be matched at a glance.
+    std::vector<std::pair<std::string, int>> kinds;
+    for (const zerotrain::DeviceInfo& d : node.info().devices()) {
+      // Unnamed devices by kind; an unset kind is a CPU device, as in a job's resources.
+      std::string what = !d.name().empty()                            ? d.name()
+                         : d.kind() == zerotrain::ResourceConfig::CUDA ? "CUDA"
+                                                                        : "CPU";
+      if (!d.compute_capability().empty()) absl::StrAppend(&what, " (sm ", d.compute_capability(), ")");
+      auto same = std::find_if(kinds.begin(), kinds.end(),
+                               [&](const auto& k) { return k.first == what; });
+      if (same == kinds.end()) {
+        kinds.emplace_back(what, 1);
+      } else {
+        ++same->second;
+      }
+    }
+    std::vector<std::string> described;
+    for (const auto& [what, count] : kinds) described.push_back(absl::StrCat(count, "× ", what));
     std::set<std::string> jobs;
     for (const zerotrain::RunningAttempt& a : node.running()) jobs.insert(a.job_id());
     int64_t smallest = 0;
@@ -107,6 +127,7 @@ std::string FormatNodeTable(const google::protobuf::RepeatedPtrField<zerotrain::
       if (smallest == 0 || d.memory_bytes() < smallest) smallest = d.memory_bytes();
     }
     rows.push_back({node.info().id(), node.healthy() ? "yes" : "no",
+                    described.empty() ? "-" : absl::StrJoin(described, ", "),
                     absl::StrCat(node.free_devices_size(), "/", total),
                     smallest > 0 ? FormatBytes(smallest) : "-",
                     jobs.empty() ? "-" : absl::StrJoin(jobs, ","),

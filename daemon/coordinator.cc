@@ -87,7 +87,8 @@ Coordinator::Coordinator(CoordinatorOptions options, AllowedRoots roots,
       store_(std::move(store)),
       rendezvous_(std::make_unique<RendezvousKv>(store_.get())),
       metrics_(metrics),
-      started_ms_(absl::ToUnixMillis(absl::Now())) {}
+      started_ms_(absl::ToUnixMillis(absl::Now())),
+      plan_cache_(options_.plan_cache_entries) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
                                                                  CoordinatorMetrics* metrics) {
@@ -161,6 +162,8 @@ absl::Status Coordinator::Recover() {
       reattach_pending_ = true;
     }
   }
+  for (const auto& [id, node] : nodes_) RefreshNodeViews(id);
+  smallest_device_memory_.clear();
   UpdateMetrics();
   return absl::OkStatus();
 }
@@ -196,7 +199,7 @@ absl::Status Coordinator::AddEvent(JobRecord& record, Job::State state, const st
   record.job.set_updated_ms(now);
   record.events.push_back(event);
   events_changed_.SignalAll();
-  UpdateMetrics();
+  UpdateJobMetrics(record.job.id());
   absl::Status persisted = store_->PutJobWithEvent(
       record.job, event, state_change ? Durability::kSync : Durability::kWal);
   if (!persisted.ok() && record.unsaved_from == 0) {
@@ -228,35 +231,63 @@ bool Coordinator::StoreWritable() {
 
 void Coordinator::UpdateMetrics() {
   if (metrics_ == nullptr) return;
-  std::map<Job::State, int> counts;
+  UpdateJobCountMetrics();
+  UpdateNodeCountMetrics();
   std::map<std::string, Job::State> states;
-  for (const auto& [id, record] : jobs_) {
-    ++counts[record.job.state()];
-    states.emplace(id, record.job.state());
-  }
-  metrics_->SetJobs(counts);
+  for (const auto& [id, record] : jobs_) states.emplace(id, record.job.state());
   metrics_->SetJobStates(states);
-  int healthy = 0;
   std::map<std::string, bool> health;
-  for (const auto& [id, node] : nodes_) {
-    healthy += node.healthy ? 1 : 0;
-    health.emplace(id, node.healthy);
-  }
-  metrics_->SetNodes(static_cast<int>(nodes_.size()), healthy);
+  for (const auto& [id, node] : nodes_) health.emplace(id, node.healthy);
   metrics_->SetNodeHealth(health);
+}
+
+void Coordinator::UpdateJobCountMetrics() {
+  if (metrics_ == nullptr) return;
+  std::map<Job::State, int> counts;
+  for (const auto& [id, record] : jobs_) ++counts[record.job.state()];
+  metrics_->SetJobs(counts);
   metrics_->SetStore(store_->writable(), store_->write_errors());
 }
 
+void Coordinator::UpdateNodeCountMetrics() {
+  if (metrics_ == nullptr) return;
+  int healthy = 0;
+  for (const auto& [id, node] : nodes_) healthy += node.healthy ? 1 : 0;
+  metrics_->SetNodes(static_cast<int>(nodes_.size()), healthy);
+}
+
+void Coordinator::UpdateJobMetrics(const std::string& job_id) {
+  if (metrics_ == nullptr) return;
+  UpdateJobCountMetrics();
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    metrics_->RemoveJob(job_id);
+  } else {
+    metrics_->SetJobState(job_id, it->second.job.state());
+  }
+}
+
+void Coordinator::UpdateNodeMetrics(const std::string& node_id) {
+  if (metrics_ == nullptr) return;
+  UpdateNodeCountMetrics();
+  auto it = nodes_.find(node_id);
+  if (it != nodes_.end()) metrics_->SetNodeHealthy(node_id, it->second.healthy);
+}
+
 int64_t Coordinator::SmallestDeviceMemory(zerotrain::ResourceConfig::DeviceKind kind) const {
-  int64_t smallest = 0;
-  for (const auto& [id, node] : nodes_) {
-    if (!node.healthy) continue;
-    for (const zerotrain::DeviceInfo& d : node.info.devices()) {
-      if (d.kind() != kind) continue;
-      if (smallest == 0 || d.memory_bytes() < smallest) smallest = d.memory_bytes();
+  auto [cached, computing] = smallest_device_memory_.try_emplace(kind, 0);
+  if (computing) {
+    for (const auto& [id, node] : nodes_) {
+      if (!node.healthy) continue;
+      for (const zerotrain::DeviceInfo& d : node.info.devices()) {
+        if (d.kind() != kind) continue;
+        if (cached->second == 0 || d.memory_bytes() < cached->second) {
+          cached->second = d.memory_bytes();
+        }
+      }
     }
   }
-  return smallest > 0 ? smallest : options_.default_device_memory;
+  return cached->second > 0 ? cached->second : options_.default_device_memory;
 }
 
 absl::StatusOr<zerotrain::ShardingPlan> Coordinator::PlanFor(const zerotrain::JobSpec& submitted,
@@ -274,8 +305,8 @@ absl::StatusOr<zerotrain::ShardingPlan> Coordinator::PlanFor(const zerotrain::Jo
         zerotrain::MemoryConfig::CHECKPOINTING_UNSPECIFIED);
   }
   ZT_ASSIGN_OR_RETURN(zerotrain::ShardingPlan plan,
-                      PlanSharding(input, PlannerOptions{.device_memory_bytes = device_memory_bytes,
-                                                         .safety_margin = options_.safety_margin}));
+                      plan_cache_.Plan(input, PlannerOptions{.device_memory_bytes = device_memory_bytes,
+                                                             .safety_margin = options_.safety_margin}));
   plan.clear_pinned();
   if (pinned_stage) plan.add_pinned("parallel.zero_stage");
   if (pinned_checkpointing) plan.add_pinned("memory.activation_checkpointing");
@@ -410,15 +441,8 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   probe.job.set_id(validated.name());
   *probe.job.mutable_spec() = effective;
   *probe.job.mutable_plan() = plan;
-  std::vector<SchedulerNode> all;
-  for (const auto& [id, node] : nodes_) {
-    SchedulerNode& n = all.emplace_back(SchedulerNode{id, {}});
-    for (const zerotrain::DeviceInfo& d : node.info.devices()) {
-      n.devices.push_back({d.index(), d.kind(), d.memory_bytes()});
-    }
-  }
-  if (!all.empty()) {
-    if (std::optional<std::string> why = NeverFits(SchedulerJobFor(probe), all)) {
+  if (!all_nodes_.empty()) {
+    if (std::optional<std::string> why = NeverFits(SchedulerJobFor(probe), all_nodes_)) {
       return absl::ResourceExhaustedError(
           absl::StrCat("job '", validated.name(), "' can never be placed: ", *why));
     }
@@ -440,7 +464,7 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   if (!persisted.ok()) {
     unsaved_.erase(id);
     jobs_.erase(id);
-    UpdateMetrics();
+    UpdateJobMetrics(id);
     return persisted;
   }
   if (!request_id.empty()) request_ids_[request_id] = id;
@@ -527,7 +551,7 @@ absl::Status Coordinator::DeleteJobLocked(const std::string& job_id) {
   }
   jobs_.erase(it);
   events_changed_.SignalAll();
-  UpdateMetrics();
+  UpdateJobMetrics(job_id);
   return absl::OkStatus();
 }
 

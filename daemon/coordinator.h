@@ -46,6 +46,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -54,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/coordinator_metrics.h"
+#include "daemon/plan_cache.h"
 #include "daemon/rendezvous_kv.h"
 #include "daemon/scheduler.h"
 #include "daemon/state_store.h"
@@ -87,6 +89,9 @@ struct CoordinatorOptions {
   int64_t default_device_memory = int64_t{16} << 30;
   // The planner's safety margin (fraction of device memory kept free).
   double safety_margin = 0.10;
+  // Plans of this many job shapes are kept (daemon/plan_cache.h), so SubmitJob plans a shape
+  // once.
+  size_t plan_cache_entries = 256;
   // How often the background pass runs (heartbeat deadlines, scheduling); it never runs
   // slower than a quarter of the heartbeat interval.
   absl::Duration tick_interval = absl::Seconds(1);
@@ -257,6 +262,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places queued jobs on free devices.
   void SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings `node_id`'s entries of all_nodes_ and free_nodes_ up to date with its record. Called
+  // after every change to a node's devices, health, draining or held devices.
+  void RefreshNodeViews(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the state store writes and every event it failed to take is written now; false
   // while it cannot write (placement waits for true).
   bool StoreWritable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -281,7 +289,19 @@ class Coordinator {
   absl::Status HandleExit(JobRecord& record, const zerotrain::RankReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Push(NodeRecord& node, zerotrain::Assignment assignment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every series from the records: O(jobs + nodes) with a map of each, so only where many
+  // may have changed (Recover, Tick); a call that changes one job or one node uses the two
+  // below, which keep SubmitJob and Register independent of the number of nodes and jobs
+  // beyond one allocation-free count.
   void UpdateMetrics() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job counts by state and `job_id`'s series (dropped when the job is gone).
+  void UpdateJobMetrics(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node counts and `node_id`'s health series.
+  void UpdateNodeMetrics(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // zt_jobs{state} (with the store's series), and zt_nodes_*, from a scan of the records (no
+  // allocation per record).
+  void UpdateJobCountMetrics() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateNodeCountMetrics() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowMs() const;
 
   const CoordinatorOptions options_;
@@ -290,6 +310,8 @@ class Coordinator {
   const std::unique_ptr<RendezvousKv> rendezvous_;
   CoordinatorMetrics* const metrics_;
   const int64_t started_ms_;
+  // Thread-safe on its own: PlanFor runs outside mu_.
+  mutable PlanCache plan_cache_;
 
   mutable absl::Mutex mu_;
   mutable absl::CondVar events_changed_;
@@ -297,6 +319,19 @@ class Coordinator {
   absl::CondVar stop_changed_;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
+  // The scheduler's views of nodes_ (daemon/scheduler.h), kept change by change
+  // (RefreshNodeViews) instead of rebuilt for every SubmitJob and pass: with 10,000 nodes the
+  // rebuilding cost more than placing. One entry per node record at a fixed position
+  // (node_view_position_); all_nodes_ lists every device (NeverFits), free_nodes_ the devices a
+  // pass may use (none for a node that is unhealthy or draining; not the held ones).
+  std::vector<SchedulerNode> all_nodes_ ABSL_GUARDED_BY(mu_);
+  std::vector<SchedulerNode> free_nodes_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, size_t> node_view_position_ ABSL_GUARDED_BY(mu_);
+  // SmallestDeviceMemory by kind, computed on first use after a node registered, died or was
+  // recovered (those reset it): every SubmitJob asks, and scanning 10,000 nodes for it was
+  // the largest part of a SubmitJob's time under the lock.
+  mutable std::map<zerotrain::ResourceConfig::DeviceKind, int64_t> smallest_device_memory_
+      ABSL_GUARDED_BY(mu_);
   // SubmitJobRequest.request_id → the job it made (Job.request_id, rebuilt by Recover).
   std::map<std::string, std::string> request_ids_ ABSL_GUARDED_BY(mu_);
   // Jobs with events the state store failed to take (JobRecord::unsaved_from).

@@ -90,15 +90,32 @@ void CoordinatorMetrics::SetJobStates(const std::map<std::string, zerotrain::Job
     restarts_.Remove(it->second.restarts);
     it = jobs_by_id_.erase(it);
   }
-  for (const auto& [job_id, state] : states) {
-    JobSeries& series = JobSeriesOf(job_id);
-    if (series.state == state && series.state_gauge != nullptr) continue;
-    if (series.state_gauge != nullptr) job_state_.Remove(series.state_gauge);
-    series.state = state;
-    series.state_gauge =
-        &job_state_.Add({{"job_id", job_id}, {"state", zerotrain::Job::State_Name(state)}});
-    series.state_gauge->Set(1);
-  }
+  for (const auto& [job_id, state] : states) SetJobStateLocked(job_id, state);
+}
+
+void CoordinatorMetrics::SetJobState(const std::string& job_id, zerotrain::Job::State state) {
+  absl::MutexLock lock(&mu_);
+  SetJobStateLocked(job_id, state);
+}
+
+void CoordinatorMetrics::SetJobStateLocked(const std::string& job_id,
+                                           zerotrain::Job::State state) {
+  JobSeries& series = JobSeriesOf(job_id);
+  if (series.state == state && series.state_gauge != nullptr) return;
+  if (series.state_gauge != nullptr) job_state_.Remove(series.state_gauge);
+  series.state = state;
+  series.state_gauge =
+      &job_state_.Add({{"job_id", job_id}, {"state", zerotrain::Job::State_Name(state)}});
+  series.state_gauge->Set(1);
+}
+
+void CoordinatorMetrics::RemoveJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_by_id_.find(job_id);
+  if (it == jobs_by_id_.end()) return;
+  if (it->second.state_gauge != nullptr) job_state_.Remove(it->second.state_gauge);
+  restarts_.Remove(it->second.restarts);
+  jobs_by_id_.erase(it);
 }
 
 void CoordinatorMetrics::AddRestart(const std::string& job_id) {
@@ -116,11 +133,18 @@ void CoordinatorMetrics::SetNodeHealth(const std::map<std::string, bool>& health
     node_healthy_.Remove(it->second);
     it = node_healthy_by_id_.erase(it);
   }
-  for (const auto& [node, up] : healthy) {
-    prometheus::Gauge*& gauge = node_healthy_by_id_[node];
-    if (gauge == nullptr) gauge = &node_healthy_.Add({{"node", node}});
-    gauge->Set(up ? 1 : 0);
-  }
+  for (const auto& [node, up] : healthy) SetNodeHealthyLocked(node, up);
+}
+
+void CoordinatorMetrics::SetNodeHealthy(const std::string& node_id, bool healthy) {
+  absl::MutexLock lock(&mu_);
+  SetNodeHealthyLocked(node_id, healthy);
+}
+
+void CoordinatorMetrics::SetNodeHealthyLocked(const std::string& node_id, bool healthy) {
+  prometheus::Gauge*& gauge = node_healthy_by_id_[node_id];
+  if (gauge == nullptr) gauge = &node_healthy_.Add({{"node", node_id}});
+  gauge->Set(healthy ? 1 : 0);
 }
 
 void CoordinatorMetrics::SetNodes(int registered, int healthy) {

@@ -37,12 +37,19 @@ class CoordinatorMetrics {
 
   // Every state's count (states absent from `counts` are set to 0).
   void SetJobs(const std::map<zerotrain::Job::State, int>& counts);
-  // Each job's state, by id; jobs absent lose their series (deleted jobs).
+  // Each job's state, by id; jobs absent lose their series (deleted jobs). O(jobs): for a
+  // full resynchronisation; a state change of one job goes through SetJobState.
   void SetJobStates(const std::map<std::string, zerotrain::Job::State>& states);
+  // One job's state series (created on first use).
+  void SetJobState(const std::string& job_id, zerotrain::Job::State state);
+  // Drops a deleted job's series.
+  void RemoveJob(const std::string& job_id);
   void AddRestart(const std::string& job_id);
   void SetNodes(int registered, int healthy);
-  // Each node's health, by id; nodes absent lose their series.
+  // Each node's health, by id; nodes absent lose their series. O(nodes), like SetJobStates.
   void SetNodeHealth(const std::map<std::string, bool>& healthy);
+  // One node's health series (created on first use).
+  void SetNodeHealthy(const std::string& node_id, bool healthy);
   // `method` is the RPC's name ("SubmitJob").
   void ObserveRpc(const std::string& method, double seconds);
   // `write_errors`: the store's count since it opened (the counter advances by the increase).
@@ -67,6 +74,10 @@ class CoordinatorMetrics {
     prometheus::Counter* restarts = nullptr;
   };
   JobSeries& JobSeriesOf(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetJobStateLocked(const std::string& job_id, zerotrain::Job::State state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetNodeHealthyLocked(const std::string& node_id, bool healthy)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, JobSeries> jobs_by_id_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Gauge*> node_healthy_by_id_ ABSL_GUARDED_BY(mu_);
 };

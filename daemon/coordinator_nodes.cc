@@ -80,6 +80,7 @@ void Coordinator::ReleaseDevice(const std::string& node_id, const std::string& j
     return entry.second.job_id == job_id && entry.second.attempt == attempt &&
            entry.second.rank == rank;
   });
+  RefreshNodeViews(node_id);
 }
 
 void Coordinator::StopAttemptRanks(const JobRecord& record, zerotrain::StopRanks::Reason reason) {
@@ -168,6 +169,7 @@ absl::Status Coordinator::StartAttempt(JobRecord& record, const JobPlacement& pl
     record.ranks[p.rank()] = RankState{};
     nodes_[p.node_id()].held[p.device()] = HeldDevice{job.id(), attempt->number(), p.rank()};
   }
+  for (const auto& [node_id, ranks] : by_node) RefreshNodeViews(node_id);
   std::vector<std::string> where;
   for (const auto& [node_id, ranks] : by_node) {
     zerotrain::Assignment assignment;
@@ -203,18 +205,29 @@ void Coordinator::SchedulePass() {
     }
   }
   if (queued.empty()) return;
-  std::vector<SchedulerNode> free;
-  for (const auto& [id, node] : nodes_) {
-    if (!node.healthy || node.draining) continue;
-    SchedulerNode& n = free.emplace_back(SchedulerNode{id, {}});
-    for (const zerotrain::DeviceInfo& d : node.info.devices()) {
-      if (!node.held.contains(d.index())) {
-        n.devices.push_back({d.index(), d.kind(), d.memory_bytes()});
-      }
-    }
-  }
-  for (const JobPlacement& placement : ScheduleJobs(queued, free)) {
+  // StartAttempt changes free_nodes_ (RefreshNodeViews): schedule first, then start.
+  for (const JobPlacement& placement : ScheduleJobs(queued, free_nodes_)) {
     LogError(StartAttempt(jobs_.at(placement.job_id), placement), "placing a job");
+  }
+}
+
+void Coordinator::RefreshNodeViews(const std::string& node_id) {
+  auto record = nodes_.find(node_id);
+  if (record == nodes_.end()) return;
+  const NodeRecord& node = record->second;
+  auto [position, added] = node_view_position_.try_emplace(node_id, all_nodes_.size());
+  if (added) {
+    all_nodes_.push_back(SchedulerNode{node_id, {}});
+    free_nodes_.push_back(SchedulerNode{node_id, {}});
+  }
+  std::vector<SchedulerDevice>& all = all_nodes_[position->second].devices;
+  std::vector<SchedulerDevice>& free = free_nodes_[position->second].devices;
+  all.clear();
+  free.clear();
+  for (const zerotrain::DeviceInfo& d : node.info.devices()) {
+    const SchedulerDevice device{d.index(), d.kind(), d.memory_bytes()};
+    all.push_back(device);
+    if (node.healthy && !node.draining && !node.held.contains(d.index())) free.push_back(device);
   }
 }
 
@@ -241,6 +254,7 @@ absl::StatusOr<zerotrain::RegisterResponse> Coordinator::Register(
   node.last_heartbeat_ms = now;
   node.healthy = true;
   node.draining = false;
+  smallest_device_memory_.clear();
   node.running.assign(request.running().begin(), request.running().end());
 
   std::map<std::string, std::set<int32_t>> running;  // "<job>/<attempt>" -> ranks
@@ -284,6 +298,7 @@ absl::StatusOr<zerotrain::RegisterResponse> Coordinator::Register(
     if (job != jobs_.end()) lost.try_emplace(held->second.job_id);
     held = node.held.erase(held);
   }
+  RefreshNodeViews(info.id());
   for (auto& [job_id, record] : jobs_) {
     if (record.awaiting_reattach.empty()) continue;
     const zerotrain::Attempt& attempt = record.job.attempts(record.job.attempts_size() - 1);
@@ -303,7 +318,7 @@ absl::StatusOr<zerotrain::RegisterResponse> Coordinator::Register(
     ZT_RETURN_IF_ERROR(FinishCancelIfDrained(record));
   }
   SchedulePass();
-  UpdateMetrics();
+  UpdateNodeMetrics(info.id());
   zerotrain::RegisterResponse response;
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   return response;
@@ -374,6 +389,7 @@ absl::Status Coordinator::HandleExit(JobRecord& record, const zerotrain::RankRep
         if (exit.preempted()) {
           if (auto node = nodes_.find(report.node_id()); node != nodes_.end()) {
             node->second.draining = true;
+            RefreshNodeViews(report.node_id());
           }
           return FailAttempt(record, absl::StrCat(who, " was preempted"), Failure::kPreempted);
         }
@@ -474,6 +490,7 @@ std::vector<zerotrain::Node> Coordinator::ListNodes() const {
 
 absl::Status Coordinator::DeclareNodeDead(NodeRecord& node, const std::string& reason) {
   node.healthy = false;
+  smallest_device_memory_.clear();
   node.queue.clear();
   std::set<std::string> affected;
   for (const auto& [device, held] : node.held) affected.insert(held.job_id);
@@ -520,6 +537,7 @@ void Coordinator::Tick() {
     if (node.healthy && now - node.last_heartbeat_ms > limit) {
       LogError(DeclareNodeDead(node, absl::StrCat("node ", id, " missed 3 heartbeats")),
                "declaring a node dead");
+      RefreshNodeViews(id);
     }
   }
   const int64_t reattach_limit =

@@ -1,6 +1,8 @@
 #include "daemon/scheduler.h"
 
 #include <algorithm>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,30 +12,40 @@
 namespace zt {
 namespace {
 
+// A node with devices the job can use. Found by counting alone: building the device list of
+// every node of a 10,000-node registry on each placement cost more than the rest of SubmitJob.
 struct Candidate {
   const SchedulerNode* node;
-  std::vector<int32_t> devices;  // qualifying, ascending index
-  // How many of them the job may use: whole shard groups only with hybrid sharding.
+  // How many of its qualifying devices the job may use: whole shard groups only with hybrid
+  // sharding.
   int32_t usable = 0;
 };
+
+bool Qualifies(const SchedulerJob& job, const SchedulerDevice& d) {
+  return d.kind == job.device_kind && d.memory_bytes >= job.device_memory_bytes;
+}
 
 std::vector<Candidate> Qualifying(const SchedulerJob& job,
                                   const std::vector<SchedulerNode>& nodes) {
   const bool hybrid = job.shard_group_size > 0 && job.shard_group_size < job.world_size;
   std::vector<Candidate> out;
   for (const SchedulerNode& node : nodes) {
-    Candidate c{&node, {}, 0};
-    for (const SchedulerDevice& d : node.devices) {
-      if (d.kind == job.device_kind && d.memory_bytes >= job.device_memory_bytes) {
-        c.devices.push_back(d.index);
-      }
-    }
-    std::sort(c.devices.begin(), c.devices.end());
-    const int32_t n = static_cast<int32_t>(c.devices.size());
-    c.usable = hybrid ? n / job.shard_group_size * job.shard_group_size : n;
-    if (c.usable > 0) out.push_back(std::move(c));
+    int32_t n = 0;
+    for (const SchedulerDevice& d : node.devices) n += Qualifies(job, d) ? 1 : 0;
+    const int32_t usable = hybrid ? n / job.shard_group_size * job.shard_group_size : n;
+    if (usable > 0) out.push_back(Candidate{&node, usable});
   }
   return out;
+}
+
+// The qualifying devices of a chosen node, ascending index.
+std::vector<int32_t> QualifyingDevices(const SchedulerJob& job, const SchedulerNode& node) {
+  std::vector<int32_t> devices;
+  for (const SchedulerDevice& d : node.devices) {
+    if (Qualifies(job, d)) devices.push_back(d.index);
+  }
+  std::sort(devices.begin(), devices.end());
+  return devices;
 }
 
 const char* KindName(zerotrain::ResourceConfig::DeviceKind kind) {
@@ -78,11 +90,12 @@ std::optional<JobPlacement> PlaceJob(const SchedulerJob& job,
   JobPlacement placement{job.id, {}};
   int32_t rank = 0;
   for (const Candidate* c : chosen) {
+    const std::vector<int32_t> devices = QualifyingDevices(job, *c->node);
     for (int32_t i = 0; i < c->usable && rank < job.world_size; ++i, ++rank) {
       zerotrain::RankPlacement& p = placement.ranks.emplace_back();
       p.set_rank(rank);
       p.set_node_id(c->node->id);
-      p.set_device(c->devices[i]);
+      p.set_device(devices[i]);
     }
   }
   return placement;
@@ -96,15 +109,24 @@ std::vector<JobPlacement> ScheduleJobs(const std::vector<SchedulerJob>& queued,
     if (a->priority != b->priority) return a->priority > b->priority;
     return a->order < b->order;
   });
-  std::vector<SchedulerNode> nodes = free;
+  // The first job places on `free` itself; only a pass that goes on to a second job copies
+  // the nodes to take the first one's devices out (a SubmitJob's pass usually has one job,
+  // and copying 10,000 nodes cost more than placing it).
+  const std::vector<SchedulerNode>* nodes = &free;
+  std::vector<SchedulerNode> remaining;
+  std::unordered_map<std::string, size_t> position;  // of a node in `remaining`, by id
   std::vector<JobPlacement> placements;
-  for (const SchedulerJob* job : order) {
-    std::optional<JobPlacement> placement = PlaceJob(*job, nodes);
+  for (size_t j = 0; j < order.size(); ++j) {
+    std::optional<JobPlacement> placement = PlaceJob(*order[j], *nodes);
     if (!placement.has_value()) break;
-    for (const zerotrain::RankPlacement& p : placement->ranks) {
-      for (SchedulerNode& node : nodes) {
-        if (node.id != p.node_id()) continue;
-        std::erase_if(node.devices,
+    if (j + 1 < order.size()) {
+      if (nodes == &free) {
+        remaining = free;
+        for (size_t i = 0; i < remaining.size(); ++i) position.emplace(remaining[i].id, i);
+        nodes = &remaining;
+      }
+      for (const zerotrain::RankPlacement& p : placement->ranks) {
+        std::erase_if(remaining[position.at(p.node_id())].devices,
                       [&](const SchedulerDevice& d) { return d.index == p.device(); });
       }
     }

@@ -107,6 +107,7 @@ void AddCudaDevices(zerotrain::NodeInfo& info) {
     device->set_kind(zerotrain::ResourceConfig::CUDA);
     device->set_name(prop.name);
     device->set_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+    device->set_compute_capability(absl::StrCat(prop.major, ".", prop.minor));
     device->set_peak_flops(static_cast<double>(prop.multiProcessorCount) * clock_khz * 1e3 *
                            TensorFlopPerCyclePerSm(prop.major, prop.minor));
   }

@@ -3,7 +3,8 @@
 //
 // Devices. CUDA GPUs when the build has CUDA (cudart; the driver library is loaded by cudart at
 // run time, never linked) and cudaGetDeviceCount counts any: each with its name, its global
-// memory, and a peak dense bf16 FLOP/s from its SM count, clock and architecture. Otherwise
+// memory, its compute capability ("9.0"), and a peak dense bf16 FLOP/s from its SM count,
+// clock and architecture. Otherwise
 // `cpu_devices` CPU devices sharing the cores: device k is named "cpu (c of n cores)" with
 // c = the cores it computes with (n / cpu_devices, at least 1), its memory is
 // `device_memory_bytes` when given, else MemAvailable · 0.9 / cpu_devices (the 10% is left to

@@ -102,9 +102,29 @@ TEST(FormatNodeTableTest, FreeDevicesMemoryJobsAndHeartbeat) {
 
   const std::vector<std::string> lines = Lines(FormatNodeTable(nodes, 13'500));
   ASSERT_EQ(lines.size(), 2u);
-  for (const char* cell : {"node-a", "yes", "1/2", "8.00 GiB", "tiny-12", "3s ago"}) {
+  for (const char* cell : {"node-a", "yes", "2× CPU", "1/2", "8.00 GiB", "tiny-12", "3s ago"}) {
     EXPECT_NE(lines[1].find(cell), std::string::npos) << cell << " in " << lines[1];
   }
+}
+
+TEST(FormatNodeTableTest, DevicesAreGroupedByNameWithTheirComputeCapability) {
+  google::protobuf::RepeatedPtrField<zerotrain::Node> nodes;
+  zerotrain::Node* node = nodes.Add();
+  node->mutable_info()->set_id("gpu-node");
+  node->set_healthy(true);
+  for (int i = 0; i < 3; ++i) {
+    zerotrain::DeviceInfo* d = node->mutable_info()->add_devices();
+    d->set_index(i);
+    d->set_kind(zerotrain::ResourceConfig::CUDA);
+    d->set_name(i < 2 ? "NVIDIA H100 80GB HBM3" : "NVIDIA A100-SXM4-40GB");
+    d->set_compute_capability(i < 2 ? "9.0" : "8.0");
+    d->set_memory_bytes(int64_t{40} << 30);
+  }
+  const std::vector<std::string> lines = Lines(FormatNodeTable(nodes, 0));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[1].find("2× NVIDIA H100 80GB HBM3 (sm 9.0), 1× NVIDIA A100-SXM4-40GB (sm 8.0)"),
+            std::string::npos)
+      << lines[1];
 }
 
 TEST(FormatJobStatusTest, ShowsPlanAttemptsAndFailure) {

@@ -91,5 +91,55 @@ TEST(CoordinatorMetricsTest, JobsNodesRestartsAndRpcLatency) {
   (*server)->Shutdown();
 }
 
+// Each job's and node's series follow their changes at once (not at the next background
+// pass), label by label: the per-change updates that keep SubmitJob and Register independent
+// of the number of nodes and jobs.
+TEST(CoordinatorMetricsTest, PerJobAndPerNodeSeriesFollowEachChange) {
+  testing::TempDir state;
+  testing::TempDir data;
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
+      Coordinator::Create({.state_dir = state.path()}, &metrics);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  Coordinator& c = **coordinator;
+  ASSERT_TRUE(c.Submit(testing::SmallJob("m", data.path(), 1)).ok());
+  auto state_of = [&](const std::string& job_id) {
+    std::string found;
+    for (const prometheus::MetricFamily& f : registry.Collect()) {
+      if (f.name != "zt_job_state") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        std::string id, state;
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == "job_id") id = l.value;
+          if (l.name == "state") state = l.value;
+        }
+        if (id == job_id) {
+          EXPECT_TRUE(found.empty()) << job_id << " has two state series";
+          found = state;
+        }
+      }
+    }
+    return found;
+  };
+  EXPECT_EQ(state_of("m-1"), "PENDING");  // no node yet
+  zerotrain::RegisterRequest reg;
+  *reg.mutable_info() = testing::NodeWithDevices("node-a", 1, int64_t{1} << 30);
+  ASSERT_TRUE(c.Register(reg).ok());
+  EXPECT_EQ(Sample(registry, "zt_node_healthy", "node", "node-a"), 1);
+  EXPECT_EQ(Sample(registry, "zt_nodes_registered", "", ""), 1);
+  EXPECT_EQ(state_of("m-1"), "PLACED");  // the registration's scheduling pass placed it
+  zerotrain::RankReport started;
+  started.set_node_id("node-a");
+  started.set_job_id("m-1");
+  started.set_attempt(1);
+  started.mutable_started();
+  ASSERT_TRUE(c.ReportRank(started).ok());
+  ASSERT_EQ(c.GetJob("m-1")->state(), zerotrain::Job::RUNNING);
+  EXPECT_EQ(state_of("m-1"), "RUNNING");  // and the PLACED series is gone
+  EXPECT_EQ(Sample(registry, "zt_jobs", "state", "RUNNING"), 1);
+  EXPECT_EQ(Sample(registry, "zt_jobs", "state", "PLACED"), 0);
+}
+
 }  // namespace
 }  // namespace zt

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
@@ -78,7 +79,9 @@ TEST_P(GemmWorkspacePlanTest, PlanHoldsTheLargestLinearLayerScratch) {
   for (const auto& [k, n] : {std::pair{C, qkv_out}, {C, C}, {C, fc_out}, {F, C}, {C, V}}) {
     most = std::max(most, LinearWorkspaceBytes(ctx, M, k, n).value());
   }
-  EXPECT_GT(most, 0);
+  // oneDNN's AVX-512 matmuls take scratch at these shapes; its AVX2 ones (a CPU without
+  // AVX-512) take none, and then the plan must hold none.
+  if (absl::StrContains(CpuGemmDescription(CpuGemm::kOneDnn), "avx512")) EXPECT_GT(most, 0);
   EXPECT_EQ(ws->bytes(), most);
   EXPECT_EQ(GemmWorkspaceBytesFor(job.model(), 4, 32, ctx), most);
 }
