@@ -36,8 +36,10 @@ absl::StatusOr<zerotrain::JobSpec> ValidatedJob(zerotrain::JobSpec job,
 
 // The sharding planner's input (worker/plan/sharding_planner.h): the stages above run on a
 // copy with every default applied, and the spec returned has those defaults too, except
-// parallel.zero_stage and memory.activation_checkpointing, which stay as the job file left
-// them (unset / CHECKPOINTING_UNSPECIFIED: the planner chooses). Errors as ValidatedJob's.
+// parallel.zero_stage, memory.activation_checkpointing, offload.optimizer and offload.params,
+// which stay as the job file left them (unset / *_UNSPECIFIED: the planner chooses). An
+// offload the job sets with the stage unset is validated at the lowest stage allowing it.
+// Errors as ValidatedJob's.
 absl::StatusOr<zerotrain::JobSpec> JobForPlanning(zerotrain::JobSpec job,
                                                   const JobLoadOptions& options = {});
 // The same for a job file; errors as LoadValidatedJob's (each line names the file).
