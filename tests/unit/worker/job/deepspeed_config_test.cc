@@ -255,7 +255,7 @@ TEST(DeepSpeedConfigTest, OffloadWithTheStageLeftToTheJobIsCheckedByValidation) 
       ::testing::HasSubstr("offload.optimizer: CPU needs parallel.zero_stage >= 1 (got 0)"));
 }
 
-TEST(DeepSpeedConfigTest, HuggingFaceZeroTwoConfigNamesEveryRefusal) {
+TEST(DeepSpeedConfigTest, HuggingFaceZeroTwoConfigRefusesOnlyItsLogWarmup) {
   // Hugging Face's zero2 config as its docs give it keeps DeepSpeed's log warmup (refused);
   // its optimizer offload maps.
   absl::StatusOr<JobSpec> job = ApplyDeepSpeedConfigFile(DataPath("hf_zero2_auto.json"), BaseJob());

@@ -171,7 +171,7 @@ TEST_F(NvmePathTest, AnExistingWritableDirectoryPasses) {
   EXPECT_TRUE(CheckNvmePath(cpu).ok());
 }
 
-TEST_F(NvmePathTest, MissingNotADirectoryAndUnwritableAreRefusedNamingThePath) {
+TEST_F(NvmePathTest, MissingOrNotADirectoryIsRefusedNamingThePath) {
   const std::string missing = (dir_ / "missing").string();
   absl::Status status = CheckNvmePath(NvmeJob(missing));
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
@@ -187,11 +187,13 @@ TEST_F(NvmePathTest, MissingNotADirectoryAndUnwritableAreRefusedNamingThePath) {
   status = CheckJobPaths(NvmeJob(missing));
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(status.message(), HasSubstr("offload.nvme_path directory '" + missing + "'"));
+}
 
+TEST_F(NvmePathTest, AnUnwritableDirectoryIsPermissionDenied) {
   if (::geteuid() == 0) GTEST_SKIP() << "root writes into a mode 0555 directory anyway";
   const std::filesystem::path locked = dir_ / "swap";
   ASSERT_EQ(::chmod(locked.c_str(), 0555), 0);
-  status = CheckNvmePath(NvmeJob(locked.string()));
+  const absl::Status status = CheckNvmePath(NvmeJob(locked.string()));
   EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(status.message(),
               HasSubstr("offload.nvme_path directory '" + locked.string() + "' is not writable"));
