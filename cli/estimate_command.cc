@@ -25,7 +25,8 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
       LoadValidatedJob(flags.job_file, {.check_paths = false,
                                         .check_engine_support = false,
                                         .deepspeed_config = flags.deepspeed,
-                                        .deepspeed_world_size = flags.world_size});
+                                        .deepspeed_world_size = flags.world_size,
+                                        .zero_stage = flags.zero_stage});
   if (!loaded.ok()) return loaded.status();
   zerotrain::JobSpec job = *loaded;
   if (flags.world_size > 0) {

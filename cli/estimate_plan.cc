@@ -50,12 +50,12 @@ std::string OffloadName(zerotrain::OffloadConfig::Device d) {
 }  // namespace
 
 absl::Status RunEstimatePlan(const EstimateFlags& flags) {
-  ZT_ASSIGN_OR_RETURN(
-      zerotrain::JobSpec job,
-      LoadJobForPlanning(flags.job_file, {.check_paths = false,
-                                          .check_engine_support = false,
-                                          .deepspeed_config = flags.deepspeed,
-                                          .deepspeed_world_size = flags.world_size}));
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job,
+                      LoadJobForPlanning(flags.job_file, {.check_paths = false,
+                                                          .check_engine_support = false,
+                                                          .deepspeed_config = flags.deepspeed,
+                                                          .deepspeed_world_size = flags.world_size,
+                                                          .zero_stage = flags.zero_stage}));
   if (flags.world_size > 0) {
     // A new world shards over all its ranks (the job's shard_group_size was for its own).
     job.mutable_parallel()->set_world_size(flags.world_size);

@@ -67,9 +67,13 @@ absl::Status InFile(const std::string& path, const JobLoadOptions& options,
 absl::StatusOr<zerotrain::JobSpec> LoadJobSource(const std::string& path,
                                                  const JobLoadOptions& options) {
   ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobFile(path));
-  if (options.deepspeed_config.empty()) return job;
-  return ApplyDeepSpeedConfigFile(options.deepspeed_config, std::move(job),
-                                  {.world_size = options.deepspeed_world_size});
+  if (!options.deepspeed_config.empty()) {
+    ZT_ASSIGN_OR_RETURN(job,
+                        ApplyDeepSpeedConfigFile(options.deepspeed_config, std::move(job),
+                                                 {.world_size = options.deepspeed_world_size}));
+  }
+  if (options.zero_stage >= 0) job.mutable_parallel()->set_zero_stage(options.zero_stage);
+  return job;
 }
 
 absl::StatusOr<zerotrain::JobSpec> LoadValidatedJob(const std::string& path,

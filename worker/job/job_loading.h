@@ -21,10 +21,15 @@ struct JobLoadOptions {
   std::string deepspeed_config;
   // The world size of DeepSpeed's batch rule; 0: the job's parallel.world_size.
   int deepspeed_world_size = 0;
+  // ≥ 0: replaces parallel.zero_stage before defaults and validation (`zt estimate
+  // --zero-stage`), so the rules that depend on the stage (offload's) see the one planned.
+  // Only the Load* functions read it.
+  int zero_stage = -1;
 };
 
-// The job file as written with options.deepspeed_config laid over it: no defaults, no
-// validation. Errors as LoadJobFile's and ApplyDeepSpeedConfigFile's (each names its file).
+// The job file as written with options.deepspeed_config laid over it (and options.zero_stage
+// when ≥ 0): no defaults, no validation. Errors as LoadJobFile's and ApplyDeepSpeedConfigFile's
+// (each names its file).
 absl::StatusOr<zerotrain::JobSpec> LoadJobSource(const std::string& path,
                                                  const JobLoadOptions& options = {});
 

@@ -78,6 +78,19 @@ TEST_F(EstimateOffloadTest, TiersAddUpToTheTotal) {
   EXPECT_THAT(text, HasSubstr("device budget (resources.device_memory_bytes) 19.1 MiB: "));
 }
 
+TEST_F(EstimateOffloadTest, ZeroStageFlagIsTheStageValidationSees) {
+  // The job leaves the stage at its default 0, which optimizer offload does not allow;
+  // --zero-stage 1 is what the estimate plans, so validation checks that.
+  const std::string path =
+      Write(std::string(kJob) + "offload: {optimizer: CPU, buffer_size: 2097152}\n");
+  EXPECT_EQ(RunEstimate({.job_file = path, .json = true}).code(),
+            absl::StatusCode::kInvalidArgument);
+  const nlohmann::json j =
+      nlohmann::json::parse(Run({.job_file = path, .zero_stage = 1, .json = true}));
+  EXPECT_EQ(j["zero_stage"], 1);
+  EXPECT_EQ(j["offload"]["optimizer"], "CPU");
+}
+
 TEST_F(EstimateOffloadTest, PlanShowsTheChosenOffloadAndWhy) {
   const std::string path = Write(std::string(kJob) + "offload: {buffer_size: 2097152}\n");
   const std::string text = Run({.job_file = path, .plan = true});
