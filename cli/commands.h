@@ -73,6 +73,19 @@ struct ExportFlags {
 };
 absl::Status RunExport(const ExportFlags& flags);
 
+// `zt offload probe PATH`: the write and read bandwidth the swap store would reach in PATH.
+struct OffloadProbeFlags {
+  std::string path;
+  // Sizes: bytes, or a size like "1MiB" (cli/output_format.h). Defaults: the job schema's
+  // offload.aio defaults (DeepSpeed's), and the probe's 256 MiB.
+  std::string block_size = "1MiB";
+  int queue_depth = 8;
+  std::string bytes = "256MiB";
+  bool json = false;
+};
+// Prints one line (with json: one JSON object) to stdout; errors name the flag or the path.
+absl::Status RunOffloadProbe(const OffloadProbeFlags& flags);
+
 // How every remote verb reaches the coordinator (worker/node/control_channel.h resolves the
 // empty ones: $ZT_COORDINATOR or 127.0.0.1:7070; $ZT_TOKEN or $ZT_STATE_DIR/token).
 struct RemoteFlags {

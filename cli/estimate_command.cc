@@ -25,7 +25,8 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
       LoadValidatedJob(flags.job_file, {.check_paths = false,
                                         .check_engine_support = false,
                                         .deepspeed_config = flags.deepspeed,
-                                        .deepspeed_world_size = flags.world_size});
+                                        .deepspeed_world_size = flags.world_size,
+                                        .zero_stage = flags.zero_stage});
   if (!loaded.ok()) return loaded.status();
   zerotrain::JobSpec job = *loaded;
   if (flags.world_size > 0) {
@@ -49,11 +50,22 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
       per_rank[MemoryCategoryName(category)] = plan.CategoryBytes(category);
     }
     per_rank["total"] = plan.TotalBytes();
-    nlohmann::json out = {{"job", name},
-                          {"parameters", params},
-                          {"world_size", job.parallel().world_size()},
-                          {"zero_stage", job.parallel().zero_stage()},
-                          {"per_rank", per_rank}};
+    nlohmann::json out = {
+        {"job", name},
+        {"parameters", params},
+        {"world_size", job.parallel().world_size()},
+        {"zero_stage", job.parallel().zero_stage()},
+        {"offload",
+         {{"optimizer", zerotrain::OffloadConfig::Device_Name(job.offload().optimizer())},
+          {"params", zerotrain::OffloadConfig::Device_Name(job.offload().params())}}},
+        {"per_rank", per_rank},
+        {"per_rank_by_tier",
+         {{"device", plan.DeviceBytes()},
+          {"pinned_host", plan.CategoryBytes(MemoryCategory::kPinnedHost)},
+          {"nvme", plan.CategoryBytes(MemoryCategory::kNvme)}}}};
+    if (job.resources().device_memory_bytes() > 0) {
+      out["device_memory_bytes"] = job.resources().device_memory_bytes();
+    }
     // With a DeepSpeed config, the whole spec it produced (defaults applied), by the JSON
     // mapping, so a script can check every field.
     if (!flags.deepspeed.empty()) {
@@ -78,6 +90,19 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
     row(MemoryCategoryName(category), plan.CategoryBytes(category));
   }
   row("total", plan.TotalBytes());
+  // Where those bytes live: the device's arenas, the offload tier's pinned host pool (the
+  // offloaded states, its ring, an async checkpoint's staging) and its NVMe swap store.
+  std::cout << absl::StrFormat("where (offload.optimizer %s, offload.params %s):\n",
+                               zerotrain::OffloadConfig::Device_Name(job.offload().optimizer()),
+                               zerotrain::OffloadConfig::Device_Name(job.offload().params()));
+  row("device", plan.DeviceBytes());
+  row("pinned host", plan.CategoryBytes(MemoryCategory::kPinnedHost));
+  row("nvme", plan.CategoryBytes(MemoryCategory::kNvme));
+  if (const int64_t budget = job.resources().device_memory_bytes(); budget > 0) {
+    std::cout << absl::StrFormat("device budget (resources.device_memory_bytes) %s: %s\n",
+                                 FormatBytes(budget),
+                                 plan.DeviceBytes() <= budget ? "fits" : "exceeded");
+  }
   // What the DeepSpeed config became, so its user can check the mapping (docs/deepspeed.md).
   if (!flags.deepspeed.empty()) {
     std::cout << "training, with " << flags.deepspeed << ":\n" << TrainingSummary(job);

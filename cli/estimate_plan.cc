@@ -1,5 +1,6 @@
 // `zt estimate JOBFILE --plan`: the sharding the planner (worker/plan/sharding_planner.h)
 // chooses for the job on devices of a given size, and every alternative with why it lost.
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -39,15 +40,22 @@ std::string PolicyName(zerotrain::MemoryConfig::ActivationCheckpointing c) {
   return zerotrain::MemoryConfig::ActivationCheckpointing_Name(c);
 }
 
+// A plan from before offload was planned leaves the fields unset: NONE.
+std::string OffloadName(zerotrain::OffloadConfig::Device d) {
+  return d == zerotrain::OffloadConfig::DEVICE_UNSPECIFIED
+             ? "NONE"
+             : zerotrain::OffloadConfig::Device_Name(d);
+}
+
 }  // namespace
 
 absl::Status RunEstimatePlan(const EstimateFlags& flags) {
-  ZT_ASSIGN_OR_RETURN(
-      zerotrain::JobSpec job,
-      LoadJobForPlanning(flags.job_file, {.check_paths = false,
-                                          .check_engine_support = false,
-                                          .deepspeed_config = flags.deepspeed,
-                                          .deepspeed_world_size = flags.world_size}));
+  ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job,
+                      LoadJobForPlanning(flags.job_file, {.check_paths = false,
+                                                          .check_engine_support = false,
+                                                          .deepspeed_config = flags.deepspeed,
+                                                          .deepspeed_world_size = flags.world_size,
+                                                          .zero_stage = flags.zero_stage}));
   if (flags.world_size > 0) {
     // A new world shards over all its ranks (the job's shard_group_size was for its own).
     job.mutable_parallel()->set_world_size(flags.world_size);
@@ -62,17 +70,32 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
 
   int64_t device_bytes = 0;
   std::string device_source;
+  const absl::StatusOr<int64_t> available = MemAvailableBytes();
+  const int64_t job_budget = job.resources().device_memory_bytes();
   if (!flags.device_memory.empty()) {
     ZT_ASSIGN_OR_RETURN(device_bytes, ParseByteSize(flags.device_memory, "--device-memory"));
     device_source = "--device-memory";
+  } else if (job_budget > 0) {
+    device_bytes = job_budget;
+    device_source = "resources.device_memory_bytes";
   } else {
-    ZT_ASSIGN_OR_RETURN(const int64_t available, MemAvailableBytes());
-    device_bytes = available / ranks;
-    device_source = absl::StrCat("this machine's MemAvailable ", FormatBytes(available), " / ",
+    if (!available.ok()) return available.status();
+    device_bytes = *available / ranks;
+    device_source = absl::StrCat("this machine's MemAvailable ", FormatBytes(*available), " / ",
                                  ranks, ranks == 1 ? " rank" : " ranks");
   }
-  ZT_ASSIGN_OR_RETURN(const zerotrain::ShardingPlan plan,
-                      PlanSharding(job, {.device_memory_bytes = device_bytes}));
+  // The offload tier's pinned pool comes out of this machine's memory: each rank's share,
+  // less what a CPU device with its own budget takes from the same memory.
+  int64_t host_bytes = 0;
+  if (available.ok()) {
+    host_bytes = *available / ranks;
+    if (job.resources().device() == zerotrain::ResourceConfig::CPU && job_budget > 0) {
+      host_bytes = std::max<int64_t>(1, host_bytes - std::min(job_budget, device_bytes));
+    }
+  }
+  ZT_ASSIGN_OR_RETURN(
+      const zerotrain::ShardingPlan plan,
+      PlanSharding(job, {.device_memory_bytes = device_bytes, .host_memory_bytes = host_bytes}));
   if (flags.json) {
     ZT_ASSIGN_OR_RETURN(const std::string text, ToJson(plan));
     std::cout << text << "\n";
@@ -90,17 +113,34 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
       chosen.fits() ? "chosen" : "nothing fits; smallest", chosen.zero_stage(),
       PolicyName(chosen.activation_checkpointing()), FormatBytes(chosen.peak_bytes_per_rank()),
       chosen.fits() ? "" : absl::StrCat(" (", chosen.rejected_because(), ")"));
+  if (chosen.fits() && (chosen.offload_optimizer() != zerotrain::OffloadConfig::NONE ||
+                        chosen.offload_params() != zerotrain::OffloadConfig::NONE)) {
+    std::cout << absl::StrFormat(
+        "offload: optimizer %s, params %s; %s of pinned host memory and %s of NVMe per rank\n",
+        OffloadName(chosen.offload_optimizer()), OffloadName(chosen.offload_params()),
+        FormatBytes(chosen.pinned_host_bytes_per_rank()),
+        FormatBytes(chosen.nvme_bytes_per_rank()));
+  }
+  std::cout << "why: " << plan.reason() << "\n";
   std::cout << "pinned by the job: "
             << (plan.pinned().empty() ? "nothing" : absl::StrJoin(plan.pinned(), ", ")) << "\n\n";
-  std::cout << absl::StrFormat("  %-5s %-13s %12s %12s %10s %8s  %s\n", "stage", "checkpointing",
-                               "peak/rank", "comm/step", "recompute", "cost", "fits");
+  std::cout << absl::StrFormat("  %-5s %-13s %-9s %12s %12s %12s %12s %10s %8s  %s\n", "stage",
+                               "checkpointing", "offload", "device/rank", "host/rank", "nvme/rank",
+                               "comm/step", "recompute", "cost", "fits");
   for (const zerotrain::PlanCandidate& c : plan.candidates()) {
     const bool is_chosen = c.zero_stage() == chosen.zero_stage() &&
-                           c.activation_checkpointing() == chosen.activation_checkpointing();
+                           c.activation_checkpointing() == chosen.activation_checkpointing() &&
+                           c.offload_optimizer() == chosen.offload_optimizer() &&
+                           c.offload_params() == chosen.offload_params();
+    // "optimizer/params": NONE/NONE, CPU/NONE, NVME/NVME.
+    const std::string offload =
+        absl::StrCat(OffloadName(c.offload_optimizer()), "/", OffloadName(c.offload_params()));
     std::cout << absl::StrFormat(
-        "%s %-5d %-13s %12s %12s %9.1f%% %8.3f  %s\n", is_chosen ? "*" : " ", c.zero_stage(),
-        PolicyName(c.activation_checkpointing()), FormatBytes(c.peak_bytes_per_rank()),
-        FormatBytes(c.comm_bytes_per_step()), c.recompute_fraction() * 100, c.cost(),
+        "%s %-5d %-13s %-9s %12s %12s %12s %12s %9.1f%% %8.3f  %s\n", is_chosen ? "*" : " ",
+        c.zero_stage(), PolicyName(c.activation_checkpointing()), offload,
+        FormatBytes(c.peak_bytes_per_rank()), FormatBytes(c.pinned_host_bytes_per_rank()),
+        FormatBytes(c.nvme_bytes_per_rank()), FormatBytes(c.comm_bytes_per_step()),
+        c.recompute_fraction() * 100, c.cost(),
         c.fits() ? "yes" : absl::StrCat("no: ", c.rejected_because()));
   }
   return absl::OkStatus();

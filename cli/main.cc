@@ -5,6 +5,7 @@
 //   zt prepare ...       turn text files into token shards
 //   zt estimate JOBFILE [--plan]  where a rank's memory goes / the sharding the planner picks
 //   zt export CKPT --out DIR  a checkpoint as a Hugging Face model directory
+//   zt offload probe PATH  the swap store's write/read GB/s in PATH
 // The remote verbs talk to a coordinator (`ztd`; --coordinator, else $ZT_COORDINATOR, else
 // 127.0.0.1:7070; the token from --token-file, else $ZT_TOKEN, else $ZT_STATE_DIR/token;
 // each call waits up to --timeout seconds, default 30, for the coordinator to answer,
@@ -117,6 +118,22 @@ int main(int argc, char** argv) {
                            "With --plan: memory of one device, bytes or a size like 16GiB "
                            "(default: this machine's MemAvailable / world size)");
 
+  zt::cli::OffloadProbeFlags offload_probe;
+  CLI::App* offload_cmd = app.add_subcommand("offload", "The offload tier of this machine");
+  offload_cmd->require_subcommand(1);
+  CLI::App* probe_cmd = offload_cmd->add_subcommand(
+      "probe", "Write and read back a file in PATH as the NVMe swap store would; print GB/s");
+  probe_cmd->add_option("path", offload_probe.path, "A writable directory (offload.nvme_path)")
+      ->required();
+  probe_cmd->add_option("--block-size", offload_probe.block_size,
+                        "Bytes per I/O, a multiple of 4096 (default 1MiB, offload.aio's)");
+  probe_cmd
+      ->add_option("--queue-depth", offload_probe.queue_depth,
+                   "I/Os in flight, 1-4096 (default 8, offload.aio's)")
+      ->check(CLI::Range(1, 4096));
+  probe_cmd->add_option("--bytes", offload_probe.bytes, "Size of the probe file (default 256MiB)");
+  probe_cmd->add_flag("--json", offload_probe.json, "One JSON object");
+
   zt::cli::ExportFlags export_flags;
   CLI::App* export_cmd = app.add_subcommand(
       "export", "Write a checkpoint as a Hugging Face model directory, tensor by tensor");
@@ -202,7 +219,8 @@ int main(int argc, char** argv) {
 
   // A token file that others can read is refused before any remote verb sends it, as ssh
   // refuses such a private key (exit 2: the operator must fix the file).
-  const bool offline_verb = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd;
+  const bool offline_verb =
+      *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd || *offload_cmd;
   if (absl::Status mode = zt::CheckTokenFile(remote.token_file); !offline_verb && !mode.ok()) {
     std::cerr << "zt: " << mode.message() << "\n";
     return zt::cli::ExitCodeFor(mode, zt::cli::VerbKind::kRemote);
@@ -213,6 +231,7 @@ int main(int argc, char** argv) {
   if (*prepare_cmd) status = zt::cli::RunPrepare(prepare);
   if (*estimate_cmd) status = zt::cli::RunEstimate(estimate);
   if (*export_cmd) status = zt::cli::RunExport(export_flags);
+  if (*probe_cmd) status = zt::cli::RunOffloadProbe(offload_probe);
   submit.has_priority = priority->count() > 0;
   submit.remote = list.remote = job_flags.remote = resume_flags.remote = remote;
   if (*submit_cmd) status = zt::cli::RunSubmit(submit);
@@ -225,7 +244,7 @@ int main(int argc, char** argv) {
   if (*nodes_cmd) status = zt::cli::RunNodes(remote);
   if (!status.ok()) {
     std::cerr << "zt: " << status.message() << "\n";
-    const bool offline = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd;
+    const bool offline = *train_cmd || *prepare_cmd || *estimate_cmd || *export_cmd || *offload_cmd;
     return zt::cli::ExitCodeFor(status,
                                 offline ? zt::cli::VerbKind::kOffline : zt::cli::VerbKind::kRemote);
   }

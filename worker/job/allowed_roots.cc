@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/job/data_paths.h"
+#include "worker/job/offload_validation.h"
 
 namespace zt {
 namespace {
@@ -97,6 +98,8 @@ absl::Status AllowedRoots::CheckJob(const zerotrain::JobSpec& job) const {
   }
   check("model.init_from", job.model().init_from());
   check("checkpoint.dir", job.checkpoint().dir());
+  // The swap store writes there: only when the job keeps something on NVMe (else ignored).
+  if (UsesNvme(job.offload())) check("offload.nvme_path", job.offload().nvme_path());
   if (violations.empty()) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrJoin(violations, "\n"));
 }

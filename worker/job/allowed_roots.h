@@ -28,7 +28,8 @@ class AllowedRoots {
 
   // OK, or PermissionDenied "<field> <path> is outside the allowed roots (<roots>)".
   absl::Status Check(const std::string& field, const std::string& path) const;
-  // Every path of the job: data.train[i], data.val[i], model.init_from, checkpoint.dir. All
+  // Every path of the job: data.train[i], data.val[i], model.init_from, checkpoint.dir, and
+  // offload.nvme_path when the job offloads to NVMe. All
   // violations in one PermissionDenied, one per line. For a data pattern (worker/job/
   // data_paths.h) its directory part is checked; the files it matches are checked where it
   // is expanded.

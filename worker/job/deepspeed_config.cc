@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/job/deepspeed_offload.h"
 #include "worker/job/deepspeed_section.h"
 
 namespace zt {
@@ -504,23 +505,6 @@ int64_t DTypeBytes(PrecisionConfig::DType dtype) {
   return dtype == PrecisionConfig::FP16 || dtype == PrecisionConfig::BF16 ? 2 : 4;
 }
 
-absl::Status RefuseOffload(const DsSection& zero, const std::string& key) {
-  ZT_ASSIGN_OR_RETURN(std::optional<DsSection> offload, zero.Object(key));
-  if (!offload) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(
-      offload->CheckKeys({"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size",
-                          "max_in_cpu", "fast_init", "ratio", "pipeline_read", "pipeline_write"}));
-  ZT_ASSIGN_OR_RETURN(std::optional<std::string> device, offload->String("device"));
-  if (device.value_or("none") != "none") {
-    return offload->Error(
-        "device", absl::StrCat(job_internal::Quoted(*device),
-                               " offload is not supported yet: ZeroTrain's offload tier (host "
-                               "and NVMe) is not built; remove \"",
-                               key, "\" or set its device to \"none\""));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ApplyZero(const DsSection& root, JobSpec* job) {
   // DeepSpeed's older spelling, still in its config-json example: true is stage 1.
   if (root.Has("zero_optimization") && root.Raw("zero_optimization").is_boolean()) {
@@ -553,11 +537,7 @@ absl::Status ApplyZero(const DsSection& root, JobSpec* job) {
   ZT_ASSIGN_OR_RETURN(std::optional<int64_t> stage, IntegerAtLeast(*zero, "stage", 0, 3));
   if (stage) job->mutable_parallel()->set_zero_stage(static_cast<int32_t>(*stage));
 
-  ZT_RETURN_IF_ERROR(RefuseOffload(*zero, "offload_optimizer"));
-  ZT_RETURN_IF_ERROR(RefuseOffload(*zero, "offload_param"));
-  ZT_RETURN_IF_ERROR(RequireBool(*zero, "cpu_offload", false,
-                                 "true offloads the optimizer to the CPU, and ZeroTrain's offload "
-                                 "tier is not built yet"));
+  ZT_RETURN_IF_ERROR(job_internal::ApplyOffload(*zero, job));  // after the stage: its rule
   ZT_RETURN_IF_ERROR(RequireBool(*zero, "load_from_fp32_weights", true,
                                  "false resumes from the 16-bit weights; ZeroTrain always resumes "
                                  "from the fp32 master weights"));
@@ -608,8 +588,8 @@ absl::Status ApplyActivationCheckpointing(const DsSection& root, JobSpec* job) {
                                          "contiguous_memory_optimization", "number_checkpoints",
                                          "synchronize_checkpoint_boundary", "profile"}));
   ZT_RETURN_IF_ERROR(RequireBool(*section, "cpu_checkpointing", false,
-                                 "true offloads checkpointed activations to the CPU, and "
-                                 "ZeroTrain's offload tier is not built yet"));
+                                 "true offloads checkpointed activations to the CPU; "
+                                 "ZeroTrain's offload tier moves model states, not activations"));
   // partition_activations splits activations across model-parallel ranks (ZeroTrain has none);
   // the rest shape DeepSpeed's own buffers and profiling.
   ZT_RETURN_IF_ERROR(
@@ -635,7 +615,7 @@ const std::vector<std::string>& TopLevelKeys() {
   static const std::vector<std::string> keys = {
       kTrainBatch, kMicroBatch, kAccumSteps, "gradient_clipping", "fp16", "bf16", "bfloat16",
       "zero_optimization", "optimizer", "scheduler", "activation_checkpointing", "data_types",
-      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
+      "communication_data_type", "prescale_gradients", "gradient_predivide_factor", "aio",
       // Accepted, no numeric effect:
       "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
       "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard", "wandb",
@@ -730,7 +710,8 @@ absl::StatusOr<JobSpec> ApplyDeepSpeedConfig(std::string_view json_text,
   absl::StatusOr<std::optional<double>> optimizer_lr = ApplyOptimizer(root, &job);
   note(optimizer_lr.status());
   note(ApplyScheduler(root, optimizer_lr.value_or(std::nullopt), &job));
-  note(ApplyZero(root, &job));  // after precision: the bucket's dtype
+  note(ApplyZero(root, &job));  // after precision: the bucket's and the offload ring's dtype
+  note(job_internal::ApplyAio(root, &job));
   note(ApplyActivationCheckpointing(root, &job));
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
   return job;

@@ -10,7 +10,8 @@
 //  - "auto" (Hugging Face's convention) keeps the job's value.
 //  - Batch sizes follow DeepSpeed's rule train_batch_size = micro × accumulation × data-parallel
 //    world size: any two determine the third; all three must agree.
-//  - Anything ZeroTrain cannot do as DeepSpeed would (offload, log warmup, L2-coupled weight
+//  - Anything ZeroTrain cannot do as DeepSpeed would (offloading activations, log warmup,
+//  L2-coupled weight
 //    decay, an optimizer it lacks, an unknown key) is an InvalidArgument error naming the file,
 //    the field and the rule, never dropped. Known keys that change nothing numerically
 //    (logging, profiling, communication bucketing ZeroTrain does its own way) are accepted.

@@ -128,6 +128,20 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   if (!parallel.has_bucket_bytes()) parallel.set_bucket_bytes(int64_t{25} << 20);
   if (!parallel.has_comm_timeout_s()) parallel.set_comm_timeout_s(300);
 
+  // DeepSpeed's defaults (its offload_optimizer, offload_param and aio sections).
+  zerotrain::OffloadConfig& offload = *spec->mutable_offload();
+  using Offload = zerotrain::OffloadConfig;
+  if (offload.optimizer() == Offload::DEVICE_UNSPECIFIED) offload.set_optimizer(Offload::NONE);
+  if (offload.params() == Offload::DEVICE_UNSPECIFIED) offload.set_params(Offload::NONE);
+  if (!offload.has_buffer_count()) {
+    offload.set_buffer_count(offload.params() != Offload::NONE ? kDeepSpeedParamBufferCount
+                                                               : kDeepSpeedOptimizerBufferCount);
+  }
+  if (!offload.has_buffer_size()) offload.set_buffer_size(kDefaultOffloadBufferSize);
+  zerotrain::AioConfig& aio = *offload.mutable_aio();
+  if (!aio.has_block_size()) aio.set_block_size(kDeepSpeedAioBlockSize);
+  if (!aio.has_queue_depth()) aio.set_queue_depth(kDeepSpeedAioQueueDepth);
+
   ResourceConfig& resources = *spec->mutable_resources();
   if (resources.device() == ResourceConfig::DEVICE_KIND_UNSPECIFIED) {
     resources.set_device(ResourceConfig::CPU);

@@ -8,6 +8,16 @@
 
 namespace zt {
 
+// The offload tier's defaults, DeepSpeed's (proto/job.proto, OffloadConfig): ring buffers of
+// its offload_param and offload_optimizer sections, its aio block size and queue depth. Its
+// buffer_size is 1e8 elements; ZeroTrain's counts bytes: 1e8 16-bit elements, rounded up to
+// the swap store's 4096-byte unit.
+inline constexpr int32_t kDeepSpeedParamBufferCount = 5;
+inline constexpr int32_t kDeepSpeedOptimizerBufferCount = 4;
+inline constexpr int64_t kDefaultOffloadBufferSize = (int64_t{200'000'000} + 4095) / 4096 * 4096;
+inline constexpr int64_t kDeepSpeedAioBlockSize = 1 << 20;
+inline constexpr int32_t kDeepSpeedAioQueueDepth = 8;
+
 // Default MLP width for `family` and d_model `c`: 4·C for GPT2, 8·C/3 rounded up to a multiple
 // of 64 for LLAMA. Returns 0 for FAMILY_UNSPECIFIED and for widths that do not fit in int32;
 // ApplyJobDefaults then leaves d_ff unset and ValidateJobSpec reports it.

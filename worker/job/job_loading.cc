@@ -25,12 +25,25 @@ absl::StatusOr<zerotrain::JobSpec> ValidatedJob(zerotrain::JobSpec job,
 
 absl::StatusOr<zerotrain::JobSpec> JobForPlanning(zerotrain::JobSpec job,
                                                   const JobLoadOptions& options) {
-  ZT_RETURN_IF_ERROR(ValidatedJob(job, options).status());
   const bool stage_set = job.parallel().has_zero_stage();
   const auto checkpointing = job.memory().activation_checkpointing();
+  const auto offload_optimizer = job.offload().optimizer();
+  const auto offload_params = job.offload().params();
+  // An offload the job pins with the stage left to the planner is validated at the lowest
+  // stage that allows it (the planner only considers those).
+  zerotrain::JobSpec checked = job;
+  if (!stage_set) {
+    using Offload = zerotrain::OffloadConfig;
+    auto moved = [](Offload::Device d) { return d == Offload::CPU || d == Offload::NVME; };
+    const int lowest = moved(offload_params) ? 3 : moved(offload_optimizer) ? 1 : 0;
+    if (lowest > 0) checked.mutable_parallel()->set_zero_stage(lowest);
+  }
+  ZT_RETURN_IF_ERROR(ValidatedJob(std::move(checked), options).status());
   ApplyJobDefaults(&job);
   if (!stage_set) job.mutable_parallel()->clear_zero_stage();
   job.mutable_memory()->set_activation_checkpointing(checkpointing);
+  job.mutable_offload()->set_optimizer(offload_optimizer);
+  job.mutable_offload()->set_params(offload_params);
   return job;
 }
 
@@ -54,9 +67,13 @@ absl::Status InFile(const std::string& path, const JobLoadOptions& options,
 absl::StatusOr<zerotrain::JobSpec> LoadJobSource(const std::string& path,
                                                  const JobLoadOptions& options) {
   ZT_ASSIGN_OR_RETURN(zerotrain::JobSpec job, LoadJobFile(path));
-  if (options.deepspeed_config.empty()) return job;
-  return ApplyDeepSpeedConfigFile(options.deepspeed_config, std::move(job),
-                                  {.world_size = options.deepspeed_world_size});
+  if (!options.deepspeed_config.empty()) {
+    ZT_ASSIGN_OR_RETURN(job,
+                        ApplyDeepSpeedConfigFile(options.deepspeed_config, std::move(job),
+                                                 {.world_size = options.deepspeed_world_size}));
+  }
+  if (options.zero_stage >= 0) job.mutable_parallel()->set_zero_stage(options.zero_stage);
+  return job;
 }
 
 absl::StatusOr<zerotrain::JobSpec> LoadValidatedJob(const std::string& path,

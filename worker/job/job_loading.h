@@ -21,10 +21,15 @@ struct JobLoadOptions {
   std::string deepspeed_config;
   // The world size of DeepSpeed's batch rule; 0: the job's parallel.world_size.
   int deepspeed_world_size = 0;
+  // ≥ 0: replaces parallel.zero_stage before defaults and validation (`zt estimate
+  // --zero-stage`), so the rules that depend on the stage (offload's) see the one planned.
+  // Only the Load* functions read it.
+  int zero_stage = -1;
 };
 
-// The job file as written with options.deepspeed_config laid over it: no defaults, no
-// validation. Errors as LoadJobFile's and ApplyDeepSpeedConfigFile's (each names its file).
+// The job file as written with options.deepspeed_config laid over it (and options.zero_stage
+// when ≥ 0): no defaults, no validation. Errors as LoadJobFile's and ApplyDeepSpeedConfigFile's
+// (each names its file).
 absl::StatusOr<zerotrain::JobSpec> LoadJobSource(const std::string& path,
                                                  const JobLoadOptions& options = {});
 
@@ -36,8 +41,10 @@ absl::StatusOr<zerotrain::JobSpec> ValidatedJob(zerotrain::JobSpec job,
 
 // The sharding planner's input (worker/plan/sharding_planner.h): the stages above run on a
 // copy with every default applied, and the spec returned has those defaults too, except
-// parallel.zero_stage and memory.activation_checkpointing, which stay as the job file left
-// them (unset / CHECKPOINTING_UNSPECIFIED: the planner chooses). Errors as ValidatedJob's.
+// parallel.zero_stage, memory.activation_checkpointing, offload.optimizer and offload.params,
+// which stay as the job file left them (unset / *_UNSPECIFIED: the planner chooses). An
+// offload the job sets with the stage unset is validated at the lowest stage allowing it.
+// Errors as ValidatedJob's.
 absl::StatusOr<zerotrain::JobSpec> JobForPlanning(zerotrain::JobSpec job,
                                                   const JobLoadOptions& options = {});
 // The same for a job file; errors as LoadValidatedJob's (each line names the file).

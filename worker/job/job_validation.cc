@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -17,6 +18,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "worker/job/data_paths.h"
+#include "worker/job/offload_validation.h"
 
 namespace zt {
 namespace {
@@ -478,6 +480,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   ValidateTrain(spec, v);
   ValidateOptimizer(spec, v);
   ValidateRest(spec, v);
+  for (std::string& line : OffloadViolations(spec)) v.Add(std::move(line));
   if (v.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(v.Join());
 }
@@ -511,6 +514,11 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   if (!spec.model().init_from().empty()) {
     check("model.init_from", spec.model().init_from(), /*directory_ok=*/true);
   }
+  if (const absl::Status nvme = CheckNvmePath(spec); !nvme.ok()) {
+    lines.emplace_back(nvme.message());
+    missing |= nvme.code() == absl::StatusCode::kNotFound;
+    unreadable |= nvme.code() == absl::StatusCode::kPermissionDenied;
+  }
   if (lines.empty()) return absl::OkStatus();
   const std::string message = absl::StrJoin(lines, "\n");
   if (missing) return absl::NotFoundError(message);
@@ -533,6 +541,15 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   if (spec.resources().device() == ResourceConfig::CUDA) {
     lines.push_back("resources.device: CUDA is not supported by this engine yet; use CPU");
+  }
+  // Validation, zt estimate and the planner accept offload; the step loop does not run it yet.
+  for (const auto& [field, device] : {std::pair{"offload.optimizer", spec.offload().optimizer()},
+                                      std::pair{"offload.params", spec.offload().params()}}) {
+    if (device == zerotrain::OffloadConfig::CPU || device == zerotrain::OffloadConfig::NVME) {
+      lines.push_back(absl::StrCat(field, ": ", zerotrain::OffloadConfig::Device_Name(device),
+                                   " is planned by zt estimate but this engine does not train "
+                                   "with offload yet; set it to NONE to train"));
+    }
   }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));

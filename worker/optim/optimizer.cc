@@ -174,32 +174,40 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, c
   return absl::InternalError("optimizer: unknown state kind");
 }
 
+absl::Status Optimizer::StepUnit(const DeviceContext& ctx, int u, const Tensor& params,
+                                 const Tensor& grads, float lr, float grad_scale,
+                                 uint64_t seed) const {
+  const int64_t step = steps_taken_ + 1;
+  const UnitLayout& layout = layout_.units[u];
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const ParamSpec& p = layout.params[i];
+    const TensorState& t = units_[u].state.tensors[i];
+    // Offset of the tensor's stepped elements in the views, which start at the range.
+    const int64_t begin = p.offset + t.begin - ranges_[u].begin, n = t.end - t.begin;
+    const bool has_master = !master_.empty();
+    // Each tensor draws its own rounding stream: the kernel hashes (seed, element index).
+    const uint64_t tensor_seed = seed ^ (0x9E3779B97F4A7C15ull * (u * 1024 + i + 1));
+    ZT_RETURN_IF_ERROR(
+        StepTensor(ctx, units_[u], p, t,
+                   {.param = has_master ? Range(master_[u], begin, n) : Range(params, begin, n),
+                    .param_copy = has_master ? Range(params, begin, n) : Tensor(),
+                    .grad = Range(grads, begin, n),
+                    .lr = lr,
+                    .grad_scale = grad_scale,
+                    .step = step,
+                    .seed = tensor_seed}));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Optimizer::Step(const DeviceContext& ctx, const std::vector<Tensor>& params,
                              const std::vector<Tensor>& grads, float lr, float grad_scale,
                              uint64_t seed) {
-  const int64_t step = steps_taken_ + 1;
   for (size_t u = 0; u < units_.size(); ++u) {
-    const UnitLayout& layout = layout_.units[u];
-    for (size_t i = 0; i < layout.params.size(); ++i) {
-      const ParamSpec& p = layout.params[i];
-      const TensorState& t = units_[u].state.tensors[i];
-      // Offset of the tensor's stepped elements in the views, which start at the range.
-      const int64_t begin = p.offset + t.begin - ranges_[u].begin, n = t.end - t.begin;
-      const bool has_master = !master_.empty();
-      // Each tensor draws its own rounding stream: the kernel hashes (seed, element index).
-      const uint64_t tensor_seed = seed ^ (0x9E3779B97F4A7C15ull * (u * 1024 + i + 1));
-      ZT_RETURN_IF_ERROR(StepTensor(
-          ctx, units_[u], p, t,
-          {.param = has_master ? Range(master_[u], begin, n) : Range(params[u], begin, n),
-           .param_copy = has_master ? Range(params[u], begin, n) : Tensor(),
-           .grad = Range(grads[u], begin, n),
-           .lr = lr,
-           .grad_scale = grad_scale,
-           .step = step,
-           .seed = tensor_seed}));
-    }
+    ZT_RETURN_IF_ERROR(
+        StepUnit(ctx, static_cast<int>(u), params[u], grads[u], lr, grad_scale, seed));
   }
-  steps_taken_ = step;
+  CountStep();
   return absl::OkStatus();
 }
 

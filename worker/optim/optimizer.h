@@ -58,6 +58,14 @@ class Optimizer {
                     const std::vector<Tensor>& grads, float lr, float grad_scale,
                     uint64_t seed = 0);
 
+  // Step one unit at a time, for a caller that moves each unit's shard in and out around its
+  // update (the host step of offloaded shards, worker/optim/host_optimizer.h): StepUnit for
+  // every unit u, in order, with the views Step would take for it, then CountStep. The
+  // arithmetic (bias-correction step steps_taken() + 1, rounding seeds) is Step's exactly.
+  absl::Status StepUnit(const DeviceContext& ctx, int u, const Tensor& params, const Tensor& grads,
+                        float lr, float grad_scale, uint64_t seed = 0) const;
+  void CountStep() { ++steps_taken_; }
+
   // The range of unit u this optimizer steps.
   const FlatRange& range(int u) const { return ranges_[u]; }
 

@@ -39,17 +39,34 @@ int64_t BufferSpec::numel() const {
   return n;
 }
 
+int64_t PlacedBytes(const BufferSpec& b) {
+  if (b.category != MemoryCategory::kNvme) return AlignedBytes(b.bytes());
+  return (b.bytes() + kNvmeExtentAlignment - 1) / kNvmeExtentAlignment * kNvmeExtentAlignment;
+}
+
+bool IsDeviceCategory(MemoryCategory c) {
+  return c != MemoryCategory::kPinnedHost && c != MemoryCategory::kNvme;
+}
+
 int64_t MemoryPlan::CategoryBytes(MemoryCategory c) const {
   int64_t total = 0;
   for (const BufferSpec& b : buffers) {
-    if (b.category == c) total += AlignedBytes(b.bytes());
+    if (b.category == c) total += PlacedBytes(b);
   }
   return total;
 }
 
 int64_t MemoryPlan::TotalBytes() const {
   int64_t total = 0;
-  for (const BufferSpec& b : buffers) total += AlignedBytes(b.bytes());
+  for (const BufferSpec& b : buffers) total += PlacedBytes(b);
+  return total;
+}
+
+int64_t MemoryPlan::DeviceBytes() const {
+  int64_t total = 0;
+  for (const BufferSpec& b : buffers) {
+    if (IsDeviceCategory(b.category)) total += PlacedBytes(b);
+  }
   return total;
 }
 
@@ -96,7 +113,66 @@ DType StorageDType(zerotrain::PrecisionConfig::DType d) {
   }
 }
 
+zerotrain::OffloadConfig::Device OffloadDevice(zerotrain::OffloadConfig::Device d) {
+  return d == zerotrain::OffloadConfig::CPU || d == zerotrain::OffloadConfig::NVME
+             ? d
+             : zerotrain::OffloadConfig::NONE;
+}
+
+std::optional<MemoryCategory> OffloadCategory(zerotrain::OffloadConfig::Device d) {
+  switch (OffloadDevice(d)) {
+    case zerotrain::OffloadConfig::CPU:
+      return MemoryCategory::kPinnedHost;
+    case zerotrain::OffloadConfig::NVME:
+      return MemoryCategory::kNvme;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Moves the model states job.offload names off the device (see the header) and adds the ring.
+// Parameters move only at stage 3, where "<u>.params" is the rank's shard: below it the
+// parameters are whole on every rank, and validation refuses offload.params there.
+void MoveOffloadedStates(const zerotrain::JobSpec& job, MemoryPlan& plan) {
+  const std::optional<MemoryCategory> optimizer = OffloadCategory(job.offload().optimizer());
+  const std::optional<MemoryCategory> params =
+      job.parallel().zero_stage() >= 3 ? OffloadCategory(job.offload().params()) : std::nullopt;
+  if (!optimizer && !params) return;
+  for (BufferSpec& b : plan.buffers) {
+    std::optional<MemoryCategory> to;
+    if (b.category == MemoryCategory::kOptimizerState) to = optimizer;
+    if (b.category == MemoryCategory::kParameters && b.name.ends_with(".params")) to = params;
+    if (!to) continue;
+    b.offloaded_from = b.category;
+    b.category = *to;
+  }
+  for (int k = 0; k < job.offload().buffer_count(); ++k) {
+    plan.buffers.push_back({.name = absl::StrCat("offload.ring.", k),
+                            .category = MemoryCategory::kPinnedHost,
+                            .dtype = DType::kU8,
+                            .shape = {job.offload().buffer_size()}});
+  }
+}
+
 }  // namespace
+
+int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
+  const MemoryPlan plan = PlanMemory(job, rank);
+  int64_t largest = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.offloaded_from) largest = std::max(largest, b.bytes());
+  }
+  if (OffloadCategory(job.offload().optimizer())) {
+    // The host step reads each unit's reduced gradient shard and writes back its parameters.
+    const ShardGeometry geometry = GeometryOf(job, rank);
+    const int64_t widest = std::max(DTypeSize(StorageDType(job.precision().grad_dtype())),
+                                    DTypeSize(StorageDType(job.precision().param_dtype())));
+    for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+      largest = std::max(largest, ShardOf(u.numel, geometry).shard_numel * widest);
+    }
+  }
+  return largest;
+}
 
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
   ConversionBufferSizes sizes;
@@ -120,8 +196,8 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
 }
 
 bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
-  if (b.category == MemoryCategory::kParameters) return b.name.ends_with(".params");
-  return b.category == MemoryCategory::kOptimizerState &&
+  if (b.role() == MemoryCategory::kParameters) return b.name.ends_with(".params");
+  return b.role() == MemoryCategory::kOptimizerState &&
          (!weights_only || b.name.ends_with(".master") || b.name.ends_with(".master_low"));
 }
 
@@ -219,6 +295,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
     }
     add("optimizer.reduce_scratch", MemoryCategory::kCommunication, DType::kF32, scratch);
   }
+  MoveOffloadedStates(job, plan);
   if (!job.checkpoint().dir().empty() && job.checkpoint().async()) {
     // The rank's checkpointed state (worker/rank_state.h: parameters and optimizer state),
     // copied at the save point and written from here while training goes on.

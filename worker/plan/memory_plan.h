@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,25 +54,42 @@ struct BufferSpec {
   MemoryCategory category = MemoryCategory::kWorkspace;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
+  // Set when the offload tier keeps the buffer off the device (`category` is then kPinnedHost
+  // or kNvme): what it holds, kParameters or kOptimizerState, so a checkpoint still saves it.
+  std::optional<MemoryCategory> offloaded_from;
 
   int64_t numel() const;
   int64_t bytes() const { return numel() * DTypeSize(dtype); }
+  // What the buffer holds, wherever it lives.
+  MemoryCategory role() const { return offloaded_from.value_or(category); }
 };
 
 // Every buffer starts on this boundary inside its arena (a cache line; AVX-512 loads).
 inline constexpr int64_t kBufferAlignment = 64;
+// An NVMe buffer is an extent of the swap store: it starts on and pads to O_DIRECT's unit
+// (offload/README.md).
+inline constexpr int64_t kNvmeExtentAlignment = 4096;
 
 inline int64_t AlignedBytes(int64_t bytes) {
   return (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
 }
+// The bytes `b` takes where it lives: AlignedBytes in an arena, a whole number of 4096-byte
+// pages in the swap store.
+int64_t PlacedBytes(const BufferSpec& b);
 
 struct MemoryPlan {
   std::vector<BufferSpec> buffers;
 
-  // Bytes an arena of this category holds: the sum of its buffers, each aligned.
+  // Bytes an arena (or, for kNvme, the swap store) of this category holds: the sum of its
+  // buffers' PlacedBytes.
   int64_t CategoryBytes(MemoryCategory c) const;
   int64_t TotalBytes() const;
+  // The device's share: every category but kPinnedHost and kNvme (the offload tier's).
+  int64_t DeviceBytes() const;
 };
+
+// Where the plan's bytes live, the three tiers `zt estimate` shows.
+bool IsDeviceCategory(MemoryCategory c);
 
 // The context a training rank of `job` runs its ops on (CPU, resources.cpu_threads threads;
 // 0: the machine's cores divided among the job's ranks),
@@ -141,14 +159,28 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //   "optimizer.reduce_scratch"  sharded Adafactor (ShardedAdafactor): the whole-tensor
 //                      statistics summed across the group, rows + cols + 2 f32 of the
 //                      largest matrix
+// The offload tier (job.offload, DeepSpeed's ZeRO-Offload / ZeRO-Infinity) moves buffers off
+// the device, keeping their names (offloaded_from says what they hold):
+//   offload.optimizer CPU / NVME  "<u>.master" and every optimizer state of the unit
+//                      → kPinnedHost / kNvme
+//   offload.params CPU / NVME     (stage 3) the rank's "<u>.params" shard → kPinnedHost /
+//                      kNvme; the gather buffers stay on the device
+//   "offload.ring.<k>" either offloaded, k < offload.buffer_count: buffer_size bytes each
+//                      (kPinnedHost), the ring gradients go down and updated parameters
+//                      come up through, and swap reads and writes are staged in
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);
+
+// The largest single transfer through the offload ring of rank `rank`'s plan: an offloaded
+// buffer swapped whole, or, with the optimizer offloaded, a unit's gradient shard going down
+// or its parameter shard coming up. 0 without offload. offload.buffer_size must hold it.
+int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank = 0);
 
 // The f32 conversion buffers (two of each size) through which the communicators reduce
 // 16-bit gradients, in elements: those of the communicator that reduces the gradients (stage
 // 0: the world's all-reduce of one bucket; stages 1–3: the shard group's reduce-scatter of one
 // padded unit) and of the replica communicator's all-reduce of one shard (hybrid). Zero when
-// the gradients are fp32, and for a communicator of one rank (it reduces nothing). The plan holds them as "comm.convert.gradients.0/1" and
-// "comm.convert.replicas.0/1".
+// the gradients are fp32, and for a communicator of one rank (it reduces nothing). The plan holds
+// them as "comm.convert.gradients.0/1" and "comm.convert.replicas.0/1".
 struct ConversionBufferSizes {
   int64_t gradients = 0;
   int64_t replicas = 0;

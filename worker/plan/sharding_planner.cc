@@ -1,12 +1,14 @@
 #include "worker/plan/sharding_planner.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/dtype.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
@@ -24,6 +26,10 @@ int64_t ElementBytes(zerotrain::PrecisionConfig::DType d) {
     default:
       return 4;
   }
+}
+
+std::string PolicyName(Ckpt::ActivationCheckpointing c) {
+  return Ckpt::ActivationCheckpointing_Name(c);
 }
 
 // Ties in cost go to the lighter recompute: the order a reader expects in the table.
@@ -112,19 +118,92 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
   return bytes;
 }
 
-// Bytes of the plan that live in the device's memory: on a CPU device everything, on a CUDA
-// device all but the host's pinned pool and NVMe.
+// Bytes of the plan that live in the device's memory (see the header).
 int64_t DeviceBytes(const zerotrain::JobSpec& job, const MemoryPlan& plan) {
-  int64_t bytes = plan.TotalBytes();
-  if (job.resources().device() == zerotrain::ResourceConfig::CUDA) {
-    bytes -= plan.CategoryBytes(MemoryCategory::kPinnedHost);
-    bytes -= plan.CategoryBytes(MemoryCategory::kNvme);
-  }
-  return bytes;
+  const bool own_budget = job.resources().device() == zerotrain::ResourceConfig::CUDA ||
+                          job.resources().device_memory_bytes() > 0;
+  if (own_budget) return plan.DeviceBytes();
+  return plan.TotalBytes() - plan.CategoryBytes(MemoryCategory::kNvme);
 }
 
 std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / static_cast<double>(1LL << 30));
+}
+
+using Offload = zerotrain::OffloadConfig;
+
+struct OffloadChoice {
+  Offload::Device optimizer = Offload::NONE;
+  Offload::Device params = Offload::NONE;
+};
+
+bool Moved(Offload::Device d) { return d == Offload::CPU || d == Offload::NVME; }
+
+// The offloads the planner tries, in order, each only when none before it fits: none, then
+// the optimizer states to the host, then to NVMe, then the parameters too (host, then NVMe).
+// A field the job pins keeps its value; a pinned combination outside the ladder is tried
+// alone.
+std::vector<OffloadChoice> OffloadLadder(const zerotrain::JobSpec& job) {
+  const std::vector<OffloadChoice> ladder = {{Offload::NONE, Offload::NONE},
+                                             {Offload::CPU, Offload::NONE},
+                                             {Offload::NVME, Offload::NONE},
+                                             {Offload::CPU, Offload::CPU},
+                                             {Offload::NVME, Offload::NVME}};
+  const Offload::Device optimizer = job.offload().optimizer();
+  const Offload::Device params = job.offload().params();
+  std::vector<OffloadChoice> tried;
+  for (const OffloadChoice& c : ladder) {
+    if (optimizer != Offload::DEVICE_UNSPECIFIED && c.optimizer != optimizer) continue;
+    if (params != Offload::DEVICE_UNSPECIFIED && c.params != params) continue;
+    tried.push_back(c);
+  }
+  if (tried.empty()) tried.push_back({.optimizer = optimizer, .params = params});
+  return tried;
+}
+
+bool StageAllows(int stage, const OffloadChoice& offload) {
+  if (Moved(offload.optimizer) && stage < 1) return false;
+  if (Moved(offload.params) && stage != 3) return false;
+  return true;
+}
+
+struct Transfers {
+  int64_t host = 0;
+  int64_t nvme = 0;
+};
+
+// Bytes a rank moves per step for its offload (the header's formula).
+Transfers OffloadTransfers(const zerotrain::JobSpec& job, const ModelLayout& layout,
+                           const MemoryPlan& plan) {
+  Transfers t;
+  const OffloadChoice offload{job.offload().optimizer(), job.offload().params()};
+  const ShardGeometry geometry = GeometryOf(job, 0);
+  int64_t shards = 0;
+  for (const UnitLayout& u : layout.units) shards += ShardOf(u.numel, geometry).shard_numel;
+  const int64_t p = ElementBytes(job.precision().param_dtype());
+  const int64_t g = ElementBytes(job.precision().grad_dtype());
+  if (Moved(offload.optimizer)) t.host += shards * (g + p);
+  if (offload.optimizer == Offload::NVME) {
+    for (const BufferSpec& b : plan.buffers) {
+      if (b.category == MemoryCategory::kNvme && b.role() == MemoryCategory::kOptimizerState) {
+        t.nvme += 2 * PlacedBytes(b);
+      }
+    }
+  }
+  if (Moved(offload.params)) {
+    const int64_t passes = job.parallel().reshard_after_forward() ? 2 : 1;
+    const int64_t gathered = job.train().grad_accum_steps() * passes * shards * p;
+    t.host += gathered;
+    if (offload.params == Offload::NVME) t.nvme += gathered;
+  }
+  return t;
+}
+
+std::string DeviceLabel(Offload::Device d) { return Offload::Device_Name(d); }
+
+std::string OffloadLabel(const zerotrain::PlanCandidate& c) {
+  return absl::StrFormat("offload.optimizer %s, offload.params %s",
+                         DeviceLabel(c.offload_optimizer()), DeviceLabel(c.offload_params()));
 }
 
 }  // namespace
@@ -139,6 +218,10 @@ absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& j
     return absl::InvalidArgumentError(
         absl::StrFormat("safety_margin: must be in [0, 1) (got %g)", options.safety_margin));
   }
+  if (options.host_memory_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("host_memory_bytes: must be >= 0 (got %d)", options.host_memory_bytes));
+  }
   const bool stage_pinned = job.parallel().has_zero_stage();
   const bool checkpointing_pinned =
       job.memory().activation_checkpointing() != Ckpt::CHECKPOINTING_UNSPECIFIED;
@@ -147,60 +230,155 @@ absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& j
   std::vector<Ckpt::ActivationCheckpointing> policies = {Ckpt::NONE, Ckpt::SELECTIVE, Ckpt::FULL};
   if (checkpointing_pinned) policies = {job.memory().activation_checkpointing()};
 
+  // The job's own budget for its devices caps the device it is placed on.
+  const int64_t device_memory =
+      job.resources().device_memory_bytes() > 0
+          ? std::min(options.device_memory_bytes, job.resources().device_memory_bytes())
+          : options.device_memory_bytes;
   zerotrain::ShardingPlan plan;
   plan.set_world_size(std::max(1, job.parallel().world_size()));
-  plan.set_device_memory_bytes(options.device_memory_bytes);
+  plan.set_device_memory_bytes(device_memory);
   plan.set_safety_margin(options.safety_margin);
   if (stage_pinned) plan.add_pinned("parallel.zero_stage");
   if (checkpointing_pinned) plan.add_pinned("memory.activation_checkpointing");
+  if (job.offload().optimizer() != Offload::DEVICE_UNSPECIFIED) {
+    plan.add_pinned("offload.optimizer");
+  }
+  if (job.offload().params() != Offload::DEVICE_UNSPECIFIED) plan.add_pinned("offload.params");
 
   const ModelLayout layout = BuildModelLayout(job.model());
   const ForwardFlops flops = FlopsOf(job, layout);
-  const double allowed =
-      static_cast<double>(options.device_memory_bytes) * (1.0 - options.safety_margin);
+  const double keep = 1.0 - options.safety_margin;
+  const double allowed = static_cast<double>(device_memory) * keep;
+  const double host_allowed = static_cast<double>(options.host_memory_bytes) * keep;
   const double fp32_all_reduce = 2.0 * 4.0 * static_cast<double>(layout.total_numel);
-  std::vector<zerotrain::PlanCandidate> candidates;
-  for (const int stage : stages) {
-    for (const Ckpt::ActivationCheckpointing policy : policies) {
-      zerotrain::JobSpec candidate_job = job;
-      candidate_job.mutable_parallel()->set_zero_stage(stage);
-      candidate_job.mutable_memory()->set_activation_checkpointing(policy);
-      zerotrain::PlanCandidate c;
-      c.set_zero_stage(stage);
-      c.set_activation_checkpointing(policy);
-      c.set_peak_bytes_per_rank(DeviceBytes(candidate_job, PlanMemory(candidate_job, 0)));
-      c.set_comm_bytes_per_step(CommBytesPerStep(candidate_job, layout, stage));
-      c.set_recompute_fraction(RecomputeFraction(candidate_job, flops, policy));
-      c.set_cost(c.recompute_fraction() +
-                 (fp32_all_reduce > 0
-                      ? kCommCostPerStepOfCompute * static_cast<double>(c.comm_bytes_per_step()) /
-                            fp32_all_reduce
-                      : 0.0));
-      c.set_fits(static_cast<double>(c.peak_bytes_per_rank()) <= allowed);
-      if (!c.fits()) {
-        c.set_rejected_because(absl::StrFormat(
-            "needs %s (%d bytes) per rank, devices have %s (%d bytes) with %g%% kept free",
-            Gib(c.peak_bytes_per_rank()), c.peak_bytes_per_rank(), Gib(options.device_memory_bytes),
-            options.device_memory_bytes, options.safety_margin * 100.0));
-      }
-      candidates.push_back(std::move(c));
+  auto relative = [&](int64_t bytes) {
+    return fp32_all_reduce > 0 ? static_cast<double>(bytes) / fp32_all_reduce : 0.0;
+  };
+
+  auto evaluate = [&](int stage, Ckpt::ActivationCheckpointing policy,
+                      const OffloadChoice& offload) {
+    zerotrain::JobSpec candidate_job = job;
+    candidate_job.mutable_parallel()->set_zero_stage(stage);
+    candidate_job.mutable_memory()->set_activation_checkpointing(policy);
+    candidate_job.mutable_offload()->set_optimizer(offload.optimizer);
+    candidate_job.mutable_offload()->set_params(offload.params);
+    const MemoryPlan memory = PlanMemory(candidate_job, 0);
+    const Transfers transfers = OffloadTransfers(candidate_job, layout, memory);
+    zerotrain::PlanCandidate c;
+    c.set_zero_stage(stage);
+    c.set_activation_checkpointing(policy);
+    c.set_offload_optimizer(offload.optimizer);
+    c.set_offload_params(offload.params);
+    c.set_peak_bytes_per_rank(DeviceBytes(candidate_job, memory));
+    c.set_pinned_host_bytes_per_rank(memory.CategoryBytes(MemoryCategory::kPinnedHost));
+    c.set_nvme_bytes_per_rank(memory.CategoryBytes(MemoryCategory::kNvme));
+    c.set_host_transfer_bytes_per_step(transfers.host);
+    c.set_nvme_transfer_bytes_per_step(transfers.nvme);
+    c.set_comm_bytes_per_step(CommBytesPerStep(candidate_job, layout, stage));
+    c.set_recompute_fraction(RecomputeFraction(candidate_job, flops, policy));
+    c.set_cost(c.recompute_fraction() +
+               kCommCostPerStepOfCompute * relative(c.comm_bytes_per_step()) +
+               kHostTransferCostPerStepOfCompute * relative(transfers.host) +
+               kNvmeTransferCostPerStepOfCompute * relative(transfers.nvme));
+    std::vector<std::string> why;
+    if (static_cast<double>(c.peak_bytes_per_rank()) > allowed) {
+      why.push_back(absl::StrFormat(
+          "needs %s (%d bytes) per rank, devices have %s (%d bytes) with %g%% kept free",
+          Gib(c.peak_bytes_per_rank()), c.peak_bytes_per_rank(), Gib(device_memory), device_memory,
+          options.safety_margin * 100.0));
     }
-  }
+    if (options.host_memory_bytes > 0 &&
+        static_cast<double>(c.pinned_host_bytes_per_rank()) > host_allowed) {
+      why.push_back(absl::StrFormat(
+          "needs %s (%d bytes) of pinned host memory per rank, hosts have %s (%d bytes) per "
+          "rank with %g%% kept free",
+          Gib(c.pinned_host_bytes_per_rank()), c.pinned_host_bytes_per_rank(),
+          Gib(options.host_memory_bytes), options.host_memory_bytes,
+          options.safety_margin * 100.0));
+    }
+    if ((offload.optimizer == Offload::NVME || offload.params == Offload::NVME) &&
+        job.offload().nvme_path().empty()) {
+      why.push_back("offloading to NVME needs offload.nvme_path, which the job does not set");
+    }
+    if (Moved(offload.optimizer) || Moved(offload.params)) {
+      const int64_t transfer = LargestOffloadTransferBytes(candidate_job, 0);
+      if (transfer > job.offload().buffer_size()) {
+        why.push_back(absl::StrFormat(
+            "offload.buffer_size %d is smaller than its largest transfer, %d bytes (one unit's "
+            "shard)",
+            job.offload().buffer_size(), transfer));
+      }
+    }
+    c.set_fits(why.empty());
+    c.set_rejected_because(absl::StrJoin(why, "; "));
+    return c;
+  };
+
   auto key = [](const zerotrain::PlanCandidate& c) {
     return std::make_tuple(c.cost(), c.zero_stage(), RecomputeRank(c.activation_checkpointing()));
   };
+  std::vector<zerotrain::PlanCandidate> candidates;
+  const std::vector<OffloadChoice> ladder = OffloadLadder(job);
+  // The smallest candidate without offload, for the reason an offload was chosen.
+  std::optional<zerotrain::PlanCandidate> smallest_without;
+  for (const OffloadChoice& offload : ladder) {
+    std::vector<zerotrain::PlanCandidate> level;
+    for (const int stage : stages) {
+      if (!StageAllows(stage, offload)) continue;
+      for (const Ckpt::ActivationCheckpointing policy : policies) {
+        level.push_back(evaluate(stage, policy, offload));
+      }
+    }
+    if (!Moved(offload.optimizer) && !Moved(offload.params)) {
+      for (const zerotrain::PlanCandidate& c : level) {
+        if (!smallest_without ||
+            c.peak_bytes_per_rank() < smallest_without->peak_bytes_per_rank()) {
+          smallest_without = c;
+        }
+      }
+    }
+    const bool any_fits =
+        std::any_of(level.begin(), level.end(), [](const auto& c) { return c.fits(); });
+    for (zerotrain::PlanCandidate& c : level) candidates.push_back(std::move(c));
+    if (any_fits) break;
+  }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const auto& a, const auto& b) { return key(a) < key(b); });
   const auto cheapest_fit =
       std::find_if(candidates.begin(), candidates.end(), [](const auto& c) { return c.fits(); });
   if (cheapest_fit != candidates.end()) {
-    *plan.mutable_chosen() = *cheapest_fit;
+    const zerotrain::PlanCandidate& chosen = *cheapest_fit;
+    *plan.mutable_chosen() = chosen;
+    if (!Moved(chosen.offload_optimizer()) && !Moved(chosen.offload_params())) {
+      plan.set_reason("the cheapest candidate that fits; no offload needed");
+    } else {
+      const std::string without =
+          smallest_without ? absl::StrFormat(
+                                 "no candidate without offload fits (the smallest, stage %d with "
+                                 "%s, needs %s on the device)",
+                                 smallest_without->zero_stage(),
+                                 PolicyName(smallest_without->activation_checkpointing()),
+                                 Gib(smallest_without->peak_bytes_per_rank()))
+                           : std::string("the job pins its offload");
+      plan.set_reason(absl::StrFormat(
+          "%s; %s is the first offload that fits: the cheapest, stage %d with %s, needs %s on "
+          "the device, %s of pinned host memory and %s of NVMe per rank",
+          without, OffloadLabel(chosen), chosen.zero_stage(),
+          PolicyName(chosen.activation_checkpointing()), Gib(chosen.peak_bytes_per_rank()),
+          Gib(chosen.pinned_host_bytes_per_rank()), Gib(chosen.nvme_bytes_per_rank())));
+    }
   } else {
     *plan.mutable_chosen() =
         *std::min_element(candidates.begin(), candidates.end(), [&](const auto& a, const auto& b) {
           return std::make_tuple(a.peak_bytes_per_rank(), key(a)) <
                  std::make_tuple(b.peak_bytes_per_rank(), key(b));
         });
+    plan.set_reason(absl::StrFormat(
+        "nothing fits, offload included; the smallest (stage %d with "
+        "%s, %s): %s",
+        plan.chosen().zero_stage(), PolicyName(plan.chosen().activation_checkpointing()),
+        OffloadLabel(plan.chosen()), plan.chosen().rejected_because()));
   }
   for (zerotrain::PlanCandidate& c : candidates) *plan.add_candidates() = std::move(c);
   return plan;
@@ -212,6 +390,16 @@ zerotrain::JobSpec WithPlan(zerotrain::JobSpec job, const zerotrain::ShardingPla
   }
   if (job.memory().activation_checkpointing() == Ckpt::CHECKPOINTING_UNSPECIFIED) {
     job.mutable_memory()->set_activation_checkpointing(plan.chosen().activation_checkpointing());
+  }
+  // A plan made before offload was planned names none: NONE, what the job ran with then.
+  auto chosen = [](Offload::Device d) {
+    return d == Offload::DEVICE_UNSPECIFIED ? Offload::NONE : d;
+  };
+  if (job.offload().optimizer() == Offload::DEVICE_UNSPECIFIED) {
+    job.mutable_offload()->set_optimizer(chosen(plan.chosen().offload_optimizer()));
+  }
+  if (job.offload().params() == Offload::DEVICE_UNSPECIFIED) {
+    job.mutable_offload()->set_params(chosen(plan.chosen().offload_params()));
   }
   return job;
 }

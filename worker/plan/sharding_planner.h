@@ -3,14 +3,30 @@
 // same function the engine allocates from, so a plan that fits is a job that fits.
 //
 // Candidates are every (zero_stage 0–3) × (activation_checkpointing NONE, SELECTIVE, FULL)
-// the job does not pin; a field the job sets is kept as set (EVERY_K only when pinned). With
+// the job does not pin; a field the job sets is kept as set (EVERY_K only when pinned).
+// Offload (offload.optimizer / offload.params, unset: the planner chooses) is considered only
+// when no candidate without it fits, one rung at a time, each rung only when none before it
+// fits: the optimizer states to the host (CPU), to NVMe, then the parameters too (CPU, then
+// NVME, both with the optimizer's), each over the stages it allows (optimizer offload stage
+// ≥ 1, parameter offload stage 3). A pinned offload is the only rung. With
 // N ranks, G = shard group size, R = N/G replica groups, Ψ the model's parameters (P: padded
 // to shards), p / g the bytes of a parameter / gradient element and A = grad_accum_steps,
 // each candidate gets
 //   peak_bytes_per_rank  the memory plan of rank 0 (no rank plans more: every rank's shard
 //                        is the same size and rank 0's owns only real elements, the later
-//                        ranks' may own padding), in device memory: its TotalBytes on CPU
-//                        devices, less the pinned-host and NVMe categories on CUDA devices
+//                        ranks' may own padding), in device memory: its DeviceBytes (all but
+//                        the pinned-host and NVMe categories) on CUDA devices and on CPU
+//                        devices with a budget of their own (resources.device_memory_bytes);
+//                        on a CPU device without one, whose memory is the host's, all but NVMe
+//   pinned_host_bytes_per_rank, nvme_bytes_per_rank  the plan's kPinnedHost and kNvme
+//   host_transfer_bytes_per_step  with S_u the rank's shard of unit u (ΣS = Σ P_u/G):
+//                          optimizer offloaded   ΣS·(g + p): gradient shards down, updated
+//                                                parameters up
+//                          parameters offloaded  A·passes·ΣS·p, passes 2 with
+//                                                reshard_after_forward (else 1): every gather
+//                                                reads the shard from the host
+//   nvme_transfer_bytes_per_step  optimizer NVME: 2× its states and master on NVMe (read
+//                        and written once a step); parameters NVME: A·passes·ΣS·p
 //   comm_bytes_per_step  what each rank sends per optimizer step in ring collectives, as
 //                        worker/shard/sharding_engine.cc issues them: 0 at one rank;
 //                          stage 0    all-reduce of the gradients   2·(N−1)/N·Ψ·g
@@ -32,11 +48,18 @@
 //                                     not discounted), activation kActivationFlopsPerElement
 //                                     ·B·T·F (norms, residuals and RoPE neglected)
 //                          head:      2·B·T·C·V
-//   cost                 recompute_fraction + kCommCostPerStepOfCompute ·
-//                        comm_bytes_per_step / (2·Ψ·4)
-// and fits when peak_bytes_per_rank ≤ device_memory_bytes · (1 − safety_margin). The chosen
-// candidate is the cheapest that fits (ties: the lower stage, then the lighter recompute), so
-// a smaller device never gets a choice with a larger peak. Thread-safe (pure).
+//   cost                 recompute_fraction + (kCommCostPerStepOfCompute ·
+//                        comm_bytes_per_step + kHostTransferCostPerStepOfCompute ·
+//                        host_transfer_bytes_per_step + kNvmeTransferCostPerStepOfCompute ·
+//                        nvme_transfer_bytes_per_step) / (2·Ψ·4)
+// and fits when peak_bytes_per_rank ≤ D · (1 − safety_margin), D the smaller of
+// device_memory_bytes and the job's resources.device_memory_bytes (when set); with an
+// offload also when pinned_host_bytes_per_rank ≤ host_memory_bytes · (1 − safety_margin)
+// (when given), offload.nvme_path is set for NVME, and offload.buffer_size holds the largest
+// transfer (LargestOffloadTransferBytes). rejected_because lists every rule a candidate
+// breaks. The chosen candidate is the cheapest that fits (ties: the lower stage, then the
+// lighter recompute), so a smaller device never gets a choice with a larger peak; the plan's
+// reason says why. Thread-safe (pure).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +77,13 @@ namespace zt {
 // cheaper than this and small batches dearer; it only ranks candidates against recompute.
 inline constexpr double kCommCostPerStepOfCompute = 0.25;
 
+// The same for bytes between a device and its host: a PCIe 4.0 ×16 link (~25 GB/s achieved)
+// is half the network's bandwidth per rank above, so twice its cost.
+inline constexpr double kHostTransferCostPerStepOfCompute = 0.5;
+// And for the swap store's NVMe reads and writes: ~6 GB/s per rank from a data-centre NVMe
+// drive shared by a node's ranks, about 8× slower than the network above.
+inline constexpr double kNvmeTransferCostPerStepOfCompute = 2.0;
+
 // FLOPs of the MLP activation per element of its output (GELU's tanh form or SiLU·up): small
 // next to the GEMMs, counted so SELECTIVE's share is not understated.
 inline constexpr double kActivationFlopsPerElement = 8.0;
@@ -62,23 +92,28 @@ struct PlannerOptions {
   // Memory a rank may plan with on the smallest device it may be placed on.
   int64_t device_memory_bytes = 0;
   // Fraction of device memory kept free (allocator slack, CUDA context, fragmentation), in
-  // [0, 1).
+  // [0, 1); the same fraction of host memory.
   double safety_margin = 0.10;
+  // Pinned host memory a rank may plan with (its share of the node's host memory), ≥ 0;
+  // 0: not checked.
+  int64_t host_memory_bytes = 0;
 };
 
 // `job` is validated with defaults applied, except the fields the planner chooses:
-// parallel.zero_stage (unset: the planner chooses) and memory.activation_checkpointing
-// (CHECKPOINTING_UNSPECIFIED: the planner chooses) — LoadJobForPlanning / JobForPlanning
+// parallel.zero_stage (unset: the planner chooses), memory.activation_checkpointing
+// (CHECKPOINTING_UNSPECIFIED: the planner chooses) and offload.optimizer / offload.params
+// (DEVICE_UNSPECIFIED: the planner chooses) — LoadJobForPlanning / JobForPlanning
 // (worker/job/job_loading.h) produce it. Returns the plan with every candidate, cheapest
 // first; `chosen.fits` is false when none fits (then `chosen` is the smallest-memory
 // candidate and its rejected_because gives the numbers). InvalidArgument naming the option
-// when device_memory_bytes ≤ 0 or safety_margin is outside [0, 1).
+// when device_memory_bytes ≤ 0, host_memory_bytes < 0 or safety_margin is outside [0, 1).
 absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& job,
                                                      const PlannerOptions& options);
 
 // `job` with the plan's choice written into its unpinned fields (parallel.zero_stage when
-// unset, memory.activation_checkpointing when CHECKPOINTING_UNSPECIFIED); pinned fields are
-// left as the job set them. Then ApplyJobDefaults fills the rest.
+// unset, memory.activation_checkpointing when CHECKPOINTING_UNSPECIFIED, offload.optimizer and
+// offload.params when DEVICE_UNSPECIFIED); pinned fields are left as the job set them. Then
+// ApplyJobDefaults fills the rest.
 zerotrain::JobSpec WithPlan(zerotrain::JobSpec job, const zerotrain::ShardingPlan& plan);
 
 }  // namespace zt

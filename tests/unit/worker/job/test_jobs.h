@@ -107,6 +107,17 @@ checkpoint:
 resources:
   device: CUDA
   cpu_threads: 3
+  device_memory_bytes: 1073741824
+offload:
+  optimizer: CPU
+  params: NVME
+  nvme_path: /nvme
+  pin_memory: true
+  buffer_count: 6
+  buffer_size: 8388608
+  aio:
+    block_size: 262144
+    queue_depth: 16
 )";
 
 // The same job in JSON; 64-bit integers are strings, as protobuf's JSON mapping writes them.
@@ -140,7 +151,10 @@ inline constexpr char kFullJson[] = R"({
                "reshard_after_forward": true, "prefetch_units": 1, "bucket_bytes": 26214400,
                "comm_timeout_s": 300},
   "checkpoint": {"dir": "ckpt", "interval_steps": 1000, "keep_last": 3, "on_save_error": "FAIL", "save_optimizer": true},
-  "resources": {"device": "CUDA", "cpu_threads": 3}
+  "resources": {"device": "CUDA", "cpu_threads": 3, "device_memory_bytes": "1073741824"},
+  "offload": {"optimizer": "CPU", "params": "NVME", "nvme_path": "/nvme", "pin_memory": true,
+              "buffer_count": 6, "buffer_size": "8388608",
+              "aio": {"block_size": "262144", "queue_depth": 16}}
 })";
 
 // The smallest job that validates once defaults are applied.

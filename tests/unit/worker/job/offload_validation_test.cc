@@ -1,0 +1,236 @@
+// Tests of worker/job/offload_validation.h, and of the offload lines of ValidateJobSpec,
+// CheckJobPaths, CheckEngineSupport, AllowedRoots::CheckJob and ApplyJobDefaults.
+#include "worker/job/offload_validation.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/job/test_jobs.h"
+#include "worker/job/allowed_roots.h"
+#include "worker/job/job_defaults.h"
+#include "worker/job/job_validation.h"
+
+namespace zt {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using zerotrain::JobSpec;
+using zerotrain::OffloadConfig;
+
+JobSpec Valid() { return testing::JobWithDefaults(testing::kMinimalYaml); }
+
+TEST(OffloadDefaultsTest, AreDeepSpeeds) {
+  const JobSpec job = Valid();
+  EXPECT_EQ(job.offload().optimizer(), OffloadConfig::NONE);
+  EXPECT_EQ(job.offload().params(), OffloadConfig::NONE);
+  EXPECT_FALSE(job.offload().pin_memory());
+  // offload_optimizer's buffer_count; offload_param's is 5.
+  EXPECT_EQ(job.offload().buffer_count(), 4);
+  // 1e8 16-bit elements in bytes, rounded up to 4096.
+  EXPECT_EQ(job.offload().buffer_size(), 200003584);
+  EXPECT_EQ(job.offload().buffer_size() % 4096, 0);
+  EXPECT_EQ(job.offload().aio().block_size(), 1048576);
+  EXPECT_EQ(job.offload().aio().queue_depth(), 8);
+  EXPECT_EQ(job.resources().device_memory_bytes(), 0);
+
+  const JobSpec params = testing::JobWithDefaults(
+      (std::string(testing::kMinimalYaml) +
+       "parallel: {zero_stage: 3}\noffload: {params: CPU, buffer_count: 7}\n")
+          .c_str());
+  EXPECT_EQ(params.offload().buffer_count(), 7);  // a value the job sets stands
+  const JobSpec params_default = testing::JobWithDefaults(
+      (std::string(testing::kMinimalYaml) + "parallel: {zero_stage: 3}\noffload: {params: NVME}\n")
+          .c_str());
+  EXPECT_EQ(params_default.offload().buffer_count(), 5);
+}
+
+TEST(OffloadValidationTest, TheDefaultsAndEveryLegalCombinationPass) {
+  EXPECT_TRUE(OffloadViolations(Valid()).empty());
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (OffloadConfig::Device optimizer : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+      JobSpec job = Valid();
+      job.mutable_parallel()->set_zero_stage(stage);
+      job.mutable_offload()->set_optimizer(optimizer);
+      job.mutable_offload()->set_nvme_path("/swap");
+      if (stage == 3) job.mutable_offload()->set_params(OffloadConfig::NVME);
+      EXPECT_TRUE(OffloadViolations(job).empty()) << stage << " " << optimizer;
+      EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+    }
+  }
+}
+
+struct Case {
+  const char* label;
+  std::function<void(JobSpec&)> mutate;
+  const char* line;
+};
+
+TEST(OffloadValidationTest, EachRuleNamesTheFieldTheValueAndTheRule) {
+  const Case cases[] = {
+      {"optimizer needs stage >= 1",
+       [](JobSpec& s) { s.mutable_offload()->set_optimizer(OffloadConfig::CPU); },
+       "offload.optimizer: CPU needs parallel.zero_stage >= 1 (got 0): the offloaded optimizer "
+       "state is the rank's ZeRO shard"},
+      {"params needs stage 3",
+       [](JobSpec& s) {
+         s.mutable_parallel()->set_zero_stage(2);
+         s.mutable_offload()->set_params(OffloadConfig::CPU);
+       },
+       "offload.params: CPU needs parallel.zero_stage 3 (got 2): only stage 3 shards the "
+       "parameters"},
+      {"nvme needs a path",
+       [](JobSpec& s) {
+         s.mutable_parallel()->set_zero_stage(1);
+         s.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+       },
+       "offload.nvme_path: required when offload.optimizer (NVME) or offload.params (NONE) is "
+       "NVME: the swap store's directory"},
+      {"split master",
+       [](JobSpec& s) {
+         s.mutable_parallel()->set_zero_stage(1);
+         s.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+         s.mutable_precision()->set_master_weights(true);
+         s.mutable_precision()->set_split_master_weights(true);
+         s.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+       },
+       "offload.optimizer: CPU cannot be combined with precision.split_master_weights (the "
+       "master weights' high halves are the device's parameters)"},
+      {"unknown device",
+       [](JobSpec& s) { s.mutable_offload()->set_params(static_cast<OffloadConfig::Device>(9)); },
+       "offload.params: must be NONE, CPU or NVME (got 9)"},
+      {"unset device",
+       [](JobSpec& s) { s.mutable_offload()->set_optimizer(OffloadConfig::DEVICE_UNSPECIFIED); },
+       "offload.optimizer: must be NONE, CPU or NVME (got DEVICE_UNSPECIFIED)"},
+      {"buffer_count", [](JobSpec& s) { s.mutable_offload()->set_buffer_count(0); },
+       "offload.buffer_count: must be in 1..1024 (got 0)"},
+      {"buffer_size aligned", [](JobSpec& s) { s.mutable_offload()->set_buffer_size(100000); },
+       "offload.buffer_size: must be a positive multiple of 4096 bytes (the swap store's "
+       "O_DIRECT unit), at most 1099511627776 (got 100000)"},
+      {"buffer_size positive", [](JobSpec& s) { s.mutable_offload()->set_buffer_size(-4096); },
+       "offload.buffer_size: must be a positive multiple of 4096 bytes (the swap store's "
+       "O_DIRECT unit), at most 1099511627776 (got -4096)"},
+      {"block_size aligned",
+       [](JobSpec& s) { s.mutable_offload()->mutable_aio()->set_block_size(1000); },
+       "offload.aio.block_size: must be a positive multiple of 4096 bytes (the swap store's "
+       "O_DIRECT unit), at most 1073741824 (got 1000)"},
+      {"block_size zero", [](JobSpec& s) { s.mutable_offload()->mutable_aio()->set_block_size(0); },
+       "offload.aio.block_size: must be a positive multiple of 4096 bytes (the swap store's "
+       "O_DIRECT unit), at most 1073741824 (got 0)"},
+      {"queue_depth", [](JobSpec& s) { s.mutable_offload()->mutable_aio()->set_queue_depth(4097); },
+       "offload.aio.queue_depth: must be in 1..4096 (got 4097)"},
+      {"unset buffer_count", [](JobSpec& s) { s.mutable_offload()->clear_buffer_count(); },
+       "offload.buffer_count: not set (ApplyJobDefaults must run before validation)"},
+      {"device memory", [](JobSpec& s) { s.mutable_resources()->set_device_memory_bytes(-1); },
+       "resources.device_memory_bytes: must be >= 0 (got -1)"},
+  };
+  for (const Case& c : cases) {
+    JobSpec job = Valid();
+    c.mutate(job);
+    EXPECT_THAT(OffloadViolations(job), ElementsAre(c.line)) << c.label;
+    // ValidateJobSpec reports the same line, as InvalidArgument.
+    const absl::Status status = ValidateJobSpec(job);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.label;
+    EXPECT_THAT(testing::Lines(status), ElementsAre(c.line)) << c.label;
+  }
+}
+
+class NvmePathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("zt_nvme_path_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_ / "swap");
+    std::ofstream(dir_ / "file") << "x";
+  }
+  void TearDown() override {
+    ::chmod((dir_ / "swap").c_str(), 0755);
+    std::filesystem::remove_all(dir_);
+  }
+  JobSpec NvmeJob(const std::string& path) const {
+    JobSpec job = Valid();
+    job.mutable_parallel()->set_zero_stage(3);
+    job.mutable_offload()->set_params(OffloadConfig::NVME);
+    job.mutable_offload()->set_nvme_path(path);
+    return job;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(NvmePathTest, AnExistingWritableDirectoryPasses) {
+  EXPECT_TRUE(CheckNvmePath(NvmeJob((dir_ / "swap").string())).ok());
+  // Unused, the path is not looked at (DeepSpeed ignores it too).
+  JobSpec cpu = NvmeJob((dir_ / "missing").string());
+  cpu.mutable_offload()->set_params(OffloadConfig::CPU);
+  EXPECT_TRUE(CheckNvmePath(cpu).ok());
+}
+
+TEST_F(NvmePathTest, MissingOrNotADirectoryIsRefusedNamingThePath) {
+  const std::string missing = (dir_ / "missing").string();
+  absl::Status status = CheckNvmePath(NvmeJob(missing));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(status.message(),
+            "offload.nvme_path directory '" + missing + "' does not exist; create it first");
+
+  const std::string file = (dir_ / "file").string();
+  status = CheckNvmePath(NvmeJob(file));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "offload.nvme_path path '" + file + "' is not a directory");
+
+  // CheckJobPaths carries the line and its code (data files are missing too: NotFound wins).
+  status = CheckJobPaths(NvmeJob(missing));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr("offload.nvme_path directory '" + missing + "'"));
+}
+
+TEST_F(NvmePathTest, AnUnwritableDirectoryIsPermissionDenied) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes into a mode 0555 directory anyway";
+  const std::filesystem::path locked = dir_ / "swap";
+  ASSERT_EQ(::chmod(locked.c_str(), 0555), 0);
+  const absl::Status status = CheckNvmePath(NvmeJob(locked.string()));
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(),
+              HasSubstr("offload.nvme_path directory '" + locked.string() + "' is not writable"));
+}
+
+TEST_F(NvmePathTest, AllowedRootsRefuseAnNvmePathOutsideThemOnlyWhenNvmeIsUsed) {
+  absl::StatusOr<AllowedRoots> roots = AllowedRoots::Create({(dir_ / "swap").string()});
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  JobSpec job = NvmeJob("/var/tmp/elsewhere");
+  job.mutable_data()->set_train(0, (dir_ / "swap" / "train.bin").string());
+  const absl::Status status = roots->CheckJob(job);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(), HasSubstr("offload.nvme_path /var/tmp/elsewhere is outside the "
+                                          "allowed roots"));
+  JobSpec inside = NvmeJob((dir_ / "swap" / "store").string());
+  inside.mutable_data()->set_train(0, (dir_ / "swap" / "train.bin").string());
+  EXPECT_TRUE(roots->CheckJob(inside).ok()) << roots->CheckJob(inside);
+  // Offloaded to the CPU only, the path is not the job's: not checked.
+  job.mutable_offload()->set_params(OffloadConfig::CPU);
+  EXPECT_TRUE(roots->CheckJob(job).ok()) << roots->CheckJob(job);
+}
+
+TEST(OffloadEngineSupportTest, RefusesOffloadAtRunTimeWhileValidationAcceptsIt) {
+  JobSpec job = Valid();
+  job.mutable_parallel()->set_zero_stage(3);
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  job.mutable_offload()->set_params(OffloadConfig::NVME);
+  job.mutable_offload()->set_nvme_path("/swap");
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  const absl::Status status = CheckEngineSupport(job);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(testing::Lines(status),
+              ElementsAre("offload.optimizer: CPU is planned by zt estimate but this engine does "
+                          "not train with offload yet; set it to NONE to train",
+                          "offload.params: NVME is planned by zt estimate but this engine does "
+                          "not train with offload yet; set it to NONE to train"));
+}
+
+}  // namespace
+}  // namespace zt

@@ -1,0 +1,74 @@
+#include "worker/optim/host_optimizer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+namespace {
+
+// `n` elements of `dtype` at the start of host buffer `staging`.
+Tensor HostView(const Tensor& staging, DType dtype, int64_t n) {
+  return Tensor(staging.raw(), dtype, {n}, Device{});
+}
+
+}  // namespace
+
+absl::StatusOr<HostOptimizer> HostOptimizer::Create(Args args) {
+  if (args.copies == nullptr) {
+    return absl::InvalidArgumentError("host optimizer: no copy engine");
+  }
+  for (const Tensor* t : {&args.grad_staging, &args.param_staging}) {
+    if (t->device().kind != DeviceKind::kCpu) {
+      return absl::InvalidArgumentError(absl::StrCat("host optimizer: a staging buffer is on ",
+                                                     DeviceName(t->device()), ", not the host"));
+    }
+  }
+  return HostOptimizer(std::move(args));
+}
+
+HostOptimizer::HostOptimizer(Args args)
+    : optimizer_(std::move(args.optimizer)),
+      copies_(args.copies),
+      grad_staging_(args.grad_staging),
+      param_staging_(args.param_staging) {}
+
+absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
+                                 const std::vector<Tensor>& grads, float lr, float grad_scale,
+                                 uint64_t seed) {
+  const bool own_master = optimizer_.master_weights().empty();
+  for (size_t u = 0; u < params.size(); ++u) {
+    const FlatRange& range = optimizer_.range(static_cast<int>(u));
+    const int64_t n = range.end - range.begin;
+    const int64_t grad_bytes = n * DTypeSize(grads[u].dtype());
+    const int64_t param_bytes = n * DTypeSize(params[u].dtype());
+    if (grad_bytes > grad_staging_.size_bytes() || param_bytes > param_staging_.size_bytes()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("host optimizer: unit ", u, "'s range of ", n, " elements (", grad_bytes,
+                       " bytes of gradients, ", param_bytes,
+                       " of parameters) does not fit the staging "
+                       "buffers of ",
+                       grad_staging_.size_bytes(), " and ", param_staging_.size_bytes(),
+                       " bytes (offload.buffer_size)"));
+    }
+    // Everything the step loop issued for this unit's gradient comes before the copy.
+    ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
+    ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.raw(), grads[u].raw(), grad_bytes));
+    if (own_master) {
+      // The parameters are what the update reads: they come down too.
+      ZT_RETURN_IF_ERROR(
+          copies_->CopyToHost(mark, param_staging_.raw(), params[u].raw(), param_bytes));
+    }
+    ZT_RETURN_IF_ERROR(optimizer_.StepUnit(
+        host_ctx, static_cast<int>(u), HostView(param_staging_, params[u].dtype(), n),
+        HostView(grad_staging_, grads[u].dtype(), n), lr, grad_scale, seed));
+    ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark after, copies_->MarkIssue());
+    ZT_RETURN_IF_ERROR(
+        copies_->CopyToDevice(after, params[u].raw(), param_staging_.raw(), param_bytes));
+  }
+  optimizer_.CountStep();
+  return absl::OkStatus();
+}
+
+}  // namespace zt

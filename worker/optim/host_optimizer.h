@@ -1,0 +1,63 @@
+// The optimizer step of ZeRO-Offload (DESIGN.md, "Offload tier"): for a rank whose fp32 master
+// weights and optimizer states live in host memory (the memory plan's pinned_host buffers
+// with offload.optimizer CPU), each unit in turn has its reduced gradient shard copied down
+// from the device into a host buffer, is updated on host threads by the same Optimizer and
+// kernels the device path runs, and has its updated parameter shard copied back up. On a CPU
+// device the result is bit for bit the device path's (the same arithmetic on the same values;
+// tests/unit/worker/optim/host_optimizer_test.cc).
+//
+// When the parameters are their own master (fp32 without master weights) the parameter shard
+// also comes down before the update. Units go one at a time through two host buffers (the
+// plan's pinned ring), so host staging stays one unit's shard whatever the model's size.
+//
+// Not thread-safe: one per rank, like its Optimizer. The copy engine is not owned and must
+// outlive it.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+#include "worker/comm/device_copy_engine.h"
+#include "worker/optim/optimizer.h"
+
+namespace zt {
+
+class HostOptimizer {
+ public:
+  struct Args {
+    // Steps the host-resident master weights and states: Optimizer::Create over the arenas
+    // that hold them, with the rank's ranges.
+    Optimizer optimizer;
+    // Moves bytes between the device the parameters and gradients are on and host memory.
+    DeviceCopyEngine* copies = nullptr;
+    // Host buffers (any dtype; their bytes count), each at least the largest unit range of
+    // gradients / parameters in bytes: two buffers of the plan's "offload.ring.<k>".
+    Tensor grad_staging;
+    Tensor param_staging;
+  };
+  // InvalidArgument when `copies` is null or a staging buffer is not on the host.
+  static absl::StatusOr<HostOptimizer> Create(Args args);
+
+  // Optimizer::Step's contract, unit by unit through host memory: params[u] and grads[u] are
+  // device views whose first element is element range(u).begin of unit u. FailedPrecondition
+  // naming the unit when its range does not fit a staging buffer; the copy engine's errors
+  // as they come.
+  absl::Status Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
+                    const std::vector<Tensor>& grads, float lr, float grad_scale,
+                    uint64_t seed = 0);
+
+  const Optimizer& optimizer() const { return optimizer_; }
+  Optimizer& optimizer() { return optimizer_; }
+
+ private:
+  explicit HostOptimizer(Args args);
+
+  Optimizer optimizer_;
+  DeviceCopyEngine* copies_;
+  Tensor grad_staging_;
+  Tensor param_staging_;
+};
+
+}  // namespace zt
