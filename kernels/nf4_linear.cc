@@ -1,9 +1,13 @@
 // Entry points of kernels/nf4_linear.h: argument checks, then dispatch on the device kind.
 #include "kernels/nf4_linear.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/nf4_linear.h"
+#include "kernels/cuda/nf4_linear.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -27,8 +31,64 @@ absl::Status CheckWeight(const char* op, const Nf4Tensor& w, const DeviceContext
                                                  n * k, " elements"));
 }
 
-absl::Status NoCuda(const char* op) {
-  return absl::UnimplementedError(absl::StrCat(op, ": no CUDA kernel in this build"));
+constexpr int64_t kAlign = 64;
+int64_t AlignUp(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Workspace layout, the same on both backends, each piece 64-byte aligned:
+//   [ W tile, f32: max(tile·K, N·tile) ][ GEMM result, f32: M·tile ][ the GEMM's own scratch ]
+// The GEMM's part is the most any GEMM of the layer needs on the context's backend: forward
+// (M, t, K) against the tile transposed, backward (M, t, N), for t a full tile and the last
+// partial one.
+struct WorkspacePlan {
+  int64_t tile_bytes = 0;
+  int64_t result_bytes = 0;
+  int64_t gemm_bytes = 0;
+  int64_t total() const { return tile_bytes + result_bytes + gemm_bytes; }
+};
+
+absl::StatusOr<WorkspacePlan> PlanWorkspace(const DeviceContext& ctx, const cpu::Nf4LinearDims& d,
+                                            const LinearDTypes& dtypes) {
+  const int64_t fwd_tile = std::min(kNf4LinearTile, d.n);
+  const int64_t bwd_tile = std::min(kNf4LinearTile, d.k);
+  WorkspacePlan p;
+  p.tile_bytes = AlignUp(4 * std::max(fwd_tile * d.k, d.n * bwd_tile));
+  p.result_bytes = AlignUp(4 * d.m * std::max(fwd_tile, bwd_tile));
+  for (const int64_t t : {fwd_tile, d.n % kNf4LinearTile}) {
+    if (t == 0) continue;
+    ZT_ASSIGN_OR_RETURN(
+        const int64_t bytes,
+        GemmWorkspaceBytes(
+            ctx, {.m = d.m, .n = t, .k = d.k, .trans_b = Transpose::kYes, .a_dtype = dtypes.inp}));
+    p.gemm_bytes = std::max(p.gemm_bytes, bytes);
+  }
+  for (const int64_t t : {bwd_tile, d.k % kNf4LinearTile}) {
+    if (t == 0) continue;
+    ZT_ASSIGN_OR_RETURN(
+        const int64_t bytes,
+        GemmWorkspaceBytes(ctx, {.m = d.m, .n = t, .k = d.n, .a_dtype = dtypes.dout}));
+    p.gemm_bytes = std::max(p.gemm_bytes, bytes);
+  }
+  return p;
+}
+
+// The workspace cut by the plan, after checking it holds it.
+absl::StatusOr<cpu::Nf4LinearScratch> SplitWorkspace(const char* op, const DeviceContext& ctx,
+                                                     const cpu::Nf4LinearDims& d,
+                                                     const LinearDTypes& dtypes) {
+  ZT_ASSIGN_OR_RETURN(const WorkspacePlan p, PlanWorkspace(ctx, d, dtypes));
+  const int64_t have = ctx.workspace.data != nullptr ? ctx.workspace.bytes : 0;
+  if (have < p.total()) {
+    return absl::FailedPreconditionError(absl::StrCat(op, ": the workspace holds ", have,
+                                                      " bytes, this call needs ", p.total(),
+                                                      " (Nf4LinearWorkspaceBytes)"));
+  }
+  auto* base = static_cast<uint8_t*>(ctx.workspace.data);
+  cpu::Nf4LinearScratch s{.tile = reinterpret_cast<float*>(base),
+                          .result = reinterpret_cast<float*>(base + p.tile_bytes),
+                          .gemm_ctx = ctx};
+  s.gemm_ctx.workspace = {.data = base + p.tile_bytes + p.result_bytes,
+                          .bytes = have - p.tile_bytes - p.result_bytes};
+  return s;
 }
 
 }  // namespace
@@ -48,8 +108,13 @@ absl::Status Nf4LinearForward(const DeviceContext& ctx, const Nf4LinearForwardAr
   if (!args.bias.empty()) {
     ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "bias", args.bias, ctx, {d.n}));
   }
-  if (ctx.device.kind == DeviceKind::kCuda) return NoCuda(kOp);
-  return cpu::Nf4LinearForward(ctx, d, args);
+  ZT_ASSIGN_OR_RETURN(
+      const cpu::Nf4LinearScratch scratch,
+      SplitWorkspace(kOp, ctx, d, {.inp = args.inp.dtype(), .out = args.out.dtype()}));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::Nf4LinearForward(scratch, d, args));
+  }
+  return cpu::Nf4LinearForward(scratch, d, args);
 }
 
 absl::Status Nf4LinearBackward(const DeviceContext& ctx, const Nf4LinearBackwardArgs& args) {
@@ -64,8 +129,13 @@ absl::Status Nf4LinearBackward(const DeviceContext& ctx, const Nf4LinearBackward
                      args.dout.DebugString(), "; their rows M differ"));
   }
   ZT_RETURN_IF_ERROR(CheckWeight(kOp, args.weight, ctx, d.n, d.k));
-  if (ctx.device.kind == DeviceKind::kCuda) return NoCuda(kOp);
-  return cpu::Nf4LinearBackward(ctx, d, args);
+  ZT_ASSIGN_OR_RETURN(
+      const cpu::Nf4LinearScratch scratch,
+      SplitWorkspace(kOp, ctx, d, {.dout = args.dout.dtype(), .dinp = args.dinp.dtype()}));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::Nf4LinearBackward(scratch, d, args));
+  }
+  return cpu::Nf4LinearBackward(scratch, d, args);
 }
 
 absl::StatusOr<int64_t> Nf4LinearWorkspaceBytes(const DeviceContext& ctx, int64_t M, int64_t K,
@@ -75,8 +145,8 @@ absl::StatusOr<int64_t> Nf4LinearWorkspaceBytes(const DeviceContext& ctx, int64_
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": M = ", M, ", K = ", K, ", N = ", N, "; M must be >= 0, K and N >= 1"));
   }
-  if (ctx.device.kind == DeviceKind::kCuda) return NoCuda(kOp);
-  return cpu::Nf4LinearWorkspaceBytes(ctx, {.m = M, .k = K, .n = N}, dtypes);
+  ZT_ASSIGN_OR_RETURN(const WorkspacePlan p, PlanWorkspace(ctx, {.m = M, .k = K, .n = N}, dtypes));
+  return p.total();
 }
 
 }  // namespace zt

@@ -1,97 +1,21 @@
-// CPU frozen NF4 linear layer. Workspace layout, each piece 64-byte aligned:
-//   [ W tile, f32: max(tile·K, N·tile) ][ GEMM result, f32: M·tile ][ the GEMM's own scratch ]
-// The forward walks W's rows (a (tile, K) tile gives out's columns [n0, n0 + tile)), the
-// backward W's columns (an (N, tile) tile gives dinp's columns [k0, k0 + tile)), so every
-// output element comes out of one GEMM and is rounded into its dtype once.
+// CPU frozen NF4 linear layer. The forward walks W's rows (a (tile, K) tile gives out's columns
+// [n0, n0 + tile)), the backward W's columns (an (N, tile) tile gives dinp's columns [k0, k0 +
+// tile)), so every output element comes out of one GEMM and is rounded into its dtype once.
 #include "kernels/cpu/nf4_linear.h"
 
 #include <algorithm>
 #include <cstdint>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/load_store.h"
 #include "kernels/cpu/nf4.h"
 #include "kernels/status_macros.h"
 
 namespace zt::cpu {
-namespace {
 
-constexpr int64_t kAlign = 64;
-
-int64_t AlignUp(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-struct WorkspacePlan {
-  int64_t tile_bytes = 0;
-  int64_t result_bytes = 0;
-  int64_t gemm_bytes = 0;
-  int64_t total() const { return tile_bytes + result_bytes + gemm_bytes; }
-};
-
-// The GEMMs that run: forward (M, t, K) with Wᵀ for t = a full tile and the last partial one,
-// backward (M, t, N) likewise over K.
-absl::StatusOr<WorkspacePlan> PlanWorkspace(const DeviceContext& ctx, const Nf4LinearDims& d,
-                                            const LinearDTypes& dtypes) {
-  const int64_t fwd_tile = std::min(kNf4LinearTile, d.n);
-  const int64_t bwd_tile = std::min(kNf4LinearTile, d.k);
-  WorkspacePlan p;
-  p.tile_bytes = AlignUp(4 * std::max(fwd_tile * d.k, d.n * bwd_tile));
-  p.result_bytes = AlignUp(4 * d.m * std::max(fwd_tile, bwd_tile));
-  for (int64_t t : {fwd_tile, d.n % kNf4LinearTile}) {
-    if (t == 0) continue;
-    ZT_ASSIGN_OR_RETURN(
-        const int64_t bytes,
-        cpu::GemmWorkspaceBytes(
-            ctx, {.m = d.m, .n = t, .k = d.k, .trans_b = Transpose::kYes, .a_dtype = dtypes.inp}));
-    p.gemm_bytes = std::max(p.gemm_bytes, bytes);
-  }
-  for (int64_t t : {bwd_tile, d.k % kNf4LinearTile}) {
-    if (t == 0) continue;
-    ZT_ASSIGN_OR_RETURN(
-        const int64_t bytes,
-        cpu::GemmWorkspaceBytes(ctx, {.m = d.m, .n = t, .k = d.n, .a_dtype = dtypes.dout}));
-    p.gemm_bytes = std::max(p.gemm_bytes, bytes);
-  }
-  return p;
-}
-
-// The workspace split into its pieces, after checking it holds the plan.
-struct Scratch {
-  float* tile = nullptr;
-  float* result = nullptr;
-  DeviceContext gemm_ctx;  // ctx with the GEMM's piece as its workspace
-};
-
-absl::StatusOr<Scratch> SplitWorkspace(const char* op, const DeviceContext& ctx,
-                                       const Nf4LinearDims& d, const LinearDTypes& dtypes) {
-  ZT_ASSIGN_OR_RETURN(const WorkspacePlan p, PlanWorkspace(ctx, d, dtypes));
-  const int64_t have = ctx.workspace.data != nullptr ? ctx.workspace.bytes : 0;
-  if (have < p.total()) {
-    return absl::FailedPreconditionError(absl::StrCat(op, ": the workspace holds ", have,
-                                                      " bytes, this call needs ", p.total(),
-                                                      " (Nf4LinearWorkspaceBytes)"));
-  }
-  auto* base = static_cast<uint8_t*>(ctx.workspace.data);
-  Scratch s{.tile = reinterpret_cast<float*>(base),
-            .result = reinterpret_cast<float*>(base + p.tile_bytes),
-            .gemm_ctx = ctx};
-  s.gemm_ctx.workspace = {.data = base + p.tile_bytes + p.result_bytes,
-                          .bytes = have - p.tile_bytes - p.result_bytes};
-  return s;
-}
-
-}  // namespace
-
-absl::StatusOr<int64_t> Nf4LinearWorkspaceBytes(const DeviceContext& ctx, const Nf4LinearDims& dims,
-                                                const LinearDTypes& dtypes) {
-  ZT_ASSIGN_OR_RETURN(const WorkspacePlan p, PlanWorkspace(ctx, dims, dtypes));
-  return p.total();
-}
-
-absl::Status Nf4LinearForward(const DeviceContext& ctx, const Nf4LinearDims& d,
+absl::Status Nf4LinearForward(const Nf4LinearScratch& s, const Nf4LinearDims& d,
                               const Nf4LinearForwardArgs& args) {
-  const LinearDTypes dtypes{.inp = args.inp.dtype(), .out = args.out.dtype()};
-  ZT_ASSIGN_OR_RETURN(const Scratch s, SplitWorkspace("Nf4LinearForward", ctx, d, dtypes));
+  const DeviceContext& ctx = s.gemm_ctx;
   const DType out_t = args.out.dtype();
   for (int64_t n0 = 0; n0 < d.n; n0 += kNf4LinearTile) {
     const int64_t nt = std::min(kNf4LinearTile, d.n - n0);
@@ -126,10 +50,9 @@ absl::Status Nf4LinearForward(const DeviceContext& ctx, const Nf4LinearDims& d,
   return absl::OkStatus();
 }
 
-absl::Status Nf4LinearBackward(const DeviceContext& ctx, const Nf4LinearDims& d,
+absl::Status Nf4LinearBackward(const Nf4LinearScratch& s, const Nf4LinearDims& d,
                                const Nf4LinearBackwardArgs& args) {
-  const LinearDTypes dtypes{.dout = args.dout.dtype(), .dinp = args.dinp.dtype()};
-  ZT_ASSIGN_OR_RETURN(const Scratch s, SplitWorkspace("Nf4LinearBackward", ctx, d, dtypes));
+  const DeviceContext& ctx = s.gemm_ctx;
   const DType dinp_t = args.dinp.dtype();
   const bool add = args.dinp_mode == Accumulate::kAdd;
   for (int64_t k0 = 0; k0 < d.k; k0 += kNf4LinearTile) {
