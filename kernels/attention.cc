@@ -43,18 +43,6 @@ absl::StatusOr<cpu::AttentionDims> QkvDims(const char* op, const DeviceContext& 
                             .head_dim = static_cast<int>(d)};
 }
 
-// Document starts, when given: checked, and refused on CUDA until its kernel takes them.
-absl::Status CheckPacking(const char* op, const DeviceContext& ctx, const Tensor& doc_starts,
-                          const cpu::AttentionDims& dims) {
-  if (doc_starts.empty()) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(CheckDocStarts(op, doc_starts, dims.batch, dims.seq, ctx));
-  if (ctx.device.kind == DeviceKind::kCuda) {
-    return absl::UnimplementedError(
-        absl::StrCat(op, ": doc_starts (packed sequences) has no CUDA kernel in this build"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardArgs& args) {
@@ -66,7 +54,9 @@ absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardAr
       internal::CheckFloatTensor(kOp, "out", args.out, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "lse", args.lse, ctx, DType::kF32,
                                            {dims.batch, dims.n_head, dims.seq}));
-  ZT_RETURN_IF_ERROR(CheckPacking(kOp, ctx, args.doc_starts, dims));
+  if (!args.doc_starts.empty()) {
+    ZT_RETURN_IF_ERROR(CheckDocStarts(kOp, args.doc_starts, dims.batch, dims.seq, ctx));
+  }
   if (ctx.device.kind == DeviceKind::kCuda) {
     return ZT_CUDA_OP(kOp, cuda::AttentionForward(ctx, dims, args));
   }
@@ -87,7 +77,9 @@ absl::Status AttentionBackward(const DeviceContext& ctx, const AttentionBackward
       internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dqkv", args.dqkv, ctx,
                                                 {dims.batch, dims.seq, args.qkv.dim(2)}));
-  ZT_RETURN_IF_ERROR(CheckPacking(kOp, ctx, args.doc_starts, dims));
+  if (!args.doc_starts.empty()) {
+    ZT_RETURN_IF_ERROR(CheckDocStarts(kOp, args.doc_starts, dims.batch, dims.seq, ctx));
+  }
   const int64_t need = AttentionWorkspaceBytes(ctx.device.kind, dims.batch, dims.seq, dims.n_head);
   if (ctx.workspace.bytes < need) {
     return absl::FailedPreconditionError(

@@ -15,7 +15,8 @@
 // (a NaN in another document's q, k or v stays there). Key tiles that no query of a query
 // tile may see are skipped, so a packed row costs about Σ (document length)² rather than T².
 // Give RoPE positions that restart at each document (DocumentPositions) to match too.
-// CPU only for now: a CUDA context with doc_starts gets Unimplemented.
+// On CUDA the values of doc_starts are not checked (kernels/packing.h): the caller checks them
+// on the host.
 #pragma once
 
 #include "absl/status/status.h"

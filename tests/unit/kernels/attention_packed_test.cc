@@ -274,19 +274,6 @@ TEST(PackedAttentionTest, BadDocStartsNameTheElementAndTheRule) {
   std::vector<float> f32_starts(4);
   s = with(Tensor(f32_starts.data(), DType::kF32, {2, 2}));
   EXPECT_NE(s.message().find("doc_starts"), std::string::npos) << s;
-  // A CUDA context with doc_starts is refused before any memory is touched.
-  DeviceContext cuda = CpuContext(1);
-  cuda.device = {.kind = DeviceKind::kCuda};
-  std::vector<int32_t> starts = {0, 0};
-  const Device gpu{.kind = DeviceKind::kCuda};
-  s = AttentionForward(cuda,
-                       {.qkv = Tensor(run.qkv.data(), DType::kF32, {dm.b, dm.t, dm.row()}, gpu),
-                        .out = Tensor(run.out.data(), DType::kF32, {dm.b, dm.t, dm.out_row()}, gpu),
-                        .lse = Tensor(run.lse.data(), DType::kF32, {dm.b, dm.h, dm.t}, gpu),
-                        .n_head = 2,
-                        .n_kv_head = 1,
-                        .doc_starts = Tensor(starts.data(), DType::kI32, {2, 1}, gpu)});
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
 }
 
 }  // namespace
