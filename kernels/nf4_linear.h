@@ -32,8 +32,11 @@
 namespace zt {
 
 // Rows (forward) or columns (backward) of W dequantized per tile: a multiple of the NF4 block
-// so that, when K is a multiple of 64 too, every tile covers whole blocks.
-inline constexpr int64_t kNf4LinearTile = 128;
+// so that, when K is a multiple of 64 too, every tile covers whole blocks; 512 so that each
+// tile's GEMM is wide enough to run near the full GEMM's speed (bench/quantized_kernels_bench:
+// 128 cost 2.4–2.8× the f32 layer's time, 512 1.4–1.8×), at 8–22 MiB of f32 tile for
+// Llama-7B's layers.
+inline constexpr int64_t kNf4LinearTile = 512;
 
 struct Nf4LinearForwardArgs {
   Tensor inp;        // (M, K)

@@ -50,16 +50,16 @@ struct AttentionRun {
                   {dm.b, static_cast<int64_t>(doc_starts.size()) / dm.b});
   }
 
-  absl::Status Forward() {
-    return AttentionForward(CpuContext(2), {.qkv = Qkv(),
-                                            .out = Out(),
-                                            .lse = Lse(),
-                                            .n_head = dm.h,
-                                            .n_kv_head = dm.hkv,
-                                            .doc_starts = Starts()});
+  absl::Status Forward(int threads = 2) {
+    return AttentionForward(CpuContext(threads), {.qkv = Qkv(),
+                                                  .out = Out(),
+                                                  .lse = Lse(),
+                                                  .n_head = dm.h,
+                                                  .n_kv_head = dm.hkv,
+                                                  .doc_starts = Starts()});
   }
-  absl::Status Backward() {
-    return AttentionBackward(CpuContext(2),
+  absl::Status Backward(int threads = 2) {
+    return AttentionBackward(CpuContext(threads),
                              {.qkv = Qkv(),
                               .out = Out(),
                               .lse = Lse(),
@@ -187,6 +187,20 @@ TEST(PackedAttentionTest, OneDocumentPerRowIsPlainCausal) {
   EXPECT_TRUE(SameBits(plain.out, single.out));
   EXPECT_TRUE(SameBits(plain.lse, single.lse));
   EXPECT_TRUE(SameBits(plain.dqkv, single.dqkv));
+}
+
+// Each (b, h, query tile) of the forward and each (b, kv head) of the backward is one task
+// with a fixed order inside, so the thread count changes no bit.
+TEST(PackedAttentionTest, BitwiseIdenticalForAnyThreadCount) {
+  AttentionRun one(kDims, kPacking.Starts(kDims.t), 8);
+  AttentionRun three = one;
+  ASSERT_TRUE(one.Forward(1).ok());
+  ASSERT_TRUE(one.Backward(1).ok());
+  ASSERT_TRUE(three.Forward(3).ok());
+  ASSERT_TRUE(three.Backward(3).ok());
+  EXPECT_TRUE(SameBits(one.out, three.out));
+  EXPECT_TRUE(SameBits(one.lse, three.lse));
+  EXPECT_TRUE(SameBits(one.dqkv, three.dqkv));
 }
 
 // Block-diagonal causal attention in float64: query i of row b sees keys [doc(i), i].

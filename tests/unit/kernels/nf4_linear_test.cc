@@ -54,9 +54,9 @@ struct QuantizedWeight {
   std::vector<float> dequantized;
 };
 
-// Shapes with a partial last tile on both axes (N = 300 = 128 + 128 + 44, K = 200) and K not
-// a multiple of 64, so NF4 blocks cross rows of W and tiles cut through blocks.
-constexpr int64_t kM = 7, kK = 200, kN = 300;
+// Shapes with a partial last tile on both axes (N = 1100 = 512 + 512 + 76, K = 600 = 512 + 88)
+// and K not a multiple of 64, so NF4 blocks cross rows of W and tiles cut through blocks.
+constexpr int64_t kM = 7, kK = 600, kN = 1100;
 
 int64_t Workspace(int64_t m, int64_t k, int64_t n, const LinearDTypes& dtypes = {}) {
   return Nf4LinearWorkspaceBytes(CpuContext(2), m, k, n, dtypes).value();
@@ -81,9 +81,9 @@ TEST(Nf4LinearTest, ForwardEqualsTheLinearLayerOverTheDequantizedWeight) {
       want[m * kN + n] = acc;
     }
   }
-  // f32 sums of K = 200 products of terms at most 0.1 apart in size: K · 2^-24 relative to
-  // the largest output bounds the accumulation error (1.2e-5); random signs keep it far below.
-  EXPECT_LT(MaxErrorOverLargest(out, want), 1.2e-5);
+  // f32 sums of K = 600 products: K · 2^-24 relative to the largest output bounds the
+  // accumulation error (3.6e-5); random signs keep it far below.
+  EXPECT_LT(MaxErrorOverLargest(out, want), 3.6e-5);
   // The f32 linear layer over the dequantized W (the GEMM may sum in another order).
   OwnedContext lin(LinearWorkspaceBytes(CpuContext(2), kM, kK, kN).value());
   ASSERT_TRUE(LinearForward(lin.ctx(), {.inp = View(inp, {kM, kK}),
@@ -91,13 +91,13 @@ TEST(Nf4LinearTest, ForwardEqualsTheLinearLayerOverTheDequantizedWeight) {
                                         .bias = View(bias, {kN}),
                                         .out = View(ref, {kM, kN})})
                   .ok());
-  EXPECT_LT(MaxErrorOverLargest(out, ToDouble(ref)), 1.2e-5);
+  EXPECT_LT(MaxErrorOverLargest(out, ToDouble(ref)), 3.6e-5);
 }
 
 // dinp = dout · W is the gradient of Σ dout ∘ (inp · Wᵀ) with respect to inp: central finite
-// differences of that float64 scalar, and the accumulate mode.
+// differences of that float64 scalar, and the accumulate mode. K = 600 is two column tiles.
 TEST(Nf4LinearTest, InputGradientMatchesFiniteDifferences) {
-  const int64_t m = 3, k = 70, n = 150;
+  const int64_t m = 2, k = 600, n = 150;
   QuantizedWeight w(n, k, 4);
   std::vector<float> inp = RandomVector(m * k, 5), dout = RandomVector(m * n, 6);
   std::vector<float> dinp(m * k, 123.0f);
@@ -155,12 +155,12 @@ TEST(Nf4LinearTest, Bf16ActivationsRoundOnce) {
 }
 
 // The workspace holds tiles, never W: for a 4096 × 4096 layer (64 MiB dequantized) it is the
-// 2 MiB tile, the (M, tile) result and the GEMM's scratch, under an eighth of W. One byte
+// 8 MiB tile, the (M, tile) result and the GEMM's scratch, under a quarter of W. One byte
 // short is refused.
 TEST(Nf4LinearTest, WorkspaceIsBoundedByTilesNotByTheWeight) {
   const int64_t k = 4096, n = 4096, m = 16;
   const int64_t bytes = Workspace(m, k, n);
-  EXPECT_LT(bytes, 4 * n * k / 8);
+  EXPECT_LT(bytes, 4 * n * k / 4);
   EXPECT_GE(bytes, 4 * kNf4LinearTile * k + 4 * m * kNf4LinearTile);
 
   QuantizedWeight w(kN, kK, 9);
@@ -181,7 +181,7 @@ TEST(Nf4LinearTest, ErrorsNameTheArgument) {
       owned.ctx(),
       {.inp = View(inp, {kM, kK + 1}), .weight = w.buffers.View(), .out = View(out, {kM, kN})});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("weight.numel is 60000"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("weight.numel is 660000"), std::string::npos) << s;
   s = Nf4LinearBackward(
       owned.ctx(),
       {.dout = View(dout, {kM, kN}), .weight = w.buffers.View(), .dinp = View(dinp, {kM - 1, kK})});
