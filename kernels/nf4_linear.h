@@ -33,9 +33,9 @@ namespace zt {
 
 // Rows (forward) or columns (backward) of W dequantized per tile: a multiple of the NF4 block
 // so that, when K is a multiple of 64 too, every tile covers whole blocks; 512 so that each
-// tile's GEMM is wide enough to run near the full GEMM's speed (bench/quantized_kernels_bench:
-// 128 cost 2.4–2.8× the f32 layer's time, 512 1.4–1.8×), at 8–22 MiB of f32 tile for
-// Llama-7B's layers.
+// tile's GEMM is wide enough to run near the full GEMM's speed (bench/quantized_kernels_bench
+// on the shared 2-core machine, noisy: 128 took 2.4–2.8× the f32 layer's time, 512 1.4–1.7×),
+// at 8–22 MiB of f32 tile for Llama-7B's layers.
 inline constexpr int64_t kNf4LinearTile = 512;
 
 struct Nf4LinearForwardArgs {
