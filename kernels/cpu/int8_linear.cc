@@ -55,14 +55,17 @@ void Int8LinearForward(const DeviceContext& ctx, const Int8LinearDims& d,
   const DType inp_t = args.inp.dtype();
   const float threshold = args.outlier_threshold;
 
+  // Flag the outlier columns scanning row by row (memory order), then compact the flags into
+  // the ascending list in place (the list's i-th entry is never past column i).
+  std::fill(outlier_cols, outlier_cols + d.k, 0);
+  for (int64_t m = 0; m < d.m; ++m) {
+    for (int64_t c = 0; c < d.k; ++c) {
+      if (std::abs(Load(args.inp.raw(), inp_t, m * d.k + c)) >= threshold) outlier_cols[c] = 1;
+    }
+  }
   int64_t n_outliers = 0;
   for (int64_t c = 0; c < d.k; ++c) {
-    for (int64_t m = 0; m < d.m; ++m) {
-      if (std::abs(Load(args.inp.raw(), inp_t, m * d.k + c)) >= threshold) {
-        outlier_cols[n_outliers++] = static_cast<int32_t>(c);
-        break;
-      }
-    }
+    if (outlier_cols[c] != 0) outlier_cols[n_outliers++] = static_cast<int32_t>(c);
   }
   const auto is_outlier = [&](int64_t c) {
     return std::binary_search(outlier_cols, outlier_cols + n_outliers, static_cast<int32_t>(c));

@@ -110,10 +110,10 @@ TEST(Int8LinearTest, ForwardWithinTheQuantizationBound) {
 }
 
 // Inputs on the int8 grid (row maximum exactly 1, so x_m = 1 and every x̂ = x) and a weight on
-// it (w_n = 1): the int8 part is then exact, and the only inexact input is an outlier column
-// of 37.3. With the decomposition the output equals the float64 product up to f32 rounding;
-// without it (threshold +inf) the outlier sets the row's scale and every other feature loses
-// most of its bits.
+// it (w_n = 1): the int8 part is then exact, and the only inexact inputs are the outlier
+// columns (37.3 in every row, −8.5 in one). With the decomposition the output equals the float64
+// product up to f32 rounding; without it (threshold +inf) the outlier sets the row's scale and
+// every other feature loses most of its bits.
 TEST(Int8LinearTest, OutlierColumnIsComputedInFullPrecision) {
   const int64_t m = 4, k = 64, n = 8, outlier = 17;
   std::mt19937 rng(5);
@@ -124,6 +124,7 @@ TEST(Int8LinearTest, OutlierColumnIsComputedInFullPrecision) {
   for (int64_t r = 0; r < m; ++r) inp[r * k + (r + 3) % k] = 1.0f;  // x_m = 1
   for (int64_t j = 0; j < n; ++j) wv[j * k + (j + 5) % k] = -1.0f;  // w_n = 1
   for (int64_t r = 0; r < m; ++r) inp[r * k + outlier] = r == 2 ? -37.3f : 37.3f;
+  inp[1 * k + 40] = -8.5f;  // a second outlier column, from one token only
   Weight w(wv, n, k);
   std::vector<double> want(m * n, 0.0);
   for (int64_t r = 0; r < m; ++r) {
