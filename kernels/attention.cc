@@ -6,6 +6,7 @@
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/packing.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
@@ -53,6 +54,9 @@ absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardAr
       internal::CheckFloatTensor(kOp, "out", args.out, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "lse", args.lse, ctx, DType::kF32,
                                            {dims.batch, dims.n_head, dims.seq}));
+  if (!args.doc_starts.empty()) {
+    ZT_RETURN_IF_ERROR(CheckDocStarts(kOp, args.doc_starts, dims.batch, dims.seq, ctx));
+  }
   if (ctx.device.kind == DeviceKind::kCuda) {
     return ZT_CUDA_OP(kOp, cuda::AttentionForward(ctx, dims, args));
   }
@@ -73,6 +77,9 @@ absl::Status AttentionBackward(const DeviceContext& ctx, const AttentionBackward
       internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {dims.batch, dims.seq, hd}));
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dqkv", args.dqkv, ctx,
                                                 {dims.batch, dims.seq, args.qkv.dim(2)}));
+  if (!args.doc_starts.empty()) {
+    ZT_RETURN_IF_ERROR(CheckDocStarts(kOp, args.doc_starts, dims.batch, dims.seq, ctx));
+  }
   const int64_t need = AttentionWorkspaceBytes(ctx.device.kind, dims.batch, dims.seq, dims.n_head);
   if (ctx.workspace.bytes < need) {
     return absl::FailedPreconditionError(

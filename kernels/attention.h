@@ -8,6 +8,15 @@
 // Scores are scaled by 1/sqrt(D).
 // Storage: qkv, out, dout and dqkv may each be f32, bf16 or f16 (computed in f32, rounded to
 // nearest even once on store); lse is always f32.
+//
+// Packed sequences (kernels/packing.h): with doc_starts, query t attends to the keys of its
+// own document only, [start of t's document, t] — block-diagonal causal — so each document's
+// output and gradients are those of running it alone, and nothing is read across a boundary
+// (a NaN in another document's q, k or v stays there). Key tiles that no query of a query
+// tile may see are skipped, so a packed row costs about Σ (document length)² rather than T².
+// Give RoPE positions that restart at each document (DocumentPositions) to match too.
+// On CUDA the values of doc_starts are not checked (kernels/packing.h): the caller checks them
+// on the host.
 #pragma once
 
 #include "absl/status/status.h"
@@ -22,6 +31,7 @@ struct AttentionForwardArgs {
   Tensor lse;  // (B, H, T) f32, written: log Σ_j exp(score_ij), saved for backward
   int n_head = 0;
   int n_kv_head = 0;
+  Tensor doc_starts;  // (B, S) i32 document starts (kernels/packing.h), or empty: one per row
 };
 absl::Status AttentionForward(const DeviceContext& ctx, const AttentionForwardArgs& args);
 
@@ -33,6 +43,7 @@ struct AttentionBackwardArgs {
   Tensor dqkv;  // (B, T, (H + 2·Hkv)·D), written (=)
   int n_head = 0;
   int n_kv_head = 0;
+  Tensor doc_starts;  // as the forward's
 };
 // Deterministic: every dk/dv row is reduced by one thread in a fixed order.
 // Scratch comes from ctx.workspace: FailedPrecondition (naming both sizes) when it holds fewer

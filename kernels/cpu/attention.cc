@@ -5,6 +5,14 @@
 // Queries and keys are cut into tiles of kTile rows; a query tile i and a key tile j meet only
 // when j ≤ i (causality), and only the diagonal pair needs a mask.
 //
+// Packed rows (doc_starts): query t sees keys [s(t), t], s(t) the start of t's document. s is
+// non-decreasing in t, so a query tile's first query has the smallest s: key tiles wholly
+// before it are skipped (forward: the loop starts there; backward: the query-tile loop stops
+// at the first tile whose first query's document starts after the key tile), and a tile pair
+// needs a mask only on the diagonal or where a key precedes some query's document. A query
+// whose document has no key in a tile gets a fully masked score column there; the online
+// softmax then measures from 0 instead of −inf, so exp(−inf − (−inf)) never makes a NaN.
+//
 // Forward, one task per (b, h, query tile): scores are computed key-major, Sᵀ = K · (scale·Q)ᵀ,
 // so the online softmax's per-query max and sum run down the columns with whole vectors of
 // queries, and the queries are transposed once per task rather than the keys once per pair.
@@ -48,7 +56,7 @@ constexpr int kMaxD = kAttentionMaxHeadDim;
 int RoundUpToLanes(int x) { return (x + kLanes - 1) / kLanes * kLanes; }
 
 struct Geometry {
-  explicit Geometry(const AttentionDims& d)
+  Geometry(const AttentionDims& d, const Tensor& doc_starts)
       : B(d.batch),
         T(d.seq),
         H(d.n_head),
@@ -58,13 +66,31 @@ struct Geometry {
         C3(static_cast<int64_t>(d.n_head + 2 * d.n_kv_head) * d.head_dim),
         CO(static_cast<int64_t>(d.n_head) * d.head_dim),
         n_tiles(static_cast<int>((d.seq + kTile - 1) / kTile)),
-        scale(1.0f / std::sqrt(static_cast<float>(d.head_dim))) {}
+        scale(1.0f / std::sqrt(static_cast<float>(d.head_dim))),
+        starts(doc_starts.empty() ? nullptr : doc_starts.data<int32_t>()),
+        S(doc_starts.empty() ? 0 : doc_starts.dim(1)) {}
 
   int64_t B, T;
   int H, Hkv, R, D;
   int64_t C3, CO;
   int n_tiles;
   float scale;
+  const int32_t* starts;  // (B, S) document starts, or null: one document per row
+  int64_t S;
+
+  // doc[r] = the start of the document of query i0 + r of row b, for r < n.
+  void DocStarts(int64_t b, int64_t i0, int n, int64_t* doc) const {
+    if (starts == nullptr) {
+      std::fill(doc, doc + n, 0);
+      return;
+    }
+    const int32_t* row = starts + b * S;
+    int64_t d = 0;
+    for (int r = 0; r < n; ++r) {
+      while (d + 1 < S && row[d + 1] <= i0 + r) ++d;
+      doc[r] = row[d];
+    }
+  }
 
   int TileRows(int tile) const {
     return static_cast<int>(std::min<int64_t>(kTile, T - static_cast<int64_t>(tile) * kTile));
@@ -146,6 +172,7 @@ void ForwardTask(const Geometry& g, const AttentionForwardArgs& args, int64_t b,
   alignas(64) float corr[kTile];        // exp(m_old − m_new) of this key tile
   alignas(64) float k[kTile * kMaxD];   // (nk, D): this key tile
   alignas(64) float v[kTile * kMaxD];   // (nk, D): its values
+  int64_t doc[kTile];                   // start of each query's document
 
   const int64_t i0 = static_cast<int64_t>(it) * kTile;
   const int nq = g.TileRows(it);
@@ -158,8 +185,11 @@ void ForwardTask(const Geometry& g, const AttentionForwardArgs& args, int64_t b,
   PackTransposed(qkv, g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, nq_pad, g.D, g.scale, qt);
   std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(l, l + kTile, 0.0f);
+  g.DocStarts(b, i0, nq, doc);
+  const int jt_first = static_cast<int>(doc[0] / kTile);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
 
-  for (int jt = 0; jt <= it; ++jt) {
+  for (int jt = jt_first; jt <= it; ++jt) {
     const int64_t j0 = static_cast<int64_t>(jt) * kTile;
     const int nk = g.TileRows(jt);
     CopyRows(qkv, k_base + j0 * g.C3, g.C3, nk, g.D, k);
@@ -177,8 +207,15 @@ void ForwardTask(const Geometry& g, const AttentionForwardArgs& args, int64_t b,
     if (jt == it) {
       // Same tile for keys and queries: key j sees queries i ≥ j only.
       for (int j = 1; j < nk; ++j) {
-        std::fill(s + j * kTile, s + j * kTile + std::min(j, nq_pad),
-                  -std::numeric_limits<float>::infinity());
+        std::fill(s + j * kTile, s + j * kTile + std::min(j, nq_pad), neg_inf);
+      }
+    }
+    if (j0 < doc[nq - 1]) {
+      // Keys before a query's document.
+      for (int j = 0; j < nk; ++j) {
+        for (int i = 0; i < nq; ++i) {
+          if (j0 + j < doc[i]) s[j * kTile + i] = neg_inf;
+        }
       }
     }
     // Online softmax, 16 queries per vector, walking down the keys.
@@ -186,10 +223,12 @@ void ForwardTask(const Geometry& g, const AttentionForwardArgs& args, int64_t b,
       const Vec m_old = tiles::Load(m + c);
       Vec m_new = m_old;
       for (int j = 0; j < nk; ++j) m_new = tiles::Max(m_new, tiles::Load(s + j * kTile + c));
-      const Vec cr = tiles::Exp(m_old - m_new);
+      // A query that has seen no key yet measures from 0 (its p and correction are then 0).
+      const Vec m_ref = m_new == tiles::Splat(neg_inf) ? Vec{} : m_new;
+      const Vec cr = tiles::Exp(m_old - m_ref);
       Vec sum{};
       for (int j = 0; j < nk; ++j) {
-        const Vec p = tiles::Exp(tiles::Load(s + j * kTile + c) - m_new);
+        const Vec p = tiles::Exp(tiles::Load(s + j * kTile + c) - m_ref);
         tiles::Store(s + j * kTile + c, p);
         sum += p;
       }
@@ -197,25 +236,44 @@ void ForwardTask(const Geometry& g, const AttentionForwardArgs& args, int64_t b,
       tiles::Store(m + c, m_new);
       tiles::Store(corr + c, cr);
     }
-    if (jt > 0) {
+    if (jt > jt_first) {
       for (int i = 0; i < nq; ++i) {
         float* row = o + i * g.D;
         const float cr = corr[i];
         for (int d = 0; d < g.D; ++d) row[d] *= cr;
       }
     }
-    // O (nq, D) += P (nq, nk) · V (nk, D), P read from the key-major tile.
-    TileMatMul({.m = nq,
-                .n = g.D,
-                .k = nk,
-                .a = s,
-                .lda = kTile,
-                .a_layout = ALayout::kTransposed,
-                .b = v,
-                .ldb = g.D,
-                .c = o,
-                .ldc = g.D,
-                .c_init = jt == 0 ? CInit::kOverwrite : CInit::kAccumulate});
+    // O (nq, D) += P (nq, nk) · V (nk, D), P read from the key-major tile. In a packed row,
+    // each run of queries of one document multiplies only the keys of that document up to its
+    // last query: a masked probability is 0, but 0 · (another document's NaN) would still be
+    // NaN, and no document may see another's values.
+    const CInit init = jt == jt_first ? CInit::kOverwrite : CInit::kAccumulate;
+    for (int ia = 0; ia < nq;) {
+      int ib = ia + 1;
+      if (g.starts != nullptr) {
+        while (ib < nq && doc[ib] == doc[ia]) ++ib;
+      } else {
+        ib = nq;
+      }
+      const int kb = static_cast<int>(std::max<int64_t>(doc[ia] - j0, 0));
+      const int ke = static_cast<int>(std::min<int64_t>(nk, i0 + ib - j0));
+      if (ke > kb) {
+        TileMatMul({.m = ib - ia,
+                    .n = g.D,
+                    .k = ke - kb,
+                    .a = s + kb * kTile + ia,
+                    .lda = kTile,
+                    .a_layout = ALayout::kTransposed,
+                    .b = v + kb * g.D,
+                    .ldb = g.D,
+                    .c = o + ia * g.D,
+                    .ldc = g.D,
+                    .c_init = init});
+      } else if (init == CInit::kOverwrite) {
+        std::fill(o + ia * g.D, o + ib * g.D, 0.0f);
+      }
+      ia = ib;
+    }
   }
 
   const int64_t out_tile = g.OutRow(b, i0) + g.QCol(h);
@@ -239,6 +297,8 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
   alignas(64) float dq[kTile * kMaxD];   // (nq, D): this pair's share of dQ
   alignas(64) float di[kTile];           // rowsum(dO ∘ O)
   alignas(64) float o_row[kMaxD];        // one row of a 16-bit O, as f32
+  int64_t doc[kTile];                    // start of each query's document
+  int key_lo[kTile], key_hi[kTile];      // the keys [lo, hi) of this tile query i sees
 
   const Tensor& qkv = args.qkv;    // (B, T, C3)
   const Tensor& out = args.out;    // (B, T, CO)
@@ -270,6 +330,9 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
       for (int it = jt; it < g.n_tiles; ++it) {
         const int64_t i0 = static_cast<int64_t>(it) * kTile;
         const int nq = g.TileRows(it);
+        g.DocStarts(b, i0, nq, doc);
+        // No query of this tile, nor of any later one, sees this key tile.
+        if (doc[0] >= j0 + nk) break;
         const int64_t o_tile = g.OutRow(b, i0) + g.QCol(h);
         float* dq_rows = dq_sum + i0 * dq_ld + static_cast<int64_t>(h - h_first) * g.D;
         CopyRows(qkv, g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, g.D, q);
@@ -296,9 +359,14 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
           for (int c0 = 0; c0 < nk_pad; c0 += kLanes) {
             tiles::Store(row + c0, tiles::Exp(tiles::Load(row + c0) * g.scale - l_i));
           }
-          // Padding columns, and on the diagonal tile the keys after query i, get probability 0.
+          // Padding columns, on the diagonal tile the keys after query i, and keys before its
+          // document get probability 0.
           const int visible = jt == it ? std::min(i + 1, nk) : nk;
           std::fill(row + visible, row + nk_pad, 0.0f);
+          const int hidden = static_cast<int>(std::clamp<int64_t>(doc[i] - j0, 0, nk));
+          std::fill(row, row + hidden, 0.0f);
+          key_lo[i] = hidden;
+          key_hi[i] = visible;
         }
         // dV (nk, D) += Pᵀ · dO
         TileMatMul({.m = nk,
@@ -330,6 +398,10 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
             const Vec dsv = tiles::Load(p_row + c0) * (tiles::Load(ds_row + c0) - di_i) * g.scale;
             tiles::Store(ds_row + c0, dsv);
           }
+          // dS is 0 wherever P is; set it so rather than through 0 · dP, which is NaN when
+          // another document's values are.
+          std::fill(ds_row, ds_row + key_lo[i], 0.0f);
+          std::fill(ds_row + key_hi[i], ds_row + nk_pad, 0.0f);
         }
         // dK (nk, D) += dSᵀ · Q
         TileMatMul({.m = nk,
@@ -343,16 +415,32 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
                     .c = dk,
                     .ldc = g.D,
                     .c_init = CInit::kAccumulate});
-        // dQ (nq, D) += dS · K, summed here and added to the rows once.
-        TileMatMul({.m = nq,
-                    .n = g.D,
-                    .k = nk,
-                    .a = ds,
-                    .lda = kTile,
-                    .b = k,
-                    .ldb = g.D,
-                    .c = dq,
-                    .ldc = g.D});
+        // dQ (nq, D) += dS · K, summed here and added to the rows once. Each run of queries
+        // of one document multiplies only its own document's keys (see the forward's P · V).
+        for (int ia = 0; ia < nq;) {
+          int ib = ia + 1;
+          if (g.starts != nullptr) {
+            while (ib < nq && doc[ib] == doc[ia]) ++ib;
+          } else {
+            ib = nq;
+          }
+          const int kb = key_lo[ia];
+          const int ke = static_cast<int>(std::min<int64_t>(nk, i0 + ib - j0));
+          if (ke > kb) {
+            TileMatMul({.m = ib - ia,
+                        .n = g.D,
+                        .k = ke - kb,
+                        .a = ds + ia * kTile + kb,
+                        .lda = kTile,
+                        .b = k + kb * g.D,
+                        .ldb = g.D,
+                        .c = dq + ia * g.D,
+                        .ldc = g.D});
+          } else {
+            std::fill(dq + ia * g.D, dq + ib * g.D, 0.0f);
+          }
+          ia = ib;
+        }
         for (int i = 0; i < nq; ++i) {
           float* dst = dq_rows + i * dq_ld;
           const float* src = dq + i * g.D;
@@ -375,7 +463,7 @@ void BackwardTask(const Geometry& g, const AttentionBackwardArgs& args, int64_t 
 
 void AttentionForward(const DeviceContext& ctx, const AttentionDims& dims,
                       const AttentionForwardArgs& args) {
-  const Geometry g(dims);
+  const Geometry g(dims, args.doc_starts);
   const int64_t heads = g.B * g.H;
   const int64_t tasks = heads * g.n_tiles;
   // A query tile's cost grows with its index (it meets it + 1 key tiles): hand out the last
@@ -390,7 +478,7 @@ void AttentionForward(const DeviceContext& ctx, const AttentionDims& dims,
 
 void AttentionBackward(const DeviceContext& ctx, const AttentionDims& dims,
                        const AttentionBackwardArgs& args) {
-  const Geometry g(dims);
+  const Geometry g(dims, args.doc_starts);
   const int64_t tasks = g.B * g.Hkv;
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(dynamic, 1)
   for (int64_t task = 0; task < tasks; ++task) {

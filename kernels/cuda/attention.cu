@@ -27,6 +27,13 @@
 //      the query tiles i ≥ j in order, recomputing P and dS, and sums dV = Pᵀ·dO, dK = dSᵀ·Q.
 // Each gradient row is summed by one thread in a fixed order, as on the CPU; the price is
 // computing S and dP twice (kernels 2 and 3) instead of an f32 dQ accumulated with atomics.
+//
+// Packed rows (doc_starts, kernels/packing.h), as on the CPU: query t sees keys [s(t), t],
+// s(t) its document's start. The forward and dQ grids start at the key tile of their first
+// query's document; the dK/dV grid stops at the first query tile whose first query's document
+// starts after its keys. A row multiplies only the keys of its own document into O and dQ
+// (a masked probability is 0, but 0 · another document's NaN would not be), so nothing of
+// another document reaches an output.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +56,24 @@ struct Geometry {
   int64_t C3, CO;
   int n_tiles;
   float scale;
+  const int32_t* starts;  // (B, S) document starts, or null: one document per row
+  int64_t S;
+
+  // The start of the document of token t of row b: the last start ≤ t (binary search).
+  __device__ int64_t DocStart(int64_t b, int64_t t) const {
+    if (starts == nullptr) return 0;
+    const int32_t* row = starts + b * S;
+    int64_t lo = 0, hi = S - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (row[mid] <= t) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return row[lo];
+  }
 
   __device__ int Rows(int tile) const {
     const int64_t left = T - static_cast<int64_t>(tile) * kTile;
@@ -126,12 +151,13 @@ __device__ __forceinline__ void RowTimesTileT(const float* a, const float* tile,
   }
 }
 
-// acc[k] += Σ_{j < n} w[j] · tile[j][sub + k·kRowThreads], j in increasing order: this
-// thread's output columns of one row of w · tile, w[j] loaded once for all of them.
+// acc[k] += Σ_{begin ≤ j < n} w[j] · tile[j][sub + k·kRowThreads], j in increasing order:
+// this thread's output columns of one row of w · tile, w[j] loaded once for all of them.
 template <int kD>
 __device__ __forceinline__ void AccumulateRowTimesTile(const float* w, const float* tile, int n,
-                                                       int sub, float (&acc)[kD / kRowThreads]) {
-  for (int j = 0; j < n; ++j) {
+                                                       int sub, float (&acc)[kD / kRowThreads],
+                                                       int begin = 0) {
+  for (int j = begin; j < n; ++j) {
     const float x = w[j];
 #pragma unroll
     for (int k = 0; k < kD / kRowThreads; ++k) {
@@ -143,6 +169,20 @@ __device__ __forceinline__ void AccumulateRowTimesTile(const float* w, const flo
 template <int kD>
 constexpr int ForwardSmemFloats() {
   return 3 * kTile * (kD + 1) + kTile * kScoreLd;
+}
+
+// The keys [begin, end) of key tile jt that query row r of query tile it multiplies into its
+// output: all nk of them unpacked (masked ones have weight 0); in a packed row only those of
+// its own document up to itself.
+struct KeyRange {
+  int begin, end;
+};
+__device__ __forceinline__ KeyRange RowKeys(const Geometry& g, int64_t doc, int jt, int it, int r,
+                                            int nk) {
+  if (g.starts == nullptr) return {0, nk};
+  const int64_t j0 = static_cast<int64_t>(jt) * kTile;
+  const int64_t begin = doc - j0 < 0 ? 0 : (doc - j0 > nk ? nk : doc - j0);
+  return {static_cast<int>(begin), jt == it ? min(r + 1, nk) : nk};
 }
 
 // Grid (n_tiles, H, B); the last query tiles (the most key tiles) are handed out first.
@@ -167,8 +207,10 @@ __global__ void __launch_bounds__(kThreads)
   float o[kOut];
 #pragma unroll
   for (int k = 0; k < kOut; ++k) o[k] = 0.0f;
+  const int64_t doc = g.DocStart(b, i0 + (r < nq ? r : 0));
+  const int jt_first = static_cast<int>(g.DocStart(b, i0) / kTile);
 
-  for (int jt = 0; jt <= it; ++jt) {
+  for (int jt = jt_first; jt <= it; ++jt) {
     const int nk = g.Rows(jt);
     __syncthreads();  // the previous tile's sk, sv, sp are no longer read
     LoadKeyValueTile<kD>(qkv, g, b, kv, jt, sk, sv);
@@ -180,14 +222,16 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int j = sub + c * kRowThreads;
-      // Same tile for keys and queries on the diagonal: query r sees keys j ≤ r.
-      const bool visible = j < nk && (jt < it || j <= r);
+      // Same tile for keys and queries on the diagonal: query r sees keys j ≤ r; and none
+      // before its document.
+      const bool visible =
+          j < nk && (jt < it || j <= r) && static_cast<int64_t>(jt) * kTile + j >= doc;
       if (!visible) s[c] = -INFINITY;
       tile_max = fmaxf(tile_max, s[c]);
     }
     const float m_new = fmaxf(m, RowMax(tile_max));
-    // Key 0 of the diagonal tile is visible to every row, so m_new is finite; the guard keeps
-    // a fully masked row at p = 0 instead of exp(−inf + inf) = NaN should that ever change.
+    // A row that has seen no key yet (a packed row's query whose document starts after this
+    // key tile) measures from 0: p = 0 instead of exp(−inf + inf) = NaN.
     const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
     const float corr = expf(m - m_ref);  // 0 on the first tile (m = −inf)
     float sum = 0.0f;
@@ -204,7 +248,8 @@ __global__ void __launch_bounds__(kThreads)
     // O (row r, my columns) = corr · O + P (row r) · V
 #pragma unroll
     for (int k = 0; k < kOut; ++k) o[k] *= corr;
-    AccumulateRowTimesTile<kD>(sp + r * kScoreLd, sv, nk, sub, o);
+    const KeyRange keys = RowKeys(g, doc, jt, it, r, nk);
+    AccumulateRowTimesTile<kD>(sp + r * kScoreLd, sv, keys.end, sub, o, keys.begin);
   }
 
   if (r >= nq) return;
@@ -265,8 +310,10 @@ __global__ void __launch_bounds__(kThreads) DqKernel(FloatPtr qkv, FloatPtr dout
   float dq[kOut];
 #pragma unroll
   for (int k = 0; k < kOut; ++k) dq[k] = 0.0f;
+  const int64_t doc = g.DocStart(b, i0 + (row_valid ? r : 0));
+  const int jt_first = static_cast<int>(g.DocStart(b, i0) / kTile);
 
-  for (int jt = 0; jt <= it; ++jt) {
+  for (int jt = jt_first; jt <= it; ++jt) {
     const int nk = g.Rows(jt);
     __syncthreads();  // the previous tile's sk, sv, sds are no longer read
     LoadKeyValueTile<kD>(qkv, g, b, kv, jt, sk, sv);
@@ -277,7 +324,8 @@ __global__ void __launch_bounds__(kThreads) DqKernel(FloatPtr qkv, FloatPtr dout
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int j = sub + c * kRowThreads;
-      const bool visible = row_valid && j < nk && (jt < it || j <= r);
+      const bool visible =
+          row_valid && j < nk && (jt < it || j <= r) && static_cast<int64_t>(jt) * kTile + j >= doc;
       float ds = 0.0f;
       if (visible) {
         const float p = expf(s[c] * g.scale - lse_r);
@@ -287,7 +335,8 @@ __global__ void __launch_bounds__(kThreads) DqKernel(FloatPtr qkv, FloatPtr dout
     }
     __syncthreads();
     // dQ (row r, my columns) += dS (row r) · K
-    AccumulateRowTimesTile<kD>(sds + r * kScoreLd, sk, nk, sub, dq);
+    const KeyRange keys = RowKeys(g, doc, jt, it, r, nk);
+    AccumulateRowTimesTile<kD>(sds + r * kScoreLd, sk, keys.end, sub, dq, keys.begin);
   }
 
   if (!row_valid) return;
@@ -317,6 +366,7 @@ __global__ void __launch_bounds__(kThreads) DkvKernel(FloatPtr qkv, FloatPtr dou
   float* sds = sp + kTile * kScoreLd;    // (kTile, kScoreLd) dSᵀ
   float* slse = sds + kTile * kScoreLd;  // (kTile) lse of the query tile's rows
   float* sdi = slse + kTile;             // (kTile) their Di
+  __shared__ int64_t sdoc[kTile];        // their documents' starts
 
   const int jt = blockIdx.x;
   const int kv = blockIdx.y;
@@ -334,12 +384,16 @@ __global__ void __launch_bounds__(kThreads) DkvKernel(FloatPtr qkv, FloatPtr dou
     for (int it = jt; it < g.n_tiles; ++it) {
       const int64_t i0 = static_cast<int64_t>(it) * kTile;
       const int nq = g.Rows(it);
+      // No query of this tile, nor of any later one, sees this key tile (the same answer in
+      // every thread, so the block leaves the loop together).
+      if (g.DocStart(b, i0) >= j0 + nk) break;
       __syncthreads();  // the previous query tile is no longer read (and sk, sv are loaded)
       LoadTile<kD>(qkv, g.QkvRow(b, i0) + g.QCol(h), g.C3, nq, 1.0f, sq);
       LoadTile<kD>(dout, g.OutRow(b, i0) + g.QCol(h), g.CO, nq, 1.0f, sdo);
       for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
         slse[i] = i < nq ? lse[g.Stat(b, h, i0 + i)] : 0.0f;
         sdi[i] = i < nq ? di[g.Stat(b, h, i0 + i)] : 0.0f;
+        sdoc[i] = g.DocStart(b, i0 + (i < nq ? i : 0));
       }
       __syncthreads();
       float s[kCols], dp[kCols];
@@ -349,7 +403,7 @@ __global__ void __launch_bounds__(kThreads) DkvKernel(FloatPtr qkv, FloatPtr dou
       for (int c = 0; c < kCols; ++c) {
         const int i = sub + c * kRowThreads;
         // Query i0 + i sees key j0 + j when it is not earlier; on the diagonal, i ≥ j.
-        const bool visible = j < nk && i < nq && (it > jt || i >= j);
+        const bool visible = j < nk && i < nq && (it > jt || i >= j) && j0 + j >= sdoc[i];
         float p = 0.0f, ds = 0.0f;
         if (visible) {
           p = expf(s[c] * g.scale - slse[i]);
@@ -386,6 +440,8 @@ Geometry MakeGeometry(const cpu::AttentionDims& d) {
       .CO = static_cast<int64_t>(d.n_head) * d.head_dim,
       .n_tiles = static_cast<int>((d.seq + kTile - 1) / kTile),
       .scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim)),
+      .starts = nullptr,
+      .S = 0,
   };
 }
 
@@ -456,7 +512,11 @@ absl::Status AttentionForward(const DeviceContext& ctx, const cpu::AttentionDims
                               const AttentionForwardArgs& args) {
   if (absl::Status s = CheckDims("AttentionForward", dims); !s.ok()) return s;
   if (dims.batch == 0 || dims.seq == 0) return absl::OkStatus();
-  const Geometry g = MakeGeometry(dims);
+  Geometry g = MakeGeometry(dims);
+  if (!args.doc_starts.empty()) {
+    g.starts = args.doc_starts.data<int32_t>();
+    g.S = args.doc_starts.dim(1);
+  }
   return dims.head_dim == 64 ? Forward<64>(ctx, g, dims.batch, args)
                              : Forward<128>(ctx, g, dims.batch, args);
 }
@@ -465,7 +525,11 @@ absl::Status AttentionBackward(const DeviceContext& ctx, const cpu::AttentionDim
                                const AttentionBackwardArgs& args) {
   if (absl::Status s = CheckDims("AttentionBackward", dims); !s.ok()) return s;
   if (dims.batch == 0 || dims.seq == 0) return absl::OkStatus();
-  const Geometry g = MakeGeometry(dims);
+  Geometry g = MakeGeometry(dims);
+  if (!args.doc_starts.empty()) {
+    g.starts = args.doc_starts.data<int32_t>();
+    g.S = args.doc_starts.dim(1);
+  }
   return dims.head_dim == 64 ? Backward<64>(ctx, g, dims.batch, args)
                              : Backward<128>(ctx, g, dims.batch, args);
 }

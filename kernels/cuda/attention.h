@@ -1,6 +1,7 @@
 // CUDA flash attention: the twin of kernels/cpu/attention.h, called by AttentionForward and
 // AttentionBackward (kernels/attention.cc) after they have checked the arguments and the
-// workspace. Head sizes 64 and 128; any other D is refused with InvalidArgument.
+// workspace. Head sizes 64 and 128; any other D is refused with InvalidArgument. Packed rows
+// (doc_starts) as on the CPU.
 #pragma once
 
 #include "absl/status/status.h"
