@@ -3,7 +3,6 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/reduce.h"

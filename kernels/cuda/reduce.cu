@@ -151,8 +151,8 @@ absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const void* x, DType dt
   return host == 0;
 }
 
-absl::Status AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype,
-                                    int64_t n, double* sum) {
+absl::Status AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                                    double* sum) {
   constexpr const char* kOp = "AccumulateSumOfSquares";
   if (n == 0) return absl::OkStatus();
   if (absl::Status s = CheckWorkspace(kOp, ctx, n); !s.ok()) return s;

@@ -40,8 +40,8 @@ absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const void* x, DType dt
 
 // The same reductions without the read-back: the last pass adds Σ x² to the device f64 at
 // `sum`, or sets the device f32 at `flag` to 1. Nothing waits.
-absl::Status AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype,
-                                    int64_t n, double* sum);
+absl::Status AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                                    double* sum);
 absl::Status AccumulateNonFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
                                  float* flag);
 

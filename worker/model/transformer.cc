@@ -308,9 +308,8 @@ Tensor Transformer::HeadWeight(const Tensor& params, const Tensor& embedding_par
 }
 
 absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& params,
-                                             const Tensor& grads, const Tensor& embedding_params,
-                                             const Tensor& embedding_grads,
-                                             const LossOptions& options) {
+                                   const Tensor& grads, const Tensor& embedding_params,
+                                   const Tensor& embedding_grads, const LossOptions& options) {
   const Tensor w = HeadWeight(params, embedding_params);
   const Tensor dw = options.write_grad ? HeadWeight(grads, embedding_grads) : Tensor();
   const Tensor targets = targets_.Reshape({B_ * T_});

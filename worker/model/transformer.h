@@ -40,9 +40,8 @@ class Transformer {
   // Binds the model to its buffers: "<unit>.params" (and "<unit>.grads" when `state` has
   // them) from `state`; activations and workspace for `batch` × `seq_len` from `work`.
   // Both may be the same Arenas. The arenas must outlive the model.
-  static absl::StatusOr<Transformer> Bind(const zerotrain::ModelConfig& config,
-                                          const Arenas& state, const Arenas& work,
-                                          int64_t batch, int64_t seq_len);
+  static absl::StatusOr<Transformer> Bind(const zerotrain::ModelConfig& config, const Arenas& state,
+                                          const Arenas& work, int64_t batch, int64_t seq_len);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t batch() const { return B_; }
@@ -102,9 +101,9 @@ class Transformer {
   // `grads`, or into the embedding's for tied weights; dL/d(norm output) kept for
   // HeadBackward). `grads`/`embedding_grads` may be empty without write_grad. The micro-batch's
   // mean loss goes to options.loss_sum when set; nothing is read back.
-  absl::Status HeadLoss(const DeviceContext& ctx, const Tensor& params,
-                                  const Tensor& grads, const Tensor& embedding_params,
-                                  const Tensor& embedding_grads, const LossOptions& options);
+  absl::Status HeadLoss(const DeviceContext& ctx, const Tensor& params, const Tensor& grads,
+                        const Tensor& embedding_params, const Tensor& embedding_grads,
+                        const LossOptions& options);
   // The final norm's backward.
   absl::Status HeadBackward(const DeviceContext& ctx, const Tensor& params, const Tensor& grads);
   absl::Status BlockBackward(const DeviceContext& ctx, int i, const Tensor& params,
@@ -114,8 +113,7 @@ class Transformer {
  private:
   enum class Recompute : uint8_t { kNone, kFull, kSelective };
   struct BlockActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_act;
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_act;
     Recompute recompute = Recompute::kNone;
   };
   struct GradScratch {

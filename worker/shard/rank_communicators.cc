@@ -14,8 +14,7 @@
 namespace zt {
 
 absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank, Store* store,
-                                              const Arenas& arenas,
-                                              const RankCommDevice& device) {
+                                              const Arenas& arenas, const RankCommDevice& device) {
   const ShardGeometry g = GeometryOf(job, rank);
   const ConversionBufferSizes conversion = ConversionBuffers(job);
   struct Conversion {

@@ -436,9 +436,9 @@ StepTotals ShardingEngine::Totals(const float* all, double loss_divisor) const {
 }
 
 absl::Status ShardingEngine::SumAcrossShardGroup(float* data, int64_t n) {
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.shard_group->AllReduce(Tensor(data, DType::kF32, {n}, scalars_.device()), ReduceOp::kSum,
-                                                    "optimizer statistics all-reduce"));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllReduce(
+                                        Tensor(data, DType::kF32, {n}, scalars_.device()),
+                                        ReduceOp::kSum, "optimizer statistics all-reduce"));
   std::vector<CommHandle> handles = {h};
   return WaitAll(handles, &waited_s_);
 }
@@ -460,16 +460,16 @@ absl::Status ShardingEngine::FinishStep(const DeviceContext& ctx) {
 
 absl::Status ShardingEngine::AllGatherUnit(int u, const Tensor& shard, const Tensor& full) {
   const UnitShard& s = shards_[u];
-  if (shard.dtype() != DType::kF32 || full.dtype() != DType::kF32 || shard.numel() < s.shard_numel ||
-      full.numel() < s.padded) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AllGatherUnit: unit ", model_->layout().units[u].name, " needs an f32 shard of ",
-        s.shard_numel, " elements and an f32 buffer of ", s.padded, "; got ", shard.DebugString(),
-        " and ", full.DebugString()));
+  if (shard.dtype() != DType::kF32 || full.dtype() != DType::kF32 ||
+      shard.numel() < s.shard_numel || full.numel() < s.padded) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllGatherUnit: unit ", model_->layout().units[u].name,
+                     " needs an f32 shard of ", s.shard_numel, " elements and an f32 buffer of ",
+                     s.padded, "; got ", shard.DebugString(), " and ", full.DebugString()));
   }
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.shard_group->AllGather(Flat(shard, 0, s.shard_numel),
-                                                    Flat(full, 0, s.padded), Label(u, "weights all-gather")));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllGather(Flat(shard, 0, s.shard_numel),
+                                                                  Flat(full, 0, s.padded),
+                                                                  Label(u, "weights all-gather")));
   return h.Wait();
 }
 

@@ -102,8 +102,12 @@ class ShardingEngine {
   static constexpr int kScalarSlots = 6;
   // Zeroes this rank's slots (on the device).
   absl::Status BeginStatistics(const DeviceContext& ctx);
-  Tensor loss_accumulator() const { return scalars_.Slice(kScalarSlots * geometry_.rank, kScalarSlots * geometry_.rank + 2); }
-  Tensor stop_slot() const { return scalars_.Slice(kScalarSlots * geometry_.rank + 5, kScalarSlots * geometry_.rank + 6); }
+  Tensor loss_accumulator() const {
+    return scalars_.Slice(kScalarSlots * geometry_.rank, kScalarSlots * geometry_.rank + 2);
+  }
+  Tensor stop_slot() const {
+    return scalars_.Slice(kScalarSlots * geometry_.rank + 5, kScalarSlots * geometry_.rank + 6);
+  }
   // Adds the squares of the rank's gradient share (and, with check_finite, the overflow flag)
   // to its slots, on the device: nothing waits.
   absl::Status AccumulateGradientStatistics(const DeviceContext& ctx, bool check_finite);

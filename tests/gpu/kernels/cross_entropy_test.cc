@@ -173,9 +173,11 @@ TEST(MeanLossGpuTest, MatchesTheCpuOpAndRepeatsBitwise) {
   gpu_test::GpuStream stream;
   const DeviceContext ctx = gpu_test::CudaContext(stream);
   alignas(8) double cpu = 0;
-  ASSERT_TRUE(AccumulateMeanLoss(CpuContext(1), {.losses = hl, .targets = ht, .divisor = 3.0,
-                                                 .sum = Tensor(&cpu, DType::kF32, {2})})
-                  .ok());
+  ASSERT_TRUE(
+      AccumulateMeanLoss(
+          CpuContext(1),
+          {.losses = hl, .targets = ht, .divisor = 3.0, .sum = Tensor(&cpu, DType::kF32, {2})})
+          .ok());
   const MeanLossArgs args{.losses = dl, .targets = dt, .divisor = 3.0, .sum = acc};
   ASSERT_TRUE(AccumulateMeanLoss(ctx, args).ok());
   double gpu;

@@ -15,9 +15,9 @@ namespace {
 absl::Status Check(const char* call, cudaError_t e) {
   if (e == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();  // clear the sticky error of this thread
-  return absl::FailedPreconditionError(
-      absl::StrCat("rank device: ", call, " failed with CUDA error ", static_cast<int>(e), ": ",
-                   cudaGetErrorString(e)));
+  return absl::FailedPreconditionError(absl::StrCat("rank device: ", call,
+                                                    " failed with CUDA error ", static_cast<int>(e),
+                                                    ": ", cudaGetErrorString(e)));
 }
 
 }  // namespace
@@ -31,8 +31,8 @@ absl::StatusOr<RankDevice::Parts> CudaRankDeviceParts(const zerotrain::JobSpec& 
   const int device = rank % count;
   ZT_RETURN_IF_ERROR(Check("cudaSetDevice", cudaSetDevice(device)));
   cudaStream_t stream = nullptr;
-  ZT_RETURN_IF_ERROR(
-      Check("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  ZT_RETURN_IF_ERROR(Check("cudaStreamCreateWithFlags",
+                           cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
   RankDevice::Parts parts;
   parts.keep_alive = std::shared_ptr<void>(stream, [device](void* s) {
     cudaSetDevice(device);
@@ -68,7 +68,8 @@ absl::StatusOr<RankDevice::Parts> CudaRankDeviceParts(const zerotrain::JobSpec& 
   if (!parts.comm.nccl) {
     parts.comm.make_copy_engine = [device,
                                    stream]() -> absl::StatusOr<std::unique_ptr<DeviceCopyEngine>> {
-      ZT_ASSIGN_OR_RETURN(std::unique_ptr<CudaCopyEngine> e, CudaCopyEngine::Create(device, stream));
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<CudaCopyEngine> e,
+                          CudaCopyEngine::Create(device, stream));
       return std::unique_ptr<DeviceCopyEngine>(std::move(e));
     };
   }

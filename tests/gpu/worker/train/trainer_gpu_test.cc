@@ -82,8 +82,8 @@ class TrainerGpuTest : public ::testing::Test {
   }
 
   // Validated on the CPU, then put on `device`.
-  JobSpec Job(ResourceConfig::DeviceKind device, int world = 1, int stage = 0,
-              int micro_batch = 4, PrecisionConfig::DType dtype = PrecisionConfig::FP32) {
+  JobSpec Job(ResourceConfig::DeviceKind device, int world = 1, int stage = 0, int micro_batch = 4,
+              PrecisionConfig::DType dtype = PrecisionConfig::FP32) {
     JobSpec job;
     job.set_name("trainer-gpu");
     auto* m = job.mutable_model();
