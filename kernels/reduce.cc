@@ -43,7 +43,7 @@ namespace {
 absl::Status CheckF64Accumulator(const char* op, const char* arg, const Tensor& t,
                                  const DeviceContext& ctx) {
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
-  ZT_RETURN_IF_ERROR(internal::CheckDType(op, arg, t, DType::kF32));
+  ZT_RETURN_IF_ERROR(CheckDType(op, arg, t, DType::kF32));
   if (t.numel() != 2 || reinterpret_cast<uintptr_t>(t.raw()) % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": ", arg, " ", t.DebugString(),

@@ -37,7 +37,7 @@ using zerotrain::JobSpec;
 using zerotrain::PrecisionConfig;
 using zerotrain::ResourceConfig;
 
-struct Run {
+struct RunResult {
   std::vector<double> losses, grad_norms, loss_scales;
   std::vector<int64_t> skipped;
   std::vector<std::vector<float>> weights;                   // rank 0's FullWeights at the end
@@ -114,10 +114,10 @@ class TrainerGpuTest : public ::testing::Test {
   }
 
   // Every rank of `job` (threads) to `stop_after`, resuming from `resume` when set.
-  static Run Train(const JobSpec& job, int64_t stop_after, const std::string& resume = "") {
+  static RunResult Train(const JobSpec& job, int64_t stop_after, const std::string& resume = "") {
     const int n = job.parallel().world_size();
     InProcessStore store;
-    Run run;
+    RunResult run;
     run.all_weights.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::thread> threads;
@@ -159,8 +159,8 @@ TEST_F(TrainerGpuTest, Fp32OneStepAndTwentyStepsMatchTheCpu) {
   ZT_SKIP_WITHOUT_GPU();
   // TF32 stays off (no job option turns it on), so every GPU op is its CPU twin up to the
   // order of its f32 sums (docs/cuda.md): ~1e-7 relative per op.
-  const Run cpu1 = Train(Job(ResourceConfig::CPU), 1);
-  const Run gpu1 = Train(Job(ResourceConfig::CUDA), 1);
+  const RunResult cpu1 = Train(Job(ResourceConfig::CPU), 1);
+  const RunResult gpu1 = Train(Job(ResourceConfig::CUDA), 1);
   ASSERT_EQ(gpu1.losses.size(), 1u);
   // One step: the loss is a forward only (K ≤ 512 sums, ~1e-7 each, over a few ops): 1e-5
   // relative is 100× that and far below what a wrong op gives (O(1)). The weights moved by one
@@ -170,8 +170,8 @@ TEST_F(TrainerGpuTest, Fp32OneStepAndTwentyStepsMatchTheCpu) {
   EXPECT_NEAR(gpu1.grad_norms[0], cpu1.grad_norms[0], 1e-5 * cpu1.grad_norms[0]);
   EXPECT_LT(MaxAbsDiff(gpu1.weights, cpu1.weights), 1e-6);
 
-  const Run cpu = Train(Job(ResourceConfig::CPU), 20);
-  const Run gpu = Train(Job(ResourceConfig::CUDA), 20);
+  const RunResult cpu = Train(Job(ResourceConfig::CPU), 20);
+  const RunResult gpu = Train(Job(ResourceConfig::CUDA), 20);
   ASSERT_EQ(gpu.losses.size(), 20u);
   EXPECT_LT(gpu.losses.back(), gpu.losses.front() - 0.5) << "the model learns on the GPU";
   // 20 steps: Adam amplifies the reordering noise of gradients near zero (m/√v of a tiny
@@ -186,8 +186,8 @@ TEST_F(TrainerGpuTest, Fp32OneStepAndTwentyStepsMatchTheCpu) {
 
 TEST_F(TrainerGpuTest, Bf16WithFp32MastersMatchesTheCpuWithinMixedPrecision) {
   ZT_SKIP_WITHOUT_GPU();
-  const Run cpu = Train(Job(ResourceConfig::CPU, 1, 0, 4, PrecisionConfig::BF16), 20);
-  const Run gpu = Train(Job(ResourceConfig::CUDA, 1, 0, 4, PrecisionConfig::BF16), 20);
+  const RunResult cpu = Train(Job(ResourceConfig::CPU, 1, 0, 4, PrecisionConfig::BF16), 20);
+  const RunResult gpu = Train(Job(ResourceConfig::CUDA, 1, 0, 4, PrecisionConfig::BF16), 20);
   ASSERT_EQ(gpu.losses.size(), 20u);
   // Both store bf16 and compute in f32, rounding once per op: they differ where an f32 value
   // whose last bits differ (sum order) rounds to the other side of a bf16 boundary, one bf16
@@ -214,8 +214,8 @@ TEST_F(TrainerGpuTest, Fp16LossScalingSkipsTheOverflowAndBacksOffAsOnTheCpu) {
     ls->set_window(1000);
     return j;
   };
-  const Run cpu = Train(job(ResourceConfig::CPU), 20);
-  const Run gpu = Train(job(ResourceConfig::CUDA), 20);
+  const RunResult cpu = Train(job(ResourceConfig::CPU), 20);
+  const RunResult gpu = Train(job(ResourceConfig::CUDA), 20);
   ASSERT_EQ(gpu.losses.size(), 20u);
   EXPECT_GE(gpu.skipped.front(), 1) << "the forced overflow is skipped";
   EXPECT_LT(gpu.loss_scales[1], gpu.loss_scales[0]) << "and the scale backs off";
@@ -235,10 +235,10 @@ TEST_F(TrainerGpuTest, EveryStageOnTwoAndFourRanksSharingTheGpuMatchesOneRank) {
   ZT_SKIP_WITHOUT_GPU();
   for (int world : {2, 4}) {
     // One GPU rank reading the whole global batch: micro-batch N·B.
-    const Run reference = Train(Job(ResourceConfig::CUDA, 1, 0, 2 * world), 20);
+    const RunResult reference = Train(Job(ResourceConfig::CUDA, 1, 0, 2 * world), 20);
     for (int stage = 0; stage <= 3; ++stage) {
       const std::string what = "world " + std::to_string(world) + " stage " + std::to_string(stage);
-      const Run got = Train(Job(ResourceConfig::CUDA, world, stage, 2), 20);
+      const RunResult got = Train(Job(ResourceConfig::CUDA, world, stage, 2), 20);
       ASSERT_EQ(got.losses.size(), 20u) << what;
       // The staged communicator sums on the host as Gloo does; the ranks' partial gradients
       // are summed in another order than one rank's batch: the bounds of the CPU's sharded
@@ -267,16 +267,16 @@ TEST_F(TrainerGpuTest, ACheckpointMovesBetweenGpuAndCpuBitForBit) {
       j.mutable_checkpoint()->set_interval_steps(6);
       return j;
     };
-    const Run writer = Train(with_checkpoints(from), 6);
+    const RunResult writer = Train(with_checkpoints(from), 6);
     // Resuming and stopping at the same step trains nothing: the state read on the other
     // device is the state written, byte for byte (parameters, masters and moments are copied,
     // never recomputed), so its weights are the writer's bit for bit.
-    const Run loaded = Train(with_checkpoints(to), 6, ckpt.string());
+    const RunResult loaded = Train(with_checkpoints(to), 6, ckpt.string());
     EXPECT_TRUE(loaded.losses.empty()) << what;
     EXPECT_EQ(loaded.weights, writer.weights) << what;
     // And it trains on from there as a run on that device would: within the fp32 bounds.
-    const Run on = Train(with_checkpoints(to), 12, ckpt.string());
-    const Run straight = Train(Job(to, 2, 2, 2), 12);
+    const RunResult on = Train(with_checkpoints(to), 12, ckpt.string());
+    const RunResult straight = Train(Job(to, 2, 2, 2), 12);
     ASSERT_EQ(on.losses.size(), 6u) << what;
     EXPECT_LT(RelativeL2(on.weights, straight.weights), 1e-4) << what;
   }

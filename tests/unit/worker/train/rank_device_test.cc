@@ -88,7 +88,7 @@ auto CountingDevice(DeviceOptions o) {
   };
 }
 
-struct Run {
+struct RunResult {
   std::vector<double> losses;
   std::vector<std::vector<float>> weights;  // rank 0's FullWeights
   std::vector<std::vector<std::vector<float>>> all_weights;
@@ -109,11 +109,11 @@ class RankDeviceTest : public ::testing::Test {
   }
 
   // Every rank (threads) to `stop_after`; `device` null: the plain CPU device.
-  static Run Train(const JobSpec& job, int64_t stop_after, const DeviceOptions* device,
+  static RunResult Train(const JobSpec& job, int64_t stop_after, const DeviceOptions* device,
                    const std::string& resume = "") {
     const int n = job.parallel().world_size();
     InProcessStore store;
-    Run run;
+    RunResult run;
     run.all_weights.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::thread> threads;
@@ -182,10 +182,10 @@ TEST_F(RankDeviceTest, AStepUploadsEachMicroBatchOnceAndReadsItsStatisticsOnce) 
 TEST_F(RankDeviceTest, TrainingThroughTheSeamIsBitwiseThePlainCpuRun) {
   for (int stage = 0; stage <= 3; ++stage) {
     const JobSpec job = Job(2, stage, 2);
-    const Run plain = Train(job, 8, nullptr);
+    const RunResult plain = Train(job, 8, nullptr);
     Crossings counts[2];
     const DeviceOptions device{.counts = counts};
-    const Run seam = Train(job, 8, &device);
+    const RunResult seam = Train(job, 8, &device);
     ASSERT_EQ(plain.losses.size(), 8u);
     EXPECT_EQ(seam.losses, plain.losses) << "stage " << stage;
     EXPECT_EQ(seam.weights, plain.weights) << "stage " << stage;
@@ -199,10 +199,10 @@ TEST_F(RankDeviceTest, StagedCommunicatorsGiveThePlainRunOnEveryStage) {
   // region, so no operation is chunked and the sums run in Gloo's own order: bitwise equal.
   for (int stage = 0; stage <= 3; ++stage) {
     const JobSpec job = Job(2, stage, 2, /*accum=*/2);
-    const Run plain = Train(job, 6, nullptr);
+    const RunResult plain = Train(job, 6, nullptr);
     Crossings counts[2];
     const DeviceOptions staged{.counts = counts, .staged_comms = true};
-    const Run seam = Train(job, 6, &staged);
+    const RunResult seam = Train(job, 6, &staged);
     EXPECT_EQ(seam.losses, plain.losses) << "stage " << stage;
     EXPECT_EQ(seam.weights, plain.weights) << "stage " << stage;
   }
@@ -217,10 +217,10 @@ TEST_F(RankDeviceTest, MixedPrecisionWithASplitMasterIsBitwiseThePlainRun) {
   p->set_master_weights(true);
   p->set_split_master_weights(true);
   const JobSpec job = ValidatedJob(spec).value();
-  const Run plain = Train(job, 6, nullptr);
+  const RunResult plain = Train(job, 6, nullptr);
   Crossings counts[2];
   const DeviceOptions device{.counts = counts};
-  const Run seam = Train(job, 6, &device);
+  const RunResult seam = Train(job, 6, &device);
   EXPECT_EQ(seam.losses, plain.losses);
   EXPECT_EQ(seam.weights, plain.weights);
 }
@@ -230,7 +230,7 @@ TEST_F(RankDeviceTest, CheckpointsGoThroughStagingAndResumeEitherWay) {
   // resumed through it (read into host copies, uploaded) and by the plain path: both continue
   // exactly as the uninterrupted plain run.
   JobSpec job = Job(2, 2, 2);
-  const Run straight = Train(job, 12, nullptr);
+  const RunResult straight = Train(job, 12, nullptr);
   job.mutable_checkpoint()->set_dir((dir_ / "ckpt").string());
   job.mutable_checkpoint()->set_interval_steps(6);
   job.mutable_checkpoint()->set_async(true);
@@ -243,7 +243,7 @@ TEST_F(RankDeviceTest, CheckpointsGoThroughStagingAndResumeEitherWay) {
     std::filesystem::copy(dir_ / "ckpt", copy, std::filesystem::copy_options::recursive);
     JobSpec resumed = job;
     resumed.mutable_checkpoint()->set_dir(copy.string());
-    const Run second = Train(resumed, 12, resume_with, copy.string());
+    const RunResult second = Train(resumed, 12, resume_with, copy.string());
     ASSERT_EQ(second.losses.size(), 6u);
     for (size_t s = 0; s < 6; ++s) {
       EXPECT_EQ(second.losses[s], straight.losses[6 + s]) << "step " << 7 + s;
