@@ -395,8 +395,8 @@ zerotrain::NodeInfo FakeNode(int i) {
   zerotrain::NodeInfo info;
   info.set_id(absl::StrCat("sim-", i));
   info.set_hostname(info.id());
-  // CPU devices: the coordinator refuses CUDA jobs while the engine has no CUDA path
-  // (CheckEngineSupport), and jobs must be placeable for SubmitJob to exercise placement.
+  // CPU devices, as in the figures recorded before the coordinator accepted CUDA jobs, so the
+  // runs stay comparable; jobs must be placeable for SubmitJob to exercise placement.
   for (int d = 0; d < kDevicesPerNode; ++d) {
     zerotrain::DeviceInfo* device = info.add_devices();
     device->set_index(d);

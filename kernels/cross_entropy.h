@@ -28,4 +28,18 @@ struct CrossEntropyArgs {
 // NaN instead (kernels/cuda/cross_entropy.h).
 absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArgs& args);
 
+// The mean loss of a batch of rows, added to an accumulator on the device, so a step reads
+// its loss back once instead of once per micro-batch:
+//   sum += (Σ losses[i] over targets[i] ≥ 0) / (that count) / divisor
+// (0 is added when no target is valid). The Σ is in f64, in index order on the CPU (so the
+// CPU's value is the one a host loop over the rows gives) and in a fixed tree on CUDA.
+struct MeanLossArgs {
+  Tensor losses;   // (N) f32, as SoftmaxCrossEntropy wrote them
+  Tensor targets;  // (N) i32
+  double divisor = 1.0;
+  // The f64 accumulator: an 8-byte-aligned f32 tensor of 2 elements holding a double's bits.
+  Tensor sum;
+};
+absl::Status AccumulateMeanLoss(const DeviceContext& ctx, const MeanLossArgs& args);
+
 }  // namespace zt

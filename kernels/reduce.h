@@ -26,4 +26,15 @@ absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const Tensor& t);
 // FailedPrecondition from either op names both sizes when the workspace is smaller.
 int64_t ReduceWorkspaceBytes(const DeviceContext& ctx, int64_t numel);
 
+// The same two reductions, kept on the device: their result is added to an accumulator in
+// ctx's memory instead of returned, so a step reads all its statistics back at once instead of
+// waiting for the stream once per buffer. Neither synchronizes. Workspace as above.
+//
+// An f64 accumulator is an 8-byte-aligned f32 tensor of 2 elements holding the bits of one
+// double (the layout comm.scalars carries doubles in, worker/shard/sharding_engine.cc).
+// sum += SumOfSquares(t), added once, so the CPU's value is bitwise sum + SumOfSquares(t).
+absl::Status AccumulateSumOfSquares(const DeviceContext& ctx, const Tensor& t, const Tensor& sum);
+// flag (one f32) is set to 1 when some element of t is not finite, else left as it is.
+absl::Status AccumulateNonFinite(const DeviceContext& ctx, const Tensor& t, const Tensor& flag);
+
 }  // namespace zt

@@ -20,7 +20,8 @@ std::string RankFileName(int rank) { return absl::StrFormat("rank-%05d.safetenso
 
 CheckpointWriter::CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store,
                                    const MemoryPlan& plan, const Arenas& arenas,
-                                   bool replace_existing, CheckpointOwner owner, bool take_over)
+                                   bool replace_existing, CheckpointOwner owner, bool take_over,
+                                   Download download)
     : job_(job),
       rank_(rank),
       store_(store),
@@ -29,8 +30,9 @@ CheckpointWriter::CheckpointWriter(const zerotrain::JobSpec& job, int rank, Stor
       replace_existing_(replace_existing),
       owner_(std::move(owner)),
       take_over_(take_over),
-      weights_only_(!job.checkpoint().save_optimizer()) {
-  if (job.checkpoint().async()) {
+      weights_only_(!job.checkpoint().save_optimizer()),
+      download_(std::move(download)) {
+  if (job.checkpoint().async() || download_ != nullptr) {
     absl::StatusOr<Tensor> staging = arenas.Get("checkpoint.staging");
     if (staging.ok()) staging_ = *staging;
   }
@@ -45,14 +47,29 @@ absl::Status CheckpointWriter::Finish() {
 
 absl::Status CheckpointWriter::Save(int64_t step, nlohmann::json state) {
   absl::Status previous = Finish();
-  if (!staging_) return Write(step, state, /*from_staging=*/false);
+  if (!staging_) {
+    if (download_ != nullptr) {
+      return absl::FailedPreconditionError(
+          "checkpoint: the rank's state is in device memory and the memory plan holds no "
+          "\"checkpoint.staging\" to copy it to");
+    }
+    return Write(step, state, /*from_staging=*/false);
+  }
   // The copy is the only part the step loop waits for; the buffers follow each other in
   // the staging area as the plan orders them, each aligned.
   auto* out = static_cast<uint8_t*>(staging_->raw());
   for (const BufferSpec* b : CheckpointedBuffers(plan_, weights_only_)) {
     ZT_ASSIGN_OR_RETURN(Tensor t, arenas_.Get(b->name));
-    std::memcpy(out, t.raw(), static_cast<size_t>(b->bytes()));
+    if (download_ != nullptr) {
+      ZT_RETURN_IF_ERROR(download_(out, t));
+    } else {
+      std::memcpy(out, t.raw(), static_cast<size_t>(b->bytes()));
+    }
     out += AlignedBytes(b->bytes());
+  }
+  if (!job_.checkpoint().async()) {
+    ZT_RETURN_IF_ERROR(previous);
+    return Write(step, state, /*from_staging=*/true);
   }
   in_flight_ = std::async(std::launch::async, [this, step, state = std::move(state)] {
     return Write(step, state, /*from_staging=*/true);

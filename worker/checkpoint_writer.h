@@ -12,10 +12,14 @@
 // With checkpoint.async the rank's state is first copied into the plan's
 // "checkpoint.staging" buffer, and steps 1–3 run on a background thread while training goes
 // on; at most one save is in flight (the next save, and Finish(), wait for it).
+// Where the host cannot read the arenas (a GPU rank), every save copies the state into that
+// staging buffer through the rank's copy engine first (the plan gives GPU jobs one), on the
+// rank's thread: the background thread only ever reads the host copy.
 // Not thread-safe: the rank's thread calls it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <optional>
 #include <string>
@@ -36,14 +40,19 @@ class CheckpointWriter {
   // saves replace the saves of its abandoned future. Rank 0 claims checkpoint.dir for `owner`
   // before its first save (ClaimCheckpointDirectory; `take_over`: an explicit continuation of
   // another job's checkpoints).
+  // Copies a device tensor's bytes to host memory (RankDevice::Download); waits.
+  using Download = std::function<absl::Status(void* host, const Tensor& device)>;
+  // `download`: null when the host reads the arenas directly (CPU ranks; a staged copy is a
+  // memcpy), else how the state reaches the host.
   CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store, const MemoryPlan& plan,
                    const Arenas& arenas, bool replace_existing, CheckpointOwner owner,
-                   bool take_over);
+                   bool take_over, Download download = nullptr);
   ~CheckpointWriter();
 
   // Saves the rank's state as of now as step `step`; `state` is the manifest's (rank 0's).
   // Synchronous: returns this save's outcome. Async: copies the state, starts the write and
   // returns the outcome of the previous save (the one it had to wait for), if any.
+  // FailedPrecondition when the state must be downloaded and the plan has no staging for it.
   absl::Status Save(int64_t step, nlohmann::json state);
   // Waits for the save in flight; its outcome.
   absl::Status Finish();
@@ -62,6 +71,7 @@ class CheckpointWriter {
   bool take_over_;
   bool claimed_ = false;
   bool weights_only_;  // checkpoint.save_optimizer false
+  Download download_;
   std::optional<Tensor> staging_;
   std::future<absl::Status> in_flight_;
 };

@@ -1,5 +1,6 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -47,7 +48,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   std::unique_ptr<Trainer> t(new Trainer());
   t->job_ = job;
   t->options_ = options;
-  t->ctx_ = JobDeviceContext(job);  // the context the plan sizes the GEMM workspace for
   const auto& model = job.model();
   const int B = job.train().micro_batch_size(), T = job.data().seq_len();
 
@@ -81,10 +81,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     return absl::InvalidArgumentError(
         absl::StrCat("a job of ", world, " ranks needs a rendezvous store shared by its ranks"));
   }
+  ZT_ASSIGN_OR_RETURN(t->device_, options.make_device ? options.make_device(job, rank)
+                                                      : RankDevice::Create(job, rank));
   t->plan_ = PlanMemory(job, rank);
-  ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_));
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<ArenaAllocator> allocator, t->device_->TakeAllocator());
+  ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_, std::move(allocator)));
   ZT_ASSIGN_OR_RETURN(Tensor gemm_workspace, t->arenas_->Get("gemm_workspace"));
-  t->ctx_.workspace = {.data = gemm_workspace.raw(), .bytes = gemm_workspace.size_bytes()};
+  t->device_->mutable_context().workspace = {.data = gemm_workspace.raw(),
+                                             .bytes = gemm_workspace.size_bytes()};
+  t->ctx_ = t->device_->context();
+  // The step loop's host side, taken once: it allocates nothing per step.
+  const int64_t tokens_per_micro = int64_t{B} * T;
+  ZT_ASSIGN_OR_RETURN(void* tokens, t->device_->AllocateStaging(tokens_per_micro * 4));
+  ZT_ASSIGN_OR_RETURN(void* targets, t->device_->AllocateStaging(tokens_per_micro * 4));
+  ZT_ASSIGN_OR_RETURN(void* stop, t->device_->AllocateStaging(4));
+  ZT_ASSIGN_OR_RETURN(void* scalars, t->device_->AllocateStaging(
+                                         int64_t{4} * ShardingEngine::kScalarSlots * world));
+  t->host_tokens_ = static_cast<int32_t*>(tokens);
+  t->host_targets_ = static_cast<int32_t*>(targets);
+  t->host_stop_ = static_cast<float*>(stop);
+  t->host_scalars_ = static_cast<float*>(scalars);
   ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T));
   t->model_.emplace(std::move(m));
   Store* store = options.store;
@@ -93,7 +109,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     store = t->own_store_.get();
   }
   t->store_ = store;
-  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, rank, store, *t->arenas_));
+  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, rank, store, *t->arenas_, t->device_->comm()));
   ZT_ASSIGN_OR_RETURN(
       t->engine_, ShardingEngine::Create(job, rank, &*t->model_, *t->arenas_, t->comms_.view()));
   std::optional<Optimizer::ShardGroup> shard_group;
@@ -135,9 +151,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     t->resume_seconds_ = std::chrono::duration<double>(Clock::now() - resume_start).count();
   }
   if (!job.checkpoint().dir().empty()) {
+    CheckpointWriter::Download download;
+    if (!t->device_->host_addressable()) {
+      RankDevice* device = t->device_.get();
+      download = [device](void* host, const Tensor& src) { return device->Download(host, src); };
+    }
     t->checkpoint_writer_.emplace(job, rank, store, t->plan_, *t->arenas_,
                                   /*replace_existing=*/!options.resume_dir.empty(), owner,
-                                  options.take_over_checkpoints);
+                                  options.take_over_checkpoints, std::move(download));
   }
   // A run that is not continuing the checkpoints in checkpoint.dir must not interleave its
   // saves with them (its `latest` would hide theirs, and pruning would delete them).
@@ -221,8 +242,10 @@ absl::Status Trainer::InitializeWeights() {
   }
   // The fp32 values pass through a bounded buffer, a chunk at a time, so set-up never holds
   // a whole unit beside the arenas (the memory plan is the peak).
+  // Generated (or imported) on the host, then uploaded into a device chunk the casts read.
   constexpr int64_t kChunk = int64_t{1} << 18;
   std::vector<float> values(kChunk);
+  ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const int64_t numel = layout.units[u].numel;
     const FlatRange range = engine_->ranges()[u];
@@ -238,7 +261,8 @@ absl::Status Trainer::InitializeWeights() {
       } else {
         std::copy(imported[u].begin() + begin, imported[u].begin() + stop, values.begin());
       }
-      const Tensor v(values.data(), DType::kF32, {stop - begin});
+      const Tensor v = chunk.tensor.Slice(0, stop - begin);
+      ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
       const Tensor params = model_->unit_params()[u];
       // A split master's high halves are the parameters on every rank that holds them
       // (rounded as SplitMaster rounds, which on ties is not Cast's way).
@@ -391,7 +415,9 @@ absl::Status Trainer::Resume() {
   if (saved.parallel().world_size() == parallel.world_size() &&
       saved.parallel().zero_stage() == parallel.zero_stage() &&
       saved.parallel().shard_group_size() == parallel.shard_group_size()) {
-    ZT_RETURN_IF_ERROR(ReadRankState(rank_file(options_.rank), plan_, *arenas_, weights_only));
+    ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
+      return ReadRankState(rank_file(options_.rank), plan_, into, weights_only);
+    }));
   } else {
     const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
     if (w < 1 || g < 1 || w % g != 0 || saved.parallel().zero_stage() < 0 ||
@@ -399,8 +425,9 @@ absl::Status Trainer::Resume() {
       return absl::DataLossError(absl::StrCat("checkpoint '", ckpt.path(),
                                               "': the manifest's parallel layout is invalid"));
     }
-    ZT_RETURN_IF_ERROR(
-        ReshardRankState(saved, rank_file, job_, options_.rank, plan_, *arenas_, weights_only));
+    ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
+      return ReshardRankState(saved, rank_file, job_, options_.rank, plan_, into, weights_only);
+    }));
   }
   step_ = state.value("step", int64_t{0});
   optimizer_->RestoreStepsTaken(weights_only ? 0 : state.value("optimizer_steps", int64_t{0}));
@@ -415,26 +442,75 @@ absl::Status Trainer::Resume() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::RestoreThroughHost(
+    bool weights_only, const std::function<absl::Status(const Arenas& into)>& read) {
+  if (device_->host_addressable()) return read(*arenas_);
+  // Host copies of the buffers a checkpoint holds (set-up, not the step loop), read into as
+  // the arenas would be, then each uploaded whole.
+  MemoryPlan host_plan;
+  for (const BufferSpec* b : CheckpointedBuffers(plan_, weights_only)) {
+    host_plan.buffers.push_back(*b);
+  }
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<Arenas> host, Arenas::Create(host_plan));
+  ZT_RETURN_IF_ERROR(read(*host));
+  for (const BufferSpec& b : host_plan.buffers) {
+    ZT_ASSIGN_OR_RETURN(Tensor from, host->Get(b.name));
+    ZT_ASSIGN_OR_RETURN(Tensor to, arenas_->Get(b.name));
+    ZT_RETURN_IF_ERROR(device_->Upload(to, from.raw()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
+  // The fp32 source of each unit: the master weights when the parameters are 16-bit, else the
+  // parameters; sharded (the rank's range) where the stage shards it.
   const std::vector<Tensor>& master = optimizer_->master_weights();
   const int stage = engine_->stage();
-  if (master.empty()) return engine_->FullWeights(ctx_, model_->unit_params(), stage == 3);
-  if (!optimizer_->split_master()) return engine_->FullWeights(ctx_, master, stage >= 1);
-  // A split master is joined from the parameters of the rank's range and its low halves,
-  // into buffers of the master's size (a shard's padding stays zero).
-  std::vector<std::vector<float>> joined;
-  std::vector<Tensor> sources;
-  for (size_t u = 0; u < master.size(); ++u) {
-    const FlatRange range = engine_->ranges()[u];
-    const int64_t n = range.end - range.begin;
-    joined.emplace_back(master[u].numel(), 0.0f);
-    sources.push_back(Tensor(joined.back().data(), DType::kF32, {master[u].numel()}));
-    const Tensor params = model_->unit_params()[u];
-    ZT_RETURN_IF_ERROR(JoinMasterWeights(
-        ctx_, stage == 3 ? params.Slice(0, n) : params.Slice(range.begin, range.end),
-        master[u].Slice(0, n), sources.back().Slice(0, n)));
+  const bool split = !master.empty() && optimizer_->split_master();
+  const bool sharded = master.empty() ? stage == 3 : stage >= 1;
+  const size_t n_units = model_->layout().units.size();
+  int64_t largest_padded = 0, largest_master = 0;
+  for (size_t u = 0; u < n_units; ++u) {
+    largest_padded = std::max(largest_padded, engine_->shard(static_cast<int>(u)).padded);
+    if (split) largest_master = std::max(largest_master, master[u].numel());
   }
-  return engine_->FullWeights(ctx_, sources, stage >= 1);
+  // Device buffers outside the plan (export is not the step loop): the gathered unit, and a
+  // split master's joined range (a shard's padding stays zero).
+  ScratchTensor gathered, joined;
+  if (sharded) {
+    ZT_ASSIGN_OR_RETURN(gathered, device_->AllocateScratchF32(largest_padded));
+  }
+  if (split) {
+    ZT_ASSIGN_OR_RETURN(joined, device_->AllocateScratchF32(largest_master));
+  }
+  std::vector<std::vector<float>> out;
+  for (size_t u = 0; u < n_units; ++u) {
+    const int unit = static_cast<int>(u);
+    Tensor source = master.empty() ? model_->unit_params()[u] : master[u];
+    if (split) {
+      const FlatRange range = engine_->ranges()[u];
+      const int64_t n = range.end - range.begin;
+      source = joined.tensor.Slice(0, master[u].numel());
+      ZT_RETURN_IF_ERROR(Zero(ctx_, source));
+      const Tensor params = model_->unit_params()[u];
+      ZT_RETURN_IF_ERROR(JoinMasterWeights(
+          ctx_, stage == 3 ? params.Slice(0, n) : params.Slice(range.begin, range.end),
+          master[u].Slice(0, n), source.Slice(0, n)));
+    }
+    const int64_t numel = engine_->shard(unit).numel;
+    if (source.dtype() != DType::kF32) {
+      return absl::InvalidArgumentError("FullWeights: the weights' source must be f32");
+    }
+    Tensor whole = source;
+    if (sharded) {
+      ZT_RETURN_IF_ERROR(engine_->AllGatherUnit(unit, source, gathered.tensor));
+      whole = gathered.tensor;
+    }
+    std::vector<float> host(static_cast<size_t>(numel));
+    ZT_RETURN_IF_ERROR(device_->Download(host.data(), whole.Slice(0, numel)));
+    out.push_back(std::move(host));
+  }
+  return out;
 }
 
 absl::StatusOr<StepRecord> Trainer::Step() {
@@ -443,34 +519,35 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const int64_t accum = train.grad_accum_steps();
   const int64_t ranks = job_.parallel().world_size();
   const int64_t tokens_per_micro = model_->batch() * model_->seq_len();
-  Transformer& m = *model_;
   const CommStats comm_before = engine_->stats();
   const double waited_before = engine_->waited_seconds();
 
   ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
+  ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
   // Every target is valid in training data, so the global batch has N·accum·B·T targets.
   // The loss scale multiplies the gradient at its source (dlogits) so small fp16 gradients
   // survive the backward; the optimizer divides it back out.
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   const float grad_scale =
       static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
-  double loss = 0;
   double data_wait_s = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     const int64_t global = (step_ * accum + micro) * ranks + options_.rank;
     const auto fill_start = Clock::now();
-    ZT_RETURN_IF_ERROR(
-        train_sampler_->Fill(global, m.tokens().data<int32_t>(), m.targets().data<int32_t>()));
+    ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, global));
     data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
-    ZT_ASSIGN_OR_RETURN(double micro_loss, engine_->ForwardBackward(
-                                               ctx_, {.write_grad = true, .grad_scale = grad_scale},
-                                               /*last=*/micro + 1 == accum));
-    loss += micro_loss / static_cast<double>(accum);
+    // The step's loss is the mean of its micro-batches', summed on the device.
+    ZT_RETURN_IF_ERROR(engine_->ForwardBackward(ctx_,
+                                                {.write_grad = true,
+                                                 .grad_scale = grad_scale,
+                                                 .loss_sum = engine_->loss_accumulator(),
+                                                 .loss_divisor = static_cast<double>(accum)},
+                                                /*last=*/micro + 1 == accum));
   }
+  ZT_RETURN_IF_ERROR(
+      engine_->AccumulateGradientStatistics(ctx_, /*check_finite=*/loss_scaler_.has_value()));
   const int stop_request = options_.stop ? static_cast<int>(options_.stop->kind()) : 0;
-  ZT_ASSIGN_OR_RETURN(StepTotals totals,
-                      engine_->Combine(ctx_, loss,
-                                       /*check_finite=*/loss_scaler_.has_value(), stop_request));
+  ZT_ASSIGN_OR_RETURN(StepTotals totals, ReadStatistics(stop_request, /*loss_divisor=*/1.0));
   StepRecord r;
   r.stop = static_cast<StopKind>(totals.stop_request);
   r.loss = totals.loss_sum / static_cast<double>(ranks);
@@ -527,19 +604,35 @@ absl::StatusOr<StepRecord> Trainer::Step() {
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_sampler_) return absl::FailedPreconditionError("no data.val to evaluate on");
-  Transformer& m = *model_;
   const int64_t ranks = job_.parallel().world_size();
-  double total = 0;
   const int64_t n = job_.train().eval_steps();
+  ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
   for (int64_t k = 0; k < n; ++k) {
-    ZT_RETURN_IF_ERROR(val_sampler_->Fill(k * ranks + options_.rank, m.tokens().data<int32_t>(),
-                                          m.targets().data<int32_t>()));
-    ZT_ASSIGN_OR_RETURN(double loss, engine_->ForwardLoss(ctx_));
-    total += loss;
+    ZT_RETURN_IF_ERROR(UploadBatch(*val_sampler_, k * ranks + options_.rank));
+    ZT_RETURN_IF_ERROR(
+        engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = 1.0}));
   }
   ZT_ASSIGN_OR_RETURN(StepTotals totals,
-                      engine_->Combine(ctx_, total / static_cast<double>(n), false));
+                      ReadStatistics(/*stop_request=*/0, /*loss_divisor=*/static_cast<double>(n)));
   return totals.loss_sum / static_cast<double>(ranks);
+}
+
+absl::Status Trainer::UploadBatch(const Sampler& sampler, int64_t k) {
+  ZT_RETURN_IF_ERROR(sampler.Fill(k, host_tokens_, host_targets_));
+  ZT_RETURN_IF_ERROR(device_->Upload(model_->tokens(), host_tokens_));
+  return device_->Upload(model_->targets(), host_targets_);
+}
+
+absl::StatusOr<StepTotals> Trainer::ReadStatistics(int stop_request, double loss_divisor) {
+  // The stop slot was zeroed with the others: only a request crosses.
+  if (stop_request != 0) {
+    *host_stop_ = static_cast<float>(stop_request);
+    ZT_RETURN_IF_ERROR(device_->Upload(engine_->stop_slot(), host_stop_));
+  }
+  ZT_RETURN_IF_ERROR(engine_->ExchangeStatistics());
+  // The step's one wait: every rank's statistics, in one read.
+  ZT_RETURN_IF_ERROR(device_->Download(host_scalars_, engine_->scalars()));
+  return engine_->Totals(host_scalars_, loss_divisor);
 }
 
 absl::Status Trainer::AppendMetrics(const StepRecord& r) {

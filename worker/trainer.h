@@ -17,6 +17,12 @@
 // Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
 // with FP16 a dynamic loss scaler multiplies the loss gradient, skips steps whose gradients
 // overflow (on any rank) and backs off (worker/optim/loss_scaler.h).
+// Device: every crossing between the rank's memory and the host goes through its RankDevice
+// (worker/train/rank_device.h): per micro-batch the sampler fills host staging and the tokens
+// and targets go up in one copy each; the loss, the gradient norm and the overflow flag stay
+// on the device and come back with the other ranks' in one read per step (the step loop's one
+// wait); weights are generated on the host and uploaded; checkpoints, resume, FullWeights
+// and Evaluate move their bytes through it too. Nothing is allocated in the step loop.
 // Not thread-safe; one per rank (ranks of one process are threads, each with its Trainer).
 #pragma once
 
@@ -41,6 +47,7 @@
 #include "worker/shard/rank_communicators.h"
 #include "worker/shard/sharding_engine.h"
 #include "worker/stop_request.h"
+#include "worker/train/rank_device.h"
 
 namespace zt {
 
@@ -75,6 +82,11 @@ struct TrainOptions {
   // rank of the job saw a request (all ranks agree on that step), first saving a checkpoint
   // when one was asked for and checkpoint.dir is set.
   const StopRequest* stop = nullptr;
+  // Makes the rank's device (worker/train/rank_device.h); null: RankDevice::Create, the job's
+  // resources.device. Tests inject one to count or reroute the host ↔ device crossings.
+  std::function<absl::StatusOr<std::unique_ptr<RankDevice>>(const zerotrain::JobSpec& job,
+                                                            int rank)>
+      make_device;
 };
 
 // What one optimizer step measured.
@@ -163,9 +175,28 @@ class Trainer {
   // Restores the state options_.resume_dir's checkpoint holds (each rank its own file).
   absl::Status Resume();
 
+  // Resume's restore of a device whose memory the host cannot address: the checkpoint is read
+  // into host copies of the checkpointed buffers, then uploaded.
+  absl::Status RestoreThroughHost(bool weights_only,
+                                  const std::function<absl::Status(const Arenas& into)>& read);
+  // Fills host staging with `sampler`'s batch k and uploads it into the model's tokens and
+  // targets (one copy each).
+  absl::Status UploadBatch(const Sampler& sampler, int64_t k);
+  // Puts the stop request in this rank's slot, all-gathers the ranks' step statistics and
+  // reads them back in one copy: the wait of the step.
+  absl::StatusOr<StepTotals> ReadStatistics(int stop_request, double loss_divisor);
+
+  // First: destroyed last, after everything that uses its stream and memory.
+  std::unique_ptr<RankDevice> device_;
   zerotrain::JobSpec job_;
   TrainOptions options_;
   DeviceContext ctx_;
+  // Host staging (the device's, page-locked on CUDA): a micro-batch's tokens and targets, the
+  // stop request, and every rank's step statistics read back.
+  int32_t* host_tokens_ = nullptr;
+  int32_t* host_targets_ = nullptr;
+  float* host_stop_ = nullptr;
+  float* host_scalars_ = nullptr;
   MemoryPlan plan_;
   std::unique_ptr<Arenas> arenas_;
   std::optional<Transformer> model_;

@@ -107,4 +107,19 @@ absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArg
   return absl::OkStatus();
 }
 
+void AccumulateMeanLoss(const MeanLossArgs& args) {
+  const int32_t* t = args.targets.data<int32_t>();
+  const float* l = args.losses.data<float>();
+  double sum = 0;
+  int64_t valid = 0;
+  for (int64_t i = 0; i < args.losses.numel(); ++i) {
+    if (t[i] >= 0) {
+      sum += l[i];
+      ++valid;
+    }
+  }
+  const double mean = valid > 0 ? sum / static_cast<double>(valid) : 0.0;
+  *static_cast<double*>(args.sum.raw()) += mean / args.divisor;
+}
+
 }  // namespace zt::cpu

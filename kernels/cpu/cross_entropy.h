@@ -8,5 +8,6 @@
 namespace zt::cpu {
 
 absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArgs& args);
+void AccumulateMeanLoss(const MeanLossArgs& args);
 
 }  // namespace zt::cpu

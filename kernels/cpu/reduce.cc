@@ -79,4 +79,14 @@ bool AllFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n) 
   }
 }
 
+void AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                            double* sum) {
+  *sum += SumOfSquares(ctx, x, dtype, n);
+}
+
+void AccumulateNonFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                         float* flag) {
+  if (!AllFinite(ctx, x, dtype, n)) *flag = 1.0f;
+}
+
 }  // namespace zt::cpu

@@ -12,4 +12,10 @@ namespace zt::cpu {
 double SumOfSquares(const DeviceContext& ctx, const void* x, DType dtype, int64_t n);
 bool AllFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n);
 
+// *sum += Σ x² (one addition); *flag = 1 when some element is not finite.
+void AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                            double* sum);
+void AccumulateNonFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                         float* flag);
+
 }  // namespace zt::cpu

@@ -92,4 +92,46 @@ absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArg
   return LaunchStatus("SoftmaxCrossEntropy");
 }
 
+namespace {
+
+constexpr int kMeanThreads = 256;
+
+// One block: each thread sums its stride of the valid rows in f64, then a fixed tree.
+__global__ void MeanLossKernel(const float* losses, const int32_t* targets, int64_t n,
+                               double divisor, double* sum) {
+  __shared__ double sums[kMeanThreads];
+  __shared__ long long counts[kMeanThreads];
+  double s = 0;
+  long long c = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kMeanThreads) {
+    if (targets[i] >= 0) {
+      s += losses[i];
+      ++c;
+    }
+  }
+  sums[threadIdx.x] = s;
+  counts[threadIdx.x] = c;
+  __syncthreads();
+  for (int k = kMeanThreads / 2; k > 0; k /= 2) {
+    if (threadIdx.x < k) {
+      sums[threadIdx.x] += sums[threadIdx.x + k];
+      counts[threadIdx.x] += counts[threadIdx.x + k];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const double mean = counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : 0.0;
+    *sum += mean / divisor;
+  }
+}
+
+}  // namespace
+
+absl::Status AccumulateMeanLoss(const DeviceContext& ctx, const MeanLossArgs& args) {
+  MeanLossKernel<<<1, kMeanThreads, 0, StreamOf(ctx)>>>(
+      args.losses.data<float>(), args.targets.data<int32_t>(), args.losses.numel(), args.divisor,
+      static_cast<double*>(args.sum.raw()));
+  return LaunchStatus("AccumulateMeanLoss");
+}
+
 }  // namespace zt::cuda

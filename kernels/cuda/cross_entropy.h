@@ -13,5 +13,7 @@
 namespace zt::cuda {
 
 absl::Status SoftmaxCrossEntropy(const DeviceContext& ctx, const CrossEntropyArgs& args);
+// One block; the rows' shares summed in f64 in a fixed tree. Nothing waits.
+absl::Status AccumulateMeanLoss(const DeviceContext& ctx, const MeanLossArgs& args);
 
 }  // namespace zt::cuda

@@ -49,6 +49,16 @@ __global__ void SumPartials(const double* partials, int64_t count, double* resul
   if (threadIdx.x == 0) *result = total;
 }
 
+// The step's accumulator: *sum += Σ partials, in SumPartials' order, by the one thread that
+// owns it (the accumulator is read and written by this kernel only, in stream order).
+__global__ void AddPartials(const double* partials, int64_t count, double* sum) {
+  __shared__ double shared[kReduceThreads];
+  double part = 0;
+  for (int64_t i = threadIdx.x; i < count; i += kReduceThreads) part += partials[i];
+  const double total = BlockSum(shared, part);
+  if (threadIdx.x == 0) *sum += total;
+}
+
 // *flag = 1 when some element's exponent bits are all ones. Every writer writes 1, so the
 // race is benign and the result deterministic.
 template <typename U>
@@ -70,6 +80,16 @@ absl::Status CheckWorkspace(const char* op, const DeviceContext& ctx, int64_t n)
   return absl::FailedPreconditionError(absl::StrCat(
       op, ": needs ", need, " workspace bytes (8-byte aligned) for ", n, " elements, context has ",
       have, " (size ctx.workspace with ReduceWorkspaceBytes)"));
+}
+
+template <typename U>
+__global__ void NonFiniteToFloat(const U* x, int64_t n, U exp_mask, float* flag) {
+  bool bad = false;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bad |= (x[i] & exp_mask) == exp_mask;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1.0f;
 }
 
 // Copies `bytes` of device `src` to host `dst` on ctx's stream and waits for it.
@@ -129,6 +149,45 @@ absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const void* x, DType dt
   int host = 0;
   if (absl::Status s = ReadBack(kOp, ctx, flag, &host, sizeof(host)); !s.ok()) return s;
   return host == 0;
+}
+
+absl::Status AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                                    double* sum) {
+  constexpr const char* kOp = "AccumulateSumOfSquares";
+  if (n == 0) return absl::OkStatus();
+  if (absl::Status s = CheckWorkspace(kOp, ctx, n); !s.ok()) return s;
+  const int64_t blocks = ReduceBlocks(n);
+  auto* partials = static_cast<double*>(ctx.workspace.data);
+  DispatchFloatType(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    SumOfSquaresPartials<T>
+        <<<static_cast<unsigned int>(blocks), kReduceThreads, 0, StreamOf(ctx)>>>(
+            static_cast<const T*>(x), n, partials);
+  });
+  AddPartials<<<1, kReduceThreads, 0, StreamOf(ctx)>>>(partials, blocks, sum);
+  return LaunchStatus(kOp);
+}
+
+absl::Status AccumulateNonFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                                 float* flag) {
+  constexpr const char* kOp = "AccumulateNonFinite";
+  if (n == 0) return absl::OkStatus();
+  const auto blocks = static_cast<unsigned int>(ReduceBlocks(n));
+  switch (dtype) {
+    case DType::kBF16:
+      NonFiniteToFloat<uint16_t><<<blocks, kReduceThreads, 0, StreamOf(ctx)>>>(
+          static_cast<const uint16_t*>(x), n, uint16_t{0x7f80u}, flag);
+      break;
+    case DType::kF16:
+      NonFiniteToFloat<uint16_t><<<blocks, kReduceThreads, 0, StreamOf(ctx)>>>(
+          static_cast<const uint16_t*>(x), n, uint16_t{0x7c00u}, flag);
+      break;
+    default:
+      NonFiniteToFloat<uint32_t><<<blocks, kReduceThreads, 0, StreamOf(ctx)>>>(
+          static_cast<const uint32_t*>(x), n, 0x7f800000u, flag);
+      break;
+  }
+  return LaunchStatus(kOp);
 }
 
 }  // namespace zt::cuda

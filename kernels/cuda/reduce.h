@@ -38,4 +38,11 @@ absl::StatusOr<double> SumOfSquares(const DeviceContext& ctx, const void* x, DTy
 // No element has an all-ones exponent field (inf or NaN).
 absl::StatusOr<bool> AllFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n);
 
+// The same reductions without the read-back: the last pass adds Σ x² to the device f64 at
+// `sum`, or sets the device f32 at `flag` to 1. Nothing waits.
+absl::Status AccumulateSumOfSquares(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                                    double* sum);
+absl::Status AccumulateNonFinite(const DeviceContext& ctx, const void* x, DType dtype, int64_t n,
+                                 float* flag);
+
 }  // namespace zt::cuda

@@ -539,9 +539,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         "; this engine reduces gradients in their own dtype (16-bit reductions add in f32), "
         "so leave reduce_dtype unset or equal to grad_dtype"));
   }
-  if (spec.resources().device() == ResourceConfig::CUDA) {
-    lines.push_back("resources.device: CUDA is not supported by this engine yet; use CPU");
-  }
   // Validation, zt estimate and the planner accept offload; the step loop does not run it yet.
   for (const auto& [field, device] : {std::pair{"offload.optimizer", spec.offload().optimizer()},
                                       std::pair{"offload.params", spec.offload().params()}}) {

@@ -22,9 +22,12 @@ absl::Status ValidateJobSpec(const zerotrain::JobSpec& spec);
 // PermissionDenied when any is unreadable, else InvalidArgument (not a regular file).
 absl::Status CheckJobPaths(const zerotrain::JobSpec& spec);
 
-// Checks what this engine version cannot run yet, though the schema allows it: more than
-// one rank, ZeRO stages above 0, CUDA devices and checkpoints. Returns OK or FailedPrecondition listing every such field. Kept apart from
-// ValidateJobSpec so each line can be deleted when its feature lands.
+// Checks what this engine version cannot run yet, though the schema allows it: gradient
+// reduction in a dtype other than the gradients', and offload (planned, not yet trained
+// with). Returns OK or FailedPrecondition listing every such field. Kept apart from
+// ValidateJobSpec so each line can be deleted when its feature lands. (CUDA jobs pass: a
+// build without CUDA refuses them when a rank starts, worker/train/rank_device.h, and the
+// coordinator places them only on nodes that announced CUDA devices.)
 absl::Status CheckEngineSupport(const zerotrain::JobSpec& spec);
 
 }  // namespace zt

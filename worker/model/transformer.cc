@@ -307,10 +307,9 @@ Tensor Transformer::HeadWeight(const Tensor& params, const Tensor& embedding_par
                                  : View(layout_.head(), params, "lm_head.weight");
 }
 
-absl::StatusOr<double> Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& params,
-                                             const Tensor& grads, const Tensor& embedding_params,
-                                             const Tensor& embedding_grads,
-                                             const LossOptions& options) {
+absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& params,
+                                   const Tensor& grads, const Tensor& embedding_params,
+                                   const Tensor& embedding_grads, const LossOptions& options) {
   const Tensor w = HeadWeight(params, embedding_params);
   const Tensor dw = options.write_grad ? HeadWeight(grads, embedding_grads) : Tensor();
   const Tensor targets = targets_.Reshape({B_ * T_});
@@ -336,18 +335,12 @@ absl::StatusOr<double> Transformer::HeadLoss(const DeviceContext& ctx, const Ten
                                               .dweight = dw}));
     }
   }
+  if (options.loss_sum.empty()) return absl::OkStatus();
   // Mean over the valid targets of this micro-batch, summed in double in a fixed order.
-  const int32_t* t = targets_.data<int32_t>();
-  const float* l = losses_.data<float>();
-  double sum = 0;
-  int64_t valid = 0;
-  for (int64_t i = 0; i < B_ * T_; ++i) {
-    if (t[i] >= 0) {
-      sum += l[i];
-      ++valid;
-    }
-  }
-  return valid > 0 ? sum / static_cast<double>(valid) : 0.0;
+  return AccumulateMeanLoss(ctx, {.losses = losses_,
+                                  .targets = targets,
+                                  .divisor = options.loss_divisor,
+                                  .sum = options.loss_sum});
 }
 
 absl::Status Transformer::ForwardToHead(const DeviceContext& ctx) {
@@ -375,8 +368,16 @@ absl::StatusOr<double> Transformer::ForwardLoss(const DeviceContext& ctx,
     return absl::FailedPreconditionError("forward with gradients on a model bound without them");
   }
   ZT_RETURN_IF_ERROR(ForwardToHead(ctx));
-  return HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(),
-                  params_.front(), options.write_grad ? grads_.front() : Tensor(), options);
+  // The loss accumulates into a host double: an f64 seen as 2 f32 slots (a CPU tensor, so a
+  // context on another device is refused by the op, naming both devices).
+  double loss = 0;
+  LossOptions with_sum = options;
+  with_sum.loss_sum = Tensor(&loss, DType::kF32, {2});
+  with_sum.loss_divisor = 1.0;
+  ZT_RETURN_IF_ERROR(HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(),
+                              params_.front(), options.write_grad ? grads_.front() : Tensor(),
+                              with_sum));
+  return loss;
 }
 
 absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& params,

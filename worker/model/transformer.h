@@ -40,9 +40,8 @@ class Transformer {
   // Binds the model to its buffers: "<unit>.params" (and "<unit>.grads" when `state` has
   // them) from `state`; activations and workspace for `batch` × `seq_len` from `work`.
   // Both may be the same Arenas. The arenas must outlive the model.
-  static absl::StatusOr<Transformer> Bind(const zerotrain::ModelConfig& config,
-                                          const Arenas& state, const Arenas& work,
-                                          int64_t batch, int64_t seq_len);
+  static absl::StatusOr<Transformer> Bind(const zerotrain::ModelConfig& config, const Arenas& state,
+                                          const Arenas& work, int64_t batch, int64_t seq_len);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t batch() const { return B_; }
@@ -76,9 +75,16 @@ class Transformer {
     bool write_grad = false;
     // 1 / (targets in the global batch): the loss is a mean over the global batch.
     float grad_scale = 1.0f;
+    // Where HeadLoss adds the mean loss / loss_divisor, on the context's device (an f64 in 2
+    // f32 slots, AccumulateMeanLoss in kernels/cross_entropy.h), so the step loop reads its
+    // loss once per step. Empty: not accumulated.
+    Tensor loss_sum;
+    double loss_divisor = 1.0;
   };
   // Forward over tokens() → mean cross-entropy over targets() (targets < 0 ignored). With
   // write_grad the output projection's backward runs here too, chunk by chunk (HeadLoss).
+  // Returns the loss as a host value: for a context whose memory the host reads (the CPU);
+  // elsewhere set options.loss_sum and read it back (the sharding engine does).
   absl::StatusOr<double> ForwardLoss(const DeviceContext& ctx, const LossOptions& options);
   // Forward to the logits of every position (no loss), on an inference plan: for sampling.
   absl::Status ForwardLogits(const DeviceContext& ctx);
@@ -93,10 +99,11 @@ class Transformer {
   // Output projection + fused softmax cross-entropy, one chunk of rows at a time, and with
   // options.write_grad the projection's backward per chunk (its weight gradient += into
   // `grads`, or into the embedding's for tied weights; dL/d(norm output) kept for
-  // HeadBackward). `grads`/`embedding_grads` may be empty without write_grad.
-  absl::StatusOr<double> HeadLoss(const DeviceContext& ctx, const Tensor& params,
-                                  const Tensor& grads, const Tensor& embedding_params,
-                                  const Tensor& embedding_grads, const LossOptions& options);
+  // HeadBackward). `grads`/`embedding_grads` may be empty without write_grad. The micro-batch's
+  // mean loss goes to options.loss_sum when set; nothing is read back.
+  absl::Status HeadLoss(const DeviceContext& ctx, const Tensor& params, const Tensor& grads,
+                        const Tensor& embedding_params, const Tensor& embedding_grads,
+                        const LossOptions& options);
   // The final norm's backward.
   absl::Status HeadBackward(const DeviceContext& ctx, const Tensor& params, const Tensor& grads);
   absl::Status BlockBackward(const DeviceContext& ctx, int i, const Tensor& params,
@@ -106,8 +113,7 @@ class Transformer {
  private:
   enum class Recompute : uint8_t { kNone, kFull, kSelective };
   struct BlockActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_act;
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_act;
     Recompute recompute = Recompute::kNone;
   };
   struct GradScratch {

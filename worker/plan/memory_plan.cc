@@ -10,6 +10,13 @@
 #include "worker/plan/optimizer_state_layout.h"
 
 namespace zt {
+namespace {
+
+bool OnCuda(const zerotrain::JobSpec& job) {
+  return job.resources().device() == zerotrain::ResourceConfig::CUDA;
+}
+
+}  // namespace
 
 const char* MemoryCategoryName(MemoryCategory c) {
   switch (c) {
@@ -71,6 +78,13 @@ int64_t MemoryPlan::DeviceBytes() const {
 }
 
 DeviceContext JobDeviceContext(const zerotrain::JobSpec& job) {
+  if (OnCuda(job)) {
+    // Only the kind matters for sizing (the workspaces of the CUDA ops); the rank's device
+    // ordinal and stream come from its RankDevice.
+    DeviceContext ctx;
+    ctx.device = Device{.kind = DeviceKind::kCuda, .index = 0};
+    return ctx;
+  }
   const int threads = job.resources().cpu_threads();
   if (threads > 0) return CpuContext(threads);
   // CPU "devices" share the machine's cores: each rank of the job takes an equal part.
@@ -276,13 +290,16 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
   }
   add("comm.scalars", MemoryCategory::kCommunication, DType::kF32, 6 * geometry.world_size);
   const ConversionBufferSizes conversion = ConversionBuffers(job);
+  // Gloo converts 16-bit data on the host: a GPU rank's (staged) conversion buffers are pinned.
+  const MemoryCategory convert_category =
+      OnCuda(job) ? MemoryCategory::kPinnedHost : MemoryCategory::kCommunication;
   for (int k = 0; k < 2; ++k) {
     if (conversion.gradients > 0) {
-      add(absl::StrCat("comm.convert.gradients.", k), MemoryCategory::kCommunication, DType::kF32,
+      add(absl::StrCat("comm.convert.gradients.", k), convert_category, DType::kF32,
           conversion.gradients);
     }
     if (conversion.replicas > 0) {
-      add(absl::StrCat("comm.convert.replicas.", k), MemoryCategory::kCommunication, DType::kF32,
+      add(absl::StrCat("comm.convert.replicas.", k), convert_category, DType::kF32,
           conversion.replicas);
     }
   }
@@ -296,9 +313,10 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
     add("optimizer.reduce_scratch", MemoryCategory::kCommunication, DType::kF32, scratch);
   }
   MoveOffloadedStates(job, plan);
-  if (!job.checkpoint().dir().empty() && job.checkpoint().async()) {
+  if (!job.checkpoint().dir().empty() && (job.checkpoint().async() || OnCuda(job))) {
     // The rank's checkpointed state (worker/rank_state.h: parameters and optimizer state),
-    // copied at the save point and written from here while training goes on.
+    // copied at the save point and written from here while training goes on (and on a GPU,
+    // where the host cannot read device memory, the page-locked copy every save writes from).
     int64_t staged = 0;
     for (const BufferSpec& b : plan.buffers) {
       if (IsCheckpointed(b, !job.checkpoint().save_optimizer())) {

@@ -92,9 +92,12 @@ struct MemoryPlan {
 bool IsDeviceCategory(MemoryCategory c);
 
 // The context a training rank of `job` runs its ops on (CPU, resources.cpu_threads threads;
-// 0: the machine's cores divided among the job's ranks),
+// 0: the machine's cores divided among the job's ranks; for resources.device CUDA, a CUDA
+// context whose stream and ordinal the rank's RankDevice fills in),
 // without its workspace: the plan sizes that for this context, the engine points it at the
 // plan's "gemm_workspace". The trainer and the plan both take it from here, so they agree.
+// A CUDA job's plan also puts Gloo's 16-bit conversion buffers in pinned host memory and
+// holds "checkpoint.staging" for every save (the host cannot read device memory).
 DeviceContext JobDeviceContext(const zerotrain::JobSpec& job);
 
 // Which ranks share one copy of the model states. The N ranks of a job form N/G shard groups

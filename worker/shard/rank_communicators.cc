@@ -5,12 +5,16 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/staged_communicator.h"
+#if ZT_HAVE_NCCL
+#include "worker/comm/cuda/nccl_communicator.h"
+#endif
 #include "worker/plan/memory_plan.h"
 
 namespace zt {
 
 absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank, Store* store,
-                                              const Arenas& arenas) {
+                                              const Arenas& arenas, const RankCommDevice& device) {
   const ShardGeometry g = GeometryOf(job, rank);
   const ConversionBufferSizes conversion = ConversionBuffers(job);
   struct Conversion {
@@ -31,6 +35,22 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int
   ZT_ASSIGN_OR_RETURN(Conversion replicas, planned("replicas", conversion.replicas));
   auto connect = [&](const std::string& prefix, int group_rank, int size,
                      const Conversion& c) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    if (device.nccl) {
+#if ZT_HAVE_NCCL
+      ZT_ASSIGN_OR_RETURN(
+          std::unique_ptr<NcclCommunicator> nccl,
+          NcclCommunicator::Create({.rank = group_rank,
+                                    .size = size,
+                                    .device = device.cuda_device,
+                                    .store = store,
+                                    .prefix = absl::StrCat("nccl.", prefix),
+                                    .timeout_seconds = job.parallel().comm_timeout_s(),
+                                    .stream = static_cast<cudaStream_t>(device.stream)}));
+      return std::unique_ptr<Communicator>(std::move(nccl));
+#else
+      return absl::UnimplementedError("NCCL communicators need a build with NCCL");
+#endif
+    }
     ZT_ASSIGN_OR_RETURN(
         std::unique_ptr<GlooCommunicator> comm,
         GlooCommunicator::Create({.rank = group_rank,
@@ -40,7 +60,13 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int
                                   .timeout_seconds = job.parallel().comm_timeout_s(),
                                   .max_16bit_elements = c.elements,
                                   .conversion_buffers = {c.buffers[0], c.buffers[1]}}));
-    return std::unique_ptr<Communicator>(std::move(comm));
+    if (!device.make_copy_engine) return std::unique_ptr<Communicator>(std::move(comm));
+    ZT_ASSIGN_OR_RETURN(std::unique_ptr<DeviceCopyEngine> copies, device.make_copy_engine());
+    ZT_ASSIGN_OR_RETURN(std::unique_ptr<StagedCommunicator> staged,
+                        StagedCommunicator::Create({.host = std::move(comm),
+                                                    .copies = std::move(copies),
+                                                    .staging_bytes = device.staging_bytes}));
+    return std::unique_ptr<Communicator>(std::move(staged));
   };
   // Stage 0 reduces gradients over the world; stages 1–3 in the shard group (the world too
   // when G = N). The world otherwise moves only f32 scalars and all-gathers, which convert

@@ -6,11 +6,14 @@
 // members are still connecting to another.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/device_copy_engine.h"
 #include "worker/comm/store.h"
 #include "worker/plan/arena.h"
 #include "worker/shard/sharding_engine.h"
@@ -27,11 +30,30 @@ struct RankCommunicators {
   }
 };
 
+// How a rank's communicators reach its memory. Default: the buffers are host memory and Gloo
+// moves them directly (CPU devices).
+struct RankCommDevice {
+  // Set for device memory the host cannot address (CUDA): each communicator is a
+  // StagedCommunicator over Gloo with a copy engine of its own from here.
+  std::function<absl::StatusOr<std::unique_ptr<DeviceCopyEngine>>()> make_copy_engine;
+  // Bytes of each of a staged communicator's two staging regions.
+  int64_t staging_bytes = int64_t{16} << 20;
+  // Every rank has a GPU of its own: NCCL instead of staging, in a build with NCCL (NCCL
+  // refuses two ranks on one GPU). Its operations run on `stream` (the rank's compute stream,
+  // a cudaStream_t) so they are ordered after the kernels that wrote their buffers.
+  bool nccl = false;
+  int cuda_device = 0;
+  void* stream = nullptr;
+};
+
 // Blocks until every peer of each group has connected, or parallel.comm_timeout_s passes
 // (DeadlineExceeded naming the ranks that never arrived). `store` must outlive the result.
 // The communicators that reduce 16-bit gradients convert through the plan's
 // "comm.convert.*" buffers, taken from `arenas` (which must outlive the result).
+// GPU ranks (`device` set) get NCCL or staged communicators as RankCommDevice says; a GPU
+// rank's 16-bit conversion buffers are pinned host memory (the plan puts them there).
 absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank, Store* store,
-                                              const Arenas& arenas);
+                                              const Arenas& arenas,
+                                              const RankCommDevice& device = {});
 
 }  // namespace zt

@@ -1,5 +1,6 @@
 #include "worker/shard/sharding_engine.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -32,13 +33,11 @@ absl::Status WaitAll(std::vector<CommHandle>& handles, double* waited) {
 }
 
 // Values travel through the f32 all-gather as raw bits: a double is two f32 slots.
-void PutDouble(float* slots, double v) { std::memcpy(slots, &v, sizeof v); }
 double GetDouble(const float* slots) {
   double v;
   std::memcpy(&v, slots, sizeof v);
   return v;
 }
-constexpr int kScalarSlots = 6;  // loss (2), gradient sum of squares (2), non-finite flag, spare
 
 }  // namespace
 
@@ -244,7 +243,7 @@ absl::Status ShardingEngine::ReduceAcrossReplicas(int u) {
   return absl::OkStatus();
 }
 
-absl::Status ShardingEngine::FinishReductions() {
+absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
   const int n_units = static_cast<int>(shards_.size());
   if (stage_ == 1) {
     // Two reduce-scatters in flight; each result is copied into the rank's range of the full
@@ -255,9 +254,9 @@ absl::Status ShardingEngine::FinishReductions() {
       if (u < 0) return absl::OkStatus();
       ZT_RETURN_IF_ERROR(WaitAll(pending_[u], &waited_s_));
       const UnitShard& s = shards_[u];
-      const Tensor from = Flat(grad_shard_[slot], 0, s.shard_numel);
-      std::memcpy(Flat(grads_[u], s.offset, s.shard_numel).raw(), from.raw(),
-                  static_cast<size_t>(from.size_bytes()));
+      // A copy on the device (Cast between equal dtypes), after the reduce-scatter's wait.
+      ZT_RETURN_IF_ERROR(Cast(ctx, Flat(grad_shard_[slot], 0, s.shard_numel),
+                              Flat(grads_[u], s.offset, s.shard_numel)));
       in_flight[slot] = -1;
       return ReduceAcrossReplicas(u);
     };
@@ -328,9 +327,8 @@ absl::StatusOr<Tensor> ShardingEngine::ForwardToHead(const DeviceContext& ctx) {
   return head_params;
 }
 
-absl::StatusOr<double> ShardingEngine::ForwardBackward(const DeviceContext& ctx,
-                                                       const Transformer::LossOptions& options,
-                                                       bool last) {
+absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
+                                             const Transformer::LossOptions& options, bool last) {
   Transformer& m = *model_;
   const int L = m.layout().n_blocks();
   const int head = L + 1;
@@ -350,8 +348,8 @@ absl::StatusOr<double> ShardingEngine::ForwardBackward(const DeviceContext& ctx,
     ZT_ASSIGN_OR_RETURN(embedding_params, Params(0));
     ZT_ASSIGN_OR_RETURN(embedding_grads, GradTarget(ctx, 0));
   }
-  ZT_ASSIGN_OR_RETURN(double loss, m.HeadLoss(ctx, head_params, head_grads, embedding_params,
-                                              embedding_grads, options));
+  ZT_RETURN_IF_ERROR(
+      m.HeadLoss(ctx, head_params, head_grads, embedding_params, embedding_grads, options));
   ZT_RETURN_IF_ERROR(FinishUse());
 
   ZT_ASSIGN_OR_RETURN(head_params, Acquire(head));
@@ -372,11 +370,12 @@ absl::StatusOr<double> ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   if (last) ZT_RETURN_IF_ERROR(GradientReady(0));
   std::move(end_pass).Cancel();
   ZT_RETURN_IF_ERROR(EndPass());
-  if (last) ZT_RETURN_IF_ERROR(FinishReductions());
-  return loss;
+  if (last) ZT_RETURN_IF_ERROR(FinishReductions(ctx));
+  return absl::OkStatus();
 }
 
-absl::StatusOr<double> ShardingEngine::ForwardLoss(const DeviceContext& ctx) {
+absl::Status ShardingEngine::ForwardLoss(const DeviceContext& ctx,
+                                         const Transformer::LossOptions& options) {
   const int head = model_->layout().n_blocks() + 1;
   std::vector<UnitUse> uses = {{0, !tied_}};
   for (int u = 1; u <= head; ++u) uses.push_back({u, true});
@@ -387,44 +386,48 @@ absl::StatusOr<double> ShardingEngine::ForwardLoss(const DeviceContext& ctx) {
   if (tied_) {
     ZT_ASSIGN_OR_RETURN(embedding_params, Params(0));
   }
-  ZT_ASSIGN_OR_RETURN(double loss, model_->HeadLoss(ctx, head_params, Tensor(), embedding_params,
-                                                    Tensor(), {.write_grad = false}));
+  Transformer::LossOptions forward_only = options;
+  forward_only.write_grad = false;
+  ZT_RETURN_IF_ERROR(
+      model_->HeadLoss(ctx, head_params, Tensor(), embedding_params, Tensor(), forward_only));
   ZT_RETURN_IF_ERROR(FinishUse());
   std::move(end_pass).Cancel();
-  ZT_RETURN_IF_ERROR(EndPass());
-  return loss;
+  return EndPass();
 }
 
-absl::StatusOr<StepTotals> ShardingEngine::Combine(const DeviceContext& ctx, double loss,
-                                                   bool check_finite, int stop_request) {
-  double sum_sq = 0;
-  bool nonfinite = false;
+absl::Status ShardingEngine::BeginStatistics(const DeviceContext& ctx) {
+  return Zero(ctx, Flat(scalars_, kScalarSlots * geometry_.rank, kScalarSlots));
+}
+
+absl::Status ShardingEngine::AccumulateGradientStatistics(const DeviceContext& ctx,
+                                                          bool check_finite) {
+  const int64_t mine = kScalarSlots * geometry_.rank;
+  const Tensor sum_sq = Flat(scalars_, mine + 2, 2);
+  const Tensor nonfinite = Flat(scalars_, mine + 4, 1);
   for (const Tensor& g : norm_views_) {
     if (g.numel() == 0) continue;
-    if (check_finite) {
-      ZT_ASSIGN_OR_RETURN(bool finite, AllFinite(ctx, g));
-      nonfinite |= !finite;
-    }
-    ZT_ASSIGN_OR_RETURN(double s, SumOfSquares(ctx, g));
-    sum_sq += s;
+    if (check_finite) ZT_RETURN_IF_ERROR(AccumulateNonFinite(ctx, g, nonfinite));
+    ZT_RETURN_IF_ERROR(AccumulateSumOfSquares(ctx, g, sum_sq));
   }
-  const int N = geometry_.world_size, G = geometry_.group_size;
-  float* all = scalars_.data<float>();
-  float* mine = all + kScalarSlots * geometry_.rank;
-  PutDouble(mine, loss);
-  PutDouble(mine + 2, sum_sq);
-  mine[4] = nonfinite ? 1.0f : 0.0f;
-  mine[5] = static_cast<float>(stop_request);
+  return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::ExchangeStatistics() {
+  const int N = geometry_.world_size;
   ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.world->AllGather(
                                         Flat(scalars_, kScalarSlots * geometry_.rank, kScalarSlots),
                                         Flat(scalars_, 0, kScalarSlots * N), "step totals"));
   std::vector<CommHandle> handles = {h};
-  ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  return WaitAll(handles, &waited_s_);
+}
+
+StepTotals ShardingEngine::Totals(const float* all, double loss_divisor) const {
+  const int N = geometry_.world_size, G = geometry_.group_size;
   StepTotals t;
   const int group_first = geometry_.group() * G;
   for (int r = 0; r < N; ++r) {
     const float* slots = all + kScalarSlots * r;
-    t.loss_sum += GetDouble(slots);
+    t.loss_sum += GetDouble(slots) / loss_divisor;
     if (r >= group_first && r < group_first + G) t.grad_sum_sq += GetDouble(slots + 2);
     t.nonfinite |= slots[4] != 0.0f;
     t.stop_request = std::max(t.stop_request, static_cast<int>(slots[5]));
@@ -433,9 +436,9 @@ absl::StatusOr<StepTotals> ShardingEngine::Combine(const DeviceContext& ctx, dou
 }
 
 absl::Status ShardingEngine::SumAcrossShardGroup(float* data, int64_t n) {
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.shard_group->AllReduce(Tensor(data, DType::kF32, {n}), ReduceOp::kSum,
-                                                    "optimizer statistics all-reduce"));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllReduce(
+                                        Tensor(data, DType::kF32, {n}, scalars_.device()),
+                                        ReduceOp::kSum, "optimizer statistics all-reduce"));
   std::vector<CommHandle> handles = {h};
   return WaitAll(handles, &waited_s_);
 }
@@ -455,30 +458,19 @@ absl::Status ShardingEngine::FinishStep(const DeviceContext& ctx) {
   return WaitAll(handles, &waited_s_);
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ShardingEngine::FullWeights(
-    const DeviceContext& ctx, const std::vector<Tensor>& fp32_sources, bool sources_sharded) {
-  (void)ctx;
-  std::vector<std::vector<float>> out;
-  for (size_t u = 0; u < shards_.size(); ++u) {
-    const UnitShard& s = shards_[u];
-    const Tensor& source = fp32_sources[u];
-    if (source.dtype() != DType::kF32) {
-      return absl::InvalidArgumentError("FullWeights: sources must be f32");
-    }
-    if (!sources_sharded) {
-      out.emplace_back(source.data<float>(), source.data<float>() + s.numel);
-      continue;
-    }
-    std::vector<float> full(s.padded);
-    Tensor full_view(full.data(), DType::kF32, {s.padded});
-    ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllGather(
-                                          Flat(source, 0, s.shard_numel), full_view,
-                                          Label(static_cast<int>(u), "weights all-gather")));
-    ZT_RETURN_IF_ERROR(h.Wait());
-    full.resize(s.numel);
-    out.push_back(std::move(full));
+absl::Status ShardingEngine::AllGatherUnit(int u, const Tensor& shard, const Tensor& full) {
+  const UnitShard& s = shards_[u];
+  if (shard.dtype() != DType::kF32 || full.dtype() != DType::kF32 ||
+      shard.numel() < s.shard_numel || full.numel() < s.padded) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllGatherUnit: unit ", model_->layout().units[u].name,
+                     " needs an f32 shard of ", s.shard_numel, " elements and an f32 buffer of ",
+                     s.padded, "; got ", shard.DebugString(), " and ", full.DebugString()));
   }
-  return out;
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllGather(Flat(shard, 0, s.shard_numel),
+                                                                  Flat(full, 0, s.padded),
+                                                                  Label(u, "weights all-gather")));
+  return h.Wait();
 }
 
 CommStats ShardingEngine::stats() const {

@@ -78,11 +78,12 @@ class ShardingEngine {
   absl::Status BeginStep(const DeviceContext& ctx);
   // Forward and backward of the micro-batch in model->tokens()/targets(). On a step's last
   // micro-batch (`last`) the gradients are reduced; when this returns they are final in
-  // grad_views(). Returns the micro-batch's mean loss.
-  absl::StatusOr<double> ForwardBackward(const DeviceContext& ctx,
-                                         const Transformer::LossOptions& options, bool last);
-  // Forward only (evaluation), gathering units as the forward needs them.
-  absl::StatusOr<double> ForwardLoss(const DeviceContext& ctx);
+  // grad_views(). The micro-batch's mean loss goes where options.loss_sum says (usually
+  // loss_accumulator()).
+  absl::Status ForwardBackward(const DeviceContext& ctx, const Transformer::LossOptions& options,
+                               bool last);
+  // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
+  absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);
 
   // Per unit, the range of the unit's elements this rank's optimizer steps (the whole unit at
   // stage 0), and views of the parameters and reduced gradients starting at that range.
@@ -90,25 +91,44 @@ class ShardingEngine {
   const std::vector<Tensor>& param_views() const { return param_views_; }
   const std::vector<Tensor>& grad_views() const { return grad_views_; }
 
-  // Sums the rank's loss, the squares of its share of the reduced gradients (the rank's
-  // shard range, so each element is counted once per group) and its overflow flag over the
-  // job: one all-gather, combined in rank order so every rank gets the same bits. The same
-  // all-gather carries each rank's stop request (0 none, 1 stop, 2 checkpoint then stop), so
-  // all ranks agree on it without a collective of its own.
-  absl::StatusOr<StepTotals> Combine(const DeviceContext& ctx, double loss, bool check_finite,
-                                     int stop_request = 0);
+  // The step's statistics, kept on the device until one all-gather and one read-back: per
+  // rank kScalarSlots f32 slots of "comm.scalars" — loss (an f64 in 2 slots), the squares of
+  // its share of the reduced gradients (the rank's shard range, so each element is counted
+  // once per group; f64), its overflow flag, its stop request (0 none, 1 stop, 2 checkpoint
+  // then stop). The step loop: BeginStatistics; each micro-batch's loss into
+  // loss_accumulator(); AccumulateGradientStatistics; the stop request into stop_slot();
+  // ExchangeStatistics; read scalars() back; Totals. All ranks get the same bits (combined in
+  // rank order), and agree on the stop without a collective of its own.
+  static constexpr int kScalarSlots = 6;
+  // Zeroes this rank's slots (on the device).
+  absl::Status BeginStatistics(const DeviceContext& ctx);
+  Tensor loss_accumulator() const {
+    return scalars_.Slice(kScalarSlots * geometry_.rank, kScalarSlots * geometry_.rank + 2);
+  }
+  Tensor stop_slot() const {
+    return scalars_.Slice(kScalarSlots * geometry_.rank + 5, kScalarSlots * geometry_.rank + 6);
+  }
+  // Adds the squares of the rank's gradient share (and, with check_finite, the overflow flag)
+  // to its slots, on the device: nothing waits.
+  absl::Status AccumulateGradientStatistics(const DeviceContext& ctx, bool check_finite);
+  // All-gathers every rank's slots over the world and waits.
+  absl::Status ExchangeStatistics();
+  // Every rank's slots, (N · kScalarSlots) f32 on the rank's device.
+  const Tensor& scalars() const { return scalars_; }
+  // The totals from a host copy of scalars(); each rank's loss is divided by `loss_divisor`
+  // (evaluation's number of batches) before it is summed.
+  StepTotals Totals(const float* gathered, double loss_divisor) const;
   // Sums n floats element-wise across the shard group, in place, blocking (sharded
-  // Adafactor's statistics).
+  // Adafactor's statistics). `data` is in the rank's communication memory (its device).
   absl::Status SumAcrossShardGroup(float* data, int64_t n);
   // After the optimizer updated param_views(): stages 1–2 all-gather the parameters.
   absl::Status FinishStep(const DeviceContext& ctx);
 
-  // The fp32 weights of every unit, whole, on every rank (a collective: every rank of the
-  // job calls it), from `fp32_sources`: per unit either the whole unit or, when
-  // `sources_sharded`, the rank's shard (the master weights at stages 1–3, the parameters at
-  // stage 3). For export and for comparing runs; allocates the result.
-  absl::StatusOr<std::vector<std::vector<float>>> FullWeights(
-      const DeviceContext& ctx, const std::vector<Tensor>& fp32_sources, bool sources_sharded);
+  // All-gathers unit u's shard `shard` (shard(u).shard_numel elements, f32) from the shard
+  // group into `full` (at least shard(u).padded elements) and waits. A collective of the group;
+  // for export and comparing runs, outside the step loop.
+  absl::Status AllGatherUnit(int u, const Tensor& shard, const Tensor& full);
+  const UnitShard& shard(int u) const { return shards_[u]; }
 
   // This rank's counters, summed over its communicators.
   CommStats stats() const;
@@ -127,7 +147,7 @@ class ShardingEngine {
   // Unit u's backward ended: start its reduction (last micro-batch only).
   absl::Status GradientReady(int u);
   // Waits for every reduction of the step; stage 1 runs its reduce-scatters here.
-  absl::Status FinishReductions();
+  absl::Status FinishReductions(const DeviceContext& ctx);
   absl::Status ReduceAcrossReplicas(int u);
   std::string Label(int u, const char* what) const;
   // A pass over the units (stage 3: the uses the prefetch coordinator walks; other stages

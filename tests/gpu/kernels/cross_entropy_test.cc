@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,6 +156,38 @@ TEST(CrossEntropyGpuArgsTest, RefusesATensorOnAnotherDevice) {
             .losses = Tensor(losses.data(), DType::kF32, {2}, gpu_test::Gpu0())});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("logits is on cpu:0"), std::string_view::npos) << s;
+}
+
+TEST(MeanLossGpuTest, MatchesTheCpuOpAndRepeatsBitwise) {
+  ZT_SKIP_WITHOUT_GPU();
+  const int64_t n = 8 * 1024 + 3;  // past one pass of the block
+  std::vector<float> losses = testing::RandomVector(static_cast<size_t>(n), 31, 0.0f, 6.0f);
+  std::vector<int32_t> targets(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) targets[i] = i % 7 == 3 ? kIgnoreTarget : 1;
+  const Tensor hl(losses.data(), DType::kF32, {n});
+  const Tensor ht(targets.data(), DType::kI32, {n});
+  gpu_test::DeviceBuffer lm, tm, am;
+  const Tensor dl = gpu_test::ToDevice(hl, lm), dt = gpu_test::ToDevice(ht, tm);
+  alignas(8) double zero = 0;
+  const Tensor acc = gpu_test::ToDevice(Tensor(&zero, DType::kF32, {2}), am);
+  gpu_test::GpuStream stream;
+  const DeviceContext ctx = gpu_test::CudaContext(stream);
+  alignas(8) double cpu = 0;
+  ASSERT_TRUE(
+      AccumulateMeanLoss(
+          CpuContext(1),
+          {.losses = hl, .targets = ht, .divisor = 3.0, .sum = Tensor(&cpu, DType::kF32, {2})})
+          .ok());
+  const MeanLossArgs args{.losses = dl, .targets = dt, .divisor = 3.0, .sum = acc};
+  ASSERT_TRUE(AccumulateMeanLoss(ctx, args).ok());
+  double gpu;
+  std::memcpy(&gpu, gpu_test::ToHostBytes(acc).data(), 8);
+  // n positive f32 terms summed in f64 in two orders: within 2·n·2⁻⁵³ relative of each other.
+  EXPECT_NEAR(gpu, cpu, 2.0 * n * 0x1p-53 * cpu);
+  ASSERT_TRUE(AccumulateMeanLoss(ctx, args).ok());
+  double twice;
+  std::memcpy(&twice, gpu_test::ToHostBytes(acc).data(), 8);
+  EXPECT_EQ(twice, gpu + gpu) << "a fixed tree: the same value added again";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -126,6 +127,51 @@ TEST(ReduceGpuCheckTest, TooSmallWorkspaceIsFailedPreconditionNamingBothSizes) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_NE(s.message().find("needs 16 workspace bytes"), std::string_view::npos) << s;
     EXPECT_NE(s.message().find("context has 0"), std::string_view::npos) << s;
+  }
+}
+
+// The step loop's device-side accumulators: the same sums added on the device, nothing read
+// back until the caller copies the accumulator.
+TEST_P(ReduceGpuTest, AccumulatorsMatchTheHostValueOps) {
+  ZT_SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  Stored host(RandomVector(static_cast<size_t>(c.n), 23, -3.0f, 3.0f), c.dtype);
+  const Tensor t = host.View({c.n});
+  DeviceBuffer mem;
+  const Tensor gt = ToDevice(t, mem);
+  GpuStream stream;
+  DeviceBuffer workspace(ReduceWorkspaceBytes(gpu_test::CudaContext(stream), c.n));
+  const DeviceContext ctx = gpu_test::CudaContext(stream, workspace.AsWorkspace());
+  // Slots: the f64 sum (2 f32), the flag; start from 0.5 so "adds" is what is checked.
+  std::vector<float> init(4, 0.0f);
+  const double start = 0.5;
+  std::memcpy(init.data(), &start, sizeof start);
+  DeviceBuffer slots_mem;
+  const Tensor slots = ToDevice(Tensor(init.data(), DType::kF32, {4}), slots_mem);
+  ASSERT_TRUE(AccumulateSumOfSquares(ctx, gt, slots.Slice(0, 2)).ok());
+  ASSERT_TRUE(AccumulateNonFinite(ctx, gt, slots.Slice(2, 3)).ok());
+  const std::vector<uint8_t> back = gpu_test::ToHostBytes(slots);
+  double sum;
+  float flag;
+  std::memcpy(&sum, back.data(), 8);
+  std::memcpy(&flag, back.data() + 8, 4);
+  // The same kernels' partials as SumOfSquares, added to 0.5 in f64: the GPU op's value
+  // plus 0.5, rounded once.
+  const double gpu = SumOfSquares(ctx, gt).value();
+  EXPECT_EQ(sum, start + gpu);
+  EXPECT_EQ(flag, 0.0f);
+  if (c.n > 0) {
+    // One inf in the middle sets the flag.
+    Stored bad(RandomVector(static_cast<size_t>(c.n), 23, -3.0f, 3.0f), c.dtype);
+    std::vector<float> values = gpu_test::HostFloats(bad.View({c.n}));
+    values[static_cast<size_t>(c.n / 2)] = std::numeric_limits<float>::infinity();
+    Stored with_inf(values, c.dtype);
+    DeviceBuffer bad_mem;
+    const Tensor gbad = ToDevice(with_inf.View({c.n}), bad_mem);
+    ASSERT_TRUE(AccumulateNonFinite(ctx, gbad, slots.Slice(2, 3)).ok());
+    const std::vector<uint8_t> after = gpu_test::ToHostBytes(slots);
+    std::memcpy(&flag, after.data() + 8, 4);
+    EXPECT_EQ(flag, 1.0f);
   }
 }
 

@@ -216,5 +216,38 @@ TEST(CrossEntropyTest, BadArgumentsAreNamed) {
   ExpectInvalid(SoftmaxCrossEntropy(CpuContext(1), bad), "logits has shape f32[300]");
 }
 
+TEST(MeanLossTest, AddsTheMeanOfTheValidRowsOverTheDivisor) {
+  const int64_t n = 37;
+  std::vector<float> losses = RandomVector(n, 11, 0.0f, 5.0f);
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = i % 5 == 0 ? kIgnoreTarget : static_cast<int32_t>(i);
+  long double sum = 0;
+  int valid = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (targets[i] >= 0) {
+      sum += losses[i];
+      ++valid;
+    }
+  }
+  alignas(8) double acc = 0.25;
+  const MeanLossArgs args{.losses = Tensor(losses.data(), DType::kF32, {n}),
+                          .targets = Tensor(targets.data(), DType::kI32, {n}),
+                          .divisor = 4.0,
+                          .sum = Tensor(&acc, DType::kF32, {2})};
+  ASSERT_TRUE(AccumulateMeanLoss(CpuContext(1), args).ok());
+  // The mean of 29 f32 values summed in double: exact to ~30·2^-53 relative.
+  EXPECT_NEAR(acc, 0.25 + static_cast<double>(sum / valid) / 4.0, 1e-14);
+  // No valid target adds nothing.
+  std::vector<int32_t> none(n, kIgnoreTarget);
+  MeanLossArgs empty = args;
+  empty.targets = Tensor(none.data(), DType::kI32, {n});
+  const double before = acc;
+  ASSERT_TRUE(AccumulateMeanLoss(CpuContext(1), empty).ok());
+  EXPECT_EQ(acc, before);
+  MeanLossArgs zero = args;
+  zero.divisor = 0;
+  EXPECT_EQ(AccumulateMeanLoss(CpuContext(1), zero).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace zt

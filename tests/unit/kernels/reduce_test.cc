@@ -112,5 +112,46 @@ TEST(ReduceErrorsTest, NonFloatIsRejected) {
   EXPECT_EQ(AllFinite(CpuContext(1), t).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The device-side accumulators the step loop reads once per step: bitwise the host value
+// added once, so a CPU run through them is the run without them.
+TEST(AccumulateTest, SumOfSquaresAddsTheHostValueOnce) {
+  std::vector<float> a = RandomVector(70001, 7, -2.0f, 2.0f);
+  std::vector<float> b = RandomVector(33, 8, -2.0f, 2.0f);
+  alignas(8) double sum = 0;
+  const Tensor acc(&sum, DType::kF32, {2});
+  ASSERT_TRUE(AccumulateSumOfSquares(CpuContext(2), Flat(a), acc).ok());
+  ASSERT_TRUE(AccumulateSumOfSquares(CpuContext(2), Flat(b), acc).ok());
+  const double want = 0.0 + SumOfSquares(CpuContext(2), Flat(a)).value() +
+                      SumOfSquares(CpuContext(2), Flat(b)).value();
+  EXPECT_EQ(sum, want);
+}
+
+TEST(AccumulateTest, NonFiniteSetsTheFlagAndNeverClearsIt) {
+  std::vector<float> finite = RandomVector(1000, 9);
+  std::vector<float> bad = finite;
+  bad[517] = std::numeric_limits<float>::infinity();
+  float flag = 0.0f;
+  const Tensor f(&flag, DType::kF32, {1});
+  ASSERT_TRUE(AccumulateNonFinite(CpuContext(1), Flat(finite), f).ok());
+  EXPECT_EQ(flag, 0.0f);
+  ASSERT_TRUE(AccumulateNonFinite(CpuContext(1), Flat(bad), f).ok());
+  EXPECT_EQ(flag, 1.0f);
+  ASSERT_TRUE(AccumulateNonFinite(CpuContext(1), Flat(finite), f).ok());
+  EXPECT_EQ(flag, 1.0f) << "a later finite buffer keeps the step's overflow";
+}
+
+TEST(AccumulateTest, RefusesAMisshapenAccumulator) {
+  std::vector<float> x = RandomVector(10, 1);
+  alignas(8) float slots[4] = {};
+  EXPECT_EQ(AccumulateSumOfSquares(CpuContext(1), Flat(x), Tensor(slots, DType::kF32, {3})).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Misaligned: the bits of a double need 8-byte alignment.
+  EXPECT_EQ(
+      AccumulateSumOfSquares(CpuContext(1), Flat(x), Tensor(slots + 1, DType::kF32, {2})).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AccumulateNonFinite(CpuContext(1), Flat(x), Tensor(slots, DType::kF32, {2})).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace zt

@@ -349,7 +349,6 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "FP32; this engine reduces gradients in their own dtype (16-bit "
                           "reductions add in f32), so leave reduce_dtype unset or equal to "
                           "grad_dtype",
-                          "resources.device: CUDA is not supported by this engine yet; use CPU",
                           "offload.optimizer: CPU is planned by zt estimate but this engine does "
                           "not train with offload yet; set it to NONE to train",
                           "offload.params: NVME is planned by zt estimate but this engine does "

@@ -154,5 +154,35 @@ INSTANTIATE_TEST_SUITE_P(Families, GemmWorkspacePlanTest,
                                                                                          : "Llama");
                          });
 
+// A GPU rank's plan: the host cannot read device memory, so Gloo's 16-bit conversion buffers
+// (the staged communicator converts on the host) are pinned host memory, and every save —
+// synchronous too — has page-locked staging to download the state into.
+TEST(MemoryPlanTest, ACudaJobPinsWhatTheHostTouches) {
+  zerotrain::JobSpec job = SmallJob(zerotrain::ModelConfig::GPT2, 1);
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_zero_stage(2);
+  job.mutable_parallel()->set_shard_group_size(2);
+  job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_precision()->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_precision()->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_precision()->set_master_weights(true);
+  job.mutable_checkpoint()->set_dir("/tmp/unused");
+  job.mutable_checkpoint()->set_async(false);
+  const MemoryPlan cpu = PlanMemory(job, 0);
+  job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  const MemoryPlan cuda = PlanMemory(job, 0);
+  const BufferSpec* cpu_convert = FindBuffer(cpu, "comm.convert.gradients.0");
+  const BufferSpec* cuda_convert = FindBuffer(cuda, "comm.convert.gradients.0");
+  ASSERT_NE(cpu_convert, nullptr);
+  ASSERT_NE(cuda_convert, nullptr);
+  EXPECT_EQ(cpu_convert->category, MemoryCategory::kCommunication);
+  EXPECT_EQ(cuda_convert->category, MemoryCategory::kPinnedHost);
+  EXPECT_EQ(FindBuffer(cpu, "checkpoint.staging"), nullptr) << "a CPU rank saves from its arenas";
+  const BufferSpec* staging = FindBuffer(cuda, "checkpoint.staging");
+  ASSERT_NE(staging, nullptr);
+  EXPECT_EQ(staging->category, MemoryCategory::kPinnedHost);
+  EXPECT_EQ(JobDeviceContext(job).device.kind, DeviceKind::kCuda);
+}
+
 }  // namespace
 }  // namespace zt
