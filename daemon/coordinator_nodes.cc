@@ -229,6 +229,8 @@ void Coordinator::RefreshNodeViews(const std::string& node_id) {
     all.push_back(device);
     if (node.healthy && !node.draining && !node.held.contains(d.index())) free.push_back(device);
   }
+  SummarizeCapacity(all_nodes_[position->second]);
+  SummarizeCapacity(free_nodes_[position->second]);
 }
 
 absl::StatusOr<zerotrain::RegisterResponse> Coordinator::Register(

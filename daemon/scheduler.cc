@@ -25,13 +25,26 @@ bool Qualifies(const SchedulerJob& job, const SchedulerDevice& d) {
   return d.kind == job.device_kind && d.memory_bytes >= job.device_memory_bytes;
 }
 
+// The node's devices that qualify for `job`, counted from its capacity summary where that
+// decides it.
+int32_t QualifyingCount(const SchedulerJob& job, const SchedulerNode& node) {
+  const size_t kind = static_cast<size_t>(job.device_kind);
+  if (node.summarized && kind < node.capacity.size()) {
+    const KindCapacity& c = node.capacity[kind];
+    if (c.count == 0) return 0;
+    if (c.smallest_memory_bytes >= job.device_memory_bytes) return c.count;
+  }
+  int32_t n = 0;
+  for (const SchedulerDevice& d : node.devices) n += Qualifies(job, d) ? 1 : 0;
+  return n;
+}
+
 std::vector<Candidate> Qualifying(const SchedulerJob& job,
                                   const std::vector<SchedulerNode>& nodes) {
   const bool hybrid = job.shard_group_size > 0 && job.shard_group_size < job.world_size;
   std::vector<Candidate> out;
   for (const SchedulerNode& node : nodes) {
-    int32_t n = 0;
-    for (const SchedulerDevice& d : node.devices) n += Qualifies(job, d) ? 1 : 0;
+    const int32_t n = QualifyingCount(job, node);
     const int32_t usable = hybrid ? n / job.shard_group_size * job.shard_group_size : n;
     if (usable > 0) out.push_back(Candidate{&node, usable});
   }
@@ -53,6 +66,19 @@ const char* KindName(zerotrain::ResourceConfig::DeviceKind kind) {
 }
 
 }  // namespace
+
+void SummarizeCapacity(SchedulerNode& node) {
+  node.capacity = {};
+  for (const SchedulerDevice& d : node.devices) {
+    const size_t kind = static_cast<size_t>(d.kind);
+    if (kind >= node.capacity.size()) continue;  // a kind unknown here: left to the scan
+    KindCapacity& c = node.capacity[kind];
+    c.smallest_memory_bytes =
+        c.count == 0 ? d.memory_bytes : std::min(c.smallest_memory_bytes, d.memory_bytes);
+    ++c.count;
+  }
+  node.summarized = true;
+}
 
 std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
@@ -126,8 +152,10 @@ std::vector<JobPlacement> ScheduleJobs(const std::vector<SchedulerJob>& queued,
         nodes = &remaining;
       }
       for (const zerotrain::RankPlacement& p : placement->ranks) {
-        std::erase_if(remaining[position.at(p.node_id())].devices,
+        SchedulerNode& node = remaining[position.at(p.node_id())];
+        std::erase_if(node.devices,
                       [&](const SchedulerDevice& d) { return d.index == p.device(); });
+        if (node.summarized) SummarizeCapacity(node);
       }
     }
     placements.push_back(*std::move(placement));

@@ -15,6 +15,7 @@
 //     takes whole groups only, so a shard group never spans nodes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,11 +45,27 @@ struct SchedulerDevice {
   int64_t memory_bytes = 0;
 };
 
+// How many devices of one kind a node has, and the smallest one's memory.
+struct KindCapacity {
+  int32_t count = 0;
+  int64_t smallest_memory_bytes = 0;
+};
+
 struct SchedulerNode {
   std::string id;
   // Free devices for ScheduleJobs; every device for NeverFits.
   std::vector<SchedulerDevice> devices;
+  // `devices` summed up by kind (index: the DeviceKind's number), set by SummarizeCapacity.
+  // Placement reads it in place of the device list when every device of the job's kind is
+  // large enough (the usual case: a node's GPUs are alike), so a scan of 10,000 nodes stays
+  // in one contiguous array instead of visiting 10,000 device lists. Nodes never summarized
+  // are scanned device by device.
+  std::array<KindCapacity, 3> capacity{};
+  bool summarized = false;
 };
+
+// Sets node.capacity from node.devices (call after every change to them).
+void SummarizeCapacity(SchedulerNode& node);
 
 struct JobPlacement {
   std::string job_id;

@@ -402,6 +402,42 @@ TEST_F(CoordinatorTest, JobThatCanNeverFitIsRefusedWithTheNumbers) {
   EXPECT_TRUE(h().coordinator().ListJobs({})->jobs().empty());
 }
 
+// Issue 15: a CUDA job goes to the node that announced CUDA devices, planned with their
+// memory, and never to CPU devices; with no GPU node registered it is refused with the numbers.
+TEST_F(CoordinatorTest, CudaJobsArePlacedOnlyOnCudaDevices) {
+  Start();
+  testing::FakeNode cpu(h(), testing::NodeWithDevices("cpu-node", 4, 64 * kGiB));
+  zerotrain::JobSpec spec = testing::SmallJob("gpu", dir_.path(), 1);
+  spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  zerotrain::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  Job refused;
+  grpc::Status status = h().jobs->SubmitJob(h().Context().get(), request, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("needs 1 CUDA devices"));
+
+  zerotrain::NodeInfo gpu_info = testing::NodeWithDevices("gpu-node", 2, 80 * kGiB);
+  for (zerotrain::DeviceInfo& d : *gpu_info.mutable_devices()) {
+    d.set_kind(zerotrain::ResourceConfig::CUDA);
+    d.set_name("NVIDIA H100 80GB HBM3");
+    d.set_compute_capability("9.0");
+  }
+  testing::FakeNode gpu(h(), gpu_info);
+  const Job job = Submit(h(), spec);
+  EXPECT_EQ(job.state(), Job::PLACED);
+  ASSERT_EQ(job.attempts_size(), 1);
+  ASSERT_EQ(job.attempts(0).placement_size(), 1);
+  EXPECT_EQ(job.attempts(0).placement(0).node_id(), "gpu-node");
+  EXPECT_EQ(job.plan().device_memory_bytes(), 80 * kGiB);  // planned with the GPU's memory
+  const zerotrain::Assignment start = gpu.Next();
+  ASSERT_TRUE(start.has_start());
+  EXPECT_EQ(start.start().spec().resources().device(), zerotrain::ResourceConfig::CUDA);
+  const auto nodes = h().coordinator().ListNodes();
+  for (const zerotrain::Node& n : nodes) {
+    if (n.info().id() == "gpu-node") EXPECT_EQ(n.info().devices(0).compute_capability(), "9.0");
+  }
+}
+
 TEST_F(CoordinatorTest, RestartKeepsJobsEventsAndRunningAttempts) {
   const CoordinatorOptions options{.heartbeat_interval = absl::Milliseconds(200),
                                    .reattach_grace = absl::Milliseconds(200)};

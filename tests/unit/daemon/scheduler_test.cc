@@ -96,6 +96,40 @@ TEST(SchedulerTest, DevicesTooSmallOrOfAnotherKindDoNotQualify) {
   EXPECT_FALSE(PlaceJob(Job("j", 2), {mixed}).has_value());
 }
 
+// The capacity summary is only a shortcut: summarized nodes place exactly as unsummarized
+// ones, with mixed kinds and memories (where the summary cannot decide and the devices are
+// scanned) and across the several jobs of one pass (which re-summarize what they take).
+TEST(SchedulerTest, CapacitySummariesPlaceExactlyAsTheDeviceLists) {
+  std::vector<SchedulerNode> nodes = {Node("a", 4), Node("b", 2, 2 * kGiB), Node("c", 0),
+                                      Node("d", 3)};
+  nodes[2].devices.push_back({0, zerotrain::ResourceConfig::CPU, kGiB / 2});
+  nodes[2].devices.push_back({1, zerotrain::ResourceConfig::CUDA, 80 * kGiB});
+  nodes[2].devices.push_back({2, zerotrain::ResourceConfig::CPU, 3 * kGiB});
+  nodes[3].devices[1].memory_bytes = kGiB / 4;  // one small device among alike ones
+  std::vector<SchedulerNode> summarized = nodes;
+  for (SchedulerNode& n : summarized) SummarizeCapacity(n);
+  EXPECT_EQ(summarized[2].capacity[zerotrain::ResourceConfig::CPU].count, 2);
+  EXPECT_EQ(summarized[2].capacity[zerotrain::ResourceConfig::CPU].smallest_memory_bytes, kGiB / 2);
+  EXPECT_EQ(summarized[2].capacity[zerotrain::ResourceConfig::CUDA].count, 1);
+  const std::vector<SchedulerJob> queued = {Job("one", 1, 0, 1, 2 * kGiB), Job("two", 2, 0, 2),
+                                            Job("three", 3, 0, 3, kGiB / 2),
+                                            Job("four", 4, 0, 4)};
+  const std::vector<JobPlacement> plain = ScheduleJobs(queued, nodes);
+  const std::vector<JobPlacement> fast = ScheduleJobs(queued, summarized);
+  ASSERT_EQ(plain.size(), fast.size());
+  ASSERT_GE(plain.size(), 3u);
+  for (size_t j = 0; j < plain.size(); ++j) {
+    EXPECT_EQ(plain[j].job_id, fast[j].job_id);
+    EXPECT_EQ(Where(plain[j]), Where(fast[j])) << plain[j].job_id;
+  }
+  SchedulerJob gpu = Job("gpu", 1);
+  gpu.device_kind = zerotrain::ResourceConfig::CUDA;
+  EXPECT_THAT(Where(*PlaceJob(gpu, summarized)), ::testing::ElementsAre("c:1"));
+  gpu.world_size = gpu.shard_group_size = 2;
+  EXPECT_EQ(NeverFits(gpu, summarized), NeverFits(gpu, nodes));
+  EXPECT_TRUE(NeverFits(gpu, summarized).has_value());
+}
+
 TEST(SchedulerTest, NeverFitsGivesTheNumbers) {
   // 2.1 GiB per rank: node-a has 2 such devices of 3, node-b 1 of 2, node-c none.
   const int64_t need = static_cast<int64_t>(2.1 * static_cast<double>(kGiB));
