@@ -2,6 +2,9 @@
 // with the name, memory and compute capability the runtime reports, and a bf16 peak from its
 // SM count and clock, so the coordinator can place CUDA jobs and plan them with the device's
 // memory. Skipped, with the reason, where no GPU is present.
+// The inventory finds GPUs only in a build with CUDA and NCCL (device_inventory.cc).
+#if ZT_HAVE_CUDA && ZT_HAVE_NCCL
+
 #include "worker/node/device_inventory.h"
 
 #include <cuda_runtime_api.h>
@@ -49,3 +52,5 @@ TEST(DeviceInventoryGpuTest, AnnouncesEveryCudaDeviceWithItsComputeCapability) {
 
 }  // namespace
 }  // namespace zt
+
+#endif  // ZT_HAVE_CUDA && ZT_HAVE_NCCL
