@@ -447,7 +447,8 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
           absl::StrCat("job '", validated.name(), "' can never be placed: ", *why));
     }
   }
-  ZT_ASSIGN_OR_RETURN(int64_t number, store_->NextJobNumber());
+  // Not synced by itself: the PENDING event below is a synced write, and it syncs this too.
+  ZT_ASSIGN_OR_RETURN(int64_t number, store_->NextJobNumber(Durability::kWal));
   const std::string id = absl::StrCat(validated.name(), "-", number);
   const int64_t now = NowMs();
   JobRecord& record = jobs_[id];

@@ -296,7 +296,7 @@ absl::StatusOr<std::vector<zerotrain::Node>> StateStore::LoadNodes() const {
   return nodes;
 }
 
-absl::StatusOr<int64_t> StateStore::NextJobNumber() {
+absl::StatusOr<int64_t> StateStore::NextJobNumber(Durability durability) {
   std::string text;
   int64_t last = 0;
   rocksdb::Status got;
@@ -313,7 +313,7 @@ absl::StatusOr<int64_t> StateStore::NextJobNumber() {
   } else if (!got.IsNotFound()) {
     return FromRocks(got, absl::StrCat("reading '", kJobCounterKey, "'"));
   }
-  ZT_RETURN_IF_ERROR(Write(kJobCounterKey, absl::StrCat(last + 1), Durability::kSync));
+  ZT_RETURN_IF_ERROR(Write(kJobCounterKey, absl::StrCat(last + 1), durability));
   return last + 1;
 }
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -199,6 +200,61 @@ TEST(NcclCommunicatorTest, BadBuffersAndRanksAreInvalidArgument) {
   }
   // Validation failures enqueue nothing and leave the communicator usable.
   WaitOk(comm->Barrier("after bad arguments"));
+}
+
+// With a compute stream, an operation starts only once the compute stream reached the point
+// where it was issued: the compute stream is held for 200 ms by a host function, then writes
+// the input; the gather, issued at once, must carry the written values (without the ordering
+// the communication stream would copy the old ones long before). And the communication stream
+// is not the compute stream: work the compute stream queues after the operation does not hold
+// the operation's completion back.
+TEST(NcclCommunicatorTest, OperationsWaitForTheComputeStreamIssuedBeforeThem) {
+  if (auto reason = SkipReason(1)) GTEST_SKIP() << *reason;
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+  {
+    auto comm = NcclCommunicator::Create({.rank = 0,
+                                          .size = 1,
+                                          .device = 0,
+                                          .prefix = UniquePrefix(),
+                                          .timeout_seconds = 60,
+                                          .compute_stream = compute});
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    ASSERT_NE((*comm)->stream(), compute);
+    constexpr int64_t n = 4096;
+    DeviceBuffer input(0, DType::kF32, n), output(0, DType::kF32, n);
+    input.Upload(std::vector<double>(n, 0.0));
+    output.FillNaN();
+    std::atomic<bool> released{false};
+    auto hold = [](void* flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      static_cast<std::atomic<bool>*>(flag)->store(true);
+    };
+    ASSERT_EQ(cudaLaunchHostFunc(compute, hold, &released), cudaSuccess);
+    // From page-locked memory, so the copy is queued behind the host function, not run now.
+    float* ones = nullptr;
+    ASSERT_EQ(cudaMallocHost(&ones, n * sizeof(float)), cudaSuccess);
+    std::fill(ones, ones + n, 1.0f);
+    ASSERT_EQ(cudaMemcpyAsync(input.tensor().raw(), ones, n * sizeof(float),
+                              cudaMemcpyHostToDevice, compute),
+              cudaSuccess);
+    auto gathered = (*comm)->AllGather(input.tensor(), output.tensor(), "ordered gather");
+    WaitOk(gathered);
+    EXPECT_TRUE(released.load()) << "the gather completed before the compute stream got there";
+    for (double v : output.Download()) ASSERT_EQ(v, 1.0);
+
+    // The compute stream now queues 200 ms of work after a second gather: the gather's handle
+    // completes long before that work ends.
+    released = false;
+    auto overlapped = (*comm)->AllGather(input.tensor(), output.tensor(), "overlapped gather");
+    ASSERT_EQ(cudaLaunchHostFunc(compute, hold, &released), cudaSuccess);
+    WaitOk(overlapped);
+    EXPECT_FALSE(released.load()) << "the gather waited for compute issued after it";
+    ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+    cudaFreeHost(ones);
+  }
+  cudaStreamDestroy(compute);
 }
 
 class SingleGpuTest : public ::testing::TestWithParam<DType> {};

@@ -83,13 +83,16 @@ DeviceContext JobDeviceContext(const zerotrain::JobSpec& job) {
     // ordinal and stream come from its RankDevice.
     DeviceContext ctx;
     ctx.device = Device{.kind = DeviceKind::kCuda, .index = 0};
+    ctx.allow_tf32 = job.precision().allow_tf32();
     return ctx;
   }
   const int threads = job.resources().cpu_threads();
-  if (threads > 0) return CpuContext(threads);
   // CPU "devices" share the machine's cores: each rank of the job takes an equal part.
   const int ranks = std::max(1, job.parallel().world_size());
-  return CpuContext(std::max(1, omp_get_num_procs() / ranks));
+  DeviceContext ctx = CpuContext(threads > 0 ? threads : std::max(1, omp_get_num_procs() / ranks));
+  // The CPU GEMMs ignore it; carried so the context says what the job asked for.
+  ctx.allow_tf32 = job.precision().allow_tf32();
+  return ctx;
 }
 
 int64_t PaddedUnitNumel(int64_t unit_numel, int group_size) {

@@ -45,7 +45,7 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int
                                     .store = store,
                                     .prefix = absl::StrCat("nccl.", prefix),
                                     .timeout_seconds = job.parallel().comm_timeout_s(),
-                                    .stream = static_cast<cudaStream_t>(device.stream)}));
+                                    .compute_stream = static_cast<cudaStream_t>(device.stream)}));
       return std::unique_ptr<Communicator>(std::move(nccl));
 #else
       return absl::UnimplementedError("NCCL communicators need a build with NCCL");

@@ -39,8 +39,10 @@ struct RankCommDevice {
   // Bytes of each of a staged communicator's two staging regions.
   int64_t staging_bytes = int64_t{16} << 20;
   // Every rank has a GPU of its own: NCCL instead of staging, in a build with NCCL (NCCL
-  // refuses two ranks on one GPU). Its operations run on `stream` (the rank's compute stream,
-  // a cudaStream_t) so they are ordered after the kernels that wrote their buffers.
+  // refuses two ranks on one GPU). Each NCCL communicator runs on a communication stream of
+  // its own; `stream` is the rank's compute stream (a cudaStream_t): every operation waits on
+  // the device, through an event, for the kernels issued before it, and overlaps those
+  // issued after it.
   bool nccl = false;
   int cuda_device = 0;
   void* stream = nullptr;

@@ -62,7 +62,7 @@ TEST(StateStoreFaultsTest, WritesAgainByItselfOnceTheFullDiskHasSpace) {
   EXPECT_THAT(full.message(), HasSubstr("resumes by itself"));
   EXPECT_FALSE(store.writable());
   EXPECT_FALSE(store.Writable()) << "still full: Resume() cannot succeed";
-  EXPECT_FALSE(store.NextJobNumber().ok());
+  EXPECT_FALSE(store.NextJobNumber(Durability::kSync).ok());
   EXPECT_FALSE(store.KvSet("a/1", "k", "v").ok());
   EXPECT_GE(store.write_errors(), 3);
   EXPECT_GT(disk.fs->refused(), 0);

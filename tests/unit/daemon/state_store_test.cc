@@ -42,8 +42,9 @@ TEST(StateStoreTest, EverythingWrittenIsThereAfterReopening) {
                       .ok());
     }
     ASSERT_TRUE((*store)->PutNode(testing::NodeWithDevices("node-a", 2, 1 << 30), 99).ok());
-    EXPECT_EQ(*(*store)->NextJobNumber(), 1);
-    EXPECT_EQ(*(*store)->NextJobNumber(), 2);
+    EXPECT_EQ(*(*store)->NextJobNumber(Durability::kSync), 1);
+    // The coordinator's way: the counter in the log only, synced by the next synced write.
+    EXPECT_EQ(*(*store)->NextJobNumber(Durability::kWal), 2);
     ASSERT_TRUE((*store)->KvSet("b-2/1", "k", std::string("v\0w", 3)).ok());
     ASSERT_TRUE((*store)->KvSet("b-20/1", "k", "other job").ok());
   }
@@ -65,7 +66,7 @@ TEST(StateStoreTest, EverythingWrittenIsThereAfterReopening) {
   ASSERT_EQ(nodes->size(), 1u);
   EXPECT_EQ((*nodes)[0].info().devices_size(), 2);
   EXPECT_EQ((*nodes)[0].registered_ms(), 99);
-  EXPECT_EQ(*(*store)->NextJobNumber(), 3);
+  EXPECT_EQ(*(*store)->NextJobNumber(Durability::kSync), 3);
   EXPECT_EQ(**(*store)->KvGet("b-2/1", "k"), std::string("v\0w", 3));
   EXPECT_FALSE((*store)->KvGet("b-2/1", "missing")->has_value());
 

@@ -285,9 +285,14 @@ CommHandle NcclCommunicator::Failed(CommKind kind, const std::string& label,
   return CommHandle(std::move(state));
 }
 
+std::vector<cudaEvent_t*> NcclCommunicator::OpEvents(Op& op) const {
+  if (ordered_after_compute()) return {&op.ready, &op.start, &op.end};
+  return {&op.start, &op.end};
+}
+
 void NcclCommunicator::Release(Op& op) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (cudaEvent_t* e : {&op.start, &op.end}) {
+  for (cudaEvent_t* e : OpEvents(op)) {
     if (*e != nullptr) free_events_.push_back(*e);
     *e = nullptr;
   }
@@ -331,7 +336,7 @@ absl::StatusOr<CommHandle> NcclCommunicator::Issue(CommKind kind, const std::str
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) return Failed(kind, label, broken_cause_);
-    for (cudaEvent_t* e : {&op->start, &op->end}) {
+    for (cudaEvent_t* e : OpEvents(*op)) {
       if (free_events_.empty()) break;
       *e = free_events_.back();
       free_events_.pop_back();
@@ -340,11 +345,18 @@ absl::StatusOr<CommHandle> NcclCommunicator::Issue(CommKind kind, const std::str
   absl::Cleanup release = [&] { Release(*op); };
   const std::string name = OpName(kind, label);
   ZT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), name + ": cudaSetDevice"));
-  for (cudaEvent_t* e : {&op->start, &op->end}) {
+  for (cudaEvent_t* e : OpEvents(*op)) {
     if (*e == nullptr)
       ZT_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(e), name + ": cudaEventCreate"));
   }
-  // Nothing is enqueued yet: a failure here leaves the communicator usable.
+  // Nothing is enqueued yet: a failure here leaves the communicator usable. (A wait enqueued
+  // on the communication stream alone delays nothing but this communicator's later work.)
+  if (ordered_after_compute()) {
+    ZT_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->ready, options_.compute_stream),
+                                  name + ": cudaEventRecord on the compute stream"));
+    ZT_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, op->ready, 0),
+                                  name + ": cudaStreamWaitEvent for the compute stream"));
+  }
   ZT_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->start, stream_), name + ": cudaEventRecord"));
   std::move(release).Cancel();
 

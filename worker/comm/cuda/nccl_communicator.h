@@ -7,10 +7,17 @@
 // Every operation is enqueued on one communication stream, so operations run in issue order
 // on the device. The call returns once NCCL has enqueued the work, and the handle completes
 // when the device has finished it: a watcher thread polls a CUDA event recorded after the
-// operation, and ncclCommGetAsyncError. The stream is not ordered after the caller's compute:
-// before issuing an operation on buffers that a kernel writes, make the communication stream
-// wait for that kernel (cudaStreamWaitEvent on stream(), or pass the compute stream as
-// NcclCommunicatorOptions.stream), and wait on the handle before reusing the buffers.
+// operation, and ncclCommGetAsyncError. Ordering against the caller's compute:
+//   - NcclCommunicatorOptions.compute_stream set (the trainer's way): each operation starts on
+//     the device only once the compute stream has reached the point where the operation was
+//     issued (an event recorded there, waited for by the communication stream), so it sees
+//     every kernel issued before it, while kernels issued after it run beside it: a prefetch
+//     gather or a gradient reduce-scatter overlaps the next unit's compute.
+//   - compute_stream unset: the communication stream is not ordered after the caller's
+//     compute; make it wait yourself (cudaStreamWaitEvent on stream()), or pass the compute
+//     stream as NcclCommunicatorOptions.stream (no overlap).
+// Either way, wait on the handle before reading the results or reusing the buffers: the
+// compute stream is never made to wait for the communication stream.
 //
 // Errors: an operation not complete `timeout_seconds` after it could start (issued, and the
 // previous operation complete) aborts the communicator (ncclCommAbort) and its handle fails
@@ -71,6 +78,9 @@ struct NcclCommunicatorOptions {
   double timeout_seconds = 300;
   // The communication stream, not owned; nullptr: the communicator creates and owns one.
   cudaStream_t stream = nullptr;
+  // The stream the rank's kernels run on, not owned; each operation waits (on the device) for
+  // the work issued on it before the operation. nullptr: no ordering (see the top).
+  cudaStream_t compute_stream = nullptr;
 };
 
 class NcclCommunicator : public Communicator {
@@ -108,6 +118,9 @@ class NcclCommunicator : public Communicator {
     std::string label;
     int64_t bytes_sent = 0;
     int64_t bytes_received = 0;
+    // Recorded on the compute stream at issue; the communication stream waits for it. Null
+    // without a compute stream.
+    cudaEvent_t ready = nullptr;
     cudaEvent_t start = nullptr;
     cudaEvent_t end = nullptr;
     absl::Time issued;
@@ -116,6 +129,7 @@ class NcclCommunicator : public Communicator {
     // Events of a failed operation may still be queued on a wedged stream: they are destroyed
     // (safe while queued) rather than reused. Release() takes the events of one that finished.
     ~Op() {
+      if (ready != nullptr) cudaEventDestroy(ready);
       if (start != nullptr) cudaEventDestroy(start);
       if (end != nullptr) cudaEventDestroy(end);
     }
@@ -135,6 +149,11 @@ class NcclCommunicator : public Communicator {
   // `status`, the others with FailedPrecondition. Later operations fail likewise.
   void Break(const Op* op, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_);
   void WatcherLoop();
+  // The events an operation uses: ready (when ordered after compute), start, end.
+  std::vector<cudaEvent_t*> OpEvents(Op& op) const;
+  bool ordered_after_compute() const {
+    return options_.compute_stream != nullptr && options_.compute_stream != stream_;
+  }
   void Release(Op& op);
   CommHandle Failed(CommKind kind, const std::string& label, const std::string& cause);
 

@@ -42,7 +42,7 @@ absl::StatusOr<RankDevice::Parts> CudaRankDeviceParts(const zerotrain::JobSpec& 
   parts.context.device = Device{.kind = DeviceKind::kCuda, .index = device};
   parts.context.num_threads = 1;
   parts.context.stream = stream;
-  parts.context.allow_tf32 = false;
+  parts.context.allow_tf32 = job.precision().allow_tf32();
   ZT_ASSIGN_OR_RETURN(parts.allocator, MakeCudaArenaAllocator(device));
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<CudaCopyEngine> copies,
                       CudaCopyEngine::Create(device, stream));

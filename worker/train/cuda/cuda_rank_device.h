@@ -2,11 +2,12 @@
 // local rank % the visible device count (ranks are threads of one process; cudaSetDevice is
 // per thread, so this is called on the rank's thread); a compute stream of its own
 // (non-blocking), a CudaCopyEngine on a copy stream beside it, arenas from
-// MakeCudaArenaAllocator, scratch from cudaMalloc. Communicators: NCCL on the compute stream
-// when every rank of the job has a GPU of its own (world size ≤ device count), else staged
-// through pinned host memory over Gloo with a CudaCopyEngine each.
+// MakeCudaArenaAllocator, scratch from cudaMalloc. Communicators: NCCL, each on a stream of
+// its own ordered after the compute stream by events, when every rank of the job has a GPU of
+// its own (world size ≤ device count), else staged through pinned host memory over Gloo with
+// a CudaCopyEngine each.
 //
-// DeviceContext.allow_tf32 stays false: the job has no option for it yet (TF32 off is the
+// DeviceContext.allow_tf32 is the job's precision.allow_tf32 (off by default: TF32 off is the
 // CPU-matching default, docs/cuda.md).
 #pragma once
 

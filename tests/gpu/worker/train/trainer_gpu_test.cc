@@ -157,8 +157,8 @@ class TrainerGpuTest : public ::testing::Test {
 
 TEST_F(TrainerGpuTest, Fp32OneStepAndTwentyStepsMatchTheCpu) {
   ZT_SKIP_WITHOUT_GPU();
-  // TF32 stays off (no job option turns it on), so every GPU op is its CPU twin up to the
-  // order of its f32 sums (docs/cuda.md): ~1e-7 relative per op.
+  // TF32 stays off (precision.allow_tf32 defaults to false), so every GPU op is its CPU twin
+  // up to the order of its f32 sums (docs/cuda.md): ~1e-7 relative per op.
   const RunResult cpu1 = Train(Job(ResourceConfig::CPU), 1);
   const RunResult gpu1 = Train(Job(ResourceConfig::CUDA), 1);
   ASSERT_EQ(gpu1.losses.size(), 1u);
@@ -182,6 +182,25 @@ TEST_F(TrainerGpuTest, Fp32OneStepAndTwentyStepsMatchTheCpu) {
     EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << "step " << s + 1;
   }
   EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4);
+}
+
+TEST_F(TrainerGpuTest, Tf32IsTheJobsChoiceAndStaysWithinItsPrecision) {
+  ZT_SKIP_WITHOUT_GPU();
+  JobSpec tf32 = Job(ResourceConfig::CUDA);
+  tf32.mutable_precision()->set_allow_tf32(true);
+  const RunResult cpu = Train(Job(ResourceConfig::CPU), 1);
+  const RunResult full = Train(Job(ResourceConfig::CUDA), 1);
+  const RunResult fast = Train(tf32, 1);
+  ASSERT_EQ(fast.losses.size(), 1u);
+  // TF32 keeps 10 mantissa bits of each GEMM input (2^-11 relative rounding each); a K-long
+  // dot product of such errors is ~2^-11 relative to its magnitude, and the loss, an average
+  // over B·T positions of a log-softmax, sits well within 1e-2 relative of the fp32 loss. A
+  // wrong GEMM gives O(1).
+  EXPECT_NEAR(fast.losses[0], cpu.losses[0], 1e-2 * cpu.losses[0]);
+  // And TF32 really ran: with 10-bit inputs the loss moves by ~1e-4 relative, three orders
+  // above fp32's reordering noise (full vs CPU within 1e-5 above), so the two GPU runs differ.
+  EXPECT_NE(fast.losses[0], full.losses[0]) << "allow_tf32 did not reach the GEMMs";
+  EXPECT_NEAR(full.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
 }
 
 TEST_F(TrainerGpuTest, Bf16WithFp32MastersMatchesTheCpuWithinMixedPrecision) {

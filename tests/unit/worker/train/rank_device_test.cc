@@ -20,6 +20,7 @@
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/plan/arena.h"
+#include "worker/plan/memory_plan.h"
 #include "worker/stop_request.h"
 #include "worker/trainer.h"
 
@@ -250,6 +251,19 @@ TEST_F(RankDeviceTest, CheckpointsGoThroughStagingAndResumeEitherWay) {
     }
     EXPECT_EQ(second.weights, straight.weights) << (resume_with ? "seam" : "plain");
   }
+}
+
+// precision.allow_tf32 reaches the ops' context (the CUDA GEMMs read it; the CPU ones ignore
+// it); the default keeps full fp32.
+TEST_F(RankDeviceTest, TheContextCarriesTheJobsTf32Choice) {
+  JobSpec job = Job(/*world=*/1, /*stage=*/0, /*micro_batch=*/2);
+  EXPECT_FALSE(RankDevice::Create(job, 0).value()->context().allow_tf32);
+  EXPECT_FALSE(JobDeviceContext(job).allow_tf32);
+  job.mutable_precision()->set_allow_tf32(true);
+  EXPECT_TRUE(RankDevice::Create(job, 0).value()->context().allow_tf32);
+  EXPECT_TRUE(JobDeviceContext(job).allow_tf32);
+  job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  EXPECT_TRUE(JobDeviceContext(job).allow_tf32) << "the CUDA planning context too";
 }
 
 TEST_F(RankDeviceTest, FromPartsRefusesMissingParts) {
