@@ -82,7 +82,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         absl::StrCat("a job of ", world, " ranks needs a rendezvous store shared by its ranks"));
   }
   ZT_ASSIGN_OR_RETURN(t->device_, options.make_device ? options.make_device(job, rank)
-                                                      : RankDevice::Create(job, rank));
+                                                      : RankDevice::Create(job, rank,
+                                                                           options.cuda_device));
   t->plan_ = PlanMemory(job, rank);
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<ArenaAllocator> allocator, t->device_->TakeAllocator());
   ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_, std::move(allocator)));

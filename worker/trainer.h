@@ -61,6 +61,9 @@ struct TrainOptions {
   bool progress = false;
   // This rank, in [0, parallel.world_size).
   int rank = 0;
+  // CUDA jobs: the GPU ordinal a coordinator placed this rank on (RankPlacement.device);
+  // -1: local rank % the visible GPUs (worker/train/rank_device.h).
+  int cuda_device = -1;
   // The job's rendezvous store, shared by all its ranks; not owned. Null: a one-rank job
   // rendezvouses with itself in a store of its own.
   Store* store = nullptr;

@@ -332,6 +332,9 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
     TrainOptions options;
     options.run_dir = attempt->run_dir;
     options.rank = rank;
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      options.cuda_device = placement.device();  // the node's CUDA devices are indexed by ordinal
+    }
     options.store = attempt->store.get();
     options.resume_dir = start.resume_dir();
     options.resume_fallback = start.resume_fallback();

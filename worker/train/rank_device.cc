@@ -15,13 +15,14 @@
 namespace zt {
 
 absl::StatusOr<std::unique_ptr<RankDevice>> RankDevice::Create(const zerotrain::JobSpec& job,
-                                                               int rank) {
+                                                               int rank, int cuda_device) {
   if (job.resources().device() == zerotrain::ResourceConfig::CUDA) {
 #if ZT_HAVE_CUDA_TRAINING
-    ZT_ASSIGN_OR_RETURN(Parts parts, CudaRankDeviceParts(job, rank));
+    ZT_ASSIGN_OR_RETURN(Parts parts, CudaRankDeviceParts(job, rank, cuda_device));
     return FromParts(std::move(parts));
 #else
     (void)rank;
+    (void)cuda_device;
     return absl::UnimplementedError(
         "resources.device: CUDA needs a build with CUDA and NCCL (this one has neither the "
         "CUDA kernels nor the CUDA copy engine)");

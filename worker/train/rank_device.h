@@ -57,11 +57,14 @@ class RankDevice {
     std::shared_ptr<void> keep_alive;
   };
 
-  // The job's device (resources.device) for `rank`. CUDA ranks use local GPU rank % count.
-  // Unimplemented for CUDA in a build without CUDA; FailedPrecondition naming the CUDA error
-  // when no GPU is usable.
+  // The job's device (resources.device) for `rank`. A CUDA rank computes on GPU
+  // `cuda_device` when it is ≥ 0 (the device a coordinator placed it on: one rank per GPU, so
+  // a job of several ranks talks over NCCL), else on local GPU rank % count (`zt train`'s
+  // ranks, NCCL only when every rank gets a GPU of its own). Unimplemented for CUDA in a build
+  // without CUDA; FailedPrecondition naming the CUDA error when no GPU is usable, or naming
+  // `cuda_device` when no such GPU is visible. `cuda_device` is ignored on CPU devices.
   static absl::StatusOr<std::unique_ptr<RankDevice>> Create(const zerotrain::JobSpec& job,
-                                                            int rank);
+                                                            int rank, int cuda_device);
   // InvalidArgument when the allocator or the copy engine is missing.
   static absl::StatusOr<std::unique_ptr<RankDevice>> FromParts(Parts parts);
   ~RankDevice();

@@ -22,13 +22,20 @@ absl::Status Check(const char* call, cudaError_t e) {
 
 }  // namespace
 
-absl::StatusOr<RankDevice::Parts> CudaRankDeviceParts(const zerotrain::JobSpec& job, int rank) {
+absl::StatusOr<RankDevice::Parts> CudaRankDeviceParts(const zerotrain::JobSpec& job, int rank,
+                                                      int cuda_device) {
   int count = 0;
   ZT_RETURN_IF_ERROR(Check("cudaGetDeviceCount", cudaGetDeviceCount(&count)));
   if (count < 1) {
     return absl::FailedPreconditionError("resources.device is CUDA but no CUDA device is visible");
   }
-  const int device = rank % count;
+  if (cuda_device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " was placed on CUDA device ", cuda_device, " but ", count,
+                     " CUDA device(s) are visible (CUDA_VISIBLE_DEVICES?)"));
+  }
+  const bool placed = cuda_device >= 0;
+  const int device = placed ? cuda_device : rank % count;
   ZT_RETURN_IF_ERROR(Check("cudaSetDevice", cudaSetDevice(device)));
   cudaStream_t stream = nullptr;
   ZT_RETURN_IF_ERROR(Check("cudaStreamCreateWithFlags",
@@ -59,7 +66,9 @@ absl::StatusOr<RankDevice::Parts> CudaRankDeviceParts(const zerotrain::JobSpec& 
     }
     return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
   };
-  parts.comm.nccl = job.parallel().world_size() > 1 && job.parallel().world_size() <= count;
+  // A coordinator places one rank per GPU; local ranks have one each while they are few enough.
+  parts.comm.nccl =
+      job.parallel().world_size() > 1 && (placed || job.parallel().world_size() <= count);
 #if !ZT_HAVE_NCCL
   parts.comm.nccl = false;
 #endif

@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
@@ -201,6 +203,30 @@ TEST_F(TrainerGpuTest, Tf32IsTheJobsChoiceAndStaysWithinItsPrecision) {
   // above fp32's reordering noise (full vs CPU within 1e-5 above), so the two GPU runs differ.
   EXPECT_NE(fast.losses[0], full.losses[0]) << "allow_tf32 did not reach the GEMMs";
   EXPECT_NEAR(full.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
+}
+
+// A coordinator-placed rank computes on the GPU it was placed on, and a placement beyond the
+// visible GPUs is refused naming the device (a CUDA_VISIBLE_DEVICES that hides it).
+TEST_F(TrainerGpuTest, APlacedRankUsesItsPlacedGpu) {
+  ZT_SKIP_WITHOUT_GPU();
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  const JobSpec job = Job(ResourceConfig::CUDA);
+  TrainOptions options;
+  options.cuda_device = count - 1;
+  options.stop_after_step = 1;
+  std::unique_ptr<Trainer> trainer = Trainer::Create(job, options).value();
+  ASSERT_TRUE(trainer->Run([](const StepRecord&) {}).ok());
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, count - 1) << "the rank's thread computes on its placed GPU";
+
+  options.cuda_device = count;
+  const absl::StatusOr<std::unique_ptr<Trainer>> beyond = Trainer::Create(job, options);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(beyond.status().message()),
+              ::testing::HasSubstr(absl::StrCat("CUDA device ", count)));
 }
 
 TEST_F(TrainerGpuTest, Bf16WithFp32MastersMatchesTheCpuWithinMixedPrecision) {

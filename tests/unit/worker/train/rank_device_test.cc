@@ -257,10 +257,10 @@ TEST_F(RankDeviceTest, CheckpointsGoThroughStagingAndResumeEitherWay) {
 // it); the default keeps full fp32.
 TEST_F(RankDeviceTest, TheContextCarriesTheJobsTf32Choice) {
   JobSpec job = Job(/*world=*/1, /*stage=*/0, /*micro_batch=*/2);
-  EXPECT_FALSE(RankDevice::Create(job, 0).value()->context().allow_tf32);
+  EXPECT_FALSE(RankDevice::Create(job, 0, /*cuda_device=*/-1).value()->context().allow_tf32);
   EXPECT_FALSE(JobDeviceContext(job).allow_tf32);
   job.mutable_precision()->set_allow_tf32(true);
-  EXPECT_TRUE(RankDevice::Create(job, 0).value()->context().allow_tf32);
+  EXPECT_TRUE(RankDevice::Create(job, 0, /*cuda_device=*/-1).value()->context().allow_tf32);
   EXPECT_TRUE(JobDeviceContext(job).allow_tf32);
   job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
   EXPECT_TRUE(JobDeviceContext(job).allow_tf32) << "the CUDA planning context too";
