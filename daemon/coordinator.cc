@@ -187,6 +187,14 @@ void Coordinator::BackgroundLoop() {
 
 absl::Status Coordinator::AddEvent(JobRecord& record, Job::State state, const std::string& message,
                                    const zerotrain::Progress* progress) {
+  const bool state_change = state != record.job.state() || progress == nullptr;
+  return AddEventWith(state_change ? Durability::kSync : Durability::kWal, record, state, message,
+                      progress);
+}
+
+absl::Status Coordinator::AddEventWith(Durability durability, JobRecord& record, Job::State state,
+                                       const std::string& message,
+                                       const zerotrain::Progress* progress) {
   const int64_t now = NowMs();
   zerotrain::JobEvent event;
   event.set_sequence(static_cast<int64_t>(record.events.size()) + 1);
@@ -194,14 +202,12 @@ absl::Status Coordinator::AddEvent(JobRecord& record, Job::State state, const st
   event.set_state(state);
   event.set_message(message);
   if (progress != nullptr) *event.mutable_progress() = *progress;
-  const bool state_change = state != record.job.state() || progress == nullptr;
   record.job.set_state(state);
   record.job.set_updated_ms(now);
   record.events.push_back(event);
   events_changed_.SignalAll();
   UpdateJobMetrics(record.job.id());
-  absl::Status persisted = store_->PutJobWithEvent(
-      record.job, event, state_change ? Durability::kSync : Durability::kWal);
+  absl::Status persisted = store_->PutJobWithEvent(record.job, event, durability);
   if (!persisted.ok() && record.unsaved_from == 0) {
     record.unsaved_from = event.sequence();
     unsaved_.insert(record.job.id());
@@ -461,15 +467,23 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   record.job.set_run_dir(absl::StrCat(options_.run_root, "/", id));
   record.job.set_request_id(request_id);
   record.job.set_takes_over_checkpoints(takes_over_checkpoints);
-  absl::Status persisted = AddEvent(record, Job::PENDING, "submitted");
-  if (!persisted.ok()) {
+  // One sync per submission, not two: the PENDING event goes to the log, and placing the job
+  // syncs it with its PLACED event; a job that stays queued is synced below. Either way it is
+  // durable before the answer, and the lock keeps anyone else from acting on it before.
+  auto forget = [&](absl::Status cause) {
     unsaved_.erase(id);
     jobs_.erase(id);
     UpdateJobMetrics(id);
-    return persisted;
+    return cause;
+  };
+  absl::Status persisted = AddEventWith(Durability::kWal, record, Job::PENDING, "submitted",
+                                        /*progress=*/nullptr);
+  if (!persisted.ok()) return forget(persisted);
+  SchedulePass();
+  if (jobs_.at(id).job.state() == Job::PENDING) {
+    if (absl::Status synced = store_->SyncLog(); !synced.ok()) return forget(synced);
   }
   if (!request_id.empty()) request_ids_[request_id] = id;
-  SchedulePass();
   return jobs_.at(id).job;
 }
 

@@ -256,9 +256,15 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SchedulerJob SchedulerJobFor(const JobRecord& record) const;
 
-  // Appends an event (the job's state becomes `state`) and persists job + event.
+  // Appends an event (the job's state becomes `state`) and persists job + event: synced when
+  // the state changes or no progress is given, else to the log only.
   absl::Status AddEvent(JobRecord& record, zerotrain::Job::State state, const std::string& message,
                         const zerotrain::Progress* progress = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AddEvent, persisted with `durability`: kWal only where a synced write or a log sync
+  // follows before anyone is answered (SubmitJob).
+  absl::Status AddEventWith(Durability durability, JobRecord& record, zerotrain::Job::State state,
+                            const std::string& message, const zerotrain::Progress* progress)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places queued jobs on free devices.
   void SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

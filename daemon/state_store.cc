@@ -153,6 +153,16 @@ absl::Status StateStore::Write(const std::string& key, const std::string& value,
 
 absl::Status StateStore::Commit(rocksdb::WriteBatch& batch, Durability durability,
                                 const std::string& what) {
+  return Apply(
+      [&](rocksdb::DB* db) { return db->Write(WriteOptionsFor(durability), &batch); }, what);
+}
+
+absl::Status StateStore::SyncLog() {
+  return Apply([](rocksdb::DB* db) { return db->SyncWAL(); }, "syncing the write-ahead log");
+}
+
+absl::Status StateStore::Apply(const std::function<rocksdb::Status(rocksdb::DB*)>& apply,
+                               const std::string& what) {
   // A write is the caller's own attempt: it may resume at once, whenever the last try was.
   if (!writable_.load()) TryRecover(absl::ZeroDuration());
   if (absl::Status reserve = CheckReserve(); !reserve.ok()) {
@@ -166,7 +176,7 @@ absl::Status StateStore::Commit(rocksdb::WriteBatch& batch, Durability durabilit
     write_errors_.fetch_add(1);
     return Closed();
   }
-  rocksdb::Status written = ref.db->Write(WriteOptionsFor(durability), &batch);
+  rocksdb::Status written = apply(ref.db);
   if (written.ok()) return absl::OkStatus();
   write_errors_.fetch_add(1);
   if (!written.IsCorruption()) writable_.store(false);

@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,6 +48,7 @@
 namespace rocksdb {
 class DB;
 class Env;
+class Status;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -116,6 +118,10 @@ class StateStore {
   // and a crash before it loses only a number nobody was given. It saves a sync per submit.
   absl::StatusOr<int64_t> NextJobNumber(Durability durability);
 
+  // Syncs the write-ahead log: every kWal write before it becomes as durable as a kSync one.
+  // Fails as a write does (Unavailable while the disk refuses, and writable() turns false).
+  absl::Status SyncLog();
+
   // Rendezvous values (written to the WAL, not synced).
   absl::Status KvSet(const std::string& scope, const std::string& key, const std::string& value);
   // Two values of one scope in one atomic write: both land, or neither.
@@ -153,6 +159,9 @@ class StateStore {
   absl::Status Write(const std::string& key, const std::string& value, Durability durability);
   // Every write goes through here: recovers a stopped database first, counts failures.
   absl::Status Commit(rocksdb::WriteBatch& batch, Durability durability, const std::string& what);
+  // Commit's recovery and accounting around `apply` (a write or a log sync).
+  absl::Status Apply(const std::function<rocksdb::Status(rocksdb::DB*)>& apply,
+                     const std::string& what);
   // Recovers when the store cannot write (unless `at_most_every` has not passed since the
   // last try); writable().
   bool TryRecover(absl::Duration at_most_every);

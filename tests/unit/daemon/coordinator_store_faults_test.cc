@@ -91,6 +91,38 @@ TEST_F(CoordinatorStoreFaultsTest, PlacementPausesWhileTheDiskIsFullAndGoesOnWhe
   EXPECT_EQ(Get(after.id()).state(), Job::PENDING);
 }
 
+// A submission costs one sync of the state disk, whether the job is placed at once (its PLACED
+// event's sync covers the PENDING one and the job counter) or stays queued (the log is synced
+// before the answer): SubmitJob holds the coordinator's lock through it, so every sync is
+// every other caller's wait (issue 18: p99 at 10,000 nodes). And it is a sync: when syncs
+// fail, a queued submission is refused and leaves no job behind.
+TEST_F(CoordinatorStoreFaultsTest, ASubmissionIsSyncedOnceAndRefusedWhenItCannotBe) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  testing::FakeNode node(h(), testing::NodeWithDevices("node-a", 1, kGiB));
+  Job placed, queued;
+  int before = disk_.fs->syncs();
+  ASSERT_TRUE(Submit("placed", 1, &placed).ok());
+  EXPECT_EQ(Get(placed.id()).state(), Job::PLACED);
+  EXPECT_EQ(disk_.fs->syncs() - before, 1) << "placed at once";
+  before = disk_.fs->syncs();
+  ASSERT_TRUE(Submit("queued", 1, &queued).ok());  // the one device is taken
+  EXPECT_EQ(Get(queued.id()).state(), Job::PENDING);
+  EXPECT_EQ(disk_.fs->syncs() - before, 1) << "queued";
+
+  disk_.fs->SetSyncsFail(true);
+  Job refused;
+  const grpc::Status unsynced = Submit("unsynced", 1, &refused);
+  EXPECT_EQ(unsynced.error_code(), grpc::StatusCode::UNAVAILABLE) << unsynced.error_message();
+  zerotrain::ListJobsRequest list;
+  zerotrain::ListJobsResponse listed;
+  ASSERT_TRUE(h().jobs->ListJobs(h().Context().get(), list, &listed).ok());
+  for (const auto& job : listed.jobs()) {
+    EXPECT_THAT(job.id(), ::testing::Not(HasSubstr("unsynced"))) << "a refused job stays";
+  }
+  disk_.fs->SetSyncsFail(false);
+  node.Close();
+}
+
 // The series a collectable registry holds, by name: the value of its only unlabelled sample.
 double Sample(prometheus::Registry& registry, const std::string& name) {
   for (const prometheus::MetricFamily& family : registry.Collect()) {

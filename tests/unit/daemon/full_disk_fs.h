@@ -1,7 +1,9 @@
 // A RocksDB FileSystem that behaves like a disk that filled up, on demand: while full, every
 // write, flush or sync of a file and every new file fails with IOStatus::NoSpace (ENOSPC), as
-// a full state disk makes them fail. Reads and everything else pass through to the real file
-// system. Thread-safe (the switch is an atomic).
+// a full state disk makes them fail. With SetSyncsFail only syncs fail (ENOSPC from delayed
+// allocation: the bytes were taken, but cannot be made durable). It counts the syncs that
+// succeeded. Reads and everything else pass through to the real file system. Thread-safe (the
+// switches are atomics).
 #pragma once
 
 #include <atomic>
@@ -20,8 +22,11 @@ class FullDiskFs : public rocksdb::FileSystemWrapper {
 
   void SetFull(bool full) { full_.store(full); }
   bool full() const { return full_.load(); }
+  void SetSyncsFail(bool fail) { syncs_fail_.store(fail); }
   // Writes refused so far.
   int refused() const { return refused_.load(); }
+  // Syncs of a file that succeeded so far.
+  int syncs() const { return syncs_.load(); }
 
   rocksdb::IOStatus NewWritableFile(const std::string& fname, const rocksdb::FileOptions& options,
                                     std::unique_ptr<rocksdb::FSWritableFile>* result,
@@ -79,13 +84,13 @@ class FullDiskFs : public rocksdb::FileSystemWrapper {
     }
     rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
                            rocksdb::IODebugContext* dbg) override {
-      if (fs_->full()) return fs_->Refuse();
-      return FSWritableFileOwnerWrapper::Sync(options, dbg);
+      if (fs_->full() || fs_->syncs_fail_.load()) return fs_->Refuse();
+      return fs_->Counted(FSWritableFileOwnerWrapper::Sync(options, dbg));
     }
     rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
                             rocksdb::IODebugContext* dbg) override {
-      if (fs_->full()) return fs_->Refuse();
-      return FSWritableFileOwnerWrapper::Fsync(options, dbg);
+      if (fs_->full() || fs_->syncs_fail_.load()) return fs_->Refuse();
+      return fs_->Counted(FSWritableFileOwnerWrapper::Fsync(options, dbg));
     }
 
    private:
@@ -97,8 +102,15 @@ class FullDiskFs : public rocksdb::FileSystemWrapper {
     return rocksdb::IOStatus::NoSpace("injected: No space left on device");
   }
 
+  rocksdb::IOStatus Counted(rocksdb::IOStatus synced) {
+    if (synced.ok()) syncs_.fetch_add(1);
+    return synced;
+  }
+
   std::atomic<bool> full_{false};
+  std::atomic<bool> syncs_fail_{false};
   std::atomic<int> refused_{0};
+  std::atomic<int> syncs_{0};
 };
 
 // A FullDiskFs and the Env a StateStore takes it through.

@@ -47,6 +47,26 @@ struct FullDiskStore {
   std::unique_ptr<StateStore> store;
 };
 
+// SyncLog makes the log's unsynced writes durable, and fails as a write does when it cannot.
+TEST(StateStoreFaultsTest, SyncLogSyncsOrFailsAsAWrite) {
+  FullDiskStore fixture;
+  ASSERT_NE(fixture.store, nullptr);
+  StateStore& store = *fixture.store;
+  ASSERT_TRUE(store.KvSet("a/1", "k", "v").ok());  // to the log only
+  int before = fixture.disk.fs->syncs();
+  ASSERT_TRUE(store.SyncLog().ok());
+  EXPECT_GT(fixture.disk.fs->syncs(), before);
+
+  ASSERT_TRUE(store.KvSet("a/1", "k", "w").ok());
+  fixture.disk.fs->SetSyncsFail(true);
+  const absl::Status failed = store.SyncLog();
+  EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("syncing the write-ahead log"));
+  EXPECT_FALSE(store.writable());
+  EXPECT_GE(store.write_errors(), 1);
+  fixture.disk.fs->SetSyncsFail(false);
+}
+
 TEST(StateStoreFaultsTest, WritesAgainByItselfOnceTheFullDiskHasSpace) {
   FullDiskStore fixture;
   ASSERT_NE(fixture.store, nullptr);
