@@ -23,6 +23,11 @@
 // on the device and come back with the other ranks' in one read per step (the step loop's one
 // wait); weights are generated on the host and uploaded; checkpoints, resume, FullWeights
 // and Evaluate move their bytes through it too. Nothing is allocated in the step loop.
+// Offload (offload.optimizer CPU, ZeRO-Offload): the fp32 master weights and optimizer states
+// are the plan's pinned_host buffers, apart from the device's arenas; the update runs unit by
+// unit on the host (worker/optim/host_optimizer.h): each unit's reduced gradient shard comes
+// down through the rank's copy engine into the offload ring, is stepped there, and the updated
+// parameters go back up. On the CPU the run is bit for bit the run without offload.
 // Not thread-safe; one per rank (ranks of one process are threads, each with its Trainer).
 #pragma once
 
@@ -40,6 +45,7 @@
 #include "worker/data/sampler.h"
 #include "worker/data/token_stream.h"
 #include "worker/model/transformer.h"
+#include "worker/optim/host_optimizer.h"
 #include "worker/optim/loss_scaler.h"
 #include "worker/optim/optimizer.h"
 #include "worker/plan/arena.h"
@@ -185,6 +191,8 @@ class Trainer {
   // Puts the stop request in this rank's slot, all-gathers the ranks' step statistics and
   // reads them back in one copy: the wait of the step.
   absl::StatusOr<StepTotals> ReadStatistics(int stop_request, double loss_divisor);
+  // The rank's optimizer: the host optimizer's when the optimizer is offloaded.
+  Optimizer& optimizer() { return host_optimizer_ ? host_optimizer_->optimizer() : *optimizer_; }
 
   // First: destroyed last, after everything that uses its stream and memory.
   std::unique_ptr<RankDevice> device_;
@@ -200,7 +208,11 @@ class Trainer {
   MemoryPlan plan_;
   std::unique_ptr<Arenas> arenas_;
   std::optional<Transformer> model_;
+  // One of the two: the optimizer over device arenas, or (offload.optimizer CPU) the host
+  // optimizer over the pinned host buffers, with the context its host threads run on.
   std::optional<Optimizer> optimizer_;
+  std::optional<HostOptimizer> host_optimizer_;
+  DeviceContext host_ctx_;
   std::unique_ptr<Store> own_store_;  // a one-rank job's, when no store was given
   Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)
   RankCommunicators comms_;
