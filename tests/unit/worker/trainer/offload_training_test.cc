@@ -339,5 +339,77 @@ TEST_F(OffloadTrainingTest, ArenasAreThePlansDeviceAndPinnedHostCategories) {
   }
 }
 
+// Checkpoints of offloaded states: a run stopped after step 2 and resumed continues bit for
+// bit as the run that never stopped, and as the same job without offload.
+TEST_F(OffloadTrainingTest, OffloadedStatesResumeBitForBit) {
+  struct Case {
+    OptimizerConfig::Type type;
+    PrecisionConfig::DType dtype;
+    int world, stage;
+  };
+  for (const Case& c : {Case{OptimizerConfig::ADAMW, PrecisionConfig::BF16, 2, 2},
+                        Case{OptimizerConfig::ADAMW_8BIT, PrecisionConfig::FP32, 2, 3},
+                        Case{OptimizerConfig::ADAFACTOR, PrecisionConfig::BF16, 1, 1}}) {
+    const std::string what =
+        absl::StrCat(OptimizerConfig::Type_Name(c.type), " ", PrecisionConfig::DType_Name(c.dtype),
+                     " stage ", c.stage, " world ", c.world);
+    auto job = [&](OffloadConfig::Device offload, const std::string& dir) {
+      JobSpec j = Job(c.world, c.stage, c.type, c.dtype, offload);
+      j.mutable_checkpoint()->set_dir((dir_ / (what + dir)).string());
+      j.mutable_checkpoint()->set_interval_steps(2);
+      return j;
+    };
+    const RunResult straight = Train(job(OffloadConfig::CPU, "straight"), 4);
+    const RunResult plain = Train(job(OffloadConfig::NONE, "plain"), 4);
+    ExpectSameRun(straight, plain, what);
+    const JobSpec stopped = job(OffloadConfig::CPU, "stopped");
+    const RunResult first = Train(stopped, 2);
+    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
+    const RunResult second = Train(stopped, 4, stopped.checkpoint().dir());
+    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+    ASSERT_EQ(second.losses.size(), 2u) << what;
+    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
+    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
+    EXPECT_EQ(second.weights, straight.weights) << what;
+    EXPECT_EQ(second.state, straight.state) << what;
+  }
+}
+
+// Another layout reshards offloaded states on read as it reshards any: 2 ranks at stage 3
+// with offload → 1 rank at stage 1 with offload and without, the same bytes either way; and a
+// checkpoint saved without offload resumes into an offloaded run.
+TEST_F(OffloadTrainingTest, OffloadedCheckpointsReshardLikeAnyOther) {
+  for (OptimizerConfig::Type type :
+       {OptimizerConfig::ADAMW, OptimizerConfig::ADAMW_8BIT, OptimizerConfig::ADAFACTOR}) {
+    const std::string what = OptimizerConfig::Type_Name(type);
+    JobSpec saved = Job(2, 3, type, PrecisionConfig::BF16, OffloadConfig::CPU);
+    saved.mutable_checkpoint()->set_dir((dir_ / (what + "saved")).string());
+    saved.mutable_checkpoint()->set_interval_steps(2);
+    ASSERT_TRUE(Train(saved, 2).status.ok()) << what;
+    // Each resumes its own copy of the saved step (a resumed run saves into its directory).
+    auto resume = [&](const JobSpec& from, JobSpec job, const std::string& name) {
+      job.mutable_checkpoint()->set_dir((dir_ / (what + name)).string());
+      std::filesystem::copy(from.checkpoint().dir(), job.checkpoint().dir(),
+                            std::filesystem::copy_options::recursive);
+      RunResult run = Train(job, 4, job.checkpoint().dir());
+      EXPECT_EQ(run.losses.size(), 2u) << what << " " << name;
+      return run;
+    };
+    ExpectSameRun(resume(saved, Job(1, 1, type, PrecisionConfig::BF16, OffloadConfig::CPU), "a"),
+                  resume(saved, Job(1, 1, type, PrecisionConfig::BF16, OffloadConfig::NONE), "b"),
+                  what + " resharded");
+    // A checkpoint saved without offload, the other way round.
+    JobSpec plain = Job(2, 2, type, PrecisionConfig::BF16, OffloadConfig::NONE);
+    plain.mutable_checkpoint()->set_dir((dir_ / (what + "plain")).string());
+    plain.mutable_checkpoint()->set_interval_steps(2);
+    ASSERT_TRUE(Train(plain, 2).status.ok()) << what;
+    JobSpec offloaded = plain;
+    offloaded.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+    const RunResult into_offload = resume(plain, offloaded, "c");
+    const RunResult straight = resume(plain, plain, "d");
+    ExpectSameRun(into_offload, straight, what + " plain into offloaded");
+  }
+}
+
 }  // namespace
 }  // namespace zt
