@@ -592,9 +592,16 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     const uint64_t rounding_seed = job_.train().seed() * 0x9E3779B97F4A7C15ull + step_;
     const float grad_scale_step = static_cast<float>(clip_scale / loss_scale);
     if (host_optimizer_) {
+      const HostOptimizer::Stats before = host_optimizer_->stats();
       ZT_RETURN_IF_ERROR(host_optimizer_->Step(host_ctx_, engine_->param_views(),
                                                engine_->grad_views(), r.lr, grad_scale_step,
                                                rounding_seed));
+      const HostOptimizer::Stats& after = host_optimizer_->stats();
+      r.offload_bytes_to_host = after.bytes_to_host - before.bytes_to_host;
+      r.offload_bytes_to_device = after.bytes_to_device - before.bytes_to_device;
+      r.offload_to_host_s = after.seconds_to_host - before.seconds_to_host;
+      r.offload_to_device_s = after.seconds_to_device - before.seconds_to_device;
+      r.host_optimizer_s = after.seconds_update - before.seconds_update;
     } else {
       ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
                                           grad_scale_step, rounding_seed));
@@ -675,6 +682,13 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   line["optimizer_s"] = r.optimizer_s;
   line["compute_s"] = r.compute_s;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (host_optimizer_) {
+    line["offload_bytes_to_host"] = r.offload_bytes_to_host;
+    line["offload_bytes_to_device"] = r.offload_bytes_to_device;
+    line["offload_to_host_s"] = r.offload_to_host_s;
+    line["offload_to_device_s"] = r.offload_to_device_s;
+    line["host_optimizer_s"] = r.host_optimizer_s;
+  }
   std::FILE* f = std::fopen(metrics_path_.c_str(), "a");
   if (f == nullptr) {
     return absl::UnavailableError(

@@ -11,7 +11,9 @@
 // Rank 0 writes <run_dir>/metrics.jsonl, one JSON line per step:
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped",
 //    "comm_bytes", "comm_s", "comm_wait_s", "data_wait_s", "optimizer_s", "compute_s"}  (+
-//    "val_loss" every eval_interval steps and after the last)
+//    "val_loss" every eval_interval steps and after the last; + "offload_bytes_to_host",
+//    "offload_bytes_to_device", "offload_to_host_s", "offload_to_device_s",
+//    "host_optimizer_s" when the optimizer is offloaded)
 // and every rank its plan beside its arenas' high-water marks by category: memory.json for
 // rank 0, memory.rank<r>.json for the others. tokens_per_s counts the whole job's tokens.
 // Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
@@ -115,6 +117,14 @@ struct StepRecord {
   double data_wait_s = 0;
   double optimizer_s = 0;
   double compute_s = 0;
+  // offload.optimizer CPU: this step's host optimizer (part of optimizer_s) — bytes its copy
+  // engine moved device → host (gradients) and host → device (parameters), the seconds
+  // those copies took, and the seconds of the host updates. Zero without offload.
+  int64_t offload_bytes_to_host = 0;
+  int64_t offload_bytes_to_device = 0;
+  double offload_to_host_s = 0;
+  double offload_to_device_s = 0;
+  double host_optimizer_s = 0;
   StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
   // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
   // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/comm/store.h"
@@ -105,6 +107,7 @@ struct RunResult {
   std::vector<MemoryPlan> plans;
   std::vector<std::vector<int64_t>> arena_bytes;  // per rank, BytesInUse by category
   std::vector<int64_t> crossing_bytes_last_step;  // per rank, up + down in the last step
+  std::vector<StepRecord> last_step;              // per rank
 };
 
 class OffloadTrainingTest : public ::testing::Test {
@@ -154,6 +157,7 @@ class OffloadTrainingTest : public ::testing::Test {
     result.plans.resize(n);
     result.arena_bytes.resize(n);
     result.crossing_bytes_last_step.resize(n);
+    result.last_step.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::vector<std::string>> unclaimed(n);
     std::vector<std::thread> threads;
@@ -188,6 +192,7 @@ class OffloadTrainingTest : public ::testing::Test {
               result.crossing_bytes_last_step[r] = crossed - crossed_before;
               crossed_before = crossed;
             }
+            result.last_step[r] = rec;
             if (r == 0) result.losses.push_back(rec.loss);
           });
           if (!run.ok()) return run;
@@ -333,6 +338,17 @@ TEST_F(OffloadTrainingTest, ArenasAreThePlansDeviceAndPinnedHostCategories) {
         expected += (owned.end - owned.begin) * (grad + params_crossings * param);
       }
       EXPECT_GT(expected, 0) << what;
+      // The step's record says the same (what metrics.jsonl and the node's
+      // zt_offload_bytes_total report), and the plain run moved nothing for its optimizer.
+      const StepRecord& last = offloaded.last_step[r];
+      EXPECT_EQ(last.offload_bytes_to_host + last.offload_bytes_to_device, expected) << what;
+      EXPECT_GT(last.offload_bytes_to_device, 0) << what;
+      EXPECT_GT(last.host_optimizer_s, 0) << what;
+      EXPECT_LE(last.host_optimizer_s + last.offload_to_host_s + last.offload_to_device_s,
+                last.optimizer_s + last.comm_wait_s)
+          << what << ": the host step is part of the optimizer's time";
+      EXPECT_EQ(plain.last_step[r].offload_bytes_to_host, 0) << what;
+      EXPECT_EQ(plain.last_step[r].host_optimizer_s, 0) << what;
       EXPECT_EQ(offloaded.crossing_bytes_last_step[r] - plain.crossing_bytes_last_step[r], expected)
           << what << " rank " << r;
     }
@@ -409,6 +425,39 @@ TEST_F(OffloadTrainingTest, OffloadedCheckpointsReshardLikeAnyOther) {
     const RunResult straight = resume(plain, plain, "d");
     ExpectSameRun(into_offload, straight, what + " plain into offloaded");
   }
+}
+
+TEST_F(OffloadTrainingTest, MetricsLinesCarryTheHostOptimizersFigures) {
+  const JobSpec job =
+      ValidatedJob(Job(1, 1, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::CPU))
+          .value();
+  TrainOptions options;
+  options.run_dir = (dir_ / "run").string();
+  std::unique_ptr<Trainer> trainer = Trainer::Create(job, options).value();
+  ASSERT_TRUE(trainer->Run().ok());
+  std::ifstream in(dir_ / "run" / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ++lines;
+    // bf16 parameters over fp32 master weights: each step the bf16 gradients come down and
+    // the bf16 parameters go up, 2 bytes an element of the model each way (one rank).
+    int64_t elements = 0;
+    for (const UnitLayout& u : BuildModelLayout(job.model()).units) elements += u.numel;
+    EXPECT_EQ(j.at("offload_bytes_to_host").get<int64_t>(), 2 * elements) << line;
+    EXPECT_EQ(j.at("offload_bytes_to_device").get<int64_t>(), 2 * elements) << line;
+    EXPECT_GE(j.at("offload_to_host_s").get<double>(), 0) << line;
+    EXPECT_GE(j.at("offload_to_device_s").get<double>(), 0) << line;
+    EXPECT_GT(j.at("host_optimizer_s").get<double>(), 0) << line;
+  }
+  EXPECT_EQ(lines, 4);
+  // The pinned pool's use as the memory report shows it: the plan's pinned_host bytes.
+  std::ifstream memory(dir_ / "run" / "memory.json");
+  const nlohmann::json report = nlohmann::json::parse(memory);
+  EXPECT_EQ(report["arenas_high_water"]["pinned_host"].get<int64_t>(),
+            trainer->plan().CategoryBytes(MemoryCategory::kPinnedHost));
+  EXPECT_GT(report["plan"]["pinned_host"].get<int64_t>(), 2 * kRingBytes);
 }
 
 }  // namespace
