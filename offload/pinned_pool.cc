@@ -60,6 +60,19 @@ void MlockAllocator::Free(const HostRegion& region) {
   munmap(region.data, region.size);
 }
 
+absl::StatusOr<HostRegion> PageableAllocator::Allocate(size_t size, const WarningSink&) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host pool: cannot map ", size, " bytes of host memory: ", std::strerror(errno)));
+  }
+  return HostRegion{.data = static_cast<std::byte*>(p), .size = size, .pinned = false};
+}
+
+void PageableAllocator::Free(const HostRegion& region) {
+  if (region.data != nullptr) munmap(region.data, region.size);
+}
+
 PinnedLease::PinnedLease(PinnedLease&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
       index_(other.index_),

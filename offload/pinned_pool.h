@@ -67,6 +67,14 @@ class MlockAllocator : public HostAllocator {
   LockFn lock_;
 };
 
+// Page-aligned pageable memory (pinned = false), never locked and never warned about: the pool
+// of a job that asked for no page-locking (offload.pin_memory false, DeepSpeed's default).
+class PageableAllocator : public HostAllocator {
+ public:
+  absl::StatusOr<HostRegion> Allocate(size_t size, const WarningSink& warn) override;
+  void Free(const HostRegion& region) override;
+};
+
 struct PinnedPoolOptions {
   size_t buffer_count = 0;  // > 0
   size_t buffer_size = 0;   // > 0; rounded up to kHostBufferAlignment

@@ -124,7 +124,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   ZT_ASSIGN_OR_RETURN(Optimizer opt,
                       Optimizer::Create(job.optimizer(), job.precision(), t->model_->layout(),
                                         *t->arenas_, t->engine_->ranges(), shard_group));
-  t->optimizer_.emplace(std::move(opt));
+  if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
+    // Gradients come down through one ring buffer, parameters go up through the next
+    // (CheckEngineSupport asks for two).
+    ZT_ASSIGN_OR_RETURN(Tensor grad_staging, t->arenas_->Get("offload.ring.0"));
+    ZT_ASSIGN_OR_RETURN(Tensor param_staging, t->arenas_->Get("offload.ring.1"));
+    ZT_ASSIGN_OR_RETURN(HostOptimizer host,
+                        HostOptimizer::Create({.optimizer = std::move(opt),
+                                               .copies = &t->device_->copies(),
+                                               .grad_staging = grad_staging,
+                                               .param_staging = param_staging}));
+    t->host_optimizer_.emplace(std::move(host));
+    // A CPU rank's host threads are its own; a GPU rank's host step gets the job's CPU share.
+    t->host_ctx_ = t->ctx_.device.kind == DeviceKind::kCpu
+                       ? t->ctx_
+                       : CpuContext(job.resources().cpu_threads());
+  } else {
+    t->optimizer_.emplace(std::move(opt));
+  }
   ZT_RETURN_IF_ERROR(t->InitializeWeights());
   if (LossScalingEnabled(job.precision())) {
     const auto& ls = job.precision().loss_scale();
@@ -224,8 +241,8 @@ absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
 absl::Status Trainer::InitializeWeights() {
   const zerotrain::ModelConfig& model = job_.model();
   const ModelLayout& layout = model_->layout();
-  const std::vector<Tensor>& master = optimizer_->master_weights();
-  const bool split = optimizer_->split_master();
+  const std::vector<Tensor>& master = optimizer().master_weights();
+  const bool split = optimizer().split_master();
   const int stage = engine_->stage();
   // Imports read whole units (resharding on read comes with sharded checkpoints).
   std::vector<std::vector<float>> imported;
@@ -306,7 +323,7 @@ std::string ProtoJson(const google::protobuf::Message& m) {
 
 absl::Status Trainer::SaveCheckpoint(bool final) {
   nlohmann::json state = {{"step", step_},
-                          {"optimizer_steps", optimizer_->steps_taken()},
+                          {"optimizer_steps", optimizer().steps_taken()},
                           {"world_size", job_.parallel().world_size()},
                           {"zero_stage", job_.parallel().zero_stage()},
                           {"shard_group_size", job_.parallel().shard_group_size()},
@@ -431,7 +448,7 @@ absl::Status Trainer::Resume() {
     }));
   }
   step_ = state.value("step", int64_t{0});
-  optimizer_->RestoreStepsTaken(weights_only ? 0 : state.value("optimizer_steps", int64_t{0}));
+  optimizer().RestoreStepsTaken(weights_only ? 0 : state.value("optimizer_steps", int64_t{0}));
   if (loss_scaler_ && state.contains("loss_scaler")) {
     const nlohmann::json& ls = state["loss_scaler"];
     loss_scaler_->Restore({.scale = ls.value("scale", 1.0),
@@ -465,9 +482,9 @@ absl::Status Trainer::RestoreThroughHost(
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   // The fp32 source of each unit: the master weights when the parameters are 16-bit, else the
   // parameters; sharded (the rank's range) where the stage shards it.
-  const std::vector<Tensor>& master = optimizer_->master_weights();
+  const std::vector<Tensor>& master = optimizer().master_weights();
   const int stage = engine_->stage();
-  const bool split = !master.empty() && optimizer_->split_master();
+  const bool split = !master.empty() && optimizer().split_master();
   const bool sharded = master.empty() ? stage == 3 : stage >= 1;
   const size_t n_units = model_->layout().units.size();
   int64_t largest_padded = 0, largest_master = 0;
@@ -574,9 +591,22 @@ absl::StatusOr<StepRecord> Trainer::Step() {
         clip > 0 && r.grad_norm > clip ? static_cast<float>(clip / (r.grad_norm + 1e-6)) : 1.0f;
     // Stochastic rounding draws a new stream every step, reproducibly from the job's seed.
     const uint64_t rounding_seed = job_.train().seed() * 0x9E3779B97F4A7C15ull + step_;
-    ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
-                                        static_cast<float>(clip_scale / loss_scale),
-                                        rounding_seed));
+    const float grad_scale_step = static_cast<float>(clip_scale / loss_scale);
+    if (host_optimizer_) {
+      const HostOptimizer::Stats before = host_optimizer_->stats();
+      ZT_RETURN_IF_ERROR(host_optimizer_->Step(host_ctx_, engine_->param_views(),
+                                               engine_->grad_views(), r.lr, grad_scale_step,
+                                               rounding_seed));
+      const HostOptimizer::Stats& after = host_optimizer_->stats();
+      r.offload_bytes_to_host = after.bytes_to_host - before.bytes_to_host;
+      r.offload_bytes_to_device = after.bytes_to_device - before.bytes_to_device;
+      r.offload_to_host_s = after.seconds_to_host - before.seconds_to_host;
+      r.offload_to_device_s = after.seconds_to_device - before.seconds_to_device;
+      r.host_optimizer_s = after.seconds_update - before.seconds_update;
+    } else {
+      ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
+                                          grad_scale_step, rounding_seed));
+    }
     ZT_RETURN_IF_ERROR(engine_->FinishStep(ctx_));
     if (loss_scaler_) ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
   }
@@ -653,6 +683,13 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   line["optimizer_s"] = r.optimizer_s;
   line["compute_s"] = r.compute_s;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (host_optimizer_) {
+    line["offload_bytes_to_host"] = r.offload_bytes_to_host;
+    line["offload_bytes_to_device"] = r.offload_bytes_to_device;
+    line["offload_to_host_s"] = r.offload_to_host_s;
+    line["offload_to_device_s"] = r.offload_to_device_s;
+    line["host_optimizer_s"] = r.host_optimizer_s;
+  }
   std::FILE* f = std::fopen(metrics_path_.c_str(), "a");
   if (f == nullptr) {
     return absl::UnavailableError(

@@ -11,7 +11,9 @@
 // Rank 0 writes <run_dir>/metrics.jsonl, one JSON line per step:
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "loss_scale", "skipped",
 //    "comm_bytes", "comm_s", "comm_wait_s", "data_wait_s", "optimizer_s", "compute_s"}  (+
-//    "val_loss" every eval_interval steps and after the last)
+//    "val_loss" every eval_interval steps and after the last; + "offload_bytes_to_host",
+//    "offload_bytes_to_device", "offload_to_host_s", "offload_to_device_s",
+//    "host_optimizer_s" when the optimizer is offloaded)
 // and every rank its plan beside its arenas' high-water marks by category: memory.json for
 // rank 0, memory.rank<r>.json for the others. tokens_per_s counts the whole job's tokens.
 // Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
@@ -23,6 +25,11 @@
 // on the device and come back with the other ranks' in one read per step (the step loop's one
 // wait); weights are generated on the host and uploaded; checkpoints, resume, FullWeights
 // and Evaluate move their bytes through it too. Nothing is allocated in the step loop.
+// Offload (offload.optimizer CPU, ZeRO-Offload): the fp32 master weights and optimizer states
+// are the plan's pinned_host buffers, apart from the device's arenas; the update runs unit by
+// unit on the host (worker/optim/host_optimizer.h): each unit's reduced gradient shard comes
+// down through the rank's copy engine into the offload ring, is stepped there, and the updated
+// parameters go back up. On the CPU the run is bit for bit the run without offload.
 // Not thread-safe; one per rank (ranks of one process are threads, each with its Trainer).
 #pragma once
 
@@ -40,6 +47,7 @@
 #include "worker/data/sampler.h"
 #include "worker/data/token_stream.h"
 #include "worker/model/transformer.h"
+#include "worker/optim/host_optimizer.h"
 #include "worker/optim/loss_scaler.h"
 #include "worker/optim/optimizer.h"
 #include "worker/plan/arena.h"
@@ -112,6 +120,14 @@ struct StepRecord {
   double data_wait_s = 0;
   double optimizer_s = 0;
   double compute_s = 0;
+  // offload.optimizer CPU: this step's host optimizer (part of optimizer_s) — bytes its copy
+  // engine moved device → host (gradients) and host → device (parameters), the seconds
+  // those copies took, and the seconds of the host updates. Zero without offload.
+  int64_t offload_bytes_to_host = 0;
+  int64_t offload_bytes_to_device = 0;
+  double offload_to_host_s = 0;
+  double offload_to_device_s = 0;
+  double host_optimizer_s = 0;
   StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
   // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
   // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's
@@ -188,6 +204,8 @@ class Trainer {
   // Puts the stop request in this rank's slot, all-gathers the ranks' step statistics and
   // reads them back in one copy: the wait of the step.
   absl::StatusOr<StepTotals> ReadStatistics(int stop_request, double loss_divisor);
+  // The rank's optimizer: the host optimizer's when the optimizer is offloaded.
+  Optimizer& optimizer() { return host_optimizer_ ? host_optimizer_->optimizer() : *optimizer_; }
 
   // First: destroyed last, after everything that uses its stream and memory.
   std::unique_ptr<RankDevice> device_;
@@ -203,7 +221,11 @@ class Trainer {
   MemoryPlan plan_;
   std::unique_ptr<Arenas> arenas_;
   std::optional<Transformer> model_;
+  // One of the two: the optimizer over device arenas, or (offload.optimizer CPU) the host
+  // optimizer over the pinned host buffers, with the context its host threads run on.
   std::optional<Optimizer> optimizer_;
+  std::optional<HostOptimizer> host_optimizer_;
+  DeviceContext host_ctx_;
   std::unique_ptr<Store> own_store_;  // a one-rank job's, when no store was given
   Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)
   RankCommunicators comms_;

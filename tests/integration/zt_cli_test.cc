@@ -60,6 +60,33 @@ class ZtCliTest : public testing::ScratchDirTest {
   }
 };
 
+// offload.optimizer CPU trains through `zt train` (the host optimizer's figures in every
+// metrics line); what the engine does not train yet is refused, naming the field.
+TEST_F(ZtCliTest, TrainsWithOptimizerOffloadAndNamesWhatItDoesNotTrainYet) {
+  const std::string offload =
+      "parallel:\n  zero_stage: 2\n"
+      "offload:\n  optimizer: CPU\n  buffer_count: 2\n  buffer_size: 65536\n";
+  const RunResult r = RunZt("train " + WriteJob("offload.yaml", "", "", offload) +
+                            " --quiet --run-dir " + Path("run"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream metrics(Path("run/metrics.jsonl"));
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    ++lines;
+    EXPECT_THAT(line,
+                AllOf(HasSubstr("\"host_optimizer_s\""), HasSubstr("\"offload_bytes_to_host\"")));
+  }
+  EXPECT_EQ(lines, 3);
+  const RunResult nvme = RunZt(
+      "train " + WriteJob("nvme.yaml", "", "",
+                          "parallel:\n  zero_stage: 2\noffload:\n  optimizer: NVME\n  nvme_path: " +
+                              Path("") + "\n  buffer_size: 65536\n"));
+  EXPECT_NE(nvme.exit_code, 0) << nvme.output;
+  EXPECT_THAT(nvme.output, HasSubstr("offload.optimizer: NVME is planned by zt estimate but this "
+                                     "engine does not train with it yet"));
+}
+
 TEST_F(ZtCliTest, TrainsAValidJob) {
   const RunResult r = RunZt("train " + WriteJob("ok.yaml") + " --quiet --run-dir " + Path("run"));
   EXPECT_EQ(r.exit_code, 0) << r.output;

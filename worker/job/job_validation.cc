@@ -539,13 +539,30 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         "; this engine reduces gradients in their own dtype (16-bit reductions add in f32), "
         "so leave reduce_dtype unset or equal to grad_dtype"));
   }
-  // Validation, zt estimate and the planner accept offload; the step loop does not run it yet.
-  for (const auto& [field, device] : {std::pair{"offload.optimizer", spec.offload().optimizer()},
-                                      std::pair{"offload.params", spec.offload().params()}}) {
-    if (device == zerotrain::OffloadConfig::CPU || device == zerotrain::OffloadConfig::NVME) {
-      lines.push_back(absl::StrCat(field, ": ", zerotrain::OffloadConfig::Device_Name(device),
-                                   " is planned by zt estimate but this engine does not train "
-                                   "with offload yet; set it to NONE to train"));
+  // Validation, zt estimate and the planner accept every offload; the step loop trains
+  // offload.optimizer CPU on CPU devices (ZeRO-Offload) and nothing else yet.
+  using Offload = zerotrain::OffloadConfig;
+  const Offload& offload = spec.offload();
+  const auto not_yet = [&](const char* field, Offload::Device device) {
+    lines.push_back(absl::StrCat(field, ": ", Offload::Device_Name(device),
+                                 " is planned by zt estimate but this engine does not train "
+                                 "with it yet (it trains offload.optimizer CPU); set it to "
+                                 "NONE to train"));
+  };
+  if (offload.optimizer() == Offload::NVME) not_yet("offload.optimizer", offload.optimizer());
+  if (offload.params() == Offload::CPU || offload.params() == Offload::NVME) {
+    not_yet("offload.params", offload.params());
+  }
+  if (offload.optimizer() == Offload::CPU) {
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      lines.push_back(
+          "offload.optimizer: CPU trains on resources.device CPU only so far (the host step "
+          "of a CUDA rank is not wired to its copy stream yet); set it to NONE on CUDA");
+    }
+    if (offload.buffer_count() < 2) {
+      lines.push_back(absl::StrCat(
+          "offload.buffer_count: ", offload.buffer_count(),
+          " — the host optimizer step needs 2 ring buffers (gradients down, parameters up)"));
     }
   }
   if (lines.empty()) return absl::OkStatus();

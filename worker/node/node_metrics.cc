@@ -11,6 +11,10 @@ namespace {
 enum StepPart { kCompute, kCommWait, kOptimizer, kDataWait, kNumStepParts };
 constexpr std::array<const char*, kNumStepParts> kStepPartNames = {"compute", "comm_wait",
                                                                    "optimizer", "data_wait"};
+// The directions of the host optimizer's copies, zt_offload_*_total's `direction` label.
+enum OffloadDirection { kToHost, kToDevice, kNumOffloadDirections };
+constexpr std::array<const char*, kNumOffloadDirections> kOffloadDirectionNames = {"to_host",
+                                                                                   "to_device"};
 
 // From a tiny model's 5 ms step to a large offloaded model's minute.
 const prometheus::Histogram::BucketBoundaries& StepBuckets() {
@@ -62,6 +66,9 @@ struct NodeMetrics::RankSeries {
   prometheus::Gauge* step = nullptr;
   prometheus::Counter* comm_wait_seconds = nullptr;
   std::array<prometheus::Counter*, kNumStepParts> step_seconds{};
+  std::array<prometheus::Counter*, kNumOffloadDirections> offload_bytes{};
+  std::array<prometheus::Counter*, kNumOffloadDirections> offload_seconds{};
+  prometheus::Counter* host_optimizer_seconds = nullptr;
   std::array<prometheus::Gauge*, kMemoryCategoryCount> memory_plan{};
   std::array<prometheus::Gauge*, kMemoryCategoryCount> memory_measured{};
   std::array<prometheus::Counter*, kNumCommKinds> comm_bytes{};
@@ -172,7 +179,21 @@ NodeMetrics::NodeMetrics(prometheus::Registry& registry)
                         .Name("zt_step_seconds_total")
                         .Help("Steps' wall time by part: compute, comm_wait, optimizer, "
                               "data_wait (the parts add up to the step)")
-                        .Register(registry)) {}
+                        .Register(registry)),
+      offload_bytes_(prometheus::BuildCounter()
+                         .Name("zt_offload_bytes_total")
+                         .Help("Bytes the host optimizer step of offloaded optimizer states "
+                               "copied, by direction: to_host (gradients), to_device (parameters)")
+                         .Register(registry)),
+      offload_seconds_(prometheus::BuildCounter()
+                           .Name("zt_offload_seconds_total")
+                           .Help("Seconds the host optimizer step's copies took, by direction")
+                           .Register(registry)),
+      host_optimizer_seconds_(prometheus::BuildCounter()
+                                  .Name("zt_host_optimizer_seconds_total")
+                                  .Help("Seconds of the optimizer updates run on the host for "
+                                        "offloaded optimizer states")
+                                  .Register(registry)) {}
 
 NodeMetrics::~NodeMetrics() {
   std::vector<std::string> jobs;
@@ -210,6 +231,12 @@ NodeMetrics::RankSeries& NodeMetrics::SeriesOf(const RankSeriesKey& key) {
   for (int p = 0; p < kNumStepParts; ++p) {
     s.step_seconds[p] = &step_seconds_.Add(With(labels, "part", kStepPartNames[p]));
   }
+  for (int d = 0; d < kNumOffloadDirections; ++d) {
+    const auto with_direction = With(labels, "direction", kOffloadDirectionNames[d]);
+    s.offload_bytes[d] = &offload_bytes_.Add(with_direction);
+    s.offload_seconds[d] = &offload_seconds_.Add(with_direction);
+  }
+  s.host_optimizer_seconds = &host_optimizer_seconds_.Add(labels);
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     const auto with_category =
         With(labels, "category", MemoryCategoryName(static_cast<MemoryCategory>(c)));
@@ -255,6 +282,15 @@ void NodeMetrics::RecordStep(const RankSeriesKey& key, const StepRecord& step,
   const std::array<double, kNumStepParts> parts = {step.compute_s, step.comm_wait_s,
                                                    step.optimizer_s, step.data_wait_s};
   for (int p = 0; p < kNumStepParts; ++p) s.step_seconds[p]->Increment(std::max(0.0, parts[p]));
+  const std::array<int64_t, kNumOffloadDirections> offload_bytes = {step.offload_bytes_to_host,
+                                                                    step.offload_bytes_to_device};
+  const std::array<double, kNumOffloadDirections> offload_seconds = {step.offload_to_host_s,
+                                                                     step.offload_to_device_s};
+  for (int d = 0; d < kNumOffloadDirections; ++d) {
+    s.offload_bytes[d]->Increment(static_cast<double>(std::max<int64_t>(0, offload_bytes[d])));
+    s.offload_seconds[d]->Increment(std::max(0.0, offload_seconds[d]));
+  }
+  s.host_optimizer_seconds->Increment(std::max(0.0, step.host_optimizer_s));
   s.step_duration->Observe(step.step_ms / 1e3);
   s.tokens_per_second->Set(step.tokens_per_s);
   const double flops = flops_per_token * step.tokens_per_s;
@@ -318,6 +354,11 @@ void NodeMetrics::RemoveJob(const std::string& job) {
     step_.Remove(s.step);
     comm_wait_seconds_.Remove(s.comm_wait_seconds);
     for (int p = 0; p < kNumStepParts; ++p) step_seconds_.Remove(s.step_seconds[p]);
+    for (int d = 0; d < kNumOffloadDirections; ++d) {
+      offload_bytes_.Remove(s.offload_bytes[d]);
+      offload_seconds_.Remove(s.offload_seconds[d]);
+    }
+    host_optimizer_seconds_.Remove(s.host_optimizer_seconds);
     for (int c = 0; c < kMemoryCategoryCount; ++c) {
       memory_bytes_.Remove(s.memory_plan[c]);
       memory_bytes_.Remove(s.memory_measured[c]);

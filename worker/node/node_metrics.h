@@ -16,6 +16,13 @@
 //   zt_comm_wait_seconds_total      counter    seconds its compute blocked on communication
 //   zt_step_seconds_total{part}     counter    the steps' wall time by part: compute,
 //                                              comm_wait, optimizer, data_wait (they add up)
+//   zt_offload_bytes_total{direction}  counter  offload.optimizer CPU: bytes the host optimizer
+//                                   moved, direction "to_host" (gradients) / "to_device"
+//                                   (updated parameters)
+//   zt_offload_seconds_total{direction} counter  seconds those copies took
+//   zt_host_optimizer_seconds_total counter    seconds of the host updates (inside the
+//                                              "optimizer" part of zt_step_seconds_total)
+//   (the pinned host pool's use is zt_memory_bytes{category="pinned_host"})
 //   zt_checkpoint_save_seconds      gauge      the step loop's time in the last save
 //   zt_checkpoint_saved_bytes_total counter    bytes of this rank's checkpoint files
 //   zt_checkpoint_last_save_timestamp_seconds  gauge  unix time of the last save (or start)
@@ -121,6 +128,9 @@ class NodeMetrics {
   prometheus::Family<prometheus::Gauge>& step_;
   prometheus::Family<prometheus::Counter>& comm_wait_seconds_;
   prometheus::Family<prometheus::Counter>& step_seconds_;
+  prometheus::Family<prometheus::Counter>& offload_bytes_;
+  prometheus::Family<prometheus::Counter>& offload_seconds_;
+  prometheus::Family<prometheus::Counter>& host_optimizer_seconds_;
 
   std::mutex mu_;
   std::map<RankSeriesKey, std::unique_ptr<RankSeries>> series_;  // guarded by mu_

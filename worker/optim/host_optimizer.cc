@@ -1,5 +1,6 @@
 #include "worker/optim/host_optimizer.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,12 @@
 
 namespace zt {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // `n` elements of `dtype` at the start of host buffer `staging`.
 Tensor HostView(const Tensor& staging, DType dtype, int64_t n) {
@@ -53,19 +60,28 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
                        " bytes (offload.buffer_size)"));
     }
     // Everything the step loop issued for this unit's gradient comes before the copy.
+    const auto down = Clock::now();
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.raw(), grads[u].raw(), grad_bytes));
+    stats_.bytes_to_host += grad_bytes;
     if (own_master) {
       // The parameters are what the update reads: they come down too.
       ZT_RETURN_IF_ERROR(
           copies_->CopyToHost(mark, param_staging_.raw(), params[u].raw(), param_bytes));
+      stats_.bytes_to_host += param_bytes;
     }
+    const auto update = Clock::now();
+    stats_.seconds_to_host += std::chrono::duration<double>(update - down).count();
     ZT_RETURN_IF_ERROR(optimizer_.StepUnit(
         host_ctx, static_cast<int>(u), HostView(param_staging_, params[u].dtype(), n),
         HostView(grad_staging_, grads[u].dtype(), n), lr, grad_scale, seed));
+    const auto up = Clock::now();
+    stats_.seconds_update += std::chrono::duration<double>(up - update).count();
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark after, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(
         copies_->CopyToDevice(after, params[u].raw(), param_staging_.raw(), param_bytes));
+    stats_.bytes_to_device += param_bytes;
+    stats_.seconds_to_device += SecondsSince(up);
   }
   optimizer_.CountStep();
   return absl::OkStatus();

@@ -48,6 +48,18 @@ class HostOptimizer {
                     const std::vector<Tensor>& grads, float lr, float grad_scale,
                     uint64_t seed = 0);
 
+  // What the steps so far moved and spent, cumulative: the bytes copied device → host
+  // (gradients, and parameters that are their own master) and host → device (updated
+  // parameters), the seconds those copies took, and the seconds of the host updates.
+  struct Stats {
+    int64_t bytes_to_host = 0;
+    int64_t bytes_to_device = 0;
+    double seconds_to_host = 0;
+    double seconds_to_device = 0;
+    double seconds_update = 0;
+  };
+  const Stats& stats() const { return stats_; }
+
   const Optimizer& optimizer() const { return optimizer_; }
   Optimizer& optimizer() { return optimizer_; }
 
@@ -58,6 +70,7 @@ class HostOptimizer {
   DeviceCopyEngine* copies_;
   Tensor grad_staging_;
   Tensor param_staging_;
+  Stats stats_;
 };
 
 }  // namespace zt

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/train/pinned_host_arena.h"
 #if ZT_HAVE_CUDA_TRAINING
 #include "worker/train/cuda/cuda_rank_device.h"
 #endif
@@ -30,7 +31,8 @@ absl::StatusOr<std::unique_ptr<RankDevice>> RankDevice::Create(const zerotrain::
   }
   Parts parts;
   parts.context = JobDeviceContext(job);
-  parts.allocator = MakeHostArenaAllocator();
+  parts.allocator = MakePinnedHostArenaAllocator(MakeHostArenaAllocator(),
+                                                 {.pin_memory = job.offload().pin_memory()});
   parts.copies = MakeHostCopyEngine(parts.context.device);
   parts.host_addressable = true;
   return FromParts(std::move(parts));

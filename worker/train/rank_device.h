@@ -2,7 +2,9 @@
 // host. The trainer takes from it the arenas' allocator, the ops' context and the copy engine
 // through which every byte of the step loop crosses (the batch up, the step's statistics down),
 // so the step loop is written once for every device:
-//   CPU:  host arenas, a host copy engine (copies are memcpy), a CPU context;
+//   CPU:  host arenas, the pinned_host category from the offload tier's pinned host pool
+//         (worker/train/pinned_host_arena.h), a host copy engine (copies are memcpy), a CPU
+//         context;
 //   CUDA: arenas from one cudaMalloc per category (cudaHostAlloc for pinned host), a
 //         CudaCopyEngine on a copy stream of its own, a context on a compute stream of its own
 //         (worker/train/cuda/cuda_rank_device.h).
@@ -75,6 +77,9 @@ class RankDevice {
   DeviceContext& mutable_context() { return parts_.context; }
   bool host_addressable() const { return parts_.host_addressable; }
   const RankCommDevice& comm() const { return parts_.comm; }
+  // The engine every crossing goes through; the host step of offloaded optimizer states
+  // (worker/optim/host_optimizer.h) moves its gradients and parameters with it.
+  DeviceCopyEngine& copies() { return *parts_.copies; }
 
   // The arenas' allocator, handed over once (FailedPrecondition the second time).
   absl::StatusOr<std::unique_ptr<ArenaAllocator>> TakeAllocator();

@@ -349,10 +349,12 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "FP32; this engine reduces gradients in their own dtype (16-bit "
                           "reductions add in f32), so leave reduce_dtype unset or equal to "
                           "grad_dtype",
-                          "offload.optimizer: CPU is planned by zt estimate but this engine does "
-                          "not train with offload yet; set it to NONE to train",
                           "offload.params: NVME is planned by zt estimate but this engine does "
-                          "not train with offload yet; set it to NONE to train"));
+                          "not train with it yet (it trains offload.optimizer CPU); set it to "
+                          "NONE to train",
+                          "offload.optimizer: CPU trains on resources.device CPU only so far "
+                          "(the host step of a CUDA rank is not wired to its copy stream yet); "
+                          "set it to NONE on CUDA"));
 }
 
 }  // namespace

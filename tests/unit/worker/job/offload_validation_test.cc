@@ -216,20 +216,32 @@ TEST_F(NvmePathTest, AllowedRootsRefuseAnNvmePathOutsideThemOnlyWhenNvmeIsUsed) 
   EXPECT_TRUE(roots->CheckJob(job).ok()) << roots->CheckJob(job);
 }
 
-TEST(OffloadEngineSupportTest, RefusesOffloadAtRunTimeWhileValidationAcceptsIt) {
+TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndRefusesTheRestAtRunTime) {
   JobSpec job = Valid();
   job.mutable_parallel()->set_zero_stage(3);
   job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
   job.mutable_offload()->set_params(OffloadConfig::NVME);
   job.mutable_offload()->set_nvme_path("/swap");
   EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
-  const absl::Status status = CheckEngineSupport(job);
+  absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("offload.optimizer: CPU is planned by zt estimate but this engine does "
-                          "not train with offload yet; set it to NONE to train",
-                          "offload.params: NVME is planned by zt estimate but this engine does "
-                          "not train with offload yet; set it to NONE to train"));
+              ElementsAre("offload.params: NVME is planned by zt estimate but this engine does "
+                          "not train with it yet (it trains offload.optimizer CPU); set it to "
+                          "NONE to train"));
+  job.mutable_offload()->set_params(OffloadConfig::NONE);
+  job.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+  job.mutable_offload()->set_buffer_count(1);
+  EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
+              ElementsAre("offload.optimizer: NVME is planned by zt estimate but this engine "
+                          "does not train with it yet (it trains offload.optimizer CPU); set it "
+                          "to NONE to train"));
+  // The host step takes two ring buffers.
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
+              ElementsAre("offload.buffer_count: 1 — the host optimizer step needs 2 ring "
+                          "buffers (gradients down, parameters up)"));
 }
 
 }  // namespace

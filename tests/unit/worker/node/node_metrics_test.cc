@@ -80,6 +80,11 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   step.data_wait_s = 0.001953125;
   step.checkpoint_s = 0.5;
   step.checkpoint_bytes = 4096;
+  step.offload_bytes_to_host = 3000;
+  step.offload_bytes_to_device = 1500;
+  step.offload_to_host_s = 0.125;
+  step.offload_to_device_s = 0.0625;
+  step.host_optimizer_s = 0.25;
   metrics.RecordStart(
       key, {.load_seconds = 0.25, .step = 0, .checkpoint_interval_steps = 5, .unix_time = 1000});
   metrics.RecordStep(key, step, comm, flops_per_token, peak, /*unix_time=*/1001);
@@ -126,6 +131,12 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   EXPECT_EQ(value("zt_step_seconds_total", {{"part", "optimizer"}}), 2 * 0.00390625);
   EXPECT_EQ(value("zt_step_seconds_total", {{"part", "data_wait"}}), 2 * 0.001953125);
   EXPECT_EQ(value("zt_comm_wait_seconds_total"), 2 * 0.0078125);
+  // The host optimizer's figures are per step: each counter advances by them twice.
+  EXPECT_EQ(value("zt_offload_bytes_total", {{"direction", "to_host"}}), 6000);
+  EXPECT_EQ(value("zt_offload_bytes_total", {{"direction", "to_device"}}), 3000);
+  EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "to_host"}}), 0.25);
+  EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "to_device"}}), 0.125);
+  EXPECT_EQ(value("zt_host_optimizer_seconds_total"), 0.5);
   // The save after step 1 (step 2 saved nothing): its time, step and bytes.
   EXPECT_EQ(value("zt_checkpoint_save_seconds"), 0.5);
   EXPECT_EQ(value("zt_checkpoint_saved_bytes_total"), 4096);

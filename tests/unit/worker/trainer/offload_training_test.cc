@@ -1,0 +1,464 @@
+// ZeRO-Offload training (offload.optimizer CPU, worker/trainer.h): the fp32 master weights and
+// optimizer states live in the plan's pinned host buffers, apart from the device's arenas, and
+// the update runs on the host unit by unit through the rank's copy engine. On the CPU an
+// offloaded run is the same job without offload bit for bit — per-step losses, final weights,
+// every checkpointed buffer — for AdamW, 8-bit AdamW and Adafactor, fp32 and bf16, ZeRO
+// stages 1–3, on 1 and 2 ranks; the arenas it allocates are the plan's device and pinned_host
+// categories; the gradients and parameters really cross the copy engine; checkpoints of
+// offloaded states resume bit for bit and reshard onto another layout.
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/comm/store.h"
+#include "worker/data/token_shard.h"
+#include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/arena.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/rank_state.h"
+#include "worker/train/pinned_host_arena.h"
+#include "worker/trainer.h"
+
+namespace zt {
+namespace {
+
+using zerotrain::JobSpec;
+using zerotrain::OffloadConfig;
+using zerotrain::OptimizerConfig;
+using zerotrain::PrecisionConfig;
+
+// The small job's largest transfer (a block's 12,608 fp32 elements of master weights or of
+// one state) is under 13 pages; two ring buffers of 16 pages hold it.
+constexpr int64_t kRingBytes = 16 * 4096;
+
+struct Crossings {
+  std::atomic<int64_t> upload_bytes{0}, download_bytes{0};
+};
+
+class CountingCopyEngine : public DeviceCopyEngine {
+ public:
+  explicit CountingCopyEngine(Crossings* counts)
+      : inner_(MakeHostCopyEngine(Device{})), counts_(counts) {}
+  Device device() const override { return inner_->device(); }
+  absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
+    return inner_->AllocateStaging(bytes);
+  }
+  absl::StatusOr<IssueMark> MarkIssue() override { return inner_->MarkIssue(); }
+  absl::Status CopyToHost(const IssueMark& mark, void* host, const void* device,
+                          int64_t bytes) override {
+    counts_->download_bytes += bytes;
+    return inner_->CopyToHost(mark, host, device, bytes);
+  }
+  absl::Status CopyToDevice(const IssueMark& mark, void* device, const void* host,
+                            int64_t bytes) override {
+    counts_->upload_bytes += bytes;
+    return inner_->CopyToDevice(mark, device, host, bytes);
+  }
+
+ private:
+  std::unique_ptr<DeviceCopyEngine> inner_;
+  Crossings* counts_;
+};
+
+// The device arenas' allocator, counting the bytes of each category it is asked for.
+class CountingArenaAllocator : public ArenaAllocator {
+ public:
+  explicit CountingArenaAllocator(std::vector<int64_t>* bytes)
+      : inner_(MakeHostArenaAllocator()), bytes_(bytes) {}
+  Device DeviceOf(MemoryCategory c) const override { return inner_->DeviceOf(c); }
+  absl::StatusOr<void*> Allocate(MemoryCategory c, int64_t bytes) override {
+    (*bytes_)[static_cast<int>(c)] += bytes;
+    return inner_->Allocate(c, bytes);
+  }
+  void Free(MemoryCategory c, void* data) override { inner_->Free(c, data); }
+
+ private:
+  std::unique_ptr<ArenaAllocator> inner_;
+  std::vector<int64_t>* bytes_;
+};
+
+// What a rank of a CPU device built as RankDevice::Create builds it, with its crossings and
+// its device allocations counted (one of each per rank).
+struct CountedRank {
+  Crossings crossings;
+  std::vector<int64_t> device_bytes = std::vector<int64_t>(kMemoryCategoryCount, 0);
+  PinnedHostUse pinned;
+  int64_t pinned_bytes_while_training = 0;  // pinned.bytes after the run, before teardown
+};
+
+struct RunResult {
+  absl::Status status;
+  std::vector<double> losses;                            // rank 0's per step
+  std::vector<std::vector<float>> weights;               // FullWeights at the end
+  std::vector<std::vector<std::vector<uint8_t>>> state;  // per rank, its checkpointed buffers
+  std::vector<std::string> state_names;                  // rank 0's, in plan order
+  std::vector<std::string> unclaimed;
+  std::vector<MemoryPlan> plans;
+  std::vector<std::vector<int64_t>> arena_bytes;  // per rank, BytesInUse by category
+  std::vector<int64_t> crossing_bytes_last_step;  // per rank, up + down in the last step
+  std::vector<StepRecord> last_step;              // per rank
+};
+
+class OffloadTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TestScratchDir("zt-offload-training-test");
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  JobSpec Job(int world, int stage, OptimizerConfig::Type type, PrecisionConfig::DType dtype,
+              OffloadConfig::Device offload) {
+    JobSpec job = testing::SmallShardedJob((dir_ / "train.bin").string(), world, stage,
+                                           /*micro_batch=*/4 / world);
+    job.mutable_train()->set_max_steps(4);
+    job.mutable_optimizer()->set_type(type);
+    // Quantize every tensor of the small model (the default keeps small ones in fp32) in
+    // blocks of 64, so 8-bit AdamW's codes and scales are what is offloaded.
+    job.mutable_optimizer()->set_min_quantized_numel(0);
+    job.mutable_optimizer()->set_quant_block_size(64);
+    job.mutable_optimizer()->mutable_adafactor()->set_beta1(0.9f);
+    auto* p = job.mutable_precision();
+    p->set_param_dtype(dtype);
+    p->set_compute_dtype(dtype);
+    p->set_grad_dtype(dtype);
+    p->set_stochastic_rounding(dtype == PrecisionConfig::BF16);
+    job.mutable_offload()->set_optimizer(offload);
+    job.mutable_offload()->set_buffer_count(2);
+    job.mutable_offload()->set_buffer_size(kRingBytes);
+    return job;
+  }
+
+  // Every rank (threads) to `stop_after`; from `resume` when set. `counted`, one per rank:
+  // the ranks' devices count their crossings and device allocations.
+  static RunResult Train(const JobSpec& spec, int64_t stop_after, const std::string& resume = "",
+                         std::vector<CountedRank>* counted = nullptr) {
+    RunResult result;
+    absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
+    if (!validated.ok()) {
+      result.status = validated.status();
+      return result;
+    }
+    const JobSpec job = *validated;
+    const int n = job.parallel().world_size();
+    InProcessStore store;
+    result.state.resize(n);
+    result.plans.resize(n);
+    result.arena_bytes.resize(n);
+    result.crossing_bytes_last_step.resize(n);
+    result.last_step.resize(n);
+    std::vector<absl::Status> status(n);
+    std::vector<std::vector<std::string>> unclaimed(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        status[r] = [&]() -> absl::Status {
+          TrainOptions options;
+          options.rank = r;
+          options.store = &store;
+          options.stop_after_step = stop_after;
+          options.resume_dir = resume;
+          if (counted != nullptr) {
+            CountedRank* c = &(*counted)[r];
+            options.make_device = [c](const JobSpec& j,
+                                      int) -> absl::StatusOr<std::unique_ptr<RankDevice>> {
+              RankDevice::Parts parts;
+              parts.context = JobDeviceContext(j);
+              parts.allocator = MakePinnedHostArenaAllocator(
+                  std::make_unique<CountingArenaAllocator>(&c->device_bytes),
+                  {.pin_memory = j.offload().pin_memory(), .use = &c->pinned});
+              parts.copies = std::make_unique<CountingCopyEngine>(&c->crossings);
+              return RankDevice::FromParts(std::move(parts));
+            };
+          }
+          absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
+          if (!t.ok()) return t.status();
+          int64_t crossed_before = 0;
+          absl::Status run = (*t)->Run([&](const StepRecord& rec) {
+            if (counted != nullptr) {
+              const Crossings& x = (*counted)[r].crossings;
+              const int64_t crossed = x.upload_bytes + x.download_bytes;
+              result.crossing_bytes_last_step[r] = crossed - crossed_before;
+              crossed_before = crossed;
+            }
+            result.last_step[r] = rec;
+            if (r == 0) result.losses.push_back(rec.loss);
+          });
+          if (!run.ok()) return run;
+          if (counted != nullptr) {
+            (*counted)[r].pinned_bytes_while_training = (*counted)[r].pinned.bytes;
+          }
+          result.plans[r] = (*t)->plan();
+          for (int c = 0; c < kMemoryCategoryCount; ++c) {
+            result.arena_bytes[r].push_back(
+                (*t)->arenas().BytesInUse(static_cast<MemoryCategory>(c)));
+          }
+          for (const BufferSpec* b : CheckpointedBuffers((*t)->plan())) {
+            absl::StatusOr<Tensor> v = (*t)->arenas().Get(b->name);
+            if (!v.ok()) return v.status();
+            const auto* bytes = static_cast<const uint8_t*>(v->raw());
+            result.state[r].emplace_back(bytes, bytes + b->bytes());
+            if (r == 0) result.state_names.push_back(b->name);
+          }
+          absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
+          if (!w.ok()) return w.status();
+          if (r == 0) result.weights = std::move(*w);
+          unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
+          return absl::OkStatus();
+        }();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < n && result.status.ok(); ++r) {
+      if (!status[r].ok()) {
+        result.status =
+            absl::Status(status[r].code(), absl::StrCat("rank ", r, ": ", status[r].message()));
+      }
+    }
+    for (const auto& u : unclaimed) {
+      result.unclaimed.insert(result.unclaimed.end(), u.begin(), u.end());
+    }
+    return result;
+  }
+
+  std::filesystem::path dir_;
+};
+
+// Bitwise: the host step is the device step's arithmetic on the same values in the same order.
+void ExpectSameRun(const RunResult& offloaded, const RunResult& plain, const std::string& what) {
+  ASSERT_TRUE(offloaded.status.ok()) << what << ": " << offloaded.status;
+  ASSERT_TRUE(plain.status.ok()) << what << ": " << plain.status;
+  EXPECT_EQ(offloaded.losses, plain.losses) << what;
+  EXPECT_EQ(offloaded.weights, plain.weights) << what;
+  EXPECT_EQ(offloaded.state_names, plain.state_names) << what;
+  ASSERT_EQ(offloaded.state.size(), plain.state.size()) << what;
+  for (size_t r = 0; r < plain.state.size(); ++r) {
+    ASSERT_EQ(offloaded.state[r].size(), plain.state[r].size()) << what;
+    for (size_t b = 0; b < plain.state[r].size(); ++b) {
+      EXPECT_EQ(offloaded.state[r][b], plain.state[r][b])
+          << what << " rank " << r << " buffer " << plain.state_names[b];
+    }
+  }
+}
+
+struct OptimizerCase {
+  const char* name;
+  OptimizerConfig::Type type;
+};
+constexpr OptimizerCase kOptimizers[] = {{"AdamW", OptimizerConfig::ADAMW},
+                                         {"8-bit AdamW", OptimizerConfig::ADAMW_8BIT},
+                                         {"Adafactor", OptimizerConfig::ADAFACTOR}};
+
+TEST_F(OffloadTrainingTest, OptimizerCpuEqualsNoOffloadBitForBit) {
+  for (const OptimizerCase& o : kOptimizers) {
+    for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+      for (int stage = 1; stage <= 3; ++stage) {
+        for (int world : {1, 2}) {
+          const std::string what = absl::StrCat(o.name, " ", PrecisionConfig::DType_Name(dtype),
+                                                " stage ", stage, " world ", world);
+          const RunResult offloaded =
+              Train(Job(world, stage, o.type, dtype, OffloadConfig::CPU), 4);
+          const RunResult plain = Train(Job(world, stage, o.type, dtype, OffloadConfig::NONE), 4);
+          ExpectSameRun(offloaded, plain, what);
+          ASSERT_EQ(offloaded.losses.size(), 4u) << what;
+          // The ring and every offloaded state were used.
+          EXPECT_TRUE(offloaded.unclaimed.empty()) << what << ": " << offloaded.unclaimed[0];
+          // The run trained: the offloaded states are not the zero they started as.
+          bool moved = false;
+          for (size_t b = 0; b < offloaded.state_names.size(); ++b) {
+            if (offloaded.state_names[b].ends_with(".params")) continue;
+            for (uint8_t byte : offloaded.state[0][b]) moved |= byte != 0;
+          }
+          EXPECT_TRUE(moved) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(OffloadTrainingTest, ArenasAreThePlansDeviceAndPinnedHostCategories) {
+  for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+    const std::string what = PrecisionConfig::DType_Name(dtype);
+    std::vector<CountedRank> counted(2), counted_plain(2);
+    const RunResult offloaded =
+        Train(Job(2, 2, OptimizerConfig::ADAMW, dtype, OffloadConfig::CPU), 2, "", &counted);
+    const RunResult plain =
+        Train(Job(2, 2, OptimizerConfig::ADAMW, dtype, OffloadConfig::NONE), 2, "", &counted_plain);
+    ExpectSameRun(offloaded, plain, what);
+    const JobSpec job =
+        ValidatedJob(Job(2, 2, OptimizerConfig::ADAMW, dtype, OffloadConfig::CPU)).value();
+    for (int r = 0; r < 2; ++r) {
+      const MemoryPlan& plan = offloaded.plans[r];
+      const MemoryPlan& plain_plan = plain.plans[r];
+      // The device holds what the plan's device categories say, and nothing of the optimizer:
+      // its states moved whole to the pinned host pool.
+      for (int c = 0; c < kMemoryCategoryCount; ++c) {
+        const auto category = static_cast<MemoryCategory>(c);
+        EXPECT_EQ(offloaded.arena_bytes[r][c], plan.CategoryBytes(category))
+            << what << " " << MemoryCategoryName(category);
+        EXPECT_EQ(counted[r].device_bytes[c],
+                  IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
+            << what << " " << MemoryCategoryName(category);
+      }
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kOptimizerState), 0) << what;
+      EXPECT_EQ(plan.DeviceBytes(), plain_plan.DeviceBytes() -
+                                        plain_plan.CategoryBytes(MemoryCategory::kOptimizerState))
+          << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+                plain_plan.CategoryBytes(MemoryCategory::kOptimizerState) + 2 * kRingBytes)
+          << what;
+      // One pool region of the category's bytes (page-rounded), pageable: pin_memory is off.
+      EXPECT_EQ(counted[r].pinned.allocations, 1) << what;
+      EXPECT_EQ(counted[r].pinned_bytes_while_training,
+                (plan.CategoryBytes(MemoryCategory::kPinnedHost) + 4095) / 4096 * 4096)
+          << what;
+      EXPECT_EQ(counted[r].pinned.bytes, 0) << what << ": the pool went with the trainer";
+      EXPECT_FALSE(counted[r].pinned.pinned) << what;
+      // Each step, every unit's reduced gradient shard comes down and its updated parameter
+      // shard goes up (with fp32 parameters and no master weights the parameters also come
+      // down: they are what the update reads), on top of what the plain run moves.
+      int64_t expected = 0;
+      const ShardGeometry geometry = GeometryOf(job, r);
+      const int64_t grad = DTypeSize(dtype == PrecisionConfig::BF16 ? DType::kBF16 : DType::kF32);
+      const int64_t param = grad;
+      const int64_t params_crossings = dtype == PrecisionConfig::FP32 ? 2 : 1;
+      for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+        const FlatRange owned = ShardOf(u.numel, geometry).owned;
+        expected += (owned.end - owned.begin) * (grad + params_crossings * param);
+      }
+      EXPECT_GT(expected, 0) << what;
+      // The step's record says the same (what metrics.jsonl and the node's
+      // zt_offload_bytes_total report), and the plain run moved nothing for its optimizer.
+      const StepRecord& last = offloaded.last_step[r];
+      EXPECT_EQ(last.offload_bytes_to_host + last.offload_bytes_to_device, expected) << what;
+      EXPECT_GT(last.offload_bytes_to_device, 0) << what;
+      EXPECT_GT(last.host_optimizer_s, 0) << what;
+      EXPECT_LE(last.host_optimizer_s + last.offload_to_host_s + last.offload_to_device_s,
+                last.optimizer_s + last.comm_wait_s)
+          << what << ": the host step is part of the optimizer's time";
+      EXPECT_EQ(plain.last_step[r].offload_bytes_to_host, 0) << what;
+      EXPECT_EQ(plain.last_step[r].host_optimizer_s, 0) << what;
+      EXPECT_EQ(offloaded.crossing_bytes_last_step[r] - plain.crossing_bytes_last_step[r], expected)
+          << what << " rank " << r;
+    }
+  }
+}
+
+// Checkpoints of offloaded states: a run stopped after step 2 and resumed continues bit for
+// bit as the run that never stopped, and as the same job without offload.
+TEST_F(OffloadTrainingTest, OffloadedStatesResumeBitForBit) {
+  struct Case {
+    OptimizerConfig::Type type;
+    PrecisionConfig::DType dtype;
+    int world, stage;
+  };
+  for (const Case& c : {Case{OptimizerConfig::ADAMW, PrecisionConfig::BF16, 2, 2},
+                        Case{OptimizerConfig::ADAMW_8BIT, PrecisionConfig::FP32, 2, 3},
+                        Case{OptimizerConfig::ADAFACTOR, PrecisionConfig::BF16, 1, 1}}) {
+    const std::string what =
+        absl::StrCat(OptimizerConfig::Type_Name(c.type), " ", PrecisionConfig::DType_Name(c.dtype),
+                     " stage ", c.stage, " world ", c.world);
+    auto job = [&](OffloadConfig::Device offload, const std::string& dir) {
+      JobSpec j = Job(c.world, c.stage, c.type, c.dtype, offload);
+      j.mutable_checkpoint()->set_dir((dir_ / (what + dir)).string());
+      j.mutable_checkpoint()->set_interval_steps(2);
+      return j;
+    };
+    const RunResult straight = Train(job(OffloadConfig::CPU, "straight"), 4);
+    const RunResult plain = Train(job(OffloadConfig::NONE, "plain"), 4);
+    ExpectSameRun(straight, plain, what);
+    const JobSpec stopped = job(OffloadConfig::CPU, "stopped");
+    const RunResult first = Train(stopped, 2);
+    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
+    const RunResult second = Train(stopped, 4, stopped.checkpoint().dir());
+    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+    ASSERT_EQ(second.losses.size(), 2u) << what;
+    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
+    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
+    EXPECT_EQ(second.weights, straight.weights) << what;
+    EXPECT_EQ(second.state, straight.state) << what;
+  }
+}
+
+// Another layout reshards offloaded states on read as it reshards any: 2 ranks at stage 3
+// with offload → 1 rank at stage 1 with offload and without, the same bytes either way; and a
+// checkpoint saved without offload resumes into an offloaded run.
+TEST_F(OffloadTrainingTest, OffloadedCheckpointsReshardLikeAnyOther) {
+  for (OptimizerConfig::Type type :
+       {OptimizerConfig::ADAMW, OptimizerConfig::ADAMW_8BIT, OptimizerConfig::ADAFACTOR}) {
+    const std::string what = OptimizerConfig::Type_Name(type);
+    JobSpec saved = Job(2, 3, type, PrecisionConfig::BF16, OffloadConfig::CPU);
+    saved.mutable_checkpoint()->set_dir((dir_ / (what + "saved")).string());
+    saved.mutable_checkpoint()->set_interval_steps(2);
+    ASSERT_TRUE(Train(saved, 2).status.ok()) << what;
+    // Each resumes its own copy of the saved step (a resumed run saves into its directory).
+    auto resume = [&](const JobSpec& from, JobSpec job, const std::string& name) {
+      job.mutable_checkpoint()->set_dir((dir_ / (what + name)).string());
+      std::filesystem::copy(from.checkpoint().dir(), job.checkpoint().dir(),
+                            std::filesystem::copy_options::recursive);
+      RunResult run = Train(job, 4, job.checkpoint().dir());
+      EXPECT_EQ(run.losses.size(), 2u) << what << " " << name;
+      return run;
+    };
+    ExpectSameRun(resume(saved, Job(1, 1, type, PrecisionConfig::BF16, OffloadConfig::CPU), "a"),
+                  resume(saved, Job(1, 1, type, PrecisionConfig::BF16, OffloadConfig::NONE), "b"),
+                  what + " resharded");
+    // A checkpoint saved without offload, the other way round.
+    JobSpec plain = Job(2, 2, type, PrecisionConfig::BF16, OffloadConfig::NONE);
+    plain.mutable_checkpoint()->set_dir((dir_ / (what + "plain")).string());
+    plain.mutable_checkpoint()->set_interval_steps(2);
+    ASSERT_TRUE(Train(plain, 2).status.ok()) << what;
+    JobSpec offloaded = plain;
+    offloaded.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+    const RunResult into_offload = resume(plain, offloaded, "c");
+    const RunResult straight = resume(plain, plain, "d");
+    ExpectSameRun(into_offload, straight, what + " plain into offloaded");
+  }
+}
+
+TEST_F(OffloadTrainingTest, MetricsLinesCarryTheHostOptimizersFigures) {
+  const JobSpec job =
+      ValidatedJob(Job(1, 1, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::CPU))
+          .value();
+  TrainOptions options;
+  options.run_dir = (dir_ / "run").string();
+  std::unique_ptr<Trainer> trainer = Trainer::Create(job, options).value();
+  ASSERT_TRUE(trainer->Run().ok());
+  std::ifstream in(dir_ / "run" / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ++lines;
+    // bf16 parameters over fp32 master weights: each step the bf16 gradients come down and
+    // the bf16 parameters go up, 2 bytes an element of the model each way (one rank).
+    int64_t elements = 0;
+    for (const UnitLayout& u : BuildModelLayout(job.model()).units) elements += u.numel;
+    EXPECT_EQ(j.at("offload_bytes_to_host").get<int64_t>(), 2 * elements) << line;
+    EXPECT_EQ(j.at("offload_bytes_to_device").get<int64_t>(), 2 * elements) << line;
+    EXPECT_GE(j.at("offload_to_host_s").get<double>(), 0) << line;
+    EXPECT_GE(j.at("offload_to_device_s").get<double>(), 0) << line;
+    EXPECT_GT(j.at("host_optimizer_s").get<double>(), 0) << line;
+  }
+  EXPECT_EQ(lines, 4);
+  // The pinned pool's use as the memory report shows it: the plan's pinned_host bytes.
+  std::ifstream memory(dir_ / "run" / "memory.json");
+  const nlohmann::json report = nlohmann::json::parse(memory);
+  EXPECT_EQ(report["arenas_high_water"]["pinned_host"].get<int64_t>(),
+            trainer->plan().CategoryBytes(MemoryCategory::kPinnedHost));
+  EXPECT_GT(report["plan"]["pinned_host"].get<int64_t>(), 2 * kRingBytes);
+}
+
+}  // namespace
+}  // namespace zt
