@@ -97,12 +97,6 @@ int64_t PaddedUnitNumel(int64_t unit_numel, int group_size) {
   return (unit_numel + quantum - 1) / quantum * quantum;
 }
 
-ShardGeometry GeometryOf(const zerotrain::JobSpec& job, int rank) {
-  const int n = std::max(1, job.parallel().world_size());
-  const int g = job.parallel().shard_group_size();
-  return {.world_size = n, .group_size = g >= 1 && n % g == 0 ? g : n, .rank = rank};
-}
-
 UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry) {
   UnitShard s;
   s.numel = unit_numel;
@@ -178,7 +172,8 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
   }
   if (OffloadCategory(job.offload().optimizer())) {
     // The host step reads each unit's reduced gradient shard and writes back its parameters.
-    const ShardGeometry geometry = GeometryOf(job, rank);
+    const ParallelLayout place = ParallelLayout::ForJob(job, rank);
+    const ShardGeometry& geometry = place.shard();
     const int64_t widest = std::max(DTypeSize(StorageDType(job.precision().grad_dtype())),
                                     DTypeSize(StorageDType(job.precision().param_dtype())));
     for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
@@ -188,10 +183,11 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
   return largest;
 }
 
-ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
+ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
+                                        const ParallelLayout& layout) {
   ConversionBufferSizes sizes;
   if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
-  const ShardGeometry g = GeometryOf(job, 0);
+  const ShardGeometry& g = layout.shard();
   const int stage = job.parallel().zero_stage();
   // A communicator of one rank reduces nothing, so it converts nothing.
   const bool gradients_reduced = (stage == 0 ? g.world_size : g.group_size) > 1;
@@ -215,16 +211,20 @@ bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
          (!weights_only || b.name.ends_with(".master") || b.name.ends_with(".master_low"));
 }
 
-bool ShardedAdafactor(const zerotrain::JobSpec& job) {
+bool ShardedAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layout) {
   return job.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
-         job.parallel().zero_stage() >= 1 && GeometryOf(job, 0).group_size > 1;
+         job.parallel().zero_stage() >= 1 && layout.shard().group_size > 1;
 }
 
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
+  return PlanMemory(job, ParallelLayout::ForJob(job, rank));
+}
+
+MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place) {
   const ModelLayout layout = BuildModelLayout(job.model());
   const auto& precision = job.precision();
   const auto& parallel = job.parallel();
-  const ShardGeometry geometry = GeometryOf(job, rank);
+  const ShardGeometry& geometry = place.shard();
   const int stage = parallel.zero_stage();
   const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
   const DType param_dtype = StorageDType(precision.param_dtype());
@@ -289,7 +289,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
     add("grad.shard.1", MemoryCategory::kCommunication, grad_dtype, largest_shard);
   }
   add("comm.scalars", MemoryCategory::kCommunication, DType::kF32, 6 * geometry.world_size);
-  const ConversionBufferSizes conversion = ConversionBuffers(job);
+  const ConversionBufferSizes conversion = ConversionBuffers(job, place);
   // Gloo converts 16-bit data on the host: a GPU rank's (staged) conversion buffers are pinned.
   const MemoryCategory convert_category =
       OnCuda(job) ? MemoryCategory::kPinnedHost : MemoryCategory::kCommunication;
@@ -303,7 +303,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
           conversion.replicas);
     }
   }
-  if (ShardedAdafactor(job)) {
+  if (ShardedAdafactor(job, place)) {
     int64_t scratch = 2;
     for (const UnitLayout& u : layout.units) {
       for (const ParamSpec& p : u.params) {

@@ -96,7 +96,7 @@ double RecomputeFraction(const zerotrain::JobSpec& job, const ForwardFlops& f,
 }
 
 int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layout, int stage) {
-  const ShardGeometry geometry = GeometryOf(job, 0);
+  const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   const int N = geometry.world_size, G = geometry.group_size, R = geometry.groups();
   if (N <= 1) return 0;
   const int64_t p = ElementBytes(job.precision().param_dtype());
@@ -177,7 +177,7 @@ Transfers OffloadTransfers(const zerotrain::JobSpec& job, const ModelLayout& lay
                            const MemoryPlan& plan) {
   Transfers t;
   const OffloadChoice offload{job.offload().optimizer(), job.offload().params()};
-  const ShardGeometry geometry = GeometryOf(job, 0);
+  const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   int64_t shards = 0;
   for (const UnitLayout& u : layout.units) shards += ShardOf(u.numel, geometry).shard_numel;
   const int64_t p = ElementBytes(job.precision().param_dtype());
