@@ -8,6 +8,7 @@
 #include "worker/model/activation_table.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/optimizer_state_layout.h"
+#include "worker/plan/parallel_plan.h"
 
 namespace zt {
 namespace {
@@ -176,7 +177,7 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
     const ShardGeometry& geometry = place.shard();
     const int64_t widest = std::max(DTypeSize(StorageDType(job.precision().grad_dtype())),
                                     DTypeSize(StorageDType(job.precision().param_dtype())));
-    for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+    for (const UnitLayout& u : RankModelLayout(job, place).units) {
       largest = std::max(largest, ShardOf(u.numel, geometry).shard_numel * widest);
     }
   }
@@ -193,7 +194,7 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
   const bool gradients_reduced = (stage == 0 ? g.world_size : g.group_size) > 1;
   const int64_t bucket =
       job.parallel().bucket_bytes() / DTypeSize(StorageDType(job.precision().grad_dtype()));
-  for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+  for (const UnitLayout& u : RankModelLayout(job, layout).units) {
     const UnitShard shard = ShardOf(u.numel, g);
     if (gradients_reduced) {
       const int64_t reduced =
@@ -221,7 +222,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
 }
 
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place) {
-  const ModelLayout layout = BuildModelLayout(job.model());
+  const ModelLayout layout = RankModelLayout(job, place);
   const auto& precision = job.precision();
   const auto& parallel = job.parallel();
   const ShardGeometry& geometry = place.shard();
@@ -327,11 +328,11 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   }
   const int64_t B = job.train().micro_batch_size(), T = job.data().seq_len();
   const DType compute = StorageDType(precision.compute_dtype());
-  for (BufferSpec& b : ActivationTable(job.model(), job.memory(), B, T, compute)) {
+  for (BufferSpec& b : RankActivationTable(job, place, B, T, compute)) {
     plan.buffers.push_back(std::move(b));
   }
-  for (BufferSpec& b : WorkspaceTable(job.model(), B, T, /*backward=*/true, JobDeviceContext(job),
-                                      compute, param_dtype, grad_dtype)) {
+  for (BufferSpec& b : RankWorkspaceTable(job, place, B, T, JobDeviceContext(job), compute,
+                                          param_dtype, grad_dtype)) {
     plan.buffers.push_back(std::move(b));
   }
   return plan;

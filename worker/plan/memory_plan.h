@@ -121,7 +121,10 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 // context JobDeviceContext(job). Precision decides the dtypes (parameters in param_dtype, fp32
 // master weights when master_weights, gradients in grad_dtype, activations in
 // compute_dtype); zero_stage S divides the model states over the shard group (inside the
-// rank's data-parallel group, layout.shard()) as ZeRO does.
+// rank's data-parallel group, layout.shard()) as ZeRO does. With tensor or pipeline
+// parallelism the units are the rank's stage at their tensor-parallel shares, and the
+// activations and workspace the rank's (worker/plan/parallel_plan.h: RankModelLayout,
+// RankActivationTable, RankWorkspaceTable).
 // Per unit u (n elements, P padded, s = P/G its shard):
 //   "<u>.params"       S ≤ 2: P (n at S = 0), S = 3: s
 //   "<u>.grads"        S ≤ 1: P (n at S = 0), accumulated over micro-batches and reduced in
