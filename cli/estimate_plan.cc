@@ -97,11 +97,10 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
       host_bytes = std::max<int64_t>(1, host_bytes - std::min(job_budget, device_bytes));
     }
   }
-  ZT_ASSIGN_OR_RETURN(
-      const zerotrain::ShardingPlan plan,
-      PlanSharding(job, {.device_memory_bytes = device_bytes,
-                         .host_memory_bytes = host_bytes,
-                         .layouts = LayoutSearch::kAll}));
+  ZT_ASSIGN_OR_RETURN(const zerotrain::ShardingPlan plan,
+                      PlanSharding(job, {.device_memory_bytes = device_bytes,
+                                         .host_memory_bytes = host_bytes,
+                                         .layouts = LayoutSearch::kAll}));
   if (flags.json) {
     ZT_ASSIGN_OR_RETURN(const std::string text, ToJson(plan));
     std::cout << text << "\n";
@@ -142,8 +141,8 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
   std::cout << "\n";
   std::cout << absl::StrFormat("  %-5s %-5s %-5s %-13s %-9s %12s %12s %12s %12s %10s %7s %8s  %s\n",
                                "tp", "pp", "stage", "checkpointing", "offload", "device/rank",
-                               "host/rank", "nvme/rank", "comm/step", "recompute", "bubble",
-                               "cost", "fits");
+                               "host/rank", "nvme/rank", "comm/step", "recompute", "bubble", "cost",
+                               "fits");
   for (const zerotrain::PlanCandidate& c : plan.candidates()) {
     const bool is_chosen = c.tensor_parallel() == chosen.tensor_parallel() &&
                            c.pipeline_parallel() == chosen.pipeline_parallel() &&

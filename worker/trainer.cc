@@ -110,10 +110,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     store = t->own_store_.get();
   }
   t->store_ = store;
-  ZT_ASSIGN_OR_RETURN(t->comms_,
-                      ConnectRank(job, layout, store, *t->arenas_, t->device_->comm()));
-  ZT_ASSIGN_OR_RETURN(t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_,
-                                                         t->comms_.view()));
+  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, layout, store, *t->arenas_, t->device_->comm()));
+  ZT_ASSIGN_OR_RETURN(
+      t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view()));
   std::optional<Optimizer::ShardGroup> shard_group;
   if (ShardedAdafactor(job, layout)) {
     ShardingEngine* engine = t->engine_.get();

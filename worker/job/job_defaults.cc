@@ -49,9 +49,8 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   // A job that names only the pipeline's micro-batches accumulates over them: they are the
   // same count (proto/job.proto, parallel.micro_batches).
   if (!train.has_grad_accum_steps()) {
-    train.set_grad_accum_steps(spec->parallel().has_micro_batches()
-                                   ? spec->parallel().micro_batches()
-                                   : 1);
+    train.set_grad_accum_steps(
+        spec->parallel().has_micro_batches() ? spec->parallel().micro_batches() : 1);
   }
   if (!train.has_eval_steps()) train.set_eval_steps(20);
   if (!train.has_log_interval()) train.set_log_interval(1);
@@ -141,9 +140,9 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
     const int64_t model_parallel =
         int64_t{parallel.tensor_parallel()} * parallel.pipeline_parallel();
     const bool divides = model_parallel >= 1 && parallel.world_size() % model_parallel == 0;
-    parallel.set_shard_group_size(
-        divides ? static_cast<int32_t>(parallel.world_size() / model_parallel)
-                : parallel.world_size());
+    parallel.set_shard_group_size(divides
+                                      ? static_cast<int32_t>(parallel.world_size() / model_parallel)
+                                      : parallel.world_size());
   }
   if (!parallel.has_reshard_after_forward()) parallel.set_reshard_after_forward(true);
   if (!parallel.has_prefetch_units()) parallel.set_prefetch_units(1);

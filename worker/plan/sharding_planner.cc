@@ -134,8 +134,7 @@ ModelParallelCost ModelParallelCostOf(const zerotrain::JobSpec& job) {
   const int64_t p = std::max(1, parallel.pipeline_parallel());
   const int64_t A = job.train().grad_accum_steps();
   const int64_t activation = int64_t{job.train().micro_batch_size()} * job.data().seq_len() *
-                             job.model().d_model() *
-                             ElementBytes(job.precision().compute_dtype());
+                             job.model().d_model() * ElementBytes(job.precision().compute_dtype());
   ModelParallelCost cost;
   if (t > 1) {
     const int64_t blocks = (job.model().n_layer() + p - 1) / p;

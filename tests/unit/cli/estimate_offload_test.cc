@@ -102,8 +102,7 @@ std::string WithOwnLayout(std::string job) {
 }
 
 TEST_F(EstimateOffloadTest, PlanShowsTheChosenOffloadAndWhy) {
-  const std::string path =
-      Write(WithOwnLayout(kJob) + "offload: {buffer_size: 2097152}\n");
+  const std::string path = Write(WithOwnLayout(kJob) + "offload: {buffer_size: 2097152}\n");
   const std::string text = Run({.job_file = path, .plan = true});
   EXPECT_THAT(text, HasSubstr("devices of 19.1 MiB (resources.device_memory_bytes)"));
   EXPECT_THAT(text, HasSubstr("why: no candidate without offload fits"));
