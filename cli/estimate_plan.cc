@@ -47,6 +47,9 @@ std::string OffloadName(zerotrain::OffloadConfig::Device d) {
              : zerotrain::OffloadConfig::Device_Name(d);
 }
 
+// A plan from before layouts were planned leaves them 0: one rank.
+int Layout(int32_t size) { return size > 0 ? size : 1; }
+
 }  // namespace
 
 absl::Status RunEstimatePlan(const EstimateFlags& flags) {
@@ -57,9 +60,10 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
                                                           .deepspeed_world_size = flags.world_size,
                                                           .zero_stage = flags.zero_stage}));
   if (flags.world_size > 0) {
-    // A new world shards over all its ranks (the job's shard_group_size was for its own).
+    // A new world shards over all its data-parallel ranks (the job's shard_group_size was for
+    // its own): the planner takes each layout's data-parallel size.
     job.mutable_parallel()->set_world_size(flags.world_size);
-    job.mutable_parallel()->set_shard_group_size(flags.world_size);
+    job.mutable_parallel()->clear_shard_group_size();
   }
   if (flags.zero_stage > 3) {
     return absl::InvalidArgumentError(
@@ -93,9 +97,10 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
       host_bytes = std::max<int64_t>(1, host_bytes - std::min(job_budget, device_bytes));
     }
   }
-  ZT_ASSIGN_OR_RETURN(
-      const zerotrain::ShardingPlan plan,
-      PlanSharding(job, {.device_memory_bytes = device_bytes, .host_memory_bytes = host_bytes}));
+  ZT_ASSIGN_OR_RETURN(const zerotrain::ShardingPlan plan,
+                      PlanSharding(job, {.device_memory_bytes = device_bytes,
+                                         .host_memory_bytes = host_bytes,
+                                         .layouts = LayoutSearch::kAll}));
   if (flags.json) {
     ZT_ASSIGN_OR_RETURN(const std::string text, ToJson(plan));
     std::cout << text << "\n";
@@ -109,8 +114,10 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
       BuildModelLayout(job.model()).total_numel, plan.world_size(),
       FormatBytes(plan.device_memory_bytes()), device_source, plan.safety_margin() * 100);
   std::cout << absl::StrFormat(
-      "%s: ZeRO stage %d, activation checkpointing %s, %s per rank%s\n",
-      chosen.fits() ? "chosen" : "nothing fits; smallest", chosen.zero_stage(),
+      "%s: tensor parallel %d × pipeline parallel %d, ZeRO stage %d, activation checkpointing "
+      "%s, %s per rank%s\n",
+      chosen.fits() ? "chosen" : "nothing fits; smallest", Layout(chosen.tensor_parallel()),
+      Layout(chosen.pipeline_parallel()), chosen.zero_stage(),
       PolicyName(chosen.activation_checkpointing()), FormatBytes(chosen.peak_bytes_per_rank()),
       chosen.fits() ? "" : absl::StrCat(" (", chosen.rejected_because(), ")"));
   if (chosen.fits() && (chosen.offload_optimizer() != zerotrain::OffloadConfig::NONE ||
@@ -123,12 +130,23 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
   }
   std::cout << "why: " << plan.reason() << "\n";
   std::cout << "pinned by the job: "
-            << (plan.pinned().empty() ? "nothing" : absl::StrJoin(plan.pinned(), ", ")) << "\n\n";
-  std::cout << absl::StrFormat("  %-5s %-13s %-9s %12s %12s %12s %12s %10s %8s  %s\n", "stage",
-                               "checkpointing", "offload", "device/rank", "host/rank", "nvme/rank",
-                               "comm/step", "recompute", "cost", "fits");
+            << (plan.pinned().empty() ? "nothing" : absl::StrJoin(plan.pinned(), ", ")) << "\n";
+  if (chosen.tensor_parallel() > 1 || chosen.pipeline_parallel() > 1) {
+    std::cout << "note: this engine does not train tensor or pipeline parallel layouts yet "
+                 "(the coordinator plans only the job's own layout)\n";
+  }
+  for (const std::string& layout : plan.rejected_layouts()) {
+    std::cout << "layout not planned: " << layout << "\n";
+  }
+  std::cout << "\n";
+  std::cout << absl::StrFormat("  %-5s %-5s %-5s %-13s %-9s %12s %12s %12s %12s %10s %7s %8s  %s\n",
+                               "tp", "pp", "stage", "checkpointing", "offload", "device/rank",
+                               "host/rank", "nvme/rank", "comm/step", "recompute", "bubble", "cost",
+                               "fits");
   for (const zerotrain::PlanCandidate& c : plan.candidates()) {
-    const bool is_chosen = c.zero_stage() == chosen.zero_stage() &&
+    const bool is_chosen = c.tensor_parallel() == chosen.tensor_parallel() &&
+                           c.pipeline_parallel() == chosen.pipeline_parallel() &&
+                           c.zero_stage() == chosen.zero_stage() &&
                            c.activation_checkpointing() == chosen.activation_checkpointing() &&
                            c.offload_optimizer() == chosen.offload_optimizer() &&
                            c.offload_params() == chosen.offload_params();
@@ -136,11 +154,12 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
     const std::string offload =
         absl::StrCat(OffloadName(c.offload_optimizer()), "/", OffloadName(c.offload_params()));
     std::cout << absl::StrFormat(
-        "%s %-5d %-13s %-9s %12s %12s %12s %12s %9.1f%% %8.3f  %s\n", is_chosen ? "*" : " ",
+        "%s %-5d %-5d %-5d %-13s %-9s %12s %12s %12s %12s %9.1f%% %6.1f%% %8.3f  %s\n",
+        is_chosen ? "*" : " ", Layout(c.tensor_parallel()), Layout(c.pipeline_parallel()),
         c.zero_stage(), PolicyName(c.activation_checkpointing()), offload,
         FormatBytes(c.peak_bytes_per_rank()), FormatBytes(c.pinned_host_bytes_per_rank()),
         FormatBytes(c.nvme_bytes_per_rank()), FormatBytes(c.comm_bytes_per_step()),
-        c.recompute_fraction() * 100, c.cost(),
+        c.recompute_fraction() * 100, c.bubble_fraction() * 100, c.cost(),
         c.fits() ? "yes" : absl::StrCat("no: ", c.rejected_because()));
   }
   return absl::OkStatus();

@@ -41,7 +41,7 @@ absl::StatusOr<absl::Span<const uint8_t>> SavedRankFiles::Buffer(int rank, const
 
 FlatRange OptimizerRangeOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit) {
   if (job.parallel().zero_stage() < 1) return {0, unit.numel};
-  return ShardOf(unit.numel, GeometryOf(job, rank)).owned;
+  return ShardOf(unit.numel, ParallelLayout::ForJob(job, rank).shard()).owned;
 }
 
 namespace {
@@ -60,7 +60,7 @@ class UnitResharder {
     // The first shard group holds every element once; the other groups are its replicas.
     // Unsharded (stage 0) ranks each hold the whole unit, so rank 0 alone answers.
     const int ranks =
-        saved.job().parallel().zero_stage() < 1 ? 1 : GeometryOf(saved.job(), 0).group_size;
+        saved.job().parallel().zero_stage() < 1 ? 1 : ParallelLayout::ForJob(saved.job(), 0).shard().group_size;
     for (int r = 0; r < ranks; ++r) {
       saved_ranks_.push_back(
           {r, OptimizerStateFor(config_, unit, OptimizerRangeOf(saved.job(), r, unit))});

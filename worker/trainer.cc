@@ -84,7 +84,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   ZT_ASSIGN_OR_RETURN(t->device_, options.make_device ? options.make_device(job, rank)
                                                       : RankDevice::Create(job, rank,
                                                                            options.cuda_device));
-  t->plan_ = PlanMemory(job, rank);
+  const ParallelLayout layout = ParallelLayout::ForJob(job, rank);
+  t->plan_ = PlanMemory(job, layout);
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<ArenaAllocator> allocator, t->device_->TakeAllocator());
   ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_, std::move(allocator)));
   ZT_ASSIGN_OR_RETURN(Tensor gemm_workspace, t->arenas_->Get("gemm_workspace"));
@@ -110,11 +111,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     store = t->own_store_.get();
   }
   t->store_ = store;
-  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, rank, store, *t->arenas_, t->device_->comm()));
+  ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, layout, store, *t->arenas_, t->device_->comm()));
   ZT_ASSIGN_OR_RETURN(
-      t->engine_, ShardingEngine::Create(job, rank, &*t->model_, *t->arenas_, t->comms_.view()));
+      t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view()));
   std::optional<Optimizer::ShardGroup> shard_group;
-  if (ShardedAdafactor(job)) {
+  if (ShardedAdafactor(job, layout)) {
     ShardingEngine* engine = t->engine_.get();
     ZT_ASSIGN_OR_RETURN(Tensor scratch, t->arenas_->Get("optimizer.reduce_scratch"));
     shard_group = Optimizer::ShardGroup{

@@ -607,6 +607,28 @@ absl::Status ApplyActivationCheckpointing(const DsSection& root, JobSpec* job) {
   return absl::OkStatus();
 }
 
+// ---- tensor parallelism ----------------------------------------------------------------------
+
+// DeepSpeed's AutoTP training section ({"tensor_parallel": {"autotp_size": N}}): N ranks split
+// each layer, ZeRO divides inside the data-parallel groups, as parallel.tensor_parallel does.
+absl::Status ApplyTensorParallel(const DsSection& root, JobSpec* job) {
+  ZT_ASSIGN_OR_RETURN(std::optional<DsSection> section, root.Object("tensor_parallel"));
+  if (!section) return absl::OkStatus();
+  ZT_RETURN_IF_ERROR(section->CheckKeys({"autotp_size"}));
+  ZT_ASSIGN_OR_RETURN(std::optional<int64_t> size, IntegerAtLeast(*section, "autotp_size", 1));
+  if (size) job->mutable_parallel()->set_tensor_parallel(static_cast<int32_t>(*size));
+  return absl::OkStatus();
+}
+
+// The data-parallel size of DeepSpeed's batch rule: the world over tensor_parallel ·
+// pipeline_parallel (when they do not divide it, validation names that; the world stands here).
+int64_t DataParallelSize(int64_t world, const JobSpec& job) {
+  const int64_t tp = job.parallel().has_tensor_parallel() ? job.parallel().tensor_parallel() : 1;
+  const int64_t pp =
+      job.parallel().has_pipeline_parallel() ? job.parallel().pipeline_parallel() : 1;
+  return tp * pp >= 1 && world % (tp * pp) == 0 ? world / (tp * pp) : world;
+}
+
 // ---- the config ------------------------------------------------------------------------------
 
 // Every top-level key ZeroTrain reads. The second group changes nothing ZeroTrain computes
@@ -616,6 +638,7 @@ const std::vector<std::string>& TopLevelKeys() {
       kTrainBatch, kMicroBatch, kAccumSteps, "gradient_clipping", "fp16", "bf16", "bfloat16",
       "zero_optimization", "optimizer", "scheduler", "activation_checkpointing", "data_types",
       "communication_data_type", "prescale_gradients", "gradient_predivide_factor", "aio",
+      "tensor_parallel",
       // Accepted, no numeric effect:
       "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
       "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard", "wandb",
@@ -704,7 +727,8 @@ absl::StatusOr<JobSpec> ApplyDeepSpeedConfig(std::string_view json_text,
   auto note = [&errors](const absl::Status& status) {
     if (!status.ok()) errors.emplace_back(status.message());
   };
-  note(ApplyBatch(root, std::max<int64_t>(world, 1), &job));
+  note(ApplyTensorParallel(root, &job));  // before the batch: it divides the world
+  note(ApplyBatch(root, DataParallelSize(std::max<int64_t>(world, 1), job), &job));
   note(ApplyGradientSettings(root, &job));
   note(ApplyPrecision(root, &job));
   absl::StatusOr<std::optional<double>> optimizer_lr = ApplyOptimizer(root, &job);

@@ -1,5 +1,6 @@
 #include "worker/job/job_defaults.h"
 
+#include <cstdint>
 #include <limits>
 
 namespace zt {
@@ -45,7 +46,12 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   if (!model.has_init_std()) model.set_init_std(0.02f);
 
   zerotrain::TrainConfig& train = *spec->mutable_train();
-  if (!train.has_grad_accum_steps()) train.set_grad_accum_steps(1);
+  // A job that names only the pipeline's micro-batches accumulates over them: they are the
+  // same count (proto/job.proto, parallel.micro_batches).
+  if (!train.has_grad_accum_steps()) {
+    train.set_grad_accum_steps(
+        spec->parallel().has_micro_batches() ? spec->parallel().micro_batches() : 1);
+  }
   if (!train.has_eval_steps()) train.set_eval_steps(20);
   if (!train.has_log_interval()) train.set_log_interval(1);
   if (!train.has_seed()) train.set_seed(1337);
@@ -122,7 +128,22 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   zerotrain::ParallelConfig& parallel = *spec->mutable_parallel();
   if (!parallel.has_world_size()) parallel.set_world_size(1);
   if (!parallel.has_zero_stage()) parallel.set_zero_stage(0);
-  if (!parallel.has_shard_group_size()) parallel.set_shard_group_size(parallel.world_size());
+  if (!parallel.has_tensor_parallel()) parallel.set_tensor_parallel(1);
+  if (!parallel.has_pipeline_parallel()) parallel.set_pipeline_parallel(1);
+  if (parallel.pipeline_schedule() == zerotrain::ParallelConfig::PIPELINE_SCHEDULE_UNSPECIFIED) {
+    parallel.set_pipeline_schedule(zerotrain::ParallelConfig::ONE_F_ONE_B);
+  }
+  if (!parallel.has_virtual_stages()) parallel.set_virtual_stages(1);
+  if (!parallel.has_micro_batches()) parallel.set_micro_batches(train.grad_accum_steps());
+  if (!parallel.has_shard_group_size()) {
+    // The data-parallel size; when tp · pp does not divide the world, validation names it.
+    const int64_t model_parallel =
+        int64_t{parallel.tensor_parallel()} * parallel.pipeline_parallel();
+    const bool divides = model_parallel >= 1 && parallel.world_size() % model_parallel == 0;
+    parallel.set_shard_group_size(divides
+                                      ? static_cast<int32_t>(parallel.world_size() / model_parallel)
+                                      : parallel.world_size());
+  }
   if (!parallel.has_reshard_after_forward()) parallel.set_reshard_after_forward(true);
   if (!parallel.has_prefetch_units()) parallel.set_prefetch_units(1);
   if (!parallel.has_bucket_bytes()) parallel.set_bucket_bytes(int64_t{25} << 20);

@@ -39,8 +39,15 @@ absl::StatusOr<zerotrain::JobSpec> JobForPlanning(zerotrain::JobSpec job,
     if (lowest > 0) checked.mutable_parallel()->set_zero_stage(lowest);
   }
   ZT_RETURN_IF_ERROR(ValidatedJob(std::move(checked), options).status());
+  const bool tensor_set = job.parallel().has_tensor_parallel();
+  const bool pipeline_set = job.parallel().has_pipeline_parallel();
+  const bool shard_group_set = job.parallel().has_shard_group_size();
   ApplyJobDefaults(&job);
   if (!stage_set) job.mutable_parallel()->clear_zero_stage();
+  // The layout is the planner's to choose too; the shard group's default follows it.
+  if (!tensor_set) job.mutable_parallel()->clear_tensor_parallel();
+  if (!pipeline_set) job.mutable_parallel()->clear_pipeline_parallel();
+  if (!shard_group_set) job.mutable_parallel()->clear_shard_group_size();
   job.mutable_memory()->set_activation_checkpointing(checkpointing);
   job.mutable_offload()->set_optimizer(offload_optimizer);
   job.mutable_offload()->set_params(offload_params);

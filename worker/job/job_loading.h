@@ -41,7 +41,8 @@ absl::StatusOr<zerotrain::JobSpec> ValidatedJob(zerotrain::JobSpec job,
 
 // The sharding planner's input (worker/plan/sharding_planner.h): the stages above run on a
 // copy with every default applied, and the spec returned has those defaults too, except
-// parallel.zero_stage, memory.activation_checkpointing, offload.optimizer and offload.params,
+// parallel.zero_stage, tensor_parallel, pipeline_parallel, shard_group_size (its default
+// follows the layout), memory.activation_checkpointing, offload.optimizer and offload.params,
 // which stay as the job file left them (unset / *_UNSPECIFIED: the planner chooses). An
 // offload the job sets with the stage unset is validated at the lowest stage allowing it.
 // Errors as ValidatedJob's.

@@ -8,6 +8,7 @@
 #include "worker/model/activation_table.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/optimizer_state_layout.h"
+#include "worker/plan/parallel_plan.h"
 
 namespace zt {
 namespace {
@@ -100,12 +101,6 @@ int64_t PaddedUnitNumel(int64_t unit_numel, int group_size) {
   return (unit_numel + quantum - 1) / quantum * quantum;
 }
 
-ShardGeometry GeometryOf(const zerotrain::JobSpec& job, int rank) {
-  const int n = std::max(1, job.parallel().world_size());
-  const int g = job.parallel().shard_group_size();
-  return {.world_size = n, .group_size = g >= 1 && n % g == 0 ? g : n, .rank = rank};
-}
-
 UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry) {
   UnitShard s;
   s.numel = unit_numel;
@@ -181,26 +176,28 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
   }
   if (OffloadCategory(job.offload().optimizer())) {
     // The host step reads each unit's reduced gradient shard and writes back its parameters.
-    const ShardGeometry geometry = GeometryOf(job, rank);
+    const ParallelLayout place = ParallelLayout::ForJob(job, rank);
+    const ShardGeometry& geometry = place.shard();
     const int64_t widest = std::max(DTypeSize(StorageDType(job.precision().grad_dtype())),
                                     DTypeSize(StorageDType(job.precision().param_dtype())));
-    for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+    for (const UnitLayout& u : RankModelLayout(job, place).units) {
       largest = std::max(largest, ShardOf(u.numel, geometry).shard_numel * widest);
     }
   }
   return largest;
 }
 
-ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job) {
+ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
+                                        const ParallelLayout& layout) {
   ConversionBufferSizes sizes;
   if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
-  const ShardGeometry g = GeometryOf(job, 0);
+  const ShardGeometry& g = layout.shard();
   const int stage = job.parallel().zero_stage();
   // A communicator of one rank reduces nothing, so it converts nothing.
   const bool gradients_reduced = (stage == 0 ? g.world_size : g.group_size) > 1;
   const int64_t bucket =
       job.parallel().bucket_bytes() / DTypeSize(StorageDType(job.precision().grad_dtype()));
-  for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+  for (const UnitLayout& u : RankModelLayout(job, layout).units) {
     const UnitShard shard = ShardOf(u.numel, g);
     if (gradients_reduced) {
       const int64_t reduced =
@@ -218,16 +215,20 @@ bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
          (!weights_only || b.name.ends_with(".master") || b.name.ends_with(".master_low"));
 }
 
-bool ShardedAdafactor(const zerotrain::JobSpec& job) {
+bool ShardedAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layout) {
   return job.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
-         job.parallel().zero_stage() >= 1 && GeometryOf(job, 0).group_size > 1;
+         job.parallel().zero_stage() >= 1 && layout.shard().group_size > 1;
 }
 
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
-  const ModelLayout layout = BuildModelLayout(job.model());
+  return PlanMemory(job, ParallelLayout::ForJob(job, rank));
+}
+
+MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place) {
+  const ModelLayout layout = RankModelLayout(job, place);
   const auto& precision = job.precision();
   const auto& parallel = job.parallel();
-  const ShardGeometry geometry = GeometryOf(job, rank);
+  const ShardGeometry& geometry = place.shard();
   const int stage = parallel.zero_stage();
   const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
   const DType param_dtype = StorageDType(precision.param_dtype());
@@ -292,7 +293,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
     add("grad.shard.1", MemoryCategory::kCommunication, grad_dtype, largest_shard);
   }
   add("comm.scalars", MemoryCategory::kCommunication, DType::kF32, 6 * geometry.world_size);
-  const ConversionBufferSizes conversion = ConversionBuffers(job);
+  const ConversionBufferSizes conversion = ConversionBuffers(job, place);
   // Gloo converts 16-bit data on the host: a GPU rank's (staged) conversion buffers are pinned.
   const MemoryCategory convert_category =
       OnCuda(job) ? MemoryCategory::kPinnedHost : MemoryCategory::kCommunication;
@@ -306,7 +307,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
           conversion.replicas);
     }
   }
-  if (ShardedAdafactor(job)) {
+  if (ShardedAdafactor(job, place)) {
     int64_t scratch = 2;
     for (const UnitLayout& u : layout.units) {
       for (const ParamSpec& p : u.params) {
@@ -330,11 +331,11 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
   }
   const int64_t B = job.train().micro_batch_size(), T = job.data().seq_len();
   const DType compute = StorageDType(precision.compute_dtype());
-  for (BufferSpec& b : ActivationTable(job.model(), job.memory(), B, T, compute)) {
+  for (BufferSpec& b : RankActivationTable(job, place, B, T, compute)) {
     plan.buffers.push_back(std::move(b));
   }
-  for (BufferSpec& b : WorkspaceTable(job.model(), B, T, /*backward=*/true, JobDeviceContext(job),
-                                      compute, param_dtype, grad_dtype)) {
+  for (BufferSpec& b : RankWorkspaceTable(job, place, B, T, JobDeviceContext(job), compute,
+                                          param_dtype, grad_dtype)) {
     plan.buffers.push_back(std::move(b));
   }
   return plan;

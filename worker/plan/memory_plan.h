@@ -29,6 +29,7 @@
 #include "kernels/device.h"
 #include "kernels/dtype.h"
 #include "proto/job.pb.h"
+#include "worker/parallel/parallel_layout.h"
 #include "worker/plan/optimizer_state_layout.h"
 
 namespace zt {
@@ -100,20 +101,6 @@ bool IsDeviceCategory(MemoryCategory c);
 // holds "checkpoint.staging" for every save (the host cannot read device memory).
 DeviceContext JobDeviceContext(const zerotrain::JobSpec& job);
 
-// Which ranks share one copy of the model states. The N ranks of a job form N/G shard groups
-// of G consecutive ranks (G = parallel.shard_group_size; G = N unless hybrid): rank r is
-// member r mod G of group r / G. Inside a group the model states are sharded; across groups
-// they are replicated.
-struct ShardGeometry {
-  int world_size = 1;  // N
-  int group_size = 1;  // G
-  int rank = 0;
-  int group_rank() const { return rank % group_size; }
-  int group() const { return rank / group_size; }
-  int groups() const { return world_size / group_size; }
-};
-ShardGeometry GeometryOf(const zerotrain::JobSpec& job, int rank);
-
 // Elements a unit's flat buffer is padded to so that it splits into G equal, aligned shards.
 inline constexpr int64_t kShardAlignmentElements = 64;
 int64_t PaddedUnitNumel(int64_t unit_numel, int group_size);
@@ -130,10 +117,14 @@ struct UnitShard {
 };
 UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 
-// The plan of training rank `rank` of `job` (defaults applied, validated), for the context
-// JobDeviceContext(job). Precision decides the dtypes (parameters in param_dtype, fp32
+// The plan of the training rank at `layout` of `job` (defaults applied, validated), for the
+// context JobDeviceContext(job). Precision decides the dtypes (parameters in param_dtype, fp32
 // master weights when master_weights, gradients in grad_dtype, activations in
-// compute_dtype); zero_stage S divides the model states over the shard group as ZeRO does.
+// compute_dtype); zero_stage S divides the model states over the shard group (inside the
+// rank's data-parallel group, layout.shard()) as ZeRO does. With tensor or pipeline
+// parallelism the units are the rank's stage at their tensor-parallel shares, and the
+// activations and workspace the rank's (worker/plan/parallel_plan.h: RankModelLayout,
+// RankActivationTable, RankWorkspaceTable).
 // Per unit u (n elements, P padded, s = P/G its shard):
 //   "<u>.params"       S ≤ 2: P (n at S = 0), S = 3: s
 //   "<u>.grads"        S ≤ 1: P (n at S = 0), accumulated over micro-batches and reduced in
@@ -171,6 +162,8 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //   "offload.ring.<k>" either offloaded, k < offload.buffer_count: buffer_size bytes each
 //                      (kPinnedHost), the ring gradients go down and updated parameters
 //                      come up through, and swap reads and writes are staged in
+MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& layout);
+// The same for rank `rank`: ParallelLayout::ForJob(job, rank).
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);
 
 // The largest single transfer through the offload ring of rank `rank`'s plan: an offloaded
@@ -188,7 +181,8 @@ struct ConversionBufferSizes {
   int64_t gradients = 0;
   int64_t replicas = 0;
 };
-ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job);
+ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
+                                        const ParallelLayout& layout);
 
 // Whether a checkpoint holds buffer `b`: the model states — "<unit>.params" and every
 // optimizer-state buffer (master weights included), or with `weights_only` (checkpoint.
@@ -198,7 +192,7 @@ bool IsCheckpointed(const BufferSpec& b, bool weights_only = false);
 
 // Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are
 // summed across the group (kernels/adafactor.h, AdafactorArgs::Shard).
-bool ShardedAdafactor(const zerotrain::JobSpec& job);
+bool ShardedAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layout);
 
 // Forward-only buffers (activations and workspace, no parameters or states) for `batch`
 // sequences of `seq_len` tokens, the GEMM scratch sized for `ctx`: text generation after

@@ -10,8 +10,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/dtype.h"
+#include "worker/job/parallel_validation.h"
 #include "worker/model/param_layout.h"
+#include "worker/parallel/parallel_layout.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/plan/parallel_plan.h"
 
 namespace zt {
 namespace {
@@ -96,7 +99,7 @@ double RecomputeFraction(const zerotrain::JobSpec& job, const ForwardFlops& f,
 }
 
 int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layout, int stage) {
-  const ShardGeometry geometry = GeometryOf(job, 0);
+  const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   const int N = geometry.world_size, G = geometry.group_size, R = geometry.groups();
   if (N <= 1) return 0;
   const int64_t p = ElementBytes(job.precision().param_dtype());
@@ -116,6 +119,81 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
   }
   if (R > 1) bytes += 2 * (R - 1) * (padded / G) * g / R;
   return bytes;
+}
+
+// Tensor- and pipeline-parallel bytes a rank sends per step, and the pipeline's bubble (the
+// header's formulas).
+struct ModelParallelCost {
+  int64_t comm_bytes = 0;
+  double bubble = 0;
+};
+
+ModelParallelCost ModelParallelCostOf(const zerotrain::JobSpec& job) {
+  const zerotrain::ParallelConfig& parallel = job.parallel();
+  const int64_t t = std::max(1, parallel.tensor_parallel());
+  const int64_t p = std::max(1, parallel.pipeline_parallel());
+  const int64_t A = job.train().grad_accum_steps();
+  const int64_t activation = int64_t{job.train().micro_batch_size()} * job.data().seq_len() *
+                             job.model().d_model() * ElementBytes(job.precision().compute_dtype());
+  ModelParallelCost cost;
+  if (t > 1) {
+    const int64_t blocks = (job.model().n_layer() + p - 1) / p;
+    cost.comm_bytes += A * blocks * 4 * 2 * (t - 1) * activation / t;
+  }
+  if (p > 1) {
+    cost.comm_bytes += 2 * A * activation;
+    const int v = parallel.pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED
+                      ? std::max(1, parallel.virtual_stages())
+                      : 1;
+    cost.bubble = static_cast<double>(p - 1) /
+                  (static_cast<double>(v) * std::max(1, parallel.micro_batches()));
+  }
+  return cost;
+}
+
+struct LayoutChoice {
+  int tensor = 1;
+  int pipeline = 1;
+};
+
+// `job` at layout `l`: its shard group the data-parallel size unless the job sets one.
+zerotrain::JobSpec AtLayout(const zerotrain::JobSpec& job, const LayoutChoice& l) {
+  zerotrain::JobSpec at = job;
+  at.mutable_parallel()->set_tensor_parallel(l.tensor);
+  at.mutable_parallel()->set_pipeline_parallel(l.pipeline);
+  if (!job.parallel().has_shard_group_size()) {
+    const int world = std::max(1, job.parallel().world_size());
+    at.mutable_parallel()->set_shard_group_size(world / (l.tensor * l.pipeline));
+  }
+  return at;
+}
+
+// The layouts to plan (the header's rules); the others go to plan->rejected_layouts.
+std::vector<LayoutChoice> LayoutsToPlan(const zerotrain::JobSpec& job, LayoutSearch search,
+                                        zerotrain::ShardingPlan* plan) {
+  const zerotrain::ParallelConfig& parallel = job.parallel();
+  const bool tp_pinned = parallel.has_tensor_parallel();
+  const bool pp_pinned = parallel.has_pipeline_parallel();
+  const LayoutChoice own{.tensor = tp_pinned ? parallel.tensor_parallel() : 1,
+                         .pipeline = pp_pinned ? parallel.pipeline_parallel() : 1};
+  if (search == LayoutSearch::kJob) return {own};
+  const int world = std::max(1, parallel.world_size());
+  std::vector<LayoutChoice> out;
+  for (int t = 1; t <= world; ++t) {
+    if (world % t != 0 || (tp_pinned && t != own.tensor)) continue;
+    for (int p = 1; p <= world / t; ++p) {
+      if ((world / t) % p != 0 || (pp_pinned && p != own.pipeline)) continue;
+      const LayoutChoice l{.tensor = t, .pipeline = p};
+      const std::vector<std::string> broken = ParallelViolations(AtLayout(job, l));
+      if (broken.empty()) {
+        out.push_back(l);
+      } else {
+        plan->add_rejected_layouts(absl::StrFormat("tensor_parallel %d × pipeline_parallel %d: %s",
+                                                   t, p, absl::StrJoin(broken, "; ")));
+      }
+    }
+  }
+  return out;
 }
 
 // Bytes of the plan that live in the device's memory (see the header).
@@ -177,7 +255,7 @@ Transfers OffloadTransfers(const zerotrain::JobSpec& job, const ModelLayout& lay
                            const MemoryPlan& plan) {
   Transfers t;
   const OffloadChoice offload{job.offload().optimizer(), job.offload().params()};
-  const ShardGeometry geometry = GeometryOf(job, 0);
+  const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   int64_t shards = 0;
   for (const UnitLayout& u : layout.units) shards += ShardOf(u.numel, geometry).shard_numel;
   const int64_t p = ElementBytes(job.precision().param_dtype());
@@ -245,6 +323,14 @@ absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& j
     plan.add_pinned("offload.optimizer");
   }
   if (job.offload().params() != Offload::DEVICE_UNSPECIFIED) plan.add_pinned("offload.params");
+  if (job.parallel().has_tensor_parallel()) plan.add_pinned("parallel.tensor_parallel");
+  if (job.parallel().has_pipeline_parallel()) plan.add_pinned("parallel.pipeline_parallel");
+  const std::vector<LayoutChoice> layouts = LayoutsToPlan(job, options.layouts, &plan);
+  if (layouts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no tensor × pipeline layout of ", plan.world_size(),
+        " ranks fits the job's rules: ", absl::StrJoin(plan.rejected_layouts(), "\n")));
+  }
 
   const ModelLayout layout = BuildModelLayout(job.model());
   const ForwardFlops flops = FlopsOf(job, layout);
@@ -256,28 +342,52 @@ absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& j
     return fp32_all_reduce > 0 ? static_cast<double>(bytes) / fp32_all_reduce : 0.0;
   };
 
-  auto evaluate = [&](int stage, Ckpt::ActivationCheckpointing policy,
+  auto evaluate = [&](const LayoutChoice& at, int stage, Ckpt::ActivationCheckpointing policy,
                       const OffloadChoice& offload) {
-    zerotrain::JobSpec candidate_job = job;
+    zerotrain::JobSpec candidate_job = AtLayout(job, at);
     candidate_job.mutable_parallel()->set_zero_stage(stage);
     candidate_job.mutable_memory()->set_activation_checkpointing(policy);
     candidate_job.mutable_offload()->set_optimizer(offload.optimizer);
     candidate_job.mutable_offload()->set_params(offload.params);
-    const MemoryPlan memory = PlanMemory(candidate_job, 0);
-    const Transfers transfers = OffloadTransfers(candidate_job, layout, memory);
+    // Every pipeline stage's first rank (the tensor and data ranks of a stage plan alike);
+    // the candidate is its largest stage.
+    const ParallelLayout first = ParallelLayout::ForJob(candidate_job, 0);
+    MemoryPlan memory = PlanMemory(candidate_job, first);
+    int64_t peak = DeviceBytes(candidate_job, memory);
+    int64_t pinned = memory.CategoryBytes(MemoryCategory::kPinnedHost);
+    int64_t nvme = memory.CategoryBytes(MemoryCategory::kNvme);
+    for (int p = 1; p < at.pipeline; ++p) {
+      const ParallelLayout place = ParallelLayout::ForJob(
+          candidate_job, first.RankAt({.tensor = 0, .data = 0, .pipeline = p}));
+      const MemoryPlan stage_memory = PlanMemory(candidate_job, place);
+      peak = std::max(peak, DeviceBytes(candidate_job, stage_memory));
+      pinned = std::max(pinned, stage_memory.CategoryBytes(MemoryCategory::kPinnedHost));
+      nvme = std::max(nvme, stage_memory.CategoryBytes(MemoryCategory::kNvme));
+    }
+    // The whole model's layout serves t = p = 1 (the coordinator's every candidate) uncopied.
+    std::optional<ModelLayout> split;
+    const ModelLayout& rank_units = at.tensor * at.pipeline == 1
+                                        ? layout
+                                        : split.emplace(RankModelLayout(candidate_job, first));
+    const Transfers transfers = OffloadTransfers(candidate_job, rank_units, memory);
+    const ModelParallelCost model_parallel = ModelParallelCostOf(candidate_job);
     zerotrain::PlanCandidate c;
     c.set_zero_stage(stage);
     c.set_activation_checkpointing(policy);
     c.set_offload_optimizer(offload.optimizer);
     c.set_offload_params(offload.params);
-    c.set_peak_bytes_per_rank(DeviceBytes(candidate_job, memory));
-    c.set_pinned_host_bytes_per_rank(memory.CategoryBytes(MemoryCategory::kPinnedHost));
-    c.set_nvme_bytes_per_rank(memory.CategoryBytes(MemoryCategory::kNvme));
+    c.set_tensor_parallel(at.tensor);
+    c.set_pipeline_parallel(at.pipeline);
+    c.set_peak_bytes_per_rank(peak);
+    c.set_pinned_host_bytes_per_rank(pinned);
+    c.set_nvme_bytes_per_rank(nvme);
     c.set_host_transfer_bytes_per_step(transfers.host);
     c.set_nvme_transfer_bytes_per_step(transfers.nvme);
-    c.set_comm_bytes_per_step(CommBytesPerStep(candidate_job, layout, stage));
+    c.set_comm_bytes_per_step(CommBytesPerStep(candidate_job, rank_units, stage) +
+                              model_parallel.comm_bytes);
     c.set_recompute_fraction(RecomputeFraction(candidate_job, flops, policy));
-    c.set_cost(c.recompute_fraction() +
+    c.set_bubble_fraction(model_parallel.bubble);
+    c.set_cost(c.recompute_fraction() + c.bubble_fraction() +
                kCommCostPerStepOfCompute * relative(c.comm_bytes_per_step()) +
                kHostTransferCostPerStepOfCompute * relative(transfers.host) +
                kNvmeTransferCostPerStepOfCompute * relative(transfers.nvme));
@@ -316,7 +426,8 @@ absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& j
   };
 
   auto key = [](const zerotrain::PlanCandidate& c) {
-    return std::make_tuple(c.cost(), c.zero_stage(), RecomputeRank(c.activation_checkpointing()));
+    return std::make_tuple(c.cost(), c.tensor_parallel() * c.pipeline_parallel(), c.zero_stage(),
+                           RecomputeRank(c.activation_checkpointing()));
   };
   std::vector<zerotrain::PlanCandidate> candidates;
   const std::vector<OffloadChoice> ladder = OffloadLadder(job);
@@ -324,10 +435,12 @@ absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& j
   std::optional<zerotrain::PlanCandidate> smallest_without;
   for (const OffloadChoice& offload : ladder) {
     std::vector<zerotrain::PlanCandidate> level;
-    for (const int stage : stages) {
-      if (!StageAllows(stage, offload)) continue;
-      for (const Ckpt::ActivationCheckpointing policy : policies) {
-        level.push_back(evaluate(stage, policy, offload));
+    for (const LayoutChoice& at : layouts) {
+      for (const int stage : stages) {
+        if (!StageAllows(stage, offload)) continue;
+        for (const Ckpt::ActivationCheckpointing policy : policies) {
+          level.push_back(evaluate(at, stage, policy, offload));
+        }
       }
     }
     if (!Moved(offload.optimizer) && !Moved(offload.params)) {
@@ -390,6 +503,13 @@ zerotrain::JobSpec WithPlan(zerotrain::JobSpec job, const zerotrain::ShardingPla
   }
   if (job.memory().activation_checkpointing() == Ckpt::CHECKPOINTING_UNSPECIFIED) {
     job.mutable_memory()->set_activation_checkpointing(plan.chosen().activation_checkpointing());
+  }
+  // A plan from before layouts were planned names none: 1, what the job ran with then.
+  if (!job.parallel().has_tensor_parallel()) {
+    job.mutable_parallel()->set_tensor_parallel(std::max(1, plan.chosen().tensor_parallel()));
+  }
+  if (!job.parallel().has_pipeline_parallel()) {
+    job.mutable_parallel()->set_pipeline_parallel(std::max(1, plan.chosen().pipeline_parallel()));
   }
   // A plan made before offload was planned names none: NONE, what the job ran with then.
   auto chosen = [](Offload::Device d) {

@@ -59,7 +59,26 @@
 // transfer (LargestOffloadTransferBytes). rejected_because lists every rule a candidate
 // breaks. The chosen candidate is the cheapest that fits (ties: the lower stage, then the
 // lighter recompute), so a smaller device never gets a choice with a larger peak; the plan's
-// reason says why. Thread-safe (pure).
+// reason says why.
+//
+// Layouts (issue 18). With PlannerOptions::layouts kAll (`zt estimate --plan`) every tensor ×
+// pipeline layout (t, p) with t · p dividing the world is searched too, except a
+// parallel.tensor_parallel / pipeline_parallel the job sets (pinned); one that breaks a rule of
+// worker/job/parallel_validation.h (t not dividing the heads, p above the units, too few
+// micro-batches for 1F1B, ...) is listed in rejected_layouts with the rules, not planned. A
+// candidate of a layout plans every pipeline stage and reports its largest; its ZeRO state
+// divides inside the data-parallel group (world / (t · p) ranks). Its cost adds
+//   tensor parallel  per micro-batch and block of the largest stage (⌈L/p⌉ blocks), two
+//                    all-reduces of B·T·C activations forward and two backward (Megatron;
+//                    with sequence parallelism the same bytes as reduce-scatter + all-gather):
+//                    A·⌈L/p⌉·4·2·(t−1)/t·B·T·C·c, c the compute dtype's bytes
+//   pipeline         each micro-batch's activations forward and gradient backward,
+//                    2·A·B·T·C·c, and the bubble (p − 1)/(v·m) (v virtual stages with
+//                    INTERLEAVED, else 1; m micro-batches), a fraction of the step's compute
+// to comm_bytes_per_step and cost. With kJob (the coordinator's default) only the job's own
+// layout is planned: the engine trains no other yet (worker/job/job_validation.h,
+// CheckEngineSupport), and admission stays as fast as it was. Ties in cost go to the smaller
+// t · p. Thread-safe (pure).
 #pragma once
 
 #include <cstdint>
@@ -88,6 +107,14 @@ inline constexpr double kNvmeTransferCostPerStepOfCompute = 2.0;
 // next to the GEMMs, counted so SELECTIVE's share is not understated.
 inline constexpr double kActivationFlopsPerElement = 8.0;
 
+// Which tensor × pipeline layouts the planner searches (see the header).
+enum class LayoutSearch : uint8_t {
+  // The job's own parallel.tensor_parallel × pipeline_parallel (1 × 1 when unset).
+  kJob,
+  // Every layout of the world the job does not pin.
+  kAll,
+};
+
 struct PlannerOptions {
   // Memory a rank may plan with on the smallest device it may be placed on.
   int64_t device_memory_bytes = 0;
@@ -97,11 +124,14 @@ struct PlannerOptions {
   // Pinned host memory a rank may plan with (its share of the node's host memory), ≥ 0;
   // 0: not checked.
   int64_t host_memory_bytes = 0;
+  LayoutSearch layouts = LayoutSearch::kJob;
 };
 
 // `job` is validated with defaults applied, except the fields the planner chooses:
 // parallel.zero_stage (unset: the planner chooses), memory.activation_checkpointing
-// (CHECKPOINTING_UNSPECIFIED: the planner chooses) and offload.optimizer / offload.params
+// (CHECKPOINTING_UNSPECIFIED: the planner chooses), parallel.tensor_parallel /
+// pipeline_parallel (unset: 1 with kJob, searched with kAll; shard_group_size unset: the
+// data-parallel size of each layout) and offload.optimizer / offload.params
 // (DEVICE_UNSPECIFIED: the planner chooses) — LoadJobForPlanning / JobForPlanning
 // (worker/job/job_loading.h) produce it. Returns the plan with every candidate, cheapest
 // first; `chosen.fits` is false when none fits (then `chosen` is the smallest-memory
@@ -110,10 +140,10 @@ struct PlannerOptions {
 absl::StatusOr<zerotrain::ShardingPlan> PlanSharding(const zerotrain::JobSpec& job,
                                                      const PlannerOptions& options);
 
-// `job` with the plan's choice written into its unpinned fields (parallel.zero_stage when
-// unset, memory.activation_checkpointing when CHECKPOINTING_UNSPECIFIED, offload.optimizer and
-// offload.params when DEVICE_UNSPECIFIED); pinned fields are left as the job set them. Then
-// ApplyJobDefaults fills the rest.
+// `job` with the plan's choice written into its unpinned fields (parallel.zero_stage,
+// tensor_parallel and pipeline_parallel when unset, memory.activation_checkpointing when
+// CHECKPOINTING_UNSPECIFIED, offload.optimizer and offload.params when DEVICE_UNSPECIFIED);
+// pinned fields are left as the job set them. Then ApplyJobDefaults fills the rest.
 zerotrain::JobSpec WithPlan(zerotrain::JobSpec job, const zerotrain::ShardingPlan& plan);
 
 }  // namespace zt

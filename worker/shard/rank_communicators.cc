@@ -13,10 +13,11 @@
 
 namespace zt {
 
-absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank, Store* store,
+absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
+                                              const ParallelLayout& layout, Store* store,
                                               const Arenas& arenas, const RankCommDevice& device) {
-  const ShardGeometry g = GeometryOf(job, rank);
-  const ConversionBufferSizes conversion = ConversionBuffers(job);
+  const ShardGeometry& g = layout.shard();
+  const ConversionBufferSizes conversion = ConversionBuffers(job, layout);
   struct Conversion {
     int64_t elements = 0;
     float* buffers[2] = {nullptr, nullptr};
@@ -72,17 +73,22 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int
   // when G = N). The world otherwise moves only f32 scalars and all-gathers, which convert
   // nothing.
   const bool world_reduces = job.parallel().zero_stage() == 0 || g.group_size == g.world_size;
+  // Each data-parallel group's names are its own: "data.<i>." before them when there are
+  // several (tp · pp > 1); none when the group is the world.
+  const std::string group = layout.data_size() == layout.world_size()
+                                ? ""
+                                : absl::StrCat("data.", layout.DataGroupIndex(), ".");
   RankCommunicators comms;
-  ZT_ASSIGN_OR_RETURN(
-      comms.world, connect("world", rank, g.world_size, world_reduces ? gradients : Conversion{}));
+  ZT_ASSIGN_OR_RETURN(comms.world, connect(group + "world", g.rank, g.world_size,
+                                           world_reduces ? gradients : Conversion{}));
   if (g.group_size != g.world_size) {
     ZT_ASSIGN_OR_RETURN(comms.shard_group,
-                        connect(absl::StrCat("shard.", g.group()), g.group_rank(), g.group_size,
-                                world_reduces ? Conversion{} : gradients));
+                        connect(absl::StrCat(group, "shard.", g.group()), g.group_rank(),
+                                g.group_size, world_reduces ? Conversion{} : gradients));
   }
   if (g.groups() > 1) {
-    ZT_ASSIGN_OR_RETURN(comms.replicas, connect(absl::StrCat("replica.", g.group_rank()), g.group(),
-                                                g.groups(), replicas));
+    ZT_ASSIGN_OR_RETURN(comms.replicas, connect(absl::StrCat(group, "replica.", g.group_rank()),
+                                                g.group(), g.groups(), replicas));
   }
   return comms;
 }

@@ -1,9 +1,12 @@
 // The communicators one rank of a job needs, connected through the job's rendezvous store.
 //
-// "world" spans the N ranks; "shard.<g>" the G ranks of shard group g (the world itself when
-// G = N); "replica.<m>" the N/G ranks that are member m of their group (none when there is
-// one group). Every rank connects them in that order, so ranks never wait on a group whose
-// members are still connecting to another.
+// The data-parallel side of the rank's ParallelLayout (ZeRO's communicators): "world" spans the
+// N ranks of its data-parallel group (the job's world when tp = pp = 1); "shard.<g>" the G
+// ranks of shard group g (that group itself when G = N); "replica.<m>" the N/G ranks that are
+// member m of their group (none when there is one group). With several data-parallel groups
+// (tp · pp > 1) each name starts "data.<i>." (i = layout.DataGroupIndex()). Every rank connects
+// them in that order, so ranks never wait on a group whose members are still connecting to
+// another.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/device_copy_engine.h"
 #include "worker/comm/store.h"
+#include "worker/parallel/parallel_layout.h"
 #include "worker/plan/arena.h"
 #include "worker/shard/sharding_engine.h"
 
@@ -54,7 +58,8 @@ struct RankCommDevice {
 // "comm.convert.*" buffers, taken from `arenas` (which must outlive the result).
 // GPU ranks (`device` set) get NCCL or staged communicators as RankCommDevice says; a GPU
 // rank's 16-bit conversion buffers are pinned host memory (the plan puts them there).
-absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job, int rank, Store* store,
+absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
+                                              const ParallelLayout& layout, Store* store,
                                               const Arenas& arenas,
                                               const RankCommDevice& device = {});
 

@@ -42,24 +42,23 @@ double GetDouble(const float* slots) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
-    const zerotrain::JobSpec& job, int rank, Transformer* model, const Arenas& arenas,
-    ShardComms comms) {
+    const zerotrain::JobSpec& job, const ParallelLayout& place, Transformer* model,
+    const Arenas& arenas, ShardComms comms) {
   std::unique_ptr<ShardingEngine> e(new ShardingEngine());
   e->job_ = job;
   e->model_ = model;
   e->comms_ = comms;
-  e->geometry_ = GeometryOf(job, rank);
+  e->geometry_ = place.shard();
   e->stage_ = job.parallel().zero_stage();
   e->accumulate_full_ = e->stage_ >= 2 && job.train().grad_accum_steps() > 1;
   const ModelLayout& layout = model->layout();
   e->tied_ = layout.tied_embeddings;
   const ShardGeometry& g = e->geometry_;
   if (comms.world == nullptr || comms.world->size() != g.world_size ||
-      comms.world->rank() != rank) {
+      comms.world->rank() != g.rank) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sharding engine: the world communicator must "
-                     "have ",
-                     g.world_size, " ranks, this one ", rank));
+        absl::StrCat("sharding engine: the data-parallel (world) communicator must have ",
+                     g.world_size, " ranks, this one ", g.rank));
   }
   if (comms.shard_group == nullptr || comms.shard_group->size() != g.group_size ||
       comms.shard_group->rank() != g.group_rank()) {

@@ -68,9 +68,12 @@ struct StepTotals {
 
 class ShardingEngine {
  public:
-  // `model` and `arenas` (the rank's plan, PlanMemory(job, rank)) must outlive the engine.
+  // `model` and `arenas` (the rank's plan, PlanMemory(job, layout)) must outlive the engine.
+  // The engine works inside the rank's data-parallel group: `comms` are that group's
+  // (ConnectRank) and its geometry is layout.shard().
   static absl::StatusOr<std::unique_ptr<ShardingEngine>> Create(const zerotrain::JobSpec& job,
-                                                                int rank, Transformer* model,
+                                                                const ParallelLayout& layout,
+                                                                Transformer* model,
                                                                 const Arenas& arenas,
                                                                 ShardComms comms);
 

@@ -91,8 +91,18 @@ TEST_F(EstimateOffloadTest, ZeroStageFlagIsTheStageValidationSees) {
   EXPECT_EQ(j["offload"]["optimizer"], "CPU");
 }
 
+// The layout is pinned to one tensor and one pipeline rank: this test is about the offload
+// ladder, which --plan climbs only when no layout fits without offload (layouts:
+// tests/unit/worker/plan/sharding_planner_layout_test.cc).
+std::string WithOwnLayout(std::string job) {
+  const std::string from = "parallel: {world_size: 2}";
+  job.replace(job.find(from), from.size(),
+              "parallel: {world_size: 2, tensor_parallel: 1, pipeline_parallel: 1}");
+  return job;
+}
+
 TEST_F(EstimateOffloadTest, PlanShowsTheChosenOffloadAndWhy) {
-  const std::string path = Write(std::string(kJob) + "offload: {buffer_size: 2097152}\n");
+  const std::string path = Write(WithOwnLayout(kJob) + "offload: {buffer_size: 2097152}\n");
   const std::string text = Run({.job_file = path, .plan = true});
   EXPECT_THAT(text, HasSubstr("devices of 19.1 MiB (resources.device_memory_bytes)"));
   EXPECT_THAT(text, HasSubstr("why: no candidate without offload fits"));
@@ -105,7 +115,7 @@ TEST_F(EstimateOffloadTest, PlanShowsTheChosenOffloadAndWhy) {
   unbudgeted.erase(unbudgeted.find(", device_memory_bytes: 20000000"),
                    std::string(", device_memory_bytes: 20000000").size());
   const std::string roomy =
-      Run({.job_file = Write(unbudgeted + "offload: {buffer_size: 2097152}\n"),
+      Run({.job_file = Write(WithOwnLayout(unbudgeted) + "offload: {buffer_size: 2097152}\n"),
            .plan = true,
            .device_memory = "1GiB"});
   EXPECT_THAT(roomy, HasSubstr("why: the cheapest candidate that fits; no offload needed"));

@@ -722,3 +722,25 @@ TEST(DeepSpeedConfigTest, MissingFileIsNotFound) {
 
 }  // namespace
 }  // namespace zt
+
+namespace zt {
+namespace {
+
+TEST(DeepSpeedConfigTest, AutoTpSizeIsTensorParallelAndDividesTheBatchRulesWorld) {
+  // 8 ranks at autotp_size 4: 2 data-parallel ranks, so 16 = 4 × 2 × 2.
+  absl::StatusOr<JobSpec> job = Apply(R"({"tensor_parallel": {"autotp_size": 4},
+                                          "train_batch_size": 16,
+                                          "train_micro_batch_size_per_gpu": 4})",
+                                      WithWorld(BaseJob(), 8));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->parallel().tensor_parallel(), 4);
+  EXPECT_EQ(job->train().grad_accum_steps(), 2);
+  ExpectValid(*job);
+  EXPECT_THAT(Apply(R"({"tensor_parallel": {"autotp_size": 0}})", BaseJob()),
+              IsErrorWith("ds.json: tensor_parallel.autotp_size: must be in [1, "));
+  EXPECT_THAT(Apply(R"({"tensor_parallel": {"tp_size": 2}})", BaseJob()),
+              IsErrorWith("ds.json: tensor_parallel.tp_size: not a key ZeroTrain maps"));
+}
+
+}  // namespace
+}  // namespace zt

@@ -155,7 +155,9 @@ TEST(ValidateJobSpecTest, EachRuleNamesTheFieldTheValueAndTheRule) {
          s.mutable_parallel()->set_world_size(4);
          s.mutable_parallel()->set_shard_group_size(3);
        },
-       "parallel.shard_group_size: must divide parallel.world_size (4), got 3"},
+       "parallel.shard_group_size: 3 does not divide the data-parallel size 4 (parallel.world_size "
+       "4 / "
+       "(tensor_parallel 1 · pipeline_parallel 1)): ZeRO shards inside the data-parallel group"},
       {"prefetch", [](JobSpec& s) { s.mutable_parallel()->set_prefetch_units(-1); },
        "parallel.prefetch_units: must be >= 0 (got -1)"},
       {"bucket", [](JobSpec& s) { s.mutable_parallel()->set_bucket_bytes(-5); },

@@ -98,6 +98,12 @@ parallel:
   prefetch_units: 1
   bucket_bytes: 26214400
   comm_timeout_s: 300
+  tensor_parallel: 1
+  pipeline_parallel: 1
+  sequence_parallel: false
+  pipeline_schedule: GPIPE
+  virtual_stages: 1
+  micro_batches: 2
 checkpoint:
   dir: ckpt
   interval_steps: 1000
@@ -149,7 +155,9 @@ inline constexpr char kFullJson[] = R"({
   "scheduling": {"priority": 5, "max_restarts": 2},
   "parallel": {"world_size": 2, "zero_stage": 3, "shard_group_size": 2,
                "reshard_after_forward": true, "prefetch_units": 1, "bucket_bytes": 26214400,
-               "comm_timeout_s": 300},
+               "comm_timeout_s": 300, "tensor_parallel": 1, "pipeline_parallel": 1,
+               "sequence_parallel": false, "pipeline_schedule": "GPIPE", "virtual_stages": 1,
+               "micro_batches": 2},
   "checkpoint": {"dir": "ckpt", "interval_steps": 1000, "keep_last": 3, "on_save_error": "FAIL", "save_optimizer": true},
   "resources": {"device": "CUDA", "cpu_threads": 3, "device_memory_bytes": "1073741824"},
   "offload": {"optimizer": "CPU", "params": "NVME", "nvme_path": "/nvme", "pin_memory": true,

@@ -108,7 +108,7 @@ Optimizer MakeOptimizer(const zerotrain::JobSpec& job, const Arenas& arenas) {
   const ModelLayout layout = BuildModelLayout(job.model());
   std::vector<FlatRange> ranges;
   for (const UnitLayout& u : layout.units)
-    ranges.push_back(ShardOf(u.numel, GeometryOf(job, 0)).owned);
+    ranges.push_back(ShardOf(u.numel, ParallelLayout::ForJob(job, 0).shard()).owned);
   absl::StatusOr<Optimizer> opt =
       Optimizer::Create(job.optimizer(), job.precision(), layout, arenas, ranges);
   EXPECT_TRUE(opt.ok()) << opt.status();

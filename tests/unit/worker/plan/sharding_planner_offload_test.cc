@@ -152,7 +152,7 @@ TEST(ShardingPlannerOffloadTest, OptimizerToTheHostWhenNothingElseFits) {
     if (c.fits()) EXPECT_GE(c.cost(), chosen.cost());
   }
   // Its transfers: gradient shards down and parameter shards up, 2 + 2 bytes an element.
-  const ShardGeometry geometry = GeometryOf(job, 0);
+  const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   int64_t shards = 0;
   for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
     shards += ShardOf(u.numel, geometry).shard_numel;

@@ -70,7 +70,10 @@ TEST(JobForPlanningTest, LeavesThePlannersFieldsUnsetAndAppliesTheOtherDefaults)
   const zerotrain::JobSpec job = PlannerInput(ParsedTinyJob());
   EXPECT_FALSE(job.parallel().has_zero_stage());
   EXPECT_EQ(job.memory().activation_checkpointing(), Ckpt::CHECKPOINTING_UNSPECIFIED);
-  EXPECT_EQ(job.parallel().shard_group_size(), 4);
+  // The layout is the planner's too, and the shard group's default follows it.
+  EXPECT_FALSE(job.parallel().has_tensor_parallel());
+  EXPECT_FALSE(job.parallel().has_pipeline_parallel());
+  EXPECT_FALSE(job.parallel().has_shard_group_size());
   EXPECT_TRUE(job.parallel().reshard_after_forward());
 
   zerotrain::JobSpec pinned = ParsedTinyJob();

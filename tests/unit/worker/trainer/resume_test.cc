@@ -692,7 +692,7 @@ TEST_F(ResumeTest, ReadUnitRangeStreamsAcrossChunksAndSavedRanks) {
               const std::string prefix = layout.units[u].name + ".";
               if (!b.name.starts_with(prefix)) continue;
               const std::string role = b.name.substr(prefix.size());
-              const FlatRange owned = ShardOf(layout.units[u].numel, GeometryOf(job, r)).owned;
+              const FlatRange owned = ShardOf(layout.units[u].numel, ParallelLayout::ForJob(job, r).shard()).owned;
               for (int64_t k = 0; k < owned.end - owned.begin; ++k) {
                 const float m = weight(u, owned.begin + k);
                 const SplitMasterBits split = SplitMaster(m);
