@@ -25,6 +25,7 @@
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/arena.h"
+#include "worker/parallel/parallel_layout.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/rank_state.h"
 #include "worker/train/pinned_host_arena.h"
@@ -329,7 +330,7 @@ TEST_F(OffloadTrainingTest, ArenasAreThePlansDeviceAndPinnedHostCategories) {
       // shard goes up (with fp32 parameters and no master weights the parameters also come
       // down: they are what the update reads), on top of what the plain run moves.
       int64_t expected = 0;
-      const ShardGeometry geometry = GeometryOf(job, r);
+      const ShardGeometry geometry = ParallelLayout::ForJob(job, r).shard();
       const int64_t grad = DTypeSize(dtype == PrecisionConfig::BF16 ? DType::kBF16 : DType::kF32);
       const int64_t param = grad;
       const int64_t params_crossings = dtype == PrecisionConfig::FP32 ? 2 : 1;
