@@ -140,8 +140,19 @@ ModelLayout BuildModelLayout(const zerotrain::ModelConfig& m) {
     layout.lora_rank = m.lora().rank();
     layout.lora_scale = m.lora().alpha() / static_cast<float>(m.lora().rank());
     layout.lora_dropout = m.lora().dropout();
+    const bool nf4 = m.base_dtype() == zerotrain::ModelConfig::NF4;
     for (UnitLayout& u : layout.units) {
       u.role = ParamRole::kFrozen;
+      if (nf4 && u.kind == UnitKind::kBlock) {
+        // The linear weights leave the flat buffer; the norms (and GPT-2's biases) stay.
+        u.role = ParamRole::kQuantized;
+        u.numel = 0;
+        for (ParamSpec& p : u.params) {
+          p.quantized = p.is_matrix;
+          p.offset = p.quantized ? -1 : u.numel;
+          if (!p.quantized) u.numel += p.numel;
+        }
+      }
       if (u.kind == UnitKind::kBlock) AddLoraSites(m, u);
       layout.lora_numel += u.lora_numel;
     }

@@ -23,7 +23,9 @@
 // Roles (DESIGN.md, "Unit"): without model.lora every unit's buffer is trainable. With it the
 // units' buffers ("<unit>.params") are the frozen base (no gradient, no optimizer state) and
 // each block that holds an adapted layer gets a second, trainable flat buffer of its adapters
-// ("<unit>.lora"), laid out per LoraSite as lora_A (r, in) then lora_B (rows, r).
+// ("<unit>.lora"), laid out per LoraSite as lora_A (r, in) then lora_B (rows, r). With
+// base_dtype NF4 the blocks' four linear weights leave the flat buffer (ParamSpec::quantized;
+// the block's role is then kQuantized): each is its own NF4 tensor (worker/plan/lora_plan.h).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +51,9 @@ struct ParamSpec {
   int64_t numel = 0;
   bool is_matrix = false;     // a linear layer's weight (weight decay applies by default)
   bool is_embedding = false;  // wte / wpe
+  // Stored NF4 outside the unit's flat buffer (a LoRA job's base_dtype NF4: the blocks' linear
+  // weights); `offset` is then -1 and the unit's numel leaves it out.
+  bool quantized = false;
 };
 
 // One adapted linear layer (or part of a fused one) of a block: y[:, row_begin : row_begin +

@@ -15,6 +15,7 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/status_macros.h"
+#include "worker/plan/lora_plan.h"
 
 namespace zt {
 namespace {
@@ -99,6 +100,20 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
     }
     m.lora_params_.push_back(lora);
     m.lora_grads_.push_back(lora_grads);
+    std::vector<QuantizedWeightBuffers> nf4;
+    for (const ParamSpec& p : u.params) {
+      if (!p.quantized) continue;
+      const std::string prefix = Nf4BufferPrefix(u, p);
+      QuantizedWeightBuffers q{.name = p.name};
+      q.weight.numel = p.numel;
+      q.weight.format = Nf4Absmax::kDoubleQuantized;
+      ZT_ASSIGN_OR_RETURN(q.weight.codes, state.Get(prefix + "codes"));
+      ZT_ASSIGN_OR_RETURN(q.weight.absmax, state.Get(prefix + "absmax"));
+      ZT_ASSIGN_OR_RETURN(q.weight.absmax_scale, state.Get(prefix + "absmax_scale"));
+      ZT_ASSIGN_OR_RETURN(q.weight.absmax_offset, state.Get(prefix + "absmax_offset"));
+      nf4.push_back(std::move(q));
+    }
+    m.nf4_.push_back(std::move(nf4));
   }
   for (int i = 0; i <= config.n_layer(); ++i) {
     ZT_ASSIGN_OR_RETURN(Tensor r, work.Get(absl::StrCat("residual.", i)));
@@ -173,7 +188,7 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
 
 Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char* name) const {
   const ParamSpec* p = unit.Find(name);
-  if (p == nullptr || flat.empty()) return Tensor();
+  if (p == nullptr || p->quantized || flat.empty()) return Tensor();
   // Parameters and gradients may be 16-bit (precision.param_dtype / grad_dtype): the view
   // keeps the buffer's dtype.
   char* data = static_cast<char*>(flat.raw()) + p->offset * DTypeSize(flat.dtype());
@@ -192,11 +207,10 @@ void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& in
 
 void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end,
                                       float* out) const {
-  const float std = config_.init_std();
-  const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config_.n_layer()));
   const UnitLayout& unit = layout_.units[u];
   std::fill(out, out + (end - begin), 0.0f);  // padding past the unit's last tensor
   for (const ParamSpec& p : unit.params) {
+    if (p.quantized) continue;  // not in the flat buffer: InitializeQuantizedBase
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
     if (lo >= hi) continue;
     float* data = out + (lo - begin);
@@ -206,12 +220,18 @@ void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64
     } else if (p.shape.size() == 1) {
       std::fill(data, data + (hi - lo), 0.0f);  // biases
     } else {
-      const bool residual_proj = p.name == "attn.proj.weight" || p.name == "mlp.proj.weight";
-      FillNormalRange(data, p.numel, lo - p.offset, hi - p.offset,
-                      residual_proj ? residual_std : std, seed,
-                      absl::StrCat(unit.name, ".", p.name));
+      FillInitialMatrix(seed, unit, p, lo - p.offset, hi - p.offset, data);
     }
   }
+}
+
+void Transformer::FillInitialMatrix(uint64_t seed, const UnitLayout& unit, const ParamSpec& p,
+                                    int64_t begin, int64_t end, float* out) const {
+  const float std = config_.init_std();
+  const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config_.n_layer()));
+  const bool residual_proj = p.name == "attn.proj.weight" || p.name == "mlp.proj.weight";
+  FillNormalRange(out, p.numel, begin, end, residual_proj ? residual_std : std, seed,
+                  absl::StrCat(unit.name, ".", p.name));
 }
 
 absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tensor& params) {

@@ -24,10 +24,13 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
+#include "kernels/nf4.h"
 #include "kernels/tensor.h"
 #include "proto/job.pb.h"
 #include "worker/model/param_layout.h"
@@ -65,6 +68,19 @@ class Transformer {
   // each adapter is a function of this seed, the block and the adapter); the step loop sets a
   // new one per micro-batch. Unused when model.lora.dropout is 0.
   void SetLoraDropoutSeed(uint64_t seed) { lora_seed_ = seed; }
+
+  // base_dtype NF4: the NF4 tensor of unit u's quantized weight `name` ("attn.qkv.weight"),
+  // or nullptr when that weight is not quantized.
+  const Nf4Tensor* QuantizedWeight(int u, std::string_view name) const;
+  // Quantizes `values` ((numel) f32, finite) into unit u's quantized weight `name`: how a
+  // base streams in, one tensor at a time, so only one tensor is ever held in f32.
+  // InvalidArgument when the weight is not quantized, the sizes differ or a value is not
+  // finite.
+  absl::Status QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
+                                  const Tensor& values);
+  // InitializeWeights' values for every quantized weight, each generated in f32 in turn and
+  // quantized (the rest of the base comes from InitializeWeights, which skips these).
+  absl::Status InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed);
 
   // Inputs and targets of the next forward: (B, T) i32 views of the workspace.
   const Tensor& tokens() const { return tokens_; }
@@ -149,6 +165,10 @@ class Transformer {
   // sink (which nothing reads).
   Tensor NormGrad(const UnitLayout& unit, const Tensor& grads, const char* name) const;
   uint64_t LoraSiteSeed(int block, size_t site) const;
+  // Elements [begin, end) of matrix p's initial values (N(0, init_std), residual projections
+  // scaled) to out[0, end − begin).
+  void FillInitialMatrix(uint64_t seed, const UnitLayout& unit, const ParamSpec& p, int64_t begin,
+                         int64_t end, float* out) const;
   struct GradScratch {
     Tensor residual, ln, qkv, atty, fch, fch_act;
   };
@@ -173,6 +193,11 @@ class Transformer {
 
   std::vector<Tensor> params_, grads_;
   std::vector<Tensor> lora_params_, lora_grads_;
+  struct QuantizedWeightBuffers {
+    std::string name;
+    Nf4Tensor weight;
+  };
+  std::vector<std::vector<QuantizedWeightBuffers>> nf4_;  // per unit
   LoraScratch lora_;
   uint64_t lora_seed_ = 0;
   std::vector<Tensor> residual_;  // L + 1 of (B·T, C)

@@ -11,11 +11,13 @@
 // without a second scaling pass.
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/lora.h"
+#include "kernels/nf4_linear.h"
 #include "kernels/status_macros.h"
 #include "worker/model/transformer.h"
 
@@ -67,6 +69,38 @@ void Transformer::InitializeLora(uint64_t seed) {
   }
 }
 
+const Nf4Tensor* Transformer::QuantizedWeight(int u, std::string_view name) const {
+  for (const QuantizedWeightBuffers& q : nf4_[u]) {
+    if (q.name == name) return &q.weight;
+  }
+  return nullptr;
+}
+
+absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
+                                             const Tensor& values) {
+  const Nf4Tensor* q = QuantizedWeight(u, name);
+  if (q == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("QuantizeBaseWeight: ", layout_.units[u].name,
+                                                   ".", std::string(name),
+                                                   " is not a quantized weight"));
+  }
+  return Nf4Quantize(ctx, {.src = values, .dst = *q});
+}
+
+absl::Status Transformer::InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed) {
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const UnitLayout& unit = layout_.units[u];
+    for (const ParamSpec& p : unit.params) {
+      if (!p.quantized) continue;
+      std::vector<float> values(p.numel);
+      FillInitialMatrix(seed, unit, p, 0, p.numel, values.data());
+      ZT_RETURN_IF_ERROR(QuantizeBaseWeight(ctx, static_cast<int>(u), p.name,
+                                            Tensor(values.data(), DType::kF32, {p.numel})));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Tensor Transformer::NormGrad(const UnitLayout& unit, const Tensor& grads, const char* name) const {
   if (unit.trainable()) return View(unit, grads, name);
   if (unit.Find(name) == nullptr) return Tensor();
@@ -79,9 +113,15 @@ absl::Status Transformer::BlockLinearForward(const DeviceContext& ctx, int i, co
                                              const char* weight, const char* bias,
                                              const Tensor& inp, const Tensor& out) {
   const UnitLayout& u = layout_.block(i);
-  ZT_RETURN_IF_ERROR(LinearForward(
-      ctx,
-      {.inp = inp, .weight = View(u, params, weight), .bias = View(u, params, bias), .out = out}));
+  if (const Nf4Tensor* q = QuantizedWeight(1 + i, weight); q != nullptr) {
+    ZT_RETURN_IF_ERROR(Nf4LinearForward(
+        ctx, {.inp = inp, .weight = *q, .bias = View(u, params, bias), .out = out}));
+  } else {
+    ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = inp,
+                                           .weight = View(u, params, weight),
+                                           .bias = View(u, params, bias),
+                                           .out = out}));
+  }
   const BlockActs& a = blocks_[i];
   for (size_t k = 0; k < u.lora.size(); ++k) {
     const LoraSite& site = u.lora[k];
@@ -110,7 +150,10 @@ absl::Status Transformer::BlockLinearBackward(const DeviceContext& ctx, int i, c
                                               const Tensor& inp, const Tensor& dinp) {
   const UnitLayout& u = layout_.block(i);
   const Tensor w = View(u, params, weight);
-  if (u.trainable()) {
+  if (const Nf4Tensor* q = QuantizedWeight(1 + i, weight); q != nullptr) {
+    // A quantized base: its input gradient, dequantized tile by tile.
+    ZT_RETURN_IF_ERROR(Nf4LinearBackward(ctx, {.dout = dout, .weight = *q, .dinp = dinp}));
+  } else if (u.trainable()) {
     ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = dout,
                                             .inp = inp,
                                             .weight = w,

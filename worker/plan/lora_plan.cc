@@ -4,14 +4,30 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/linear.h"
+#include "kernels/nf4.h"
+#include "kernels/nf4_linear.h"
 #include "worker/plan/optimizer_state_layout.h"
 
 namespace zt {
+
+std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p) {
+  return absl::StrCat(unit.name, ".nf4.", p.name, ".");
+}
 
 std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,
                                          DType grad) {
   std::vector<BufferSpec> out;
   for (const UnitLayout& u : layout.units) {
+    for (const ParamSpec& p : u.params) {
+      if (!p.quantized) continue;
+      const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+      const std::string prefix = Nf4BufferPrefix(u, p);
+      out.push_back({prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}});
+      out.push_back({prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}});
+      out.push_back(
+          {prefix + "absmax_scale", MemoryCategory::kParameters, DType::kF32, {nf4.absmax_groups}});
+      out.push_back({prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}});
+    }
     if (u.lora.empty()) continue;
     out.push_back({u.name + ".lora", MemoryCategory::kParameters, DType::kF32, {u.lora_numel}});
     out.push_back({u.name + ".lora_grads", MemoryCategory::kGradients, grad, {u.lora_numel}});
@@ -77,8 +93,36 @@ int64_t LoraGemmWorkspaceBytes(const ModelLayout& layout, int64_t rows, const De
         if (bytes.ok()) most = std::max(most, *bytes);
       }
     }
+    for (const ParamSpec& p : u.params) {
+      if (!p.quantized) continue;
+      absl::StatusOr<int64_t> bytes =
+          Nf4LinearWorkspaceBytes(ctx, rows, p.shape[1], p.shape[0], dtypes);
+      if (bytes.ok()) most = std::max(most, *bytes);
+    }
   }
   return most;
+}
+
+LoraMemoryBreakdown LoraBreakdown(const MemoryPlan& plan) {
+  LoraMemoryBreakdown out;
+  for (const BufferSpec& b : plan.buffers) {
+    const int64_t bytes = PlacedBytes(b);
+    const MemoryCategory role = b.role();
+    if (role == MemoryCategory::kParameters &&
+        (b.name.ends_with(".params") || b.name.find(".nf4.") != std::string::npos)) {
+      out.base_bytes += bytes;
+    }
+    if (role == MemoryCategory::kParameters && b.name.ends_with(".lora"))
+      out.adapter_bytes += bytes;
+    if (role == MemoryCategory::kGradients && b.name.ends_with(".lora_grads")) {
+      out.adapter_gradient_bytes += bytes;
+    }
+    if (role == MemoryCategory::kOptimizerState && b.name.find(".lora.") != std::string::npos) {
+      out.adapter_optimizer_bytes += bytes;
+    }
+    if (role == MemoryCategory::kActivations) out.activation_bytes += bytes;
+  }
+  return out;
 }
 
 }  // namespace zt

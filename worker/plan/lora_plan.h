@@ -5,6 +5,8 @@
 //
 // Buffer names (B·T rows, r rank, in/rows the widest adapted layer's sides):
 //   parameters:  "<block>.lora"             f32, the block's adapters (UnitLayout::lora_numel)
+//                "<block>.nf4.<tensor>.codes|absmax|absmax_scale|absmax_offset"  base_dtype
+//                NF4: each quantized base weight, double-quantized (kernels/nf4.h)
 //   gradients:   "<block>.lora_grads"       grad_dtype, same size
 //   optimizer:   "<block>.lora.<state>"     as OptimizerStateFor lays the adapters out
 //   activations: "<block>.lora.<hf_path>"   (B·T, r) compute dtype: scale · dropout(x) · Aᵀ
@@ -17,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/device.h"
@@ -25,6 +28,9 @@
 #include "worker/plan/memory_plan.h"
 
 namespace zt {
+
+// "<unit>.nf4.<tensor>.": the name prefix of quantized tensor p's four NF4 buffers.
+std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p);
 
 // Adapter parameters, gradients and optimizer state of every block of `layout` (empty without
 // LoRA). Their dtypes: f32 adapters, gradients in `grad`.
@@ -40,5 +46,17 @@ std::vector<BufferSpec> LoraActivationBuffers(const ModelLayout& layout, int64_t
 // tokens: 0 without LoRA.
 int64_t LoraGemmWorkspaceBytes(const ModelLayout& layout, int64_t rows, const DeviceContext& ctx,
                                DType compute, DType grad);
+
+// What a LoRA job's plan holds, as `zt estimate` shows it: the frozen base (its "<unit>.params"
+// in the base's dtype), the adapters, their gradients and optimizer state, and the
+// activations (the adapters' included). Bytes as placed in the arenas (aligned).
+struct LoraMemoryBreakdown {
+  int64_t base_bytes = 0;
+  int64_t adapter_bytes = 0;
+  int64_t adapter_gradient_bytes = 0;
+  int64_t adapter_optimizer_bytes = 0;
+  int64_t activation_bytes = 0;
+};
+LoraMemoryBreakdown LoraBreakdown(const MemoryPlan& plan);
 
 }  // namespace zt

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/elementwise.h"
+#include "kernels/nf4.h"
 #include "kernels/optimizer.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/arena.h"
@@ -276,6 +277,92 @@ TEST_P(TransformerLoraTest, TrainingChangesOnlyTheAdapters) {
         << m.layout().units[u].name << ": the frozen base changed";
   }
   EXPECT_NE(std::memcmp(m.unit_lora()[1].raw(), lora_before.data(), lora_before.size()), 0);
+}
+
+zerotrain::JobSpec Nf4Job(ModelConfig::Family family) {
+  zerotrain::JobSpec job = TinyLoraJob(family);
+  job.mutable_model()->set_base_dtype(ModelConfig::NF4);
+  return job;
+}
+
+// A frozen NF4 base computes what f32 weights equal to its dequantized values compute: the
+// tiled dequantization inside the linear layers changes nothing but the GEMM's summation order.
+TEST_P(TransformerLoraTest, Nf4ForwardEqualsTheDequantizedFp32Forward) {
+  Bound q = BindJob(Nf4Job(GetParam()));
+  InitWithLiveAdapters(*q.model, 31);
+  ASSERT_TRUE(q.model->InitializeQuantizedBase(q.ctx, 31).ok());
+  FillTokens(*q.model, 9);
+  const double nf4_loss = q.model->ForwardLoss(q.ctx, {}).value();
+
+  Bound f = BindJob(TinyLoraJob(GetParam()));
+  const ModelLayout& ql = q.model->layout();
+  const ModelLayout& fl = f.model->layout();
+  int dequantized = 0;
+  for (size_t u = 0; u < ql.units.size(); ++u) {
+    for (size_t k = 0; k < ql.units[u].params.size(); ++k) {
+      const ParamSpec& qp = ql.units[u].params[k];
+      const ParamSpec& fp = fl.units[u].params[k];
+      float* dst = f.model->unit_params()[u].data<float>() + fp.offset;
+      if (qp.quantized) {
+        const Nf4Tensor* w = q.model->QuantizedWeight(static_cast<int>(u), qp.name);
+        ASSERT_NE(w, nullptr);
+        ASSERT_TRUE(
+            Nf4Dequantize(q.ctx, {.src = *w, .dst = Tensor(dst, DType::kF32, {qp.numel})}).ok());
+        ++dequantized;
+      } else {
+        std::memcpy(dst, q.model->unit_params()[u].data<float>() + qp.offset,
+                    qp.numel * sizeof(float));
+      }
+    }
+    if (!q.model->unit_lora()[u].empty()) {
+      std::memcpy(f.model->unit_lora()[u].raw(), q.model->unit_lora()[u].raw(),
+                  q.model->unit_lora()[u].size_bytes());
+    }
+  }
+  EXPECT_EQ(dequantized, 8);  // four linear weights in each of the two blocks
+  FillTokens(*f.model, 9);
+  const double f32_loss = f.model->ForwardLoss(f.ctx, {}).value();
+  // fp32 noise of two summation orders (tiles of 512 rows vs one GEMM) over two layers.
+  EXPECT_NEAR(nf4_loss, f32_loss, 1e-5 * std::abs(f32_loss));
+}
+
+TEST_P(TransformerLoraTest, QloraTrainingReducesTheLossAndLeavesTheNf4BaseAlone) {
+  Bound b = BindJob(Nf4Job(GetParam()));
+  Transformer& m = *b.model;
+  m.InitializeWeights(3);
+  ASSERT_TRUE(m.InitializeQuantizedBase(b.ctx, 3).ok());
+  m.InitializeLora(4);
+  FillTokens(m, 6);
+  const Nf4Tensor* qkv = m.QuantizedWeight(1, "attn.qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  const std::vector<char> codes_before(
+      static_cast<char*>(qkv->codes.raw()),
+      static_cast<char*>(qkv->codes.raw()) + qkv->codes.size_bytes());
+  const float grad_scale = 1.0f / static_cast<float>(m.batch() * m.seq_len());
+  double first = 0, last = 0;
+  for (int step = 1; step <= 30; ++step) {
+    for (const Tensor& g : m.unit_lora_grads()) {
+      if (!g.empty()) ASSERT_TRUE(Zero(b.ctx, g).ok());
+    }
+    const double loss =
+        m.ForwardLoss(b.ctx, {.write_grad = true, .grad_scale = grad_scale}).value();
+    ASSERT_TRUE(m.Backward(b.ctx).ok());
+    if (step == 1) first = loss;
+    last = loss;
+    for (size_t u = 0; u < m.unit_lora().size(); ++u) {
+      if (m.unit_lora()[u].empty()) continue;
+      const std::string unit = m.layout().units[u].name;
+      ASSERT_TRUE(AdamWUpdate(b.ctx, {.param = m.unit_lora()[u],
+                                      .grad = m.unit_lora_grads()[u],
+                                      .m = b.arenas->Get(unit + ".lora.adam_m").value(),
+                                      .v = b.arenas->Get(unit + ".lora.adam_v").value(),
+                                      .lr = 1e-2f,
+                                      .step = step})
+                      .ok());
+    }
+  }
+  EXPECT_LT(last, first - 0.05) << first << " -> " << last;
+  EXPECT_EQ(std::memcmp(qkv->codes.raw(), codes_before.data(), codes_before.size()), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TransformerLoraTest,
