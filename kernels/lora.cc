@@ -37,14 +37,6 @@ absl::Status CheckColumns(const char* op, const DeviceContext& ctx, const char* 
   return absl::OkStatus();
 }
 
-// SplitMix64's finaliser: a well-mixed 64-bit hash of (seed, index).
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
 
 absl::Status ColumnsCopy(const DeviceContext& ctx, const ColumnsCopyArgs& args) {
@@ -77,9 +69,15 @@ absl::Status ColumnsAdd(const DeviceContext& ctx, const ColumnsAddArgs& args) {
   return absl::OkStatus();
 }
 
+uint64_t LoraDropoutSeed(uint64_t seed, int64_t block, int64_t adapter) {
+  return cpu::HashIndex(cpu::HashIndex(seed, static_cast<uint64_t>(block)),
+                        static_cast<uint64_t>(adapter));
+}
+
 bool LoraDropoutKeeps(uint64_t seed, int64_t i, float p) {
   // 24 uniform bits: u in [0, 1) on a grid of 2^-24, exact in f32.
-  const float u = static_cast<float>(Mix(Mix(seed) ^ static_cast<uint64_t>(i)) >> 40) * 0x1p-24f;
+  const float u =
+      static_cast<float>(cpu::HashIndex(seed, static_cast<uint64_t>(i)) >> 40) * 0x1p-24f;
   return u >= p;
 }
 

@@ -49,6 +49,10 @@ struct LoraDropoutArgs {
 // this same op to the input gradient). p = 0 copies.
 absl::Status LoraDropout(const DeviceContext& ctx, const LoraDropoutArgs& args);
 
+// The mask seed of adapter `adapter` of block `block` under a micro-batch's seed: distinct
+// adapters draw independent masks.
+uint64_t LoraDropoutSeed(uint64_t seed, int64_t block, int64_t adapter);
+
 // Whether element i survives dropout p under `seed`: the mask LoraDropout applies.
 bool LoraDropoutKeeps(uint64_t seed, int64_t i, float p);
 

@@ -556,19 +556,22 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // LoRA: validation and the model's layout accept it; the step loop does not train it yet.
   if (UsesLora(spec.model())) {
     lines.push_back(
-        "model.lora: adapters are validated and planned, but this engine's step loop does not "
-        "train them yet (docs/lora.md); remove model.lora to train every weight");
+        "model.lora: adapters are validated, planned and run by the model, but this engine's "
+        "step loop does not train them yet (docs/lora.md); remove model.lora to train every "
+        "weight");
   }
   if (spec.model().base_dtype() == ModelConfig::NF4 ||
       spec.model().base_dtype() == ModelConfig::INT8) {
-    lines.push_back(absl::StrCat("model.base_dtype: ",
-                                 ModelConfig::BaseDType_Name(spec.model().base_dtype()),
-                                 " (a quantized frozen base) is not run by this engine yet; use "
-                                 "FP32, BF16 or FP16"));
+    lines.push_back(absl::StrCat(
+        "model.base_dtype: ", ModelConfig::BaseDType_Name(spec.model().base_dtype()),
+        spec.model().base_dtype() == ModelConfig::NF4
+            ? " runs in the model, but a quantized base is not loaded from model.init_from yet"
+            : " (LLM.int8) is not wired into the model yet",
+        "; use FP32, BF16 or FP16"));
   }
   if (!spec.model().lora().init_from().empty()) {
     lines.push_back(
-        "model.lora.init_from: loading a PEFT adapter directory is not implemented yet; leave "
+        "model.lora.init_from: the step loop does not load a PEFT adapter directory yet; leave "
         "it empty to start from fresh adapters");
   }
   if (lines.empty()) return absl::OkStatus();

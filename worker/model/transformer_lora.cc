@@ -36,17 +36,10 @@ Tensor ScratchView(const Tensor& scratch, int64_t cols) {
   return Tensor(scratch.raw(), scratch.dtype(), {scratch.dim(0), cols}, scratch.device());
 }
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
 
 uint64_t Transformer::LoraSiteSeed(int block, size_t site) const {
-  return Mix(Mix(lora_seed_ ^ Mix(static_cast<uint64_t>(block))) + site);
+  return LoraDropoutSeed(lora_seed_, block, static_cast<int64_t>(site));
 }
 
 void Transformer::InitializeLora(uint64_t seed) {
@@ -58,7 +51,10 @@ void Transformer::InitializeLora(uint64_t seed) {
       // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain·sqrt(3 / fan_in) =
       // 1 / sqrt(fan_in).
       const double bound = 1.0 / std::sqrt(static_cast<double>(site.in));
-      std::mt19937_64 rng(Mix(seed ^ Mix(u * 1024 + k)));
+      // seed_seq's mixing is specified by the standard: the same draws everywhere.
+      std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                        static_cast<uint32_t>(u), static_cast<uint32_t>(k)};
+      std::mt19937_64 rng(seq);
       for (int64_t i = 0; i < site.a.numel; ++i) {
         const double unit_draw = static_cast<double>(rng() >> 11) * 0x1p-53;  // [0, 1)
         a[i] = static_cast<float>((2.0 * unit_draw - 1.0) * bound);

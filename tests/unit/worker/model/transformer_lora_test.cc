@@ -11,6 +11,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/nf4.h"
 #include "kernels/optimizer.h"
+#include "worker/model/lora_merge.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
@@ -183,7 +184,7 @@ TEST_P(TransformerLoraTest, AdapterGradientsMatchFiniteDifferencesWithDropout) {
   CheckAdapterGradients(TinyLoraJob(GetParam(), 0.3f));
 }
 
-// W' = W + scale·B·A in float64, written into the fused rows of a model without LoRA.
+// W' = W + scale·B·A (MergeLoraAdapters, float64), in the fused rows of a model without LoRA.
 TEST_P(TransformerLoraTest, MergedWeightsGiveTheAdapterPathsForward) {
   const zerotrain::JobSpec job = TinyLoraJob(GetParam());
   Bound lora = BindJob(job);
@@ -196,26 +197,12 @@ TEST_P(TransformerLoraTest, MergedWeightsGiveTheAdapterPathsForward) {
   plain_job.mutable_model()->clear_base_dtype();
   Bound plain = BindJob(plain_job);
   const ModelLayout& layout = lora.model->layout();
-  const double scale = layout.lora_scale;
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    float* w = plain.model->unit_params()[u].data<float>();
-    std::memcpy(w, lora.model->unit_params()[u].raw(), layout.units[u].numel * sizeof(float));
-    for (const LoraSite& s : layout.units[u].lora) {
-      const ParamSpec* base = layout.units[u].Find(s.weight);
-      const float* a = lora.model->unit_lora()[u].data<float>() + s.a.offset;
-      const float* bm = lora.model->unit_lora()[u].data<float>() + s.b.offset;
-      for (int64_t r = 0; r < s.rows; ++r) {
-        for (int64_t c = 0; c < s.in; ++c) {
-          double ba = 0;
-          for (int64_t k = 0; k < layout.lora_rank; ++k) {
-            ba += double{bm[r * layout.lora_rank + k]} * a[k * s.in + c];
-          }
-          float& target = w[base->offset + (s.row_begin + r) * s.in + c];
-          target = static_cast<float>(target + scale * ba);
-        }
-      }
-    }
+    std::memcpy(plain.model->unit_params()[u].raw(), lora.model->unit_params()[u].raw(),
+                layout.units[u].numel * sizeof(float));
   }
+  ASSERT_TRUE(
+      MergeLoraAdapters(layout, lora.model->unit_lora(), plain.model->unit_params()).ok());
   FillTokens(*plain.model, 8);
   const double merged = plain.model->ForwardLoss(plain.ctx, {}).value();
   // fp32 noise of two different summation orders over a 2-layer model: ~1e-6 relative.
