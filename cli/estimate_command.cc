@@ -41,7 +41,13 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
         absl::StrFormat("--zero-stage: must be in 0..3 (got %d)", job.parallel().zero_stage()));
   }
   const MemoryPlan plan = PlanMemory(job);
-  const int64_t params = BuildModelLayout(job.model()).total_numel;
+  // Every parameter of the model: the flat buffers' and, for an NF4 base, the quantized
+  // weights kept outside them.
+  const ModelLayout layout = BuildModelLayout(job.model());
+  int64_t params = layout.total_numel;
+  for (const UnitLayout& u : layout.units) {
+    for (const ParamSpec& p : u.params) params += p.quantized ? p.numel : 0;
+  }
   const std::string name = job.name().empty() ? "job" : job.name();
 
   if (flags.json) {

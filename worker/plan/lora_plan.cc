@@ -14,6 +14,25 @@ std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p) {
   return absl::StrCat(unit.name, ".nf4.", p.name, ".");
 }
 
+ModelLayout LoraAdapterLayout(const ModelLayout& layout) {
+  ModelLayout out;
+  for (const UnitLayout& u : layout.units) {
+    if (u.lora.empty()) continue;
+    UnitLayout adapters;
+    adapters.kind = u.kind;
+    adapters.block_index = u.block_index;
+    adapters.name = u.name + ".lora";
+    adapters.numel = u.lora_numel;
+    for (const LoraSite& s : u.lora) {
+      adapters.params.push_back(s.a);
+      adapters.params.push_back(s.b);
+    }
+    out.total_numel += adapters.numel;
+    out.units.push_back(std::move(adapters));
+  }
+  return out;
+}
+
 std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,
                                          DType grad) {
   std::vector<BufferSpec> out;
@@ -31,15 +50,8 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
     if (u.lora.empty()) continue;
     out.push_back({u.name + ".lora", MemoryCategory::kParameters, DType::kF32, {u.lora_numel}});
     out.push_back({u.name + ".lora_grads", MemoryCategory::kGradients, grad, {u.lora_numel}});
-    // The optimizer sees the adapters as a unit of their own: the A and B matrices.
-    UnitLayout adapters;
-    adapters.kind = u.kind;
-    adapters.name = u.name + ".lora";
-    adapters.numel = u.lora_numel;
-    for (const LoraSite& s : u.lora) {
-      adapters.params.push_back(s.a);
-      adapters.params.push_back(s.b);
-    }
+  }
+  for (const UnitLayout& adapters : LoraAdapterLayout(layout).units) {
     for (const UnitOptimizerState::Buffer& b :
          OptimizerStateFor(job.optimizer(), adapters, FlatRange{}).buffers) {
       out.push_back(

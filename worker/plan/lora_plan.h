@@ -32,6 +32,12 @@ namespace zt {
 // "<unit>.nf4.<tensor>.": the name prefix of quantized tensor p's four NF4 buffers.
 std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p);
 
+// The adapters as a model of their own for the optimizer (worker/optim/optimizer.h): one unit
+// "<block>.lora" per block with adapters, holding its lora_A/lora_B matrices at their offsets,
+// so Optimizer::Create over it finds the "<block>.lora.<state>" buffers this plan holds. Its
+// precision must have no master weights (the adapters are f32).
+ModelLayout LoraAdapterLayout(const ModelLayout& layout);
+
 // Adapter parameters, gradients and optimizer state of every block of `layout` (empty without
 // LoRA). Their dtypes: f32 adapters, gradients in `grad`.
 std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,

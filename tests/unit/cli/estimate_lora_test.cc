@@ -58,6 +58,9 @@ TEST_F(EstimateLoraTest, ShowsBaseAdaptersTheirStatesAndActivations) {
   const nlohmann::json j = nlohmann::json::parse(Run({.job_file = path_, .json = true}));
   const nlohmann::json& lora = j["lora"];
   EXPECT_EQ(lora["base_dtype"], "NF4");
+  // Every parameter counts, the NF4 weights outside the flat buffers included.
+  EXPECT_EQ(j["parameters"],
+            2 * 256 * 128 + 5 * 128 + 2 * (384 * 128 + 128 * 128 + 768 * 128 + 128 * 384));
   EXPECT_EQ(lora["adapter_parameters"], 8192);
   EXPECT_EQ(lora["adapter_bytes"], 8192 * 4);           // f32, 64-byte aligned already
   EXPECT_EQ(lora["adapter_gradient_bytes"], 8192 * 4);  // the job's only gradients

@@ -11,6 +11,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/nf4.h"
 #include "kernels/optimizer.h"
+#include "tests/unit/worker/model/lora_test_model.h"
 #include "worker/model/lora_merge.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/arena.h"
@@ -19,67 +20,11 @@
 namespace zt {
 namespace {
 
+using testing::BindJob;
+using testing::Bound;
+using testing::FillTokens;
+using testing::TinyLoraJob;
 using zerotrain::ModelConfig;
-
-zerotrain::JobSpec TinyLoraJob(ModelConfig::Family family, float dropout = 0.0f) {
-  zerotrain::JobSpec job;
-  auto* m = job.mutable_model();
-  m->set_family(family);
-  const bool gpt2 = family == ModelConfig::GPT2;
-  m->set_n_layer(2);
-  m->set_n_head(4);
-  m->set_n_kv_head(gpt2 ? 4 : 2);
-  m->set_d_model(16);
-  m->set_d_ff(gpt2 ? 64 : 24);
-  m->set_vocab_size(11);
-  m->set_max_seq_len(8);
-  m->set_tie_embeddings(gpt2);
-  m->set_norm_eps(1e-5f);
-  m->set_rope_theta(10000.0f);
-  m->set_init_std(0.3f);  // large weights: every path carries gradient worth measuring
-  m->set_base_dtype(ModelConfig::FP32);
-  auto* lora = m->mutable_lora();
-  lora->set_rank(2);
-  lora->set_alpha(3.0f);  // scale 1.5: a scale of 1 would hide a missing factor
-  lora->set_dropout(dropout);
-  const std::vector<const char*> modules =
-      gpt2 ? std::vector<const char*>{"c_attn", "c_proj", "c_fc"}
-           : std::vector<const char*>{"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                      "gate_proj", "up_proj", "down_proj"};
-  for (const char* name : modules) lora->add_target_modules(name);
-  job.mutable_data()->set_seq_len(7);
-  job.mutable_train()->set_micro_batch_size(2);
-  job.mutable_train()->set_grad_accum_steps(1);
-  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW);
-  job.mutable_resources()->set_cpu_threads(1);
-  return job;
-}
-
-struct Bound {
-  std::unique_ptr<Arenas> arenas;
-  std::optional<Transformer> model;
-  DeviceContext ctx;
-};
-
-Bound BindJob(const zerotrain::JobSpec& job) {
-  Bound b;
-  b.arenas = std::move(Arenas::Create(PlanMemory(job))).value();
-  b.model.emplace(Transformer::Bind(job.model(), *b.arenas, *b.arenas,
-                                    job.train().micro_batch_size(), job.data().seq_len())
-                      .value());
-  b.ctx = JobDeviceContext(job);
-  const Tensor workspace = b.arenas->Get("gemm_workspace").value();
-  b.ctx.workspace = {.data = workspace.raw(), .bytes = workspace.size_bytes()};
-  return b;
-}
-
-void FillTokens(Transformer& m, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (int64_t i = 0; i < m.batch() * m.seq_len(); ++i) {
-    m.tokens().data<int32_t>()[i] = static_cast<int32_t>(rng() % 11);
-    m.targets().data<int32_t>()[i] = static_cast<int32_t>(rng() % 11);
-  }
-}
 
 // Base weights from the seeded init, A from PEFT's init, and B random (a zero B would leave
 // A's gradient zero and the adapters invisible in the forward).
@@ -201,8 +146,7 @@ TEST_P(TransformerLoraTest, MergedWeightsGiveTheAdapterPathsForward) {
     std::memcpy(plain.model->unit_params()[u].raw(), lora.model->unit_params()[u].raw(),
                 layout.units[u].numel * sizeof(float));
   }
-  ASSERT_TRUE(
-      MergeLoraAdapters(layout, lora.model->unit_lora(), plain.model->unit_params()).ok());
+  ASSERT_TRUE(MergeLoraAdapters(layout, lora.model->unit_lora(), plain.model->unit_params()).ok());
   FillTokens(*plain.model, 8);
   const double merged = plain.model->ForwardLoss(plain.ctx, {}).value();
   // fp32 noise of two different summation orders over a 2-layer model: ~1e-6 relative.
