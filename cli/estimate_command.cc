@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
+#include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/status_macros.h"
 
@@ -40,7 +41,13 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
         absl::StrFormat("--zero-stage: must be in 0..3 (got %d)", job.parallel().zero_stage()));
   }
   const MemoryPlan plan = PlanMemory(job);
-  const int64_t params = BuildModelLayout(job.model()).total_numel;
+  // Every parameter of the model: the flat buffers' and, for an NF4 base, the quantized
+  // weights kept outside them.
+  const ModelLayout layout = BuildModelLayout(job.model());
+  int64_t params = layout.total_numel;
+  for (const UnitLayout& u : layout.units) {
+    for (const ParamSpec& p : u.params) params += p.quantized ? p.numel : 0;
+  }
   const std::string name = job.name().empty() ? "job" : job.name();
 
   if (flags.json) {
@@ -63,6 +70,17 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
          {{"device", plan.DeviceBytes()},
           {"pinned_host", plan.CategoryBytes(MemoryCategory::kPinnedHost)},
           {"nvme", plan.CategoryBytes(MemoryCategory::kNvme)}}}};
+    if (job.model().has_lora()) {
+      const LoraMemoryBreakdown lora = LoraBreakdown(plan);
+      out["lora"] = {
+          {"base_dtype", zerotrain::ModelConfig::BaseDType_Name(job.model().base_dtype())},
+          {"base_bytes", lora.base_bytes},
+          {"adapter_parameters", BuildModelLayout(job.model()).lora_numel},
+          {"adapter_bytes", lora.adapter_bytes},
+          {"adapter_gradient_bytes", lora.adapter_gradient_bytes},
+          {"adapter_optimizer_bytes", lora.adapter_optimizer_bytes},
+          {"activation_bytes", lora.activation_bytes}};
+    }
     if (job.resources().device_memory_bytes() > 0) {
       out["device_memory_bytes"] = job.resources().device_memory_bytes();
     }
@@ -90,6 +108,19 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
     row(MemoryCategoryName(category), plan.CategoryBytes(category));
   }
   row("total", plan.TotalBytes());
+  if (job.model().has_lora()) {
+    // A LoRA job: the frozen base trains nothing; the adapters carry the gradients and states.
+    const LoraMemoryBreakdown lora = LoraBreakdown(plan);
+    std::cout << absl::StrFormat("LoRA (rank %d on %d adapter parameters; base %s, frozen):\n",
+                                 job.model().lora().rank(),
+                                 BuildModelLayout(job.model()).lora_numel,
+                                 zerotrain::ModelConfig::BaseDType_Name(job.model().base_dtype()));
+    row("base", lora.base_bytes);
+    row("adapters", lora.adapter_bytes);
+    row("adapter grads", lora.adapter_gradient_bytes);
+    row("adapter optim", lora.adapter_optimizer_bytes);
+    row("activations", lora.activation_bytes);
+  }
   // Where those bytes live: the device's arenas, the offload tier's pinned host pool (the
   // offloaded states, its ring, an async checkpoint's staging) and its NVMe swap store.
   std::cout << absl::StrFormat("where (offload.optimizer %s, offload.params %s):\n",

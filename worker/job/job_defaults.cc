@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "worker/job/lora_validation.h"
+
 namespace zt {
 
 using zerotrain::ModelConfig;
@@ -99,6 +101,7 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   if (!precision.has_master_weights()) {
     precision.set_master_weights(precision.param_dtype() != PrecisionConfig::FP32);
   }
+  ApplyLoraDefaults(spec);  // its base dtype follows param_dtype
   zerotrain::LossScaleConfig& loss_scale = *precision.mutable_loss_scale();
   if (!loss_scale.has_initial_power()) loss_scale.set_initial_power(16);
   if (!loss_scale.has_window()) loss_scale.set_window(1000);

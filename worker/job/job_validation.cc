@@ -18,6 +18,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "worker/job/data_paths.h"
+#include "worker/job/lora_validation.h"
 #include "worker/job/offload_validation.h"
 #include "worker/job/parallel_validation.h"
 
@@ -453,6 +454,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   ValidateRest(spec, v);
   for (std::string& line : ParallelViolations(spec)) v.Add(std::move(line));
   for (std::string& line : OffloadViolations(spec)) v.Add(std::move(line));
+  for (std::string& line : LoraViolations(spec)) v.Add(std::move(line));
   if (v.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(v.Join());
 }
@@ -485,6 +487,9 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   }
   if (!spec.model().init_from().empty()) {
     check("model.init_from", spec.model().init_from(), /*directory_ok=*/true);
+  }
+  if (!spec.model().lora().init_from().empty()) {
+    check("model.lora.init_from", spec.model().lora().init_from(), /*directory_ok=*/true);
   }
   if (const absl::Status nvme = CheckNvmePath(spec); !nvme.ok()) {
     lines.emplace_back(nvme.message());
@@ -553,6 +558,27 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "offload.buffer_count: ", offload.buffer_count(),
           " — the host optimizer step needs 2 ring buffers (gradients down, parameters up)"));
     }
+  }
+  // LoRA: validation and the model's layout accept it; the step loop does not train it yet.
+  if (UsesLora(spec.model())) {
+    lines.push_back(
+        "model.lora: adapters are validated, planned and run by the model, but this engine's "
+        "step loop does not train them yet (docs/lora.md); remove model.lora to train every "
+        "weight");
+  }
+  if (spec.model().base_dtype() == ModelConfig::NF4 ||
+      spec.model().base_dtype() == ModelConfig::INT8) {
+    lines.push_back(absl::StrCat(
+        "model.base_dtype: ", ModelConfig::BaseDType_Name(spec.model().base_dtype()),
+        spec.model().base_dtype() == ModelConfig::NF4
+            ? " runs in the model, but a quantized base is not loaded from model.init_from yet"
+            : " (LLM.int8) is not wired into the model yet",
+        "; use FP32, BF16 or FP16"));
+  }
+  if (!spec.model().lora().init_from().empty()) {
+    lines.push_back(
+        "model.lora.init_from: the step loop does not load a PEFT adapter directory yet; leave "
+        "it empty to start from fresh adapters");
   }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));

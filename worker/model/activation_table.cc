@@ -53,7 +53,7 @@ std::vector<BufferSpec> ActivationTable(const zerotrain::ModelConfig& m,
     add(p + "ln1", {d.BT, d.C});
     if (d.gpt2) add_stat(p + "ln1_mean", {d.BT});
     add_stat(p + "ln1_rstd", {d.BT});
-    add(p + "qkv", {d.BT, d.Q});  // after RoPE for LLAMA: the attention's actual input
+    add(p + "qkv", {d.BT, d.Q});   // after RoPE for LLAMA: the attention's actual input
     add(p + "res2", {d.BT, d.C});  // residual after attention, input of ln2
     add(p + "ln2", {d.BT, d.C});
     if (d.gpt2) add_stat(p + "ln2_mean", {d.BT});
@@ -131,13 +131,12 @@ int64_t GemmWorkspaceBytesFor(const zerotrain::ModelConfig& m, int64_t batch, in
   // The largest parameter matrix has max(V, Q, 2F, C) rows; a shard of one is no larger.
   const DeviceKind kind = ctx.device.kind;
   const int64_t rows = std::max({d.V, d.Q, 2 * d.F, d.C});
-  return std::max({most, AttentionWorkspaceBytes(kind, d.B, d.T, static_cast<int>(d.H)),
-                   EmbeddingWorkspaceBytes(kind, d.BT, d.V),
-                   LayerNormBackwardWorkspaceBytes(kind, d.BT, d.C),
-                   RmsNormBackwardWorkspaceBytes(kind, d.BT, d.C),
-                   AdafactorWorkspaceBytes(kind, rows),
-                   // The gradient norm's partials are capped (~8 KiB) whatever the size.
-                   ReduceWorkspaceBytes(ctx, int64_t{1} << 40)});
+  return std::max(
+      {most, AttentionWorkspaceBytes(kind, d.B, d.T, static_cast<int>(d.H)),
+       EmbeddingWorkspaceBytes(kind, d.BT, d.V), LayerNormBackwardWorkspaceBytes(kind, d.BT, d.C),
+       RmsNormBackwardWorkspaceBytes(kind, d.BT, d.C), AdafactorWorkspaceBytes(kind, rows),
+       // The gradient norm's partials are capped (~8 KiB) whatever the size.
+       ReduceWorkspaceBytes(ctx, int64_t{1} << 40)});
 }
 
 std::vector<BufferSpec> WorkspaceTable(const zerotrain::ModelConfig& m, int64_t batch,

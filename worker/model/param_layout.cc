@@ -1,6 +1,7 @@
 #include "worker/model/param_layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/lora_targets.h"
 
 namespace zt {
 namespace {
@@ -31,6 +32,60 @@ class UnitBuilder {
  private:
   UnitLayout unit_;
 };
+
+ParamSpec AdapterSpec(std::string name, int64_t rows, int64_t cols, int64_t offset) {
+  return {.name = std::move(name),
+          .shape = {rows, cols},
+          .offset = offset,
+          .numel = rows * cols,
+          .is_matrix = true};
+}
+
+// The adapters of block `unit` for model.lora's target modules, in table order.
+void AddLoraSites(const zerotrain::ModelConfig& m, UnitLayout& unit) {
+  const int64_t C = m.d_model(), F = m.d_ff(), r = m.lora().rank();
+  const int64_t D = C / m.n_head();
+  const int64_t HD = m.n_head() * D, KV = m.n_kv_head() * D;
+  for (const LoraTarget& t : LoraTargets(m.family())) {
+    bool wanted = false;
+    for (const std::string& name : m.lora().target_modules()) wanted |= name == t.module;
+    if (!wanted) continue;
+    const ParamSpec* base = unit.Find(std::string(t.weight));
+    LoraSite site;
+    site.module = t.module;
+    site.hf_path = t.hf_path;
+    site.weight = t.weight;
+    site.in = base->shape[1];
+    switch (t.rows) {
+      case LoraRows::kAll:
+        site.rows = base->shape[0];
+        break;
+      case LoraRows::kQ:
+        site.rows = HD;
+        break;
+      case LoraRows::kK:
+        site.row_begin = HD;
+        site.rows = KV;
+        break;
+      case LoraRows::kV:
+        site.row_begin = HD + KV;
+        site.rows = KV;
+        break;
+      case LoraRows::kGate:
+        site.rows = F;
+        break;
+      case LoraRows::kUp:
+        site.row_begin = F;
+        site.rows = F;
+        break;
+    }
+    site.a = AdapterSpec(std::string(t.hf_path) + ".lora_A", r, site.in, unit.lora_numel);
+    unit.lora_numel += site.a.numel;
+    site.b = AdapterSpec(std::string(t.hf_path) + ".lora_B", site.rows, r, unit.lora_numel);
+    unit.lora_numel += site.b.numel;
+    unit.lora.push_back(std::move(site));
+  }
+}
 
 }  // namespace
 
@@ -80,6 +135,28 @@ ModelLayout BuildModelLayout(const zerotrain::ModelConfig& m) {
   if (!m.tie_embeddings()) head.Add("lm_head.weight", {V, C}, kMatrix);
   layout.units.push_back(head.Build());
 
+  if (m.has_lora()) {
+    layout.lora = true;
+    layout.lora_rank = m.lora().rank();
+    layout.lora_scale = m.lora().alpha() / static_cast<float>(m.lora().rank());
+    layout.lora_dropout = m.lora().dropout();
+    const bool nf4 = m.base_dtype() == zerotrain::ModelConfig::NF4;
+    for (UnitLayout& u : layout.units) {
+      u.role = ParamRole::kFrozen;
+      if (nf4 && u.kind == UnitKind::kBlock) {
+        // The linear weights leave the flat buffer; the norms (and GPT-2's biases) stay.
+        u.role = ParamRole::kQuantized;
+        u.numel = 0;
+        for (ParamSpec& p : u.params) {
+          p.quantized = p.is_matrix;
+          p.offset = p.quantized ? -1 : u.numel;
+          if (!p.quantized) u.numel += p.numel;
+        }
+      }
+      if (u.kind == UnitKind::kBlock) AddLoraSites(m, u);
+      layout.lora_numel += u.lora_numel;
+    }
+  }
   for (const UnitLayout& u : layout.units) layout.total_numel += u.numel;
   return layout;
 }

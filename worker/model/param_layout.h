@@ -19,6 +19,13 @@
 //   head:      ln_f.weight (C) [GPT2: ln_f.bias (C)]; lm_head.weight (V, C) unless tied
 //              (tied: the head reads embedding's wte, and its gradient lands there).
 // Linear weights are (out, in), as torch.nn.Linear.
+//
+// Roles (DESIGN.md, "Unit"): without model.lora every unit's buffer is trainable. With it the
+// units' buffers ("<unit>.params") are the frozen base (no gradient, no optimizer state) and
+// each block that holds an adapted layer gets a second, trainable flat buffer of its adapters
+// ("<unit>.lora"), laid out per LoraSite as lora_A (r, in) then lora_B (rows, r). With
+// base_dtype NF4 the blocks' four linear weights leave the flat buffer (ParamSpec::quantized;
+// the block's role is then kQuantized): each is its own NF4 tensor (worker/plan/lora_plan.h).
 #pragma once
 
 #include <cstdint>
@@ -32,13 +39,35 @@ namespace zt {
 
 enum class UnitKind : uint8_t { kEmbedding, kBlock, kHead };
 
+// What the optimizer and the sharding engine do with a buffer: a trainable one has gradients
+// and optimizer state; a frozen one has neither; a quantized one is frozen and stored in a
+// block-quantized format (NF4, INT8).
+enum class ParamRole : uint8_t { kTrainable, kFrozen, kQuantized };
+
 struct ParamSpec {
   std::string name;            // "attn.qkv.weight"
   std::vector<int64_t> shape;  // (out, in) for linear weights
   int64_t offset = 0;          // in elements, from the start of the unit's buffer
   int64_t numel = 0;
-  bool is_matrix = false;      // a linear layer's weight (weight decay applies by default)
-  bool is_embedding = false;   // wte / wpe
+  bool is_matrix = false;     // a linear layer's weight (weight decay applies by default)
+  bool is_embedding = false;  // wte / wpe
+  // Stored NF4 outside the unit's flat buffer (a LoRA job's base_dtype NF4: the blocks' linear
+  // weights); `offset` is then -1 and the unit's numel leaves it out.
+  bool quantized = false;
+};
+
+// One adapted linear layer (or part of a fused one) of a block: y[:, row_begin : row_begin +
+// rows] += scale · (dropout(x) · Aᵀ) · Bᵀ, where the base weight's rows [row_begin, row_begin +
+// rows) are the module's (worker/model/lora_targets.h).
+struct LoraSite {
+  std::string module;   // "q_proj"
+  std::string hf_path;  // "self_attn.q_proj": the module's path inside a Hugging Face block
+  std::string weight;   // the base tensor: "attn.qkv.weight"
+  int64_t row_begin = 0;
+  int64_t rows = 0;  // out
+  int64_t in = 0;
+  ParamSpec a;  // "<hf_path>.lora_A" (r, in), in the unit's adapter buffer
+  ParamSpec b;  // "<hf_path>.lora_B" (rows, r)
 };
 
 struct UnitLayout {
@@ -47,6 +76,13 @@ struct UnitLayout {
   std::string name;      // "embedding", "block.3", "head"
   std::vector<ParamSpec> params;
   int64_t numel = 0;
+  ParamRole role = ParamRole::kTrainable;  // of `params`' buffer
+  // The adapters of the block's adapted layers, in lora_targets.h's table order, and the
+  // elements of their trainable buffer; empty without model.lora.
+  std::vector<LoraSite> lora;
+  int64_t lora_numel = 0;
+
+  bool trainable() const { return role == ParamRole::kTrainable; }
 
   // The tensor called `name`, or nullptr.
   const ParamSpec* Find(const std::string& name) const;
@@ -56,6 +92,12 @@ struct ModelLayout {
   std::vector<UnitLayout> units;  // embedding, blocks…, head
   int64_t total_numel = 0;
   bool tied_embeddings = false;
+  // model.lora: rank r, scale alpha / r and dropout p of every adapter; total adapter elements.
+  bool lora = false;
+  int64_t lora_rank = 0;
+  float lora_scale = 0.0f;
+  float lora_dropout = 0.0f;
+  int64_t lora_numel = 0;
 
   const UnitLayout& embedding() const { return units.front(); }
   const UnitLayout& head() const { return units.back(); }

@@ -15,6 +15,7 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/status_macros.h"
+#include "worker/plan/lora_plan.h"
 
 namespace zt {
 namespace {
@@ -76,15 +77,43 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
 
   // Gradients are bound when both the state has them and the workspace has the backward's
   // scratch: an inference plan over trained parameters has neither need.
-  const bool with_grads =
-      state.Get(m.layout_.units[0].name + ".grads").ok() && work.Get("grad.residual").ok();
+  // A LoRA model's gradients are its adapters' (block 0 has adapters: validation requires a
+  // target module, and every block has every module).
+  const std::string grads_probe =
+      m.layout_.lora ? m.layout_.block(0).name + ".lora_grads" : m.layout_.units[0].name + ".grads";
+  const bool with_grads = state.Get(grads_probe).ok() && work.Get("grad.residual").ok();
   for (const UnitLayout& u : m.layout_.units) {
     ZT_ASSIGN_OR_RETURN(Tensor p, state.Get(u.name + ".params"));
     m.params_.push_back(p);
-    if (with_grads) {
+    if (with_grads && u.trainable()) {
       ZT_ASSIGN_OR_RETURN(Tensor g, state.Get(u.name + ".grads"));
       m.grads_.push_back(g);
+    } else if (with_grads) {
+      m.grads_.emplace_back();  // frozen: no gradient
     }
+    Tensor lora, lora_grads;
+    if (!u.lora.empty()) {
+      ZT_ASSIGN_OR_RETURN(lora, state.Get(u.name + ".lora"));
+      if (with_grads) {
+        ZT_ASSIGN_OR_RETURN(lora_grads, state.Get(u.name + ".lora_grads"));
+      }
+    }
+    m.lora_params_.push_back(lora);
+    m.lora_grads_.push_back(lora_grads);
+    std::vector<QuantizedWeightBuffers> nf4;
+    for (const ParamSpec& p : u.params) {
+      if (!p.quantized) continue;
+      const std::string prefix = Nf4BufferPrefix(u, p);
+      QuantizedWeightBuffers q{.name = p.name};
+      q.weight.numel = p.numel;
+      q.weight.format = Nf4Absmax::kDoubleQuantized;
+      ZT_ASSIGN_OR_RETURN(q.weight.codes, state.Get(prefix + "codes"));
+      ZT_ASSIGN_OR_RETURN(q.weight.absmax, state.Get(prefix + "absmax"));
+      ZT_ASSIGN_OR_RETURN(q.weight.absmax_scale, state.Get(prefix + "absmax_scale"));
+      ZT_ASSIGN_OR_RETURN(q.weight.absmax_offset, state.Get(prefix + "absmax_offset"));
+      nf4.push_back(std::move(q));
+    }
+    m.nf4_.push_back(std::move(nf4));
   }
   for (int i = 0; i <= config.n_layer(); ++i) {
     ZT_ASSIGN_OR_RETURN(Tensor r, work.Get(absl::StrCat("residual.", i)));
@@ -122,6 +151,10 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
     ZT_ASSIGN_OR_RETURN(a.atty, block_tensor(p, "atty", &shared_core));
     ZT_ASSIGN_OR_RETURN(a.att_lse, block_tensor(p, "att_lse", &shared_core));
     ZT_ASSIGN_OR_RETURN(a.fch_act, block_tensor(p, "fch_act", &shared_core));
+    for (const LoraSite& site : m.layout_.block(i).lora) {
+      ZT_ASSIGN_OR_RETURN(Tensor h, work.Get(absl::StrCat(p, "lora.", site.hf_path)));
+      a.lora_h.push_back(h);
+    }
     a.recompute = shared_input  ? Recompute::kFull
                   : shared_core ? Recompute::kSelective
                                 : Recompute::kNone;
@@ -134,6 +167,14 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
   ZT_ASSIGN_OR_RETURN(m.tokens_, work.Get("tokens"));
   ZT_ASSIGN_OR_RETURN(m.targets_, work.Get("targets"));
   ZT_ASSIGN_OR_RETURN(m.logits_, work.Get("logits"));
+  if (m.layout_.lora) {
+    ZT_ASSIGN_OR_RETURN(m.lora_.out, work.Get("lora.out"));
+    ZT_ASSIGN_OR_RETURN(m.lora_.dout, work.Get("lora.dout"));
+    ZT_ASSIGN_OR_RETURN(m.lora_.dh, work.Get("lora.dh"));
+    ZT_ASSIGN_OR_RETURN(m.lora_.dinp, work.Get("lora.dinp"));
+    ZT_ASSIGN_OR_RETURN(m.lora_.norm_sink, work.Get("lora.norm_grad_sink"));
+    m.lora_.dropped = optional("lora.dropped");
+  }
   if (with_grads) {
     ZT_ASSIGN_OR_RETURN(m.grad_.residual, work.Get("grad.residual"));
     ZT_ASSIGN_OR_RETURN(m.grad_.ln, work.Get("grad.ln"));
@@ -147,7 +188,7 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
 
 Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char* name) const {
   const ParamSpec* p = unit.Find(name);
-  if (p == nullptr) return Tensor();
+  if (p == nullptr || p->quantized || flat.empty()) return Tensor();
   // Parameters and gradients may be 16-bit (precision.param_dtype / grad_dtype): the view
   // keeps the buffer's dtype.
   char* data = static_cast<char*>(flat.raw()) + p->offset * DTypeSize(flat.dtype());
@@ -166,11 +207,10 @@ void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& in
 
 void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end,
                                       float* out) const {
-  const float std = config_.init_std();
-  const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config_.n_layer()));
   const UnitLayout& unit = layout_.units[u];
   std::fill(out, out + (end - begin), 0.0f);  // padding past the unit's last tensor
   for (const ParamSpec& p : unit.params) {
+    if (p.quantized) continue;  // not in the flat buffer: InitializeQuantizedBase
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
     if (lo >= hi) continue;
     float* data = out + (lo - begin);
@@ -180,12 +220,18 @@ void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64
     } else if (p.shape.size() == 1) {
       std::fill(data, data + (hi - lo), 0.0f);  // biases
     } else {
-      const bool residual_proj = p.name == "attn.proj.weight" || p.name == "mlp.proj.weight";
-      FillNormalRange(data, p.numel, lo - p.offset, hi - p.offset,
-                      residual_proj ? residual_std : std, seed,
-                      absl::StrCat(unit.name, ".", p.name));
+      FillInitialMatrix(seed, unit, p, lo - p.offset, hi - p.offset, data);
     }
   }
+}
+
+void Transformer::FillInitialMatrix(uint64_t seed, const UnitLayout& unit, const ParamSpec& p,
+                                    int64_t begin, int64_t end, float* out) const {
+  const float std = config_.init_std();
+  const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config_.n_layer()));
+  const bool residual_proj = p.name == "attn.proj.weight" || p.name == "mlp.proj.weight";
+  FillNormalRange(out, p.numel, begin, end, residual_proj ? residual_std : std, seed,
+                  absl::StrCat(unit.name, ".", p.name));
 }
 
 absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tensor& params) {
@@ -235,10 +281,8 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
                                             .rstd = a.ln1_rstd,
                                             .eps = config_.norm_eps()}));
   }
-  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.ln1,
-                                         .weight = View(u, params, "attn.qkv.weight"),
-                                         .bias = View(u, params, "attn.qkv.bias"),
-                                         .out = a.qkv}));  // (BT, Q)
+  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "attn.qkv.weight", "attn.qkv.bias", a.ln1,
+                                        a.qkv));  // (BT, Q)
   const Tensor qkv3 = a.qkv.Reshape({B_, T_, a.qkv.dim(1)});
   if (!gpt2_) {
     ZT_RETURN_IF_ERROR(RopeApply(ctx, {.qkv = qkv3,
@@ -247,10 +291,8 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
                                        .theta = config_.rope_theta()}));
   }
   ZT_RETURN_IF_ERROR(AttentionCore(ctx, a));
-  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.atty,
-                                         .weight = View(u, params, "attn.proj.weight"),
-                                         .bias = View(u, params, "attn.proj.bias"),
-                                         .out = a.res2}));
+  ZT_RETURN_IF_ERROR(
+      BlockLinearForward(ctx, i, params, "attn.proj.weight", "attn.proj.bias", a.atty, a.res2));
   ZT_RETURN_IF_ERROR(Add(ctx, a.res2, x, a.res2));  // res2 = x + attn(x)
 
   // MLP branch: res2 -> ln2 -> fc -> gelu | swiglu -> proj, added to res2.
@@ -269,17 +311,13 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
                                             .rstd = a.ln2_rstd,
                                             .eps = config_.norm_eps()}));
   }
-  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.ln2,
-                                         .weight = View(u, params, "mlp.fc.weight"),
-                                         .bias = View(u, params, "mlp.fc.bias"),
-                                         .out = a.fch}));  // (BT, F) | (BT, 2F)
+  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "mlp.fc.weight", "mlp.fc.bias", a.ln2,
+                                        a.fch));  // (BT, F) | (BT, 2F)
   ZT_RETURN_IF_ERROR(MlpActivation(ctx, a));
   // A recompute for the backward stops here: the block's output is kept already.
   if (!write_output) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = a.fch_act,
-                                         .weight = View(u, params, "mlp.proj.weight"),
-                                         .bias = View(u, params, "mlp.proj.bias"),
-                                         .out = out}));
+  ZT_RETURN_IF_ERROR(
+      BlockLinearForward(ctx, i, params, "mlp.proj.weight", "mlp.proj.bias", a.fch_act, out));
   return Add(ctx, out, a.res2, out);  // out = res2 + mlp(res2)
 }
 
@@ -327,7 +365,10 @@ absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& param
                                                  .losses = losses_.Slice(r0, r1),
                                                  .grad_scale = options.grad_scale,
                                                  .write_grad = options.write_grad}));
-    if (options.write_grad) {
+    if (options.write_grad && dw.empty()) {
+      // A frozen head (LoRA): only dL/d(norm output) = dlogits · W.
+      ZT_RETURN_IF_ERROR(Gemm(ctx, logits, w, grad_.ln.Slice(r0, r1), {}));
+    } else if (options.write_grad) {
       ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = logits,
                                               .inp = lnf,
                                               .weight = w,
@@ -392,15 +433,15 @@ absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& p
                                    .mean = lnf_mean_,
                                    .rstd = lnf_rstd_,
                                    .dinp = grad_.residual,
-                                   .dweight = View(u, grads, "ln_f.weight"),
-                                   .dbias = View(u, grads, "ln_f.bias")});
+                                   .dweight = NormGrad(u, grads, "ln_f.weight"),
+                                   .dbias = NormGrad(u, grads, "ln_f.bias")});
   }
   return RmsNormBackward(ctx, {.dout = grad_.ln,
                                .inp = x,
                                .weight = View(u, params, "ln_f.weight"),
                                .rstd = lnf_rstd_,
                                .dinp = grad_.residual,
-                               .dweight = View(u, grads, "ln_f.weight")});
+                               .dweight = NormGrad(u, grads, "ln_f.weight")});
 }
 
 absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const Tensor& params,
@@ -423,23 +464,15 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
   // branches add their input gradient to it in place.
 
   // MLP branch, reversed.
-  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.residual,
-                                          .inp = a.fch_act,
-                                          .weight = View(u, params, "mlp.proj.weight"),
-                                          .dinp = grad_.fch_act,
-                                          .dweight = View(u, grads, "mlp.proj.weight"),
-                                          .dbias = View(u, grads, "mlp.proj.bias")}));
+  ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "mlp.proj.weight", "mlp.proj.bias",
+                                         grad_.residual, a.fch_act, grad_.fch_act));
   if (gpt2_) {
     ZT_RETURN_IF_ERROR(GeluBackward(ctx, a.fch, grad_.fch_act, grad_.fch));
   } else {
     ZT_RETURN_IF_ERROR(SwigluBackward(ctx, a.fch, grad_.fch_act, grad_.fch));
   }
-  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.fch,
-                                          .inp = a.ln2,
-                                          .weight = View(u, params, "mlp.fc.weight"),
-                                          .dinp = grad_.ln,
-                                          .dweight = View(u, grads, "mlp.fc.weight"),
-                                          .dbias = View(u, grads, "mlp.fc.bias")}));
+  ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "mlp.fc.weight", "mlp.fc.bias",
+                                         grad_.fch, a.ln2, grad_.ln));
   if (gpt2_) {
     ZT_RETURN_IF_ERROR(LayerNormBackward(ctx, {.dout = grad_.ln,
                                                .inp = a.res2,
@@ -447,8 +480,8 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                                .mean = a.ln2_mean,
                                                .rstd = a.ln2_rstd,
                                                .dinp = grad_.residual,
-                                               .dweight = View(u, grads, "ln2.weight"),
-                                               .dbias = View(u, grads, "ln2.bias"),
+                                               .dweight = NormGrad(u, grads, "ln2.weight"),
+                                               .dbias = NormGrad(u, grads, "ln2.bias"),
                                                .dinp_mode = Accumulate::kAdd}));
   } else {
     ZT_RETURN_IF_ERROR(RmsNormBackward(ctx, {.dout = grad_.ln,
@@ -456,17 +489,13 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                              .weight = View(u, params, "ln2.weight"),
                                              .rstd = a.ln2_rstd,
                                              .dinp = grad_.residual,
-                                             .dweight = View(u, grads, "ln2.weight"),
+                                             .dweight = NormGrad(u, grads, "ln2.weight"),
                                              .dinp_mode = Accumulate::kAdd}));
   }
 
   // Attention branch, reversed.
-  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.residual,
-                                          .inp = a.atty,
-                                          .weight = View(u, params, "attn.proj.weight"),
-                                          .dinp = grad_.atty,
-                                          .dweight = View(u, grads, "attn.proj.weight"),
-                                          .dbias = View(u, grads, "attn.proj.bias")}));
+  ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.proj.weight",
+                                         "attn.proj.bias", grad_.residual, a.atty, grad_.atty));
   const int64_t Q = a.qkv.dim(1);
   ZT_RETURN_IF_ERROR(AttentionBackward(ctx, {.qkv = a.qkv.Reshape({B_, T_, Q}),
                                              .out = a.atty.Reshape({B_, T_, H_ * D_}),
@@ -483,12 +512,8 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                        .theta = config_.rope_theta(),
                                        .direction = RopeDirection::kInverse}));
   }
-  ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = grad_.qkv,
-                                          .inp = a.ln1,
-                                          .weight = View(u, params, "attn.qkv.weight"),
-                                          .dinp = grad_.ln,
-                                          .dweight = View(u, grads, "attn.qkv.weight"),
-                                          .dbias = View(u, grads, "attn.qkv.bias")}));
+  ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.qkv.weight", "attn.qkv.bias",
+                                         grad_.qkv, a.ln1, grad_.ln));
   if (gpt2_) {
     return LayerNormBackward(ctx, {.dout = grad_.ln,
                                    .inp = x,
@@ -496,8 +521,8 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                    .mean = a.ln1_mean,
                                    .rstd = a.ln1_rstd,
                                    .dinp = grad_.residual,
-                                   .dweight = View(u, grads, "ln1.weight"),
-                                   .dbias = View(u, grads, "ln1.bias"),
+                                   .dweight = NormGrad(u, grads, "ln1.weight"),
+                                   .dbias = NormGrad(u, grads, "ln1.bias"),
                                    .dinp_mode = Accumulate::kAdd});
   }
   return RmsNormBackward(ctx, {.dout = grad_.ln,
@@ -505,12 +530,13 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                .weight = View(u, params, "ln1.weight"),
                                .rstd = a.ln1_rstd,
                                .dinp = grad_.residual,
-                               .dweight = View(u, grads, "ln1.weight"),
+                               .dweight = NormGrad(u, grads, "ln1.weight"),
                                .dinp_mode = Accumulate::kAdd});
 }
 
 absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads) {
   const UnitLayout& u = layout_.embedding();
+  if (!u.trainable()) return absl::OkStatus();  // a frozen embedding has no gradient to take
   return zt::EmbeddingBackward(ctx, {.tokens = tokens_,
                                      .dout = grad_.residual.Reshape({B_, T_, C_}),
                                      .dwte = View(u, grads, "wte"),

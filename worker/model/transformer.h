@@ -24,10 +24,13 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
+#include "kernels/nf4.h"
 #include "kernels/tensor.h"
 #include "proto/job.pb.h"
 #include "worker/model/param_layout.h"
@@ -50,6 +53,34 @@ class Transformer {
   // The flat buffers of each unit, in layout order.
   const std::vector<Tensor>& unit_params() const { return params_; }
   const std::vector<Tensor>& unit_grads() const { return grads_; }
+
+  // model.lora: each block's trainable adapter buffer ("<unit>.lora", f32) and its gradient,
+  // empty for units without adapters (and for every unit without LoRA). The base buffers of a
+  // LoRA model (unit_params) are frozen: unit_grads() holds empty tensors and nothing writes a
+  // base gradient.
+  const std::vector<Tensor>& unit_lora() const { return lora_params_; }
+  const std::vector<Tensor>& unit_lora_grads() const { return lora_grads_; }
+  // PEFT's initialisation of every adapter: A (r, in) uniform in ±1/sqrt(in) (PyTorch's
+  // kaiming_uniform_(a=sqrt(5))), B zero, so a fresh adapter changes nothing. Deterministic in
+  // `seed`, each matrix its own stream.
+  void InitializeLora(uint64_t seed);
+  // The seed of the adapters' dropout masks for the next forward and its backward (the mask of
+  // each adapter is a function of this seed, the block and the adapter); the step loop sets a
+  // new one per micro-batch. Unused when model.lora.dropout is 0.
+  void SetLoraDropoutSeed(uint64_t seed) { lora_seed_ = seed; }
+
+  // base_dtype NF4: the NF4 tensor of unit u's quantized weight `name` ("attn.qkv.weight"),
+  // or nullptr when that weight is not quantized.
+  const Nf4Tensor* QuantizedWeight(int u, std::string_view name) const;
+  // Quantizes `values` ((numel) f32, finite) into unit u's quantized weight `name`: how a
+  // base streams in, one tensor at a time, so only one tensor is ever held in f32.
+  // InvalidArgument when the weight is not quantized, the sizes differ or a value is not
+  // finite.
+  absl::Status QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
+                                  const Tensor& values);
+  // InitializeWeights' values for every quantized weight, each generated in f32 in turn and
+  // quantized (the rest of the base comes from InitializeWeights, which skips these).
+  absl::Status InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed);
 
   // Inputs and targets of the next forward: (B, T) i32 views of the workspace.
   const Tensor& tokens() const { return tokens_; }
@@ -114,8 +145,30 @@ class Transformer {
   enum class Recompute : uint8_t { kNone, kFull, kSelective };
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_act;
+    std::vector<Tensor> lora_h;  // per LoraSite: (BT, r) scale · dropout(x) · Aᵀ
     Recompute recompute = Recompute::kNone;
   };
+  struct LoraScratch {
+    Tensor out, dout, dh, dinp, dropped, norm_sink;
+  };
+  // The base linear `weight` (+ `bias`) of block i and, with LoRA, its adapters:
+  // out = inp · Wᵀ + b + Σ_sites scale · (dropout(inp) · Aᵀ) · Bᵀ into the sites' columns.
+  absl::Status BlockLinearForward(const DeviceContext& ctx, int i, const Tensor& params,
+                                  const char* weight, const char* bias, const Tensor& inp,
+                                  const Tensor& out);
+  // Its backward: dinp = dout · W (+ the adapters' input gradients); a trainable base adds
+  // dweight/dbias into `grads`, the adapters add dA, dB into the block's adapter gradients.
+  absl::Status BlockLinearBackward(const DeviceContext& ctx, int i, const Tensor& params,
+                                   const Tensor& grads, const char* weight, const char* bias,
+                                   const Tensor& dout, const Tensor& inp, const Tensor& dinp);
+  // Where a norm's weight/bias gradient goes: its view in `grads`, or for a frozen unit the
+  // sink (which nothing reads).
+  Tensor NormGrad(const UnitLayout& unit, const Tensor& grads, const char* name) const;
+  uint64_t LoraSiteSeed(int block, size_t site) const;
+  // Elements [begin, end) of matrix p's initial values (N(0, init_std), residual projections
+  // scaled) to out[0, end − begin).
+  void FillInitialMatrix(uint64_t seed, const UnitLayout& unit, const ParamSpec& p, int64_t begin,
+                         int64_t end, float* out) const;
   struct GradScratch {
     Tensor residual, ln, qkv, atty, fch, fch_act;
   };
@@ -139,6 +192,14 @@ class Transformer {
   int64_t B_ = 0, T_ = 0, C_ = 0, H_ = 0, Hkv_ = 0, D_ = 0, F_ = 0, V_ = 0;
 
   std::vector<Tensor> params_, grads_;
+  std::vector<Tensor> lora_params_, lora_grads_;
+  struct QuantizedWeightBuffers {
+    std::string name;
+    Nf4Tensor weight;
+  };
+  std::vector<std::vector<QuantizedWeightBuffers>> nf4_;  // per unit
+  LoraScratch lora_;
+  uint64_t lora_seed_ = 0;
   std::vector<Tensor> residual_;  // L + 1 of (B·T, C)
   std::vector<BlockActs> blocks_;
   Tensor lnf_, lnf_mean_, lnf_rstd_, losses_;

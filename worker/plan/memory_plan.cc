@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
 #include "worker/model/param_layout.h"
+#include "worker/plan/lora_plan.h"
 #include "worker/plan/optimizer_state_layout.h"
 #include "worker/plan/parallel_plan.h"
 
@@ -251,6 +252,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     const int64_t full = stage == 0 ? u.numel : shard.padded;
     add(u.name + ".params", MemoryCategory::kParameters, param_dtype,
         stage >= 3 ? shard.shard_numel : full);
+    if (!u.trainable()) continue;  // a LoRA job's frozen base: no gradient, no optimizer state
     add(u.name + ".grads", MemoryCategory::kGradients, grad_dtype,
         stage >= 2 ? shard.shard_numel : full);
     if (accumulate_full) {
@@ -271,6 +273,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
       add(u.name + ".gathered", MemoryCategory::kParameters, param_dtype, shard.padded);
     }
   }
+  for (BufferSpec& b : LoraStateBuffers(job, layout, grad_dtype)) plan.buffers.push_back(b);
   if (stage >= 3 && parallel.reshard_after_forward()) {
     for (int k = 0; k <= parallel.prefetch_units(); ++k) {
       add(absl::StrCat("gather.", k), MemoryCategory::kParameters, param_dtype, largest_rotating);
@@ -336,8 +339,13 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   }
   for (BufferSpec& b : RankWorkspaceTable(job, place, B, T, JobDeviceContext(job), compute,
                                           param_dtype, grad_dtype)) {
+    if (b.name == "gemm_workspace") {
+      b.shape[0] = std::max(b.shape[0], LoraGemmWorkspaceBytes(layout, B * T, JobDeviceContext(job),
+                                                               compute, grad_dtype));
+    }
     plan.buffers.push_back(std::move(b));
   }
+  for (BufferSpec& b : LoraActivationBuffers(layout, B * T, compute)) plan.buffers.push_back(b);
   return plan;
 }
 

@@ -1,0 +1,123 @@
+// model.lora and model.base_dtype: PEFT's defaults, one named line per broken rule, and the
+// engine-support lines for what does not run yet.
+#include "worker/job/lora_validation.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/job/test_jobs.h"
+#include "worker/job/job_validation.h"
+
+namespace zt {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using zerotrain::JobSpec;
+using zerotrain::ModelConfig;
+
+constexpr char kLlamaLora[] = R"(
+name: lora
+model: {family: LLAMA, n_layer: 2, n_head: 4, d_model: 64, vocab_size: 256, max_seq_len: 64,
+        lora: {}}
+data: {train: [train.bin], seq_len: 32}
+train: {micro_batch_size: 2, max_steps: 5}
+optimizer: {lr: 1.0e-3}
+)";
+
+TEST(LoraDefaultsTest, ArePeftsForEachFamily) {
+  const JobSpec llama = testing::JobWithDefaults(kLlamaLora);
+  EXPECT_EQ(llama.model().lora().rank(), 8);
+  EXPECT_EQ(llama.model().lora().alpha(), 8.0f);
+  EXPECT_EQ(llama.model().lora().dropout(), 0.0f);
+  EXPECT_THAT(llama.model().lora().target_modules(), ElementsAre("q_proj", "v_proj"));
+  EXPECT_EQ(llama.model().base_dtype(), ModelConfig::FP32);
+  EXPECT_TRUE(ValidateJobSpec(llama).ok()) << ValidateJobSpec(llama);
+
+  JobSpec gpt2 = testing::JobWithDefaults(testing::kMinimalYaml);
+  gpt2.mutable_model()->mutable_lora();
+  gpt2.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  ApplyLoraDefaults(&gpt2);
+  EXPECT_THAT(gpt2.model().lora().target_modules(), ElementsAre("c_attn"));
+  EXPECT_EQ(gpt2.model().base_dtype(), ModelConfig::BF16);  // follows param_dtype
+
+  // Without model.lora nothing is filled in: base_dtype stays unset.
+  EXPECT_EQ(testing::JobWithDefaults(testing::kMinimalYaml).model().base_dtype(),
+            ModelConfig::BASE_DTYPE_UNSPECIFIED);
+}
+
+struct LoraCase {
+  const char* label;
+  void (*mutate)(JobSpec&);
+  const char* line;
+};
+
+TEST(LoraViolationsTest, EachRuleNamesTheFieldTheValueAndTheRule) {
+  const LoraCase cases[] = {
+      {"rank", [](JobSpec& s) { s.mutable_model()->mutable_lora()->set_rank(0); },
+       "model.lora.rank: must be >= 1 (got 0)"},
+      {"alpha", [](JobSpec& s) { s.mutable_model()->mutable_lora()->set_alpha(-2); },
+       "model.lora.alpha: must be a finite number > 0 (got -2)"},
+      {"dropout", [](JobSpec& s) { s.mutable_model()->mutable_lora()->set_dropout(1.0f); },
+       "model.lora.dropout: must be in [0, 1) (got 1)"},
+      {"unknown module",
+       [](JobSpec& s) { s.mutable_model()->mutable_lora()->add_target_modules("c_attn"); },
+       "model.lora.target_modules[2]: 'c_attn' is not a LLAMA module; the adaptable ones are "
+       "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"},
+      {"twice", [](JobSpec& s) { s.mutable_model()->mutable_lora()->add_target_modules("q_proj"); },
+       "model.lora.target_modules[2]: 'q_proj' is listed twice (first at [0]); each module "
+       "takes one adapter"},
+      {"rank above the matrix",
+       [](JobSpec& s) {
+         s.mutable_model()->mutable_lora()->set_rank(65);
+         s.mutable_model()->mutable_lora()->clear_target_modules();
+         s.mutable_model()->mutable_lora()->add_target_modules("o_proj");
+       },
+       "model.lora.rank: 65 exceeds 64, the smaller side of o_proj's matrix; a LoRA rank must be "
+       "at most it"},
+      {"quantized base without lora",
+       [](JobSpec& s) {
+         s.mutable_model()->clear_lora();
+         s.mutable_model()->set_base_dtype(ModelConfig::NF4);
+       },
+       "model.base_dtype: NF4 describes the frozen base of a LoRA job and needs model.lora; "
+       "without it every weight trains and precision.param_dtype stores them (a quantized base "
+       "has no gradient or optimizer state)"},
+  };
+  for (const LoraCase& c : cases) {
+    JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+    c.mutate(spec);
+    EXPECT_THAT(LoraViolations(spec), ElementsAre(c.line)) << c.label;
+    const absl::Status status = ValidateJobSpec(spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.label;
+    EXPECT_THAT(status.message(), HasSubstr(c.line)) << c.label;
+  }
+}
+
+TEST(LoraViolationsTest, GptTwoModulesAreItsOwn) {
+  JobSpec spec = testing::JobWithDefaults(testing::kMinimalYaml);
+  spec.mutable_model()->mutable_lora()->add_target_modules("q_proj");
+  ApplyLoraDefaults(&spec);
+  EXPECT_THAT(LoraViolations(spec),
+              ElementsAre("model.lora.target_modules[0]: 'q_proj' is not a GPT2 module; the "
+                          "adaptable ones are c_attn c_proj c_fc"));
+  spec.mutable_model()->mutable_lora()->set_target_modules(0, "c_proj");
+  EXPECT_THAT(LoraViolations(spec), ::testing::IsEmpty());
+}
+
+TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
+  JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+  spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
+  spec.mutable_model()->mutable_lora()->set_init_from("adapter");
+  const absl::Status status = CheckEngineSupport(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<std::string> lines = testing::Lines(status);
+  ASSERT_EQ(lines.size(), 3u) << status;
+  EXPECT_THAT(lines[0], HasSubstr("model.lora: "));
+  EXPECT_THAT(lines[1], HasSubstr("model.base_dtype: NF4"));
+  EXPECT_THAT(lines[2], HasSubstr("model.lora.init_from: "));
+}
+
+}  // namespace
+}  // namespace zt

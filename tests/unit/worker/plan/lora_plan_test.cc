@@ -1,0 +1,104 @@
+// worker/plan/lora_plan: a LoRA job's plan holds the frozen base without gradients or
+// optimizer state and the adapters with theirs, counted element by element.
+#include "worker/plan/lora_plan.h"
+
+#include "gtest/gtest.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/memory_plan.h"
+
+namespace zt {
+namespace {
+
+zerotrain::JobSpec LlamaLoraJob(zerotrain::OptimizerConfig::Type optimizer) {
+  zerotrain::JobSpec job;
+  auto* m = job.mutable_model();
+  m->set_family(zerotrain::ModelConfig::LLAMA);
+  m->set_n_layer(3);
+  m->set_n_head(4);
+  m->set_n_kv_head(2);
+  m->set_d_model(64);
+  m->set_d_ff(128);
+  m->set_vocab_size(100);
+  m->set_max_seq_len(32);
+  m->set_tie_embeddings(false);
+  m->set_norm_eps(1e-5f);
+  m->set_rope_theta(10000.0f);
+  m->set_init_std(0.02f);
+  m->set_base_dtype(zerotrain::ModelConfig::FP32);
+  m->mutable_lora()->set_rank(4);
+  m->mutable_lora()->set_alpha(8);
+  m->mutable_lora()->add_target_modules("q_proj");
+  m->mutable_lora()->add_target_modules("v_proj");
+  m->mutable_lora()->add_target_modules("down_proj");
+  job.mutable_data()->set_seq_len(16);
+  job.mutable_train()->set_micro_batch_size(2);
+  job.mutable_train()->set_grad_accum_steps(1);
+  job.mutable_optimizer()->set_type(optimizer);
+  job.mutable_optimizer()->set_quant_block_size(64);
+  job.mutable_optimizer()->set_min_quantized_numel(0);
+  job.mutable_resources()->set_cpu_threads(1);
+  return job;
+}
+
+TEST(LoraPlanTest, AdaptersCarryTheGradientsAndStatesTheBaseDoesNot) {
+  const zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  const ModelLayout layout = BuildModelLayout(job.model());
+  // Per block: q (4·64 + 64·4), v (4·64 + 32·4), down_proj (4·128 + 64·4).
+  const int64_t per_block = (256 + 256) + (256 + 128) + (512 + 256);
+  ASSERT_EQ(layout.block(0).lora_numel, per_block);
+  EXPECT_EQ(layout.lora_numel, 3 * per_block);
+  EXPECT_EQ(layout.block(0).lora[1].row_begin, 64 + 32);  // v after q (64) and k (2·16)
+
+  const MemoryPlan plan = PlanMemory(job);
+  const LoraMemoryBreakdown lora = LoraBreakdown(plan);
+  EXPECT_EQ(lora.base_bytes, plan.CategoryBytes(MemoryCategory::kParameters) - lora.adapter_bytes);
+  EXPECT_EQ(lora.adapter_bytes, 3 * AlignedBytes(per_block * 4));
+  EXPECT_EQ(lora.adapter_gradient_bytes, plan.CategoryBytes(MemoryCategory::kGradients));
+  EXPECT_EQ(lora.adapter_gradient_bytes, 3 * AlignedBytes(per_block * 4));
+  // AdamW: m and v, fp32, for the adapters only.
+  EXPECT_EQ(lora.adapter_optimizer_bytes, plan.CategoryBytes(MemoryCategory::kOptimizerState));
+  EXPECT_EQ(lora.adapter_optimizer_bytes, 2 * 3 * AlignedBytes(per_block * 4));
+  EXPECT_EQ(lora.activation_bytes, plan.CategoryBytes(MemoryCategory::kActivations));
+
+  zerotrain::JobSpec full = job;
+  full.mutable_model()->clear_lora();
+  full.mutable_model()->clear_base_dtype();
+  const MemoryPlan full_plan = PlanMemory(full);
+  EXPECT_EQ(lora.base_bytes, full_plan.CategoryBytes(MemoryCategory::kParameters));
+}
+
+TEST(LoraPlanTest, EightBitAdamOnAdaptersStoresCodes) {
+  const MemoryPlan plan = PlanMemory(LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW_8BIT));
+  const LoraMemoryBreakdown lora = LoraBreakdown(plan);
+  const int64_t adapters =
+      BuildModelLayout(LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW).model()).lora_numel;
+  // Two 1-byte codes per element plus an absmax per 64 values: well under AdamW's 8 bytes.
+  EXPECT_GT(lora.adapter_optimizer_bytes, 2 * adapters);
+  EXPECT_LT(lora.adapter_optimizer_bytes, 3 * adapters);
+}
+
+TEST(LoraPlanTest, AnNf4BaseTakesAboutHalfAByteAParameter) {
+  zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  job.mutable_model()->set_base_dtype(zerotrain::ModelConfig::NF4);
+  const ModelLayout layout = BuildModelLayout(job.model());
+  EXPECT_EQ(layout.block(0).role, ParamRole::kQuantized);
+  EXPECT_EQ(layout.block(0).numel, 2 * 64);  // the two RMSNorm weights stay in the flat buffer
+  int64_t quantized = 0;
+  for (const ParamSpec& p : layout.block(0).params) quantized += p.quantized ? p.numel : 0;
+  // qkv (64+2·32)·64, o 64·64, gate|up 256·64, down 64·128.
+  EXPECT_EQ(quantized, 128 * 64 + 64 * 64 + 256 * 64 + 64 * 128);
+
+  const MemoryPlan plan = PlanMemory(job);
+  int64_t nf4_bytes = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.name.starts_with("block.0.nf4.")) nf4_bytes += b.bytes();
+  }
+  // 4 bits per weight, an 8-bit absmax per 64, an f32 per 256 blocks, a mean per tensor.
+  const double bits = 8.0 * static_cast<double>(nf4_bytes) / static_cast<double>(quantized);
+  EXPECT_GT(bits, 4.12);
+  EXPECT_LT(bits, 4.2);  // QLoRA's 4.127 plus a per-tensor group and mean on small tensors
+  EXPECT_GT(LoraBreakdown(plan).base_bytes, nf4_bytes);  // embeddings, norms and head besides
+}
+
+}  // namespace
+}  // namespace zt

@@ -1,0 +1,200 @@
+// The LoRA side of Transformer (transformer.h): a block's linear layers with their adapters,
+// and the frozen base's gradient routing. Legend as in transformer.h; per adapter site
+// (worker/model/param_layout.h's LoraSite): r rank, n its output columns, K its input width.
+//
+//   forward   h = scale · dropout(x) · Aᵀ            (BT, r)   kept for the backward
+//             out[:, c0 : c0 + n] += h · Bᵀ           (BT, n)
+//   backward  dy = dout[:, c0 : c0 + n]
+//             dB += dyᵀ · h,  dh = scale · dy · B
+//             dA += dhᵀ · dropout(x),  dinp += dropout'(dh · A)
+// Folding the scale into h makes B's gradient and the merged weight W + scale·B·A follow
+// without a second scaling pass.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "kernels/lora.h"
+#include "kernels/nf4_linear.h"
+#include "kernels/status_macros.h"
+#include "worker/model/transformer.h"
+
+namespace zt {
+namespace {
+
+// A (rows, cols) view at `offset` elements into the f32 adapter buffer `flat`.
+Tensor AdapterView(const Tensor& flat, const ParamSpec& p) {
+  if (flat.empty()) return Tensor();
+  return Tensor(flat.data<float>() + p.offset, DType::kF32, {p.shape[0], p.shape[1]},
+                flat.device());
+}
+
+// The first `cols` columns' worth of a (rows, widest) scratch buffer, as a dense (rows, cols).
+Tensor ScratchView(const Tensor& scratch, int64_t cols) {
+  return Tensor(scratch.raw(), scratch.dtype(), {scratch.dim(0), cols}, scratch.device());
+}
+
+}  // namespace
+
+uint64_t Transformer::LoraSiteSeed(int block, size_t site) const {
+  return LoraDropoutSeed(lora_seed_, block, static_cast<int64_t>(site));
+}
+
+void Transformer::InitializeLora(uint64_t seed) {
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const UnitLayout& unit = layout_.units[u];
+    for (size_t k = 0; k < unit.lora.size(); ++k) {
+      const LoraSite& site = unit.lora[k];
+      float* a = lora_params_[u].data<float>() + site.a.offset;
+      // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain·sqrt(3 / fan_in) =
+      // 1 / sqrt(fan_in).
+      const double bound = 1.0 / std::sqrt(static_cast<double>(site.in));
+      // seed_seq's mixing is specified by the standard: the same draws everywhere.
+      std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                        static_cast<uint32_t>(u), static_cast<uint32_t>(k)};
+      std::mt19937_64 rng(seq);
+      for (int64_t i = 0; i < site.a.numel; ++i) {
+        const double unit_draw = static_cast<double>(rng() >> 11) * 0x1p-53;  // [0, 1)
+        a[i] = static_cast<float>((2.0 * unit_draw - 1.0) * bound);
+      }
+      float* b = lora_params_[u].data<float>() + site.b.offset;
+      std::fill(b, b + site.b.numel, 0.0f);
+    }
+  }
+}
+
+const Nf4Tensor* Transformer::QuantizedWeight(int u, std::string_view name) const {
+  for (const QuantizedWeightBuffers& q : nf4_[u]) {
+    if (q.name == name) return &q.weight;
+  }
+  return nullptr;
+}
+
+absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
+                                             const Tensor& values) {
+  const Nf4Tensor* q = QuantizedWeight(u, name);
+  if (q == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("QuantizeBaseWeight: ", layout_.units[u].name,
+                                                   ".", std::string(name),
+                                                   " is not a quantized weight"));
+  }
+  return Nf4Quantize(ctx, {.src = values, .dst = *q});
+}
+
+absl::Status Transformer::InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed) {
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const UnitLayout& unit = layout_.units[u];
+    for (const ParamSpec& p : unit.params) {
+      if (!p.quantized) continue;
+      std::vector<float> values(p.numel);
+      FillInitialMatrix(seed, unit, p, 0, p.numel, values.data());
+      ZT_RETURN_IF_ERROR(QuantizeBaseWeight(ctx, static_cast<int>(u), p.name,
+                                            Tensor(values.data(), DType::kF32, {p.numel})));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Tensor Transformer::NormGrad(const UnitLayout& unit, const Tensor& grads, const char* name) const {
+  if (unit.trainable()) return View(unit, grads, name);
+  if (unit.Find(name) == nullptr) return Tensor();
+  const bool bias = std::string_view(name).ends_with(".bias");
+  const Tensor sink = lora_.norm_sink.Slice(bias ? C_ : 0, bias ? 2 * C_ : C_);
+  return sink;
+}
+
+absl::Status Transformer::BlockLinearForward(const DeviceContext& ctx, int i, const Tensor& params,
+                                             const char* weight, const char* bias,
+                                             const Tensor& inp, const Tensor& out) {
+  const UnitLayout& u = layout_.block(i);
+  if (const Nf4Tensor* q = QuantizedWeight(1 + i, weight); q != nullptr) {
+    ZT_RETURN_IF_ERROR(Nf4LinearForward(
+        ctx, {.inp = inp, .weight = *q, .bias = View(u, params, bias), .out = out}));
+  } else {
+    ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = inp,
+                                           .weight = View(u, params, weight),
+                                           .bias = View(u, params, bias),
+                                           .out = out}));
+  }
+  const BlockActs& a = blocks_[i];
+  for (size_t k = 0; k < u.lora.size(); ++k) {
+    const LoraSite& site = u.lora[k];
+    if (site.weight != weight) continue;
+    Tensor x = inp;
+    if (layout_.lora_dropout > 0) {
+      x = ScratchView(lora_.dropped, site.in);
+      ZT_RETURN_IF_ERROR(LoraDropout(
+          ctx, {.inp = inp, .out = x, .p = layout_.lora_dropout, .seed = LoraSiteSeed(i, k)}));
+    }
+    const Tensor& h = a.lora_h[k];
+    ZT_RETURN_IF_ERROR(LinearForward(
+        ctx, {.inp = x, .weight = AdapterView(lora_params_[1 + i], site.a), .out = h}));
+    ZT_RETURN_IF_ERROR(Scale(ctx, h, layout_.lora_scale));
+    const Tensor z = ScratchView(lora_.out, site.rows);
+    ZT_RETURN_IF_ERROR(LinearForward(
+        ctx, {.inp = h, .weight = AdapterView(lora_params_[1 + i], site.b), .out = z}));
+    ZT_RETURN_IF_ERROR(ColumnsAdd(ctx, {.src = z, .dst = out, .col_begin = site.row_begin}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::BlockLinearBackward(const DeviceContext& ctx, int i, const Tensor& params,
+                                              const Tensor& grads, const char* weight,
+                                              const char* bias, const Tensor& dout,
+                                              const Tensor& inp, const Tensor& dinp) {
+  const UnitLayout& u = layout_.block(i);
+  const Tensor w = View(u, params, weight);
+  if (const Nf4Tensor* q = QuantizedWeight(1 + i, weight); q != nullptr) {
+    // A quantized base: its input gradient, dequantized tile by tile.
+    ZT_RETURN_IF_ERROR(Nf4LinearBackward(ctx, {.dout = dout, .weight = *q, .dinp = dinp}));
+  } else if (u.trainable()) {
+    ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = dout,
+                                            .inp = inp,
+                                            .weight = w,
+                                            .dinp = dinp,
+                                            .dweight = View(u, grads, weight),
+                                            .dbias = View(u, grads, bias)}));
+  } else {
+    // A frozen base: its input gradient only, dinp (M, K) = dout (M, N) · W (N, K).
+    ZT_RETURN_IF_ERROR(Gemm(ctx, dout, w, dinp, {}));
+  }
+  const BlockActs& a = blocks_[i];
+  for (size_t k = 0; k < u.lora.size(); ++k) {
+    const LoraSite& site = u.lora[k];
+    if (site.weight != weight) continue;
+    Tensor dy = dout;
+    if (site.rows != dout.dim(1)) {
+      dy = ScratchView(lora_.dout, site.rows);
+      ZT_RETURN_IF_ERROR(ColumnsCopy(ctx, {.src = dout, .col_begin = site.row_begin, .dst = dy}));
+    }
+    Tensor x = inp;
+    if (layout_.lora_dropout > 0) {
+      x = ScratchView(lora_.dropped, site.in);
+      ZT_RETURN_IF_ERROR(LoraDropout(
+          ctx, {.inp = inp, .out = x, .p = layout_.lora_dropout, .seed = LoraSiteSeed(i, k)}));
+    }
+    ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = dy,
+                                            .inp = a.lora_h[k],
+                                            .weight = AdapterView(lora_params_[1 + i], site.b),
+                                            .dinp = lora_.dh,
+                                            .dweight = AdapterView(lora_grads_[1 + i], site.b)}));
+    ZT_RETURN_IF_ERROR(Scale(ctx, lora_.dh, layout_.lora_scale));
+    const Tensor dx = ScratchView(lora_.dinp, site.in);
+    ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = lora_.dh,
+                                            .inp = x,
+                                            .weight = AdapterView(lora_params_[1 + i], site.a),
+                                            .dinp = dx,
+                                            .dweight = AdapterView(lora_grads_[1 + i], site.a)}));
+    if (layout_.lora_dropout > 0) {
+      // Dropout's backward is the same mask and scale on the gradient.
+      ZT_RETURN_IF_ERROR(LoraDropout(
+          ctx, {.inp = dx, .out = dx, .p = layout_.lora_dropout, .seed = LoraSiteSeed(i, k)}));
+    }
+    ZT_RETURN_IF_ERROR(AddInPlace(ctx, dinp, dx));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zt

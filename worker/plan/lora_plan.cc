@@ -1,0 +1,140 @@
+#include "worker/plan/lora_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/linear.h"
+#include "kernels/nf4.h"
+#include "kernels/nf4_linear.h"
+#include "worker/plan/optimizer_state_layout.h"
+
+namespace zt {
+
+std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p) {
+  return absl::StrCat(unit.name, ".nf4.", p.name, ".");
+}
+
+ModelLayout LoraAdapterLayout(const ModelLayout& layout) {
+  ModelLayout out;
+  for (const UnitLayout& u : layout.units) {
+    if (u.lora.empty()) continue;
+    UnitLayout adapters;
+    adapters.kind = u.kind;
+    adapters.block_index = u.block_index;
+    adapters.name = u.name + ".lora";
+    adapters.numel = u.lora_numel;
+    for (const LoraSite& s : u.lora) {
+      adapters.params.push_back(s.a);
+      adapters.params.push_back(s.b);
+    }
+    out.total_numel += adapters.numel;
+    out.units.push_back(std::move(adapters));
+  }
+  return out;
+}
+
+std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,
+                                         DType grad) {
+  std::vector<BufferSpec> out;
+  for (const UnitLayout& u : layout.units) {
+    for (const ParamSpec& p : u.params) {
+      if (!p.quantized) continue;
+      const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+      const std::string prefix = Nf4BufferPrefix(u, p);
+      out.push_back({prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}});
+      out.push_back({prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}});
+      out.push_back(
+          {prefix + "absmax_scale", MemoryCategory::kParameters, DType::kF32, {nf4.absmax_groups}});
+      out.push_back({prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}});
+    }
+    if (u.lora.empty()) continue;
+    out.push_back({u.name + ".lora", MemoryCategory::kParameters, DType::kF32, {u.lora_numel}});
+    out.push_back({u.name + ".lora_grads", MemoryCategory::kGradients, grad, {u.lora_numel}});
+  }
+  for (const UnitLayout& adapters : LoraAdapterLayout(layout).units) {
+    for (const UnitOptimizerState::Buffer& b :
+         OptimizerStateFor(job.optimizer(), adapters, FlatRange{}).buffers) {
+      out.push_back(
+          {adapters.name + "." + b.name, MemoryCategory::kOptimizerState, b.dtype, {b.numel}});
+    }
+  }
+  return out;
+}
+
+std::vector<BufferSpec> LoraActivationBuffers(const ModelLayout& layout, int64_t rows,
+                                              DType compute) {
+  std::vector<BufferSpec> out;
+  if (!layout.lora) return out;
+  int64_t widest_in = 0, widest_rows = 0;
+  for (const UnitLayout& u : layout.units) {
+    for (const LoraSite& s : u.lora) {
+      out.push_back({absl::StrCat(u.name, ".lora.", s.hf_path),
+                     MemoryCategory::kActivations,
+                     compute,
+                     {rows, layout.lora_rank}});
+      widest_in = std::max(widest_in, s.in);
+      widest_rows = std::max(widest_rows, s.rows);
+    }
+  }
+  if (widest_in == 0) return out;
+  out.push_back({"lora.out", MemoryCategory::kWorkspace, compute, {rows, widest_rows}});
+  out.push_back({"lora.dout", MemoryCategory::kWorkspace, compute, {rows, widest_rows}});
+  out.push_back({"lora.dh", MemoryCategory::kWorkspace, compute, {rows, layout.lora_rank}});
+  out.push_back({"lora.dinp", MemoryCategory::kWorkspace, compute, {rows, widest_in}});
+  // A frozen norm's weight (and bias) gradient has nowhere to go: the norm ops always write
+  // one, so it lands here and is never read.
+  const int64_t C = layout.embedding().params.front().shape[1];
+  out.push_back({"lora.norm_grad_sink", MemoryCategory::kWorkspace, DType::kF32, {2 * C}});
+  if (layout.lora_dropout > 0) {
+    out.push_back({"lora.dropped", MemoryCategory::kWorkspace, compute, {rows, widest_in}});
+  }
+  return out;
+}
+
+int64_t LoraGemmWorkspaceBytes(const ModelLayout& layout, int64_t rows, const DeviceContext& ctx,
+                               DType compute, DType grad) {
+  int64_t most = 0;
+  const LinearDTypes dtypes = LinearDTypes::ForPrecision(compute, DType::kF32, grad);
+  for (const UnitLayout& u : layout.units) {
+    for (const LoraSite& s : u.lora) {
+      // x (rows, in) → h (rows, r) through A, and h → out (rows, out) through B.
+      for (const auto& [k, n] :
+           {std::pair{s.in, layout.lora_rank}, std::pair{layout.lora_rank, s.rows}}) {
+        absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, rows, k, n, dtypes);
+        // A shape the backend refuses counts 0: its GEMM then fails naming the backend's error.
+        if (bytes.ok()) most = std::max(most, *bytes);
+      }
+    }
+    for (const ParamSpec& p : u.params) {
+      if (!p.quantized) continue;
+      absl::StatusOr<int64_t> bytes =
+          Nf4LinearWorkspaceBytes(ctx, rows, p.shape[1], p.shape[0], dtypes);
+      if (bytes.ok()) most = std::max(most, *bytes);
+    }
+  }
+  return most;
+}
+
+LoraMemoryBreakdown LoraBreakdown(const MemoryPlan& plan) {
+  LoraMemoryBreakdown out;
+  for (const BufferSpec& b : plan.buffers) {
+    const int64_t bytes = PlacedBytes(b);
+    const MemoryCategory role = b.role();
+    if (role == MemoryCategory::kParameters &&
+        (b.name.ends_with(".params") || b.name.find(".nf4.") != std::string::npos)) {
+      out.base_bytes += bytes;
+    }
+    if (role == MemoryCategory::kParameters && b.name.ends_with(".lora"))
+      out.adapter_bytes += bytes;
+    if (role == MemoryCategory::kGradients && b.name.ends_with(".lora_grads")) {
+      out.adapter_gradient_bytes += bytes;
+    }
+    if (role == MemoryCategory::kOptimizerState && b.name.find(".lora.") != std::string::npos) {
+      out.adapter_optimizer_bytes += bytes;
+    }
+    if (role == MemoryCategory::kActivations) out.activation_bytes += bytes;
+  }
+  return out;
+}
+
+}  // namespace zt

@@ -1,0 +1,68 @@
+// The LoRA part of the memory plan (worker/plan/memory_plan.h; docs/lora.md): the trainable
+// adapter buffers, their gradients and optimizer state, what the adapters save for the
+// backward, and their scratch. PlanMemory adds these to a LoRA job's plan and gives the frozen
+// base units no gradient and no optimizer state.
+//
+// Buffer names (B·T rows, r rank, in/rows the widest adapted layer's sides):
+//   parameters:  "<block>.lora"             f32, the block's adapters (UnitLayout::lora_numel)
+//                "<block>.nf4.<tensor>.codes|absmax|absmax_scale|absmax_offset"  base_dtype
+//                NF4: each quantized base weight, double-quantized (kernels/nf4.h)
+//   gradients:   "<block>.lora_grads"       grad_dtype, same size
+//   optimizer:   "<block>.lora.<state>"     as OptimizerStateFor lays the adapters out
+//   activations: "<block>.lora.<hf_path>"   (B·T, r) compute dtype: scale · dropout(x) · Aᵀ
+//   workspace:   "lora.out" / "lora.dout"   (B·T, rows) an adapter's output and its gradient
+//                "lora.dh" (B·T, r), "lora.dinp" (B·T, in), and with dropout "lora.dropped"
+//                (B·T, in), the dropped input (recomputed from its seed in the backward);
+//                "lora.norm_grad_sink" (2·C) f32, where the frozen norms' unused weight
+//                gradients land
+// The adapters are whole on every rank (their ZeRO sharding is not planned yet). Stateless.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+#include "proto/job.pb.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/memory_plan.h"
+
+namespace zt {
+
+// "<unit>.nf4.<tensor>.": the name prefix of quantized tensor p's four NF4 buffers.
+std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p);
+
+// The adapters as a model of their own for the optimizer (worker/optim/optimizer.h): one unit
+// "<block>.lora" per block with adapters, holding its lora_A/lora_B matrices at their offsets,
+// so Optimizer::Create over it finds the "<block>.lora.<state>" buffers this plan holds. Its
+// precision must have no master weights (the adapters are f32).
+ModelLayout LoraAdapterLayout(const ModelLayout& layout);
+
+// Adapter parameters, gradients and optimizer state of every block of `layout` (empty without
+// LoRA). Their dtypes: f32 adapters, gradients in `grad`.
+std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,
+                                         DType grad);
+
+// Activations and scratch of the adapters for `rows` = B·T tokens in `compute`; empty without
+// LoRA.
+std::vector<BufferSpec> LoraActivationBuffers(const ModelLayout& layout, int64_t rows,
+                                              DType compute);
+
+// The most GEMM scratch (bytes) an adapter's forward or backward needs on `ctx` for `rows`
+// tokens: 0 without LoRA.
+int64_t LoraGemmWorkspaceBytes(const ModelLayout& layout, int64_t rows, const DeviceContext& ctx,
+                               DType compute, DType grad);
+
+// What a LoRA job's plan holds, as `zt estimate` shows it: the frozen base (its "<unit>.params"
+// in the base's dtype), the adapters, their gradients and optimizer state, and the
+// activations (the adapters' included). Bytes as placed in the arenas (aligned).
+struct LoraMemoryBreakdown {
+  int64_t base_bytes = 0;
+  int64_t adapter_bytes = 0;
+  int64_t adapter_gradient_bytes = 0;
+  int64_t adapter_optimizer_bytes = 0;
+  int64_t activation_bytes = 0;
+};
+LoraMemoryBreakdown LoraBreakdown(const MemoryPlan& plan);
+
+}  // namespace zt
