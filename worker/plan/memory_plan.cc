@@ -159,7 +159,12 @@ void MoveOffloadedStates(const zerotrain::JobSpec& job, MemoryPlan& plan) {
     b.offloaded_from = b.category;
     b.category = *to;
   }
-  for (int k = 0; k < job.offload().buffer_count(); ++k) {
+  // buffer_count is the depth of NVMe's read-ahead and write-behind (DeepSpeed's aio buffer
+  // pool); host-only offload moves one unit at a time, gradients down through one buffer and
+  // parameters up through another (worker/optim/host_optimizer.h), so it plans two.
+  const bool nvme = optimizer == MemoryCategory::kNvme || params == MemoryCategory::kNvme;
+  const int ring = nvme ? job.offload().buffer_count() : std::min(job.offload().buffer_count(), 2);
+  for (int k = 0; k < ring; ++k) {
     plan.buffers.push_back({.name = absl::StrCat("offload.ring.", k),
                             .category = MemoryCategory::kPinnedHost,
                             .dtype = DType::kU8,
