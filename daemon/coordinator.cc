@@ -150,6 +150,7 @@ absl::Status Coordinator::Recover() {
     }
     if (!job.request_id().empty()) request_ids_[job.request_id()] = job.id();
     record.job = std::move(job);
+    job_index_.Put(record.job);
     const Job& j = record.job;
     if ((j.state() == Job::PLACED || j.state() == Job::RUNNING) && j.attempts_size() > 0) {
       // The attempt's nodes may still run its ranks: hold their devices until they say.
@@ -204,6 +205,7 @@ absl::Status Coordinator::AddEventWith(Durability durability, JobRecord& record,
   if (progress != nullptr) *event.mutable_progress() = *progress;
   record.job.set_state(state);
   record.job.set_updated_ms(now);
+  job_index_.Put(record.job);
   record.events.push_back(event);
   events_changed_.SignalAll();
   UpdateJobMetrics(record.job.id());
@@ -249,9 +251,7 @@ void Coordinator::UpdateMetrics() {
 
 void Coordinator::UpdateJobCountMetrics() {
   if (metrics_ == nullptr) return;
-  std::map<Job::State, int> counts;
-  for (const auto& [id, record] : jobs_) ++counts[record.job.state()];
-  metrics_->SetJobs(counts);
+  metrics_->SetJobs(job_index_.counts());
   metrics_->SetStore(store_->writable(), store_->write_errors());
 }
 
@@ -310,9 +310,10 @@ absl::StatusOr<zerotrain::ShardingPlan> Coordinator::PlanFor(const zerotrain::Jo
     input.mutable_memory()->set_activation_checkpointing(
         zerotrain::MemoryConfig::CHECKPOINTING_UNSPECIFIED);
   }
-  ZT_ASSIGN_OR_RETURN(zerotrain::ShardingPlan plan,
-                      plan_cache_.Plan(input, PlannerOptions{.device_memory_bytes = device_memory_bytes,
-                                                             .safety_margin = options_.safety_margin}));
+  ZT_ASSIGN_OR_RETURN(
+      zerotrain::ShardingPlan plan,
+      plan_cache_.Plan(input, PlannerOptions{.device_memory_bytes = device_memory_bytes,
+                                             .safety_margin = options_.safety_margin}));
   plan.clear_pinned();
   if (pinned_stage) plan.add_pinned("parallel.zero_stage");
   if (pinned_checkpointing) plan.add_pinned("memory.activation_checkpointing");
@@ -340,41 +341,24 @@ absl::StatusOr<Job> Coordinator::Submit(const zerotrain::JobSpec& spec,
   return SubmitValidated(spec, /*resume_fallback=*/false, request_id);
 }
 
-namespace {
-
-// `dir` made absolute and lexically normal, without a trailing separator.
-std::filesystem::path NormalDir(const std::string& dir) {
-  std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
-  return p.has_filename() ? p : p.parent_path();
-}
-
-// Whether `a` is `b` or one of its ancestors, by path components.
-bool IsSameOrAncestor(const std::filesystem::path& a, const std::filesystem::path& b) {
-  return std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first == a.end();
-}
-
-}  // namespace
-
 absl::Status Coordinator::CheckCheckpointDirUnused(const std::string& dir) const {
   if (dir.empty()) return absl::OkStatus();
   // Lexical: symlinks are not followed (docs/daemon.md); paths are what the jobs wrote.
-  const std::filesystem::path mine = NormalDir(dir);
-  for (const auto& [id, record] : jobs_) {
-    const std::string& theirs_text = record.job.spec().checkpoint().dir();
-    if (IsFinished(record.job.state()) || theirs_text.empty()) continue;
-    const std::filesystem::path theirs = NormalDir(theirs_text);
-    const bool inside = IsSameOrAncestor(theirs, mine), contains = IsSameOrAncestor(mine, theirs);
-    if (!inside && !contains) continue;
-    const std::string how = mine == theirs ? "is the checkpoint.dir"
-                            : inside       ? "lies inside the checkpoint.dir"
-                                           : "contains the checkpoint.dir";
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir: '", mine.string(), "' ", how, " '", theirs.string(), "' of job ", id, " (",
-        record.job.spec().name(), "), which is ", Job::State_Name(record.job.state()),
-        "; two jobs never share a checkpoint directory tree: choose another, or wait until ", id,
-        " has finished"));
-  }
-  return absl::OkStatus();
+  const std::filesystem::path mine = NormalCheckpointDir(dir);
+  const std::optional<JobIndex::CheckpointOverlap> overlap = job_index_.FindCheckpointOverlap(mine);
+  if (!overlap.has_value()) return absl::OkStatus();
+  const JobRecord& theirs = jobs_.at(overlap->job_id);
+  using Relation = JobIndex::CheckpointOverlap::Relation;
+  const std::string how = overlap->relation == Relation::kSame ? "is the checkpoint.dir"
+                          : overlap->relation == Relation::kInside
+                              ? "lies inside the checkpoint.dir"
+                              : "contains the checkpoint.dir";
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir: '", mine.string(), "' ", how, " '", overlap->dir.string(), "' of job ",
+      overlap->job_id, " (", theirs.job.spec().name(), "), which is ",
+      Job::State_Name(theirs.job.state()),
+      "; two jobs never share a checkpoint directory tree: choose another, or wait until ",
+      overlap->job_id, " has finished"));
 }
 
 absl::Status Coordinator::CheckSpecSize(const zerotrain::JobSpec& spec) const {
@@ -472,6 +456,7 @@ absl::StatusOr<Job> Coordinator::SubmitValidated(const zerotrain::JobSpec& spec,
   // durable before the answer, and the lock keeps anyone else from acting on it before.
   auto forget = [&](absl::Status cause) {
     unsaved_.erase(id);
+    job_index_.Remove(id);
     jobs_.erase(id);
     UpdateJobMetrics(id);
     return cause;
@@ -565,6 +550,7 @@ absl::Status Coordinator::DeleteJobLocked(const std::string& job_id) {
     request_ids_.erase(request_id);
   }
   jobs_.erase(it);
+  job_index_.Remove(job_id);
   events_changed_.SignalAll();
   UpdateJobMetrics(job_id);
   return absl::OkStatus();

@@ -55,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/coordinator_metrics.h"
+#include "daemon/job_index.h"
 #include "daemon/plan_cache.h"
 #include "daemon/rendezvous_kv.h"
 #include "daemon/scheduler.h"
@@ -324,6 +325,9 @@ class Coordinator {
   absl::CondVar assignments_changed_;
   absl::CondVar stop_changed_;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  // Counts by state, the queued jobs and the unfinished jobs' checkpoint directories, kept in
+  // step with jobs_ (every state change goes through AddEventWith).
+  JobIndex job_index_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
   // The scheduler's views of nodes_ (daemon/scheduler.h), kept change by change
   // (RefreshNodeViews) instead of rebuilt for every SubmitJob and pass: with 10,000 nodes the

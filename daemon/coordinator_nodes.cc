@@ -199,11 +199,7 @@ absl::Status Coordinator::StartAttempt(JobRecord& record, const JobPlacement& pl
 void Coordinator::SchedulePass() {
   if (!StoreWritable()) return;  // placement pauses while the state store cannot write
   std::vector<SchedulerJob> queued;
-  for (const auto& [id, record] : jobs_) {
-    if (record.job.state() == Job::PENDING || record.job.state() == Job::RESTARTING) {
-      queued.push_back(SchedulerJobFor(record));
-    }
-  }
+  for (const std::string& id : job_index_.queued()) queued.push_back(SchedulerJobFor(jobs_.at(id)));
   if (queued.empty()) return;
   // StartAttempt changes free_nodes_ (RefreshNodeViews): schedule first, then start.
   for (const JobPlacement& placement : ScheduleJobs(queued, free_nodes_)) {
