@@ -85,6 +85,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                                       : RankDevice::Create(job, rank,
                                                                            options.cuda_device));
   const ParallelLayout layout = ParallelLayout::ForJob(job, rank);
+  t->data_size_ = layout.data_size();
+  t->data_rank_ = layout.coordinates().data;
   t->plan_ = PlanMemory(job, layout);
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<ArenaAllocator> allocator, t->device_->TakeAllocator());
   ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_, std::move(allocator)));
@@ -103,7 +105,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->host_targets_ = static_cast<int32_t*>(targets);
   t->host_stop_ = static_cast<float*>(stop);
   t->host_scalars_ = static_cast<float*>(scalars);
-  ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T));
+  ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T,
+                                                       TensorParallelOf(layout, t.get())));
   t->model_.emplace(std::move(m));
   Store* store = options.store;
   if (store == nullptr) {
@@ -216,6 +219,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   return t;
 }
 
+TensorParallelGroup Trainer::TensorParallelOf(const ParallelLayout& layout, Trainer* t) {
+  TensorParallelGroup tp{.size = layout.tensor_size(), .rank = layout.coordinates().tensor};
+  if (tp.size <= 1) return tp;
+  // The communicators connect after the model binds: the collectives find them at their call.
+  auto wait = [t](absl::StatusOr<CommHandle> h) -> absl::Status {
+    ZT_RETURN_IF_ERROR(h.status());
+    return h->Wait();
+  };
+  tp.all_reduce = [t, wait](const Tensor& data, const std::string& label) {
+    return wait(t->comms_.tensor->AllReduce(data, ReduceOp::kSum, label));
+  };
+  tp.all_gather = [t, wait](const Tensor& in, const Tensor& out, const std::string& label) {
+    return wait(t->comms_.tensor->AllGather(in, out, label));
+  };
+  tp.kv_all_reduce = [t, wait](const Tensor& data, const std::string& label) {
+    return wait(t->comms_.tensor_kv->AllReduce(data, ReduceOp::kSum, label));
+  };
+  return tp;
+}
+
 absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
   nlohmann::json planned, in_use;
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
@@ -307,7 +330,9 @@ namespace {
 
 // Sequences per optimizer step over all ranks: what a resumed job must keep.
 int64_t GlobalBatchSequences(const zerotrain::JobSpec& job) {
-  return int64_t{job.parallel().world_size()} * job.train().micro_batch_size() *
+  // The ranks of a tensor-parallel group read the same sequences.
+  const int64_t tp = std::max(1, job.parallel().tensor_parallel());
+  return int64_t{job.parallel().world_size()} / tp * job.train().micro_batch_size() *
          job.train().grad_accum_steps();
 }
 
@@ -328,6 +353,7 @@ absl::Status Trainer::SaveCheckpoint(bool final) {
                           {"world_size", job_.parallel().world_size()},
                           {"zero_stage", job_.parallel().zero_stage()},
                           {"shard_group_size", job_.parallel().shard_group_size()},
+                          {"tensor_parallel", std::max(1, job_.parallel().tensor_parallel())},
                           {"global_batch_sequences", GlobalBatchSequences(job_)},
                           {"model", ProtoJson(job_.model())},
                           {"precision", ProtoJson(job_.precision())},
@@ -427,13 +453,26 @@ absl::Status Trainer::Resume() {
   saved.mutable_parallel()->set_zero_stage(state.value("zero_stage", -1));
   saved.mutable_parallel()->set_shard_group_size(state.value("shard_group_size", 0));
   const auto& parallel = job_.parallel();
+  // Each rank's file holds its tensor-parallel shares: a checkpoint resumes at its own
+  // tensor-parallel layout only (resharding across layouts is issue 18's remaining part).
+  const int saved_tp = state.value("tensor_parallel", 1), tp = std::max(1, parallel.tensor_parallel());
+  const bool same_layout = saved.parallel().world_size() == parallel.world_size() &&
+                           saved.parallel().zero_stage() == parallel.zero_stage() &&
+                           saved.parallel().shard_group_size() == parallel.shard_group_size();
+  if (saved_tp != tp || (tp > 1 && !same_layout)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "checkpoint '%s' was written at parallel.tensor_parallel %d, world_size %d, zero_stage "
+        "%d; this job runs tensor_parallel %d, world_size %d, zero_stage %d — a "
+        "tensor-parallel checkpoint resumes only at its own layout (resharding across "
+        "tensor-parallel layouts is not supported yet)",
+        ckpt.path(), saved_tp, saved.parallel().world_size(), saved.parallel().zero_stage(), tp,
+        parallel.world_size(), parallel.zero_stage()));
+  }
   auto rank_file = [&](int r) {
     return (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", r))
         .string();
   };
-  if (saved.parallel().world_size() == parallel.world_size() &&
-      saved.parallel().zero_stage() == parallel.zero_stage() &&
-      saved.parallel().shard_group_size() == parallel.shard_group_size()) {
+  if (same_layout) {
     ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
       return ReadRankState(rank_file(options_.rank), plan_, into, weights_only);
     }));
@@ -481,6 +520,11 @@ absl::Status Trainer::RestoreThroughHost(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
+  if (data_size_ != job_.parallel().world_size()) {
+    return absl::UnimplementedError(
+        "whole weights of a tensor-parallel job: each rank holds its tensor-parallel shares "
+        "(export and gathering across the tensor-parallel group are not supported yet)");
+  }
   // The fp32 source of each unit: the master weights when the parameters are 16-bit, else the
   // parameters; sharded (the rank's range) where the stage shards it.
   const std::vector<Tensor>& master = optimizer().master_weights();
@@ -536,7 +580,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const auto start = Clock::now();
   const auto& train = job_.train();
   const int64_t accum = train.grad_accum_steps();
-  const int64_t ranks = job_.parallel().world_size();
+  // Data-parallel ranks: each reads its own batches (a tensor-parallel group shares one).
+  const int64_t ranks = data_size_;
   const int64_t tokens_per_micro = model_->batch() * model_->seq_len();
   const CommStats comm_before = engine_->stats();
   const double waited_before = engine_->waited_seconds();
@@ -551,7 +596,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
   double data_wait_s = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    const int64_t global = (step_ * accum + micro) * ranks + options_.rank;
+    const int64_t global = (step_ * accum + micro) * ranks + data_rank_;
     const auto fill_start = Clock::now();
     ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, global));
     data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
@@ -636,11 +681,11 @@ absl::StatusOr<StepRecord> Trainer::Step() {
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_sampler_) return absl::FailedPreconditionError("no data.val to evaluate on");
-  const int64_t ranks = job_.parallel().world_size();
+  const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
   for (int64_t k = 0; k < n; ++k) {
-    ZT_RETURN_IF_ERROR(UploadBatch(*val_sampler_, k * ranks + options_.rank));
+    ZT_RETURN_IF_ERROR(UploadBatch(*val_sampler_, k * ranks + data_rank_));
     ZT_RETURN_IF_ERROR(
         engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = 1.0}));
   }
