@@ -27,7 +27,8 @@ namespace {
 using zerotrain::JobSpec;
 
 struct RankRun {
-  std::vector<double> losses, grad_norms;
+  std::vector<double> losses, grad_norms, val_losses;
+  std::vector<std::string> unclaimed;  // plan buffers the rank never used
   std::vector<std::vector<float>> first_grads;  // per unit, the rank's share after step 1
   std::vector<std::vector<float>> params;       // per unit, the rank's share at the end
   int tp_rank = 0;
@@ -94,6 +95,7 @@ class TensorParallelTrainingTest : public ::testing::Test {
           auto record = [&](const StepRecord& rec) {
             mine.losses.push_back(rec.loss);
             mine.grad_norms.push_back(rec.grad_norm);
+            if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
             if (mine.first_grads.empty()) {
               for (const Tensor& g : (*t)->model().unit_grads()) {
                 mine.first_grads.emplace_back(g.data<float>(), g.data<float>() + g.numel());
@@ -112,6 +114,7 @@ class TensorParallelTrainingTest : public ::testing::Test {
           for (const Tensor& p : (*t)->model().unit_params()) {
             mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
           }
+          mine.unclaimed = (*t)->arenas().UnclaimedBuffers();
           return absl::OkStatus();
         }();
       });
@@ -140,6 +143,13 @@ void ExpectSameTraining(const Outcome& got, const Outcome& want, const std::stri
   ASSERT_EQ(ref.losses.size(), got.ranks[0].losses.size());
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1) << what << ": the model learns";
   for (const RankRun& r : got.ranks) {
+    // The plan and the engine agree: every planned buffer is used (the model binds the TP
+    // shares, the cross-entropy's statistics, the step scalars of every TP rank).
+    EXPECT_TRUE(r.unclaimed.empty()) << what << ": unused plan buffer " << r.unclaimed.front();
+    ASSERT_EQ(r.val_losses.size(), ref.val_losses.size()) << what;
+    for (size_t k = 0; k < ref.val_losses.size(); ++k) {
+      EXPECT_NEAR(r.val_losses[k], ref.val_losses[k], 1e-6 * ref.val_losses[k]) << what << " val";
+    }
     for (size_t s = 0; s < ref.losses.size(); ++s) {
       EXPECT_NEAR(r.losses[s], ref.losses[s], 1e-6 * ref.losses[s]) << what << " step " << s + 1;
       // The norm counts each element once over the group (replicated tensors on TP rank 0).
@@ -215,6 +225,28 @@ TEST_F(TensorParallelTrainingTest, TwoByTwoWithZeroOneMatchesOneRank) {
     EXPECT_EQ(got.ranks[0].params, got.ranks[2].params) << what;
     EXPECT_EQ(got.ranks[1].params, got.ranks[3].params) << what;
   }
+}
+
+TEST_F(TensorParallelTrainingTest, AccumulationCheckpointingAndEvaluationMatchOneRank) {
+  // Two micro-batches a step (the replicated KV heads' gradients summed once, on the last),
+  // FULL activation checkpointing (the backward's recompute runs the attention all-reduce
+  // again on every rank), and evaluation through the same parallel cross-entropy.
+  auto with = [&](JobSpec job) {
+    job.mutable_train()->set_grad_accum_steps(2);
+    job.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+    job.mutable_data()->add_val((dir_ / "train.bin").string());
+    job.mutable_train()->set_eval_interval(5);
+    job.mutable_train()->set_eval_steps(2);
+    return job;
+  };
+  const Outcome reference = Run(with(Llama(1, 1, 0, 2)), 10, "", /*use_run=*/true);
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  ASSERT_EQ(reference.ranks[0].val_losses.size(), 2u);
+  ExpectSameTraining(Run(with(Llama(4, 1, 0, 2)), 10, "", /*use_run=*/true), reference,
+                     "llama tp 4, accumulation 2, full checkpointing");
+  ExpectSameTraining(Run(with(Gpt2(2, 1, 0, 2)), 10, "", /*use_run=*/true),
+                     Run(with(Gpt2(1, 1, 0, 2)), 10, "", /*use_run=*/true),
+                     "gpt2 tp 2, accumulation 2, full checkpointing");
 }
 
 TEST_F(TensorParallelTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
