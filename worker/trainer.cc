@@ -21,6 +21,7 @@
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/job/data_paths.h"
+#include "worker/model/tensor_parallel_slice.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/rank_state.h"
 
@@ -520,11 +521,6 @@ absl::Status Trainer::RestoreThroughHost(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
-  if (data_size_ != job_.parallel().world_size()) {
-    return absl::UnimplementedError(
-        "whole weights of a tensor-parallel job: each rank holds its tensor-parallel shares "
-        "(export and gathering across the tensor-parallel group are not supported yet)");
-  }
   // The fp32 source of each unit: the master weights when the parameters are 16-bit, else the
   // parameters; sharded (the rank's range) where the stage shards it.
   const std::vector<Tensor>& master = optimizer().master_weights();
@@ -573,7 +569,37 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
     ZT_RETURN_IF_ERROR(device_->Download(host.data(), whole.Slice(0, numel)));
     out.push_back(std::move(host));
   }
+  if (comms_.tensor) ZT_RETURN_IF_ERROR(JoinTensorParallelShares(out));
   return out;
+}
+
+absl::Status Trainer::JoinTensorParallelShares(std::vector<std::vector<float>>& units) {
+  // Every TP rank's shares of a unit (equal sizes: the layout is the same on each), gathered
+  // on the host (CPU ranks only), each tensor's slice put in its place; replicated tensors
+  // come from TP rank 0.
+  const int t = comms_.tensor->size();
+  const ModelLayout whole = BuildModelLayout(job_.model());
+  const ModelLayout& local = model_->layout();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t n = static_cast<int64_t>(units[u].size());
+    std::vector<float> all(static_cast<size_t>(n * t));
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        comms_.tensor->AllGather(Tensor(units[u].data(), DType::kF32, {n}),
+                                                 Tensor(all.data(), DType::kF32, {n * t}),
+                                                 local.units[u].name + " shares all-gather"));
+    ZT_RETURN_IF_ERROR(h.Wait());
+    std::vector<float> joined(static_cast<size_t>(whole.units[u].numel), 0.0f);
+    for (int k = 0; k < t; ++k) {
+      for (const ParamSpec& p : local.units[u].params) {
+        const ParamSpec& w = *whole.units[u].Find(p.name);
+        const TensorParallelSlice s = SliceOf(job_.model(), p.name, w.shape, t, k);
+        if (!s.split && k > 0) continue;
+        PlaceSlice(s, all.data() + k * n + p.offset, joined.data() + w.offset);
+      }
+    }
+    units[u] = std::move(joined);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepRecord> Trainer::Step() {

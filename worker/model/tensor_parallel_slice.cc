@@ -88,6 +88,16 @@ void ExtractSlice(const TensorParallelSlice& s, const float* whole, float* local
   }
 }
 
+void PlaceSlice(const TensorParallelSlice& s, const float* local, float* whole) {
+  for (const TensorParallelSlice::Rows& run : s.rows) {
+    for (int64_t i = 0; i < run.count; ++i) {
+      const float* from = local + (run.local_begin + i) * s.local_cols;
+      std::copy(from, from + s.local_cols,
+                whole + (run.global_begin + i) * s.global_cols + s.col_begin);
+    }
+  }
+}
+
 std::vector<std::pair<int64_t, int64_t>> NormCountedRanges(const zerotrain::ModelConfig& m,
                                                            const UnitLayout& local, int tp,
                                                            int rank) {

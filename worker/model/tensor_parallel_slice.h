@@ -47,6 +47,10 @@ TensorParallelSlice SliceOf(const zerotrain::ModelConfig& model, const std::stri
 // local_rows × local_cols); padding rows get 0.
 void ExtractSlice(const TensorParallelSlice& slice, const float* whole, float* local);
 
+// The inverse: writes the slice's real rows from `local` into their place in `whole` (padding
+// rows are skipped; other elements of `whole` are left as they are).
+void PlaceSlice(const TensorParallelSlice& slice, const float* local, float* whole);
+
 // Ranges of unit `local` (a rank's TensorParallelModelLayout unit) whose elements this rank
 // counts in the global gradient norm: every element of a split tensor except replicated KV
 // rows held by a lower rank as well, and replicated tensors only on rank 0 — so that the sum

@@ -3,8 +3,10 @@
 // KV heads split at t = 2, replicated at t = 4; a vocabulary that does not divide by 4)
 // against one rank from the same seed: the same losses and gradient norms over 10 steps, the
 // same gradients of the first step (each rank's share against the one-rank gradient sliced);
-// TP2 × DP2 under ZeRO-1 against one rank reading the whole global batch; a tensor-parallel
-// checkpoint resuming bit-identically, and refused at another tensor-parallel layout.
+// TP2 × DP2 under ZeRO-1 against one rank reading the whole global batch, and the whole
+// weights joined from the shares (FullWeights, what export writes) against the one-rank
+// model's; a tensor-parallel checkpoint resuming bit-identically, and refused at another
+// tensor-parallel layout and by checkpoint export.
 #include <algorithm>
 #include <cmath>
 #include <thread>
@@ -15,6 +17,7 @@
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/comm/store.h"
+#include "worker/checkpoint_export.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/tensor_parallel_slice.h"
@@ -31,6 +34,7 @@ struct RankRun {
   std::vector<std::string> unclaimed;  // plan buffers the rank never used
   std::vector<std::vector<float>> first_grads;  // per unit, the rank's share after step 1
   std::vector<std::vector<float>> params;       // per unit, the rank's share at the end
+  std::vector<std::vector<float>> whole;        // FullWeights at the end: the whole model
   int tp_rank = 0;
 };
 
@@ -115,6 +119,9 @@ class TensorParallelTrainingTest : public ::testing::Test {
             mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
           }
           mine.unclaimed = (*t)->arenas().UnclaimedBuffers();
+          absl::StatusOr<std::vector<std::vector<float>>> whole = (*t)->FullWeights();
+          if (!whole.ok()) return whole.status();
+          mine.whole = std::move(*whole);
           return absl::OkStatus();
         }();
       });
@@ -150,6 +157,20 @@ void ExpectSameTraining(const Outcome& got, const Outcome& want, const std::stri
     for (size_t k = 0; k < ref.val_losses.size(); ++k) {
       EXPECT_NEAR(r.val_losses[k], ref.val_losses[k], 1e-6 * ref.val_losses[k]) << what << " val";
     }
+    // The whole model joined from the shares: every rank the same, the one-rank model's to
+    // within the noise above carried through 10 Adam steps, which moves a weight whose
+    // gradient is near zero by up to lr in either direction (seen < 1.3e-5 per weight). 1e-4,
+    // the ZeRO tests' bound, is far below a wrong slice or update (~lr = 3e-3 in one step).
+    ASSERT_EQ(r.whole.size(), ref.whole.size()) << what;
+    EXPECT_EQ(r.whole, got.ranks[0].whole) << what;
+    double worst = 0;
+    for (size_t u = 0; u < ref.whole.size(); ++u) {
+      ASSERT_EQ(r.whole[u].size(), ref.whole[u].size()) << what << " unit " << u;
+      for (size_t i = 0; i < ref.whole[u].size(); ++i) {
+        worst = std::max(worst, std::abs(double{r.whole[u][i]} - ref.whole[u][i]));
+      }
+    }
+    EXPECT_LT(worst, 1e-4) << what << ": whole weights";
     for (size_t s = 0; s < ref.losses.size(); ++s) {
       EXPECT_NEAR(r.losses[s], ref.losses[s], 1e-6 * ref.losses[s]) << what << " step " << s + 1;
       // The norm counts each element once over the group (replicated tensors on TP rank 0).
@@ -279,6 +300,12 @@ TEST_F(TensorParallelTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
   EXPECT_NE(refused.status.message().find("tensor_parallel 2"), std::string::npos)
       << refused.status;
+  // Export reads whole units from rank files: a tensor-parallel checkpoint is refused by name.
+  absl::StatusOr<CheckpointExportResult> exported =
+      ExportCheckpoint(job.checkpoint().dir(), (dir_ / "export").string(), {});
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kFailedPrecondition) << exported.status();
+  EXPECT_NE(exported.status().message().find("tensor_parallel 2"), std::string::npos)
+      << exported.status();
 }
 
 }  // namespace
