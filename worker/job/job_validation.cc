@@ -518,7 +518,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
-  // in f32, with ZeRO 0 or 1, and not pipeline or sequence parallelism yet.
+  // in f32, under every ZeRO stage, and not pipeline or sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (parallel.pipeline_parallel() > 1) {
     lines.push_back(absl::StrCat("parallel.pipeline_parallel: ", parallel.pipeline_parallel(),
@@ -530,10 +530,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       lines.push_back(
           absl::StrCat("parallel.tensor_parallel: ", tp, " trains ", what, " so far"));
     };
-    if (parallel.zero_stage() > 1) {
-      needs(absl::StrCat("with parallel.zero_stage 0 or 1 (this job: ", parallel.zero_stage(),
-                         ")"));
-    }
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }

@@ -64,12 +64,6 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
           "sharding engine: the tensor-parallel communicator must have ", e->tp_size_,
           " ranks, this one ", e->tp_rank_));
     }
-    if (e->stage_ >= 2) {
-      return absl::UnimplementedError(absl::StrCat(
-          "parallel.zero_stage: ", e->stage_,
-          " with tensor_parallel > 1: this engine combines tensor parallelism with ZeRO 0 and "
-          "1 only"));
-    }
   }
   if (comms.world == nullptr || comms.world->size() != g.world_size ||
       comms.world->rank() != g.rank) {
@@ -131,12 +125,14 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     // Each element of the model once over the TP group (replicated tensors on TP rank 0).
     std::vector<Tensor> counted;
     for (int u = 0; u < n_units; ++u) {
-      // As without tensor parallelism: each DP member counts its shard's range.
+      // As without tensor parallelism: each DP member counts its shard's range, which at
+      // stages 2–3 is the whole of its gradient buffer (the shard starts at its offset 0).
       const FlatRange norm = e->shards_[u].owned;
+      const int64_t base = e->stage_ >= 2 ? norm.begin : 0;
       for (const auto& [begin, end] :
            NormCountedRanges(job.model(), layout.units[u], e->tp_size_, e->tp_rank_)) {
         const int64_t lo = std::max(begin, norm.begin), hi = std::min(end, norm.end);
-        if (lo < hi) counted.push_back(Flat(e->grads_[u], lo, hi - lo));
+        if (lo < hi) counted.push_back(Flat(e->grads_[u], lo - base, hi - lo));
       }
     }
     e->norm_views_ = std::move(counted);

@@ -239,20 +239,22 @@ TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
   EXPECT_TRUE(CheckEngineSupport(With(kGpt2Yaml, "world_size: 8")).ok());
 }
 
-TEST(CheckEngineSupportTest, TensorParallelTrainsWithZeroZeroOrOneInFp32) {
+TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
   for (const char* layout : {"world_size: 2, tensor_parallel: 2",
-                             "world_size: 8, tensor_parallel: 4, zero_stage: 1"}) {
+                             "world_size: 8, tensor_parallel: 4, zero_stage: 1",
+                             "world_size: 8, tensor_parallel: 2, zero_stage: 3"}) {
     const JobSpec job = With(kLlamaYaml, layout);
     ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
     EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
   }
   JobSpec job = With(kGpt2Yaml, "world_size: 4, tensor_parallel: 2, zero_stage: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
   const absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.tensor_parallel: 2 trains with parallel.zero_stage 0 or 1 "
-                          "(this job: 2) so far",
+              ElementsAre("parallel.tensor_parallel: 2 trains on resources.device CPU (its "
+                          "local ops have no CUDA kernels yet) so far",
                           "parallel.tensor_parallel: 2 trains in precision param_dtype, "
                           "compute_dtype and grad_dtype FP32 so far"));
 }

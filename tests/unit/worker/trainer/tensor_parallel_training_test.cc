@@ -248,6 +248,19 @@ TEST_F(TensorParallelTrainingTest, TwoByTwoWithZeroOneMatchesOneRank) {
   }
 }
 
+TEST_F(TensorParallelTrainingTest, ZeroTwoAndThreeInsideTheDataParallelGroupsMatchOneRank) {
+  // Gradients (2) and parameters (3, the tied embedding kept gathered) sharded over each TP
+  // rank's data-parallel group; Llama at TP4 × DP2 with its replicated KV heads, whose
+  // gradients are summed before the reduce-scatter.
+  const Outcome gpt2 = Run(Gpt2(1, 1, 0, 4), 10);
+  for (int stage : {2, 3}) {
+    ExpectSameTraining(Run(Gpt2(2, 2, stage, 2), 10), gpt2,
+                       "gpt2 tp2 x dp2 zero-" + std::to_string(stage));
+  }
+  ExpectSameTraining(Run(Llama(4, 2, 3, 2), 10), Run(Llama(1, 1, 0, 4), 10),
+                     "llama tp4 x dp2 zero-3");
+}
+
 TEST_F(TensorParallelTrainingTest, AccumulationCheckpointingAndEvaluationMatchOneRank) {
   // Two micro-batches a step (the replicated KV heads' gradients summed once, on the last),
   // FULL activation checkpointing (the backward's recompute runs the attention all-reduce
