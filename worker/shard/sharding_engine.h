@@ -25,6 +25,11 @@
 // gradient, so at stage 3 the embedding stays gathered (in its own buffer) from its forward
 // to its backward, and at stages 2–3 its full gradient has its own buffer for the backward.
 //
+// Tensor parallelism (docs/parallelism.md): the engine works on the rank's TP shares of each
+// unit (the model's layout) inside its data-parallel group, exactly as above; the model runs
+// its own TP collectives, and the engine adds the sum of replicated KV heads' gradients (on the
+// last micro-batch, before the data-parallel reduction) and the statistics over the TP group.
+//
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
 // the ranks that never arrived.
