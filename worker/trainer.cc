@@ -18,6 +18,7 @@
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/job/data_paths.h"
@@ -454,36 +455,38 @@ absl::Status Trainer::Resume() {
   saved.mutable_parallel()->set_zero_stage(state.value("zero_stage", -1));
   saved.mutable_parallel()->set_shard_group_size(state.value("shard_group_size", 0));
   const auto& parallel = job_.parallel();
-  // Each rank's file holds its tensor-parallel shares: a checkpoint resumes at its own
-  // tensor-parallel layout only (resharding across layouts is issue 18's remaining part).
-  const int saved_tp = state.value("tensor_parallel", 1), tp = std::max(1, parallel.tensor_parallel());
-  const bool same_layout = saved.parallel().world_size() == parallel.world_size() &&
-                           saved.parallel().zero_stage() == parallel.zero_stage() &&
-                           saved.parallel().shard_group_size() == parallel.shard_group_size();
-  if (saved_tp != tp || (tp > 1 && !same_layout)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "checkpoint '%s' was written at parallel.tensor_parallel %d, world_size %d, zero_stage "
-        "%d; this job runs tensor_parallel %d, world_size %d, zero_stage %d — a "
-        "tensor-parallel checkpoint resumes only at its own layout (resharding across "
-        "tensor-parallel layouts is not supported yet)",
-        ckpt.path(), saved_tp, saved.parallel().world_size(), saved.parallel().zero_stage(), tp,
-        parallel.world_size(), parallel.zero_stage()));
-  }
   auto rank_file = [&](int r) {
     return (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", r))
         .string();
   };
+  // Each rank's file holds its tensor-parallel shares: with tensor parallelism on either side
+  // and another layout, every buffer is rebuilt from the saved shares
+  // (worker/checkpoint/tensor_parallel_reshard.h).
+  const int saved_tp = state.value("tensor_parallel", 1), tp = std::max(1, parallel.tensor_parallel());
+  saved.mutable_parallel()->set_tensor_parallel(saved_tp);
+  const bool same_layout = saved_tp == tp &&
+                           saved.parallel().world_size() == parallel.world_size() &&
+                           saved.parallel().zero_stage() == parallel.zero_stage() &&
+                           saved.parallel().shard_group_size() == parallel.shard_group_size();
+  const bool layout_valid = [&] {
+    const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
+    return w >= 1 && g >= 1 && saved_tp >= 1 && w % saved_tp == 0 && (w / saved_tp) % g == 0 &&
+           saved.parallel().zero_stage() >= 0 && saved.parallel().zero_stage() <= 3;
+  }();
+  if (!same_layout && !layout_valid) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", ckpt.path(), "': the manifest's parallel layout is invalid"));
+  }
   if (same_layout) {
     ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
       return ReadRankState(rank_file(options_.rank), plan_, into, weights_only);
     }));
+  } else if (saved_tp > 1 || tp > 1) {
+    ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
+      return ReshardTensorParallelState(saved, rank_file, job_, options_.rank, plan_, into,
+                                        weights_only);
+    }));
   } else {
-    const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
-    if (w < 1 || g < 1 || w % g != 0 || saved.parallel().zero_stage() < 0 ||
-        saved.parallel().zero_stage() > 3) {
-      return absl::DataLossError(absl::StrCat("checkpoint '", ckpt.path(),
-                                              "': the manifest's parallel layout is invalid"));
-    }
     ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
       return ReshardRankState(saved, rank_file, job_, options_.rank, plan_, into, weights_only);
     }));
