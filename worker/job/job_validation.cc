@@ -544,6 +544,11 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (!spec.model().init_from().empty()) {
       needs("from its own initialisation (model.init_from reads whole tensors, not shares)");
     }
+    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
+      // Its column statistics would cover a rank's rows only: they need a sum over the group.
+      needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD (Adafactor's factored statistics "
+            "are not summed over the tensor-parallel group)");
+    }
   }
   if (parallel.sequence_parallel()) {
     lines.push_back(

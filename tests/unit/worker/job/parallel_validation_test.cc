@@ -250,13 +250,17 @@ TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
   JobSpec job = With(kGpt2Yaml, "world_size: 4, tensor_parallel: 2, zero_stage: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
   job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
   const absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
               ElementsAre("parallel.tensor_parallel: 2 trains on resources.device CPU (its "
                           "local ops have no CUDA kernels yet) so far",
                           "parallel.tensor_parallel: 2 trains in precision param_dtype, "
-                          "compute_dtype and grad_dtype FP32 so far"));
+                          "compute_dtype and grad_dtype FP32 so far",
+                          "parallel.tensor_parallel: 2 trains with optimizer.type ADAMW, "
+                          "ADAMW_8BIT or SGD (Adafactor's factored statistics are not summed "
+                          "over the tensor-parallel group) so far"));
 }
 
 }  // namespace

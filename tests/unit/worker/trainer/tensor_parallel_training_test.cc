@@ -368,6 +368,21 @@ TEST_F(TensorParallelTrainingTest, CheckpointsReshardAcrossTensorParallelLayouts
     }
     ExpectSameWholeWeights(resumed, whole, c.what);
   }
+  // 8-bit Adam's block-quantized moments are not elementwise: refused by name.
+  JobSpec adam8 = Llama(2, 1, 0, 2);
+  adam8.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
+  adam8.mutable_optimizer()->set_min_quantized_numel(64);
+  adam8.mutable_train()->set_max_steps(6);
+  adam8.mutable_checkpoint()->set_interval_steps(3);
+  adam8.mutable_checkpoint()->set_dir((dir_ / "adam8").string());
+  ASSERT_TRUE(Run(adam8, 3, "", /*use_run=*/true).status.ok());
+  JobSpec adam8_one = adam8;
+  adam8_one.mutable_parallel()->set_world_size(1);
+  adam8_one.mutable_parallel()->set_tensor_parallel(1);
+  adam8_one.mutable_checkpoint()->clear_dir();
+  const Outcome refused = Run(adam8_one, 6, adam8.checkpoint().dir(), /*use_run=*/true);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnimplemented) << refused.status;
+  EXPECT_NE(refused.status.message().find("adam8_m_codes"), std::string::npos) << refused.status;
 }
 
 }  // namespace
