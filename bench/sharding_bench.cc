@@ -10,8 +10,8 @@
 // training_bench), so the job trains N / t times the tokens of one rank per step (the t ranks
 // of a tensor-parallel group share one batch). With t > 1 the line also carries the
 // tensor-parallel bytes each rank should send per step by Megatron's count
-// (tp_comm_bytes_formula_per_step_per_rank, see TensorParallelBytes). --threads-per-rank 0 (default)
-// leaves resources.cpu_threads at 0: the machine's cores divided among the ranks.
+// (tp_comm_bytes_formula_per_step_per_rank, see TensorParallelBytes). --threads-per-rank 0
+// (default) leaves resources.cpu_threads at 0: the machine's cores divided among the ranks.
 //
 // Timing: the ranks meet at a barrier after the warm-up steps and again after the last timed
 // step; tokens_per_s is the job's tokens over the wall time between the two. step_ms is the
@@ -322,10 +322,9 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"world_size", world},
       {"tensor_parallel", flags.tensor_parallel},
       {"tp_comm_bytes_formula_per_step_per_rank",
-       flags.tensor_parallel > 1
-           ? nlohmann::json(TensorParallelBytes(job, flags.tensor_parallel,
-                                                world / flags.tensor_parallel))
-           : nlohmann::json(nullptr)},
+       flags.tensor_parallel > 1 ? nlohmann::json(TensorParallelBytes(
+                                       job, flags.tensor_parallel, world / flags.tensor_parallel))
+                                 : nlohmann::json(nullptr)},
       {"stage", flags.stage},
       {"prefetch", flags.prefetch},
       {"reshard_after_forward", flags.reshard_after_forward == 1},
@@ -335,9 +334,9 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"seq_len", job.data().seq_len()},
       {"warmup_steps", flags.warmup},
       {"timed_steps", flags.steps},
-      {"tokens_per_s", static_cast<double>(world / flags.tensor_parallel * tokens_per_rank_step *
-                                           flags.steps) /
-                           elapsed_s},
+      {"tokens_per_s",
+       static_cast<double>(world / flags.tensor_parallel * tokens_per_rank_step * flags.steps) /
+           elapsed_s},
       {"step_ms", Median(slowest_step_ms)},
       {"peak_rss_bytes", zt::bench::ProcStatusBytes("VmHWM:")},
       {"baseline_rss_bytes", memory.baseline},

@@ -40,8 +40,8 @@ absl::Status CheckRows(const char* op, const DeviceContext& ctx, const Tensor& l
   const int64_t n = logits.dim(0);
   ZT_RETURN_IF_ERROR(CheckMatrix(op, "maxes", maxes, ctx));
   if (maxes.dim(1) != n) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": maxes has shape ", maxes.DebugString(),
-                                                   ", expected (P, ", n, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": maxes has shape ", maxes.DebugString(), ", expected (P, ", n, ")"));
   }
   return internal::CheckTensor(op, "targets", targets, ctx, DType::kI32, {n});
 }
@@ -59,9 +59,8 @@ absl::Status CheckEmbedding(const char* op, const DeviceContext& ctx, const Tens
   if (pos.empty()) return absl::OkStatus();
   ZT_RETURN_IF_ERROR(CheckMatrix(op, pos_arg, pos, ctx));
   if (pos.dim(1) != c || pos.dim(0) < t) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", pos_arg, " has shape ",
-                                                   pos.DebugString(), ", expected (P ≥ ", t, ", ",
-                                                   c, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", pos_arg, " has shape ", pos.DebugString(), ", expected (P ≥ ", t, ", ", c, ")"));
   }
   return absl::OkStatus();
 }

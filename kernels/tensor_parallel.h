@@ -19,11 +19,11 @@
 namespace zt {
 
 struct VocabShardEmbeddingForwardArgs {
-  Tensor tokens;  // (B, T) i32 in [0, V)
-  Tensor wte;     // (Vl, C): vocabulary rows [v0, v0 + Vl)
-  Tensor wpe;     // (P, C) with P ≥ T, or empty: added here (give it to one rank only)
+  Tensor tokens;            // (B, T) i32 in [0, V)
+  Tensor wte;               // (Vl, C): vocabulary rows [v0, v0 + Vl)
+  Tensor wpe;               // (P, C) with P ≥ T, or empty: added here (give it to one rank only)
   int64_t vocab_begin = 0;  // v0
-  Tensor out;     // (B, T, C) = [v0 ≤ token < v0 + Vl] · wte[token − v0] (+ wpe[t])
+  Tensor out;               // (B, T, C) = [v0 ≤ token < v0 + Vl] · wte[token − v0] (+ wpe[t])
 };
 // The all-reduce over the tensor-parallel group that follows sums the ranks' rows: each token
 // is owned by exactly one rank, so the sum is the whole table's lookup, exactly.
@@ -55,12 +55,12 @@ absl::Status VocabShardRowMax(const DeviceContext& ctx, const VocabShardRowMaxAr
 // target, else 0). The caller all-reduces (sums) over the group: then every rank holds the
 // whole row's Σexp and target logit. Ignored targets (< 0) give (0, 0).
 struct VocabShardExpSumArgs {
-  Tensor logits;   // (N, Vl)
+  Tensor logits;  // (N, Vl)
   int64_t valid = 0;
   Tensor maxes;    // (P, N): each rank's row maxima
   Tensor targets;  // (N) i32, global vocabulary ids in [0, V) or negative (ignored)
   int64_t vocab_begin = 0;
-  Tensor sums;     // (N, 2) written
+  Tensor sums;  // (N, 2) written
 };
 absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumArgs& args);
 
@@ -68,13 +68,13 @@ absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumAr
 // rank; with write_grad the logits become grad_scale · (softmax − onehot) on this rank's
 // columns (0 on padding columns and ignored rows), in place.
 struct VocabShardCrossEntropyArgs {
-  Tensor logits;   // (N, Vl)
+  Tensor logits;  // (N, Vl)
   int64_t valid = 0;
   Tensor maxes;    // (P, N)
   Tensor sums;     // (N, 2), all-reduced
   Tensor targets;  // (N) i32
   int64_t vocab_begin = 0;
-  Tensor losses;   // (N) f32 written
+  Tensor losses;  // (N) f32 written
   float grad_scale = 1.0f;
   bool write_grad = false;
 };

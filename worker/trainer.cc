@@ -462,7 +462,8 @@ absl::Status Trainer::Resume() {
   // Each rank's file holds its tensor-parallel shares: with tensor parallelism on either side
   // and another layout, every buffer is rebuilt from the saved shares
   // (worker/checkpoint/tensor_parallel_reshard.h).
-  const int saved_tp = state.value("tensor_parallel", 1), tp = std::max(1, parallel.tensor_parallel());
+  const int saved_tp = state.value("tensor_parallel", 1),
+            tp = std::max(1, parallel.tensor_parallel());
   saved.mutable_parallel()->set_tensor_parallel(saved_tp);
   const bool same_layout = saved_tp == tp &&
                            saved.parallel().world_size() == parallel.world_size() &&

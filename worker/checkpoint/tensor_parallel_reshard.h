@@ -19,8 +19,8 @@ namespace zt {
 // Fills rank `rank` of `job`'s checkpointed buffers (those of its `plan`, in `into`) from the
 // checkpoint `saved` wrote (its world_size, tensor_parallel, zero_stage, shard_group_size
 // set; pipeline_parallel 1), whose rank r's file is rank_file(r). Elementwise state only:
-// parameters, master weights, AdamW's moments and SGD's momentum, all f32. Unimplemented naming the buffer
-// for any other (8-bit Adam's blocks, Adafactor's factored statistics, 16-bit weights);
+// parameters, master weights, AdamW's moments and SGD's momentum, all f32. Unimplemented naming the
+// buffer for any other (8-bit Adam's blocks, Adafactor's factored statistics, 16-bit weights);
 // FailedPrecondition naming the file when a saved buffer is missing or shorter than its
 // layout says.
 absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,

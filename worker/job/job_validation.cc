@@ -527,8 +527,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   if (const int tp = parallel.tensor_parallel(); tp > 1) {
     const auto needs = [&](const std::string& what) {
-      lines.push_back(
-          absl::StrCat("parallel.tensor_parallel: ", tp, " trains ", what, " so far"));
+      lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " trains ", what, " so far"));
     };
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
@@ -546,8 +545,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       // Its column statistics would cover a rank's rows only: they need a sum over the group.
-      needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD (Adafactor's factored statistics "
-            "are not summed over the tensor-parallel group)");
+      needs(
+          "with optimizer.type ADAMW, ADAMW_8BIT or SGD (Adafactor's factored statistics "
+          "are not summed over the tensor-parallel group)");
     }
   }
   if (parallel.sequence_parallel()) {

@@ -82,8 +82,7 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
           "tensor parallelism trains the whole model: no model.lora, no quantized "
           "model.base_dtype");
     }
-    if (!tp.all_reduce || !tp.all_gather ||
-        (config.n_kv_head() < t && !tp.kv_all_reduce)) {
+    if (!tp.all_reduce || !tp.all_gather || (config.n_kv_head() < t && !tp.kv_all_reduce)) {
       return absl::InvalidArgumentError(
           "a tensor-parallel model needs the group's all_reduce and all_gather (and "
           "kv_all_reduce when n_kv_head < tensor_parallel)");
@@ -321,12 +320,12 @@ absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tenso
     // Each rank looks up the tokens of its vocabulary rows (zero elsewhere); rank 0 adds the
     // positions, so the group's sum is the whole table's embedding.
     const Tensor out = residual_[0].Reshape({B_, T_, C_});
-    ZT_RETURN_IF_ERROR(VocabShardEmbeddingForward(
-        ctx, {.tokens = tokens_,
-              .wte = View(u, params, "wte"),
-              .wpe = tp_.rank == 0 ? View(u, params, "wpe") : Tensor(),
-              .vocab_begin = vocab_begin_,
-              .out = out}));
+    ZT_RETURN_IF_ERROR(
+        VocabShardEmbeddingForward(ctx, {.tokens = tokens_,
+                                         .wte = View(u, params, "wte"),
+                                         .wpe = tp_.rank == 0 ? View(u, params, "wpe") : Tensor(),
+                                         .vocab_begin = vocab_begin_,
+                                         .out = out}));
     return TpAllReduce(residual_[0], "embedding all-reduce");
   }
   return zt::EmbeddingForward(ctx, {.tokens = tokens_,
@@ -392,7 +391,8 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
   if (tp) {
     ZT_RETURN_IF_ERROR(TpAllReduce(a.res2, absl::StrCat(u.name, " attention all-reduce")));
     if (gpt2_) {
-      ZT_RETURN_IF_ERROR(AddRowBias(ctx, {.out = a.res2, .bias = View(u, params, "attn.proj.bias")}));
+      ZT_RETURN_IF_ERROR(
+          AddRowBias(ctx, {.out = a.res2, .bias = View(u, params, "attn.proj.bias")}));
     }
   }
   ZT_RETURN_IF_ERROR(Add(ctx, a.res2, x, a.res2));  // res2 = x + attn(x)
@@ -666,8 +666,7 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
   }
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.qkv.weight", "attn.qkv.bias",
                                          grad_.qkv, a.ln1, grad_.ln));
-  ZT_RETURN_IF_ERROR(
-      TpAllReduce(grad_.ln, absl::StrCat(u.name, " attention backward all-reduce")));
+  ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, absl::StrCat(u.name, " attention backward all-reduce")));
   if (gpt2_) {
     return LayerNormBackward(ctx, {.dout = grad_.ln,
                                    .inp = x,

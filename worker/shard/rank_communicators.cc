@@ -97,7 +97,7 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
     ZT_ASSIGN_OR_RETURN(comms.tensor, connect(tensor, tp_rank, t, Conversion{}));
     const int kv_heads = job.model().n_kv_head();
     if (kv_heads >= 1 && kv_heads < t) {  // a validated job has n_kv_head ≥ 1
-      const int share = t / kv_heads;  // ranks per KV head
+      const int share = t / kv_heads;     // ranks per KV head
       ZT_ASSIGN_OR_RETURN(comms.tensor_kv, connect(absl::StrCat(tensor, ".kv.", tp_rank / share),
                                                    tp_rank % share, share, Conversion{}));
     }

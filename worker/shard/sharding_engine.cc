@@ -60,9 +60,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   if (e->tp_size_ > 1) {
     if (comms.tensor == nullptr || comms.tensor->size() != e->tp_size_ ||
         comms.tensor->rank() != e->tp_rank_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sharding engine: the tensor-parallel communicator must have ", e->tp_size_,
-          " ranks, this one ", e->tp_rank_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharding engine: the tensor-parallel communicator must have ", e->tp_size_,
+                       " ranks, this one ", e->tp_rank_));
     }
   }
   if (comms.world == nullptr || comms.world->size() != g.world_size ||
@@ -441,9 +441,9 @@ absl::Status ShardingEngine::AccumulateGradientStatistics(const DeviceContext& c
 
 absl::Status ShardingEngine::ExchangeStatistics() {
   const int64_t block = kScalarSlots * geometry_.world_size;
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.world->AllGather(Flat(scalars_, MySlots(), kScalarSlots),
-                                              Flat(scalars_, tp_rank_ * block, block), "step totals"));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.world->AllGather(Flat(scalars_, MySlots(), kScalarSlots),
+                                                            Flat(scalars_, tp_rank_ * block, block),
+                                                            "step totals"));
   std::vector<CommHandle> handles = {h};
   ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
   if (tp_size_ <= 1) return absl::OkStatus();

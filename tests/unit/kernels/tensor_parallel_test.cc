@@ -32,7 +32,8 @@ ShardedCe RunSharded(int p, int64_t n, int64_t v, const std::vector<float>& logi
   std::vector<std::vector<float>> shard(p, std::vector<float>(n * vl, 0.0f));
   for (int k = 0; k < p; ++k) {
     for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < vl && k * vl + c < v; ++c) shard[k][r * vl + c] = logits[r * v + k * vl + c];
+      for (int64_t c = 0; c < vl && k * vl + c < v; ++c)
+        shard[k][r * vl + c] = logits[r * v + k * vl + c];
     }
   }
   auto valid = [&](int k) { return std::clamp<int64_t>(v - k * vl, 0, vl); };
@@ -112,12 +113,13 @@ TEST(TensorParallelTest, ParallelCrossEntropyEqualsFloat64AndTheFusedOp) {
   }
   // The fused one-rank op on the same logits.
   std::vector<float> fused = logits, fused_loss(n);
-  ASSERT_TRUE(SoftmaxCrossEntropy(CpuContext(1), {.logits = Tensor(fused.data(), DType::kF32, {n, v}),
-                                                  .targets = Tensor(targets.data(), DType::kI32, {n}),
-                                                  .losses = Tensor(fused_loss.data(), DType::kF32, {n}),
-                                                  .grad_scale = scale,
-                                                  .write_grad = true})
-                  .ok());
+  ASSERT_TRUE(
+      SoftmaxCrossEntropy(CpuContext(1), {.logits = Tensor(fused.data(), DType::kF32, {n, v}),
+                                          .targets = Tensor(targets.data(), DType::kI32, {n}),
+                                          .losses = Tensor(fused_loss.data(), DType::kF32, {n}),
+                                          .grad_scale = scale,
+                                          .write_grad = true})
+          .ok());
   for (int p : {1, 2, 3, 4, 8}) {
     const ShardedCe got = RunSharded(p, n, v, logits, targets, scale);
     for (int64_t r = 0; r < n; ++r) {
@@ -161,24 +163,26 @@ TEST(TensorParallelTest, EmbeddingSharesSumToTheWholeLookupAndGradient) {
                                      .wpe = Tensor(wpe.data(), DType::kF32, {positions, c}),
                                      .out = Tensor(want.data(), DType::kF32, {b, t, c})})
                   .ok());
-  ASSERT_TRUE(EmbeddingBackward(ctx, {.tokens = tok,
-                                      .dout = Tensor(dout.data(), DType::kF32, {b, t, c}),
-                                      .dwte = Tensor(want_dwte.data(), DType::kF32, {v, c}),
-                                      .dwpe = Tensor(want_dwpe.data(), DType::kF32, {positions, c})})
-                  .ok());
+  ASSERT_TRUE(
+      EmbeddingBackward(ctx, {.tokens = tok,
+                              .dout = Tensor(dout.data(), DType::kF32, {b, t, c}),
+                              .dwte = Tensor(want_dwte.data(), DType::kF32, {v, c}),
+                              .dwpe = Tensor(want_dwpe.data(), DType::kF32, {positions, c})})
+          .ok());
   for (int p : {2, 3, 4}) {
     const int64_t vl = (v + p - 1) / p;
     std::vector<float> sum(b * t * c, 0.0f), dwte(v * c, 0.0f);
     for (int k = 0; k < p; ++k) {
       std::vector<float> table(vl * c, 0.0f), out(b * t * c), grad(vl * c, 0.0f), dwpe;
       for (int64_t i = 0; i < vl * c && k * vl * c + i < v * c; ++i) table[i] = wte[k * vl * c + i];
-      ASSERT_TRUE(VocabShardEmbeddingForward(
-                      ctx, {.tokens = tok,
-                            .wte = Tensor(table.data(), DType::kF32, {vl, c}),
-                            .wpe = k == 0 ? Tensor(wpe.data(), DType::kF32, {positions, c}) : Tensor(),
-                            .vocab_begin = k * vl,
-                            .out = Tensor(out.data(), DType::kF32, {b, t, c})})
-                      .ok());
+      ASSERT_TRUE(
+          VocabShardEmbeddingForward(
+              ctx, {.tokens = tok,
+                    .wte = Tensor(table.data(), DType::kF32, {vl, c}),
+                    .wpe = k == 0 ? Tensor(wpe.data(), DType::kF32, {positions, c}) : Tensor(),
+                    .vocab_begin = k * vl,
+                    .out = Tensor(out.data(), DType::kF32, {b, t, c})})
+              .ok());
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
       std::vector<float> pos_grad(positions * c, 0.0f);
       ASSERT_TRUE(VocabShardEmbeddingBackward(
@@ -210,8 +214,9 @@ TEST(TensorParallelTest, RowBiasAndErrors) {
                                          .bias = Tensor(bias.data(), DType::kF32, {3})})
                   .ok());
   EXPECT_EQ(out, (std::vector<float>{11, 22, 33, 14, 25, 36}));
-  const absl::Status wrong = AddRowBias(CpuContext(1), {.out = Tensor(out.data(), DType::kF32, {2, 3}),
-                                                        .bias = Tensor(bias.data(), DType::kF32, {2})});
+  const absl::Status wrong =
+      AddRowBias(CpuContext(1), {.out = Tensor(out.data(), DType::kF32, {2, 3}),
+                                 .bias = Tensor(bias.data(), DType::kF32, {2})});
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong.message().find("bias"), std::string::npos) << wrong;
 

@@ -240,9 +240,9 @@ TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
 }
 
 TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
-  for (const char* layout : {"world_size: 2, tensor_parallel: 2",
-                             "world_size: 8, tensor_parallel: 4, zero_stage: 1",
-                             "world_size: 8, tensor_parallel: 2, zero_stage: 3"}) {
+  for (const char* layout :
+       {"world_size: 2, tensor_parallel: 2", "world_size: 8, tensor_parallel: 4, zero_stage: 1",
+        "world_size: 8, tensor_parallel: 2, zero_stage: 3"}) {
     const JobSpec job = With(kLlamaYaml, layout);
     ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
     EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);

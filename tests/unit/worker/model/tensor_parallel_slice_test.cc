@@ -87,8 +87,7 @@ TEST(TensorParallelSliceTest, BoundModelHasThePlansLayoutAndTheOneRankInitialWei
     one.mutable_parallel()->set_world_size(1);
     one.mutable_parallel()->set_tensor_parallel(1);
     auto one_arenas = Arenas::Create(PlanMemory(one)).value();
-    Transformer reference =
-        Transformer::Bind(one.model(), *one_arenas, *one_arenas, 2, 8).value();
+    Transformer reference = Transformer::Bind(one.model(), *one_arenas, *one_arenas, 2, 8).value();
     reference.InitializeWeights(5);
     for (int r = 0; r < c.tp; ++r) {
       const ParallelLayout layout = ParallelLayout::ForJob(job, r);
@@ -101,7 +100,8 @@ TEST(TensorParallelSliceTest, BoundModelHasThePlansLayoutAndTheOneRankInitialWei
       tp.all_gather = [](const Tensor&, const Tensor&, const std::string&) {
         return absl::InternalError("unexpected collective");
       };
-      absl::StatusOr<Transformer> model = Transformer::Bind(job.model(), *arenas, *arenas, 2, 8, tp);
+      absl::StatusOr<Transformer> model =
+          Transformer::Bind(job.model(), *arenas, *arenas, 2, 8, tp);
       ASSERT_TRUE(model.ok()) << model.status();
       const ModelLayout planned = RankModelLayout(job, layout);
       ASSERT_EQ(model->layout().units.size(), planned.units.size());
@@ -161,7 +161,8 @@ TEST(TensorParallelSliceTest, NormRangesCountEveryElementOnce) {
               }
             }
           }
-          for (int64_t l = 0; l < p.numel; ++l) padding_counted += !real[l] && in_range[p.offset + l];
+          for (int64_t l = 0; l < p.numel; ++l)
+            padding_counted += !real[l] && in_range[p.offset + l];
         }
       }
       for (int64_t g = 0; g < whole.units[u].numel; ++g) {
@@ -176,9 +177,9 @@ TEST(TensorParallelSliceTest, NormRangesCountEveryElementOnce) {
 TEST(TensorParallelSliceTest, ReplicatedKvRangesOnlyWhenKvHeadsAreFewerThanRanks) {
   const zerotrain::JobSpec two = Job(zerotrain::ModelConfig::LLAMA, 2);
   const zerotrain::JobSpec four = Job(zerotrain::ModelConfig::LLAMA, 4);
-  EXPECT_TRUE(ReplicatedKvRanges(two.model(), TensorParallelModelLayout(two.model(), 2).block(0),
-                                 2, 1)
-                  .empty());
+  EXPECT_TRUE(
+      ReplicatedKvRanges(two.model(), TensorParallelModelLayout(two.model(), 2).block(0), 2, 1)
+          .empty());
   const UnitLayout block = TensorParallelModelLayout(four.model(), 4).block(0);
   const auto ranges = ReplicatedKvRanges(four.model(), block, 4, 3);
   // Rank 3's query head reads KV head 1: its K and V rows (D = 4 each) of the (1 + 2)·4-row

@@ -16,8 +16,8 @@
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
-#include "worker/comm/store.h"
 #include "worker/checkpoint_export.h"
+#include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/tensor_parallel_slice.h"
@@ -31,7 +31,7 @@ using zerotrain::JobSpec;
 
 struct RankRun {
   std::vector<double> losses, grad_norms, val_losses;
-  std::vector<std::string> unclaimed;  // plan buffers the rank never used
+  std::vector<std::string> unclaimed;           // plan buffers the rank never used
   std::vector<std::vector<float>> first_grads;  // per unit, the rank's share after step 1
   std::vector<std::vector<float>> params;       // per unit, the rank's share at the end
   std::vector<std::vector<float>> whole;        // FullWeights at the end: the whole model
@@ -52,8 +52,8 @@ class TensorParallelTrainingTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   JobSpec Gpt2(int tp, int dp, int stage, int micro_batch) {
-    JobSpec job = testing::SmallShardedJob((dir_ / "train.bin").string(), tp * dp, stage,
-                                           micro_batch);
+    JobSpec job =
+        testing::SmallShardedJob((dir_ / "train.bin").string(), tp * dp, stage, micro_batch);
     job.mutable_parallel()->set_tensor_parallel(tp);
     job.mutable_train()->set_max_steps(10);
     return job;
@@ -128,7 +128,9 @@ class TensorParallelTrainingTest : public ::testing::Test {
     }
     for (std::thread& t : threads) t.join();
     for (int r = 0; r < n && out.status.ok(); ++r) {
-      if (!status[r].ok()) out.status = absl::Status(status[r].code(), absl::StrCat("rank ", r, ": ", status[r].message()));
+      if (!status[r].ok())
+        out.status =
+            absl::Status(status[r].code(), absl::StrCat("rank ", r, ": ", status[r].message()));
     }
     return out;
   }
@@ -203,8 +205,8 @@ void ExpectSlicedGradients(const JobSpec& spec, const Outcome& got, const Outcom
         for (int64_t i = 0; i < p.numel; ++i) {
           worst = std::max(worst, std::abs(double{r.first_grads[u][p.offset + i]} - expected[i]));
         }
-        EXPECT_LT(worst, 1e-6) << what << " " << whole.units[u].name << "." << p.name
-                               << " tp rank " << r.tp_rank;
+        EXPECT_LT(worst, 1e-6) << what << " " << whole.units[u].name << "." << p.name << " tp rank "
+                               << r.tp_rank;
       }
     }
   }
