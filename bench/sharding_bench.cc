@@ -3,12 +3,15 @@
 // (bench/run_sharding_bench.sh puts the ZeRO stages side by side).
 //
 //   sharding_bench --config gpt2-small|tiny|tiny-llama --world-size N --stage S
-//                  [--prefetch K] [--reshard-after-forward 0|1] [--steps N] [--warmup N]
-//                  [--threads-per-rank T] [--gemm onednn|openblas]
+//                  [--tensor-parallel t] [--prefetch K] [--reshard-after-forward 0|1]
+//                  [--steps N] [--warmup N] [--threads-per-rank T] [--gemm onednn|openblas]
 //
-// Every rank trains the configuration's micro-batch (gpt2-small 4 × 256, as training_bench),
-// so the job trains N times the tokens of one rank per step. --threads-per-rank 0 (default)
-// leaves resources.cpu_threads at 0: the machine's cores divided among the ranks.
+// Every data-parallel rank trains the configuration's micro-batch (gpt2-small 4 × 256, as
+// training_bench), so the job trains N / t times the tokens of one rank per step (the t ranks
+// of a tensor-parallel group share one batch). With t > 1 the line also carries the
+// tensor-parallel bytes each rank should send per step by Megatron's count
+// (tp_comm_bytes_formula_per_step_per_rank, see TensorParallelBytes). --threads-per-rank 0
+// (default) leaves resources.cpu_threads at 0: the machine's cores divided among the ranks.
 //
 // Timing: the ranks meet at a barrier after the warm-up steps and again after the last timed
 // step; tokens_per_s is the job's tokens over the wall time between the two. step_ms is the
@@ -54,6 +57,7 @@ using Clock = std::chrono::steady_clock;
 struct Flags {
   std::string config = "gpt2-small";
   int world_size = 2;
+  int tensor_parallel = 1;
   int stage = 0;
   int prefetch = 1;
   int reshard_after_forward = 1;
@@ -73,6 +77,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     int max;
   };
   const IntFlag ints[] = {{"--world-size", &f.world_size, 1, 1024},
+                          {"--tensor-parallel", &f.tensor_parallel, 1, 1024},
                           {"--stage", &f.stage, 0, 3},
                           {"--prefetch", &f.prefetch, 0, 1024},
                           {"--reshard-after-forward", &f.reshard_after_forward, 0, 1},
@@ -238,6 +243,21 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Bytes one rank of a tensor-parallel group of t sends per step (no activation checkpointing,
+// one micro-batch), as Gloo's ring all-reduce (2(t − 1)/t of the data) and all-gather ((t − 1)
+// times the input) count them: per micro-batch B·T·C elements all-reduced by the embedding,
+// by each block's attention and MLP in the forward (Megatron's g) and again in the backward
+// (f), and by the head's input gradient: (2 + 4L)·B·T·C; the parallel cross-entropy's
+// (Σexp, target logit) pairs, 2·B·T; its row maxima all-gathered, B·T; and the step's
+// statistics, 6·N f32 of the data-parallel group all-gathered over the TP group.
+double TensorParallelBytes(const zerotrain::JobSpec& job, int t, int data_parallel) {
+  const double B = job.train().micro_batch_size(), T = job.data().seq_len();
+  const double C = job.model().d_model(), L = job.model().n_layer();
+  const double all_reduced = (2 + 4 * L) * B * T * C + 2 * B * T;
+  const double gathered = B * T + 6.0 * data_parallel;
+  return 2.0 * (t - 1) / t * 4 * all_reduced + (t - 1) * 4 * gathered;
+}
+
 // The JSON line: job-wide figures first, then one object per rank.
 nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
                       const std::vector<RankResult>& results, double elapsed_s,
@@ -300,6 +320,11 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"impl", "zerotrain"},
       {"config", flags.config},
       {"world_size", world},
+      {"tensor_parallel", flags.tensor_parallel},
+      {"tp_comm_bytes_formula_per_step_per_rank",
+       flags.tensor_parallel > 1 ? nlohmann::json(TensorParallelBytes(
+                                       job, flags.tensor_parallel, world / flags.tensor_parallel))
+                                 : nlohmann::json(nullptr)},
       {"stage", flags.stage},
       {"prefetch", flags.prefetch},
       {"reshard_after_forward", flags.reshard_after_forward == 1},
@@ -309,7 +334,9 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"seq_len", job.data().seq_len()},
       {"warmup_steps", flags.warmup},
       {"timed_steps", flags.steps},
-      {"tokens_per_s", static_cast<double>(world * tokens_per_rank_step * flags.steps) / elapsed_s},
+      {"tokens_per_s",
+       static_cast<double>(world / flags.tensor_parallel * tokens_per_rank_step * flags.steps) /
+           elapsed_s},
       {"step_ms", Median(slowest_step_ms)},
       {"peak_rss_bytes", zt::bench::ProcStatusBytes("VmHWM:")},
       {"baseline_rss_bytes", memory.baseline},
@@ -343,6 +370,7 @@ int main(int argc, char** argv) {
   }
   zerotrain::ParallelConfig* parallel = job.mutable_parallel();
   parallel->set_world_size(flags->world_size);
+  parallel->set_tensor_parallel(flags->tensor_parallel);
   parallel->set_zero_stage(flags->stage);
   parallel->set_prefetch_units(flags->prefetch);
   parallel->set_reshard_after_forward(flags->reshard_after_forward == 1);

@@ -17,6 +17,7 @@
 #include "worker/data/tokenizer.h"
 #include "worker/job/failure_kind.h"
 #include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
 #include "worker/model/text_generation.h"
 #include "worker/trainer.h"
 
@@ -78,7 +79,7 @@ absl::Status RunRank(const zerotrain::JobSpec& job, const TrainFlags& flags, Tra
                  "zt: %s, %lld parameters, %d rank(s), ZeRO stage %d, plan %.1f MiB "
                  "per rank, metrics in %s\n",
                  job.name().empty() ? "job" : job.name().c_str(),
-                 static_cast<long long>(trainer->model().layout().total_numel),
+                 static_cast<long long>(BuildModelLayout(job.model()).total_numel),
                  job.parallel().world_size(), job.parallel().zero_stage(),
                  static_cast<double>(trainer->plan().TotalBytes()) / (1 << 20),
                  options.run_dir.c_str());
@@ -91,8 +92,9 @@ absl::Status RunRank(const zerotrain::JobSpec& job, const TrainFlags& flags, Tra
     if (options.rank == 0) {
       std::vector<const float*> units;
       for (const std::vector<float>& w : *weights) units.push_back(w.data());
+      // FullWeights' units are the whole model's (a tensor-parallel rank's own are shares).
       if (absl::Status s = ExportHuggingFace(flags.export_path, job.model(),
-                                             trainer->model().layout(), units, export_dtype);
+                                             BuildModelLayout(job.model()), units, export_dtype);
           !s.ok()) {
         return s;
       }

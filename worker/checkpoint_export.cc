@@ -145,6 +145,15 @@ absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint) {
         ", zero_stage ", stage, ", shard_group_size ", group,
         ") is invalid: world_size ≥ 1, zero_stage 0–3, shard_group_size dividing world_size"));
   }
+  if (const int tp = int_field("tensor_parallel"); tp > 1) {
+    // Each rank file holds tensor-parallel shares, which these readers would take for ranges
+    // of whole units.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", checkpoint.path(), "' was written at parallel.tensor_parallel ", tp,
+        ": its rank files hold tensor-parallel shares, which export and model.init_from do not "
+        "read yet; export from the training run (zt train --export) or resume it at its own "
+        "layout"));
+  }
   job.mutable_parallel()->set_world_size(world);
   job.mutable_parallel()->set_zero_stage(stage);
   job.mutable_parallel()->set_shard_group_size(group);

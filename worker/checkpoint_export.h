@@ -59,7 +59,8 @@ struct CheckpointExportResult {
 // config, the precision (defaults applied) and the parallel layout (world_size, zero_stage,
 // shard_group_size). FailedPrecondition naming the checkpoint when the state does not record
 // the model or precision (written before manifests did); DataLoss naming it when a field does
-// not parse or the layout is invalid.
+// not parse or the layout is invalid; FailedPrecondition naming it when it was written at
+// tensor_parallel > 1 (its rank files hold tensor-parallel shares, not ranges of whole units).
 absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint);
 
 // Exports `checkpoint` — a checkpoint.dir (the step `latest` names) or one step directory

@@ -18,9 +18,11 @@
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/job/data_paths.h"
+#include "worker/model/tensor_parallel_slice.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/rank_state.h"
 
@@ -85,6 +87,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                                       : RankDevice::Create(job, rank,
                                                                            options.cuda_device));
   const ParallelLayout layout = ParallelLayout::ForJob(job, rank);
+  t->data_size_ = layout.data_size();
+  t->data_rank_ = layout.coordinates().data;
   t->plan_ = PlanMemory(job, layout);
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<ArenaAllocator> allocator, t->device_->TakeAllocator());
   ZT_ASSIGN_OR_RETURN(t->arenas_, Arenas::Create(t->plan_, std::move(allocator)));
@@ -103,7 +107,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->host_targets_ = static_cast<int32_t*>(targets);
   t->host_stop_ = static_cast<float*>(stop);
   t->host_scalars_ = static_cast<float*>(scalars);
-  ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T));
+  ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T,
+                                                       TensorParallelOf(layout, t.get())));
   t->model_.emplace(std::move(m));
   Store* store = options.store;
   if (store == nullptr) {
@@ -216,6 +221,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   return t;
 }
 
+TensorParallelGroup Trainer::TensorParallelOf(const ParallelLayout& layout, Trainer* t) {
+  TensorParallelGroup tp{.size = layout.tensor_size(), .rank = layout.coordinates().tensor};
+  if (tp.size <= 1) return tp;
+  // The communicators connect after the model binds: the collectives find them at their call.
+  auto wait = [t](absl::StatusOr<CommHandle> h) -> absl::Status {
+    ZT_RETURN_IF_ERROR(h.status());
+    return h->Wait();
+  };
+  tp.all_reduce = [t, wait](const Tensor& data, const std::string& label) {
+    return wait(t->comms_.tensor->AllReduce(data, ReduceOp::kSum, label));
+  };
+  tp.all_gather = [t, wait](const Tensor& in, const Tensor& out, const std::string& label) {
+    return wait(t->comms_.tensor->AllGather(in, out, label));
+  };
+  tp.kv_all_reduce = [t, wait](const Tensor& data, const std::string& label) {
+    return wait(t->comms_.tensor_kv->AllReduce(data, ReduceOp::kSum, label));
+  };
+  return tp;
+}
+
 absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
   nlohmann::json planned, in_use;
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
@@ -307,7 +332,9 @@ namespace {
 
 // Sequences per optimizer step over all ranks: what a resumed job must keep.
 int64_t GlobalBatchSequences(const zerotrain::JobSpec& job) {
-  return int64_t{job.parallel().world_size()} * job.train().micro_batch_size() *
+  // The ranks of a tensor-parallel group read the same sequences.
+  const int64_t tp = std::max(1, job.parallel().tensor_parallel());
+  return int64_t{job.parallel().world_size()} / tp * job.train().micro_batch_size() *
          job.train().grad_accum_steps();
 }
 
@@ -328,6 +355,7 @@ absl::Status Trainer::SaveCheckpoint(bool final) {
                           {"world_size", job_.parallel().world_size()},
                           {"zero_stage", job_.parallel().zero_stage()},
                           {"shard_group_size", job_.parallel().shard_group_size()},
+                          {"tensor_parallel", std::max(1, job_.parallel().tensor_parallel())},
                           {"global_batch_sequences", GlobalBatchSequences(job_)},
                           {"model", ProtoJson(job_.model())},
                           {"precision", ProtoJson(job_.precision())},
@@ -431,19 +459,35 @@ absl::Status Trainer::Resume() {
     return (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", r))
         .string();
   };
-  if (saved.parallel().world_size() == parallel.world_size() &&
-      saved.parallel().zero_stage() == parallel.zero_stage() &&
-      saved.parallel().shard_group_size() == parallel.shard_group_size()) {
+  // Each rank's file holds its tensor-parallel shares: with tensor parallelism on either side
+  // and another layout, every buffer is rebuilt from the saved shares
+  // (worker/checkpoint/tensor_parallel_reshard.h).
+  const int saved_tp = state.value("tensor_parallel", 1),
+            tp = std::max(1, parallel.tensor_parallel());
+  saved.mutable_parallel()->set_tensor_parallel(saved_tp);
+  const bool same_layout = saved_tp == tp &&
+                           saved.parallel().world_size() == parallel.world_size() &&
+                           saved.parallel().zero_stage() == parallel.zero_stage() &&
+                           saved.parallel().shard_group_size() == parallel.shard_group_size();
+  const bool layout_valid = [&] {
+    const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
+    return w >= 1 && g >= 1 && saved_tp >= 1 && w % saved_tp == 0 && (w / saved_tp) % g == 0 &&
+           saved.parallel().zero_stage() >= 0 && saved.parallel().zero_stage() <= 3;
+  }();
+  if (!same_layout && !layout_valid) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", ckpt.path(), "': the manifest's parallel layout is invalid"));
+  }
+  if (same_layout) {
     ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
       return ReadRankState(rank_file(options_.rank), plan_, into, weights_only);
     }));
+  } else if (saved_tp > 1 || tp > 1) {
+    ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
+      return ReshardTensorParallelState(saved, rank_file, job_, options_.rank, plan_, into,
+                                        weights_only);
+    }));
   } else {
-    const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
-    if (w < 1 || g < 1 || w % g != 0 || saved.parallel().zero_stage() < 0 ||
-        saved.parallel().zero_stage() > 3) {
-      return absl::DataLossError(absl::StrCat("checkpoint '", ckpt.path(),
-                                              "': the manifest's parallel layout is invalid"));
-    }
     ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
       return ReshardRankState(saved, rank_file, job_, options_.rank, plan_, into, weights_only);
     }));
@@ -529,14 +573,45 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
     ZT_RETURN_IF_ERROR(device_->Download(host.data(), whole.Slice(0, numel)));
     out.push_back(std::move(host));
   }
+  if (comms_.tensor) ZT_RETURN_IF_ERROR(JoinTensorParallelShares(out));
   return out;
+}
+
+absl::Status Trainer::JoinTensorParallelShares(std::vector<std::vector<float>>& units) {
+  // Every TP rank's shares of a unit (equal sizes: the layout is the same on each), gathered
+  // on the host (CPU ranks only), each tensor's slice put in its place; replicated tensors
+  // come from TP rank 0.
+  const int t = comms_.tensor->size();
+  const ModelLayout whole = BuildModelLayout(job_.model());
+  const ModelLayout& local = model_->layout();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t n = static_cast<int64_t>(units[u].size());
+    std::vector<float> all(static_cast<size_t>(n * t));
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        comms_.tensor->AllGather(Tensor(units[u].data(), DType::kF32, {n}),
+                                                 Tensor(all.data(), DType::kF32, {n * t}),
+                                                 local.units[u].name + " shares all-gather"));
+    ZT_RETURN_IF_ERROR(h.Wait());
+    std::vector<float> joined(static_cast<size_t>(whole.units[u].numel), 0.0f);
+    for (int k = 0; k < t; ++k) {
+      for (const ParamSpec& p : local.units[u].params) {
+        const ParamSpec& w = *whole.units[u].Find(p.name);
+        const TensorParallelSlice s = SliceOf(job_.model(), p.name, w.shape, t, k);
+        if (!s.split && k > 0) continue;
+        PlaceSlice(s, all.data() + k * n + p.offset, joined.data() + w.offset);
+      }
+    }
+    units[u] = std::move(joined);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepRecord> Trainer::Step() {
   const auto start = Clock::now();
   const auto& train = job_.train();
   const int64_t accum = train.grad_accum_steps();
-  const int64_t ranks = job_.parallel().world_size();
+  // Data-parallel ranks: each reads its own batches (a tensor-parallel group shares one).
+  const int64_t ranks = data_size_;
   const int64_t tokens_per_micro = model_->batch() * model_->seq_len();
   const CommStats comm_before = engine_->stats();
   const double waited_before = engine_->waited_seconds();
@@ -551,7 +626,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
   double data_wait_s = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    const int64_t global = (step_ * accum + micro) * ranks + options_.rank;
+    const int64_t global = (step_ * accum + micro) * ranks + data_rank_;
     const auto fill_start = Clock::now();
     ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, global));
     data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
@@ -636,11 +711,11 @@ absl::StatusOr<StepRecord> Trainer::Step() {
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_sampler_) return absl::FailedPreconditionError("no data.val to evaluate on");
-  const int64_t ranks = job_.parallel().world_size();
+  const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
   for (int64_t k = 0; k < n; ++k) {
-    ZT_RETURN_IF_ERROR(UploadBatch(*val_sampler_, k * ranks + options_.rank));
+    ZT_RETURN_IF_ERROR(UploadBatch(*val_sampler_, k * ranks + data_rank_));
     ZT_RETURN_IF_ERROR(
         engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = 1.0}));
   }

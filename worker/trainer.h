@@ -159,8 +159,9 @@ class Trainer {
   const Arenas& arenas() const { return *arenas_; }
   Transformer& model() { return *model_; }
   // The whole model's weights in fp32, one vector per unit, on every rank: the master
-  // weights when the parameters are 16-bit, else the parameters, gathered from the shards. A
-  // collective: every rank of the job calls it. What export writes.
+  // weights when the parameters are 16-bit, else the parameters, gathered from the shards
+  // (and, with tensor parallelism, joined from the TP ranks' shares: BuildModelLayout's units,
+  // not model().layout()'s). A collective: every rank of the job calls it. What export writes.
   absl::StatusOr<std::vector<std::vector<float>>> FullWeights();
   // Bytes and seconds of this rank's collectives so far.
   CommStats comm_stats() const { return engine_->stats(); }
@@ -181,6 +182,11 @@ class Trainer {
   absl::Status AppendMetrics(const StepRecord& r);
   // <run_dir>/memory.json: the plan's bytes by category beside the arenas' high-water marks.
   absl::Status WriteMemoryReport(const std::string& path) const;
+  // The model's tensor-parallel group: its collectives run on t's comms_ (connected after the
+  // model binds).
+  static TensorParallelGroup TensorParallelOf(const ParallelLayout& layout, Trainer* t);
+  // FullWeights of a tensor-parallel rank: its units (its shares) become the whole model's.
+  absl::Status JoinTensorParallelShares(std::vector<std::vector<float>>& units);
   // Sets the weights from the initialisation or the imported checkpoint: each rank its ranges.
   absl::Status InitializeWeights();
   // Saves the step just taken into checkpoint.dir (every rank takes part; worker/
@@ -236,6 +242,9 @@ class Trainer {
   std::optional<TokenStream> train_data_, val_data_;
   std::optional<Sampler> train_sampler_, val_sampler_;
   int64_t step_ = 0;  // optimizer steps done
+  // The rank's data-parallel group (ParallelLayout): its members read different batches, the
+  // ranks of a tensor-parallel group the same one.
+  int data_size_ = 1, data_rank_ = 0;
   bool stopped_early_ = false;
   // Whether the last save begun was a final one (its outcome comes from Finish() when async).
   bool last_save_final_ = false;

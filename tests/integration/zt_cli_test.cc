@@ -187,5 +187,27 @@ TEST_F(ZtCliTest, ExportThenImportRoundTripsBitForBit) {
   }
 }
 
+TEST_F(ZtCliTest, TensorParallelTrainingExportsTheWholeModel) {
+  // Two ranks at tensor_parallel 2 (one KV head, replicated on both): the export is the whole
+  // model's, laid out as a one-rank run's, and loads back bit for bit.
+  const std::string tp = "parallel:\n  world_size: 2\n  tensor_parallel: 2\n";
+  const std::string job = WriteJob("tp.yaml", "  n_kv_head: 1\n", "", tp);
+  Edit(job, "GPT2", "LLAMA");
+  RunResult r = RunZt("train " + job + " --quiet --export " + Path("tp.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string one = WriteJob("one.yaml", "  n_kv_head: 1\n");
+  Edit(one, "GPT2", "LLAMA");
+  r = RunZt("train " + one + " --quiet --export " + Path("one.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(std::filesystem::file_size(Path("tp.safetensors")),
+            std::filesystem::file_size(Path("one.safetensors")));
+  const std::string back =
+      WriteJob("back.yaml", "  n_kv_head: 1\n  init_from: " + Path("tp.safetensors") + "\n");
+  Edit(back, "GPT2", "LLAMA");
+  r = RunZt("train " + back + " --quiet --steps 0 --export " + Path("back.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadBytes(Path("tp.safetensors")), ReadBytes(Path("back.safetensors")));
+}
+
 }  // namespace
 }  // namespace zt

@@ -517,15 +517,37 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         "so leave reduce_dtype unset or equal to grad_dtype"));
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
-  // (issue 18); the step loop does not run them yet.
+  // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
+  // in f32, under every ZeRO stage, and not pipeline or sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
-  for (const auto& [field, degree] :
-       {std::pair{"parallel.tensor_parallel", parallel.tensor_parallel()},
-        std::pair{"parallel.pipeline_parallel", parallel.pipeline_parallel()}}) {
-    if (degree > 1) {
-      lines.push_back(absl::StrCat(field, ": ", degree,
-                                   " is planned by zt estimate but this engine does not train "
-                                   "with it yet; set it to 1 to train"));
+  if (parallel.pipeline_parallel() > 1) {
+    lines.push_back(absl::StrCat("parallel.pipeline_parallel: ", parallel.pipeline_parallel(),
+                                 " is planned by zt estimate but this engine does not train "
+                                 "with it yet; set it to 1 to train"));
+  }
+  if (const int tp = parallel.tensor_parallel(); tp > 1) {
+    const auto needs = [&](const std::string& what) {
+      lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " trains ", what, " so far"));
+    };
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
+    }
+    using P = zerotrain::PrecisionConfig;
+    if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
+        precision.grad_dtype() != P::FP32) {
+      needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
+    }
+    if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
+      needs("without offload.optimizer");
+    }
+    if (!spec.model().init_from().empty()) {
+      needs("from its own initialisation (model.init_from reads whole tensors, not shares)");
+    }
+    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
+      // Its column statistics would cover a rank's rows only: they need a sum over the group.
+      needs(
+          "with optimizer.type ADAMW, ADAMW_8BIT or SGD (Adafactor's factored statistics "
+          "are not summed over the tensor-parallel group)");
     }
   }
   if (parallel.sequence_parallel()) {

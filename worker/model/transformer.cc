@@ -15,7 +15,10 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/status_macros.h"
+#include "kernels/tensor_parallel.h"
+#include "worker/model/tensor_parallel_slice.h"
 #include "worker/plan/lora_plan.h"
+#include "worker/plan/parallel_plan.h"
 
 namespace zt {
 namespace {
@@ -62,18 +65,44 @@ void FillNormalRange(float* out, int64_t n, int64_t begin, int64_t end, float st
 absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& config,
                                               const Arenas& state, const Arenas& work,
                                               int64_t batch, int64_t seq_len) {
+  return Bind(config, state, work, batch, seq_len, TensorParallelGroup{});
+}
+
+absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& config,
+                                              const Arenas& state, const Arenas& work,
+                                              int64_t batch, int64_t seq_len,
+                                              TensorParallelGroup tp) {
   Transformer m;
   m.config_ = config;
-  m.layout_ = BuildModelLayout(config);
+  const int t = std::max(1, tp.size);
+  if (t > 1) {
+    if (config.has_lora() || config.base_dtype() == zerotrain::ModelConfig::NF4 ||
+        config.base_dtype() == zerotrain::ModelConfig::INT8) {
+      return absl::UnimplementedError(
+          "tensor parallelism trains the whole model: no model.lora, no quantized "
+          "model.base_dtype");
+    }
+    if (!tp.all_reduce || !tp.all_gather || (config.n_kv_head() < t && !tp.kv_all_reduce)) {
+      return absl::InvalidArgumentError(
+          "a tensor-parallel model needs the group's all_reduce and all_gather (and "
+          "kv_all_reduce when n_kv_head < tensor_parallel)");
+    }
+  }
+  m.tp_ = std::move(tp);
+  m.tp_.size = t;
+  m.layout_ = t > 1 ? TensorParallelModelLayout(config, t) : BuildModelLayout(config);
+  if (t > 1) m.whole_layout_ = BuildModelLayout(config);
   m.gpt2_ = config.family() == zerotrain::ModelConfig::GPT2;
   m.B_ = batch;
   m.T_ = seq_len;
   m.C_ = config.d_model();
-  m.H_ = config.n_head();
-  m.Hkv_ = config.n_kv_head();
-  m.D_ = m.C_ / m.H_;
-  m.F_ = config.d_ff();
-  m.V_ = config.vocab_size();
+  m.D_ = m.C_ / config.n_head();
+  m.H_ = config.n_head() / t;
+  m.Hkv_ = config.n_kv_head() >= t ? config.n_kv_head() / t : 1;
+  m.F_ = config.d_ff() / t;
+  m.V_ = (config.vocab_size() + t - 1) / t;
+  m.vocab_begin_ = std::min<int64_t>(config.vocab_size(), m.tp_.rank * m.V_);
+  m.vocab_valid_ = std::min<int64_t>(config.vocab_size() - m.vocab_begin_, m.V_);
 
   // Gradients are bound when both the state has them and the workspace has the backward's
   // scratch: an inference plan over trained parameters has neither need.
@@ -167,6 +196,13 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
   ZT_ASSIGN_OR_RETURN(m.tokens_, work.Get("tokens"));
   ZT_ASSIGN_OR_RETURN(m.targets_, work.Get("targets"));
   ZT_ASSIGN_OR_RETURN(m.logits_, work.Get("logits"));
+  if (t > 1) {
+    ZT_ASSIGN_OR_RETURN(m.ce_maxes_, work.Get("tp.ce_maxes"));
+    ZT_ASSIGN_OR_RETURN(m.ce_sums_, work.Get("tp.ce_sums"));
+    for (int i = 0; i < config.n_layer(); ++i) {
+      m.kv_ranges_.push_back(ReplicatedKvRanges(config, m.layout_.block(i), t, m.tp_.rank));
+    }
+  }
   if (m.layout_.lora) {
     ZT_ASSIGN_OR_RETURN(m.lora_.out, work.Get("lora.out"));
     ZT_ASSIGN_OR_RETURN(m.lora_.dout, work.Get("lora.dout"));
@@ -219,8 +255,38 @@ void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64
       std::fill(data, data + (hi - lo), 1.0f);
     } else if (p.shape.size() == 1) {
       std::fill(data, data + (hi - lo), 0.0f);  // biases
+    } else if (tp_.size > 1) {
+      FillInitialSlice(seed, unit, p, lo - p.offset, hi - p.offset, data);
     } else {
       FillInitialMatrix(seed, unit, p, lo - p.offset, hi - p.offset, data);
+    }
+  }
+}
+
+void Transformer::FillInitialSlice(uint64_t seed, const UnitLayout& unit, const ParamSpec& p,
+                                   int64_t begin, int64_t end, float* out) const {
+  const UnitLayout& whole_unit = whole_layout_.units[&unit - layout_.units.data()];
+  const ParamSpec& whole = *whole_unit.Find(p.name);
+  const TensorParallelSlice s = SliceOf(config_, p.name, whole.shape, tp_.size, tp_.rank);
+  std::fill(out, out + (end - begin), 0.0f);  // padding rows
+  const int64_t lc = s.local_cols, gc = s.global_cols;
+  std::vector<float> rows;
+  for (const TensorParallelSlice::Rows& run : s.rows) {
+    // The run's local rows that overlap [begin, end), generated as whole rows of the whole
+    // tensor's stream (a row-parallel weight's rows are P times wider than the slice's).
+    const int64_t first = std::max(run.local_begin, begin / lc);
+    const int64_t last = std::min(run.local_begin + run.count, (end + lc - 1) / lc);
+    if (first >= last) continue;
+    const int64_t g0 = run.global_begin + (first - run.local_begin);
+    rows.resize((last - first) * gc);
+    FillInitialMatrix(seed, whole_unit, whole, g0 * gc, (g0 + last - first) * gc, rows.data());
+    for (int64_t r = first; r < last; ++r) {
+      for (int64_t c = 0; c < lc; ++c) {
+        const int64_t local = r * lc + c;
+        if (local >= begin && local < end) {
+          out[local - begin] = rows[(r - first) * gc + s.col_begin + c];
+        }
+      }
     }
   }
 }
@@ -234,8 +300,34 @@ void Transformer::FillInitialMatrix(uint64_t seed, const UnitLayout& unit, const
                   absl::StrCat(unit.name, ".", p.name));
 }
 
+absl::Status Transformer::TpAllReduce(const Tensor& t, const std::string& label) {
+  if (tp_.size <= 1) return absl::OkStatus();
+  return tp_.all_reduce(t, label);
+}
+
+absl::Status Transformer::ReduceReplicatedKvGrads(int i, const Tensor& grads) {
+  if (tp_.size <= 1) return absl::OkStatus();
+  for (const auto& [begin, end] : kv_ranges_[i]) {
+    ZT_RETURN_IF_ERROR(tp_.kv_all_reduce(grads.Slice(begin, end),
+                                         absl::StrCat(layout_.block(i).name, " kv all-reduce")));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tensor& params) {
   const UnitLayout& u = layout_.embedding();
+  if (tp_.size > 1) {
+    // Each rank looks up the tokens of its vocabulary rows (zero elsewhere); rank 0 adds the
+    // positions, so the group's sum is the whole table's embedding.
+    const Tensor out = residual_[0].Reshape({B_, T_, C_});
+    ZT_RETURN_IF_ERROR(
+        VocabShardEmbeddingForward(ctx, {.tokens = tokens_,
+                                         .wte = View(u, params, "wte"),
+                                         .wpe = tp_.rank == 0 ? View(u, params, "wpe") : Tensor(),
+                                         .vocab_begin = vocab_begin_,
+                                         .out = out}));
+    return TpAllReduce(residual_[0], "embedding all-reduce");
+  }
   return zt::EmbeddingForward(ctx, {.tokens = tokens_,
                                     .wte = View(u, params, "wte"),
                                     .wpe = View(u, params, "wpe"),
@@ -291,8 +383,18 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
                                        .theta = config_.rope_theta()}));
   }
   ZT_RETURN_IF_ERROR(AttentionCore(ctx, a));
-  ZT_RETURN_IF_ERROR(
-      BlockLinearForward(ctx, i, params, "attn.proj.weight", "attn.proj.bias", a.atty, a.res2));
+  // Row-parallel under tensor parallelism: the ranks' partial products are summed (Megatron's
+  // g), then the bias is added once.
+  const bool tp = tp_.size > 1;
+  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "attn.proj.weight",
+                                        tp ? "" : "attn.proj.bias", a.atty, a.res2));
+  if (tp) {
+    ZT_RETURN_IF_ERROR(TpAllReduce(a.res2, absl::StrCat(u.name, " attention all-reduce")));
+    if (gpt2_) {
+      ZT_RETURN_IF_ERROR(
+          AddRowBias(ctx, {.out = a.res2, .bias = View(u, params, "attn.proj.bias")}));
+    }
+  }
   ZT_RETURN_IF_ERROR(Add(ctx, a.res2, x, a.res2));  // res2 = x + attn(x)
 
   // MLP branch: res2 -> ln2 -> fc -> gelu | swiglu -> proj, added to res2.
@@ -316,8 +418,14 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
   ZT_RETURN_IF_ERROR(MlpActivation(ctx, a));
   // A recompute for the backward stops here: the block's output is kept already.
   if (!write_output) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(
-      BlockLinearForward(ctx, i, params, "mlp.proj.weight", "mlp.proj.bias", a.fch_act, out));
+  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "mlp.proj.weight",
+                                        tp ? "" : "mlp.proj.bias", a.fch_act, out));
+  if (tp) {
+    ZT_RETURN_IF_ERROR(TpAllReduce(out, absl::StrCat(u.name, " mlp all-reduce")));
+    if (gpt2_) {
+      ZT_RETURN_IF_ERROR(AddRowBias(ctx, {.out = out, .bias = View(u, params, "mlp.proj.bias")}));
+    }
+  }
   return Add(ctx, out, a.res2, out);  // out = res2 + mlp(res2)
 }
 
@@ -360,11 +468,15 @@ absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& param
     const Tensor logits = logits_.Slice(0, r1 - r0);
     const Tensor lnf = lnf_.Slice(r0, r1);
     ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = lnf, .weight = w, .out = logits}));
-    ZT_RETURN_IF_ERROR(SoftmaxCrossEntropy(ctx, {.logits = logits,
-                                                 .targets = targets.Slice(r0, r1),
-                                                 .losses = losses_.Slice(r0, r1),
-                                                 .grad_scale = options.grad_scale,
-                                                 .write_grad = options.write_grad}));
+    if (tp_.size > 1) {
+      ZT_RETURN_IF_ERROR(ParallelCrossEntropy(ctx, logits, targets, r0, r1, options));
+    } else {
+      ZT_RETURN_IF_ERROR(SoftmaxCrossEntropy(ctx, {.logits = logits,
+                                                   .targets = targets.Slice(r0, r1),
+                                                   .losses = losses_.Slice(r0, r1),
+                                                   .grad_scale = options.grad_scale,
+                                                   .write_grad = options.write_grad}));
+    }
     if (options.write_grad && dw.empty()) {
       // A frozen head (LoRA): only dL/d(norm output) = dlogits · W.
       ZT_RETURN_IF_ERROR(Gemm(ctx, logits, w, grad_.ln.Slice(r0, r1), {}));
@@ -376,12 +488,45 @@ absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& param
                                               .dweight = dw}));
     }
   }
+  // The head's input gradient is the sum of the ranks' vocabulary shares' (Megatron's f).
+  if (options.write_grad) ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, "head all-reduce"));
   if (options.loss_sum.empty()) return absl::OkStatus();
   // Mean over the valid targets of this micro-batch, summed in double in a fixed order.
   return AccumulateMeanLoss(ctx, {.losses = losses_,
                                   .targets = targets,
                                   .divisor = options.loss_divisor,
                                   .sum = options.loss_sum});
+}
+
+absl::Status Transformer::ParallelCrossEntropy(const DeviceContext& ctx, const Tensor& logits,
+                                               const Tensor& targets, int64_t r0, int64_t r1,
+                                               const LossOptions& options) {
+  // Three passes around two collectives, so that no rank ever holds another's logits: the row
+  // maxima are gathered, the sums of exp(logit − max) and the target's logit (from the rank
+  // that owns it) are summed, then each rank finishes the loss and its columns' gradient.
+  const int64_t rows = r1 - r0, P = tp_.size;
+  const Tensor maxes = ce_maxes_.Reshape({ce_maxes_.numel()}).Slice(0, P * rows).Reshape({P, rows});
+  const Tensor mine = maxes.Reshape({P * rows}).Slice(tp_.rank * rows, (tp_.rank + 1) * rows);
+  const Tensor sums = ce_sums_.Reshape({ce_sums_.numel()}).Slice(0, 2 * rows).Reshape({rows, 2});
+  const Tensor row_targets = targets.Slice(r0, r1);
+  ZT_RETURN_IF_ERROR(VocabShardRowMax(ctx, {.logits = logits, .valid = vocab_valid_, .max = mine}));
+  ZT_RETURN_IF_ERROR(tp_.all_gather(mine, maxes.Reshape({P * rows}), "head logit maxima"));
+  ZT_RETURN_IF_ERROR(VocabShardExpSum(ctx, {.logits = logits,
+                                            .valid = vocab_valid_,
+                                            .maxes = maxes,
+                                            .targets = row_targets,
+                                            .vocab_begin = vocab_begin_,
+                                            .sums = sums}));
+  ZT_RETURN_IF_ERROR(TpAllReduce(sums, "head softmax sums"));
+  return VocabShardCrossEntropy(ctx, {.logits = logits,
+                                      .valid = vocab_valid_,
+                                      .maxes = maxes,
+                                      .sums = sums,
+                                      .targets = row_targets,
+                                      .vocab_begin = vocab_begin_,
+                                      .losses = losses_.Slice(r0, r1),
+                                      .grad_scale = options.grad_scale,
+                                      .write_grad = options.write_grad});
 }
 
 absl::Status Transformer::ForwardToHead(const DeviceContext& ctx) {
@@ -393,6 +538,11 @@ absl::Status Transformer::ForwardToHead(const DeviceContext& ctx) {
 }
 
 absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
+  if (tp_.size > 1) {
+    return absl::UnimplementedError(
+        "forward to logits (sampling) on a tensor-parallel model: each rank holds a vocabulary "
+        "shard of the logits; sample from a one-rank model");
+  }
   if (logits_.dim(0) != B_ * T_) {
     return absl::FailedPreconditionError(
         "forward to logits needs a plan with a logit for every position (PlanInference); a "
@@ -473,6 +623,8 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
   }
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "mlp.fc.weight", "mlp.fc.bias",
                                          grad_.fch, a.ln2, grad_.ln));
+  // Column-parallel input: the ranks' shares of dL/d(ln2 output) sum (Megatron's f backward).
+  ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, absl::StrCat(u.name, " mlp backward all-reduce")));
   if (gpt2_) {
     ZT_RETURN_IF_ERROR(LayerNormBackward(ctx, {.dout = grad_.ln,
                                                .inp = a.res2,
@@ -514,6 +666,7 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
   }
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.qkv.weight", "attn.qkv.bias",
                                          grad_.qkv, a.ln1, grad_.ln));
+  ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, absl::StrCat(u.name, " attention backward all-reduce")));
   if (gpt2_) {
     return LayerNormBackward(ctx, {.dout = grad_.ln,
                                    .inp = x,
@@ -537,6 +690,15 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
 absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads) {
   const UnitLayout& u = layout_.embedding();
   if (!u.trainable()) return absl::OkStatus();  // a frozen embedding has no gradient to take
+  if (tp_.size > 1) {
+    // dL/d(embedding output) is whole on every rank: each takes its vocabulary rows, and every
+    // rank the positions' (replicated) gradient.
+    return VocabShardEmbeddingBackward(ctx, {.tokens = tokens_,
+                                             .dout = grad_.residual.Reshape({B_, T_, C_}),
+                                             .dwte = View(u, grads, "wte"),
+                                             .dwpe = View(u, grads, "wpe"),
+                                             .vocab_begin = vocab_begin_});
+  }
   return zt::EmbeddingBackward(ctx, {.tokens = tokens_,
                                      .dout = grad_.residual.Reshape({B_, T_, C_}),
                                      .dwte = View(u, grads, "wte"),

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,21 @@
 
 namespace zt {
 
+// The model's place in a tensor-parallel group (Megatron-LM, Shoeybi et al. 2019) and the
+// group's blocking collectives, which the caller builds from its communicators (size 1: none
+// are called). Each returns once the operation has finished, and labels name the unit.
+struct TensorParallelGroup {
+  int size = 1;
+  int rank = 0;
+  // data (n) on every rank becomes the sum over the group, in place.
+  std::function<absl::Status(const Tensor& data, const std::string& label)> all_reduce;
+  // in (n) from every rank into out (size · n), rank k's at chunk k.
+  std::function<absl::Status(const Tensor& in, const Tensor& out, const std::string& label)>
+      all_gather;
+  // Sum over the ranks that share this rank's KV head (n_kv_head < size only).
+  std::function<absl::Status(const Tensor& data, const std::string& label)> kv_all_reduce;
+};
+
 class Transformer {
  public:
   // Binds the model to its buffers: "<unit>.params" (and "<unit>.grads" when `state` has
@@ -45,6 +61,23 @@ class Transformer {
   // Both may be the same Arenas. The arenas must outlive the model.
   static absl::StatusOr<Transformer> Bind(const zerotrain::ModelConfig& config, const Arenas& state,
                                           const Arenas& work, int64_t batch, int64_t seq_len);
+  // A tensor-parallel rank's model (tp.size > 1): its buffers are the rank's shares
+  // (TensorParallelModelLayout, worker/plan/parallel_plan.h, the plan's RankModelLayout) and
+  // each block runs Megatron's split: qkv and mlp.fc column-parallel, attn.proj and mlp.proj
+  // row-parallel (one all-reduce after each in the forward, their biases added once after it;
+  // one after each branch's first linear in the backward), the embedding and the head
+  // vocabulary-parallel with a parallel cross-entropy that never gathers the logits. Norms,
+  // positions and row-parallel biases are whole on every rank, and so are their gradients.
+  // Needs f32 parameters and activations, no LoRA, no NF4 base.
+  static absl::StatusOr<Transformer> Bind(const zerotrain::ModelConfig& config, const Arenas& state,
+                                          const Arenas& work, int64_t batch, int64_t seq_len,
+                                          TensorParallelGroup tp);
+  const TensorParallelGroup& tensor_parallel() const { return tp_; }
+  // With KV heads replicated over the group (n_kv_head < tp.size), block i's K and V rows of
+  // attn.qkv hold the gradient of this rank's query heads only: sums them over the ranks
+  // sharing each KV head, in `grads` (the block's accumulated gradient). Nothing otherwise.
+  // The step loop calls it once per step, before the data-parallel reduction.
+  absl::Status ReduceReplicatedKvGrads(int i, const Tensor& grads);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t batch() const { return B_; }
@@ -186,9 +219,26 @@ class Transformer {
   absl::Status AttentionCore(const DeviceContext& ctx, const BlockActs& a);
   absl::Status MlpActivation(const DeviceContext& ctx, const BlockActs& a);
 
+  // Sums `t` over the tensor-parallel group (nothing at size 1).
+  absl::Status TpAllReduce(const Tensor& t, const std::string& label);
+  // The vocabulary-parallel head's loss for rows [r0, r1) whose logits are in `logits`.
+  absl::Status ParallelCrossEntropy(const DeviceContext& ctx, const Tensor& logits,
+                                    const Tensor& targets, int64_t r0, int64_t r1,
+                                    const LossOptions& options);
+  // InitializeUnitRange's values of split tensor p: the whole tensor's stream, the rank's
+  // slice kept, local elements [begin, end).
+  void FillInitialSlice(uint64_t seed, const UnitLayout& unit, const ParamSpec& p, int64_t begin,
+                        int64_t end, float* out) const;
+
   zerotrain::ModelConfig config_;
   ModelLayout layout_;
+  ModelLayout whole_layout_;  // the one-rank model's (tensor-parallel only)
+  TensorParallelGroup tp_;
+  int64_t vocab_begin_ = 0, vocab_valid_ = 0;  // this rank's vocabulary rows
+  Tensor ce_maxes_, ce_sums_;                  // the parallel cross-entropy's row statistics
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> kv_ranges_;  // per block
   bool gpt2_ = true;
+  // H_, Hkv_, F_, V_ are this rank's shares under tensor parallelism.
   int64_t B_ = 0, T_ = 0, C_ = 0, H_ = 0, Hkv_ = 0, D_ = 0, F_ = 0, V_ = 0;
 
   std::vector<Tensor> params_, grads_;

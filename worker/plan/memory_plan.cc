@@ -300,7 +300,10 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     add("grad.shard.0", MemoryCategory::kCommunication, grad_dtype, largest_shard);
     add("grad.shard.1", MemoryCategory::kCommunication, grad_dtype, largest_shard);
   }
-  add("comm.scalars", MemoryCategory::kCommunication, DType::kF32, 6 * geometry.world_size);
+  // One block of 6 slots per data-parallel rank, and one such block per tensor-parallel rank
+  // (the step's statistics are gathered over both: ShardingEngine::ExchangeStatistics).
+  add("comm.scalars", MemoryCategory::kCommunication, DType::kF32,
+      6 * geometry.world_size * place.tensor_size());
   const ConversionBufferSizes conversion = ConversionBuffers(job, place);
   // Gloo converts 16-bit data on the host: a GPU rank's (staged) conversion buffers are pinned.
   const MemoryCategory convert_category =

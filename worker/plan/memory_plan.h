@@ -146,7 +146,7 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      head needs the embedding's weights: it stays gathered for the step)
 //   "<u>.gathered"     S = 3 without reshard_after_forward: every unit, gathered from its
 //                      forward to its backward
-//   "comm.scalars"     6·N f32: each rank's loss, gradient norm and overflow flag, gathered
+//   "comm.scalars"     6·N·tp f32: each rank's loss, gradient norm and overflow flag, gathered
 //                      once per step
 //   "checkpoint.staging"  checkpoint.async (pinned_host): the checkpointed buffers, each
 //                      aligned, copied at a save point and written in the background

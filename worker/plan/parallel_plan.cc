@@ -297,6 +297,13 @@ std::vector<BufferSpec> RankWorkspaceTable(const zerotrain::JobSpec& job,
     if (b.name == "logits") {
       if (!has_head) continue;
       b.shape[1] = CeilDiv(b.shape[1], tp);
+      if (tp > 1) {
+        // The parallel cross-entropy's per-row statistics of one loss chunk: every rank's
+        // row maxima (all-gathered) and the (Σexp, target logit) pairs (all-reduced).
+        const int64_t rows = b.shape[0];
+        mine.push_back({"tp.ce_maxes", MemoryCategory::kWorkspace, DType::kF32, {tp, rows}});
+        mine.push_back({"tp.ce_sums", MemoryCategory::kWorkspace, DType::kF32, {rows, 2}});
+      }
     } else if (absl::StartsWith(b.name, "grad.") && role != "residual" && role != "ln") {
       if (!holds_blocks) continue;
       DivideActivation(b, job.model(), tp, /*sequence=*/false);

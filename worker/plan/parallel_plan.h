@@ -77,7 +77,8 @@ std::vector<BufferSpec> RankActivationTable(const zerotrain::JobSpec& job,
                                             const ParallelLayout& layout, int64_t batch,
                                             int64_t seq_len, DType compute);
 
-// WorkspaceTable for the rank: logits only on the head's stage (vocabulary-parallel width),
+// WorkspaceTable for the rank: logits only on the head's stage (vocabulary-parallel width, and
+// with tp > 1 the parallel cross-entropy's "tp.ce_maxes" (tp, rows) and "tp.ce_sums" (rows, 2)),
 // the gradient scratch at its tensor-parallel width. "gemm_workspace" stays the whole model's
 // (an upper bound: a GEMM of a tensor-parallel share needs no more).
 std::vector<BufferSpec> RankWorkspaceTable(const zerotrain::JobSpec& job,

@@ -90,6 +90,18 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
     ZT_ASSIGN_OR_RETURN(comms.replicas, connect(absl::StrCat(group, "replica.", g.group_rank()),
                                                 g.group(), g.groups(), replicas));
   }
+  const int t = layout.tensor_size();
+  if (t > 1) {
+    const int tp_rank = layout.coordinates().tensor;
+    const std::string tensor = absl::StrCat("tensor.", layout.rank() / t);
+    ZT_ASSIGN_OR_RETURN(comms.tensor, connect(tensor, tp_rank, t, Conversion{}));
+    const int kv_heads = job.model().n_kv_head();
+    if (kv_heads >= 1 && kv_heads < t) {  // a validated job has n_kv_head ≥ 1
+      const int share = t / kv_heads;     // ranks per KV head
+      ZT_ASSIGN_OR_RETURN(comms.tensor_kv, connect(absl::StrCat(tensor, ".kv.", tp_rank / share),
+                                                   tp_rank % share, share, Conversion{}));
+    }
+  }
   return comms;
 }
 

@@ -7,6 +7,9 @@
 // (tp · pp > 1) each name starts "data.<i>." (i = layout.DataGroupIndex()). Every rank connects
 // them in that order, so ranks never wait on a group whose members are still connecting to
 // another.
+// With tensor_parallel t > 1 the rank also joins "tensor.<j>", the t consecutive ranks of its
+// TP group (j = rank / t: TP is innermost), and when n_kv_head < t "tensor.<j>.kv.<k>", the
+// t / n_kv_head ranks of that group that share KV head k (Megatron-LM's layout).
 #pragma once
 
 #include <cstdint>
@@ -26,11 +29,13 @@ namespace zt {
 
 struct RankCommunicators {
   std::unique_ptr<Communicator> world, shard_group, replicas;
+  std::unique_ptr<Communicator> tensor, tensor_kv;  // tensor_parallel > 1 only
 
   ShardComms view() const {
     return {.world = world.get(),
             .shard_group = shard_group ? shard_group.get() : world.get(),
-            .replicas = replicas.get()};
+            .replicas = replicas.get(),
+            .tensor = tensor.get()};
   }
 };
 

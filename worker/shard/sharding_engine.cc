@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "kernels/status_macros.h"
+#include "worker/model/tensor_parallel_slice.h"
 
 namespace zt {
 namespace {
@@ -54,6 +55,16 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   const ModelLayout& layout = model->layout();
   e->tied_ = layout.tied_embeddings;
   const ShardGeometry& g = e->geometry_;
+  e->tp_size_ = place.tensor_size();
+  e->tp_rank_ = place.coordinates().tensor;
+  if (e->tp_size_ > 1) {
+    if (comms.tensor == nullptr || comms.tensor->size() != e->tp_size_ ||
+        comms.tensor->rank() != e->tp_rank_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharding engine: the tensor-parallel communicator must have ", e->tp_size_,
+                       " ranks, this one ", e->tp_rank_));
+    }
+  }
   if (comms.world == nullptr || comms.world->size() != g.world_size ||
       comms.world->rank() != g.rank) {
     return absl::InvalidArgumentError(
@@ -109,6 +120,22 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         e->norm_views_.push_back(e->grad_views_.back());
         break;
     }
+  }
+  if (e->tp_size_ > 1) {
+    // Each element of the model once over the TP group (replicated tensors on TP rank 0).
+    std::vector<Tensor> counted;
+    for (int u = 0; u < n_units; ++u) {
+      // As without tensor parallelism: each DP member counts its shard's range, which at
+      // stages 2–3 is the whole of its gradient buffer (the shard starts at its offset 0).
+      const FlatRange norm = e->shards_[u].owned;
+      const int64_t base = e->stage_ >= 2 ? norm.begin : 0;
+      for (const auto& [begin, end] :
+           NormCountedRanges(job.model(), layout.units[u], e->tp_size_, e->tp_rank_)) {
+        const int64_t lo = std::max(begin, norm.begin), hi = std::min(end, norm.end);
+        if (lo < hi) counted.push_back(Flat(e->grads_[u], lo - base, hi - lo));
+      }
+    }
+    e->norm_views_ = std::move(counted);
   }
   e->bucket_elements_ = job.parallel().bucket_bytes() / DTypeSize(e->grads_[0].dtype());
   e->pending_.resize(n_units);
@@ -360,6 +387,7 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
     ZT_ASSIGN_OR_RETURN(Tensor g, GradTarget(ctx, 1 + i));
     ZT_RETURN_IF_ERROR(m.BlockBackward(ctx, i, p, g));
     ZT_RETURN_IF_ERROR(FinishUse());
+    if (last) ZT_RETURN_IF_ERROR(m.ReduceReplicatedKvGrads(i, g));
     if (last) ZT_RETURN_IF_ERROR(GradientReady(1 + i));
   }
   if (!tied_) {
@@ -395,12 +423,12 @@ absl::Status ShardingEngine::ForwardLoss(const DeviceContext& ctx,
 }
 
 absl::Status ShardingEngine::BeginStatistics(const DeviceContext& ctx) {
-  return Zero(ctx, Flat(scalars_, kScalarSlots * geometry_.rank, kScalarSlots));
+  return Zero(ctx, Flat(scalars_, MySlots(), kScalarSlots));
 }
 
 absl::Status ShardingEngine::AccumulateGradientStatistics(const DeviceContext& ctx,
                                                           bool check_finite) {
-  const int64_t mine = kScalarSlots * geometry_.rank;
+  const int64_t mine = MySlots();
   const Tensor sum_sq = Flat(scalars_, mine + 2, 2);
   const Tensor nonfinite = Flat(scalars_, mine + 4, 1);
   for (const Tensor& g : norm_views_) {
@@ -412,11 +440,17 @@ absl::Status ShardingEngine::AccumulateGradientStatistics(const DeviceContext& c
 }
 
 absl::Status ShardingEngine::ExchangeStatistics() {
-  const int N = geometry_.world_size;
-  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.world->AllGather(
-                                        Flat(scalars_, kScalarSlots * geometry_.rank, kScalarSlots),
-                                        Flat(scalars_, 0, kScalarSlots * N), "step totals"));
+  const int64_t block = kScalarSlots * geometry_.world_size;
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.world->AllGather(Flat(scalars_, MySlots(), kScalarSlots),
+                                                            Flat(scalars_, tp_rank_ * block, block),
+                                                            "step totals"));
   std::vector<CommHandle> handles = {h};
+  ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  if (tp_size_ <= 1) return absl::OkStatus();
+  ZT_ASSIGN_OR_RETURN(h, comms_.tensor->AllGather(Flat(scalars_, tp_rank_ * block, block),
+                                                  Flat(scalars_, 0, block * tp_size_),
+                                                  "step totals (tensor-parallel)"));
+  handles = {h};
   return WaitAll(handles, &waited_s_);
 }
 
@@ -424,12 +458,15 @@ StepTotals ShardingEngine::Totals(const float* all, double loss_divisor) const {
   const int N = geometry_.world_size, G = geometry_.group_size;
   StepTotals t;
   const int group_first = geometry_.group() * G;
-  for (int r = 0; r < N; ++r) {
-    const float* slots = all + kScalarSlots * r;
-    t.loss_sum += GetDouble(slots) / loss_divisor;
-    if (r >= group_first && r < group_first + G) t.grad_sum_sq += GetDouble(slots + 2);
-    t.nonfinite |= slots[4] != 0.0f;
-    t.stop_request = std::max(t.stop_request, static_cast<int>(slots[5]));
+  for (int k = 0; k < tp_size_; ++k) {
+    for (int r = 0; r < N; ++r) {
+      const float* slots = all + kScalarSlots * (int64_t{k} * N + r);
+      // Every TP rank's loss is the same: one block's.
+      if (k == 0) t.loss_sum += GetDouble(slots) / loss_divisor;
+      if (r >= group_first && r < group_first + G) t.grad_sum_sq += GetDouble(slots + 2);
+      t.nonfinite |= slots[4] != 0.0f;
+      t.stop_request = std::max(t.stop_request, static_cast<int>(slots[5]));
+    }
   }
   return t;
 }
@@ -486,6 +523,7 @@ CommStats ShardingEngine::stats() const {
   };
   add(comms_.shard_group);
   add(comms_.replicas);
+  add(comms_.tensor);
   return total;
 }
 

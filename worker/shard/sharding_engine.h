@@ -25,6 +25,11 @@
 // gradient, so at stage 3 the embedding stays gathered (in its own buffer) from its forward
 // to its backward, and at stages 2–3 its full gradient has its own buffer for the backward.
 //
+// Tensor parallelism (docs/parallelism.md): the engine works on the rank's TP shares of each
+// unit (the model's layout) inside its data-parallel group, exactly as above; the model runs
+// its own TP collectives, and the engine adds the sum of replicated KV heads' gradients (on the
+// last micro-batch, before the data-parallel reduction) and the statistics over the TP group.
+//
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
 // the ranks that never arrived.
@@ -56,6 +61,9 @@ struct ShardComms {
   Communicator* world = nullptr;
   Communicator* shard_group = nullptr;
   Communicator* replicas = nullptr;
+  // The rank's tensor-parallel group when tensor_parallel > 1 (the model's all-reduces run on
+  // it too): the step's statistics are gathered over it as well.
+  Communicator* tensor = nullptr;
 };
 
 // What the ranks measured in a step, summed over the job.
@@ -105,16 +113,17 @@ class ShardingEngine {
   static constexpr int kScalarSlots = 6;
   // Zeroes this rank's slots (on the device).
   absl::Status BeginStatistics(const DeviceContext& ctx);
-  Tensor loss_accumulator() const {
-    return scalars_.Slice(kScalarSlots * geometry_.rank, kScalarSlots * geometry_.rank + 2);
-  }
-  Tensor stop_slot() const {
-    return scalars_.Slice(kScalarSlots * geometry_.rank + 5, kScalarSlots * geometry_.rank + 6);
-  }
+  // With tensor parallelism scalars() holds one block of N ranks' slots per tensor-parallel
+  // rank; the loss is the same on every rank of a TP group (the parallel cross-entropy), and
+  // each TP rank squares only what NormCountedRanges (worker/model/tensor_parallel_slice.h)
+  // gives it, so every element of the model is counted once.
+  Tensor loss_accumulator() const { return scalars_.Slice(MySlots(), MySlots() + 2); }
+  Tensor stop_slot() const { return scalars_.Slice(MySlots() + 5, MySlots() + 6); }
   // Adds the squares of the rank's gradient share (and, with check_finite, the overflow flag)
   // to its slots, on the device: nothing waits.
   absl::Status AccumulateGradientStatistics(const DeviceContext& ctx, bool check_finite);
-  // All-gathers every rank's slots over the world and waits.
+  // All-gathers every rank's slots over the data-parallel group (then its blocks over the
+  // tensor-parallel group) and waits.
   absl::Status ExchangeStatistics();
   // Every rank's slots, (N · kScalarSlots) f32 on the rank's device.
   const Tensor& scalars() const { return scalars_; }
@@ -143,6 +152,10 @@ class ShardingEngine {
 
  private:
   ShardingEngine() = default;
+  // The first of this rank's slots in scalars_.
+  int64_t MySlots() const {
+    return kScalarSlots * (int64_t{tp_rank_} * geometry_.world_size + geometry_.rank);
+  }
   // Parameters of unit u for compute: the full buffer (stages 0–2) or its gathered buffer.
   absl::StatusOr<Tensor> Params(int u) const;
   // The full gradient buffer unit u's backward adds into in this micro-batch.
@@ -167,6 +180,7 @@ class ShardingEngine {
   ShardComms comms_;
   ShardGeometry geometry_;
   int stage_ = 0;
+  int tp_size_ = 1, tp_rank_ = 0;
   bool accumulate_full_ = false;  // stages 2–3 with grad_accum_steps > 1
   bool tied_ = false;
   int64_t bucket_elements_ = 0;

@@ -224,6 +224,7 @@ TEST(ParallelValidationTest, UnsetFieldsAreNamed) {
 }
 
 TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
+  // Tensor parallelism trains; pipeline and sequence parallelism keep their lines.
   const JobSpec job = With(kGpt2Yaml,
                            "world_size: 8, tensor_parallel: 2, pipeline_parallel: 2, "
                            "sequence_parallel: true, micro_batches: 2");
@@ -231,13 +232,35 @@ TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
   const absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.tensor_parallel: 2 is planned by zt estimate but this engine "
-                          "does not train with it yet; set it to 1 to train",
-                          "parallel.pipeline_parallel: 2 is planned by zt estimate but this "
+              ElementsAre("parallel.pipeline_parallel: 2 is planned by zt estimate but this "
                           "engine does not train with it yet; set it to 1 to train",
                           "parallel.sequence_parallel: true is planned by zt estimate but this "
                           "engine does not train with it yet; set it to false to train"));
   EXPECT_TRUE(CheckEngineSupport(With(kGpt2Yaml, "world_size: 8")).ok());
+}
+
+TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
+  for (const char* layout :
+       {"world_size: 2, tensor_parallel: 2", "world_size: 8, tensor_parallel: 4, zero_stage: 1",
+        "world_size: 8, tensor_parallel: 2, zero_stage: 3"}) {
+    const JobSpec job = With(kLlamaYaml, layout);
+    ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+    EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
+  }
+  JobSpec job = With(kGpt2Yaml, "world_size: 4, tensor_parallel: 2, zero_stage: 2");
+  job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+  const absl::Status status = CheckEngineSupport(job);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(testing::Lines(status),
+              ElementsAre("parallel.tensor_parallel: 2 trains on resources.device CPU (its "
+                          "local ops have no CUDA kernels yet) so far",
+                          "parallel.tensor_parallel: 2 trains in precision param_dtype, "
+                          "compute_dtype and grad_dtype FP32 so far",
+                          "parallel.tensor_parallel: 2 trains with optimizer.type ADAMW, "
+                          "ADAMW_8BIT or SGD (Adafactor's factored statistics are not summed "
+                          "over the tensor-parallel group) so far"));
 }
 
 }  // namespace

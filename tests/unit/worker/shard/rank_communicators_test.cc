@@ -1,6 +1,7 @@
 // Tests of worker/shard/rank_communicators.h with a ParallelLayout: every rank of a tensor ×
 // data layout connects the communicators of its own data-parallel group (and its shard and
-// replica groups inside it), and a collective on each reaches exactly that group's ranks.
+// replica groups inside it) and of its tensor-parallel group (and its KV-head subgroup), and a
+// collective on each reaches exactly that group's ranks.
 // Ranks are threads sharing an InProcessStore; values are small integers (exact f32 sums).
 #include "worker/shard/rank_communicators.h"
 
@@ -63,6 +64,39 @@ TEST(RankCommunicatorsTest, EachRankConnectsItsOwnDataParallelGroups) {
       EXPECT_EQ(AllReduced(view.world, r), SumOf(layout.DataGroup())) << r;
       EXPECT_EQ(AllReduced(view.shard_group, r), SumOf(layout.ShardGroup())) << r;
       EXPECT_EQ(AllReduced(view.replicas, r), SumOf(layout.ReplicaGroup())) << r;
+      // Without model heads (n_kv_head 0) only the TP group's own communicator.
+      ASSERT_NE(view.tensor, nullptr);
+      EXPECT_EQ(view.tensor->rank(), layout.coordinates().tensor);
+      EXPECT_EQ(AllReduced(view.tensor, r), SumOf(layout.TensorGroup())) << r;
+      EXPECT_EQ(comms->tensor_kv, nullptr);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// 8 ranks at tensor_parallel 4 with 2 KV heads: each KV head is shared by 2 consecutive ranks
+// of a TP group, which sum its gradient on "tensor.<j>.kv.<k>".
+TEST(RankCommunicatorsTest, ReplicatedKvHeadsGetTheirSubgroup) {
+  zerotrain::JobSpec job;
+  job.mutable_model()->set_n_head(4);
+  job.mutable_model()->set_n_kv_head(2);
+  job.mutable_parallel()->set_world_size(8);
+  job.mutable_parallel()->set_tensor_parallel(4);
+  job.mutable_parallel()->set_comm_timeout_s(30);
+  absl::StatusOr<std::unique_ptr<Arenas>> arenas = Arenas::Create(MemoryPlan{});
+  ASSERT_TRUE(arenas.ok()) << arenas.status();
+  InProcessStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 8; ++r) {
+    threads.emplace_back([&, r] {
+      const ParallelLayout layout = ParallelLayout::ForJob(job, r);
+      absl::StatusOr<RankCommunicators> comms = ConnectRank(job, layout, &store, **arenas);
+      ASSERT_TRUE(comms.ok()) << comms.status();
+      EXPECT_EQ(AllReduced(comms->tensor.get(), r), SumOf(layout.TensorGroup())) << r;
+      ASSERT_NE(comms->tensor_kv, nullptr);
+      EXPECT_EQ(comms->tensor_kv->size(), 2);
+      const int first = r / 2 * 2;  // ranks {0,1}, {2,3}, … share a KV head
+      EXPECT_EQ(AllReduced(comms->tensor_kv.get(), r), SumOf({first, first + 1})) << r;
     });
   }
   for (std::thread& t : threads) t.join();

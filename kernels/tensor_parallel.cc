@@ -1,0 +1,123 @@
+#include "kernels/tensor_parallel.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/arg_checks.h"
+#include "kernels/cpu/tensor_parallel.h"
+#include "kernels/status_macros.h"
+
+namespace zt {
+namespace {
+
+// Context, then no CUDA twin yet: the tensor-parallel engine runs CPU ranks only.
+absl::Status CheckCpu(const char* op, const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(internal::CheckContext(op, ctx));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": no CUDA kernel yet (tensor parallelism trains CPU ranks only)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMatrix(const char* op, const char* arg, const Tensor& t,
+                         const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(op, arg, t, DType::kF32));
+  return internal::CheckRank(op, arg, t, 2);
+}
+
+absl::Status CheckValid(const char* op, int64_t valid, const Tensor& logits) {
+  if (valid >= 0 && valid <= logits.dim(1)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": valid is ", valid, ", must be in [0, ",
+                                                 logits.dim(1), "] (the logits' columns)"));
+}
+
+// logits (N, Vl), maxes (P, N), targets (N).
+absl::Status CheckRows(const char* op, const DeviceContext& ctx, const Tensor& logits,
+                       int64_t valid, const Tensor& maxes, const Tensor& targets) {
+  ZT_RETURN_IF_ERROR(CheckCpu(op, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(op, "logits", logits, ctx));
+  ZT_RETURN_IF_ERROR(CheckValid(op, valid, logits));
+  const int64_t n = logits.dim(0);
+  ZT_RETURN_IF_ERROR(CheckMatrix(op, "maxes", maxes, ctx));
+  if (maxes.dim(1) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": maxes has shape ", maxes.DebugString(), ", expected (P, ", n, ")"));
+  }
+  return internal::CheckTensor(op, "targets", targets, ctx, DType::kI32, {n});
+}
+
+absl::Status CheckEmbedding(const char* op, const DeviceContext& ctx, const Tensor& tokens,
+                            const char* table_arg, const Tensor& table, const char* pos_arg,
+                            const Tensor& pos, const char* rows_arg, const Tensor& rows) {
+  ZT_RETURN_IF_ERROR(CheckCpu(op, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "tokens", tokens, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(op, "tokens", tokens, DType::kI32));
+  ZT_RETURN_IF_ERROR(internal::CheckRank(op, "tokens", tokens, 2));
+  ZT_RETURN_IF_ERROR(CheckMatrix(op, table_arg, table, ctx));
+  const int64_t b = tokens.dim(0), t = tokens.dim(1), c = table.dim(1);
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(op, rows_arg, rows, ctx, DType::kF32, {b, t, c}));
+  if (pos.empty()) return absl::OkStatus();
+  ZT_RETURN_IF_ERROR(CheckMatrix(op, pos_arg, pos, ctx));
+  if (pos.dim(1) != c || pos.dim(0) < t) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", pos_arg, " has shape ", pos.DebugString(), ", expected (P ≥ ", t, ", ", c, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
+                                        const VocabShardEmbeddingForwardArgs& args) {
+  constexpr const char* kOp = "VocabShardEmbeddingForward";
+  ZT_RETURN_IF_ERROR(
+      CheckEmbedding(kOp, ctx, args.tokens, "wte", args.wte, "wpe", args.wpe, "out", args.out));
+  return cpu::VocabShardEmbeddingForward(ctx, args);
+}
+
+absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
+                                         const VocabShardEmbeddingBackwardArgs& args) {
+  constexpr const char* kOp = "VocabShardEmbeddingBackward";
+  ZT_RETURN_IF_ERROR(CheckEmbedding(kOp, ctx, args.tokens, "dwte", args.dwte, "dwpe", args.dwpe,
+                                    "dout", args.dout));
+  return cpu::VocabShardEmbeddingBackward(ctx, args);
+}
+
+absl::Status VocabShardRowMax(const DeviceContext& ctx, const VocabShardRowMaxArgs& args) {
+  constexpr const char* kOp = "VocabShardRowMax";
+  ZT_RETURN_IF_ERROR(CheckCpu(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "logits", args.logits, ctx));
+  ZT_RETURN_IF_ERROR(CheckValid(kOp, args.valid, args.logits));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckTensor(kOp, "max", args.max, ctx, DType::kF32, {args.logits.dim(0)}));
+  return cpu::VocabShardRowMax(ctx, args);
+}
+
+absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumArgs& args) {
+  constexpr const char* kOp = "VocabShardExpSum";
+  ZT_RETURN_IF_ERROR(CheckRows(kOp, ctx, args.logits, args.valid, args.maxes, args.targets));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckTensor(kOp, "sums", args.sums, ctx, DType::kF32, {args.logits.dim(0), 2}));
+  return cpu::VocabShardExpSum(ctx, args);
+}
+
+absl::Status VocabShardCrossEntropy(const DeviceContext& ctx,
+                                    const VocabShardCrossEntropyArgs& args) {
+  constexpr const char* kOp = "VocabShardCrossEntropy";
+  ZT_RETURN_IF_ERROR(CheckRows(kOp, ctx, args.logits, args.valid, args.maxes, args.targets));
+  const int64_t n = args.logits.dim(0);
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "sums", args.sums, ctx, DType::kF32, {n, 2}));
+  ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "losses", args.losses, ctx, DType::kF32, {n}));
+  return cpu::VocabShardCrossEntropy(ctx, args);
+}
+
+absl::Status AddRowBias(const DeviceContext& ctx, const AddRowBiasArgs& args) {
+  constexpr const char* kOp = "AddRowBias";
+  ZT_RETURN_IF_ERROR(CheckCpu(kOp, ctx));
+  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "out", args.out, ctx));
+  ZT_RETURN_IF_ERROR(
+      internal::CheckTensor(kOp, "bias", args.bias, ctx, DType::kF32, {args.out.dim(1)}));
+  return cpu::AddRowBias(ctx, args);
+}
+
+}  // namespace zt

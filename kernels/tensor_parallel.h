@@ -1,0 +1,91 @@
+// The local ops of a tensor-parallel rank (Megatron-LM, Shoeybi et al. 2019) that run between
+// its collectives: the vocabulary-parallel embedding, the three passes of the
+// vocabulary-parallel cross-entropy, and the bias of a row-parallel linear, added once after
+// its all-reduce. The collectives themselves are the caller's (worker/model/transformer.cc).
+// Legend: B batch, T sequence, C channels, N rows (B·T), P tensor-parallel ranks, Vl the rows
+// of the vocabulary this rank holds (⌈V/P⌉), v0 the first of them, valid ≤ Vl the ones that
+// are real (the last rank's shard may end in padding rows).
+// Accumulation rule: dwte and dwpe are added to (+=); everything else is written (=).
+// Storage: f32 only (a tensor-parallel job computes in f32 today, CheckEngineSupport).
+// CPU only: a CUDA context gets Unimplemented naming the op.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace zt {
+
+struct VocabShardEmbeddingForwardArgs {
+  Tensor tokens;            // (B, T) i32 in [0, V)
+  Tensor wte;               // (Vl, C): vocabulary rows [v0, v0 + Vl)
+  Tensor wpe;               // (P, C) with P ≥ T, or empty: added here (give it to one rank only)
+  int64_t vocab_begin = 0;  // v0
+  Tensor out;               // (B, T, C) = [v0 ≤ token < v0 + Vl] · wte[token − v0] (+ wpe[t])
+};
+// The all-reduce over the tensor-parallel group that follows sums the ranks' rows: each token
+// is owned by exactly one rank, so the sum is the whole table's lookup, exactly.
+absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
+                                        const VocabShardEmbeddingForwardArgs& args);
+
+struct VocabShardEmbeddingBackwardArgs {
+  Tensor tokens;  // (B, T) i32
+  Tensor dout;    // (B, T, C), the same on every rank of the group
+  Tensor dwte;    // (Vl, C) +=, rows of the tokens this rank owns only
+  Tensor dwpe;    // (P, C) += or empty
+  int64_t vocab_begin = 0;
+};
+// Deterministic: each row of dwte sums its positions in position order.
+absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
+                                         const VocabShardEmbeddingBackwardArgs& args);
+
+// Pass 1 of the parallel cross-entropy: each row's maximum over this rank's `valid` columns.
+// The caller all-gathers the P maxima of every row.
+struct VocabShardRowMaxArgs {
+  Tensor logits;  // (N, Vl)
+  int64_t valid = 0;
+  Tensor max;  // (N) written
+};
+absl::Status VocabShardRowMax(const DeviceContext& ctx, const VocabShardRowMaxArgs& args);
+
+// Pass 2: with M the row's maximum over all P ranks (`maxes`, the gathered pass 1),
+// sums[r] = (Σ_{valid columns} exp(logit − M), the target's logit when this rank owns the
+// target, else 0). The caller all-reduces (sums) over the group: then every rank holds the
+// whole row's Σexp and target logit. Ignored targets (< 0) give (0, 0).
+struct VocabShardExpSumArgs {
+  Tensor logits;  // (N, Vl)
+  int64_t valid = 0;
+  Tensor maxes;    // (P, N): each rank's row maxima
+  Tensor targets;  // (N) i32, global vocabulary ids in [0, V) or negative (ignored)
+  int64_t vocab_begin = 0;
+  Tensor sums;  // (N, 2) written
+};
+absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumArgs& args);
+
+// Pass 3: losses[r] = M + log Σexp − logit[target] (0 for ignored targets), the same on every
+// rank; with write_grad the logits become grad_scale · (softmax − onehot) on this rank's
+// columns (0 on padding columns and ignored rows), in place.
+struct VocabShardCrossEntropyArgs {
+  Tensor logits;  // (N, Vl)
+  int64_t valid = 0;
+  Tensor maxes;    // (P, N)
+  Tensor sums;     // (N, 2), all-reduced
+  Tensor targets;  // (N) i32
+  int64_t vocab_begin = 0;
+  Tensor losses;  // (N) f32 written
+  float grad_scale = 1.0f;
+  bool write_grad = false;
+};
+absl::Status VocabShardCrossEntropy(const DeviceContext& ctx,
+                                    const VocabShardCrossEntropyArgs& args);
+
+// out[r, :] += bias: a row-parallel linear's bias, added once to the all-reduced output.
+struct AddRowBiasArgs {
+  Tensor out;   // (N, C)
+  Tensor bias;  // (C)
+};
+absl::Status AddRowBias(const DeviceContext& ctx, const AddRowBiasArgs& args);
+
+}  // namespace zt

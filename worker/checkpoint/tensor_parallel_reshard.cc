@@ -1,0 +1,133 @@
+#include "worker/checkpoint/tensor_parallel_reshard.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/model/param_layout.h"
+#include "worker/model/tensor_parallel_slice.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/parallel_plan.h"
+
+namespace zt {
+namespace {
+
+// For each element of `local` (a share at tp, rank r), its index in the whole unit, or -1 for
+// padding.
+std::vector<int64_t> GlobalIndex(const zerotrain::ModelConfig& m, const UnitLayout& local,
+                                 const UnitLayout& whole, int tp, int r) {
+  std::vector<int64_t> g(local.numel, -1);
+  for (const ParamSpec& p : local.params) {
+    const ParamSpec& w = *whole.Find(p.name);
+    const TensorParallelSlice s = SliceOf(m, p.name, w.shape, tp, r);
+    for (const TensorParallelSlice::Rows& run : s.rows) {
+      for (int64_t i = 0; i < run.count; ++i) {
+        for (int64_t c = 0; c < s.local_cols; ++c) {
+          g[p.offset + (run.local_begin + i) * s.local_cols + c] =
+              w.offset + (run.global_begin + i) * s.global_cols + s.col_begin + c;
+        }
+      }
+    }
+  }
+  return g;
+}
+
+// Elements [begin, end) of the unit that buffer `role` of `rank` holds, from its element 0.
+struct Segment {
+  int64_t begin = 0, end = 0;
+};
+Segment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit,
+                  const std::string& role) {
+  const int stage = job.parallel().zero_stage();
+  const bool sharded = role == "params" ? stage >= 3 : stage >= 1;
+  if (!sharded) return {0, unit.numel};
+  const UnitShard shard = ShardOf(unit.numel, ParallelLayout::ForJob(job, rank).shard());
+  return {shard.owned.begin, shard.owned.end};
+}
+
+bool Elementwise(const std::string& role) {
+  return role == "params" || role == "master" || role == "adam_m" || role == "adam_v" ||
+         role == "momentum";
+}
+
+}  // namespace
+
+absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
+                                        const std::function<std::string(int)>& rank_file,
+                                        const zerotrain::JobSpec& job, int rank,
+                                        const MemoryPlan& plan, const Arenas& into,
+                                        bool weights_only) {
+  const zerotrain::ModelConfig& m = job.model();
+  const ModelLayout whole = BuildModelLayout(m);
+  const int saved_tp = std::max(1, saved.parallel().tensor_parallel());
+  const int tp = std::max(1, job.parallel().tensor_parallel());
+  const ModelLayout saved_local = TensorParallelModelLayout(m, saved_tp);
+  const ModelLayout local = TensorParallelModelLayout(m, tp);
+  const int my_tp_rank = ParallelLayout::ForJob(job, rank).coordinates().tensor;
+  const int saved_world = saved.parallel().world_size();
+  std::vector<std::unique_ptr<SafetensorsFile>> files(saved_world);
+  for (int r = 0; r < saved_world; ++r) {
+    ZT_ASSIGN_OR_RETURN(files[r], SafetensorsFile::Open(rank_file(r)));
+  }
+  std::vector<float> unit_values;
+  for (const BufferSpec& buffer : plan.buffers) {
+    if (!IsCheckpointed(buffer, weights_only)) continue;
+    const BufferSpec* b = &buffer;
+    int u = -1;
+    for (size_t k = 0; k < local.units.size(); ++k) {
+      if (b->name.starts_with(local.units[k].name + ".")) u = static_cast<int>(k);
+    }
+    const std::string role = u < 0 ? "" : b->name.substr(local.units[u].name.size() + 1);
+    if (u < 0 || !Elementwise(role) || b->dtype != DType::kF32) {
+      return absl::UnimplementedError(absl::StrCat(
+          "resuming at another tensor-parallel layout: buffer ", b->name,
+          " is not f32 parameters, master weights, AdamW moments or SGD momentum, which is all "
+          "the resharding "
+          "of tensor-parallel checkpoints reads so far"));
+    }
+    // The whole unit's values of this role, from every saved rank's range of its share.
+    unit_values.assign(whole.units[u].numel, 0.0f);
+    std::map<int, std::vector<int64_t>> saved_index;  // per saved TP rank
+    for (int r = 0; r < saved_world; ++r) {
+      const int k = ParallelLayout::ForJob(saved, r).coordinates().tensor;
+      if (!saved_index.contains(k)) {
+        saved_index[k] = GlobalIndex(m, saved_local.units[u], whole.units[u], saved_tp, k);
+      }
+      const std::vector<int64_t>& index = saved_index[k];
+      const Segment seg = SegmentOf(saved, r, saved_local.units[u], role);
+      if (seg.end <= seg.begin) continue;  // an empty range: the plan holds no such buffer
+      const SafetensorsTensorInfo* info = files[r]->Find(b->name);
+      const int64_t need = (seg.end - seg.begin) * static_cast<int64_t>(sizeof(float));
+      if (info == nullptr || info->nbytes() < need) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint file '", rank_file(r), "': buffer ", b->name,
+                         info == nullptr ? " is missing" : " is shorter than its layout says"));
+      }
+      const absl::Span<const uint8_t> bytes = files[r]->Bytes(*info);
+      std::vector<float> values(seg.end - seg.begin);
+      std::memcpy(values.data(), bytes.data(), need);
+      files[r]->Release(*info);
+      for (int64_t i = seg.begin; i < seg.end; ++i) {
+        if (index[i] >= 0) unit_values[index[i]] = values[i - seg.begin];
+      }
+    }
+    // This rank's share and range of it.
+    const std::vector<int64_t> index =
+        GlobalIndex(m, local.units[u], whole.units[u], tp, my_tp_rank);
+    const Segment seg = SegmentOf(job, rank, local.units[u], role);
+    ZT_ASSIGN_OR_RETURN(Tensor out, into.Get(b->name));
+    float* dst = out.data<float>();
+    std::fill(dst, dst + out.numel(), 0.0f);
+    for (int64_t i = seg.begin; i < seg.end; ++i) {
+      if (index[i] >= 0) dst[i - seg.begin] = unit_values[index[i]];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zt
