@@ -18,6 +18,7 @@
 #include "worker/job/failure_kind.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/text_generation.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/trainer.h"
 
 namespace zt::cli {
@@ -156,6 +157,17 @@ absl::Status RunTrain(const TrainFlags& flags) {
   }
 
   const int local = ranks->last - ranks->first + 1;
+  // offload.optimizer NVME: one swap store for the process, shared by its ranks (RocksDB
+  // admits one process per index).
+  std::shared_ptr<offload::SwapStore> swap_store;
+  if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+    std::vector<int> local_ranks;
+    for (int r = ranks->first; r <= ranks->last; ++r) local_ranks.push_back(r);
+    absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, local_ranks);
+    if (!opened.ok()) return opened.status();
+    swap_store = std::move(*opened);
+    options.swap_store = swap_store.get();
+  }
   std::vector<absl::Status> results(local);
   std::vector<std::unique_ptr<Trainer>> trainers(local);
   std::vector<std::thread> threads;

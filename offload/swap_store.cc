@@ -31,6 +31,18 @@ absl::string_view SwapRoleName(SwapRole role) {
       return "scales";
     case SwapRole::kParameters:
       return "params";
+    case SwapRole::kMomentumCodes:
+      return "m_codes";
+    case SwapRole::kVarianceCodes:
+      return "v_codes";
+    case SwapRole::kVarianceScales:
+      return "v_scales";
+    case SwapRole::kFactorRow:
+      return "factor_row";
+    case SwapRole::kFactorCol:
+      return "factor_col";
+    case SwapRole::kFactorFull:
+      return "factor_full";
   }
   return "unknown";
 }

@@ -55,8 +55,14 @@ enum class SwapRole : uint8_t {
   kMaster = 1,       // fp32 master weights
   kMomentum = 2,     // optimizer first moment (m)
   kVariance = 3,     // optimizer second moment (v)
-  kQuantScales = 4,  // block scales of quantized states
+  kQuantScales = 4,  // block scales of quantized states (the first moment's, when both are)
   kParameters = 5,   // the (16-bit) parameters, at ZeRO stage 3
+  kMomentumCodes = 6,   // 8-bit codes of the first moment
+  kVarianceCodes = 7,   // 8-bit codes of the second moment
+  kVarianceScales = 8,  // block scales of the second moment's codes
+  kFactorRow = 9,       // Adafactor's row statistics of factored matrices
+  kFactorCol = 10,      // ... its column statistics
+  kFactorFull = 11,     // ... its full second moment of vectors
 };
 absl::string_view SwapRoleName(SwapRole role);
 

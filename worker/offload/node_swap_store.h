@@ -1,0 +1,54 @@
+// The node's swap store (offload/swap_store.h) for jobs that keep optimizer states on NVMe
+// (offload.optimizer NVME). RocksDB admits one process per index, so a process opens a store
+// once and its ranks (threads) share it: `zt train` for the ranks it runs, the node daemon for
+// the ranks of every job it runs (NodeSwapStores).
+//
+// The store is the directory "<offload.nvme_path>/zerotrain-swap", created when missing. Its
+// capacity is twice the NVMe bytes the ranks' memory plans hold (a step writes its new
+// generation beside the committed one) plus a largest extent of room for fragmentation, in
+// swap files of at most 1 GiB. A store another process left with another geometry (another
+// job's) holds scratch nobody reads: it is emptied and made anew, with a warning. One another
+// process holds is refused (FailedPrecondition naming the path).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "offload/swap_store.h"
+#include "proto/job.pb.h"
+
+namespace zt {
+
+// The store directory of `job` (defaults applied): "<offload.nvme_path>/zerotrain-swap".
+std::string SwapStoreDirectory(const zerotrain::JobSpec& job);
+
+// The geometry and I/O of a store for `ranks` of `job` (validated, defaults applied):
+// everything SwapStore::Open takes but the env.
+offload::SwapStoreOptions SwapStoreOptionsFor(const zerotrain::JobSpec& job,
+                                              const std::vector<int>& ranks);
+
+// Opens (or creates) the store for `ranks` of `job`. `env`: the store's operating-system seam
+// (null: the real one; tests inject faults). Errors as SwapStore::Open's, naming the path.
+absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(
+    const zerotrain::JobSpec& job, const std::vector<int>& ranks, offload::SwapEnv* env = nullptr);
+
+// The node daemon's stores, one per directory, open while a job that uses it runs. A second
+// job on the same directory shares the open store (its capacity is the first job's; a job
+// that does not fit fails with ResourceExhausted naming the path and the bytes).
+// Thread-safe.
+class NodeSwapStores {
+ public:
+  // The store for `ranks` of `job` (the ranks this node runs), opened if none is open.
+  absl::StatusOr<std::shared_ptr<offload::SwapStore>> Acquire(const zerotrain::JobSpec& job,
+                                                              const std::vector<int>& ranks);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::weak_ptr<offload::SwapStore>> open_;
+};
+
+}  // namespace zt
