@@ -145,6 +145,14 @@ class SwapStore {
   // The length of the extent of `key`, as Read finds it.
   absl::StatusOr<size_t> Length(const SwapKey& key);
 
+  // The file whose free space `job`'s new extents are taken from first (then the next ones,
+  // wrapping): jobs that write at the same time (a node's ranks, each its own job key) kept
+  // in files of their own do not interleave their extents, so each job's generations take
+  // turns in the same space instead of fragmenting it. Default 0; InvalidArgument for a file
+  // the store does not have.
+  absl::Status SetPlacement(absl::string_view job, uint32_t first_file);
+  uint32_t file_count() const { return options_.file_count; }
+
   // The job's committed generation, 0 when none.
   uint64_t CommittedGeneration(absl::string_view job);
   // Forgets the job (committed and staged) and frees its space, durably.
@@ -203,6 +211,7 @@ class SwapStore {
   // Per file: free ranges, offset -> length, merged with their neighbours.
   std::vector<std::map<uint64_t, uint64_t>> free_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobState, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t, std::less<>> placement_ ABSL_GUARDED_BY(mu_);
   // Aligned buffers for the unaligned parts of callers' data (queue_depth blocks).
   std::byte* bounce_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t bounce_size_ = 0;

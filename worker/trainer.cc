@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                .copies = &t->device_->copies(),
                                .store = swap,
                                .store_job = absl::StrCat(owner, "/rank-", rank),
+                               .home_file = static_cast<uint32_t>(rank) % swap->file_count(),
                                .ring = static_cast<std::byte*>(ring.raw()),
                                .buffer_count = count,
                                .buffer_size = size}));

@@ -13,7 +13,6 @@ namespace zt {
 namespace {
 
 constexpr int64_t kPage = 4096;
-constexpr int64_t kMaxFileSize = int64_t{1} << 30;
 
 int64_t RoundUp(int64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
@@ -25,21 +24,22 @@ std::string SwapStoreDirectory(const zerotrain::JobSpec& job) {
 
 offload::SwapStoreOptions SwapStoreOptionsFor(const zerotrain::JobSpec& job,
                                               const std::vector<int>& ranks) {
-  int64_t need = 0, largest = kPage;
+  // A file per rank (SwapStore::SetPlacement): each rank's generations take turns in its own
+  // file, which then never fragments (the same extents in the same order every step).
+  int64_t most = 0, largest = kPage;
   for (int r : ranks) {
     const MemoryPlan plan = PlanMemory(job, r);
-    need += plan.CategoryBytes(MemoryCategory::kNvme);
+    most = std::max(most, plan.CategoryBytes(MemoryCategory::kNvme));
     for (const BufferSpec& b : plan.buffers) {
       if (b.category == MemoryCategory::kNvme) largest = std::max(largest, PlacedBytes(b));
     }
   }
-  const int64_t capacity = 2 * need + largest;
-  const int64_t files = std::max<int64_t>(1, (capacity + kMaxFileSize - 1) / kMaxFileSize);
   offload::SwapStoreOptions options;
   options.path = SwapStoreDirectory(job);
-  options.file_count = static_cast<uint32_t>(files);
-  options.file_size =
-      static_cast<uint64_t>(std::max(largest, RoundUp((capacity + files - 1) / files)));
+  options.file_count = static_cast<uint32_t>(std::max<size_t>(1, ranks.size()));
+  // Two generations, and room for a restore of the master weights alone (a weights-only
+  // checkpoint) beside them: half a generation more, and a largest extent.
+  options.file_size = static_cast<uint64_t>(RoundUp(2 * most + most / 2 + largest));
   options.queue_depth = static_cast<uint32_t>(job.offload().aio().queue_depth());
   options.block_size = static_cast<uint32_t>(job.offload().aio().block_size());
   return options;
@@ -73,6 +73,14 @@ absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(const zerotrai
     store = offload::SwapStore::Open(options);
   }
   if (!store.ok()) return store.status();
+  const offload::SwapOpenReport& report = (*store)->open_report();
+  if (report.unclean && !report.discarded) {
+    // An operator reading the log of a restarted job sees that the store was checked.
+    std::fprintf(stderr,
+                 "zerotrain offload: swap store '%s' was not closed cleanly (a killed "
+                 "process): %zu committed extents verified\n",
+                 options.path.c_str(), report.extents_verified);
+  }
   return std::shared_ptr<offload::SwapStore>(std::move(*store));
 }
 

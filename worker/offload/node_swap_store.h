@@ -3,12 +3,14 @@
 // once and its ranks (threads) share it: `zt train` for the ranks it runs, the node daemon for
 // the ranks of every job it runs (NodeSwapStores).
 //
-// The store is the directory "<offload.nvme_path>/zerotrain-swap", created when missing. Its
-// capacity is twice the NVMe bytes the ranks' memory plans hold (a step writes its new
-// generation beside the committed one) plus a largest extent of room for fragmentation, in
-// swap files of at most 1 GiB. A store another process left with another geometry (another
+// The store is the directory "<offload.nvme_path>/zerotrain-swap", created when missing, with
+// one swap file per rank: each rank's states go to its own file first (SwapStore::
+// SetPlacement), sized for two generations (a step writes its new one beside the committed
+// one) of the largest rank's plan, half a generation more and a largest extent. A store another process left with another geometry (another
 // job's) holds scratch nobody reads: it is emptied and made anew, with a warning. One another
-// process holds is refused (FailedPrecondition naming the path).
+// process holds is refused (FailedPrecondition naming the path). One a killed process left
+// open is verified at open (or discarded, with the store's warning); a verified one is said
+// on stderr with the count of extents checked.
 #pragma once
 
 #include <map>

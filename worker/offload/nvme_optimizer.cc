@@ -150,6 +150,7 @@ absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) 
         " to read the next unit ahead"));
   }
   ZT_RETURN_IF_ERROR(args.store->DropJob(args.store_job));
+  ZT_RETURN_IF_ERROR(args.store->SetPlacement(args.store_job, args.home_file));
   return std::unique_ptr<NvmeOptimizer>(new NvmeOptimizer(std::move(args), std::move(units)));
 }
 

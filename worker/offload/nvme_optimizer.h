@@ -67,6 +67,8 @@ class NvmeOptimizer {
     offload::SwapStore* store = nullptr;
     // The rank's key in the store: unique per rank of every job sharing the store.
     std::string store_job;
+    // The store file the rank's extents go to first (SwapStore::SetPlacement).
+    uint32_t home_file = 0;
     // The plan's ring: buffer_count contiguous buffers of buffer_size bytes (a multiple of
     // 4096), starting on a 4096-byte boundary.
     std::byte* ring = nullptr;
