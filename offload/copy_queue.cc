@@ -117,10 +117,9 @@ namespace {
 
 absl::Status CheckInside(const CopyQueue::BufferExtent& e, size_t buffer_size, const char* what) {
   if (e.offset > buffer_size || e.length > buffer_size - e.offset) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " of ", SwapKeyText(e.key), ": bytes [",
-                                                   e.offset, ", ", e.offset + e.length,
-                                                   ") lie outside the ring buffer of ",
-                                                   buffer_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of ", SwapKeyText(e.key), ": bytes [", e.offset, ", ",
+                     e.offset + e.length, ") lie outside the ring buffer of ", buffer_size));
   }
   return absl::OkStatus();
 }
@@ -141,10 +140,9 @@ CopyHandle CopyQueue::SwapInPlace(std::vector<BufferExtent> extents, const Pinne
           auto length = store_->Length(e.key);
           if (!length.ok()) return length.status();
           if (*length != e.length) {
-            return absl::InvalidArgumentError(absl::StrCat("swap-in of ", SwapKeyText(e.key),
-                                                           ": the extent holds ", *length,
-                                                           " bytes, the caller expects ",
-                                                           e.length));
+            return absl::InvalidArgumentError(
+                absl::StrCat("swap-in of ", SwapKeyText(e.key), ": the extent holds ", *length,
+                             " bytes, the caller expects ", e.length));
           }
           auto n = store_->Read(e.key, {base + e.offset, e.length});
           if (!n.ok()) return n.status();

@@ -52,11 +52,11 @@ namespace zt::offload {
 
 // What a swapped range holds. The values are stored in the index: never renumber.
 enum class SwapRole : uint8_t {
-  kMaster = 1,       // fp32 master weights
-  kMomentum = 2,     // optimizer first moment (m)
-  kVariance = 3,     // optimizer second moment (v)
-  kQuantScales = 4,  // block scales of quantized states (the first moment's, when both are)
-  kParameters = 5,   // the (16-bit) parameters, at ZeRO stage 3
+  kMaster = 1,          // fp32 master weights
+  kMomentum = 2,        // optimizer first moment (m)
+  kVariance = 3,        // optimizer second moment (v)
+  kQuantScales = 4,     // block scales of quantized states (the first moment's, when both are)
+  kParameters = 5,      // the (16-bit) parameters, at ZeRO stage 3
   kMomentumCodes = 6,   // 8-bit codes of the first moment
   kVarianceCodes = 7,   // 8-bit codes of the second moment
   kVarianceScales = 8,  // block scales of the second moment's codes

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -82,9 +83,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     return absl::InvalidArgumentError(
         absl::StrCat("a job of ", world, " ranks needs a rendezvous store shared by its ranks"));
   }
-  ZT_ASSIGN_OR_RETURN(t->device_, options.make_device ? options.make_device(job, rank)
-                                                      : RankDevice::Create(job, rank,
-                                                                           options.cuda_device));
+  ZT_ASSIGN_OR_RETURN(t->device_, options.make_device
+                                      ? options.make_device(job, rank)
+                                      : RankDevice::Create(job, rank, options.cuda_device));
   const ParallelLayout layout = ParallelLayout::ForJob(job, rank);
   t->plan_ = PlanMemory(job, layout);
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<ArenaAllocator> allocator, t->device_->TakeAllocator());
@@ -124,13 +125,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         .reduce_scratch = scratch};
   }
   const bool nvme = job.offload().optimizer() == zerotrain::OffloadConfig::NVME;
-  ZT_ASSIGN_OR_RETURN(Optimizer opt,
-                      nvme ? Optimizer::CreateUnbound(job.optimizer(), job.precision(),
-                                                      t->model_->layout(), t->engine_->ranges(),
-                                                      shard_group)
-                           : Optimizer::Create(job.optimizer(), job.precision(),
-                                               t->model_->layout(), *t->arenas_,
-                                               t->engine_->ranges(), shard_group));
+  ZT_ASSIGN_OR_RETURN(
+      Optimizer opt,
+      nvme ? Optimizer::CreateUnbound(job.optimizer(), job.precision(), t->model_->layout(),
+                                      t->engine_->ranges(), shard_group)
+           : Optimizer::Create(job.optimizer(), job.precision(), t->model_->layout(), *t->arenas_,
+                               t->engine_->ranges(), shard_group));
   if (nvme) {
     offload::SwapStore* swap = options.swap_store;
     if (swap == nullptr) {
@@ -146,7 +146,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         return absl::InternalError("memory plan: the offload ring's buffers are not contiguous");
       }
     }
-    // The swapped states are the plan's: claimed here, each checked against the optimizer's.
     std::vector<std::string> unit_names;
     std::vector<int64_t> master_numel;
     for (const UnitLayout& u : t->model_->layout().units) {
@@ -156,11 +155,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                           t->arenas_->Spec(t->MasterName(static_cast<int>(unit_names.size()) - 1)));
       master_numel.push_back(spec->numel());
     }
-    for (const BufferSpec& b : t->plan_.buffers) {
-      if (b.category == MemoryCategory::kNvme) ZT_RETURN_IF_ERROR(t->arenas_->Spec(b.name).status());
-    }
-    const std::string owner =
-        options.checkpoint_owner.empty() ? LocalRunOwner(job.name()).job_id : options.checkpoint_owner;
+    const std::string owner = options.checkpoint_owner.empty() ? LocalRunOwner(job.name()).job_id
+                                                               : options.checkpoint_owner;
     ZT_ASSIGN_OR_RETURN(
         t->nvme_optimizer_,
         NvmeOptimizer::Create({.optimizer = std::move(opt),
@@ -173,6 +169,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                .ring = static_cast<std::byte*>(ring.raw()),
                                .buffer_count = count,
                                .buffer_size = size}));
+    // The swapped states are the plan's, byte for byte (a checkpoint copies the plan's
+    // bytes out of what the store holds): claimed here, each checked against the optimizer's.
+    std::map<std::string, int64_t> swapped = t->nvme_optimizer_->SwappedBuffers();
+    for (const BufferSpec& b : t->plan_.buffers) {
+      if (b.category != MemoryCategory::kNvme) continue;
+      ZT_RETURN_IF_ERROR(t->arenas_->Spec(b.name).status());
+      auto it = swapped.find(b.name);
+      if (b.bytes() > 0 && (it == swapped.end() || it->second != b.bytes())) {
+        return absl::InternalError(absl::StrCat(
+            "memory plan: swapped buffer ", b.name, " of ", b.bytes(),
+            " bytes is not what the NVMe optimizer swaps (",
+            it == swapped.end() ? "nothing" : absl::StrCat(it->second, " bytes"), ")"));
+      }
+      if (it != swapped.end()) swapped.erase(it);
+    }
+    if (!swapped.empty()) {
+      return absl::InternalError(absl::StrCat("memory plan: the NVMe optimizer swaps ",
+                                              swapped.begin()->first,
+                                              ", which the plan does not hold"));
+    }
     t->host_ctx_ = t->ctx_;
   } else if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
     // Gradients come down through one ring buffer, parameters go up through the next
@@ -518,8 +534,8 @@ absl::Status Trainer::Resume() {
                : ReshardRankState(saved, rank_file, job_, options_.rank, plan, into, weights_only);
   };
   const MemoryPlan arena_plan = ArenaPlan();
-  ZT_RETURN_IF_ERROR(RestoreThroughHost(
-      weights_only, [&](const Arenas& into) { return read(arena_plan, into); }));
+  ZT_RETURN_IF_ERROR(
+      RestoreThroughHost(weights_only, [&](const Arenas& into) { return read(arena_plan, into); }));
   if (nvme_optimizer_) ZT_RETURN_IF_ERROR(RestoreSwapped(weights_only, read));
   step_ = state.value("step", int64_t{0});
   optimizer().RestoreStepsTaken(weights_only ? 0 : state.value("optimizer_steps", int64_t{0}));

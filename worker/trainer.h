@@ -227,7 +227,7 @@ class Trainer {
   absl::StatusOr<StepTotals> ReadStatistics(int stop_request, double loss_divisor);
   // The rank's optimizer: the host optimizer's when the optimizer is offloaded.
   Optimizer& optimizer() {
-    return host_optimizer_ ? host_optimizer_->optimizer()
+    return host_optimizer_   ? host_optimizer_->optimizer()
            : nvme_optimizer_ ? nvme_optimizer_->optimizer()
                              : *optimizer_;
   }

@@ -93,29 +93,30 @@ TEST_F(CheckpointCrashTest, KilledMidSaveTheRunResumesFromTheLastCompleteCheckpo
 TEST_F(CheckpointCrashTest, NvmeRunKilledMidSwapResumesToTheUninterruptedWeights) {
   std::filesystem::create_directories(dir_ / "swap");
   // ≈ 3.2 M fp32 parameters: 25 MB of AdamW moments written (and synced) each step.
-  const auto write_job = [&](const std::string& name, const std::string& ckpt) {
-    std::ofstream(dir_ / name)
-        << "name: nvme-crash\n"
-           "model: {family: GPT2, n_layer: 4, n_head: 4, d_model: 256, vocab_size: 64, "
-           "max_seq_len: 32}\n"
-           "data: {train: ['"
-        << (dir_ / "train.bin").string()
-        << "'], seq_len: 32}\n"
-           "train: {micro_batch_size: 2, max_steps: 16}\n"
-           "optimizer: {lr: 1.0e-3}\n"
-           "parallel: {world_size: 2, zero_stage: 2, comm_timeout_s: 30}\n"
-           "resources: {cpu_threads: 1}\n"
-           "offload: {optimizer: NVME, nvme_path: '"
-        << (dir_ / "swap").string()
-        << "', buffer_count: 4}\n"
-           "checkpoint: {dir: '"
-        << (dir_ / ckpt).string() << "', interval_steps: 2, keep_last: 2}\n";
-  };
+  const auto write_job =
+      [&](const std::string& name, const std::string& ckpt) {
+        std::ofstream(dir_ / name)
+            << "name: nvme-crash\n"
+               "model: {family: GPT2, n_layer: 4, n_head: 4, d_model: 256, vocab_size: 64, "
+               "max_seq_len: 32}\n"
+               "data: {train: ['"
+            << (dir_ / "train.bin").string()
+            << "'], seq_len: 32}\n"
+               "train: {micro_batch_size: 2, max_steps: 16}\n"
+               "optimizer: {lr: 1.0e-3}\n"
+               "parallel: {world_size: 2, zero_stage: 2, comm_timeout_s: 30}\n"
+               "resources: {cpu_threads: 1}\n"
+               "offload: {optimizer: NVME, nvme_path: '"
+            << (dir_ / "swap").string()
+            << "', buffer_count: 4}\n"
+               "checkpoint: {dir: '"
+            << (dir_ / ckpt).string() << "', interval_steps: 2, keep_last: 2}\n";
+      };
   write_job("straight.yaml", "straight-ckpt");
   write_job("killed.yaml", "killed-ckpt");
   const auto [straight_code, straight_output] =
-      RunZt({"train", Arg("straight.yaml"), "--run-dir", Arg("straight-run"), "--quiet",
-             "--export", Arg("straight-export")},
+      RunZt({"train", Arg("straight.yaml"), "--run-dir", Arg("straight-run"), "--quiet", "--export",
+             Arg("straight-export")},
             Arg("straight.log"));
   ASSERT_EQ(straight_code, 0) << straight_output;
 

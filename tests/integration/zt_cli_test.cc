@@ -83,8 +83,8 @@ TEST_F(ZtCliTest, TrainsWithOptimizerOffloadAndNamesWhatItDoesNotTrainYet) {
   const RunResult nvme = RunZt(
       "train " +
       WriteJob("nvme.yaml", "", "",
-               "parallel:\n  zero_stage: 2\noffload:\n  optimizer: NVME\n  nvme_path: " +
-                   Path("") + "\n  buffer_count: 6\n  buffer_size: 65536\n") +
+               "parallel:\n  zero_stage: 2\noffload:\n  optimizer: NVME\n  nvme_path: " + Path("") +
+                   "\n  buffer_count: 6\n  buffer_size: 65536\n") +
       " --quiet --run-dir " + Path("nvme-run"));
   EXPECT_EQ(nvme.exit_code, 0) << nvme.output;
   std::ifstream nvme_metrics(Path("nvme-run/metrics.jsonl"));

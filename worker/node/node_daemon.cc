@@ -245,8 +245,7 @@ void NodeDaemon::HandleStart(const zerotrain::StartRanks& start) {
     if (attempt->start.spec().offload().optimizer() == zerotrain::OffloadConfig::NVME) {
       std::vector<int> ranks;
       for (const zerotrain::RankPlacement& p : start.ranks()) ranks.push_back(p.rank());
-      ZT_ASSIGN_OR_RETURN(attempt->swap_store,
-                          swap_stores_.Acquire(attempt->start.spec(), ranks));
+      ZT_ASSIGN_OR_RETURN(attempt->swap_store, swap_stores_.Acquire(attempt->start.spec(), ranks));
     }
     return absl::OkStatus();
   }();

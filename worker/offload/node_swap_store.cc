@@ -67,8 +67,8 @@ absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(const zerotrai
     std::filesystem::remove_all(options.path, ec);
     if (!ec) std::filesystem::create_directories(options.path, ec);
     if (ec) {
-      return absl::PermissionDeniedError(absl::StrCat("offload.nvme_path: cannot empty '",
-                                                      options.path, "': ", ec.message()));
+      return absl::PermissionDeniedError(
+          absl::StrCat("offload.nvme_path: cannot empty '", options.path, "': ", ec.message()));
     }
     store = offload::SwapStore::Open(options);
   }

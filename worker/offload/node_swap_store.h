@@ -6,11 +6,11 @@
 // The store is the directory "<offload.nvme_path>/zerotrain-swap", created when missing, with
 // one swap file per rank: each rank's states go to its own file first (SwapStore::
 // SetPlacement), sized for two generations (a step writes its new one beside the committed
-// one) of the largest rank's plan, half a generation more and a largest extent. A store another process left with another geometry (another
-// job's) holds scratch nobody reads: it is emptied and made anew, with a warning. One another
-// process holds is refused (FailedPrecondition naming the path). One a killed process left
-// open is verified at open (or discarded, with the store's warning); a verified one is said
-// on stderr with the count of extents checked.
+// one) of the largest rank's plan, half a generation more and a largest extent. A store another
+// process left with another geometry (another job's) holds scratch nobody reads: it is emptied and
+// made anew, with a warning. One another process holds is refused (FailedPrecondition naming the
+// path). One a killed process left open is verified at open (or discarded, with the store's
+// warning); a verified one is said on stderr with the count of extents checked.
 #pragma once
 
 #include <map>
@@ -35,8 +35,9 @@ offload::SwapStoreOptions SwapStoreOptionsFor(const zerotrain::JobSpec& job,
 
 // Opens (or creates) the store for `ranks` of `job`. `env`: the store's operating-system seam
 // (null: the real one; tests inject faults). Errors as SwapStore::Open's, naming the path.
-absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(
-    const zerotrain::JobSpec& job, const std::vector<int>& ranks, offload::SwapEnv* env = nullptr);
+absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(const zerotrain::JobSpec& job,
+                                                                  const std::vector<int>& ranks,
+                                                                  offload::SwapEnv* env = nullptr);
 
 // The node daemon's stores, one per directory, open while a job that uses it runs. A second
 // job on the same directory shares the open store (its capacity is the first job's; a job

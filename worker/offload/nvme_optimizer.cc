@@ -58,11 +58,10 @@ absl::StatusOr<SwapRole> SwapRoleFor(const std::string& name) {
 class NvmeOptimizer::RingAllocator : public offload::HostAllocator {
  public:
   RingAllocator(std::byte* data, size_t size) : data_(data), size_(size) {}
-  absl::StatusOr<offload::HostRegion> Allocate(size_t size,
-                                               const offload::WarningSink&) override {
+  absl::StatusOr<offload::HostRegion> Allocate(size_t size, const offload::WarningSink&) override {
     if (size > size_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "offload ring: the pool asks ", size, " bytes of the plan's ring of ", size_));
+      return absl::ResourceExhaustedError(absl::StrCat("offload ring: the pool asks ", size,
+                                                       " bytes of the plan's ring of ", size_));
     }
     return offload::HostRegion{.data = data_, .size = size, .pinned = false};
   }
@@ -86,8 +85,7 @@ absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) 
   const Optimizer& opt = args.optimizer;
   if (static_cast<int>(args.unit_names.size()) != opt.unit_count()) {
     return absl::InvalidArgumentError(absl::StrCat("nvme optimizer: ", args.unit_names.size(),
-                                                   " unit names for ", opt.unit_count(),
-                                                   " units"));
+                                                   " unit names for ", opt.unit_count(), " units"));
   }
   std::vector<UnitSlots> units(opt.unit_count());
   int most_bins = 0;
@@ -97,9 +95,9 @@ absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) 
     std::vector<Slot> slots;
     if (opt.has_master()) {
       if (args.master_numel.size() != args.unit_names.size() || args.master_numel[u] < n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "nvme optimizer: unit ", args.unit_names[u], " needs a master buffer of at least ",
-            n, " elements"));
+        return absl::InvalidArgumentError(absl::StrCat("nvme optimizer: unit ", args.unit_names[u],
+                                                       " needs a master buffer of at least ", n,
+                                                       " elements"));
       }
       const bool split = opt.split_master();
       slots.push_back({.name = args.unit_names[u] + (split ? ".master_low" : ".master"),
@@ -124,10 +122,10 @@ absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) 
       if (slot.bytes == 0) continue;
       const int64_t placed = RoundUp(slot.bytes);
       if (placed > args.buffer_size) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "offload.buffer_size: ", args.buffer_size, " bytes is less than optimizer state ",
-            slot.name, " of ", slot.bytes,
-            " bytes, which the NVMe optimizer step swaps through one ring buffer"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("offload.buffer_size: ", args.buffer_size,
+                         " bytes is less than optimizer state ", slot.name, " of ", slot.bytes,
+                         " bytes, which the NVMe optimizer step swaps through one ring buffer"));
       }
       size_t bin = 0;
       while (bin < used.size() && used[bin] + placed > args.buffer_size) ++bin;
@@ -164,10 +162,11 @@ NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units)
       ring_(std::make_unique<RingAllocator>(
           args.ring, static_cast<size_t>(args.buffer_count * args.buffer_size))) {
   // The pool takes the ring's memory, which Create checked; Create cannot fail on it.
-  queue_ = offload::CopyQueue::Create(store_, {.buffer_count = static_cast<size_t>(args.buffer_count),
-                                               .buffer_size = static_cast<size_t>(args.buffer_size),
-                                               .allocator = ring_.get()})
-               .value();
+  queue_ =
+      offload::CopyQueue::Create(store_, {.buffer_count = static_cast<size_t>(args.buffer_count),
+                                          .buffer_size = static_cast<size_t>(args.buffer_size),
+                                          .allocator = ring_.get()})
+          .value();
   grad_staging_ = queue_->AcquireBuffer();
   param_staging_ = queue_->AcquireBuffer();
 }
@@ -223,8 +222,8 @@ std::optional<NvmeOptimizer::Pending> NvmeOptimizer::Issue(int u, uint64_t gener
 void NvmeOptimizer::WriteBehind(Pending pending, uint64_t generation,
                                 std::vector<CopyHandle>& writes) {
   for (int b = 0; b < units_[pending.unit].bins; ++b) {
-    writes.push_back(queue_->SwapOutPlace(ExtentsOf(pending.unit, b, generation),
-                                          std::move(pending.bins[b])));
+    writes.push_back(
+        queue_->SwapOutPlace(ExtentsOf(pending.unit, b, generation), std::move(pending.bins[b])));
   }
 }
 
@@ -262,8 +261,7 @@ Optimizer::UnitStateViews NvmeOptimizer::ViewsOf(const Pending& pending) const {
   Optimizer::UnitStateViews views;
   views.buffers.resize(optimizer_.unit_state(u).buffers.size());
   for (const Slot& slot : units_[u].slots) {
-    const Tensor t(pending.bins[slot.bin].data() + slot.offset, slot.dtype, {slot.numel},
-                   Device{});
+    const Tensor t(pending.bins[slot.bin].data() + slot.offset, slot.dtype, {slot.numel}, Device{});
     if (slot.buffer < 0) {
       views.master = t;
     } else {
@@ -338,9 +336,9 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     stats_.seconds_to_host += SecondsSince(down);
     for (const CopyHandle& r : cur->reads) {
       if (absl::Status s = r.Wait(); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("offload.nvme_path '", store_->path(),
-                                                   "': swapping in unit ", unit_names_[u],
-                                                   "'s optimizer states failed: ", s.message()));
+        return absl::Status(
+            s.code(), absl::StrCat("offload.nvme_path '", store_->path(), "': swapping in unit ",
+                                   unit_names_[u], "'s optimizer states failed: ", s.message()));
       }
     }
     const auto update = Clock::now();
@@ -362,7 +360,8 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     if (u + 1 < n_units && !next) next = Issue(u + 1, read, /*wait=*/true);
   }
   ZT_RETURN_IF_ERROR(CommitGeneration(
-      writes, write, absl::StrCat("swapping out step ", optimizer_.steps_taken() + 1, "'s states")));
+      writes, write,
+      absl::StrCat("swapping out step ", optimizer_.steps_taken() + 1, "'s states")));
   optimizer_.CountStep();
   return absl::OkStatus();
 }
@@ -385,10 +384,10 @@ absl::StatusOr<const void*> NvmeOptimizer::ReadBuffer(const std::string& name) {
   int u = 0;
   ZT_ASSIGN_OR_RETURN(const Slot* slot, FindSlot(name, &u));
   ZT_RETURN_IF_ERROR(queue_->Drain());
-  ZT_RETURN_IF_ERROR(
-      store_->Read(KeyOf(u, *slot, committed_),
-                   {grad_staging_.data(), static_cast<size_t>(slot->bytes)})
-          .status());
+  ZT_RETURN_IF_ERROR(store_
+                         ->Read(KeyOf(u, *slot, committed_),
+                                {grad_staging_.data(), static_cast<size_t>(slot->bytes)})
+                         .status());
   return static_cast<const void*>(grad_staging_.data());
 }
 
@@ -411,6 +410,14 @@ absl::Status NvmeOptimizer::FinishRestore() {
   const uint64_t generation = std::exchange(restoring_, 0);
   std::vector<CopyHandle> none;
   return CommitGeneration(none, generation, "writing the restored optimizer states");
+}
+
+std::map<std::string, int64_t> NvmeOptimizer::SwappedBuffers() const {
+  std::map<std::string, int64_t> out;
+  for (const UnitSlots& u : units_) {
+    for (const Slot& s : u.slots) out[s.name] = s.bytes;
+  }
+  return out;
 }
 
 NvmeOptimizer::Stats NvmeOptimizer::stats() const {

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,10 @@ class NvmeOptimizer {
   absl::Status WriteBuffer(const std::string& name, const void* data, int64_t bytes);
   absl::Status FinishRestore();
 
+  // The plan's buffers this optimizer swaps, name → bytes (those of no bytes left out): what
+  // the trainer checks against the plan's kNvme buffers.
+  std::map<std::string, int64_t> SwappedBuffers() const;
+
   // What the steps so far moved and spent, cumulative: device ↔ host copies and host updates
   // as HostOptimizer::Stats, and the swap: bytes read from and written to the store by the
   // copy queue and the seconds its worker spent on them (writes include the commits).
@@ -161,8 +166,7 @@ class NvmeOptimizer {
   // buffers (`wait`), or nullopt when the ring has too few free now.
   std::optional<Pending> Issue(int u, uint64_t generation, bool wait);
   // Queues the writes of a unit's buffers under `generation`, handing the buffers back.
-  void WriteBehind(Pending pending, uint64_t generation,
-                   std::vector<offload::CopyHandle>& writes);
+  void WriteBehind(Pending pending, uint64_t generation, std::vector<offload::CopyHandle>& writes);
   // Waits for `writes`, then commits `generation`. The first failure, with the context.
   absl::Status CommitGeneration(std::vector<offload::CopyHandle>& writes, uint64_t generation,
                                 const std::string& what);

@@ -212,8 +212,7 @@ absl::Status Optimizer::StepUnit(const DeviceContext& ctx, int u, const Tensor& 
   if (state.buffers.size() != units_[u].state.buffers.size()) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer: unit ", layout_.units[u].name,
                                                    " takes ", units_[u].state.buffers.size(),
-                                                   " state buffers, given ",
-                                                   state.buffers.size()));
+                                                   " state buffers, given ", state.buffers.size()));
   }
   const int64_t step = steps_taken_ + 1;
   const UnitLayout& layout = layout_.units[u];

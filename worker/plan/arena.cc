@@ -34,8 +34,8 @@ std::unique_ptr<ArenaAllocator> MakeHostArenaAllocator() {
   return std::make_unique<HostArenaAllocator>();
 }
 
-absl::StatusOr<std::unique_ptr<Arenas>> Arenas::Create(
-    const MemoryPlan& plan, std::unique_ptr<ArenaAllocator> allocator) {
+absl::StatusOr<std::unique_ptr<Arenas>> Arenas::Create(const MemoryPlan& plan,
+                                                       std::unique_ptr<ArenaAllocator> allocator) {
   std::unique_ptr<Arenas> a(new Arenas());
   a->plan_ = plan;
   a->allocator_ = allocator != nullptr ? std::move(allocator) : MakeHostArenaAllocator();

@@ -112,10 +112,9 @@ TEST_F(CopyQueueTest, InPlaceTransfersUseTheCallersRingBuffers) {
   PinnedLease second = queue_->AcquireBuffer();
   PinnedLease third = queue_->AcquireBuffer();
   EXPECT_EQ(queue_->TryAcquireBuffer().status().code(), absl::StatusCode::kResourceExhausted);
-  CopyHandle written = queue_->SwapOutPlace(
-      {{.key = Key(0, 1), .offset = 0, .length = 5000},
-       {.key = Key(1, 1), .offset = 8192, .length = 7000}},
-      std::move(out));
+  CopyHandle written = queue_->SwapOutPlace({{.key = Key(0, 1), .offset = 0, .length = 5000},
+                                             {.key = Key(1, 1), .offset = 8192, .length = 7000}},
+                                            std::move(out));
   ASSERT_TRUE(written.Wait().ok()) << written.Wait();
   EXPECT_EQ(written.bytes(), 12000u);
   ASSERT_TRUE(queue_->Commit("job-q", 1).Wait().ok());

@@ -41,8 +41,8 @@ TEST(SwapRoleForTest, EveryOptimizersStatesHaveDistinctRolesInAUnit) {
         absl::StatusOr<offload::SwapRole> role = SwapRoleFor(b.name);
         ASSERT_TRUE(role.ok()) << role.status();
         EXPECT_TRUE(roles.insert(*role).second)
-            << OptimizerConfig::Type_Name(type) << " " << u.name << "." << b.name
-            << " shares role " << offload::SwapRoleName(*role);
+            << OptimizerConfig::Type_Name(type) << " " << u.name << "." << b.name << " shares role "
+            << offload::SwapRoleName(*role);
       }
     }
   }
@@ -63,8 +63,7 @@ class NodeSwapStoreTest : public ::testing::Test {
   // A job of `world` ranks whose optimizer states live in a store under dir_ (the fields
   // the store's options read, as defaults would set them).
   zerotrain::JobSpec Job(int world) const {
-    zerotrain::JobSpec job = testing::SmallShardedJob((dir_ / "train.bin").string(), world, 1,
-                                                      2);
+    zerotrain::JobSpec job = testing::SmallShardedJob((dir_ / "train.bin").string(), world, 1, 2);
     job.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
     job.mutable_offload()->set_nvme_path(dir_.string());
     job.mutable_offload()->set_buffer_size(65536);

@@ -26,10 +26,10 @@
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
-#include "worker/offload/node_swap_store.h"
 #include "worker/model/param_layout.h"
-#include "worker/plan/arena.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/parallel/parallel_layout.h"
+#include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/rank_state.h"
 #include "worker/train/pinned_host_arena.h"
@@ -502,8 +502,7 @@ TEST_F(OffloadTrainingTest, OptimizerNvmeEqualsNoOffloadBitForBit) {
         for (int world : {1, 2}) {
           const std::string what = absl::StrCat(o.name, " ", PrecisionConfig::DType_Name(dtype),
                                                 " stage ", stage, " world ", world);
-          const RunResult swapped =
-              Train(Job(world, stage, o.type, dtype, OffloadConfig::NVME), 4);
+          const RunResult swapped = Train(Job(world, stage, o.type, dtype, OffloadConfig::NVME), 4);
           const RunResult plain = Train(Job(world, stage, o.type, dtype, OffloadConfig::NONE), 4);
           ExpectSameRun(swapped, plain, what);
           ASSERT_EQ(swapped.losses.size(), 4u) << what;
@@ -576,8 +575,7 @@ TEST_F(OffloadTrainingTest, NvmeHostMemoryIsThePlansRing) {
     EXPECT_GT(plan.CategoryBytes(MemoryCategory::kNvme), 0);
     for (int c = 0; c < kMemoryCategoryCount; ++c) {
       const auto category = static_cast<MemoryCategory>(c);
-      const int64_t expected =
-          category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category);
+      const int64_t expected = category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category);
       EXPECT_EQ(run.arena_bytes[r][c], expected) << MemoryCategoryName(category);
       EXPECT_EQ(counted[r].device_bytes[c],
                 IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
@@ -623,7 +621,8 @@ TEST_F(OffloadTrainingTest, NvmeStatesCheckpointAndResumeBitForBit) {
     EXPECT_EQ(second.state, straight.state) << what;
   }
   // 2 ranks at stage 2 with NVMe → 1 rank at stage 1, with NVMe and without: the same bytes.
-  JobSpec saved = Job(2, 2, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, OffloadConfig::NVME);
+  JobSpec saved =
+      Job(2, 2, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, OffloadConfig::NVME);
   saved.mutable_checkpoint()->set_dir((dir_ / "nvme-saved").string());
   saved.mutable_checkpoint()->set_interval_steps(2);
   ASSERT_TRUE(Train(saved, 2).status.ok());
@@ -667,8 +666,8 @@ TEST_F(OffloadTrainingTest, NvmeFullDiskFailsTheJobAndKeepsTheCheckpoint) {
   const RunResult straight = Train(job("full-straight"), 4);
   ASSERT_TRUE(straight.status.ok()) << straight.status;
   const JobSpec spec = job("full");
-  const int64_t generation = PlanMemory(ValidatedJob(spec).value(), 0)
-                                 .CategoryBytes(MemoryCategory::kNvme);
+  const int64_t generation =
+      PlanMemory(ValidatedJob(spec).value(), 0).CategoryBytes(MemoryCategory::kNvme);
   ASSERT_GT(generation, 0);
   // The first generation, steps 1 and 2, and half of step 3's.
   StepFaults env;
