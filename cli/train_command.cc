@@ -163,7 +163,13 @@ absl::Status RunTrain(const TrainFlags& flags) {
   if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
     std::vector<int> local_ranks;
     for (int r = ranks->first; r <= ranks->last; ++r) local_ranks.push_back(r);
-    absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, local_ranks);
+    // A process running part of the ranks (--ranks) may share the node with the job's other
+    // processes: each keeps a store of its own beside the node's.
+    const std::string directory = all_ranks ? ""
+                                            : absl::StrCat(SwapStoreDirectory(job), ".ranks-",
+                                                           ranks->first, "-", ranks->last);
+    absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened =
+        OpenSwapStore(job, local_ranks, nullptr, directory);
     if (!opened.ok()) return opened.status();
     swap_store = std::move(*opened);
     options.swap_store = swap_store.get();

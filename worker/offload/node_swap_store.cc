@@ -23,7 +23,8 @@ std::string SwapStoreDirectory(const zerotrain::JobSpec& job) {
 }
 
 offload::SwapStoreOptions SwapStoreOptionsFor(const zerotrain::JobSpec& job,
-                                              const std::vector<int>& ranks) {
+                                              const std::vector<int>& ranks,
+                                              const std::string& directory) {
   // A file per rank (SwapStore::SetPlacement): each rank's generations take turns in its own
   // file, which then never fragments (the same extents in the same order every step).
   int64_t most = 0, largest = kPage;
@@ -35,7 +36,7 @@ offload::SwapStoreOptions SwapStoreOptionsFor(const zerotrain::JobSpec& job,
     }
   }
   offload::SwapStoreOptions options;
-  options.path = SwapStoreDirectory(job);
+  options.path = directory.empty() ? SwapStoreDirectory(job) : directory;
   options.file_count = static_cast<uint32_t>(std::max<size_t>(1, ranks.size()));
   // Two generations, and room for a restore of the master weights alone (a weights-only
   // checkpoint) beside them: half a generation more, and a largest extent.
@@ -47,8 +48,9 @@ offload::SwapStoreOptions SwapStoreOptionsFor(const zerotrain::JobSpec& job,
 
 absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(const zerotrain::JobSpec& job,
                                                                   const std::vector<int>& ranks,
-                                                                  offload::SwapEnv* env) {
-  offload::SwapStoreOptions options = SwapStoreOptionsFor(job, ranks);
+                                                                  offload::SwapEnv* env,
+                                                                  const std::string& directory) {
+  offload::SwapStoreOptions options = SwapStoreOptionsFor(job, ranks, directory);
   options.env = env;
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);

@@ -29,15 +29,20 @@ namespace zt {
 std::string SwapStoreDirectory(const zerotrain::JobSpec& job);
 
 // The geometry and I/O of a store for `ranks` of `job` (validated, defaults applied):
-// everything SwapStore::Open takes but the env.
+// everything SwapStore::Open takes but the env. `directory`: where; empty:
+// SwapStoreDirectory(job).
 offload::SwapStoreOptions SwapStoreOptionsFor(const zerotrain::JobSpec& job,
-                                              const std::vector<int>& ranks);
+                                              const std::vector<int>& ranks,
+                                              const std::string& directory = "");
 
-// Opens (or creates) the store for `ranks` of `job`. `env`: the store's operating-system seam
-// (null: the real one; tests inject faults). Errors as SwapStore::Open's, naming the path.
-absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(const zerotrain::JobSpec& job,
-                                                                  const std::vector<int>& ranks,
-                                                                  offload::SwapEnv* env = nullptr);
+// Opens (or creates) the store for `ranks` of `job` in `directory` (empty:
+// SwapStoreDirectory(job); a process that runs part of a job's ranks beside the job's other
+// processes on the node names its own, as `zt train --ranks` does). `env`: the store's
+// operating-system seam (null: the real one; tests inject faults). Errors as
+// SwapStore::Open's, naming the path.
+absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(
+    const zerotrain::JobSpec& job, const std::vector<int>& ranks, offload::SwapEnv* env = nullptr,
+    const std::string& directory = "");
 
 // The node daemon's stores, one per directory, open while a job that uses it runs. A second
 // job on the same directory shares the open store (its capacity is the first job's; a job
