@@ -149,24 +149,29 @@ absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) 
   }
   ZT_RETURN_IF_ERROR(args.store->DropJob(args.store_job));
   ZT_RETURN_IF_ERROR(args.store->SetPlacement(args.store_job, args.home_file));
-  return std::unique_ptr<NvmeOptimizer>(new NvmeOptimizer(std::move(args), std::move(units)));
+  // The copy queue's pool is the plan's ring: it allocates nothing.
+  auto ring = std::make_unique<RingAllocator>(
+      args.ring, static_cast<size_t>(args.buffer_count * args.buffer_size));
+  ZT_ASSIGN_OR_RETURN(std::unique_ptr<offload::CopyQueue> queue,
+                      offload::CopyQueue::Create(
+                          args.store, {.buffer_count = static_cast<size_t>(args.buffer_count),
+                                       .buffer_size = static_cast<size_t>(args.buffer_size),
+                                       .allocator = ring.get()}));
+  return std::unique_ptr<NvmeOptimizer>(
+      new NvmeOptimizer(std::move(args), std::move(units), std::move(ring), std::move(queue)));
 }
 
-NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units)
+NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units,
+                             std::unique_ptr<RingAllocator> ring,
+                             std::unique_ptr<offload::CopyQueue> queue)
     : optimizer_(std::move(args.optimizer)),
       unit_names_(std::move(args.unit_names)),
       copies_(args.copies),
       store_(args.store),
       job_(std::move(args.store_job)),
       units_(std::move(units)),
-      ring_(std::make_unique<RingAllocator>(
-          args.ring, static_cast<size_t>(args.buffer_count * args.buffer_size))) {
-  // The pool takes the ring's memory, which Create checked; Create cannot fail on it.
-  queue_ =
-      offload::CopyQueue::Create(store_, {.buffer_count = static_cast<size_t>(args.buffer_count),
-                                          .buffer_size = static_cast<size_t>(args.buffer_size),
-                                          .allocator = ring_.get()})
-          .value();
+      ring_(std::move(ring)),
+      queue_(std::move(queue)) {
   grad_staging_ = queue_->AcquireBuffer();
   param_staging_ = queue_->AcquireBuffer();
 }

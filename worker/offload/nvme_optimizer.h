@@ -158,7 +158,8 @@ class NvmeOptimizer {
   };
   class RingAllocator;
 
-  NvmeOptimizer(Args args, std::vector<UnitSlots> units);
+  NvmeOptimizer(Args args, std::vector<UnitSlots> units, std::unique_ptr<RingAllocator> ring,
+                std::unique_ptr<offload::CopyQueue> queue);
   offload::SwapKey KeyOf(int u, const Slot& slot, uint64_t generation) const;
   std::vector<offload::CopyQueue::BufferExtent> ExtentsOf(int u, int bin,
                                                           uint64_t generation) const;
