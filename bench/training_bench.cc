@@ -5,12 +5,17 @@
 //                  [--threads N] [--gemm onednn|openblas]
 //                  [--precision fp32|bf16|fp16] [--checkpointing none|full|selective|every2]
 //                  [--optimizer adamw|adamw8bit|adafactor] [--grad-dtype fp32|bf16]
-//                  [--master fp32|split]
+//                  [--master fp32|split] [--offload none|cpu|nvme] [--nvme-path DIR]
+//                  [--buffer-count N] [--buffer-size BYTES]
 // The memory techniques (bench/RESULTS.md's second table) are the last five flags:
 // --precision bf16 means bf16 parameters and activations with fp32 master weights and fp32
 // gradient accumulation; --grad-dtype bf16 accumulates gradients in bf16 instead, and
 // --master split keeps the fp32 master as the bf16 parameters plus 16 low bits
 // (precision.split_master_weights).
+// --offload puts the optimizer's states on the host (cpu, ZeRO-Offload) or in a swap store
+// under --nvme-path (nvme); with it, every mode (none too) runs at ZeRO stage 1, which offload
+// needs (one rank: the same arithmetic as stage 0), and the line adds the optimizer's median
+// seconds and the swap's bytes and seconds of the last step.
 //
 // The data are random tokens (throughput does not depend on them). Peak RSS is the kernel's
 // VmHWM; the baseline is VmRSS after the libraries and the OpenMP pool are up, before the
@@ -33,8 +38,9 @@
 int main(int argc, char** argv) {
   std::string config = "tiny", gemm = "onednn";
   std::string precision = "fp32", checkpointing = "none", optimizer = "adamw";
-  std::string grad_dtype = "fp32", master = "fp32";
-  int steps = 10, warmup = 2, threads = 2;
+  std::string grad_dtype = "fp32", master = "fp32", offload, nvme_path;
+  int steps = 10, warmup = 2, threads = 2, buffer_count = 4;
+  int64_t buffer_size = 0;  // 0: the job's default
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--config")
@@ -55,6 +61,14 @@ int main(int argc, char** argv) {
       optimizer = value;
     else if (flag == "--grad-dtype")
       grad_dtype = value;
+    else if (flag == "--offload")
+      offload = value;
+    else if (flag == "--nvme-path")
+      nvme_path = value;
+    else if (flag == "--buffer-count")
+      buffer_count = std::atoi(value.c_str());
+    else if (flag == "--buffer-size")
+      buffer_size = std::atoll(value.c_str());
     else if (flag == "--master")
       master = value;
     else {
@@ -94,6 +108,26 @@ int main(int argc, char** argv) {
       job.mutable_optimizer()->mutable_adafactor()->set_scale_parameter(false);
     }
   }
+  if (!offload.empty()) {
+    using Off = zerotrain::OffloadConfig;
+    if (offload != "none" && offload != "cpu" && offload != "nvme") {
+      std::fprintf(stderr, "training_bench: --offload must be none, cpu or nvme\n");
+      return 2;
+    }
+    job.mutable_parallel()->set_zero_stage(1);
+    if (buffer_size > 0) job.mutable_offload()->set_buffer_size(buffer_size);
+    job.mutable_offload()->set_optimizer(offload == "cpu"    ? Off::CPU
+                                         : offload == "nvme" ? Off::NVME
+                                                             : Off::NONE);
+    if (offload == "nvme") {
+      if (nvme_path.empty()) {
+        std::fprintf(stderr, "training_bench: --offload nvme needs --nvme-path DIR\n");
+        return 2;
+      }
+      job.mutable_offload()->set_nvme_path(nvme_path);
+      job.mutable_offload()->set_buffer_count(buffer_count);
+    }
+  }
   if (auto s = zt::bench::WriteRandomTokens(data, job.model().vocab_size()); !s.ok()) {
     std::fprintf(stderr, "training_bench: %s\n", s.ToString().c_str());
     return 1;
@@ -123,7 +157,8 @@ int main(int argc, char** argv) {
   }
   const int64_t after_create = zt::bench::ProcStatusBytes("VmRSS:");
   (*trainer)->set_cpu_gemm(gemm == "openblas" ? zt::CpuGemm::kOpenBlas : zt::CpuGemm::kOneDnn);
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, optimizer_ms;
+  zt::StepRecord last;
   double loss = 0;
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point timed_start = start;
@@ -134,12 +169,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "training_bench: %s\n", r.status().ToString().c_str());
       return 1;
     }
-    if (s >= warmup) step_ms.push_back(r->step_ms);
+    if (s >= warmup) {
+      step_ms.push_back(r->step_ms);
+      optimizer_ms.push_back(r->optimizer_s * 1e3);
+    }
     loss = r->loss;
+    last = *r;
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_start).count();
   std::sort(step_ms.begin(), step_ms.end());
+  std::sort(optimizer_ms.begin(), optimizer_ms.end());
   const int64_t tokens_per_step =
       int64_t{validated->train().micro_batch_size()} * validated->data().seq_len();
   nlohmann::json out = {{"impl", "zerotrain"},
@@ -159,6 +199,19 @@ int main(int argc, char** argv) {
                         {"grad_dtype", grad_dtype},
                         {"master", master},
                         {"final_loss", loss}};
+  if (!offload.empty()) {
+    const zt::MemoryPlan& plan = (*trainer)->plan();
+    out["offload"] = offload;
+    out["optimizer_ms"] = optimizer_ms[optimizer_ms.size() / 2];
+    out["host_optimizer_ms_last"] = last.host_optimizer_s * 1e3;
+    out["swap_bytes_in_last"] = last.swap_bytes_in;
+    out["swap_bytes_out_last"] = last.swap_bytes_out;
+    out["swap_in_ms_last"] = last.swap_in_s * 1e3;
+    out["swap_out_ms_last"] = last.swap_out_s * 1e3;
+    out["plan_device_bytes"] = plan.DeviceBytes();
+    out["plan_pinned_host_bytes"] = plan.CategoryBytes(zt::MemoryCategory::kPinnedHost);
+    out["plan_nvme_bytes"] = plan.CategoryBytes(zt::MemoryCategory::kNvme);
+  }
   std::printf("%s\n", out.dump().c_str());
   std::filesystem::remove_all(dir);
   return 0;

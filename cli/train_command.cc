@@ -19,6 +19,7 @@
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/text_generation.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/trainer.h"
 
 namespace zt::cli {
@@ -158,6 +159,23 @@ absl::Status RunTrain(const TrainFlags& flags) {
   }
 
   const int local = ranks->last - ranks->first + 1;
+  // offload.optimizer NVME: one swap store for the process, shared by its ranks (RocksDB
+  // admits one process per index).
+  std::shared_ptr<offload::SwapStore> swap_store;
+  if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+    std::vector<int> local_ranks;
+    for (int r = ranks->first; r <= ranks->last; ++r) local_ranks.push_back(r);
+    // A process running part of the ranks (--ranks) may share the node with the job's other
+    // processes: each keeps a store of its own beside the node's.
+    const std::string directory = all_ranks ? ""
+                                            : absl::StrCat(SwapStoreDirectory(job), ".ranks-",
+                                                           ranks->first, "-", ranks->last);
+    absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened =
+        OpenSwapStore(job, local_ranks, nullptr, directory);
+    if (!opened.ok()) return opened.status();
+    swap_store = std::move(*opened);
+    options.swap_store = swap_store.get();
+  }
   std::vector<absl::Status> results(local);
   std::vector<std::unique_ptr<Trainer>> trainers(local);
   std::vector<std::thread> threads;

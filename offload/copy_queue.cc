@@ -109,6 +109,73 @@ CopyHandle CopyQueue::SwapIn(const SwapKey& key, absl::Span<std::byte> dst) {
       /*swap_in=*/true);
 }
 
+PinnedLease CopyQueue::AcquireBuffer() { return pool_->Acquire(); }
+
+absl::StatusOr<PinnedLease> CopyQueue::TryAcquireBuffer() { return pool_->TryAcquire(); }
+
+namespace {
+
+absl::Status CheckInside(const CopyQueue::BufferExtent& e, size_t buffer_size, const char* what) {
+  if (e.offset > buffer_size || e.length > buffer_size - e.offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of ", SwapKeyText(e.key), ": bytes [", e.offset, ", ",
+                     e.offset + e.length, ") lie outside the ring buffer of ", buffer_size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CopyHandle CopyQueue::SwapInPlace(std::vector<BufferExtent> extents, const PinnedLease& lease) {
+  for (const BufferExtent& e : extents) {
+    if (absl::Status s = CheckInside(e, lease.size(), "swap-in"); !s.ok()) {
+      return CopyHandle::Finished(std::move(s));
+    }
+  }
+  std::byte* base = lease.data();
+  return Enqueue(
+      [this, extents = std::move(extents), base]() -> absl::StatusOr<size_t> {
+        size_t total = 0;
+        for (const BufferExtent& e : extents) {
+          auto length = store_->Length(e.key);
+          if (!length.ok()) return length.status();
+          if (*length != e.length) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("swap-in of ", SwapKeyText(e.key), ": the extent holds ", *length,
+                             " bytes, the caller expects ", e.length));
+          }
+          auto n = store_->Read(e.key, {base + e.offset, e.length});
+          if (!n.ok()) return n.status();
+          total += *n;
+        }
+        return total;
+      },
+      /*swap_in=*/true);
+}
+
+CopyHandle CopyQueue::SwapOutPlace(std::vector<BufferExtent> extents, PinnedLease lease) {
+  for (const BufferExtent& e : extents) {
+    if (absl::Status s = CheckInside(e, lease.size(), "swap-out"); !s.ok()) {
+      return CopyHandle::Finished(std::move(s));
+    }
+  }
+  auto held = std::make_shared<PinnedLease>(std::move(lease));
+  return Enqueue(
+      [this, extents = std::move(extents), held]() -> absl::StatusOr<size_t> {
+        size_t total = 0;
+        absl::Status s;
+        for (const BufferExtent& e : extents) {
+          s = store_->Write(e.key, {held->data() + e.offset, e.length});
+          if (!s.ok()) break;
+          total += e.length;
+        }
+        held->Release();
+        if (!s.ok()) return s;
+        return total;
+      },
+      /*swap_in=*/false);
+}
+
 CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation) {
   return Enqueue(
       [this, job, generation]() -> absl::StatusOr<size_t> {

@@ -13,6 +13,13 @@
 // able to finish, since it never waits for a buffer itself). A transfer must fit in one buffer:
 // buffer_size is sized to the largest unit shard (DeepSpeed's buffer_size rule).
 //
+// In place: a caller that works on the bytes where they land (the optimizer step of swapped
+// states) holds ring buffers itself (AcquireBuffer), has extents read into them (SwapInPlace)
+// and hands them back with their writes (SwapOutPlace: the buffer returns to the ring once the
+// store has the bytes), so nothing is copied between the ring and other memory. A caller that
+// holds buffers must not wait in AcquireBuffer unless queued SwapOuts will free enough: it
+// takes read-ahead buffers with TryAcquireBuffer.
+//
 // Thread-safe: calls from any threads. Owns its pool and worker; does not own the store, which
 // must outlive it. The destructor finishes everything queued.
 #pragma once
@@ -24,6 +31,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -89,6 +97,23 @@ class CopyQueue {
   // Queues the read of `key` into `dst`, which must stay valid until the handle is done and
   // hold the extent. Queue it ahead of use: that is the read-ahead.
   CopyHandle SwapIn(const SwapKey& key, absl::Span<std::byte> dst);
+  // A ring buffer for the caller to use in place, waiting for one.
+  PinnedLease AcquireBuffer();
+  // ... or ResourceExhausted when all are taken.
+  absl::StatusOr<PinnedLease> TryAcquireBuffer();
+  // One extent at bytes [offset, offset + length) of a caller's ring buffer.
+  struct BufferExtent {
+    SwapKey key;
+    size_t offset = 0;
+    size_t length = 0;
+  };
+  // Queues the reads of `extents` into `lease`'s buffer, which the caller keeps and must not
+  // touch in those bytes until the handle is done. InvalidArgument when an extent lies outside
+  // the buffer or its stored length differs from `length`; the store's errors as they come.
+  CopyHandle SwapInPlace(std::vector<BufferExtent> extents, const PinnedLease& lease);
+  // Queues the writes of `extents` from `lease`'s buffer (taken over), which goes back to the
+  // ring once they are done (or failed).
+  CopyHandle SwapOutPlace(std::vector<BufferExtent> extents, PinnedLease lease);
   // Queues SwapStore::Commit(job, generation) after everything queued before it.
   CopyHandle Commit(const std::string& job, uint64_t generation);
   // Waits until everything queued so far is done; the first error among what finished since

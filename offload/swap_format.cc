@@ -98,7 +98,8 @@ absl::StatusOr<SwapKey> DecodeExtentKey(absl::string_view encoded) {
   const uint64_t role = r.Int(1);
   key.role = static_cast<SwapRole>(role);
   key.generation = r.Int(8);
-  if (!r.done() || prefix != kExtentPrefix || role < 1 || role > 5) {
+  if (!r.done() || prefix != kExtentPrefix || role < 1 ||
+      role > static_cast<uint64_t>(SwapRole::kFactorFull)) {
     return absl::DataLossError("the index holds an extent key it cannot decode");
   }
   return key;

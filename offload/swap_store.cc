@@ -31,6 +31,18 @@ absl::string_view SwapRoleName(SwapRole role) {
       return "scales";
     case SwapRole::kParameters:
       return "params";
+    case SwapRole::kMomentumCodes:
+      return "m_codes";
+    case SwapRole::kVarianceCodes:
+      return "v_codes";
+    case SwapRole::kVarianceScales:
+      return "v_scales";
+    case SwapRole::kFactorRow:
+      return "factor_row";
+    case SwapRole::kFactorCol:
+      return "factor_col";
+    case SwapRole::kFactorFull:
+      return "factor_full";
   }
   return "unknown";
 }
@@ -343,7 +355,10 @@ absl::StatusOr<SwapStore::Extent> SwapStore::AllocateLocked(uint64_t length, con
   const uint64_t need = RoundUp(length);
   if (need == 0) return Extent{};
   uint64_t total_free = 0, largest = 0;
-  for (uint32_t f = 0; f < free_.size(); ++f) {
+  auto home = placement_.find(key.job);
+  const uint32_t first = home == placement_.end() ? 0 : home->second;
+  for (uint32_t k = 0; k < free_.size(); ++k) {
+    const uint32_t f = static_cast<uint32_t>((first + k) % free_.size());
     for (auto it = free_[f].begin(); it != free_[f].end(); ++it) {
       total_free += it->second;
       largest = std::max(largest, it->second);
@@ -612,6 +627,17 @@ uint64_t SwapStore::CommittedGeneration(absl::string_view job) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
   return it == jobs_.end() ? 0 : it->second.committed;
+}
+
+absl::Status SwapStore::SetPlacement(absl::string_view job, uint32_t first_file) {
+  if (first_file >= options_.file_count) {
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options_.path, "': file ",
+                                                   first_file, " for job '", job, "' (it has ",
+                                                   options_.file_count, ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  placement_[std::string(job)] = first_file;
+  return absl::OkStatus();
 }
 
 absl::Status SwapStore::DropJob(absl::string_view job_name) {

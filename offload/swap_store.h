@@ -52,11 +52,17 @@ namespace zt::offload {
 
 // What a swapped range holds. The values are stored in the index: never renumber.
 enum class SwapRole : uint8_t {
-  kMaster = 1,       // fp32 master weights
-  kMomentum = 2,     // optimizer first moment (m)
-  kVariance = 3,     // optimizer second moment (v)
-  kQuantScales = 4,  // block scales of quantized states
-  kParameters = 5,   // the (16-bit) parameters, at ZeRO stage 3
+  kMaster = 1,          // fp32 master weights
+  kMomentum = 2,        // optimizer first moment (m)
+  kVariance = 3,        // optimizer second moment (v)
+  kQuantScales = 4,     // block scales of quantized states (the first moment's, when both are)
+  kParameters = 5,      // the (16-bit) parameters, at ZeRO stage 3
+  kMomentumCodes = 6,   // 8-bit codes of the first moment
+  kVarianceCodes = 7,   // 8-bit codes of the second moment
+  kVarianceScales = 8,  // block scales of the second moment's codes
+  kFactorRow = 9,       // Adafactor's row statistics of factored matrices
+  kFactorCol = 10,      // ... its column statistics
+  kFactorFull = 11,     // ... its full second moment of vectors
 };
 absl::string_view SwapRoleName(SwapRole role);
 
@@ -139,6 +145,14 @@ class SwapStore {
   // The length of the extent of `key`, as Read finds it.
   absl::StatusOr<size_t> Length(const SwapKey& key);
 
+  // The file whose free space `job`'s new extents are taken from first (then the next ones,
+  // wrapping): jobs that write at the same time (a node's ranks, each its own job key) kept
+  // in files of their own do not interleave their extents, so each job's generations take
+  // turns in the same space instead of fragmenting it. Default 0; InvalidArgument for a file
+  // the store does not have.
+  absl::Status SetPlacement(absl::string_view job, uint32_t first_file);
+  uint32_t file_count() const { return options_.file_count; }
+
   // The job's committed generation, 0 when none.
   uint64_t CommittedGeneration(absl::string_view job);
   // Forgets the job (committed and staged) and frees its space, durably.
@@ -197,6 +211,7 @@ class SwapStore {
   // Per file: free ranges, offset -> length, merged with their neighbours.
   std::vector<std::map<uint64_t, uint64_t>> free_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobState, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t, std::less<>> placement_ ABSL_GUARDED_BY(mu_);
   // Aligned buffers for the unaligned parts of callers' data (queue_depth blocks).
   std::byte* bounce_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t bounce_size_ = 0;

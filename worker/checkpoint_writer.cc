@@ -21,7 +21,7 @@ std::string RankFileName(int rank) { return absl::StrFormat("rank-%05d.safetenso
 CheckpointWriter::CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store,
                                    const MemoryPlan& plan, const Arenas& arenas,
                                    bool replace_existing, CheckpointOwner owner, bool take_over,
-                                   Download download)
+                                   Download download, BufferSource swapped)
     : job_(job),
       rank_(rank),
       store_(store),
@@ -31,7 +31,8 @@ CheckpointWriter::CheckpointWriter(const zerotrain::JobSpec& job, int rank, Stor
       owner_(std::move(owner)),
       take_over_(take_over),
       weights_only_(!job.checkpoint().save_optimizer()),
-      download_(std::move(download)) {
+      download_(std::move(download)),
+      swapped_(std::move(swapped)) {
   if (job.checkpoint().async() || download_ != nullptr) {
     absl::StatusOr<Tensor> staging = arenas.Get("checkpoint.staging");
     if (staging.ok()) staging_ = *staging;
@@ -59,6 +60,12 @@ absl::Status CheckpointWriter::Save(int64_t step, nlohmann::json state) {
   // the staging area as the plan orders them, each aligned.
   auto* out = static_cast<uint8_t*>(staging_->raw());
   for (const BufferSpec* b : CheckpointedBuffers(plan_, weights_only_)) {
+    if (b->category == MemoryCategory::kNvme) {
+      ZT_ASSIGN_OR_RETURN(const void* bytes, Swapped(*b));
+      std::memcpy(out, bytes, static_cast<size_t>(b->bytes()));
+      out += AlignedBytes(b->bytes());
+      continue;
+    }
     ZT_ASSIGN_OR_RETURN(Tensor t, arenas_.Get(b->name));
     if (download_ != nullptr) {
       ZT_RETURN_IF_ERROR(download_(out, t));
@@ -75,6 +82,14 @@ absl::Status CheckpointWriter::Save(int64_t step, nlohmann::json state) {
     return Write(step, state, /*from_staging=*/true);
   });
   return previous;
+}
+
+absl::StatusOr<const void*> CheckpointWriter::Swapped(const BufferSpec& b) const {
+  if (swapped_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint: buffer ", b.name, " lives in the swap store and the writer has no reader"));
+  }
+  return swapped_(b);
 }
 
 absl::Status CheckpointWriter::Write(int64_t step, const nlohmann::json& state, bool from_staging) {
@@ -128,7 +143,14 @@ absl::Status CheckpointWriter::Write(int64_t step, const nlohmann::json& state, 
         },
         weights_only_);
   } else {
-    written = WriteRankState(file, plan_, arenas_, weights_only_);
+    written = WriteRankState(
+        file, plan_,
+        [&](const BufferSpec& b) -> absl::StatusOr<const void*> {
+          if (b.category == MemoryCategory::kNvme) return Swapped(b);
+          ZT_ASSIGN_OR_RETURN(Tensor t, arenas_.Get(b.name));
+          return static_cast<const void*>(t.raw());
+        },
+        weights_only_);
   }
   ZT_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, "rank/", rank_),
                                  written.ok() ? "ok" : std::string(written.message())));

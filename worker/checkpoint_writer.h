@@ -31,6 +31,7 @@
 #include "worker/comm/store.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/rank_state.h"
 
 namespace zt {
 
@@ -44,9 +45,12 @@ class CheckpointWriter {
   using Download = std::function<absl::Status(void* host, const Tensor& device)>;
   // `download`: null when the host reads the arenas directly (CPU ranks; a staged copy is a
   // memcpy), else how the state reaches the host.
+  // `swapped`: where the bytes of the plan's kNvme buffers come from (the swap store's
+  // committed generation, offload.optimizer NVME), called on the rank's thread only; null when
+  // the plan has none.
   CheckpointWriter(const zerotrain::JobSpec& job, int rank, Store* store, const MemoryPlan& plan,
                    const Arenas& arenas, bool replace_existing, CheckpointOwner owner,
-                   bool take_over, Download download = nullptr);
+                   bool take_over, Download download = nullptr, BufferSource swapped = nullptr);
   ~CheckpointWriter();
 
   // Saves the rank's state as of now as step `step`; `state` is the manifest's (rank 0's).
@@ -58,6 +62,8 @@ class CheckpointWriter {
   absl::Status Finish();
 
  private:
+  // The bytes of a swapped buffer, from `swapped_`.
+  absl::StatusOr<const void*> Swapped(const BufferSpec& b) const;
   // Steps 1–3 for `step`, the state's bytes coming from `source`.
   absl::Status Write(int64_t step, const nlohmann::json& state, bool from_staging);
 
@@ -72,6 +78,7 @@ class CheckpointWriter {
   bool claimed_ = false;
   bool weights_only_;  // checkpoint.save_optimizer false
   Download download_;
+  BufferSource swapped_;
   std::optional<Tensor> staging_;
   std::future<absl::Status> in_flight_;
 };

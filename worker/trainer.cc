@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@
 #include "worker/checkpoint_writer.h"
 #include "worker/job/data_paths.h"
 #include "worker/model/tensor_parallel_slice.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/rank_state.h"
 
@@ -83,9 +85,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     return absl::InvalidArgumentError(
         absl::StrCat("a job of ", world, " ranks needs a rendezvous store shared by its ranks"));
   }
-  ZT_ASSIGN_OR_RETURN(t->device_, options.make_device ? options.make_device(job, rank)
-                                                      : RankDevice::Create(job, rank,
-                                                                           options.cuda_device));
+  ZT_ASSIGN_OR_RETURN(t->device_, options.make_device
+                                      ? options.make_device(job, rank)
+                                      : RankDevice::Create(job, rank, options.cuda_device));
   const ParallelLayout layout = ParallelLayout::ForJob(job, rank);
   t->data_size_ = layout.data_size();
   t->data_rank_ = layout.coordinates().data;
@@ -127,10 +129,73 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         .sum = [engine](float* data, int64_t n) { return engine->SumAcrossShardGroup(data, n); },
         .reduce_scratch = scratch};
   }
-  ZT_ASSIGN_OR_RETURN(Optimizer opt,
-                      Optimizer::Create(job.optimizer(), job.precision(), t->model_->layout(),
-                                        *t->arenas_, t->engine_->ranges(), shard_group));
-  if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
+  const bool nvme = job.offload().optimizer() == zerotrain::OffloadConfig::NVME;
+  ZT_ASSIGN_OR_RETURN(
+      Optimizer opt,
+      nvme ? Optimizer::CreateUnbound(job.optimizer(), job.precision(), t->model_->layout(),
+                                      t->engine_->ranges(), shard_group)
+           : Optimizer::Create(job.optimizer(), job.precision(), t->model_->layout(), *t->arenas_,
+                               t->engine_->ranges(), shard_group));
+  if (nvme) {
+    offload::SwapStore* swap = options.swap_store;
+    if (swap == nullptr) {
+      ZT_ASSIGN_OR_RETURN(t->own_swap_store_, OpenSwapStore(job, {rank}));
+      swap = t->own_swap_store_.get();
+    }
+    // The ring: the plan's buffers, one after the other in the pinned_host arena.
+    const int64_t count = job.offload().buffer_count(), size = job.offload().buffer_size();
+    ZT_ASSIGN_OR_RETURN(Tensor ring, t->arenas_->Get("offload.ring.0"));
+    for (int64_t k = 1; k < count; ++k) {
+      ZT_ASSIGN_OR_RETURN(Tensor next, t->arenas_->Get(absl::StrCat("offload.ring.", k)));
+      if (static_cast<char*>(next.raw()) != static_cast<char*>(ring.raw()) + k * size) {
+        return absl::InternalError("memory plan: the offload ring's buffers are not contiguous");
+      }
+    }
+    std::vector<std::string> unit_names;
+    std::vector<int64_t> master_numel;
+    for (const UnitLayout& u : t->model_->layout().units) {
+      unit_names.push_back(u.name);
+      if (!job.precision().master_weights()) continue;
+      ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
+                          t->arenas_->Spec(t->MasterName(static_cast<int>(unit_names.size()) - 1)));
+      master_numel.push_back(spec->numel());
+    }
+    const std::string owner = options.checkpoint_owner.empty() ? LocalRunOwner(job.name()).job_id
+                                                               : options.checkpoint_owner;
+    ZT_ASSIGN_OR_RETURN(
+        t->nvme_optimizer_,
+        NvmeOptimizer::Create({.optimizer = std::move(opt),
+                               .unit_names = std::move(unit_names),
+                               .master_numel = std::move(master_numel),
+                               .copies = &t->device_->copies(),
+                               .store = swap,
+                               .store_job = absl::StrCat(owner, "/rank-", rank),
+                               .home_file = static_cast<uint32_t>(rank) % swap->file_count(),
+                               .ring = static_cast<std::byte*>(ring.raw()),
+                               .buffer_count = count,
+                               .buffer_size = size}));
+    // The swapped states are the plan's, byte for byte (a checkpoint copies the plan's
+    // bytes out of what the store holds): claimed here, each checked against the optimizer's.
+    std::map<std::string, int64_t> swapped = t->nvme_optimizer_->SwappedBuffers();
+    for (const BufferSpec& b : t->plan_.buffers) {
+      if (b.category != MemoryCategory::kNvme) continue;
+      ZT_RETURN_IF_ERROR(t->arenas_->Spec(b.name).status());
+      auto it = swapped.find(b.name);
+      if (b.bytes() > 0 && (it == swapped.end() || it->second != b.bytes())) {
+        return absl::InternalError(absl::StrCat(
+            "memory plan: swapped buffer ", b.name, " of ", b.bytes(),
+            " bytes is not what the NVMe optimizer swaps (",
+            it == swapped.end() ? "nothing" : absl::StrCat(it->second, " bytes"), ")"));
+      }
+      if (it != swapped.end()) swapped.erase(it);
+    }
+    if (!swapped.empty()) {
+      return absl::InternalError(absl::StrCat("memory plan: the NVMe optimizer swaps ",
+                                              swapped.begin()->first,
+                                              ", which the plan does not hold"));
+    }
+    t->host_ctx_ = t->ctx_;
+  } else if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
     // Gradients come down through one ring buffer, parameters go up through the next
     // (CheckEngineSupport asks for two).
     ZT_ASSIGN_OR_RETURN(Tensor grad_staging, t->arenas_->Get("offload.ring.0"));
@@ -180,9 +245,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       RankDevice* device = t->device_.get();
       download = [device](void* host, const Tensor& src) { return device->Download(host, src); };
     }
+    BufferSource swapped;
+    if (t->nvme_optimizer_) {
+      NvmeOptimizer* nvme = t->nvme_optimizer_.get();
+      swapped = [nvme](const BufferSpec& b) { return nvme->ReadBuffer(b.name); };
+    }
     t->checkpoint_writer_.emplace(job, rank, store, t->plan_, *t->arenas_,
                                   /*replace_existing=*/!options.resume_dir.empty(), owner,
-                                  options.take_over_checkpoints, std::move(download));
+                                  options.take_over_checkpoints, std::move(download),
+                                  std::move(swapped));
   }
   // A run that is not continuing the checkpoints in checkpoint.dir must not interleave its
   // saves with them (its `latest` would hide theirs, and pruning would delete them).
@@ -267,9 +338,6 @@ absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
 absl::Status Trainer::InitializeWeights() {
   const zerotrain::ModelConfig& model = job_.model();
   const ModelLayout& layout = model_->layout();
-  const std::vector<Tensor>& master = optimizer().master_weights();
-  const bool split = optimizer().split_master();
-  const int stage = engine_->stage();
   // Imports read whole units (resharding on read comes with sharded checkpoints).
   std::vector<std::vector<float>> imported;
   if (!model.init_from().empty()) {
@@ -290,39 +358,56 @@ absl::Status Trainer::InitializeWeights() {
   constexpr int64_t kChunk = int64_t{1} << 18;
   std::vector<float> values(kChunk);
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
+  if (nvme_optimizer_) {
+    // The master weights go straight into the unit's ring buffer, and on to the store.
+    return nvme_optimizer_->Initialize([&](int u, const Tensor& master) {
+      return InitializeUnit(u, master, imported, values, chunk.tensor);
+    });
+  }
+  const std::vector<Tensor>& master = optimizer().master_weights();
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    const int64_t numel = layout.units[u].numel;
-    const FlatRange range = engine_->ranges()[u];
-    // The part of the unit this rank stores: all of it while the parameters are whole
-    // (stages 0–2), else the rank's range (stage 3, where "<unit>.params" is the shard).
-    const bool whole = stage < 3;
-    const int64_t first = whole ? 0 : range.begin, end = whole ? numel : range.end;
-    for (int64_t begin = first; begin < end; begin += kChunk) {
-      const int64_t stop = std::min(end, begin + kChunk);
-      if (imported.empty()) {
-        model_->InitializeUnitRange(job_.train().seed(), static_cast<int>(u), begin, stop,
-                                    values.data());
-      } else {
-        std::copy(imported[u].begin() + begin, imported[u].begin() + stop, values.begin());
-      }
-      const Tensor v = chunk.tensor.Slice(0, stop - begin);
-      ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
-      const Tensor params = model_->unit_params()[u];
-      // A split master's high halves are the parameters on every rank that holds them
-      // (rounded as SplitMaster rounds, which on ties is not Cast's way).
+    ZT_RETURN_IF_ERROR(InitializeUnit(static_cast<int>(u), master.empty() ? Tensor() : master[u],
+                                      imported, values, chunk.tensor));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
+                                     const std::vector<std::vector<float>>& imported,
+                                     std::vector<float>& values, const Tensor& chunk) {
+  const bool has_master = optimizer().has_master();
+  const bool split = optimizer().split_master();
+  const int stage = engine_->stage();
+  const int64_t kChunk = static_cast<int64_t>(values.size());
+  const int64_t numel = model_->layout().units[u].numel;
+  const FlatRange range = engine_->ranges()[u];
+  // The part of the unit this rank stores: all of it while the parameters are whole
+  // (stages 0–2), else the rank's range (stage 3, where "<unit>.params" is the shard).
+  const bool whole = stage < 3;
+  const int64_t first = whole ? 0 : range.begin, end = whole ? numel : range.end;
+  for (int64_t begin = first; begin < end; begin += kChunk) {
+    const int64_t stop = std::min(end, begin + kChunk);
+    if (imported.empty()) {
+      model_->InitializeUnitRange(job_.train().seed(), u, begin, stop, values.data());
+    } else {
+      std::copy(imported[u].begin() + begin, imported[u].begin() + stop, values.begin());
+    }
+    const Tensor v = chunk.Slice(0, stop - begin);
+    ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
+    const Tensor params = model_->unit_params()[u];
+    // A split master's high halves are the parameters on every rank that holds them
+    // (rounded as SplitMaster rounds, which on ties is not Cast's way).
+    ZT_RETURN_IF_ERROR(
+        split ? SplitMasterWeights(ctx_, v, params.Slice(begin - first, stop - first), Tensor())
+              : Cast(ctx_, v, params.Slice(begin - first, stop - first)));
+    // The master copy holds the rank's range (the whole unit at stage 0).
+    const int64_t lo = std::max(begin, range.begin), hi = std::min(stop, range.end);
+    if (has_master && lo < hi) {
+      const Tensor mine = v.Slice(lo - begin, hi - begin);
+      const Tensor master_range = master.Slice(lo - range.begin, hi - range.begin);
       ZT_RETURN_IF_ERROR(
-          split ? SplitMasterWeights(ctx_, v, params.Slice(begin - first, stop - first), Tensor())
-                : Cast(ctx_, v, params.Slice(begin - first, stop - first)));
-      // The master copy holds the rank's range (the whole unit at stage 0).
-      const int64_t lo = std::max(begin, range.begin), hi = std::min(stop, range.end);
-      if (!master.empty() && lo < hi) {
-        const Tensor mine = v.Slice(lo - begin, hi - begin);
-        const Tensor master_range = master[u].Slice(lo - range.begin, hi - range.begin);
-        ZT_RETURN_IF_ERROR(
-            split
-                ? SplitMasterWeights(ctx_, mine, params.Slice(lo - first, hi - first), master_range)
+          split ? SplitMasterWeights(ctx_, mine, params.Slice(lo - first, hi - first), master_range)
                 : Cast(ctx_, mine, master_range));
-      }
     }
   }
   return absl::OkStatus();
@@ -478,20 +563,19 @@ absl::Status Trainer::Resume() {
     return absl::DataLossError(
         absl::StrCat("checkpoint '", ckpt.path(), "': the manifest's parallel layout is invalid"));
   }
-  if (same_layout) {
-    ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
-      return ReadRankState(rank_file(options_.rank), plan_, into, weights_only);
-    }));
-  } else if (saved_tp > 1 || tp > 1) {
-    ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
-      return ReshardTensorParallelState(saved, rank_file, job_, options_.rank, plan_, into,
+  // The checkpointed buffers of `plan` (the arenas', or one unit's swapped ones) into `into`.
+  const auto read = [&](const MemoryPlan& plan, const Arenas& into) {
+    if (same_layout) return ReadRankState(rank_file(options_.rank), plan, into, weights_only);
+    if (saved_tp > 1 || tp > 1) {
+      return ReshardTensorParallelState(saved, rank_file, job_, options_.rank, plan, into,
                                         weights_only);
-    }));
-  } else {
-    ZT_RETURN_IF_ERROR(RestoreThroughHost(weights_only, [&](const Arenas& into) {
-      return ReshardRankState(saved, rank_file, job_, options_.rank, plan_, into, weights_only);
-    }));
-  }
+    }
+    return ReshardRankState(saved, rank_file, job_, options_.rank, plan, into, weights_only);
+  };
+  const MemoryPlan arena_plan = ArenaPlan();
+  ZT_RETURN_IF_ERROR(
+      RestoreThroughHost(weights_only, [&](const Arenas& into) { return read(arena_plan, into); }));
+  if (nvme_optimizer_) ZT_RETURN_IF_ERROR(RestoreSwapped(weights_only, read));
   step_ = state.value("step", int64_t{0});
   optimizer().RestoreStepsTaken(weights_only ? 0 : state.value("optimizer_steps", int64_t{0}));
   if (loss_scaler_ && state.contains("loss_scaler")) {
@@ -511,7 +595,8 @@ absl::Status Trainer::RestoreThroughHost(
   // Host copies of the buffers a checkpoint holds (set-up, not the step loop), read into as
   // the arenas would be, then each uploaded whole.
   MemoryPlan host_plan;
-  for (const BufferSpec* b : CheckpointedBuffers(plan_, weights_only)) {
+  const MemoryPlan arena_plan = ArenaPlan();
+  for (const BufferSpec* b : CheckpointedBuffers(arena_plan, weights_only)) {
     host_plan.buffers.push_back(*b);
   }
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<Arenas> host, Arenas::Create(host_plan));
@@ -524,41 +609,112 @@ absl::Status Trainer::RestoreThroughHost(
   return absl::OkStatus();
 }
 
+absl::StatusOr<const void*> Trainer::BufferBytes(const BufferSpec& b) {
+  if (b.category == MemoryCategory::kNvme) {
+    if (!nvme_optimizer_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("buffer ", b.name, " is swapped but the rank has no NVMe optimizer"));
+    }
+    return nvme_optimizer_->ReadBuffer(b.name);
+  }
+  ZT_ASSIGN_OR_RETURN(Tensor t, arenas_->Get(b.name));
+  return static_cast<const void*>(t.raw());
+}
+
+std::string Trainer::MasterName(int u) const {
+  return model_->layout().units[u].name +
+         (job_.precision().split_master_weights() ? ".master_low" : ".master");
+}
+
+MemoryPlan Trainer::ArenaPlan() const {
+  MemoryPlan out;
+  for (const BufferSpec& b : plan_.buffers) {
+    if (b.category != MemoryCategory::kNvme) out.buffers.push_back(b);
+  }
+  return out;
+}
+
+absl::Status Trainer::RestoreSwapped(
+    bool weights_only,
+    const std::function<absl::Status(const MemoryPlan& plan, const Arenas& into)>& read) {
+  // One unit's swapped buffers at a time, as host (optimizer-state) buffers: set-up holds
+  // one unit's states beside the ring, not the rank's.
+  nvme_optimizer_->BeginRestore();
+  for (const UnitLayout& u : model_->layout().units) {
+    MemoryPlan unit_plan;
+    for (const BufferSpec& b : plan_.buffers) {
+      if (b.category != MemoryCategory::kNvme || !b.name.starts_with(u.name + ".")) continue;
+      BufferSpec host = b;
+      host.category = b.role();
+      host.offloaded_from.reset();
+      unit_plan.buffers.push_back(std::move(host));
+    }
+    if (CheckpointedBuffers(unit_plan, weights_only).empty()) continue;
+    ZT_ASSIGN_OR_RETURN(std::unique_ptr<Arenas> host, Arenas::Create(unit_plan));
+    ZT_RETURN_IF_ERROR(read(unit_plan, *host));
+    for (const BufferSpec* b : CheckpointedBuffers(unit_plan, weights_only)) {
+      if (b->bytes() == 0) continue;
+      ZT_ASSIGN_OR_RETURN(Tensor t, host->Get(b->name));
+      ZT_RETURN_IF_ERROR(nvme_optimizer_->WriteBuffer(b->name, t.raw(), b->bytes()));
+    }
+  }
+  return nvme_optimizer_->FinishRestore();
+}
+
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   // The fp32 source of each unit: the master weights when the parameters are 16-bit, else the
   // parameters; sharded (the rank's range) where the stage shards it.
-  const std::vector<Tensor>& master = optimizer().master_weights();
+  const std::vector<Tensor>& bound_master = optimizer().master_weights();
+  const bool has_master = optimizer().has_master();
   const int stage = engine_->stage();
-  const bool split = !master.empty() && optimizer().split_master();
-  const bool sharded = master.empty() ? stage == 3 : stage >= 1;
+  const bool split = has_master && optimizer().split_master();
+  const bool sharded = !has_master ? stage == 3 : stage >= 1;
   const size_t n_units = model_->layout().units.size();
   int64_t largest_padded = 0, largest_master = 0;
   for (size_t u = 0; u < n_units; ++u) {
     largest_padded = std::max(largest_padded, engine_->shard(static_cast<int>(u)).padded);
-    if (split) largest_master = std::max(largest_master, master[u].numel());
+    if (has_master) {
+      ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas_->Spec(MasterName(static_cast<int>(u))));
+      largest_master = std::max(largest_master, spec->numel());
+    }
   }
   // Device buffers outside the plan (export is not the step loop): the gathered unit, and a
-  // split master's joined range (a shard's padding stays zero).
-  ScratchTensor gathered, joined;
+  // split master's joined range (a shard's padding stays zero), and with the master weights
+  // in the swap store, a unit's master read back from it.
+  ScratchTensor gathered, joined, swapped;
   if (sharded) {
     ZT_ASSIGN_OR_RETURN(gathered, device_->AllocateScratchF32(largest_padded));
   }
   if (split) {
     ZT_ASSIGN_OR_RETURN(joined, device_->AllocateScratchF32(largest_master));
   }
+  if (has_master && nvme_optimizer_) {
+    ZT_ASSIGN_OR_RETURN(swapped, device_->AllocateScratchF32(largest_master));
+  }
   std::vector<std::vector<float>> out;
   for (size_t u = 0; u < n_units; ++u) {
     const int unit = static_cast<int>(u);
-    Tensor source = master.empty() ? model_->unit_params()[u] : master[u];
+    Tensor unit_master;
+    if (has_master && !nvme_optimizer_) unit_master = bound_master[u];
+    if (has_master && nvme_optimizer_) {
+      ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas_->Spec(MasterName(unit)));
+      unit_master =
+          Tensor(swapped.tensor.raw(), spec->dtype, {spec->numel()}, swapped.tensor.device());
+      if (spec->numel() > 0) {
+        ZT_ASSIGN_OR_RETURN(const void* bytes, nvme_optimizer_->ReadBuffer(spec->name));
+        ZT_RETURN_IF_ERROR(device_->Upload(unit_master, bytes));
+      }
+    }
+    Tensor source = !has_master ? model_->unit_params()[u] : unit_master;
     if (split) {
       const FlatRange range = engine_->ranges()[u];
       const int64_t n = range.end - range.begin;
-      source = joined.tensor.Slice(0, master[u].numel());
+      source = joined.tensor.Slice(0, unit_master.numel());
       ZT_RETURN_IF_ERROR(Zero(ctx_, source));
       const Tensor params = model_->unit_params()[u];
       ZT_RETURN_IF_ERROR(JoinMasterWeights(
           ctx_, stage == 3 ? params.Slice(0, n) : params.Slice(range.begin, range.end),
-          master[u].Slice(0, n), source.Slice(0, n)));
+          unit_master.Slice(0, n), source.Slice(0, n)));
     }
     const int64_t numel = engine_->shard(unit).numel;
     if (source.dtype() != DType::kF32) {
@@ -679,6 +835,21 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       r.offload_to_host_s = after.seconds_to_host - before.seconds_to_host;
       r.offload_to_device_s = after.seconds_to_device - before.seconds_to_device;
       r.host_optimizer_s = after.seconds_update - before.seconds_update;
+    } else if (nvme_optimizer_) {
+      const NvmeOptimizer::Stats before = nvme_optimizer_->stats();
+      ZT_RETURN_IF_ERROR(nvme_optimizer_->Step(host_ctx_, engine_->param_views(),
+                                               engine_->grad_views(), r.lr, grad_scale_step,
+                                               rounding_seed));
+      const NvmeOptimizer::Stats after = nvme_optimizer_->stats();
+      r.offload_bytes_to_host = after.bytes_to_host - before.bytes_to_host;
+      r.offload_bytes_to_device = after.bytes_to_device - before.bytes_to_device;
+      r.offload_to_host_s = after.seconds_to_host - before.seconds_to_host;
+      r.offload_to_device_s = after.seconds_to_device - before.seconds_to_device;
+      r.host_optimizer_s = after.seconds_update - before.seconds_update;
+      r.swap_bytes_in = after.swap_bytes_in - before.swap_bytes_in;
+      r.swap_bytes_out = after.swap_bytes_out - before.swap_bytes_out;
+      r.swap_in_s = after.swap_seconds_in - before.swap_seconds_in;
+      r.swap_out_s = after.swap_seconds_out - before.swap_seconds_out;
     } else {
       ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
                                           grad_scale_step, rounding_seed));
@@ -759,7 +930,13 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   line["optimizer_s"] = r.optimizer_s;
   line["compute_s"] = r.compute_s;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
-  if (host_optimizer_) {
+  if (nvme_optimizer_) {
+    line["swap_bytes_in"] = r.swap_bytes_in;
+    line["swap_bytes_out"] = r.swap_bytes_out;
+    line["swap_in_s"] = r.swap_in_s;
+    line["swap_out_s"] = r.swap_out_s;
+  }
+  if (host_optimizer_ || nvme_optimizer_) {
     line["offload_bytes_to_host"] = r.offload_bytes_to_host;
     line["offload_bytes_to_device"] = r.offload_bytes_to_device;
     line["offload_to_host_s"] = r.offload_to_host_s;

@@ -13,7 +13,8 @@
 //    "comm_bytes", "comm_s", "comm_wait_s", "data_wait_s", "optimizer_s", "compute_s"}  (+
 //    "val_loss" every eval_interval steps and after the last; + "offload_bytes_to_host",
 //    "offload_bytes_to_device", "offload_to_host_s", "offload_to_device_s",
-//    "host_optimizer_s" when the optimizer is offloaded)
+//    "host_optimizer_s" when the optimizer is offloaded; + "swap_bytes_in", "swap_bytes_out",
+//    "swap_in_s", "swap_out_s" when it is offloaded to NVMe)
 // and every rank its plan beside its arenas' high-water marks by category: memory.json for
 // rank 0, memory.rank<r>.json for the others. tokens_per_s counts the whole job's tokens.
 // Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
@@ -30,6 +31,10 @@
 // unit on the host (worker/optim/host_optimizer.h): each unit's reduced gradient shard comes
 // down through the rank's copy engine into the offload ring, is stepped there, and the updated
 // parameters go back up. On the CPU the run is bit for bit the run without offload.
+// offload.optimizer NVME (ZeRO-Infinity's optimizer offload): the master weights and states
+// live in the node's swap store instead, streamed unit by unit through the plan's ring during
+// the step (worker/offload/nvme_optimizer.h), a new generation committed per step; the
+// checkpoint reads them from the store and a resume writes them back. Bit for bit too.
 // Not thread-safe; one per rank (ranks of one process are threads, each with its Trainer).
 #pragma once
 
@@ -47,6 +52,7 @@
 #include "worker/data/sampler.h"
 #include "worker/data/token_stream.h"
 #include "worker/model/transformer.h"
+#include "worker/offload/nvme_optimizer.h"
 #include "worker/optim/host_optimizer.h"
 #include "worker/optim/loss_scaler.h"
 #include "worker/optim/optimizer.h"
@@ -93,6 +99,9 @@ struct TrainOptions {
   // rank of the job saw a request (all ranks agree on that step), first saving a checkpoint
   // when one was asked for and checkpoint.dir is set.
   const StopRequest* stop = nullptr;
+  // offload.optimizer NVME: the node's swap store (worker/offload/node_swap_store.h), shared
+  // by the process's ranks; not owned. Null: the rank opens one of its own (a one-rank process).
+  offload::SwapStore* swap_store = nullptr;
   // Makes the rank's device (worker/train/rank_device.h); null: RankDevice::Create, the job's
   // resources.device. Tests inject one to count or reroute the host ↔ device crossings.
   std::function<absl::StatusOr<std::unique_ptr<RankDevice>>(const zerotrain::JobSpec& job,
@@ -128,6 +137,12 @@ struct StepRecord {
   double offload_to_host_s = 0;
   double offload_to_device_s = 0;
   double host_optimizer_s = 0;
+  // offload.optimizer NVME: this step's bytes read from and written to the swap store, and
+  // the seconds the copy queue spent on them (writes include the commit).
+  int64_t swap_bytes_in = 0;
+  int64_t swap_bytes_out = 0;
+  double swap_in_s = 0;
+  double swap_out_s = 0;
   StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
   // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
   // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's
@@ -157,6 +172,12 @@ class Trainer {
 
   const MemoryPlan& plan() const { return plan_; }
   const Arenas& arenas() const { return *arenas_; }
+  // The bytes of the plan's buffer `b` wherever they live: its arena, or (a swapped buffer)
+  // the swap store's committed generation, read into a ring buffer valid until the next
+  // step or call. Between steps, on the rank's thread.
+  absl::StatusOr<const void*> BufferBytes(const BufferSpec& b);
+  // offload.optimizer NVME: the rank's swap step (its stats, its store); null otherwise.
+  const NvmeOptimizer* nvme_optimizer() const { return nvme_optimizer_.get(); }
   Transformer& model() { return *model_; }
   // The whole model's weights in fp32, one vector per unit, on every rank: the master
   // weights when the parameters are 16-bit, else the parameters, gathered from the shards
@@ -211,7 +232,25 @@ class Trainer {
   // reads them back in one copy: the wait of the step.
   absl::StatusOr<StepTotals> ReadStatistics(int stop_request, double loss_divisor);
   // The rank's optimizer: the host optimizer's when the optimizer is offloaded.
-  Optimizer& optimizer() { return host_optimizer_ ? host_optimizer_->optimizer() : *optimizer_; }
+  Optimizer& optimizer() {
+    return host_optimizer_   ? host_optimizer_->optimizer()
+           : nvme_optimizer_ ? nvme_optimizer_->optimizer()
+                             : *optimizer_;
+  }
+  // The sets of the initialisation for unit u: its parameters, and `master` (the rank's range
+  // of its master weights; empty when the parameters are their own master).
+  absl::Status InitializeUnit(int u, const Tensor& master,
+                              const std::vector<std::vector<float>>& imported,
+                              std::vector<float>& values, const Tensor& chunk);
+  // Resume's restore of the swapped states (offload.optimizer NVME): unit by unit through a
+  // host copy of that unit's swapped buffers, written to the store as a new generation.
+  absl::Status RestoreSwapped(
+      bool weights_only,
+      const std::function<absl::Status(const MemoryPlan& plan, const Arenas& into)>& read);
+  // The plan's name of unit u's master weights ("<unit>.master", or ".master_low" split).
+  std::string MasterName(int u) const;
+  // `plan_` without its swapped (kNvme) buffers: what the arenas hold.
+  MemoryPlan ArenaPlan() const;
 
   // First: destroyed last, after everything that uses its stream and memory.
   std::unique_ptr<RankDevice> device_;
@@ -231,6 +270,10 @@ class Trainer {
   // optimizer over the pinned host buffers, with the context its host threads run on.
   std::optional<Optimizer> optimizer_;
   std::optional<HostOptimizer> host_optimizer_;
+  // offload.optimizer NVME: the step through the swap store, and the store when the rank
+  // opened its own (destroyed after the optimizer, declared before it).
+  std::shared_ptr<offload::SwapStore> own_swap_store_;
+  std::unique_ptr<NvmeOptimizer> nvme_optimizer_;
   DeviceContext host_ctx_;
   std::unique_ptr<Store> own_store_;  // a one-rank job's, when no store was given
   Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)

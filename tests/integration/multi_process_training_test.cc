@@ -222,6 +222,47 @@ INSTANTIATE_TEST_SUITE_P(
                   "  comm_timeout_s: 20\n"}),
     [](const ::testing::TestParamInfo<SplitCase>& info) { return std::string(info.param.name); });
 
+// offload.optimizer NVME over processes that share the node: each process opens a swap store
+// of its own (RocksDB admits one process per store) beside the one a whole-job process opens,
+// and the split run ends with the weights of the one-process run, byte for byte.
+TEST_F(MultiProcessTest, NvmeOffloadedRanksInTwoProcessesEqualOneProcess) {
+  std::filesystem::create_directories(Path("swap"));
+  const std::string job =
+      WriteJob("job.yaml",
+               "  world_size: 4\n  zero_stage: 2\n  comm_timeout_s: 20\n"
+               "offload:\n  optimizer: NVME\n  nvme_path: " +
+                   Path("swap") + "\n  buffer_count: 4\n  buffer_size: 262144\n",
+               4);
+  std::filesystem::create_directories(Path("rendezvous"));
+  auto split_args = [&](const std::string& ranks) {
+    return std::vector<std::string>{"train",        job,
+                                    "--ranks",      ranks,
+                                    "--rendezvous", Path("rendezvous"),
+                                    "--run-dir",    Path("A"),
+                                    "--export",     Path("A/w.safetensors"),
+                                    "--quiet"};
+  };
+  {
+    ZtProcess low(split_args("0-1"), Path("low.log"));
+    ZtProcess high(split_args("2-3"), Path("high.log"));
+    ASSERT_TRUE(low.started());
+    ASSERT_TRUE(high.started());
+    const auto deadline = Clock::now() + std::chrono::seconds(300);
+    EXPECT_EQ(low.WaitUntil(deadline), 0) << low.Output();
+    EXPECT_EQ(high.WaitUntil(deadline), 0) << high.Output();
+  }
+  const auto [one_code, one_output] =
+      RunZt({"train", job, "--run-dir", Path("B"), "--export", Path("B/w.safetensors"), "--quiet"},
+            Path("one.log"));
+  ASSERT_EQ(one_code, 0) << one_output;
+  EXPECT_TRUE(std::filesystem::is_directory(Path("swap/zerotrain-swap.ranks-0-1/index")));
+  EXPECT_TRUE(std::filesystem::is_directory(Path("swap/zerotrain-swap.ranks-2-3/index")));
+  EXPECT_TRUE(std::filesystem::is_directory(Path("swap/zerotrain-swap/index")));
+  const std::string one = ReadText(Path("B/w.safetensors"));
+  ASSERT_FALSE(one.empty());
+  EXPECT_TRUE(ReadText(Path("A/w.safetensors")) == one);
+}
+
 // --- A lost peer ---------------------------------------------------------------------------
 
 // Ranks 0 and 1 of a long stage-3 job in two processes; once rank 0 has recorded two steps,

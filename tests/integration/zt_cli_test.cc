@@ -60,8 +60,9 @@ class ZtCliTest : public testing::ScratchDirTest {
   }
 };
 
-// offload.optimizer CPU trains through `zt train` (the host optimizer's figures in every
-// metrics line); what the engine does not train yet is refused, naming the field.
+// offload.optimizer CPU and NVME train through `zt train` (the host optimizer's figures, and
+// the swap's, in every metrics line); what the engine does not train yet is refused, naming
+// the field.
 TEST_F(ZtCliTest, TrainsWithOptimizerOffloadAndNamesWhatItDoesNotTrainYet) {
   const std::string offload =
       "parallel:\n  zero_stage: 2\n"
@@ -78,13 +79,30 @@ TEST_F(ZtCliTest, TrainsWithOptimizerOffloadAndNamesWhatItDoesNotTrainYet) {
                 AllOf(HasSubstr("\"host_optimizer_s\""), HasSubstr("\"offload_bytes_to_host\"")));
   }
   EXPECT_EQ(lines, 3);
+  // offload.optimizer NVME trains too: its states go through the swap store under nvme_path.
   const RunResult nvme = RunZt(
-      "train " + WriteJob("nvme.yaml", "", "",
-                          "parallel:\n  zero_stage: 2\noffload:\n  optimizer: NVME\n  nvme_path: " +
+      "train " +
+      WriteJob("nvme.yaml", "", "",
+               "parallel:\n  zero_stage: 2\noffload:\n  optimizer: NVME\n  nvme_path: " + Path("") +
+                   "\n  buffer_count: 6\n  buffer_size: 65536\n") +
+      " --quiet --run-dir " + Path("nvme-run"));
+  EXPECT_EQ(nvme.exit_code, 0) << nvme.output;
+  std::ifstream nvme_metrics(Path("nvme-run/metrics.jsonl"));
+  lines = 0;
+  while (std::getline(nvme_metrics, line)) {
+    ++lines;
+    EXPECT_THAT(line, AllOf(HasSubstr("\"swap_bytes_in\""), HasSubstr("\"swap_bytes_out\"")));
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_TRUE(std::filesystem::is_directory(Path("zerotrain-swap/index")));
+  // Parameter offload does not train yet: refused, naming the field.
+  const RunResult params = RunZt(
+      "train " + WriteJob("params.yaml", "", "",
+                          "parallel:\n  zero_stage: 3\noffload:\n  params: NVME\n  nvme_path: " +
                               Path("") + "\n  buffer_size: 65536\n"));
-  EXPECT_NE(nvme.exit_code, 0) << nvme.output;
-  EXPECT_THAT(nvme.output, HasSubstr("offload.optimizer: NVME is planned by zt estimate but this "
-                                     "engine does not train with it yet"));
+  EXPECT_NE(params.exit_code, 0) << params.output;
+  EXPECT_THAT(params.output, HasSubstr("offload.params: NVME is planned by zt estimate but this "
+                                       "engine does not train with it yet"));
 }
 
 TEST_F(ZtCliTest, TrainsAValidJob) {

@@ -556,29 +556,38 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         "train with it yet; set it to false to train");
   }
   // Validation, zt estimate and the planner accept every offload; the step loop trains
-  // offload.optimizer CPU on CPU devices (ZeRO-Offload) and nothing else yet.
+  // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU
+  // devices, and no parameter offload yet.
   using Offload = zerotrain::OffloadConfig;
   const Offload& offload = spec.offload();
-  const auto not_yet = [&](const char* field, Offload::Device device) {
-    lines.push_back(absl::StrCat(field, ": ", Offload::Device_Name(device),
-                                 " is planned by zt estimate but this engine does not train "
-                                 "with it yet (it trains offload.optimizer CPU); set it to "
-                                 "NONE to train"));
-  };
-  if (offload.optimizer() == Offload::NVME) not_yet("offload.optimizer", offload.optimizer());
   if (offload.params() == Offload::CPU || offload.params() == Offload::NVME) {
-    not_yet("offload.params", offload.params());
+    lines.push_back(absl::StrCat(
+        "offload.params: ", Offload::Device_Name(offload.params()),
+        " is planned by zt estimate but this engine does not train with it yet: the stage-3 "
+        "parameters stay on the device (offload.optimizer CPU and NVME do train); set it to "
+        "NONE to train"));
   }
-  if (offload.optimizer() == Offload::CPU) {
+  const bool optimizer_offload =
+      offload.optimizer() == Offload::CPU || offload.optimizer() == Offload::NVME;
+  if (optimizer_offload) {
+    const std::string device = Offload::Device_Name(offload.optimizer());
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
-      lines.push_back(
-          "offload.optimizer: CPU trains on resources.device CPU only so far (the host step "
-          "of a CUDA rank is not wired to its copy stream yet); set it to NONE on CUDA");
-    }
-    if (offload.buffer_count() < 2) {
       lines.push_back(absl::StrCat(
-          "offload.buffer_count: ", offload.buffer_count(),
-          " — the host optimizer step needs 2 ring buffers (gradients down, parameters up)"));
+          "offload.optimizer: ", device,
+          " trains on resources.device CPU only so far (the host step of a CUDA rank is not "
+          "wired to its copy stream yet); set it to NONE on CUDA"));
+    }
+    // CPU: gradients down, parameters up. NVME: those two and at least one for a unit's
+    // states (the trainer checks the exact count for the model and says it).
+    const int needed = offload.optimizer() == Offload::CPU ? 2 : 3;
+    if (offload.buffer_count() < needed) {
+      lines.push_back(absl::StrCat(
+          "offload.buffer_count: ", offload.buffer_count(), " — the host optimizer step needs ",
+          needed,
+          offload.optimizer() == Offload::CPU
+              ? " ring buffers (gradients down, parameters up)"
+              : " ring buffers or more (gradients down, parameters up, a unit's states in and "
+                "out of the swap store; twice the states' to read the next unit ahead)"));
     }
   }
   // LoRA: validation and the model's layout accept it; the step loop does not train it yet.

@@ -64,6 +64,9 @@ struct NodeDaemon::Attempt {
   StopRequest stop;
   std::atomic<bool> preempted{false};
   std::unique_ptr<RemoteStore> store;
+  // offload.optimizer NVME: the node's swap store, shared by the attempt's ranks (and by any
+  // other job on the same offload.nvme_path).
+  std::shared_ptr<offload::SwapStore> swap_store;
   // Guarded by the daemon's mu_:
   std::vector<std::thread> threads;
   int remaining = 0;
@@ -239,6 +242,11 @@ void NodeDaemon::HandleStart(const zerotrain::StartRanks& start) {
                                                        .token = options_.token,
                                                        .scope = start.store_scope(),
                                                        .retry = options_.retry}));
+    if (attempt->start.spec().offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+      std::vector<int> ranks;
+      for (const zerotrain::RankPlacement& p : start.ranks()) ranks.push_back(p.rank());
+      ZT_ASSIGN_OR_RETURN(attempt->swap_store, swap_stores_.Acquire(attempt->start.spec(), ranks));
+    }
     return absl::OkStatus();
   }();
   if (!ready.ok()) {
@@ -336,6 +344,7 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
       options.cuda_device = placement.device();  // the node's CUDA devices are indexed by ordinal
     }
     options.store = attempt->store.get();
+    options.swap_store = attempt->swap_store.get();
     options.resume_dir = start.resume_dir();
     options.resume_fallback = start.resume_fallback();
     // The directory belongs to this job; only a ResumeJob(checkpoint) job takes another's.

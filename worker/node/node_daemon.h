@@ -52,6 +52,7 @@
 #include "worker/node/device_inventory.h"
 #include "worker/node/node_metrics.h"
 #include "worker/node/rpc_retry.h"
+#include "worker/offload/node_swap_store.h"
 
 namespace zt {
 
@@ -135,6 +136,8 @@ class NodeDaemon {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<zerotrain::NodeService::Stub> node_stub_;
   std::unique_ptr<NodeMetrics> metrics_;
+  // The swap stores of offload.optimizer NVME jobs, one per directory (RocksDB: one process).
+  NodeSwapStores swap_stores_;
 
   mutable std::mutex mu_;
   std::condition_variable changed_;  // an attempt ended, or shutdown began

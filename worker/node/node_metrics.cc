@@ -11,10 +11,12 @@ namespace {
 enum StepPart { kCompute, kCommWait, kOptimizer, kDataWait, kNumStepParts };
 constexpr std::array<const char*, kNumStepParts> kStepPartNames = {"compute", "comm_wait",
                                                                    "optimizer", "data_wait"};
-// The directions of the host optimizer's copies, zt_offload_*_total's `direction` label.
-enum OffloadDirection { kToHost, kToDevice, kNumOffloadDirections };
-constexpr std::array<const char*, kNumOffloadDirections> kOffloadDirectionNames = {"to_host",
-                                                                                   "to_device"};
+// The directions of the host optimizer's copies, zt_offload_*_total's `direction` label:
+// device → host and host → device, and (offload.optimizer NVME) swap store → host and
+// host → swap store.
+enum OffloadDirection { kToHost, kToDevice, kSwapIn, kSwapOut, kNumOffloadDirections };
+constexpr std::array<const char*, kNumOffloadDirections> kOffloadDirectionNames = {
+    "to_host", "to_device", "swap_in", "swap_out"};
 
 // From a tiny model's 5 ms step to a large offloaded model's minute.
 const prometheus::Histogram::BucketBoundaries& StepBuckets() {
@@ -183,7 +185,9 @@ NodeMetrics::NodeMetrics(prometheus::Registry& registry)
       offload_bytes_(prometheus::BuildCounter()
                          .Name("zt_offload_bytes_total")
                          .Help("Bytes the host optimizer step of offloaded optimizer states "
-                               "copied, by direction: to_host (gradients), to_device (parameters)")
+                               "copied, by direction: to_host (gradients), to_device "
+                               "(parameters), swap_in and swap_out (states read from and "
+                               "written to the NVMe swap store)")
                          .Register(registry)),
       offload_seconds_(prometheus::BuildCounter()
                            .Name("zt_offload_seconds_total")
@@ -282,10 +286,11 @@ void NodeMetrics::RecordStep(const RankSeriesKey& key, const StepRecord& step,
   const std::array<double, kNumStepParts> parts = {step.compute_s, step.comm_wait_s,
                                                    step.optimizer_s, step.data_wait_s};
   for (int p = 0; p < kNumStepParts; ++p) s.step_seconds[p]->Increment(std::max(0.0, parts[p]));
-  const std::array<int64_t, kNumOffloadDirections> offload_bytes = {step.offload_bytes_to_host,
-                                                                    step.offload_bytes_to_device};
-  const std::array<double, kNumOffloadDirections> offload_seconds = {step.offload_to_host_s,
-                                                                     step.offload_to_device_s};
+  const std::array<int64_t, kNumOffloadDirections> offload_bytes = {
+      step.offload_bytes_to_host, step.offload_bytes_to_device, step.swap_bytes_in,
+      step.swap_bytes_out};
+  const std::array<double, kNumOffloadDirections> offload_seconds = {
+      step.offload_to_host_s, step.offload_to_device_s, step.swap_in_s, step.swap_out_s};
   for (int d = 0; d < kNumOffloadDirections; ++d) {
     s.offload_bytes[d]->Increment(static_cast<double>(std::max<int64_t>(0, offload_bytes[d])));
     s.offload_seconds[d]->Increment(std::max(0.0, offload_seconds[d]));

@@ -21,7 +21,26 @@ absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& co
                                             const ModelLayout& layout, const Arenas& state,
                                             std::vector<FlatRange> ranges,
                                             std::optional<ShardGroup> shard_group) {
+  return Build(config, precision, layout, &state, std::move(ranges), std::move(shard_group));
+}
+
+absl::StatusOr<Optimizer> Optimizer::CreateUnbound(const zerotrain::OptimizerConfig& config,
+                                                   const zerotrain::PrecisionConfig& precision,
+                                                   const ModelLayout& layout,
+                                                   std::vector<FlatRange> ranges,
+                                                   std::optional<ShardGroup> shard_group) {
+  return Build(config, precision, layout, nullptr, std::move(ranges), std::move(shard_group));
+}
+
+absl::StatusOr<Optimizer> Optimizer::Build(const zerotrain::OptimizerConfig& config,
+                                           const zerotrain::PrecisionConfig& precision,
+                                           const ModelLayout& layout, const Arenas* state,
+                                           std::vector<FlatRange> ranges,
+                                           std::optional<ShardGroup> shard_group) {
   Optimizer opt;
+  opt.has_master_ = precision.master_weights();
+  opt.split_ = precision.split_master_weights();
+  opt.bound_ = state != nullptr;
   opt.shard_group_ = std::move(shard_group);
   opt.config_ = config;
   opt.stochastic_rounding_ = precision.stochastic_rounding();
@@ -40,16 +59,17 @@ absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& co
                                                      range.end, ") is outside unit ", u.name,
                                                      " of ", u.numel, " elements"));
     }
-    if (precision.master_weights()) {
+    if (precision.master_weights() && state != nullptr) {
       ZT_ASSIGN_OR_RETURN(
           Tensor master,
-          state.Get(u.name + (precision.split_master_weights() ? ".master_low" : ".master")));
+          state->Get(u.name + (precision.split_master_weights() ? ".master_low" : ".master")));
       opt.master_.push_back(master);
     }
     Unit unit;
     unit.state = OptimizerStateFor(config, u, range);
     for (const UnitOptimizerState::Buffer& b : unit.state.buffers) {
-      ZT_ASSIGN_OR_RETURN(Tensor t, state.Get(u.name + "." + b.name));
+      if (state == nullptr) break;
+      ZT_ASSIGN_OR_RETURN(Tensor t, state->Get(u.name + "." + b.name));
       unit.buffers.push_back(t);
     }
     opt.units_.push_back(std::move(unit));
@@ -58,15 +78,16 @@ absl::StatusOr<Optimizer> Optimizer::Create(const zerotrain::OptimizerConfig& co
   return opt;
 }
 
-absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, const ParamSpec& p,
-                                   const TensorState& t, const TensorStep& s) const {
+absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const std::vector<Tensor>& buffers,
+                                   const ParamSpec& p, const TensorState& t,
+                                   const TensorStep& s) const {
   const Tensor& param = s.param;
   const Tensor& grad = s.grad;
   const float lr = s.lr, grad_scale = s.grad_scale;
   const int64_t step = s.step;
   auto slice = [&](int i) {
     const TensorState::Slice& s = t.slices[i];
-    return Range(unit.buffers[s.buffer], s.offset, s.numel);
+    return Range(buffers[s.buffer], s.offset, s.numel);
   };
   const float wd = config_.decay_all_parameters() || p.is_matrix ? config_.weight_decay() : 0.0f;
   switch (t.kind) {
@@ -154,7 +175,7 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, c
       if (shard_group_ && config_.type() == zerotrain::OptimizerConfig::ADAFACTOR) {
         TensorState none = t;
         none.kind = TensorState::Kind::kFull;
-        return StepTensor(ctx, unit, p, none, s);
+        return StepTensor(ctx, buffers, p, none, s);
       }
       return absl::OkStatus();
     case TensorState::Kind::kMomentum:
@@ -177,6 +198,22 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const Unit& unit, c
 absl::Status Optimizer::StepUnit(const DeviceContext& ctx, int u, const Tensor& params,
                                  const Tensor& grads, float lr, float grad_scale,
                                  uint64_t seed) const {
+  if (!bound_) {
+    return absl::FailedPreconditionError(
+        "optimizer: its states are not bound (CreateUnbound): step with the unit's views");
+  }
+  return StepUnit(ctx, u, params, grads, lr, grad_scale, seed,
+                  {.master = has_master_ ? master_[u] : Tensor(), .buffers = units_[u].buffers});
+}
+
+absl::Status Optimizer::StepUnit(const DeviceContext& ctx, int u, const Tensor& params,
+                                 const Tensor& grads, float lr, float grad_scale, uint64_t seed,
+                                 const UnitStateViews& state) const {
+  if (state.buffers.size() != units_[u].state.buffers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: unit ", layout_.units[u].name,
+                                                   " takes ", units_[u].state.buffers.size(),
+                                                   " state buffers, given ", state.buffers.size()));
+  }
   const int64_t step = steps_taken_ + 1;
   const UnitLayout& layout = layout_.units[u];
   for (size_t i = 0; i < layout.params.size(); ++i) {
@@ -184,12 +221,12 @@ absl::Status Optimizer::StepUnit(const DeviceContext& ctx, int u, const Tensor& 
     const TensorState& t = units_[u].state.tensors[i];
     // Offset of the tensor's stepped elements in the views, which start at the range.
     const int64_t begin = p.offset + t.begin - ranges_[u].begin, n = t.end - t.begin;
-    const bool has_master = !master_.empty();
+    const bool has_master = has_master_;
     // Each tensor draws its own rounding stream: the kernel hashes (seed, element index).
     const uint64_t tensor_seed = seed ^ (0x9E3779B97F4A7C15ull * (u * 1024 + i + 1));
     ZT_RETURN_IF_ERROR(
-        StepTensor(ctx, units_[u], p, t,
-                   {.param = has_master ? Range(master_[u], begin, n) : Range(params, begin, n),
+        StepTensor(ctx, state.buffers, p, t,
+                   {.param = has_master ? Range(state.master, begin, n) : Range(params, begin, n),
                     .param_copy = has_master ? Range(params, begin, n) : Tensor(),
                     .grad = Range(grads, begin, n),
                     .lr = lr,

@@ -49,6 +49,16 @@ class Optimizer {
                                           std::vector<FlatRange> ranges = {},
                                           std::optional<ShardGroup> shard_group = {});
 
+  // The same optimizer with no state bound: the master weights and states of each unit are
+  // handed to StepUnit with each call (offload.optimizer NVME streams them in and out of the
+  // swap store, worker/offload/nvme_optimizer.h). master_weights() is then empty while
+  // has_master() says whether the job keeps them; Step refuses.
+  static absl::StatusOr<Optimizer> CreateUnbound(const zerotrain::OptimizerConfig& config,
+                                                 const zerotrain::PrecisionConfig& precision,
+                                                 const ModelLayout& layout,
+                                                 std::vector<FlatRange> ranges = {},
+                                                 std::optional<ShardGroup> shard_group = {});
+
   // One update of every unit's range: param ← update(param, grad · grad_scale) at learning
   // rate `lr` (Adafactor with relative_step ignores it). params[u] and grads[u] are views
   // whose first element is element ranges[u].begin of the unit. `grad_scale` carries
@@ -66,13 +76,30 @@ class Optimizer {
                         float lr, float grad_scale, uint64_t seed = 0) const;
   void CountStep() { ++steps_taken_; }
 
+  // A unit's master weights and states where the caller keeps them: `master` the range's f32
+  // master (i16 low halves when split; empty without master weights), `buffers` parallel to
+  // unit_state(u).buffers, each of its numel and dtype.
+  struct UnitStateViews {
+    Tensor master;
+    std::vector<Tensor> buffers;
+  };
+  // StepUnit over those views (an unbound optimizer's step).
+  absl::Status StepUnit(const DeviceContext& ctx, int u, const Tensor& params, const Tensor& grads,
+                        float lr, float grad_scale, uint64_t seed,
+                        const UnitStateViews& state) const;
+  // The state buffers of unit u (the plan's "<unit>.<name>").
+  const UnitOptimizerState& unit_state(int u) const { return units_[u].state; }
+  int unit_count() const { return static_cast<int>(units_.size()); }
+  // Whether the job keeps master weights (precision.master_weights), bound or not.
+  bool has_master() const { return has_master_; }
+
   // The range of unit u this optimizer steps.
   const FlatRange& range(int u) const { return ranges_[u]; }
 
   // The fp32 master weights of each unit (i16 low halves when split), or empty when the
   // parameters are their own master.
   const std::vector<Tensor>& master_weights() const { return master_; }
-  bool split_master() const { return !master_.empty() && master_[0].dtype() == DType::kI16; }
+  bool split_master() const { return has_master_ && split_; }
 
   // Updates applied so far (the bias-correction step is this + 1 during Step).
   int64_t steps_taken() const { return steps_taken_; }
@@ -94,13 +121,21 @@ class Optimizer {
     int64_t step = 1;
     uint64_t seed = 0;
   };
-  absl::Status StepTensor(const DeviceContext& ctx, const Unit& unit, const ParamSpec& p,
-                          const TensorState& t, const TensorStep& s) const;
+  static absl::StatusOr<Optimizer> Build(const zerotrain::OptimizerConfig& config,
+                                         const zerotrain::PrecisionConfig& precision,
+                                         const ModelLayout& layout, const Arenas* state,
+                                         std::vector<FlatRange> ranges,
+                                         std::optional<ShardGroup> shard_group);
+  absl::Status StepTensor(const DeviceContext& ctx, const std::vector<Tensor>& buffers,
+                          const ParamSpec& p, const TensorState& t, const TensorStep& s) const;
 
   zerotrain::OptimizerConfig config_;
   bool stochastic_rounding_ = false;
   ModelLayout layout_;
   std::vector<Tensor> master_;
+  bool has_master_ = false;
+  bool split_ = false;
+  bool bound_ = true;
   std::vector<Unit> units_;
   std::vector<FlatRange> ranges_;  // resolved: end ≥ 0
   std::optional<ShardGroup> shard_group_;

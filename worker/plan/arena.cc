@@ -34,19 +34,23 @@ std::unique_ptr<ArenaAllocator> MakeHostArenaAllocator() {
   return std::make_unique<HostArenaAllocator>();
 }
 
-absl::StatusOr<std::unique_ptr<Arenas>> Arenas::Create(
-    const MemoryPlan& plan, std::unique_ptr<ArenaAllocator> allocator) {
+absl::StatusOr<std::unique_ptr<Arenas>> Arenas::Create(const MemoryPlan& plan,
+                                                       std::unique_ptr<ArenaAllocator> allocator) {
   std::unique_ptr<Arenas> a(new Arenas());
   a->plan_ = plan;
   a->allocator_ = allocator != nullptr ? std::move(allocator) : MakeHostArenaAllocator();
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     const auto category = static_cast<MemoryCategory>(c);
     const int64_t bytes = a->plan_.CategoryBytes(category);
-    if (bytes == 0) continue;
+    if (bytes == 0 || category == MemoryCategory::kNvme) continue;
     ZT_ASSIGN_OR_RETURN(a->base_[c], a->allocator_->Allocate(category, bytes));
   }
   for (const BufferSpec& spec : a->plan_.buffers) {
     const int c = static_cast<int>(spec.category);
+    if (spec.category == MemoryCategory::kNvme) {
+      a->by_name_.emplace(spec.name, Entry{nullptr, &spec});
+      continue;
+    }
     void* data = static_cast<char*>(a->base_[c]) + a->in_use_[c];
     a->in_use_[c] += AlignedBytes(spec.bytes());
     a->by_name_.emplace(spec.name, Entry{data, &spec});
@@ -65,8 +69,13 @@ absl::StatusOr<Tensor> Arenas::Get(const std::string& name) const {
   if (it == by_name_.end()) {
     return absl::NotFoundError(absl::StrCat("memory plan: no buffer named '", name, "'"));
   }
-  it->second.claimed = true;
   const BufferSpec& s = *it->second.spec;
+  if (s.category == MemoryCategory::kNvme) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("memory plan: buffer '", name,
+                     "' lives in the NVMe swap store (offload.nvme_path), not in an arena"));
+  }
+  it->second.claimed = true;
   const auto& d = s.shape;
   const Device device = allocator_->DeviceOf(s.category);
   switch (d.size()) {
@@ -79,6 +88,15 @@ absl::StatusOr<Tensor> Arenas::Get(const std::string& name) const {
     default:
       return Tensor(it->second.data, s.dtype, {s.numel()}, device);
   }
+}
+
+absl::StatusOr<const BufferSpec*> Arenas::Spec(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    return absl::NotFoundError(absl::StrCat("memory plan: no buffer named '", name, "'"));
+  }
+  it->second.claimed = true;
+  return it->second.spec;
 }
 
 std::vector<std::string> Arenas::UnclaimedBuffers() const {

@@ -7,6 +7,10 @@
 // map by name); the step loop keeps the views it took. Not thread-safe for construction; views
 // may be used from any thread.
 //
+// The kNvme category is not memory: its buffers are extents of the node's swap store
+// (offload.optimizer NVME, worker/offload/nvme_optimizer.h), so no arena is made for it and
+// Get refuses them; Spec names them for the code that swaps them.
+//
 // Where a category's memory comes from is an ArenaAllocator: on a CPU device every category
 // is host memory (HostArenaAllocator); on a CUDA device the device categories come from one
 // cudaMalloc each and the pinned-host category from cudaHostAlloc (the CUDA backend's
@@ -53,6 +57,10 @@ class Arenas {
   // The view of buffer `name` with its planned dtype and shape (up to 4 dimensions; shapes
   // with more are flattened into the last). NotFound names the buffer.
   absl::StatusOr<Tensor> Get(const std::string& name) const;
+
+  // The spec of buffer `name` (any category), claiming it as Get does: how the swapped
+  // buffers of the kNvme category are claimed. NotFound names the buffer.
+  absl::StatusOr<const BufferSpec*> Spec(const std::string& name) const;
 
   // Bytes carved from each category's arena: the high-water mark, since arenas never free.
   int64_t BytesInUse(MemoryCategory c) const { return in_use_[static_cast<int>(c)]; }

@@ -1,5 +1,6 @@
 #include "offload/copy_queue.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -99,6 +100,45 @@ TEST_F(CopyQueueTest, DestructorFinishesWhatIsQueued) {
   EXPECT_TRUE(commit.done());
   EXPECT_TRUE(commit.Wait().ok());
   EXPECT_EQ(store_->CommittedGeneration("job-q"), 1u);
+}
+
+// In place: the caller's ring buffer is written from and read into directly; a swapped-out
+// buffer goes back to the ring once written, and TryAcquireBuffer says when none is free.
+TEST_F(CopyQueueTest, InPlaceTransfersUseTheCallersRingBuffers) {
+  PinnedLease out = queue_->AcquireBuffer();
+  const std::vector<std::byte> a = Pattern(5000, 1), b = Pattern(7000, 2);
+  std::copy(a.begin(), a.end(), out.data());
+  std::copy(b.begin(), b.end(), out.data() + 8192);
+  PinnedLease second = queue_->AcquireBuffer();
+  PinnedLease third = queue_->AcquireBuffer();
+  EXPECT_EQ(queue_->TryAcquireBuffer().status().code(), absl::StatusCode::kResourceExhausted);
+  CopyHandle written = queue_->SwapOutPlace({{.key = Key(0, 1), .offset = 0, .length = 5000},
+                                             {.key = Key(1, 1), .offset = 8192, .length = 7000}},
+                                            std::move(out));
+  ASSERT_TRUE(written.Wait().ok()) << written.Wait();
+  EXPECT_EQ(written.bytes(), 12000u);
+  ASSERT_TRUE(queue_->Commit("job-q", 1).Wait().ok());
+  // The written buffer is the ring's again.
+  absl::StatusOr<PinnedLease> in = queue_->TryAcquireBuffer();
+  ASSERT_TRUE(in.ok()) << in.status();
+  std::fill(in->data(), in->data() + in->size(), std::byte{0});
+  CopyHandle read = queue_->SwapInPlace({{.key = Key(1, 1), .offset = 4096, .length = 7000},
+                                         {.key = Key(0, 1), .offset = 16384, .length = 5000}},
+                                        *in);
+  ASSERT_TRUE(read.Wait().ok()) << read.Wait();
+  EXPECT_EQ(read.bytes(), 12000u);
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), in->data() + 4096));
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), in->data() + 16384));
+  EXPECT_EQ(queue_->stats().bytes_in, 12000u);
+  // A length that is not the extent's, or bytes outside the buffer, are refused.
+  CopyHandle wrong = queue_->SwapInPlace({{.key = Key(0, 1), .offset = 0, .length = 4000}}, *in);
+  EXPECT_EQ(wrong.Wait().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong.Wait().message()), HasSubstr("holds 5000 bytes"));
+  CopyHandle outside =
+      queue_->SwapInPlace({{.key = Key(0, 1), .offset = in->size() - 100, .length = 5000}}, *in);
+  EXPECT_EQ(outside.Wait().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(outside.Wait().message()), HasSubstr("outside the ring buffer"));
+  queue_->Drain().IgnoreError();
 }
 
 }  // namespace

@@ -445,5 +445,42 @@ TEST(SwapStoreTest, DifferentGeometryIsRefused) {
   EXPECT_THAT(s.status().message(), HasSubstr("2 swap files"));
 }
 
+// Placement: a job's extents go to its own file first, so two jobs writing at once (a node's
+// ranks) keep out of each other's space; they spill over into the next file only when theirs
+// is full.
+TEST(SwapStoreTest, PlacementKeepsEachJobInItsOwnFile) {
+  TempDir dir;
+  SwapStoreOptions options = SmallStore(dir.path());
+  options.file_size = 2 * 65536;
+  auto opened = SwapStore::Open(options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  SwapStore& store = **opened;
+  EXPECT_EQ(store.file_count(), 2u);
+  ASSERT_TRUE(store.SetPlacement("job-b", 1).ok());
+  EXPECT_EQ(store.SetPlacement("job-b", 2).code(), absl::StatusCode::kInvalidArgument);
+  // Generations of both jobs, interleaved extent by extent: each file holds exactly two
+  // generations of its job, so any sharing of a file would run out of space.
+  for (uint64_t g = 1; g <= 6; ++g) {
+    for (uint32_t u = 0; u < 2; ++u) {
+      for (const char* job : {"job-a", "job-b"}) {
+        const auto data = Pattern(u == 0 ? 40000 : 20000, static_cast<uint32_t>(g * 10 + u));
+        ASSERT_TRUE(store.Write(Key(u, SwapRole::kMaster, g, job), data).ok())
+            << job << " generation " << g;
+      }
+    }
+    ASSERT_TRUE(store.Commit("job-a", g).ok());
+    ASSERT_TRUE(store.Commit("job-b", g).ok());
+  }
+  // Generation 5 of job-b (the first of its two slots' turn) starts file 1.
+  std::vector<std::byte> raw(40000);
+  const int fd = open((std::filesystem::path(dir.path()) / "swap-001.zts").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pread(fd, raw.data(), raw.size(), 0), static_cast<ssize_t>(raw.size()));
+  close(fd);
+  EXPECT_EQ(raw, Pattern(40000, 50));
+  EXPECT_EQ(*ReadAll(store, Key(0, SwapRole::kMaster, 6, "job-b")), Pattern(40000, 60));
+  EXPECT_EQ(*ReadAll(store, Key(1, SwapRole::kMaster, 6, "job-a")), Pattern(20000, 61));
+}
+
 }  // namespace
 }  // namespace zt::offload

@@ -216,7 +216,7 @@ TEST_F(NvmePathTest, AllowedRootsRefuseAnNvmePathOutsideThemOnlyWhenNvmeIsUsed) 
   EXPECT_TRUE(roots->CheckJob(job).ok()) << roots->CheckJob(job);
 }
 
-TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndRefusesTheRestAtRunTime) {
+TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndNvmeAndRefusesParamsAtRunTime) {
   JobSpec job = Valid();
   job.mutable_parallel()->set_zero_stage(3);
   job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
@@ -228,17 +228,24 @@ TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndRefusesTheRestAtRunTime) {
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
               ElementsAre("offload.params: NVME is planned by zt estimate but this engine does "
-                          "not train with it yet (it trains offload.optimizer CPU); set it to "
-                          "NONE to train"));
+                          "not train with it yet: the stage-3 parameters stay on the device "
+                          "(offload.optimizer CPU and NVME do train); set it to NONE to train"));
+  job.mutable_offload()->set_params(OffloadConfig::CPU);
+  EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
+              ElementsAre(HasSubstr("offload.params: CPU is planned by zt estimate")));
+  // Optimizer states on NVMe train.
   job.mutable_offload()->set_params(OffloadConfig::NONE);
   job.mutable_offload()->set_optimizer(OffloadConfig::NVME);
-  job.mutable_offload()->set_buffer_count(1);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+  // ... with at least three ring buffers; the host step of CPU offload with two.
+  job.mutable_offload()->set_buffer_count(2);
   EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
-              ElementsAre("offload.optimizer: NVME is planned by zt estimate but this engine "
-                          "does not train with it yet (it trains offload.optimizer CPU); set it "
-                          "to NONE to train"));
-  // The host step takes two ring buffers.
+              ElementsAre("offload.buffer_count: 2 — the host optimizer step needs 3 ring "
+                          "buffers or more (gradients down, parameters up, a unit's states in "
+                          "and out of the swap store; twice the states' to read the next unit "
+                          "ahead)"));
   job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  job.mutable_offload()->set_buffer_count(1);
   EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
               ElementsAre("offload.buffer_count: 1 — the host optimizer step needs 2 ring "
                           "buffers (gradients down, parameters up)"));

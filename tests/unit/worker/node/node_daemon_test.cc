@@ -337,5 +337,53 @@ TEST_F(NodeDaemonTest, AWrongTokenIsRefusedAtStart) {
   EXPECT_THAT(started.message(), HasSubstr(coordinator_.address()));
 }
 
+// offload.optimizer NVME through the node: the daemon opens the node's swap store once for the
+// attempt and its two ranks (threads) share it; the run is the same job without offload, in
+// this process, bit for bit.
+TEST_F(NodeDaemonTest, RunsAJobWithOptimizerStatesOnNvmeOverOneSharedStore) {
+  std::filesystem::create_directories(dir_ / "swap");
+  zerotrain::JobSpec spec = testing::SmallShardedJob((dir_ / "train.bin").string(), 2, 2, 2);
+  spec.mutable_train()->set_max_steps(4);
+  spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
+  spec.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+  spec.mutable_offload()->set_buffer_count(4);
+  spec.mutable_offload()->set_buffer_size(64 * 4096);
+  const zerotrain::JobSpec job = ValidatedJob(spec).value();
+  std::string metrics_during_run;
+  coordinator_.state().on_report = [&](const RankReport& r) {
+    if (r.has_progress() && r.progress().step() == 2) metrics_during_run = MetricsText();
+    return false;
+  };
+  StartDaemon();
+  Assign(job);
+  const std::map<int, RankExit> exits = WaitForExits();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(exits.contains(r));
+    EXPECT_EQ(exits.at(r).outcome(), RankExit::FINISHED) << exits.at(r).message();
+  }
+  std::vector<double> reported;
+  for (const RankReport& r : coordinator_.state().Reports()) {
+    if (r.has_progress()) reported.push_back(r.progress().loss());
+  }
+  zerotrain::JobSpec plain = spec;
+  plain.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NONE);
+  EXPECT_EQ(reported, InProcessLosses(ValidatedJob(plain).value()));
+  // One store, a swap file per rank, under offload.nvme_path.
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ / "swap" / "zerotrain-swap" / "index"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "swap" / "zerotrain-swap" / "swap-001.zts"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "swap" / "zerotrain-swap" / "swap-002.zts"));
+  // The swap's bytes reach the node's metrics: rank 0's written bytes after two steps.
+  double swapped_out = 0;
+  std::istringstream lines(metrics_during_run);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("zt_offload_bytes_total{") &&
+        line.find(R"(direction="swap_out")") != std::string::npos &&
+        line.find(R"(rank="0")") != std::string::npos) {
+      swapped_out = std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  EXPECT_GT(swapped_out, 0) << metrics_during_run;
+}
+
 }  // namespace
 }  // namespace zt

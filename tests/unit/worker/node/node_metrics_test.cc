@@ -85,6 +85,10 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   step.offload_to_host_s = 0.125;
   step.offload_to_device_s = 0.0625;
   step.host_optimizer_s = 0.25;
+  step.swap_bytes_in = 8192;
+  step.swap_bytes_out = 12288;
+  step.swap_in_s = 0.03125;
+  step.swap_out_s = 0.015625;
   metrics.RecordStart(
       key, {.load_seconds = 0.25, .step = 0, .checkpoint_interval_steps = 5, .unix_time = 1000});
   metrics.RecordStep(key, step, comm, flops_per_token, peak, /*unix_time=*/1001);
@@ -137,6 +141,11 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "to_host"}}), 0.25);
   EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "to_device"}}), 0.125);
   EXPECT_EQ(value("zt_host_optimizer_seconds_total"), 0.5);
+  // offload.optimizer NVME's swap, in the same families.
+  EXPECT_EQ(value("zt_offload_bytes_total", {{"direction", "swap_in"}}), 2 * 8192);
+  EXPECT_EQ(value("zt_offload_bytes_total", {{"direction", "swap_out"}}), 2 * 12288);
+  EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "swap_in"}}), 2 * 0.03125);
+  EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "swap_out"}}), 2 * 0.015625);
   // The save after step 1 (step 2 saved nothing): its time, step and bytes.
   EXPECT_EQ(value("zt_checkpoint_save_seconds"), 0.5);
   EXPECT_EQ(value("zt_checkpoint_saved_bytes_total"), 4096);

@@ -16,16 +16,20 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "offload/swap_store.h"
+#include "tests/unit/offload/offload_test_util.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
-#include "worker/plan/arena.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/parallel/parallel_layout.h"
+#include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/rank_state.h"
 #include "worker/train/pinned_host_arena.h"
@@ -42,6 +46,7 @@ using zerotrain::PrecisionConfig;
 // The small job's largest transfer (a block's 12,608 fp32 elements of master weights or of
 // one state) is under 13 pages; two ring buffers of 16 pages hold it.
 constexpr int64_t kRingBytes = 16 * 4096;
+constexpr int64_t kNvmeRingBytes = 64 * 4096;
 
 struct Crossings {
   std::atomic<int64_t> upload_bytes{0}, download_bytes{0};
@@ -116,6 +121,7 @@ class OffloadTrainingTest : public ::testing::Test {
   void SetUp() override {
     dir_ = testing::TestScratchDir("zt-offload-training-test");
     ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
+    std::filesystem::create_directories(dir_ / "swap");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -138,13 +144,25 @@ class OffloadTrainingTest : public ::testing::Test {
     job.mutable_offload()->set_optimizer(offload);
     job.mutable_offload()->set_buffer_count(2);
     job.mutable_offload()->set_buffer_size(kRingBytes);
+    if (offload == OffloadConfig::NVME) {
+      // A unit's master weights and states (at most 3 × 13 pages) fit one ring buffer of 64
+      // pages: 2 staging + 1 in use + 1 read ahead.
+      job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+      job.mutable_offload()->set_buffer_count(4);
+      job.mutable_offload()->set_buffer_size(kNvmeRingBytes);
+    }
     return job;
   }
 
   // Every rank (threads) to `stop_after`; from `resume` when set. `counted`, one per rank:
   // the ranks' devices count their crossings and device allocations.
+  // offload.optimizer NVME: the process's swap store (one, shared by the ranks as `zt train`
+  // shares it) opens through `swap_env` (null: the real one) and reports what it found at
+  // open in `opened`.
   static RunResult Train(const JobSpec& spec, int64_t stop_after, const std::string& resume = "",
-                         std::vector<CountedRank>* counted = nullptr) {
+                         std::vector<CountedRank>* counted = nullptr,
+                         offload::SwapEnv* swap_env = nullptr,
+                         offload::SwapOpenReport* opened = nullptr) {
     RunResult result;
     absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
     if (!validated.ok()) {
@@ -154,6 +172,18 @@ class OffloadTrainingTest : public ::testing::Test {
     const JobSpec job = *validated;
     const int n = job.parallel().world_size();
     InProcessStore store;
+    std::shared_ptr<offload::SwapStore> swap;
+    if (job.offload().optimizer() == OffloadConfig::NVME) {
+      std::vector<int> ranks(n);
+      for (int r = 0; r < n; ++r) ranks[r] = r;
+      absl::StatusOr<std::shared_ptr<offload::SwapStore>> s = OpenSwapStore(job, ranks, swap_env);
+      if (!s.ok()) {
+        result.status = s.status();
+        return result;
+      }
+      swap = *s;
+      if (opened != nullptr) *opened = swap->open_report();
+    }
     result.state.resize(n);
     result.plans.resize(n);
     result.arena_bytes.resize(n);
@@ -170,6 +200,7 @@ class OffloadTrainingTest : public ::testing::Test {
           options.store = &store;
           options.stop_after_step = stop_after;
           options.resume_dir = resume;
+          options.swap_store = swap.get();
           if (counted != nullptr) {
             CountedRank* c = &(*counted)[r];
             options.make_device = [c](const JobSpec& j,
@@ -206,9 +237,9 @@ class OffloadTrainingTest : public ::testing::Test {
                 (*t)->arenas().BytesInUse(static_cast<MemoryCategory>(c)));
           }
           for (const BufferSpec* b : CheckpointedBuffers((*t)->plan())) {
-            absl::StatusOr<Tensor> v = (*t)->arenas().Get(b->name);
+            absl::StatusOr<const void*> v = (*t)->BufferBytes(*b);
             if (!v.ok()) return v.status();
-            const auto* bytes = static_cast<const uint8_t*>(v->raw());
+            const auto* bytes = static_cast<const uint8_t*>(*v);
             result.state[r].emplace_back(bytes, bytes + b->bytes());
             if (r == 0) result.state_names.push_back(b->name);
           }
@@ -459,6 +490,268 @@ TEST_F(OffloadTrainingTest, MetricsLinesCarryTheHostOptimizersFigures) {
   EXPECT_EQ(report["arenas_high_water"]["pinned_host"].get<int64_t>(),
             trainer->plan().CategoryBytes(MemoryCategory::kPinnedHost));
   EXPECT_GT(report["plan"]["pinned_host"].get<int64_t>(), 2 * kRingBytes);
+}
+
+// ZeRO-Infinity's optimizer offload (offload.optimizer NVME): the master weights and states live
+// in the swap store and stream through the ring each step; the run is the same job without
+// offload bit for bit, and its checkpointed states (read back from the store) too.
+TEST_F(OffloadTrainingTest, OptimizerNvmeEqualsNoOffloadBitForBit) {
+  for (const OptimizerCase& o : kOptimizers) {
+    for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+      for (int stage = 1; stage <= 3; ++stage) {
+        for (int world : {1, 2}) {
+          const std::string what = absl::StrCat(o.name, " ", PrecisionConfig::DType_Name(dtype),
+                                                " stage ", stage, " world ", world);
+          const RunResult swapped = Train(Job(world, stage, o.type, dtype, OffloadConfig::NVME), 4);
+          const RunResult plain = Train(Job(world, stage, o.type, dtype, OffloadConfig::NONE), 4);
+          ExpectSameRun(swapped, plain, what);
+          ASSERT_EQ(swapped.losses.size(), 4u) << what;
+          // The ring and every swapped state were claimed.
+          EXPECT_TRUE(swapped.unclaimed.empty()) << what << ": " << swapped.unclaimed[0];
+          // The states moved: not the zeros they started as.
+          bool moved = false;
+          for (size_t b = 0; b < swapped.state_names.size(); ++b) {
+            if (swapped.state_names[b].ends_with(".params")) continue;
+            for (uint8_t byte : swapped.state[0][b]) moved |= byte != 0;
+          }
+          EXPECT_TRUE(moved) << what;
+          // Each step read every swapped state in and wrote it out: the plan's NVMe bytes
+          // less the extents' page padding, and the store kept its two generations.
+          for (int r = 0; r < world; ++r) {
+            int64_t logical = 0;
+            for (const BufferSpec& b : swapped.plans[r].buffers) {
+              if (b.category == MemoryCategory::kNvme) logical += b.bytes();
+            }
+            EXPECT_GT(logical, 0) << what;
+            EXPECT_EQ(swapped.last_step[r].swap_bytes_in, logical) << what << " rank " << r;
+            EXPECT_EQ(swapped.last_step[r].swap_bytes_out, logical) << what << " rank " << r;
+            EXPECT_GT(swapped.last_step[r].swap_out_s, 0) << what;
+            EXPECT_EQ(plain.last_step[r].swap_bytes_in, 0) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The ring's depth changes the overlap, never the result: without room to read ahead (3
+// buffers), and with a unit's states spread over several small buffers (16 pages, 5 buffers).
+TEST_F(OffloadTrainingTest, NvmeRingGeometryDoesNotChangeTheRun) {
+  const RunResult plain =
+      Train(Job(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::NONE), 3);
+  struct Ring {
+    int count;
+    int64_t size;
+  };
+  for (const Ring ring : {Ring{3, kNvmeRingBytes}, Ring{5, kRingBytes}}) {
+    JobSpec job = Job(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::NVME);
+    job.mutable_offload()->set_buffer_count(ring.count);
+    job.mutable_offload()->set_buffer_size(ring.size);
+    ExpectSameRun(Train(job, 3), plain, absl::StrCat(ring.count, " × ", ring.size));
+  }
+  // Too few for a unit's states: refused at set-up, naming the field and the count needed.
+  JobSpec small = Job(1, 1, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::NVME);
+  small.mutable_offload()->set_buffer_count(3);
+  small.mutable_offload()->set_buffer_size(kRingBytes);
+  const RunResult refused = Train(small, 1);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
+  EXPECT_THAT(std::string(refused.status.message()),
+              ::testing::HasSubstr("offload.buffer_count: 3 — the NVMe optimizer step needs 5"));
+}
+
+// The host memory of NVMe offload is the plan's: the ring in pinned_host, nothing of the
+// optimizer on the device, no arena for the swapped states.
+TEST_F(OffloadTrainingTest, NvmeHostMemoryIsThePlansRing) {
+  std::vector<CountedRank> counted(2);
+  const JobSpec spec =
+      Job(2, 2, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, OffloadConfig::NVME);
+  const RunResult run = Train(spec, 2, "", &counted);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  for (int r = 0; r < 2; ++r) {
+    const MemoryPlan& plan = run.plans[r];
+    EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kOptimizerState), 0);
+    EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost), 4 * kNvmeRingBytes)
+        << "the ring, buffer_count × buffer_size, and nothing else";
+    EXPECT_GT(plan.CategoryBytes(MemoryCategory::kNvme), 0);
+    for (int c = 0; c < kMemoryCategoryCount; ++c) {
+      const auto category = static_cast<MemoryCategory>(c);
+      const int64_t expected = category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category);
+      EXPECT_EQ(run.arena_bytes[r][c], expected) << MemoryCategoryName(category);
+      EXPECT_EQ(counted[r].device_bytes[c],
+                IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
+          << MemoryCategoryName(category);
+    }
+    EXPECT_EQ(counted[r].pinned_bytes_while_training, 4 * kNvmeRingBytes);
+  }
+}
+
+// Checkpoints of swapped states: saved from the store, resumed into a new process's store, the
+// run continues bit for bit as the one that never stopped; and another layout reshards them.
+TEST_F(OffloadTrainingTest, NvmeStatesCheckpointAndResumeBitForBit) {
+  struct Case {
+    OptimizerConfig::Type type;
+    PrecisionConfig::DType dtype;
+    int world, stage;
+    bool async;
+  };
+  for (const Case& c : {Case{OptimizerConfig::ADAMW, PrecisionConfig::BF16, 2, 2, false},
+                        Case{OptimizerConfig::ADAMW_8BIT, PrecisionConfig::FP32, 2, 1, true},
+                        Case{OptimizerConfig::ADAFACTOR, PrecisionConfig::BF16, 1, 1, false}}) {
+    const std::string what =
+        absl::StrCat(OptimizerConfig::Type_Name(c.type), " ", PrecisionConfig::DType_Name(c.dtype),
+                     " stage ", c.stage, " world ", c.world, c.async ? " async" : "");
+    auto job = [&](OffloadConfig::Device offload, const std::string& dir) {
+      JobSpec j = Job(c.world, c.stage, c.type, c.dtype, offload);
+      j.mutable_checkpoint()->set_dir((dir_ / ("nvme " + what + dir)).string());
+      j.mutable_checkpoint()->set_interval_steps(2);
+      j.mutable_checkpoint()->set_async(c.async);
+      return j;
+    };
+    const RunResult straight = Train(job(OffloadConfig::NVME, "straight"), 4);
+    const RunResult plain = Train(job(OffloadConfig::NONE, "plain"), 4);
+    ExpectSameRun(straight, plain, what);
+    const JobSpec stopped = job(OffloadConfig::NVME, "stopped");
+    ASSERT_TRUE(Train(stopped, 2).status.ok()) << what;
+    const RunResult second = Train(stopped, 4, stopped.checkpoint().dir());
+    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+    ASSERT_EQ(second.losses.size(), 2u) << what;
+    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
+    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
+    EXPECT_EQ(second.weights, straight.weights) << what;
+    EXPECT_EQ(second.state, straight.state) << what;
+  }
+  // 2 ranks at stage 2 with NVMe → 1 rank at stage 1, with NVMe and without: the same bytes.
+  JobSpec saved =
+      Job(2, 2, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, OffloadConfig::NVME);
+  saved.mutable_checkpoint()->set_dir((dir_ / "nvme-saved").string());
+  saved.mutable_checkpoint()->set_interval_steps(2);
+  ASSERT_TRUE(Train(saved, 2).status.ok());
+  auto resume = [&](JobSpec job, const std::string& name) {
+    job.mutable_checkpoint()->set_dir((dir_ / ("nvme-" + name)).string());
+    std::filesystem::copy(saved.checkpoint().dir(), job.checkpoint().dir(),
+                          std::filesystem::copy_options::recursive);
+    RunResult run = Train(job, 4, job.checkpoint().dir());
+    EXPECT_EQ(run.losses.size(), 2u) << name;
+    return run;
+  };
+  ExpectSameRun(
+      resume(Job(1, 1, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, OffloadConfig::NVME),
+             "a"),
+      resume(Job(1, 1, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, OffloadConfig::NONE),
+             "b"),
+      "resharded");
+}
+
+// The swap store's env, failing on cue: ENOSPC once a write budget is spent, or the process
+// "dies" at a stage of one generation's commit.
+class StepFaults : public offload::testing::FaultInjectionEnv {
+ public:
+  std::optional<uint64_t> crash_generation;
+  absl::Status AtCommitStage(offload::CommitStage stage, absl::string_view job,
+                             uint64_t generation) override {
+    if (crash_generation == generation) crash_at = offload::CommitStage::kDataDurable;
+    return FaultInjectionEnv::AtCommitStage(stage, job, generation);
+  }
+};
+
+// A full disk during a step's swap-out fails the job, naming the store's path and the bytes,
+// and leaves the last checkpoint whole: resumed, it trains to the uninterrupted run's weights.
+TEST_F(OffloadTrainingTest, NvmeFullDiskFailsTheJobAndKeepsTheCheckpoint) {
+  auto job = [&](const std::string& dir) {
+    JobSpec j = Job(1, 1, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::NVME);
+    j.mutable_checkpoint()->set_dir((dir_ / dir).string());
+    j.mutable_checkpoint()->set_interval_steps(2);
+    return j;
+  };
+  const RunResult straight = Train(job("full-straight"), 4);
+  ASSERT_TRUE(straight.status.ok()) << straight.status;
+  const JobSpec spec = job("full");
+  const int64_t generation =
+      PlanMemory(ValidatedJob(spec).value(), 0).CategoryBytes(MemoryCategory::kNvme);
+  ASSERT_GT(generation, 0);
+  // The first generation, steps 1 and 2, and half of step 3's.
+  StepFaults env;
+  env.write_budget = static_cast<uint64_t>(3 * generation + generation / 2);
+  const RunResult failed = Train(spec, 4, "", nullptr, &env);
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kResourceExhausted) << failed.status;
+  const std::string message(failed.status.message());
+  EXPECT_THAT(message, ::testing::HasSubstr(SwapStoreDirectory(ValidatedJob(spec).value())));
+  EXPECT_THAT(message, ::testing::HasSubstr(absl::StrCat(generation, " bytes")));
+  EXPECT_THAT(message, ::testing::HasSubstr("step 3"));
+  EXPECT_EQ(failed.losses.size(), 2u);
+  const RunResult resumed = Train(spec, 4, spec.checkpoint().dir());
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[1], straight.losses[3]);
+  EXPECT_EQ(resumed.weights, straight.weights);
+  EXPECT_EQ(resumed.state, straight.state);
+}
+
+// A process that dies between a generation's data and its index update leaves the store
+// "open": the next process verifies it at open (every committed extent's CRC32C) and the job
+// resumes from its checkpoint to the uninterrupted run's final weights.
+TEST_F(OffloadTrainingTest, NvmeStoreLeftByACrashIsVerifiedAndTheJobResumes) {
+  auto job = [&](const std::string& dir) {
+    JobSpec j = Job(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32, OffloadConfig::NVME);
+    j.mutable_checkpoint()->set_dir((dir_ / dir).string());
+    j.mutable_checkpoint()->set_interval_steps(2);
+    return j;
+  };
+  const RunResult straight = Train(job("crash-straight"), 4);
+  ASSERT_TRUE(straight.status.ok()) << straight.status;
+  const JobSpec spec = job("crash");
+  // Generations: 1 the initial states, 2..5 steps 1..4: the crash takes step 3's commit.
+  StepFaults env;
+  env.crash_generation = 4;
+  const RunResult crashed = Train(spec, 4, "", nullptr, &env);
+  // The rank whose commit crashed says so (Aborted); the other finds the store stopped
+  // (FailedPrecondition) naming that crash. Either way the step fails before its commit.
+  EXPECT_FALSE(crashed.status.ok());
+  EXPECT_THAT(std::string(crashed.status.message()), ::testing::HasSubstr("simulated crash"));
+  EXPECT_EQ(crashed.losses.size(), 2u);
+  // A power cut also loses what was never synced.
+  env.DropUnsyncedData();
+  offload::SwapOpenReport opened;
+  const RunResult resumed = Train(spec, 4, spec.checkpoint().dir(), nullptr, nullptr, &opened);
+  EXPECT_TRUE(opened.unclean);
+  EXPECT_GT(opened.extents_verified, 0u);
+  EXPECT_FALSE(opened.discarded) << opened.discard_reason;
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[1], straight.losses[3]);
+  EXPECT_EQ(resumed.weights, straight.weights);
+  EXPECT_EQ(resumed.state, straight.state);
+}
+
+TEST_F(OffloadTrainingTest, NvmeMetricsLinesCarryTheSwap) {
+  const JobSpec job =
+      ValidatedJob(Job(1, 1, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::NVME))
+          .value();
+  TrainOptions options;
+  options.run_dir = (dir_ / "nvme-run").string();
+  std::unique_ptr<Trainer> trainer = Trainer::Create(job, options).value();
+  ASSERT_TRUE(trainer->Run().ok());
+  int64_t swapped = 0;
+  for (const BufferSpec& b : trainer->plan().buffers) {
+    if (b.category == MemoryCategory::kNvme) swapped += b.bytes();
+  }
+  std::ifstream in(dir_ / "nvme-run" / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ++lines;
+    EXPECT_EQ(j.at("swap_bytes_in").get<int64_t>(), swapped) << line;
+    EXPECT_EQ(j.at("swap_bytes_out").get<int64_t>(), swapped) << line;
+    EXPECT_GE(j.at("swap_in_s").get<double>(), 0) << line;
+    EXPECT_GT(j.at("swap_out_s").get<double>(), 0) << line;
+    EXPECT_GT(j.at("host_optimizer_s").get<double>(), 0) << line;
+  }
+  EXPECT_EQ(lines, 4);
+  // The rank opened its own store (no process store was given), under offload.nvme_path.
+  ASSERT_NE(trainer->nvme_optimizer(), nullptr);
+  EXPECT_EQ(trainer->nvme_optimizer()->store_path(), SwapStoreDirectory(job));
+  EXPECT_EQ(trainer->nvme_optimizer()->generation(), 5u) << "the initial states and 4 steps";
 }
 
 }  // namespace

@@ -1,0 +1,193 @@
+// The optimizer step of ZeRO-Infinity's optimizer offload (offload.optimizer NVME, DESIGN.md
+// "Offload tier"): a rank's fp32 master weights and optimizer states live in the node's swap
+// store (offload/swap_store.h) and only pass through host memory, unit by unit, during the
+// step. Host memory is the plan's ring ("offload.ring.<k>", buffer_count × buffer_size), handed
+// to a CopyQueue as its pool: two of its buffers stage the unit's gradients (down from the
+// device) and parameters (up to it), the rest hold units' states in place. For each unit u:
+//   1. the reads of unit u + 1's states are queued while u is updated, when the ring has the
+//      buffers free (read-ahead; else they are queued once u's writes are);
+//   2. u's gradient shard comes down through the copy engine, u's reads are waited for, the
+//      Optimizer's kernels update the states in their ring buffers (the very arithmetic of the
+//      step without offload: bit for bit on the CPU), the parameters go back up;
+//   3. u's states are queued for writing from those buffers (write-behind), each buffer going
+//      back to the ring once the store has its bytes.
+// Every step writes a new generation; once all its writes are done, Commit makes them durable
+// and switches the store's index to it (SwapStore::Commit): a crash leaves the previous
+// generation or the new one whole, never a mix. A failed write fails the step before any
+// commit, naming the store's path and the bytes.
+//
+// A unit's states are packed into as few ring buffers as hold them (first fit, each extent on
+// a 4096-byte boundary): at least 2 + that many buffers are needed (Create refuses fewer); with
+// 2 + twice as many, every read-ahead overlaps the previous unit's update.
+//
+// In the store, each (unit, state buffer) of the rank's range is one extent, keyed by the job
+// key (one per rank: ranks never share a key), the unit, the rank's range and the buffer's
+// role (SwapRoleFor). The store is scratch: the checkpoint is the truth, so Create forgets
+// whatever the key held before (a killed run's states), and Initialize or a restore writes the
+// first generation.
+//
+// Not thread-safe: one per rank, like its Optimizer. The copy engine and the store are not
+// owned and must outlive it; the ring's memory (the rank's arenas) too.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+#include "offload/copy_queue.h"
+#include "offload/swap_store.h"
+#include "worker/comm/device_copy_engine.h"
+#include "worker/model/param_layout.h"
+#include "worker/optim/optimizer.h"
+#include "worker/plan/memory_plan.h"
+
+namespace zt {
+
+// The store role of the plan's state buffer "<unit>.<name>" ("master", "adam_m",
+// "adam8_v_absmax", ...). InvalidArgument naming it for a name no optimizer lays out.
+absl::StatusOr<offload::SwapRole> SwapRoleFor(const std::string& name);
+
+class NvmeOptimizer {
+ public:
+  struct Args {
+    // Optimizer::CreateUnbound over the rank's ranges.
+    Optimizer optimizer;
+    // The units' names (the plan's buffer prefixes), parallel to the optimizer's units.
+    std::vector<std::string> unit_names;
+    // With master weights, each unit's master buffer in elements as the plan holds it (the
+    // rank's padded shard: the range's elements first, then zeros); else empty.
+    std::vector<int64_t> master_numel;
+    DeviceCopyEngine* copies = nullptr;
+    offload::SwapStore* store = nullptr;
+    // The rank's key in the store: unique per rank of every job sharing the store.
+    std::string store_job;
+    // The store file the rank's extents go to first (SwapStore::SetPlacement).
+    uint32_t home_file = 0;
+    // The plan's ring: buffer_count contiguous buffers of buffer_size bytes (a multiple of
+    // 4096), starting on a 4096-byte boundary.
+    std::byte* ring = nullptr;
+    int64_t buffer_count = 0;
+    int64_t buffer_size = 0;
+  };
+  // FailedPrecondition naming offload.buffer_count / offload.buffer_size when the ring cannot
+  // hold two staging buffers and a unit's states, or a state buffer exceeds a ring buffer;
+  // InvalidArgument for a ring that is not as described; the store's errors from forgetting
+  // the key's previous content.
+  static absl::StatusOr<std::unique_ptr<NvmeOptimizer>> Create(Args args);
+  ~NvmeOptimizer();
+  NvmeOptimizer(const NvmeOptimizer&) = delete;
+  NvmeOptimizer& operator=(const NvmeOptimizer&) = delete;
+
+  // Writes the first generation: for each unit, zeroed states and the master weights that
+  // `fill(u, master)` writes into `master` (an empty tensor when the job keeps no master
+  // weights; `fill` still runs, for the parameters); then commits it.
+  absl::Status Initialize(const std::function<absl::Status(int u, const Tensor& master)>& fill);
+
+  // Optimizer::Step's contract (see the file comment): params[u] and grads[u] are device views
+  // whose first element is element range(u).begin of unit u. The swap's and the store's
+  // errors name the unit, the store's path and the bytes.
+  absl::Status Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
+                    const std::vector<Tensor>& grads, float lr, float grad_scale,
+                    uint64_t seed = 0);
+
+  // The committed bytes of the plan's state buffer `name` ("<unit>.<state>"), read into a
+  // ring buffer and valid until the next call of any method: a checkpoint's source.
+  // NotFound for a buffer this optimizer does not swap.
+  absl::StatusOr<const void*> ReadBuffer(const std::string& name);
+  // Restoring from a checkpoint: BeginRestore, WriteBuffer for each restored buffer (`data`
+  // holds its bytes), FinishRestore commits them as a new generation; buffers not written
+  // keep their committed content.
+  void BeginRestore();
+  absl::Status WriteBuffer(const std::string& name, const void* data, int64_t bytes);
+  absl::Status FinishRestore();
+
+  // The plan's buffers this optimizer swaps, name → bytes (those of no bytes left out): what
+  // the trainer checks against the plan's kNvme buffers.
+  std::map<std::string, int64_t> SwappedBuffers() const;
+
+  // What the steps so far moved and spent, cumulative: device ↔ host copies and host updates
+  // as HostOptimizer::Stats, and the swap: bytes read from and written to the store by the
+  // copy queue and the seconds its worker spent on them (writes include the commits).
+  struct Stats {
+    int64_t bytes_to_host = 0;
+    int64_t bytes_to_device = 0;
+    double seconds_to_host = 0;
+    double seconds_to_device = 0;
+    double seconds_update = 0;
+    int64_t swap_bytes_in = 0;
+    int64_t swap_bytes_out = 0;
+    double swap_seconds_in = 0;
+    double swap_seconds_out = 0;
+  };
+  Stats stats() const;
+
+  const Optimizer& optimizer() const { return optimizer_; }
+  Optimizer& optimizer() { return optimizer_; }
+  // The store's committed generation of this rank's key.
+  uint64_t generation() const { return committed_; }
+  const std::string& store_path() const { return store_->path(); }
+
+ private:
+  // One state buffer of a unit: where it sits in the unit's ring buffers.
+  struct Slot {
+    std::string name;  // the plan's "<unit>.<state>"
+    offload::SwapRole role = offload::SwapRole::kMaster;
+    DType dtype = DType::kF32;
+    int64_t numel = 0;
+    int64_t bytes = 0;
+    int bin = 0;        // which of the unit's ring buffers
+    size_t offset = 0;  // bytes into it, a multiple of 4096
+    int buffer = -1;    // index into the optimizer's unit_state(u).buffers; -1: the master
+  };
+  struct UnitSlots {
+    std::vector<Slot> slots;
+    int bins = 0;
+  };
+  // A unit's states on their way in: its ring buffers and their reads.
+  struct Pending {
+    int unit = -1;
+    std::vector<offload::PinnedLease> bins;
+    std::vector<offload::CopyHandle> reads;
+  };
+  class RingAllocator;
+
+  NvmeOptimizer(Args args, std::vector<UnitSlots> units, std::unique_ptr<RingAllocator> ring,
+                std::unique_ptr<offload::CopyQueue> queue);
+  offload::SwapKey KeyOf(int u, const Slot& slot, uint64_t generation) const;
+  std::vector<offload::CopyQueue::BufferExtent> ExtentsOf(int u, int bin,
+                                                          uint64_t generation) const;
+  // The ring buffers of unit u's states, with their reads of `generation` queued: waiting for
+  // buffers (`wait`), or nullopt when the ring has too few free now.
+  std::optional<Pending> Issue(int u, uint64_t generation, bool wait);
+  // Queues the writes of a unit's buffers under `generation`, handing the buffers back.
+  void WriteBehind(Pending pending, uint64_t generation, std::vector<offload::CopyHandle>& writes);
+  // Waits for `writes`, then commits `generation`. The first failure, with the context.
+  absl::Status CommitGeneration(std::vector<offload::CopyHandle>& writes, uint64_t generation,
+                                const std::string& what);
+  // The views of unit u's master and states in its ring buffers.
+  Optimizer::UnitStateViews ViewsOf(const Pending& pending) const;
+  absl::StatusOr<const Slot*> FindSlot(const std::string& name, int* unit) const;
+  int64_t GenerationBytes() const;
+
+  Optimizer optimizer_;
+  std::vector<std::string> unit_names_;
+  DeviceCopyEngine* copies_;
+  offload::SwapStore* store_;
+  std::string job_;
+  std::vector<UnitSlots> units_;
+  std::unique_ptr<RingAllocator> ring_;  // before the queue: its pool's region
+  std::unique_ptr<offload::CopyQueue> queue_;
+  offload::PinnedLease grad_staging_, param_staging_;
+  uint64_t committed_ = 0;
+  uint64_t restoring_ = 0;  // the generation a restore writes; 0: none begun
+  Stats stats_;             // the copies and updates (the swap's come from the queue)
+};
+
+}  // namespace zt
