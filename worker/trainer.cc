@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/checkpoint_owner.h"
+#include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
@@ -122,9 +123,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         .sum = [engine](float* data, int64_t n) { return engine->SumAcrossShardGroup(data, n); },
         .reduce_scratch = scratch};
   }
-  ZT_ASSIGN_OR_RETURN(Optimizer opt,
-                      Optimizer::Create(job.optimizer(), job.precision(), t->model_->layout(),
-                                        *t->arenas_, t->engine_->ranges(), shard_group));
+  // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
+  zerotrain::PrecisionConfig trained_precision = job.precision();
+  if (t->model_->layout().lora) {
+    trained_precision.set_master_weights(false);
+    trained_precision.set_split_master_weights(false);
+  }
+  ZT_ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(job.optimizer(), trained_precision,
+                                                       t->engine_->trainable_layout(), *t->arenas_,
+                                                       t->engine_->ranges(), shard_group));
   if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
     // Gradients come down through one ring buffer, parameters go up through the next
     // (CheckEngineSupport asks for two).
@@ -267,7 +274,9 @@ absl::Status Trainer::InitializeWeights() {
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const int64_t numel = layout.units[u].numel;
-    const FlatRange range = engine_->ranges()[u];
+    // A LoRA job's base has no master copy and no optimizer range (the engine's ranges are
+    // its adapters').
+    const FlatRange range = layout.lora ? FlatRange{0, numel} : engine_->ranges()[u];
     // The part of the unit this rank stores: all of it while the parameters are whole
     // (stages 0–2), else the rank's range (stage 3, where "<unit>.params" is the shard).
     const bool whole = stage < 3;
@@ -300,7 +309,40 @@ absl::Status Trainer::InitializeWeights() {
       }
     }
   }
+  if (layout.lora) ZT_RETURN_IF_ERROR(InitializeAdapters());
   return absl::OkStatus();
+}
+
+absl::Status Trainer::InitializeAdapters() {
+  const zerotrain::ModelConfig& model = job_.model();
+  // The adapters are f32 buffers the host fills (PEFT's init, or a PEFT directory); a device
+  // whose memory the host cannot address has no LoRA kernels yet (docs/lora.md).
+  if (!device_->host_addressable()) {
+    return absl::UnimplementedError(
+        "model.lora: the adapters are initialised and run on CPU ranks only so far");
+  }
+  // NF4: the quantized weights come from the same seeded init as the rest of the base, one
+  // tensor at a time (CheckEngineSupport refuses NF4 with model.init_from).
+  ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
+  model_->InitializeLora(job_.train().seed());
+  if (!model.lora().init_from().empty()) {
+    ZT_RETURN_IF_ERROR(ReadPeftAdapter(model, model_->layout(), model.lora().init_from(),
+                                       model_->unit_lora()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
+  std::vector<std::vector<float>> out;
+  const ModelLayout& layout = model_->layout();
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    out.emplace_back(static_cast<size_t>(layout.units[u].lora_numel));
+    if (out.back().empty()) continue;
+    // Whole on every rank after each step (stages 0–2 all-gather them).
+    ZT_RETURN_IF_ERROR(device_->Download(
+        out.back().data(), model_->unit_lora()[u].Slice(0, layout.units[u].lora_numel)));
+  }
+  return out;
 }
 
 namespace {
@@ -431,6 +473,16 @@ absl::Status Trainer::Resume() {
     return (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", r))
         .string();
   };
+  const bool same_layout = saved.parallel().world_size() == parallel.world_size() &&
+                           saved.parallel().zero_stage() == parallel.zero_stage() &&
+                           saved.parallel().shard_group_size() == parallel.shard_group_size();
+  if (!same_layout && model_->layout().lora) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", ckpt.path(), "' holds LoRA adapters saved at world_size ",
+        saved.parallel().world_size(), ", zero_stage ", saved.parallel().zero_stage(),
+        "; a LoRA checkpoint resumes on the parallel layout it was saved with (resharding "
+        "its adapters' states is not supported yet)"));
+  }
   if (saved.parallel().world_size() == parallel.world_size() &&
       saved.parallel().zero_stage() == parallel.zero_stage() &&
       saved.parallel().shard_group_size() == parallel.shard_group_size()) {
@@ -481,6 +533,10 @@ absl::Status Trainer::RestoreThroughHost(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
+  if (model_->layout().lora) {
+    return absl::FailedPreconditionError(
+        "FullWeights: a LoRA job trains its adapters (FullAdapters); its base is frozen");
+  }
   // The fp32 source of each unit: the master weights when the parameters are 16-bit, else the
   // parameters; sharded (the rank's range) where the stage shards it.
   const std::vector<Tensor>& master = optimizer().master_weights();
@@ -555,6 +611,12 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     const auto fill_start = Clock::now();
     ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, global));
     data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
+    // The adapters' dropout masks: a function of the job's seed and the global micro-batch,
+    // so a resumed run draws the masks the uninterrupted one did.
+    if (model_->layout().lora) {
+      model_->SetLoraDropoutSeed(job_.train().seed() * 0x9E3779B97F4A7C15ull +
+                                 static_cast<uint64_t>(global));
+    }
     // The step's loss is the mean of its micro-batches', summed on the device.
     ZT_RETURN_IF_ERROR(engine_->ForwardBackward(ctx_,
                                                 {.write_grad = true,

@@ -559,26 +559,35 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           " — the host optimizer step needs 2 ring buffers (gradients down, parameters up)"));
     }
   }
-  // LoRA: validation and the model's layout accept it; the step loop does not train it yet.
+  // LoRA: the step loop trains the adapters at ZeRO stages 0–2 on CPU ranks (docs/lora.md).
   if (UsesLora(spec.model())) {
-    lines.push_back(
-        "model.lora: adapters are validated, planned and run by the model, but this engine's "
-        "step loop does not train them yet (docs/lora.md); remove model.lora to train every "
-        "weight");
+    if (parallel.zero_stage() == 3) {
+      lines.push_back(
+          "parallel.zero_stage: 3 with model.lora — the sharding engine shards and gathers a "
+          "LoRA job's adapters, not its frozen base, so stage 3's sharded base is missing; use "
+          "zero_stage 0, 1 or 2");
+    }
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      lines.push_back(
+          "resources.device: CUDA with model.lora — kernels/lora.h has no CUDA twins yet; use "
+          "CPU");
+    }
+    if (offload.optimizer() != Offload::NONE) {
+      lines.push_back(
+          "offload.optimizer: with model.lora the host optimizer is not wired to the adapters' "
+          "states yet; set it to NONE");
+    }
   }
-  if (spec.model().base_dtype() == ModelConfig::NF4 ||
-      spec.model().base_dtype() == ModelConfig::INT8) {
-    lines.push_back(absl::StrCat(
-        "model.base_dtype: ", ModelConfig::BaseDType_Name(spec.model().base_dtype()),
-        spec.model().base_dtype() == ModelConfig::NF4
-            ? " runs in the model, but a quantized base is not loaded from model.init_from yet"
-            : " (LLM.int8) is not wired into the model yet",
-        "; use FP32, BF16 or FP16"));
-  }
-  if (!spec.model().lora().init_from().empty()) {
+  if (spec.model().base_dtype() == ModelConfig::INT8) {
     lines.push_back(
-        "model.lora.init_from: the step loop does not load a PEFT adapter directory yet; leave "
-        "it empty to start from fresh adapters");
+        "model.base_dtype: INT8 (LLM.int8) is not wired into the model yet; use FP32, BF16, "
+        "FP16 or NF4");
+  }
+  if (spec.model().base_dtype() == ModelConfig::NF4 && !spec.model().init_from().empty()) {
+    lines.push_back(
+        "model.base_dtype: NF4 with model.init_from — the Hugging Face importer does not "
+        "quantize while it streams yet; leave init_from empty (a seeded base) or use FP32, "
+        "BF16 or FP16");
   }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));

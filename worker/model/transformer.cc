@@ -549,7 +549,9 @@ absl::Status Transformer::Backward(const DeviceContext& ctx) {
   }
   ZT_RETURN_IF_ERROR(HeadBackward(ctx, params_.back(), grads_.back()));
   for (int i = layout_.n_blocks() - 1; i >= 0; --i) {
-    ZT_RETURN_IF_ERROR(BlockBackward(ctx, i, params_[1 + i], grads_[1 + i]));
+    // The gradient of the block's trainable buffer: its adapters' in a LoRA model.
+    const Tensor& grads = layout_.lora ? lora_grads_[1 + i] : grads_[1 + i];
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, i, params_[1 + i], grads));
   }
   return EmbeddingBackward(ctx, grads_.front());
 }

@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "kernels/status_macros.h"
+#include "worker/plan/lora_plan.h"
 
 namespace zt {
 namespace {
@@ -73,17 +74,41 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         "sharding engine: ", g.groups(), " shard groups need ",
         g.groups() > 1 ? "a replica communicator of that many ranks" : "no replica communicator"));
   }
+  if (layout.lora && e->stage_ == 3) {
+    // CheckEngineSupport refuses it: stage 3 would shard the frozen base, whose gathers this
+    // engine sizes by the trainable buffers.
+    return absl::UnimplementedError(
+        "sharding engine: model.lora with parallel.zero_stage 3 (the frozen base is not sharded)");
+  }
+  // The buffers the engine reduces, steps and gathers are each unit's trainable buffer: the
+  // flat parameters, or a LoRA model's adapters (frozen units without adapters have none).
+  e->trainable_layout_ = layout.lora ? LoraAdapterLayout(layout) : layout;
   const int n_units = static_cast<int>(layout.units.size());
   for (int u = 0; u < n_units; ++u) {
-    const UnitLayout& unit = layout.units[u];
+    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(layout.units[u].name + ".params"));
+    e->params_.push_back(params);
+    e->trainable_index_.push_back(-1);
+  }
+  const char* param_suffix = layout.lora ? "" : ".params";
+  const char* grad_suffix = layout.lora ? "_grads" : ".grads";
+  const char* accum_suffix = layout.lora ? "_grad_accum" : ".grad_accum";
+  for (int t = 0; t < static_cast<int>(e->trainable_layout_.units.size()); ++t) {
+    const UnitLayout& unit = e->trainable_layout_.units[t];
+    // The model unit it belongs to: the same name, or the name before ".lora".
+    const std::string owner =
+        layout.lora ? unit.name.substr(0, unit.name.size() - std::string(".lora").size())
+                    : unit.name;
+    for (int u = 0; u < n_units; ++u) {
+      if (layout.units[u].name == owner) e->trainable_index_[u] = t;
+    }
     const UnitShard shard = ShardOf(unit.numel, g);
     e->shards_.push_back(shard);
-    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(unit.name + ".params"));
-    ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + ".grads"));
-    e->params_.push_back(params);
+    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(unit.name + param_suffix));
+    ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + grad_suffix));
+    e->trainable_params_.push_back(params);
     e->grads_.push_back(grads);
     if (e->accumulate_full_) {
-      ZT_ASSIGN_OR_RETURN(Tensor acc, arenas.Get(unit.name + ".grad_accum"));
+      ZT_ASSIGN_OR_RETURN(Tensor acc, arenas.Get(unit.name + accum_suffix));
       e->grad_accum_.push_back(acc);
     }
     const int64_t owned = shard.owned.end - shard.owned.begin;
@@ -110,16 +135,23 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         break;
     }
   }
+  const int n_trainable = static_cast<int>(e->shards_.size());
+  if (n_trainable == 0) {
+    return absl::InvalidArgumentError("sharding engine: the model has nothing to train");
+  }
   e->bucket_elements_ = job.parallel().bucket_bytes() / DTypeSize(e->grads_[0].dtype());
-  e->pending_.resize(n_units);
-  e->unit_grad_target_.resize(n_units);
+  e->pending_.resize(n_trainable);
+  e->unit_grad_target_.resize(n_trainable);
+  // A tied embedding's gradient has its own full buffer (the head writes into it too) only
+  // where the embedding trains.
+  e->tied_grad_ = e->tied_ && e->trainable_index_[0] >= 0;
   if (e->stage_ >= 2 && !e->accumulate_full_) {
     for (int k = 0; k < 2; ++k) {
       ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("grad.full.", k)));
       e->grad_full_.push_back(t);
     }
     e->slot_unit_ = {-1, -1};
-    if (e->tied_) {
+    if (e->tied_grad_) {
       ZT_ASSIGN_OR_RETURN(e->grad_full_embedding_, arenas.Get("grad.full.embedding"));
     }
   }
@@ -163,8 +195,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   return e;
 }
 
-std::string ShardingEngine::Label(int u, const char* what) const {
-  return absl::StrCat(model_->layout().units[u].name, " ", what);
+std::string ShardingEngine::Label(int t, const char* what) const {
+  return absl::StrCat(trainable_layout_.units[t].name, " ", what);
 }
 
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
@@ -186,12 +218,14 @@ absl::StatusOr<Tensor> ShardingEngine::Params(int u) const {
   return registry_->buffer(u);
 }
 
-absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int u) {
+absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int model_unit) {
+  const int u = trainable_index_[model_unit];
+  if (u < 0) return Tensor();  // frozen: no gradient
   if (stage_ <= 1) return grads_[u];
   if (accumulate_full_) return grad_accum_[u];
   const int64_t padded = shards_[u].padded;
   Tensor target;
-  if (tied_ && u == 0) {
+  if (tied_grad_ && model_unit == 0) {
     target = Flat(grad_full_embedding_, 0, padded);
   } else {
     // Two slots alternate: the slot's previous unit must have finished its reduce-scatter
@@ -208,7 +242,9 @@ absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int 
   return target;
 }
 
-absl::Status ShardingEngine::GradientReady(int u) {
+absl::Status ShardingEngine::GradientReady(int model_unit) {
+  const int u = trainable_index_[model_unit];
+  if (u < 0) return absl::OkStatus();
   const UnitShard& s = shards_[u];
   if (stage_ == 0) {
     const Tensor& g = grads_[u];
@@ -243,7 +279,7 @@ absl::Status ShardingEngine::ReduceAcrossReplicas(int u) {
 }
 
 absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
-  const int n_units = static_cast<int>(shards_.size());
+  const int n_units = static_cast<int>(shards_.size());  // trainable units
   if (stage_ == 1) {
     // Two reduce-scatters in flight; each result is copied into the rank's range of the full
     // gradient (the reduce-scatter used the rest of it as scratch).
@@ -450,7 +486,8 @@ absl::Status ShardingEngine::FinishStep(const DeviceContext& ctx) {
     const UnitShard& s = shards_[u];
     ZT_ASSIGN_OR_RETURN(
         CommHandle h, comms_.shard_group->AllGather(
-                          Flat(params_[u], s.offset, s.shard_numel), Flat(params_[u], 0, s.padded),
+                          Flat(trainable_params_[u], s.offset, s.shard_numel),
+                          Flat(trainable_params_[u], 0, s.padded),
                           Label(static_cast<int>(u), "parameter all-gather")));
     handles.push_back(std::move(h));
   }
@@ -462,7 +499,7 @@ absl::Status ShardingEngine::AllGatherUnit(int u, const Tensor& shard, const Ten
   if (shard.dtype() != DType::kF32 || full.dtype() != DType::kF32 ||
       shard.numel() < s.shard_numel || full.numel() < s.padded) {
     return absl::InvalidArgumentError(
-        absl::StrCat("AllGatherUnit: unit ", model_->layout().units[u].name,
+        absl::StrCat("AllGatherUnit: unit ", trainable_layout_.units[u].name,
                      " needs an f32 shard of ", s.shard_numel, " elements and an f32 buffer of ",
                      s.padded, "; got ", shard.DebugString(), " and ", full.DebugString()));
   }
