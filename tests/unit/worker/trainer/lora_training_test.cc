@@ -41,7 +41,11 @@ using Weights = std::vector<std::vector<float>>;
 struct LoraRun {
   std::vector<double> losses;  // the job's mean, per step
   std::vector<double> loss_scales;
+  std::vector<double> grad_norms;
   int64_t skipped = 0;
+  // The norm of rank 0's "<unit>.lora_grads" after the last step (f32, stage 0: the reduced
+  // gradients of the last step stay there until the next step zeroes them).
+  double last_adapter_grad_norm = 0;
   std::vector<Weights> adapters;  // every rank's FullAdapters at the end
   // Rank 0's frozen base (every "<unit>.params" and NF4 buffer) before and after training.
   std::map<std::string, std::vector<char>> base_before, base_after;
@@ -122,9 +126,21 @@ class LoraTrainingTest : public ::testing::Test {
             if (r != 0) return;
             run.losses.push_back(rec.loss);
             run.loss_scales.push_back(rec.loss_scale);
+            run.grad_norms.push_back(rec.grad_norm);
             run.skipped = rec.skipped;
           });
           if (!ran.ok()) return ran;
+          if (r == 0 && job.parallel().zero_stage() == 0) {
+            double sum_sq = 0;
+            for (const BufferSpec& b : (*t)->plan().buffers) {
+              if (!b.name.ends_with(".lora_grads") || b.dtype != DType::kF32) continue;
+              const Tensor g = (*t)->arenas().Get(b.name).value();
+              for (int64_t i = 0; i < g.numel(); ++i) {
+                sum_sq += static_cast<double>(g.data<float>()[i]) * g.data<float>()[i];
+              }
+            }
+            run.last_adapter_grad_norm = std::sqrt(sum_sq);
+          }
           absl::StatusOr<Weights> adapters = (*t)->FullAdapters();
           if (!adapters.ok()) return adapters.status();
           run.adapters[r] = std::move(*adapters);
@@ -158,10 +174,14 @@ double MaxAbsDiff(const Weights& a, const Weights& b) {
 TEST_F(LoraTrainingTest, OneRankTrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
   for (const auto& [family, base] :
        {std::pair{ModelConfig::GPT2, ModelConfig::FP32}, {ModelConfig::LLAMA, ModelConfig::FP32},
-        {ModelConfig::LLAMA, ModelConfig::NF4}}) {
+        {ModelConfig::LLAMA, ModelConfig::BF16}, {ModelConfig::LLAMA, ModelConfig::NF4}}) {
     const std::string what = absl::StrCat(ModelConfig::Family_Name(family), " ",
                                           ModelConfig::BaseDType_Name(base));
     JobSpec job = Job(1, 0, 4, 1, family, base);
+    // A BF16 base is stored as precision.param_dtype stores parameters (the adapters stay f32).
+    if (base == ModelConfig::BF16) {
+      job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+    }
     job.mutable_optimizer()->set_lr(1e-2f);
     const LoraRun run = Train(job, 20);
     ASSERT_EQ(run.losses.size(), 20u) << what;
@@ -170,6 +190,13 @@ TEST_F(LoraTrainingTest, OneRankTrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
     EXPECT_LT(run.losses.back(), run.losses.front() - 0.3) << what;
     EXPECT_FALSE(run.base_before.empty());
     EXPECT_TRUE(run.base_before == run.base_after) << what << ": the frozen base changed";
+    // The step's gradient norm (what clipping compares) is the adapters' alone.
+    if (base != ModelConfig::BF16) {  // a BF16 job's gradients are bf16
+      EXPECT_GT(run.last_adapter_grad_norm, 0.0) << what;
+      EXPECT_NEAR(run.grad_norms.back(), run.last_adapter_grad_norm,
+                  1e-5 * run.last_adapter_grad_norm)  // f64 sums in another order
+          << what;
+    }
     // Something trained: B started at zero.
     double moved = 0;
     for (const std::vector<float>& u : run.adapters[0]) {
