@@ -275,8 +275,10 @@ absl::Status Trainer::InitializeWeights() {
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const int64_t numel = layout.units[u].numel;
     // A LoRA job's base has no master copy and no optimizer range (the engine's ranges are
-    // its adapters').
-    const FlatRange range = layout.lora ? FlatRange{0, numel} : engine_->ranges()[u];
+    // its adapters'); at stage 3 the rank holds its shard of it.
+    const FlatRange range = !layout.lora ? engine_->ranges()[u]
+                            : stage == 3 ? ShardOf(numel, engine_->geometry()).owned
+                                         : FlatRange{0, numel};
     // The part of the unit this rank stores: all of it while the parameters are whole
     // (stages 0–2), else the rank's range (stage 3, where "<unit>.params" is the shard).
     const bool whole = stage < 3;

@@ -559,14 +559,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           " — the host optimizer step needs 2 ring buffers (gradients down, parameters up)"));
     }
   }
-  // LoRA: the step loop trains the adapters at ZeRO stages 0–2 on CPU ranks (docs/lora.md).
+  // LoRA: the step loop trains the adapters at every ZeRO stage on CPU ranks (docs/lora.md).
   if (UsesLora(spec.model())) {
-    if (parallel.zero_stage() == 3) {
-      lines.push_back(
-          "parallel.zero_stage: 3 with model.lora — the sharding engine shards and gathers a "
-          "LoRA job's adapters, not its frozen base, so stage 3's sharded base is missing; use "
-          "zero_stage 0, 1 or 2");
-    }
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       lines.push_back(
           "resources.device: CUDA with model.lora — kernels/lora.h has no CUDA twins yet; use "

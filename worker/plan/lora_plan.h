@@ -19,8 +19,9 @@
 //                "lora.norm_grad_sink" (2·C) f32, where the frozen norms' unused weight
 //                gradients land
 // The adapters are a LoRA unit's trainable buffer (UnitLayout::trainable_numel): ZeRO shards
-// their gradients and optimizer state as it shards a trainable unit's; the frozen base is whole
-// on every rank (stage 3 with LoRA is refused by CheckEngineSupport). Stateless.
+// their gradients and optimizer state as it shards a trainable unit's; the frozen base's flat
+// buffers shard at stage 3 as any unit's parameters (memory_plan.cc), its NF4 weights stay
+// whole on every rank. Stateless.
 #pragma once
 
 #include <cstdint>

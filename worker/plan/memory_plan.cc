@@ -255,7 +255,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   const bool tied = layout.tied_embeddings;
   int64_t largest_rotating = 0, largest_shard = 0, largest_gathered = 0;
   // Gradients are of each unit's trainable buffer (a LoRA unit's adapters); parameters that
-  // stage 3 gathers are the whole unit's (LoRA is not run at stage 3).
+  // stage 3 gathers are the whole unit's (a LoRA job's frozen base).
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitShard shard = ShardOf(layout.units[u].trainable_numel(), geometry);
     largest_shard = std::max(largest_shard, shard.shard_numel);
@@ -270,10 +270,14 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     const int64_t full = stage == 0 ? u.numel : shard.padded;
     add(u.name + ".params", MemoryCategory::kParameters, param_dtype,
         stage >= 3 ? shard.shard_numel : full);
+    const bool reloaded = !u.trainable() && !job.model().init_from().empty();
+    plan.buffers.back().reloaded_at_start = reloaded;
+    if (stage >= 3 && !parallel.reshard_after_forward()) {
+      add(u.name + ".gathered", MemoryCategory::kParameters, param_dtype, shard.padded);
+    }
     if (!u.trainable()) {
       // A LoRA job's frozen base: no gradient, no optimizer state (the adapters' are in
       // LoraStateBuffers), and no checkpoint copy when model.init_from reloads it.
-      plan.buffers.back().reloaded_at_start = !job.model().init_from().empty();
       continue;
     }
     add(u.name + ".grads", MemoryCategory::kGradients, grad_dtype,
@@ -291,9 +295,6 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     for (const UnitOptimizerState::Buffer& b :
          OptimizerStateFor(job.optimizer(), u, state_range).buffers) {
       add(u.name + "." + b.name, MemoryCategory::kOptimizerState, b.dtype, b.numel);
-    }
-    if (stage >= 3 && !parallel.reshard_after_forward()) {
-      add(u.name + ".gathered", MemoryCategory::kParameters, param_dtype, shard.padded);
     }
   }
   for (BufferSpec& b : LoraStateBuffers(job, layout, grad_dtype, geometry)) {

@@ -74,12 +74,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         "sharding engine: ", g.groups(), " shard groups need ",
         g.groups() > 1 ? "a replica communicator of that many ranks" : "no replica communicator"));
   }
-  if (layout.lora && e->stage_ == 3) {
-    // CheckEngineSupport refuses it: stage 3 would shard the frozen base, whose gathers this
-    // engine sizes by the trainable buffers.
-    return absl::UnimplementedError(
-        "sharding engine: model.lora with parallel.zero_stage 3 (the frozen base is not sharded)");
-  }
+  // A LoRA job's adapters stay whole on every rank at stage 3 too (the model reads them
+  // whole): they are reduce-scattered, stepped and all-gathered as at stage 2, while the frozen
+  // base's parameters are the sharded, gathered-per-use ones.
+  e->gather_after_step_ = e->stage_ == 1 || e->stage_ == 2 || (e->stage_ == 3 && layout.lora);
   // The buffers the engine reduces, steps and gathers are each unit's trainable buffer: the
   // flat parameters, or a LoRA model's adapters (frozen units without adapters have none).
   e->trainable_layout_ = layout.lora ? LoraAdapterLayout(layout) : layout;
@@ -87,6 +85,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   for (int u = 0; u < n_units; ++u) {
     ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(layout.units[u].name + ".params"));
     e->params_.push_back(params);
+    e->param_shards_.push_back(ShardOf(layout.units[u].numel, g));
     e->trainable_index_.push_back(-1);
   }
   const char* param_suffix = layout.lora ? "" : ".params";
@@ -128,8 +127,11 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         break;
       default:
         e->ranges_.push_back(shard.owned);
-        e->param_views_.push_back(e->stage_ == 3 ? Flat(params, 0, owned)
-                                                 : Flat(params, shard.owned.begin, owned));
+        // Stage 3 holds the rank's shard of the parameters, unless they are gathered after
+        // the step (a LoRA job's adapters).
+        e->param_views_.push_back(e->stage_ == 3 && !e->gather_after_step_
+                                      ? Flat(params, 0, owned)
+                                      : Flat(params, shard.owned.begin, owned));
         e->grad_views_.push_back(Flat(grads, 0, owned));
         e->norm_views_.push_back(e->grad_views_.back());
         break;
@@ -186,10 +188,11 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
         [self](int u, const Tensor& full) -> absl::StatusOr<CommHandle> {
-          const UnitShard& s = self->shards_[u];
-          return self->comms_.shard_group->AllGather(Flat(self->params_[u], 0, s.shard_numel),
-                                                     Flat(full, 0, s.padded),
-                                                     self->Label(u, "all-gather"));
+          // u is a model unit (Label names trainable units).
+          const UnitShard& s = self->param_shards_[u];
+          return self->comms_.shard_group->AllGather(
+              Flat(self->params_[u], 0, s.shard_numel), Flat(full, 0, s.padded),
+              absl::StrCat(self->model_->layout().units[u].name, " all-gather"));
         });
   }
   return e;
@@ -480,7 +483,7 @@ absl::Status ShardingEngine::SumAcrossShardGroup(float* data, int64_t n) {
 
 absl::Status ShardingEngine::FinishStep(const DeviceContext& ctx) {
   (void)ctx;
-  if (stage_ != 1 && stage_ != 2) return absl::OkStatus();
+  if (!gather_after_step_) return absl::OkStatus();
   std::vector<CommHandle> handles;
   for (size_t u = 0; u < shards_.size(); ++u) {
     const UnitShard& s = shards_[u];

@@ -31,7 +31,9 @@
 // the frozen base gets no gradient buffer, no reduction and no optimizer range, and units
 // without adapters (embedding, head) take part in the forward and backward only. The
 // per-unit vectors below (ranges, views, shard) are indexed as trainable_layout()'s units.
-// LoRA is not run at stage 3 (the frozen base is not sharded; CheckEngineSupport refuses it).
+// At stage 3 a LoRA job's frozen base is sharded and gathered per use like any unit's
+// parameters (an NF4 base's quantized weights stay whole on every rank), while its adapters
+// are handled as at stage 2: reduce-scattered, stepped per range, all-gathered after the step.
 //
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
@@ -135,7 +137,8 @@ class ShardingEngine {
   // Sums n floats element-wise across the shard group, in place, blocking (sharded
   // Adafactor's statistics). `data` is in the rank's communication memory (its device).
   absl::Status SumAcrossShardGroup(float* data, int64_t n);
-  // After the optimizer updated param_views(): stages 1–2 all-gather the parameters.
+  // After the optimizer updated param_views(): stages 1–2 (and a LoRA job's adapters at 3)
+  // all-gather them.
   absl::Status FinishStep(const DeviceContext& ctx);
 
   // All-gathers trainable unit u's shard `shard` (shard(u).shard_numel elements, f32) from the shard
@@ -188,6 +191,8 @@ class ShardingEngine {
   std::vector<int> trainable_index_;  // per model unit: its trainable unit, or -1
   // Per model unit: "<u>.params", full (stages 0–2) or the shard (3), what compute reads.
   std::vector<Tensor> params_;
+  std::vector<UnitShard> param_shards_;  // per model unit: its parameters' shard (stage 3)
+  bool gather_after_step_ = false;       // stages 1–2, and a LoRA job's adapters at 3
   // Per trainable unit (stage 3: the same units as the model's):
   std::vector<UnitShard> shards_;
   std::vector<Tensor> trainable_params_;  // "<u>.params" or "<u>.lora"

@@ -1,5 +1,5 @@
 // A LoRA job (model.lora) through the step loop (docs/lora.md): one rank learns with the frozen
-// base left bit for bit as it was (FP32, BF16 and NF4 bases); 2 ranks at ZeRO stages 0–2 (with
+// base left bit for bit as it was (FP32, BF16 and NF4 bases); 2 ranks at ZeRO stages 0–3 (with
 // accumulation, 8-bit AdamW and fp16 loss scaling) match one rank on the same global batch;
 // the plan gives the base no gradient or optimizer state; a checkpoint holds the adapters and
 // their states (the base only when it was generated from the seed) and resumes bit for bit;
@@ -208,7 +208,7 @@ TEST_F(LoraTrainingTest, OneRankTrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
 }
 
 TEST_F(LoraTrainingTest, TheFrozenBaseHasNoGradientNoOptimizerStateAndNoReduction) {
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     const JobSpec job = ValidatedJob(Job(2, stage, 2, /*accum=*/2)).value();
     const MemoryPlan plan = PlanMemory(job, 0);
     const ModelLayout layout = BuildModelLayout(job.model());
@@ -219,6 +219,20 @@ TEST_F(LoraTrainingTest, TheFrozenBaseHasNoGradientNoOptimizerStateAndNoReductio
       }
       if (b.role() == MemoryCategory::kOptimizerState) {
         EXPECT_NE(b.name.find(".lora."), std::string::npos) << b.name << " stage " << stage;
+      }
+    }
+    // Stage 3 shards the frozen base too: each rank holds half of every block (padded; the
+    // head's 64 elements are one shard quantum).
+    if (stage == 3) {
+      for (const UnitLayout& u : layout.units) {
+        if (u.kind != UnitKind::kBlock) continue;
+        const BufferSpec* params = nullptr;
+        for (const BufferSpec& b : plan.buffers) {
+          if (b.name == u.name + ".params") params = &b;
+        }
+        ASSERT_NE(params, nullptr) << u.name;
+        EXPECT_LT(params->numel(), u.numel) << u.name;
+        EXPECT_GE(2 * params->numel(), u.numel) << u.name;
       }
     }
   }
@@ -243,11 +257,11 @@ void ExpectMatches(const LoraRun& got, const LoraRun& want, const std::string& w
   EXPECT_TRUE(got.unclaimed.empty()) << what << ": unused plan buffer " << got.unclaimed.front();
 }
 
-TEST_F(LoraTrainingTest, TwoRanksAtStagesZeroToTwoMatchOneRank) {
+TEST_F(LoraTrainingTest, TwoRanksAtEveryStageMatchOneRank) {
   for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
     const auto family = base == ModelConfig::NF4 ? ModelConfig::LLAMA : ModelConfig::GPT2;
     const LoraRun reference = Train(Job(1, 0, 4, 1, family, base), 5);
-    for (int stage = 0; stage <= 2; ++stage) {
+    for (int stage = 0; stage <= 3; ++stage) {
       ExpectMatches(Train(Job(2, stage, 2, 1, family, base), 5), reference,
                     absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage));
     }
@@ -255,10 +269,14 @@ TEST_F(LoraTrainingTest, TwoRanksAtStagesZeroToTwoMatchOneRank) {
   // Accumulation: communication on the last micro-batch only; stage 2 accumulates into
   // "<unit>.lora_grad_accum".
   const LoraRun accumulated = Train(Job(1, 0, 4, /*accum=*/2), 5);
-  for (int stage = 0; stage <= 2; ++stage) {
+  for (int stage = 0; stage <= 3; ++stage) {
     ExpectMatches(Train(Job(2, stage, 2, /*accum=*/2), 5), accumulated,
                   absl::StrCat("accumulation stage ", stage));
   }
+  // Stage 3 keeping each gathered base unit from its forward to its backward.
+  JobSpec keep = Job(2, 3, 2);
+  keep.mutable_parallel()->set_reshard_after_forward(false);
+  ExpectMatches(Train(keep, 5), Train(Job(1, 0, 4), 5), "stage 3 reshard_after_forward false");
 }
 
 TEST_F(LoraTrainingTest, EightBitAdamAndFp16LossScalingOnTheAdapters) {
@@ -335,7 +353,7 @@ TEST_F(LoraTrainingTest, CheckpointsHoldTheAdaptersAndTheBaseOnlyWhenSeeded) {
 }
 
 TEST_F(LoraTrainingTest, ResumeContinuesBitForBit) {
-  for (int stage : {0, 2}) {
+  for (int stage : {0, 2, 3}) {
     for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
       const std::string what = absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage);
       const auto family = base == ModelConfig::NF4 ? ModelConfig::LLAMA : ModelConfig::GPT2;
@@ -442,6 +460,28 @@ TEST_F(LoraTrainingTest, ExportWritesThePeftAdaptersAndTheMergedModel) {
     }
     // One f32 rounding of the merged value (the merge sums in float64 and rounds once).
     EXPECT_LT(worst, 1e-6) << what;
+
+    // Stage 3: the base is read back from both ranks' shards. The same seeded base and the
+    // same data give the same merged model up to the adapters' fp32 reduction noise, and the
+    // embedding (no adapter) bit for bit.
+    JobSpec sharded = job;
+    sharded.mutable_parallel()->set_zero_stage(3);
+    sharded.mutable_checkpoint()->set_dir((dir_ / ("ckpt3-" + what)).string());
+    ASSERT_EQ(Train(sharded, 3).losses.size(), 3u);
+    const std::string merged3 = (dir_ / ("merged3-" + what)).string();
+    exported = ExportLoraCheckpoint(sharded.checkpoint().dir(), merged3, {.merge_adapters = true});
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    const std::string file3 = (std::filesystem::path(merged3) / "model.safetensors").string();
+    const std::string embedding =
+        family == ModelConfig::LLAMA ? "model.embed_tokens.weight" : "transformer.wte.weight";
+    EXPECT_EQ(ReadTensor(file3, embedding), ReadTensor(file, embedding)) << what;
+    const std::vector<float> got3 = ReadTensor(file3, name);
+    ASSERT_EQ(got3.size(), got.size());
+    double worst3 = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst3 = std::max(worst3, std::abs(static_cast<double>(got3[i]) - got[i]));
+    }
+    EXPECT_LT(worst3, 1e-5) << what;  // the TwoRanks test's bound on the adapters
   }
 }
 
