@@ -566,11 +566,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "resources.device: CUDA with model.lora — kernels/lora.h has no CUDA twins yet; use "
           "CPU");
     }
-    if (offload.optimizer() != Offload::NONE) {
-      lines.push_back(
-          "offload.optimizer: with model.lora the host optimizer is not wired to the adapters' "
-          "states yet; set it to NONE");
-    }
   }
   if (spec.model().base_dtype() == ModelConfig::INT8) {
     lines.push_back(

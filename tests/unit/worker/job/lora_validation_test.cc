@@ -124,7 +124,6 @@ TEST(LoraEngineSupportTest, RunsAdaptersOverAnFp32OrNf4BaseAtEveryStage) {
 TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
   spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
-  spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
   spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
   spec.mutable_model()->set_init_from("hf-model");
   const absl::Status status = CheckEngineSupport(spec);
@@ -139,7 +138,6 @@ TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
     return false;
   };
   EXPECT_TRUE(has("resources.device: CUDA with model.lora", "kernels/lora.h")) << status;
-  EXPECT_TRUE(has("offload.optimizer: with model.lora", "adapters")) << status;
   EXPECT_TRUE(has("model.base_dtype: NF4 with model.init_from", "quantize while it streams"))
       << status;
   spec.mutable_model()->set_base_dtype(ModelConfig::INT8);

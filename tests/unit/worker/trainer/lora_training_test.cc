@@ -1,6 +1,7 @@
 // A LoRA job (model.lora) through the step loop (docs/lora.md): one rank learns with the frozen
 // base left bit for bit as it was (FP32, BF16 and NF4 bases); 2 ranks at ZeRO stages 0–3 (with
-// accumulation, 8-bit AdamW and fp16 loss scaling) match one rank on the same global batch;
+// accumulation, 8-bit AdamW and fp16 loss scaling) match one rank on the same global batch, and
+// an offloaded optimizer steps the adapters as the device path does;
 // the plan gives the base no gradient or optimizer state; a checkpoint holds the adapters and
 // their states (the base only when it was generated from the seed) and resumes bit for bit;
 // `zt export` of it writes the PEFT adapters and the merged model; model.lora.init_from starts
@@ -314,6 +315,25 @@ TEST_F(LoraTrainingTest, EightBitAdamAndFp16LossScalingOnTheAdapters) {
     EXPECT_NEAR(got.losses[s], want.losses[s], 1e-3 * want.losses[s]) << "step " << s + 1;
   }
   EXPECT_TRUE(got.base_before == got.base_after);
+}
+
+TEST_F(LoraTrainingTest, OffloadedAdapterOptimizerIsTheDevicePathBitForBit) {
+  // offload.optimizer CPU: the adapters' states live in pinned host memory and the host
+  // optimizer steps them unit by unit; on a CPU rank the arithmetic is the device path's.
+  for (int stage : {1, 2, 3}) {  // offload needs a ZeRO shard (validation)
+    JobSpec job = Job(2, stage, 2);
+    const LoraRun device = Train(job, 5);
+    job.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
+    bool offloaded = false;
+    for (const BufferSpec& b : PlanMemory(ValidatedJob(job).value(), 0).buffers) {
+      offloaded |= b.name == "block.0.lora.adam_m" && b.category == MemoryCategory::kPinnedHost;
+    }
+    EXPECT_TRUE(offloaded) << "the adapters' moments are in pinned host memory";
+    const LoraRun host = Train(job, 5);
+    EXPECT_EQ(host.losses, device.losses) << "stage " << stage;
+    EXPECT_EQ(MaxAbsDiff(host.adapters[0], device.adapters[0]), 0.0) << "stage " << stage;
+    EXPECT_TRUE(host.base_before == host.base_after) << "stage " << stage;
+  }
 }
 
 TEST_F(LoraTrainingTest, CheckpointsHoldTheAdaptersAndTheBaseOnlyWhenSeeded) {
