@@ -567,6 +567,24 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "CPU");
     }
   }
+  if (UsesLora(spec.model())) {
+    // An unquantized base is stored as the parameters are (precision.param_dtype): a different
+    // base_dtype would be ignored, not honoured.
+    using P = zerotrain::PrecisionConfig;
+    const P::DType param = precision.param_dtype();
+    const ModelConfig::BaseDType base = spec.model().base_dtype();
+    const bool param_fp32 = param == P::FP32 || param == P::DTYPE_UNSPECIFIED;
+    const bool differs = (base == ModelConfig::FP32 && !param_fp32) ||
+                         (base == ModelConfig::BF16 && param != P::BF16) ||
+                         (base == ModelConfig::FP16 && param != P::FP16);
+    if (differs) {
+      lines.push_back(absl::StrCat(
+          "model.base_dtype: ", ModelConfig::BaseDType_Name(base), " differs from precision."
+          "param_dtype ", P::DType_Name(param_fp32 ? P::FP32 : param),
+          "; this engine stores an unquantized base in param_dtype, so set them equal (or "
+          "leave base_dtype unset)"));
+    }
+  }
   if (spec.model().base_dtype() == ModelConfig::INT8) {
     lines.push_back(
         "model.base_dtype: INT8 (LLM.int8) is not wired into the model yet; use FP32, BF16, "

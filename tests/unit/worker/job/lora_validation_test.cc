@@ -112,6 +112,9 @@ TEST(LoraEngineSupportTest, RunsAdaptersOverAnFp32OrNf4BaseAtEveryStage) {
     for (int stage : {0, 1, 2, 3}) {
       JobSpec spec = testing::JobWithDefaults(kLlamaLora);
       spec.mutable_model()->set_base_dtype(base);
+      if (base == ModelConfig::BF16) {
+        spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+      }
       spec.mutable_model()->mutable_lora()->set_init_from("adapter");
       spec.mutable_parallel()->set_zero_stage(stage);
       EXPECT_TRUE(CheckEngineSupport(spec).ok())
@@ -140,6 +143,10 @@ TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
   EXPECT_TRUE(has("resources.device: CUDA with model.lora", "kernels/lora.h")) << status;
   EXPECT_TRUE(has("model.base_dtype: NF4 with model.init_from", "quantize while it streams"))
       << status;
+  spec.mutable_model()->set_base_dtype(ModelConfig::BF16);  // param_dtype is FP32
+  EXPECT_TRUE(absl::StrContains(CheckEngineSupport(spec).message(),
+                                "model.base_dtype: BF16 differs from precision.param_dtype FP32"))
+      << CheckEngineSupport(spec);
   spec.mutable_model()->set_base_dtype(ModelConfig::INT8);
   EXPECT_TRUE(
       absl::StrContains(CheckEngineSupport(spec).message(), "model.base_dtype: INT8 (LLM.int8)"));

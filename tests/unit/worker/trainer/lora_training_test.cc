@@ -298,7 +298,7 @@ TEST_F(LoraTrainingTest, EightBitAdamAndFp16LossScalingOnTheAdapters) {
     EXPECT_EQ(MaxAbsDiff(got.adapters[0], one.adapters[0]), 0.0) << "stage " << stage;
   }
   // fp16: the first steps overflow at 2^24 and are skipped on every rank alike.
-  JobSpec fp16 = Job(2, 2, 2);
+  JobSpec fp16 = Job(2, 2, 2, 1, ModelConfig::GPT2, ModelConfig::FP16);
   fp16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::FP16);
   fp16.mutable_precision()->mutable_loss_scale()->set_initial_power(24);
   fp16.mutable_precision()->mutable_loss_scale()->set_hysteresis(1);
