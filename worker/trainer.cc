@@ -475,16 +475,6 @@ absl::Status Trainer::Resume() {
     return (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", r))
         .string();
   };
-  const bool same_layout = saved.parallel().world_size() == parallel.world_size() &&
-                           saved.parallel().zero_stage() == parallel.zero_stage() &&
-                           saved.parallel().shard_group_size() == parallel.shard_group_size();
-  if (!same_layout && model_->layout().lora) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", ckpt.path(), "' holds LoRA adapters saved at world_size ",
-        saved.parallel().world_size(), ", zero_stage ", saved.parallel().zero_stage(),
-        "; a LoRA checkpoint resumes on the parallel layout it was saved with (resharding "
-        "its adapters' states is not supported yet)"));
-  }
   if (saved.parallel().world_size() == parallel.world_size() &&
       saved.parallel().zero_stage() == parallel.zero_stage() &&
       saved.parallel().shard_group_size() == parallel.shard_group_size()) {
