@@ -426,6 +426,9 @@ absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& p
   // HeadLoss already ran the projection's backward: grad_.ln holds dL/d(final norm output).
   const UnitLayout& u = layout_.head();
   const Tensor& x = residual_.back();
+  // The frozen norms' unused weight gradients add into the sink: emptied at the start of each
+  // backward, so it holds one backward's sums and never grows into inf or NaN.
+  if (!lora_.norm_sink.empty()) ZT_RETURN_IF_ERROR(Zero(ctx, lora_.norm_sink));
   if (gpt2_) {
     return LayerNormBackward(ctx, {.dout = grad_.ln,
                                    .inp = x,
