@@ -37,9 +37,9 @@ absl::Status RunExport(const ExportFlags& flags) {
   absl::StatusOr<bool> lora = IsLoraCheckpoint(flags.checkpoint);
   if (!lora.ok()) return lora.status();
   if (*lora) {
-    absl::StatusOr<LoraExportResult> exported = ExportLoraCheckpoint(
-        flags.checkpoint, flags.out,
-        {.merge_adapters = flags.merge_adapters, .dtype = options.dtype});
+    absl::StatusOr<LoraExportResult> exported =
+        ExportLoraCheckpoint(flags.checkpoint, flags.out,
+                             {.merge_adapters = flags.merge_adapters, .dtype = options.dtype});
     if (!exported.ok()) return exported.status();
     if (!flags.quiet) {
       std::fprintf(stderr, "zt: exported step %lld of %s to %s (%s)\n",

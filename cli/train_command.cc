@@ -92,12 +92,12 @@ absl::Status RunRank(const zerotrain::JobSpec& job, const TrainFlags& flags, Tra
       if (!adapters.ok()) return adapters.status();
       std::vector<Tensor> units;
       for (std::vector<float>& a : *adapters) {
-        units.push_back(a.empty() ? Tensor()
-                                  : Tensor(a.data(), DType::kF32, {static_cast<int64_t>(a.size())}));
+        units.push_back(
+            a.empty() ? Tensor() : Tensor(a.data(), DType::kF32, {static_cast<int64_t>(a.size())}));
       }
-      if (absl::Status s = WritePeftAdapter(job.model(), trainer->model().layout(), units,
-                                            flags.export_path,
-                                            {.base_model_name_or_path = job.model().init_from()});
+      if (absl::Status s =
+              WritePeftAdapter(job.model(), trainer->model().layout(), units, flags.export_path,
+                               {.base_model_name_or_path = job.model().init_from()});
           !s.ok()) {
         return s;
       }

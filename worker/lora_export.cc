@@ -63,18 +63,20 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
   ZT_ASSIGN_OR_RETURN(const std::unique_ptr<Checkpoint> ckpt, OpenVerified(checkpoint));
   ZT_ASSIGN_OR_RETURN(const zerotrain::JobSpec saved, SavedJobSpec(*ckpt));
   if (!saved.model().has_lora()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", ckpt->path(), "' was not saved by a LoRA job (its model has no lora): "
-        "export it without --merge-adapters as a Hugging Face model"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", ckpt->path(),
+                     "' was not saved by a LoRA job (its model has no lora): "
+                     "export it without --merge-adapters as a Hugging Face model"));
   }
   const ModelLayout layout = BuildModelLayout(saved.model());
   if (options.merge_adapters && (saved.model().base_dtype() == zerotrain::ModelConfig::NF4 ||
                                  saved.model().base_dtype() == zerotrain::ModelConfig::INT8)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", ckpt->path(), "': --merge-adapters needs an unquantized base; this job's "
-        "model.base_dtype is ",
-        zerotrain::ModelConfig::BaseDType_Name(saved.model().base_dtype()),
-        " (export the adapters alone, without --merge-adapters)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", ckpt->path(),
+                     "': --merge-adapters needs an unquantized base; this job's "
+                     "model.base_dtype is ",
+                     zerotrain::ModelConfig::BaseDType_Name(saved.model().base_dtype()),
+                     " (export the adapters alone, without --merge-adapters)"));
   }
   // The adapters: rank 0's copy (every rank holds them whole after a step).
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
@@ -115,8 +117,8 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return durable_file::ErrnoStatus(ec.value(), "create the export directory", out_dir);
   const std::string weights = (std::filesystem::path(out_dir) / kHfWeightsName).string();
-  ZT_RETURN_IF_ERROR(ExportMergedHuggingFace(weights, saved.model(), layout, pointers, unit_lora,
-                                             options.dtype));
+  ZT_RETURN_IF_ERROR(
+      ExportMergedHuggingFace(weights, saved.model(), layout, pointers, unit_lora, options.dtype));
   // The merged model is a plain one: its config has no adapters.
   zerotrain::ModelConfig plain = saved.model();
   plain.clear_lora();

@@ -17,8 +17,8 @@
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/checkpoint_owner.h"
-#include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/job/data_paths.h"
@@ -328,8 +328,8 @@ absl::Status Trainer::InitializeAdapters() {
   ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
   model_->InitializeLora(job_.train().seed());
   if (!model.lora().init_from().empty()) {
-    ZT_RETURN_IF_ERROR(ReadPeftAdapter(model, model_->layout(), model.lora().init_from(),
-                                       model_->unit_lora()));
+    ZT_RETURN_IF_ERROR(
+        ReadPeftAdapter(model, model_->layout(), model.lora().init_from(), model_->unit_lora()));
   }
   return absl::OkStatus();
 }

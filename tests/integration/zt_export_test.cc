@@ -156,8 +156,8 @@ TEST_F(ZtExportTest, LoraCheckpointExportsThePeftAdaptersOrTheMergedModel) {
                  "  max_seq_len: 16\n  lora: {rank: 4, alpha: 8}\n");
     std::ofstream(job, std::ios::trunc) << text;
   }
-  RunResult r = RunZt("train " + job + " --quiet --run-dir " + Path("run") + " --export " +
-                      Path("A"));
+  RunResult r =
+      RunZt("train " + job + " --quiet --run-dir " + Path("run") + " --export " + Path("A"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = RunZt("export " + Path("ckpt") + " --out " + Path("B") + " --quiet");
   ASSERT_EQ(r.exit_code, 0) << r.output;

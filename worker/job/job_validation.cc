@@ -579,8 +579,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                          (base == ModelConfig::FP16 && param != P::FP16);
     if (differs) {
       lines.push_back(absl::StrCat(
-          "model.base_dtype: ", ModelConfig::BaseDType_Name(base), " differs from precision."
-          "param_dtype ", P::DType_Name(param_fp32 ? P::FP32 : param),
+          "model.base_dtype: ", ModelConfig::BaseDType_Name(base),
+          " differs from precision.param_dtype ", P::DType_Name(param_fp32 ? P::FP32 : param),
           "; this engine stores an unquantized base in param_dtype, so set them equal (or "
           "leave base_dtype unset)"));
     }

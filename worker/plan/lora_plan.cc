@@ -46,14 +46,14 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
       if (!p.quantized) continue;
       const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
       const std::string prefix = Nf4BufferPrefix(u, p);
-      for (BufferSpec b : {BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8,
-                                      {nf4.code_bytes}},
-                           BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8,
-                                      {nf4.blocks}},
-                           BufferSpec{prefix + "absmax_scale", MemoryCategory::kParameters,
-                                      DType::kF32, {nf4.absmax_groups}},
-                           BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters,
-                                      DType::kF32, {1}}}) {
+      for (BufferSpec b :
+           {BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
+            BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}},
+            BufferSpec{prefix + "absmax_scale",
+                       MemoryCategory::kParameters,
+                       DType::kF32,
+                       {nf4.absmax_groups}},
+            BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}}}) {
         b.reloaded_at_start = base_reloaded;
         out.push_back(std::move(b));
       }
@@ -65,7 +65,9 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
     const UnitShard shard = ShardOf(u.lora_numel, geometry);
     const int64_t full = stage == 0 ? u.lora_numel : shard.padded;
     out.push_back({u.name + ".lora", MemoryCategory::kParameters, DType::kF32, {full}});
-    out.push_back({u.name + ".lora_grads", MemoryCategory::kGradients, grad,
+    out.push_back({u.name + ".lora_grads",
+                   MemoryCategory::kGradients,
+                   grad,
                    {stage >= 2 ? shard.shard_numel : full}});
     if (accumulate_full) {
       out.push_back(
@@ -73,8 +75,7 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
     }
   }
   for (const UnitLayout& adapters : LoraAdapterLayout(layout).units) {
-    const FlatRange range =
-        stage >= 1 ? ShardOf(adapters.numel, geometry).owned : FlatRange{};
+    const FlatRange range = stage >= 1 ? ShardOf(adapters.numel, geometry).owned : FlatRange{};
     for (const UnitOptimizerState::Buffer& b :
          OptimizerStateFor(job.optimizer(), adapters, range).buffers) {
       out.push_back(

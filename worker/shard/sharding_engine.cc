@@ -487,11 +487,10 @@ absl::Status ShardingEngine::FinishStep(const DeviceContext& ctx) {
   std::vector<CommHandle> handles;
   for (size_t u = 0; u < shards_.size(); ++u) {
     const UnitShard& s = shards_[u];
-    ZT_ASSIGN_OR_RETURN(
-        CommHandle h, comms_.shard_group->AllGather(
-                          Flat(trainable_params_[u], s.offset, s.shard_numel),
-                          Flat(trainable_params_[u], 0, s.padded),
-                          Label(static_cast<int>(u), "parameter all-gather")));
+    ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllGather(
+                                          Flat(trainable_params_[u], s.offset, s.shard_numel),
+                                          Flat(trainable_params_[u], 0, s.padded),
+                                          Label(static_cast<int>(u), "parameter all-gather")));
     handles.push_back(std::move(h));
   }
   return WaitAll(handles, &waited_s_);

@@ -141,9 +141,9 @@ class ShardingEngine {
   // all-gather them.
   absl::Status FinishStep(const DeviceContext& ctx);
 
-  // All-gathers trainable unit u's shard `shard` (shard(u).shard_numel elements, f32) from the shard
-  // group into `full` (at least shard(u).padded elements) and waits. A collective of the group;
-  // for export and comparing runs, outside the step loop.
+  // All-gathers trainable unit u's shard `shard` (shard(u).shard_numel elements, f32) from the
+  // shard group into `full` (at least shard(u).padded elements) and waits. A collective of the
+  // group; for export and comparing runs, outside the step loop.
   absl::Status AllGatherUnit(int u, const Tensor& shard, const Tensor& full);
   const UnitShard& shard(int u) const { return shards_[u]; }
 
@@ -166,7 +166,7 @@ class ShardingEngine {
   absl::Status GradientReady(int model_unit);
   // Waits for every reduction of the step; stage 1 runs its reduce-scatters here.
   absl::Status FinishReductions(const DeviceContext& ctx);
-  absl::Status ReduceAcrossReplicas(int u);  // u: a trainable unit
+  absl::Status ReduceAcrossReplicas(int u);          // u: a trainable unit
   std::string Label(int u, const char* what) const;  // u: a trainable unit
   // A pass over the units (stage 3: the uses the prefetch coordinator walks; other stages
   // hold every unit whole and these only hand out its buffer).
@@ -193,10 +193,10 @@ class ShardingEngine {
   std::vector<Tensor> params_;
   std::vector<UnitShard> param_shards_;  // per model unit: its parameters' shard (stage 3)
   bool gather_after_step_ = false;       // stages 1–2, and a LoRA job's adapters at 3
-  // Per trainable unit (stage 3: the same units as the model's):
+  // Per trainable unit (the model's units, or a LoRA job's "<block>.lora" ones):
   std::vector<UnitShard> shards_;
   std::vector<Tensor> trainable_params_;  // "<u>.params" or "<u>.lora"
-  std::vector<Tensor> grads_;       // "<u>.grads" / "<u>.lora_grads": full (0–1) or the shard (2–3)
+  std::vector<Tensor> grads_;  // "<u>.grads" / "<u>.lora_grads": full (0–1) or the shard (2–3)
   std::vector<Tensor> grad_accum_;  // "<u>.grad_accum" / "<u>.lora_grad_accum" (accumulate_full_)
   std::vector<Tensor> grad_full_;   // "grad.full.0/1"
   Tensor grad_full_embedding_;      // "grad.full.embedding" (tied)

@@ -117,9 +117,8 @@ TEST(LoraEngineSupportTest, RunsAdaptersOverAnFp32OrNf4BaseAtEveryStage) {
       }
       spec.mutable_model()->mutable_lora()->set_init_from("adapter");
       spec.mutable_parallel()->set_zero_stage(stage);
-      EXPECT_TRUE(CheckEngineSupport(spec).ok())
-          << ModelConfig::BaseDType_Name(base) << " stage " << stage << ": "
-          << CheckEngineSupport(spec);
+      EXPECT_TRUE(CheckEngineSupport(spec).ok()) << ModelConfig::BaseDType_Name(base) << " stage "
+                                                 << stage << ": " << CheckEngineSupport(spec);
     }
   }
 }

@@ -77,8 +77,8 @@ class LoraTrainingTest : public ::testing::Test {
   JobSpec Job(int world, int stage, int micro_batch, int accum = 1,
               ModelConfig::Family family = ModelConfig::GPT2,
               ModelConfig::BaseDType base = ModelConfig::FP32) {
-    JobSpec job = testing::SmallShardedJob((dir_ / "train.bin").string(), world, stage,
-                                           micro_batch, accum);
+    JobSpec job =
+        testing::SmallShardedJob((dir_ / "train.bin").string(), world, stage, micro_batch, accum);
     auto* m = job.mutable_model();
     m->set_family(family);
     if (family == ModelConfig::LLAMA) {
@@ -92,8 +92,8 @@ class LoraTrainingTest : public ::testing::Test {
     const std::vector<const char*> modules =
         family == ModelConfig::GPT2
             ? std::vector<const char*>{"c_attn", "c_proj", "c_fc"}
-            : std::vector<const char*>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                       "up_proj", "down_proj"};
+            : std::vector<const char*>{"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                       "gate_proj", "up_proj", "down_proj"};
     for (const char* module : modules) lora->add_target_modules(module);
     return job;
   }
@@ -173,11 +173,12 @@ double MaxAbsDiff(const Weights& a, const Weights& b) {
 }
 
 TEST_F(LoraTrainingTest, OneRankTrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
-  for (const auto& [family, base] :
-       {std::pair{ModelConfig::GPT2, ModelConfig::FP32}, {ModelConfig::LLAMA, ModelConfig::FP32},
-        {ModelConfig::LLAMA, ModelConfig::BF16}, {ModelConfig::LLAMA, ModelConfig::NF4}}) {
-    const std::string what = absl::StrCat(ModelConfig::Family_Name(family), " ",
-                                          ModelConfig::BaseDType_Name(base));
+  for (const auto& [family, base] : {std::pair{ModelConfig::GPT2, ModelConfig::FP32},
+                                     {ModelConfig::LLAMA, ModelConfig::FP32},
+                                     {ModelConfig::LLAMA, ModelConfig::BF16},
+                                     {ModelConfig::LLAMA, ModelConfig::NF4}}) {
+    const std::string what =
+        absl::StrCat(ModelConfig::Family_Name(family), " ", ModelConfig::BaseDType_Name(base));
     JobSpec job = Job(1, 0, 4, 1, family, base);
     // A BF16 base is stored as precision.param_dtype stores parameters (the adapters stay f32).
     if (base == ModelConfig::BF16) {
@@ -488,9 +489,8 @@ TEST_F(LoraTrainingTest, ExportWritesThePeftAdaptersAndTheMergedModel) {
     const float* adapters = run.adapters[0][2].data();
     const LoraSite& site = block.lora.front();  // q_proj / c_attn
     const ParamSpec& w = *block.Find(site.weight);
-    const std::string name = family == ModelConfig::LLAMA
-                                 ? "model.layers.1.self_attn.q_proj.weight"
-                                 : "transformer.h.1.attn.c_attn.weight";
+    const std::string name = family == ModelConfig::LLAMA ? "model.layers.1.self_attn.q_proj.weight"
+                                                          : "transformer.h.1.attn.c_attn.weight";
     const std::vector<float> got = ReadTensor(file, name);
     ASSERT_FALSE(got.empty());
     const int64_t in = w.shape[1], r = validated.model().lora().rank();
@@ -502,11 +502,10 @@ TEST_F(LoraTrainingTest, ExportWritesThePeftAdaptersAndTheMergedModel) {
           delta += static_cast<double>(adapters[site.b.offset + row * r + k]) *
                    adapters[site.a.offset + k * in + col];
         }
-        const double want =
-            base[w.offset + (site.row_begin + row) * in + col] + scale * delta;
+        const double want = base[w.offset + (site.row_begin + row) * in + col] + scale * delta;
         // Llama stores (out, in) as we do; GPT-2's Conv1D is transposed, (in, out).
-        const int64_t at = family == ModelConfig::LLAMA ? row * in + col
-                                                        : col * w.shape[0] + site.row_begin + row;
+        const int64_t at =
+            family == ModelConfig::LLAMA ? row * in + col : col * w.shape[0] + site.row_begin + row;
         worst = std::max(worst, std::abs(want - got[at]));
       }
     }
