@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/comm/store.h"
@@ -445,6 +446,61 @@ std::vector<float> ReadTensor(const std::string& path, const std::string& name) 
   std::vector<float> out(static_cast<size_t>(info->numel()));
   EXPECT_TRUE(file->ReadAsF32(*info, absl::MakeSpan(out)).ok());
   return out;
+}
+
+TEST_F(LoraTrainingTest, ABaseFromInitFromIsReloadedNotSavedAndResumesBitForBit) {
+  // A Hugging Face base file with its own values (not train.seed's init).
+  JobSpec job = Job(2, 2, 2, 1, ModelConfig::LLAMA);
+  job.mutable_train()->set_max_steps(6);
+  zerotrain::ModelConfig plain = ValidatedJob(job).value().model();
+  plain.clear_lora();
+  plain.clear_base_dtype();
+  const ModelLayout plain_layout = BuildModelLayout(plain);
+  Weights base(plain_layout.units.size());
+  std::vector<const float*> units;
+  for (size_t u = 0; u < plain_layout.units.size(); ++u) {
+    for (int64_t i = 0; i < plain_layout.units[u].numel; ++i) {
+      base[u].push_back(0.02f * static_cast<float>((i * 13 + u * 5) % 23) - 0.22f);
+    }
+    units.push_back(base[u].data());
+  }
+  const std::string hf = (dir_ / "base.safetensors").string();
+  ASSERT_TRUE(ExportHuggingFace(hf, plain, plain_layout, units).ok());
+  job.mutable_model()->set_init_from(hf);
+
+  const LoraRun uninterrupted = Train(job, 6);
+  ASSERT_EQ(uninterrupted.losses.size(), 6u);
+  // The base in memory is the file's, untouched by training.
+  const std::vector<char>& block0 = uninterrupted.base_after.at("block.0.params");
+  EXPECT_EQ(std::memcmp(block0.data(), base[1].data(), base[1].size() * sizeof(float)), 0);
+
+  const std::filesystem::path ckpt = dir_ / "ckpt-init-from";
+  job.mutable_checkpoint()->set_dir(ckpt.string());
+  job.mutable_checkpoint()->set_interval_steps(3);
+  ASSERT_EQ(Train(job, 3).losses.size(), 3u);
+  // The checkpoint holds the adapters, not the base.
+  const std::string rank0 = (ckpt / "step-00000003" / "rank-00000.safetensors").string();
+  ASSERT_TRUE(std::filesystem::exists(rank0)) << rank0;
+  std::unique_ptr<SafetensorsFile> file = SafetensorsFile::Open(rank0).value();
+  EXPECT_NE(file->Find("block.0.lora"), nullptr);
+  EXPECT_EQ(file->Find("block.0.params"), nullptr);
+  EXPECT_EQ(file->Find("embedding.params"), nullptr);
+  TrainOptions resume;
+  resume.resume_dir = ckpt.string();
+  const LoraRun resumed = Train(job, 6, resume);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(resumed.losses[s], uninterrupted.losses[3 + s]);
+  EXPECT_EQ(MaxAbsDiff(resumed.adapters[0], uninterrupted.adapters[0]), 0.0);
+
+  // The merged export reads the base from model.init_from: an unadapted tensor is the file's.
+  const std::string merged = (dir_ / "merged-init-from").string();
+  ASSERT_TRUE(ExportLoraCheckpoint(ckpt.string(), merged, {.merge_adapters = true}).ok());
+  const std::vector<float> norm =
+      ReadTensor((std::filesystem::path(merged) / "model.safetensors").string(),
+                 "model.layers.0.input_layernorm.weight");
+  const ParamSpec& ln1 = *plain_layout.block(0).Find("ln1.weight");
+  ASSERT_EQ(norm.size(), static_cast<size_t>(ln1.numel));
+  for (int64_t i = 0; i < ln1.numel; ++i) EXPECT_EQ(norm[i], base[1][ln1.offset + i]);
 }
 
 TEST_F(LoraTrainingTest, ExportWritesThePeftAdaptersAndTheMergedModel) {
