@@ -69,6 +69,8 @@ struct ExportFlags {
   std::string out;
   std::string dtype = "fp32";
   int64_t max_shard_bytes = 5'000'000'000;  // transformers' default "5GB"
+  // A LoRA job's checkpoint: the merged model (W + scale·B·A) instead of the PEFT adapters.
+  bool merge_adapters = false;
   bool quiet = false;
 };
 absl::Status RunExport(const ExportFlags& flags);

@@ -41,13 +41,9 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
         absl::StrFormat("--zero-stage: must be in 0..3 (got %d)", job.parallel().zero_stage()));
   }
   const MemoryPlan plan = PlanMemory(job);
-  // Every parameter of the model: the flat buffers' and, for an NF4 base, the quantized
-  // weights kept outside them.
+  // Every parameter of the model: total_numel counts an NF4 base's quantized weights too.
   const ModelLayout layout = BuildModelLayout(job.model());
-  int64_t params = layout.total_numel;
-  for (const UnitLayout& u : layout.units) {
-    for (const ParamSpec& p : u.params) params += p.quantized ? p.numel : 0;
-  }
+  const int64_t params = layout.total_numel;
   const std::string name = job.name().empty() ? "job" : job.name();
 
   if (flags.json) {

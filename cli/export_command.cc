@@ -1,12 +1,15 @@
 // `zt export CHECKPOINT [--format hf] --out DIR [--dtype fp32|bf16|fp16] [--max-shard-bytes N]`:
 // a sharded checkpoint (a checkpoint.dir's latest step, or one step directory) written out as
 // a Hugging Face model directory, streaming tensor by tensor (worker/checkpoint_export.h).
+// A LoRA job's checkpoint becomes its PEFT adapter directory, or with --merge-adapters the
+// merged model (worker/lora_export.h).
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "worker/checkpoint_export.h"
+#include "worker/lora_export.h"
 
 namespace zt::cli {
 
@@ -31,6 +34,26 @@ absl::Status RunExport(const ExportFlags& flags) {
         absl::StrCat("--max-shard-bytes: ", flags.max_shard_bytes, " must be ≥ 1"));
   }
   options.max_shard_bytes = flags.max_shard_bytes;
+  absl::StatusOr<bool> lora = IsLoraCheckpoint(flags.checkpoint);
+  if (!lora.ok()) return lora.status();
+  if (*lora) {
+    absl::StatusOr<LoraExportResult> exported =
+        ExportLoraCheckpoint(flags.checkpoint, flags.out,
+                             {.merge_adapters = flags.merge_adapters, .dtype = options.dtype});
+    if (!exported.ok()) return exported.status();
+    if (!flags.quiet) {
+      std::fprintf(stderr, "zt: exported step %lld of %s to %s (%s)\n",
+                   static_cast<long long>(exported->step), exported->checkpoint.c_str(),
+                   flags.out.c_str(),
+                   flags.merge_adapters ? "merged Hugging Face model" : "PEFT adapters");
+    }
+    return absl::OkStatus();
+  }
+  if (flags.merge_adapters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--merge-adapters: checkpoint '", flags.checkpoint,
+                     "' was not saved by a LoRA job; export it without the flag"));
+  }
   absl::StatusOr<CheckpointExportResult> result =
       ExportCheckpoint(flags.checkpoint, flags.out, options);
   if (!result.ok()) return result.status();

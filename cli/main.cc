@@ -147,6 +147,8 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--max-shard-bytes", export_flags.max_shard_bytes,
                          "Split the weights into files of at most this many bytes "
                          "(default 5000000000)");
+  export_cmd->add_flag("--merge-adapters", export_flags.merge_adapters,
+                       "A LoRA checkpoint: write the merged model, not the PEFT adapters");
   export_cmd->add_flag("--quiet", export_flags.quiet, "No summary line");
 
   zt::cli::RemoteFlags remote;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint/peft_adapter.h"
 #include "worker/comm/store.h"
 #include "worker/data/tokenizer.h"
 #include "worker/job/failure_kind.h"
@@ -86,7 +87,25 @@ absl::Status RunRank(const zerotrain::JobSpec& job, const TrainFlags& flags, Tra
                  options.run_dir.c_str());
   }
   if (absl::Status s = trainer->Run(); !s.ok()) return s;
-  if (!flags.export_path.empty()) {
+  if (!flags.export_path.empty() && job.model().has_lora()) {
+    // A LoRA job exports what it trained: its adapters, as a PEFT directory.
+    if (options.rank == 0) {
+      absl::StatusOr<std::vector<std::vector<float>>> adapters = trainer->FullAdapters();
+      if (!adapters.ok()) return adapters.status();
+      std::vector<Tensor> units;
+      for (std::vector<float>& a : *adapters) {
+        units.push_back(
+            a.empty() ? Tensor() : Tensor(a.data(), DType::kF32, {static_cast<int64_t>(a.size())}));
+      }
+      if (absl::Status s =
+              WritePeftAdapter(job.model(), trainer->model().layout(), units, flags.export_path,
+                               {.base_model_name_or_path = job.model().init_from()});
+          !s.ok()) {
+        return s;
+      }
+      if (!flags.quiet) std::fprintf(stderr, "zt: exported %s\n", flags.export_path.c_str());
+    }
+  } else if (!flags.export_path.empty()) {
     // Every rank takes part in gathering the shards; rank 0 writes.
     absl::StatusOr<std::vector<std::vector<float>>> weights = trainer->FullWeights();
     if (!weights.ok()) return weights.status();

@@ -52,7 +52,8 @@ absl::Status ParseStateMessage(const Checkpoint& ckpt, const char* key,
   return absl::OkStatus();
 }
 
-// The checkpoint `path` names, opened and verified: a step directory or a checkpoint.dir.
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenVerified(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::exists(std::filesystem::path(path) / kCheckpointManifestName, ec)) {
@@ -68,6 +69,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenVerified(const std::string& path
   ZT_ASSIGN_OR_RETURN(LoadableCheckpoint loadable, FindLoadable(path, CheckpointFallback::kNone));
   return std::move(loadable.checkpoint);
 }
+
+namespace {
 
 // The export files `dir` already holds; an export never mixes with an earlier one's shards.
 std::vector<std::string> ExistingExportFiles(const std::string& dir) {

@@ -75,6 +75,10 @@ absl::StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& check
                                                         const std::string& out_dir,
                                                         const CheckpointExportOptions& options);
 
+// The checkpoint `path` names — a step directory or a checkpoint.dir (its `latest` step) —
+// opened, and every rank file verified against its manifest (DataLoss naming a corrupt one).
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenVerified(const std::string& path);
+
 // Whether `path` is a checkpoint: a checkpoint.dir (it has `latest`) or one step directory (it
 // has manifest.json). model.init_from takes one, or a Hugging Face model directory.
 bool IsCheckpoint(const std::string& path);

@@ -14,6 +14,7 @@
 #include "worker/checkpoint/safetensors.h"
 #include "worker/model/param_layout.h"
 #include "worker/optimizer_state_reshard.h"
+#include "worker/plan/lora_plan.h"
 
 namespace zt {
 
@@ -266,9 +267,32 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
   const int saved_ranks = saved_job.parallel().world_size();
   SavedRankFiles saved(saved_job, rank_file);
   std::vector<bool> states_done(layout.units.size(), false);
+  // A LoRA job: the adapters' optimizer states are those of LoraAdapterLayout's units
+  // ("<block>.lora.<state>", sharded as the adapters are); the adapters themselves and an NF4
+  // base's buffers are whole on every rank at every stage.
+  const ModelLayout adapters = LoraAdapterLayout(layout);
+  std::vector<bool> adapter_states_done(adapters.units.size(), false);
   for (const BufferSpec* b : CheckpointedBuffers(plan, weights_only)) {
     int u = -1;
     std::string role;
+    if (layout.lora && SplitName(adapters, b->name, &u, &role)) {
+      if (!adapter_states_done[u]) {
+        ZT_RETURN_IF_ERROR(ReshardUnitOptimizerState(saved, job, rank, adapters.units[u], arenas));
+        adapter_states_done[u] = true;
+      }
+      continue;
+    }
+    if (layout.lora && (b->name.ends_with(".lora") || b->name.find(".nf4.") != std::string::npos)) {
+      // Saved rank 0's copy; "<unit>.lora" is padded at stages ≥ 1, so the unit's adapters.
+      int64_t n = b->numel();
+      if (b->name.ends_with(".lora") && SplitName(layout, b->name, &u, &role)) {
+        n = layout.units[u].lora_numel;
+      }
+      ZT_ASSIGN_OR_RETURN(Tensor dst, arenas.Get(b->name));
+      ZT_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes, saved.Buffer(0, b->name, b->dtype, n));
+      std::memcpy(dst.raw(), bytes.data(), static_cast<size_t>(n * DTypeSize(b->dtype)));
+      continue;
+    }
     if (!SplitName(layout, b->name, &u, &role)) {
       return absl::InternalError(
           absl::StrCat("resharding a checkpoint: buffer ", b->name, " belongs to no unit"));

@@ -19,6 +19,7 @@
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/checkpoint/checkpoint_owner.h"
 #include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
@@ -129,12 +130,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         .sum = [engine](float* data, int64_t n) { return engine->SumAcrossShardGroup(data, n); },
         .reduce_scratch = scratch};
   }
+  // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
+  zerotrain::PrecisionConfig trained_precision = job.precision();
+  if (t->model_->layout().lora) {
+    trained_precision.set_master_weights(false);
+    trained_precision.set_split_master_weights(false);
+  }
+  const ModelLayout& trained = t->engine_->trainable_layout();
   const bool nvme = job.offload().optimizer() == zerotrain::OffloadConfig::NVME;
   ZT_ASSIGN_OR_RETURN(
       Optimizer opt,
-      nvme ? Optimizer::CreateUnbound(job.optimizer(), job.precision(), t->model_->layout(),
+      nvme ? Optimizer::CreateUnbound(job.optimizer(), trained_precision, trained,
                                       t->engine_->ranges(), shard_group)
-           : Optimizer::Create(job.optimizer(), job.precision(), t->model_->layout(), *t->arenas_,
+           : Optimizer::Create(job.optimizer(), trained_precision, trained, *t->arenas_,
                                t->engine_->ranges(), shard_group));
   if (nvme) {
     offload::SwapStore* swap = options.swap_store;
@@ -153,7 +161,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     }
     std::vector<std::string> unit_names;
     std::vector<int64_t> master_numel;
-    for (const UnitLayout& u : t->model_->layout().units) {
+    for (const UnitLayout& u : trained.units) {
       unit_names.push_back(u.name);
       if (!job.precision().master_weights()) continue;
       ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
@@ -369,18 +377,24 @@ absl::Status Trainer::InitializeWeights() {
     ZT_RETURN_IF_ERROR(InitializeUnit(static_cast<int>(u), master.empty() ? Tensor() : master[u],
                                       imported, values, chunk.tensor));
   }
+  if (layout.lora) ZT_RETURN_IF_ERROR(InitializeAdapters());
   return absl::OkStatus();
 }
 
 absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
                                      const std::vector<std::vector<float>>& imported,
                                      std::vector<float>& values, const Tensor& chunk) {
+  const ModelLayout& layout = model_->layout();
   const bool has_master = optimizer().has_master();
   const bool split = optimizer().split_master();
   const int stage = engine_->stage();
   const int64_t kChunk = static_cast<int64_t>(values.size());
-  const int64_t numel = model_->layout().units[u].numel;
-  const FlatRange range = engine_->ranges()[u];
+  const int64_t numel = layout.units[u].numel;
+  // A LoRA job's base has no master copy and no optimizer range (the engine's ranges are
+  // its adapters'); at stage 3 the rank holds its shard of it.
+  const FlatRange range = !layout.lora ? engine_->ranges()[u]
+                          : stage == 3 ? ShardOf(numel, engine_->geometry()).owned
+                                       : FlatRange{0, numel};
   // The part of the unit this rank stores: all of it while the parameters are whole
   // (stages 0–2), else the rank's range (stage 3, where "<unit>.params" is the shard).
   const bool whole = stage < 3;
@@ -411,6 +425,38 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::InitializeAdapters() {
+  const zerotrain::ModelConfig& model = job_.model();
+  // The adapters are f32 buffers the host fills (PEFT's init, or a PEFT directory); a device
+  // whose memory the host cannot address has no LoRA kernels yet (docs/lora.md).
+  if (!device_->host_addressable()) {
+    return absl::UnimplementedError(
+        "model.lora: the adapters are initialised and run on CPU ranks only so far");
+  }
+  // NF4: the quantized weights come from the same seeded init as the rest of the base, one
+  // tensor at a time (CheckEngineSupport refuses NF4 with model.init_from).
+  ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
+  model_->InitializeLora(job_.train().seed());
+  if (!model.lora().init_from().empty()) {
+    ZT_RETURN_IF_ERROR(
+        ReadPeftAdapter(model, model_->layout(), model.lora().init_from(), model_->unit_lora()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
+  std::vector<std::vector<float>> out;
+  const ModelLayout& layout = model_->layout();
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    out.emplace_back(static_cast<size_t>(layout.units[u].lora_numel));
+    if (out.back().empty()) continue;
+    // Whole on every rank after each step (stages 0–2 all-gather them).
+    ZT_RETURN_IF_ERROR(device_->Download(
+        out.back().data(), model_->unit_lora()[u].Slice(0, layout.units[u].lora_numel)));
+  }
+  return out;
 }
 
 namespace {
@@ -662,6 +708,10 @@ absl::Status Trainer::RestoreSwapped(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
+  if (model_->layout().lora) {
+    return absl::FailedPreconditionError(
+        "FullWeights: a LoRA job trains its adapters (FullAdapters); its base is frozen");
+  }
   // The fp32 source of each unit: the master weights when the parameters are 16-bit, else the
   // parameters; sharded (the rank's range) where the stage shards it.
   const std::vector<Tensor>& bound_master = optimizer().master_weights();
@@ -786,6 +836,12 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     const auto fill_start = Clock::now();
     ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, global));
     data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
+    // The adapters' dropout masks: a function of the job's seed and the global micro-batch,
+    // so a resumed run draws the masks the uninterrupted one did.
+    if (model_->layout().lora) {
+      model_->SetLoraDropoutSeed(job_.train().seed() * 0x9E3779B97F4A7C15ull +
+                                 static_cast<uint64_t>(global));
+    }
     // The step's loss is the mean of its micro-batches', summed on the device.
     ZT_RETURN_IF_ERROR(engine_->ForwardBackward(ctx_,
                                                 {.write_grad = true,

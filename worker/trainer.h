@@ -184,6 +184,10 @@ class Trainer {
   // (and, with tensor parallelism, joined from the TP ranks' shares: BuildModelLayout's units,
   // not model().layout()'s). A collective: every rank of the job calls it. What export writes.
   absl::StatusOr<std::vector<std::vector<float>>> FullWeights();
+  // A LoRA job (model.lora): each unit's adapters ("<unit>.lora", f32, lora_numel elements;
+  // empty for units without adapters), whole on every rank — what a PEFT export writes. Not
+  // a collective. FullWeights refuses a LoRA job.
+  absl::StatusOr<std::vector<std::vector<float>>> FullAdapters();
   // Bytes and seconds of this rank's collectives so far.
   CommStats comm_stats() const { return engine_->stats(); }
   // Seconds this rank's compute waited for communication (what overlap did not hide).
@@ -210,6 +214,9 @@ class Trainer {
   absl::Status JoinTensorParallelShares(std::vector<std::vector<float>>& units);
   // Sets the weights from the initialisation or the imported checkpoint: each rank its ranges.
   absl::Status InitializeWeights();
+  // A LoRA job's adapters (PEFT's init from train.seed, then model.lora.init_from when set)
+  // and its NF4 base weights (the seeded init, quantized one tensor at a time).
+  absl::Status InitializeAdapters();
   // Saves the step just taken into checkpoint.dir (every rank takes part; worker/
   // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
   // `final`: the save at max_steps or of a stop (see SaveOutcome).

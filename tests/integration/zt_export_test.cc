@@ -142,6 +142,52 @@ class ZtExportTest : public testing::ScratchDirTest {
   }
 };
 
+// A LoRA job (docs/lora.md): `zt export` of its checkpoint writes the PEFT adapter directory,
+// the same tensors `zt train --export` wrote from the trainer's memory; --merge-adapters
+// writes a plain Hugging Face model that differs from the base exactly in the adapted weights;
+// --merge-adapters on a checkpoint without adapters is refused by name.
+TEST_F(ZtExportTest, LoraCheckpointExportsThePeftAdaptersOrTheMergedModel) {
+  const JobCase c = {"LLAMA", "  world_size: 2\n  zero_stage: 1\n", ""};
+  const std::string job = WriteJob("lora.yaml", c, Path("ckpt"));
+  {
+    // The model section gets adapters on q_proj and v_proj (PEFT's Llama default).
+    std::string text = ReadBytes(job);
+    text.replace(text.find("  max_seq_len: 16\n"), 18,
+                 "  max_seq_len: 16\n  lora: {rank: 4, alpha: 8}\n");
+    std::ofstream(job, std::ios::trunc) << text;
+  }
+  RunResult r =
+      RunZt("train " + job + " --quiet --run-dir " + Path("run") + " --export " + Path("A"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunZt("export " + Path("ckpt") + " --out " + Path("B") + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  TensorMap a, b;
+  ASSERT_NO_FATAL_FAILURE(AddTensors(Path("A/adapter_model.safetensors"), &a));
+  ASSERT_NO_FATAL_FAILURE(AddTensors(Path("B/adapter_model.safetensors"), &b));
+  EXPECT_EQ(a.size(), 2u * 2u * 2u);  // 2 layers × q, v × A, B
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(a.count("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"));
+  const nlohmann::json config = nlohmann::json::parse(ReadBytes(Path("B/adapter_config.json")));
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["peft_type"], "LORA");
+
+  r = RunZt("export " + Path("ckpt") + " --merge-adapters --out " + Path("M") + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  TensorMap merged;
+  ASSERT_NO_FATAL_FAILURE(AddTensors(Path("M/model.safetensors"), &merged));
+  EXPECT_TRUE(merged.count("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_EQ(merged.count("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), 0u);
+  const nlohmann::json hf = nlohmann::json::parse(ReadBytes(Path("M/config.json")));
+  EXPECT_EQ(hf["model_type"], "llama");
+
+  // A checkpoint without adapters has nothing to merge.
+  std::filesystem::remove_all(Path("ckpt"));
+  ASSERT_NO_FATAL_FAILURE(TrainWithCheckpoints(kGpt2Stage3));
+  r = RunZt("export " + Path("ckpt") + " --merge-adapters --out " + Path("N"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--merge-adapters"));
+}
+
 TEST_F(ZtExportTest, Gpt2StageThreeExportEqualsInProcessExportAndRoundTrips) {
   ExpectExportMatchesAndRoundTrips(kGpt2Stage3);
 

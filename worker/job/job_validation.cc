@@ -590,26 +590,53 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                 "out of the swap store; twice the states' to read the next unit ahead)"));
     }
   }
-  // LoRA: validation and the model's layout accept it; the step loop does not train it yet.
+  // LoRA: the step loop trains the adapters at every ZeRO stage on CPU ranks (docs/lora.md).
   if (UsesLora(spec.model())) {
-    lines.push_back(
-        "model.lora: adapters are validated, planned and run by the model, but this engine's "
-        "step loop does not train them yet (docs/lora.md); remove model.lora to train every "
-        "weight");
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      lines.push_back(
+          "resources.device: CUDA with model.lora — kernels/lora.h has no CUDA twins yet; use "
+          "CPU");
+    }
+    if (spec.parallel().tensor_parallel() > 1) {
+      lines.push_back(absl::StrCat(
+          "parallel.tensor_parallel: ", spec.parallel().tensor_parallel(),
+          " with model.lora — the tensor-parallel model splits whole weights, not a frozen base "
+          "with adapters, so far; set it to 1 (data parallelism and ZeRO shard LoRA jobs)"));
+    }
+    if (spec.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+      lines.push_back(
+          "offload.optimizer: NVME with model.lora — the swap store streams whole units' "
+          "states, not adapters', so far; use CPU (the adapters' states are small) or NONE");
+    }
   }
-  if (spec.model().base_dtype() == ModelConfig::NF4 ||
-      spec.model().base_dtype() == ModelConfig::INT8) {
-    lines.push_back(absl::StrCat(
-        "model.base_dtype: ", ModelConfig::BaseDType_Name(spec.model().base_dtype()),
-        spec.model().base_dtype() == ModelConfig::NF4
-            ? " runs in the model, but a quantized base is not loaded from model.init_from yet"
-            : " (LLM.int8) is not wired into the model yet",
-        "; use FP32, BF16 or FP16"));
+  if (UsesLora(spec.model())) {
+    // An unquantized base is stored as the parameters are (precision.param_dtype): a different
+    // base_dtype would be ignored, not honoured.
+    using P = zerotrain::PrecisionConfig;
+    const P::DType param = precision.param_dtype();
+    const ModelConfig::BaseDType base = spec.model().base_dtype();
+    const bool param_fp32 = param == P::FP32 || param == P::DTYPE_UNSPECIFIED;
+    const bool differs = (base == ModelConfig::FP32 && !param_fp32) ||
+                         (base == ModelConfig::BF16 && param != P::BF16) ||
+                         (base == ModelConfig::FP16 && param != P::FP16);
+    if (differs) {
+      lines.push_back(absl::StrCat(
+          "model.base_dtype: ", ModelConfig::BaseDType_Name(base),
+          " differs from precision.param_dtype ", P::DType_Name(param_fp32 ? P::FP32 : param),
+          "; this engine stores an unquantized base in param_dtype, so set them equal (or "
+          "leave base_dtype unset)"));
+    }
   }
-  if (!spec.model().lora().init_from().empty()) {
+  if (spec.model().base_dtype() == ModelConfig::INT8) {
     lines.push_back(
-        "model.lora.init_from: the step loop does not load a PEFT adapter directory yet; leave "
-        "it empty to start from fresh adapters");
+        "model.base_dtype: INT8 (LLM.int8) is not wired into the model yet; use FP32, BF16, "
+        "FP16 or NF4");
+  }
+  if (spec.model().base_dtype() == ModelConfig::NF4 && !spec.model().init_from().empty()) {
+    lines.push_back(
+        "model.base_dtype: NF4 with model.init_from — the Hugging Face importer does not "
+        "quantize while it streams yet; leave init_from empty (a seeded base) or use FP32, "
+        "BF16 or FP16");
   }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));

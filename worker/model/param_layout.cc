@@ -157,7 +157,10 @@ ModelLayout BuildModelLayout(const zerotrain::ModelConfig& m) {
       layout.lora_numel += u.lora_numel;
     }
   }
-  for (const UnitLayout& u : layout.units) layout.total_numel += u.numel;
+  // A quantized weight is not in its unit's flat buffer (numel) but still a weight of the model.
+  for (const UnitLayout& u : layout.units) {
+    for (const ParamSpec& p : u.params) layout.total_numel += p.numel;
+  }
   return layout;
 }
 

@@ -83,6 +83,10 @@ struct UnitLayout {
   int64_t lora_numel = 0;
 
   bool trainable() const { return role == ParamRole::kTrainable; }
+  // Elements of the unit's trainable buffer, the one its gradient, optimizer state and ZeRO
+  // shard are of: the flat parameters ("<unit>.params") of a trainable unit, the adapters
+  // ("<unit>.lora") of a LoRA unit, 0 for a frozen unit without adapters.
+  int64_t trainable_numel() const { return trainable() ? numel : lora_numel; }
 
   // The tensor called `name`, or nullptr.
   const ParamSpec* Find(const std::string& name) const;
@@ -90,6 +94,8 @@ struct UnitLayout {
 
 struct ModelLayout {
   std::vector<UnitLayout> units;  // embedding, blocks…, head
+  // The model's parameters, NF4-quantized base weights included (adapters not): what FLOPs
+  // per token are counted from.
   int64_t total_numel = 0;
   bool tied_embeddings = false;
   // model.lora: rank r, scale alpha / r and dropout p of every adapter; total adapter elements.

@@ -576,6 +576,9 @@ absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& p
   // HeadLoss already ran the projection's backward: grad_.ln holds dL/d(final norm output).
   const UnitLayout& u = layout_.head();
   const Tensor& x = residual_.back();
+  // The frozen norms' unused weight gradients add into the sink: emptied at the start of each
+  // backward, so it holds one backward's sums and never grows into inf or NaN.
+  if (!lora_.norm_sink.empty()) ZT_RETURN_IF_ERROR(Zero(ctx, lora_.norm_sink));
   if (gpt2_) {
     return LayerNormBackward(ctx, {.dout = grad_.ln,
                                    .inp = x,
@@ -711,7 +714,9 @@ absl::Status Transformer::Backward(const DeviceContext& ctx) {
   }
   ZT_RETURN_IF_ERROR(HeadBackward(ctx, params_.back(), grads_.back()));
   for (int i = layout_.n_blocks() - 1; i >= 0; --i) {
-    ZT_RETURN_IF_ERROR(BlockBackward(ctx, i, params_[1 + i], grads_[1 + i]));
+    // The gradient of the block's trainable buffer: its adapters' in a LoRA model.
+    const Tensor& grads = layout_.lora ? lora_grads_[1 + i] : grads_[1 + i];
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, i, params_[1 + i], grads));
   }
   return EmbeddingBackward(ctx, grads_.front());
 }

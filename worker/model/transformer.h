@@ -170,6 +170,9 @@ class Transformer {
                         const LossOptions& options);
   // The final norm's backward.
   absl::Status HeadBackward(const DeviceContext& ctx, const Tensor& params, const Tensor& grads);
+  // `grads` is the gradient of the block's trainable buffer: its flat parameters', or in a
+  // LoRA model its adapters' ((lora_numel) f32 layout, "<unit>.lora_grads" or a buffer the
+  // sharding engine hands out); the frozen base gets no gradient.
   absl::Status BlockBackward(const DeviceContext& ctx, int i, const Tensor& params,
                              const Tensor& grads);
   absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);

@@ -161,6 +161,7 @@ absl::Status Transformer::BlockLinearBackward(const DeviceContext& ctx, int i, c
     ZT_RETURN_IF_ERROR(Gemm(ctx, dout, w, dinp, {}));
   }
   const BlockActs& a = blocks_[i];
+  // A LoRA block's `grads` are its adapters' (the unit's trainable buffer's gradient).
   for (size_t k = 0; k < u.lora.size(); ++k) {
     const LoraSite& site = u.lora[k];
     if (site.weight != weight) continue;
@@ -179,14 +180,14 @@ absl::Status Transformer::BlockLinearBackward(const DeviceContext& ctx, int i, c
                                             .inp = a.lora_h[k],
                                             .weight = AdapterView(lora_params_[1 + i], site.b),
                                             .dinp = lora_.dh,
-                                            .dweight = AdapterView(lora_grads_[1 + i], site.b)}));
+                                            .dweight = AdapterView(grads, site.b)}));
     ZT_RETURN_IF_ERROR(Scale(ctx, lora_.dh, layout_.lora_scale));
     const Tensor dx = ScratchView(lora_.dinp, site.in);
     ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = lora_.dh,
                                             .inp = x,
                                             .weight = AdapterView(lora_params_[1 + i], site.a),
                                             .dinp = dx,
-                                            .dweight = AdapterView(lora_grads_[1 + i], site.a)}));
+                                            .dweight = AdapterView(grads, site.a)}));
     if (layout_.lora_dropout > 0) {
       // Dropout's backward is the same mask and scale on the gradient.
       ZT_RETURN_IF_ERROR(LoraDropout(

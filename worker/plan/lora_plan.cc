@@ -34,26 +34,50 @@ ModelLayout LoraAdapterLayout(const ModelLayout& layout) {
 }
 
 std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,
-                                         DType grad) {
+                                         DType grad, const ShardGeometry& geometry) {
   std::vector<BufferSpec> out;
+  const int stage = job.parallel().zero_stage();
+  const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
+  // A model loaded from model.init_from reloads its frozen base there at every start: the
+  // checkpoints leave it out (docs/lora.md, "Checkpoints").
+  const bool base_reloaded = !job.model().init_from().empty();
   for (const UnitLayout& u : layout.units) {
     for (const ParamSpec& p : u.params) {
       if (!p.quantized) continue;
       const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
       const std::string prefix = Nf4BufferPrefix(u, p);
-      out.push_back({prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}});
-      out.push_back({prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}});
-      out.push_back(
-          {prefix + "absmax_scale", MemoryCategory::kParameters, DType::kF32, {nf4.absmax_groups}});
-      out.push_back({prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}});
+      for (BufferSpec b :
+           {BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
+            BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}},
+            BufferSpec{prefix + "absmax_scale",
+                       MemoryCategory::kParameters,
+                       DType::kF32,
+                       {nf4.absmax_groups}},
+            BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}}}) {
+        b.reloaded_at_start = base_reloaded;
+        out.push_back(std::move(b));
+      }
     }
     if (u.lora.empty()) continue;
-    out.push_back({u.name + ".lora", MemoryCategory::kParameters, DType::kF32, {u.lora_numel}});
-    out.push_back({u.name + ".lora_grads", MemoryCategory::kGradients, grad, {u.lora_numel}});
+    // As a trainable unit's parameters and gradients (memory_plan.cc): whole at stage 0,
+    // padded to the shard quantum where a stage reduce-scatters or all-gathers them, the
+    // gradient only the rank's shard at stage 2 (its full gradient lives in "grad.full.*").
+    const UnitShard shard = ShardOf(u.lora_numel, geometry);
+    const int64_t full = stage == 0 ? u.lora_numel : shard.padded;
+    out.push_back({u.name + ".lora", MemoryCategory::kParameters, DType::kF32, {full}});
+    out.push_back({u.name + ".lora_grads",
+                   MemoryCategory::kGradients,
+                   grad,
+                   {stage >= 2 ? shard.shard_numel : full}});
+    if (accumulate_full) {
+      out.push_back(
+          {u.name + ".lora_grad_accum", MemoryCategory::kGradients, grad, {shard.padded}});
+    }
   }
   for (const UnitLayout& adapters : LoraAdapterLayout(layout).units) {
+    const FlatRange range = stage >= 1 ? ShardOf(adapters.numel, geometry).owned : FlatRange{};
     for (const UnitOptimizerState::Buffer& b :
-         OptimizerStateFor(job.optimizer(), adapters, FlatRange{}).buffers) {
+         OptimizerStateFor(job.optimizer(), adapters, range).buffers) {
       out.push_back(
           {adapters.name + "." + b.name, MemoryCategory::kOptimizerState, b.dtype, {b.numel}});
     }

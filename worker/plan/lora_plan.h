@@ -4,18 +4,24 @@
 // base units no gradient and no optimizer state.
 //
 // Buffer names (B·T rows, r rank, in/rows the widest adapted layer's sides):
-//   parameters:  "<block>.lora"             f32, the block's adapters (UnitLayout::lora_numel)
+//   parameters:  "<block>.lora"             f32, the block's adapters (UnitLayout::lora_numel;
+//                                           padded to the shard quantum at ZeRO stages ≥ 1)
 //                "<block>.nf4.<tensor>.codes|absmax|absmax_scale|absmax_offset"  base_dtype
 //                NF4: each quantized base weight, double-quantized (kernels/nf4.h)
-//   gradients:   "<block>.lora_grads"       grad_dtype, same size
-//   optimizer:   "<block>.lora.<state>"     as OptimizerStateFor lays the adapters out
+//   gradients:   "<block>.lora_grads"       grad_dtype, same size; the rank's shard at stage 2
+//                "<block>.lora_grad_accum"  stage 2 with grad_accum_steps > 1, padded
+//   optimizer:   "<block>.lora.<state>"     as OptimizerStateFor lays the adapters out (the
+//                                           rank's range at stages ≥ 1)
 //   activations: "<block>.lora.<hf_path>"   (B·T, r) compute dtype: scale · dropout(x) · Aᵀ
 //   workspace:   "lora.out" / "lora.dout"   (B·T, rows) an adapter's output and its gradient
 //                "lora.dh" (B·T, r), "lora.dinp" (B·T, in), and with dropout "lora.dropped"
 //                (B·T, in), the dropped input (recomputed from its seed in the backward);
 //                "lora.norm_grad_sink" (2·C) f32, where the frozen norms' unused weight
 //                gradients land
-// The adapters are whole on every rank (their ZeRO sharding is not planned yet). Stateless.
+// The adapters are a LoRA unit's trainable buffer (UnitLayout::trainable_numel): ZeRO shards
+// their gradients and optimizer state as it shards a trainable unit's; the frozen base's flat
+// buffers shard at stage 3 as any unit's parameters (memory_plan.cc), its NF4 weights stay
+// whole on every rank. Stateless.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +46,9 @@ ModelLayout LoraAdapterLayout(const ModelLayout& layout);
 
 // Adapter parameters, gradients and optimizer state of every block of `layout` (empty without
 // LoRA). Their dtypes: f32 adapters, gradients in `grad`.
+// With model.init_from set, the base's NF4 buffers are marked reloaded_at_start.
 std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,
-                                         DType grad);
+                                         DType grad, const ShardGeometry& geometry);
 
 // Activations and scratch of the adapters for `rows` = B·T tokens in `compute`; empty without
 // LoRA.

@@ -204,10 +204,13 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
   const int64_t bucket =
       job.parallel().bucket_bytes() / DTypeSize(StorageDType(job.precision().grad_dtype()));
   for (const UnitLayout& u : RankModelLayout(job, layout).units) {
-    const UnitShard shard = ShardOf(u.numel, g);
+    // What is reduced is the unit's trainable buffer (a LoRA unit's adapters).
+    const int64_t numel = u.trainable_numel();
+    if (numel == 0) continue;
+    const UnitShard shard = ShardOf(numel, g);
     if (gradients_reduced) {
       const int64_t reduced =
-          stage > 0 ? shard.padded : (bucket > 0 ? std::min(bucket, u.numel) : u.numel);
+          stage > 0 ? shard.padded : (bucket > 0 ? std::min(bucket, numel) : numel);
       sizes.gradients = std::max(sizes.gradients, reduced);
     }
     if (stage > 0 && g.groups() > 1) sizes.replicas = std::max(sizes.replicas, shard.shard_numel);
@@ -216,7 +219,11 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
 }
 
 bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
-  if (b.role() == MemoryCategory::kParameters) return b.name.ends_with(".params");
+  if (b.reloaded_at_start) return false;
+  if (b.role() == MemoryCategory::kParameters) {
+    return b.name.ends_with(".params") || b.name.ends_with(".lora") ||
+           b.name.find(".nf4.") != std::string::npos;
+  }
   return b.role() == MemoryCategory::kOptimizerState &&
          (!weights_only || b.name.ends_with(".master") || b.name.ends_with(".master_low"));
 }
@@ -246,18 +253,33 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // Units whose full buffers take turns in shared slots: all but a tied embedding, which the
   // head's projection uses too and so stays resident for the whole step.
   const bool tied = layout.tied_embeddings;
-  int64_t largest_rotating = 0, largest_shard = 0;
+  int64_t largest_rotating = 0, largest_shard = 0, largest_gathered = 0;
+  // Gradients are of each unit's trainable buffer (a LoRA unit's adapters); parameters that
+  // stage 3 gathers are the whole unit's (a LoRA job's frozen base).
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    const UnitShard shard = ShardOf(layout.units[u].numel, geometry);
+    const UnitShard shard = ShardOf(layout.units[u].trainable_numel(), geometry);
     largest_shard = std::max(largest_shard, shard.shard_numel);
     if (!(tied && u == 0)) largest_rotating = std::max(largest_rotating, shard.padded);
+    if (!(tied && u == 0)) {
+      largest_gathered =
+          std::max(largest_gathered, ShardOf(layout.units[u].numel, geometry).padded);
+    }
   }
   for (const UnitLayout& u : layout.units) {
     const UnitShard shard = ShardOf(u.numel, geometry);
     const int64_t full = stage == 0 ? u.numel : shard.padded;
     add(u.name + ".params", MemoryCategory::kParameters, param_dtype,
         stage >= 3 ? shard.shard_numel : full);
-    if (!u.trainable()) continue;  // a LoRA job's frozen base: no gradient, no optimizer state
+    const bool reloaded = !u.trainable() && !job.model().init_from().empty();
+    plan.buffers.back().reloaded_at_start = reloaded;
+    if (stage >= 3 && !parallel.reshard_after_forward()) {
+      add(u.name + ".gathered", MemoryCategory::kParameters, param_dtype, shard.padded);
+    }
+    if (!u.trainable()) {
+      // A LoRA job's frozen base: no gradient, no optimizer state (the adapters' are in
+      // LoraStateBuffers), and no checkpoint copy when model.init_from reloads it.
+      continue;
+    }
     add(u.name + ".grads", MemoryCategory::kGradients, grad_dtype,
         stage >= 2 ? shard.shard_numel : full);
     if (accumulate_full) {
@@ -274,14 +296,13 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
          OptimizerStateFor(job.optimizer(), u, state_range).buffers) {
       add(u.name + "." + b.name, MemoryCategory::kOptimizerState, b.dtype, b.numel);
     }
-    if (stage >= 3 && !parallel.reshard_after_forward()) {
-      add(u.name + ".gathered", MemoryCategory::kParameters, param_dtype, shard.padded);
-    }
   }
-  for (BufferSpec& b : LoraStateBuffers(job, layout, grad_dtype)) plan.buffers.push_back(b);
+  for (BufferSpec& b : LoraStateBuffers(job, layout, grad_dtype, geometry)) {
+    plan.buffers.push_back(b);
+  }
   if (stage >= 3 && parallel.reshard_after_forward()) {
     for (int k = 0; k <= parallel.prefetch_units(); ++k) {
-      add(absl::StrCat("gather.", k), MemoryCategory::kParameters, param_dtype, largest_rotating);
+      add(absl::StrCat("gather.", k), MemoryCategory::kParameters, param_dtype, largest_gathered);
     }
     if (tied) {
       add("gather.embedding", MemoryCategory::kParameters, param_dtype,
@@ -291,7 +312,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   if (stage >= 2 && !accumulate_full) {
     add("grad.full.0", MemoryCategory::kGradients, grad_dtype, largest_rotating);
     add("grad.full.1", MemoryCategory::kGradients, grad_dtype, largest_rotating);
-    if (tied) {
+    if (tied && layout.embedding().trainable_numel() > 0) {
       add("grad.full.embedding", MemoryCategory::kGradients, grad_dtype,
           ShardOf(layout.embedding().numel, geometry).padded);
     }

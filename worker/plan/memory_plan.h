@@ -58,6 +58,9 @@ struct BufferSpec {
   // Set when the offload tier keeps the buffer off the device (`category` is then kPinnedHost
   // or kNvme): what it holds, kParameters or kOptimizerState, so a checkpoint still saves it.
   std::optional<MemoryCategory> offloaded_from;
+  // A LoRA job's frozen base when model.init_from names it: every start (resume included)
+  // loads it from there, so a checkpoint does not hold it (IsCheckpointed).
+  bool reloaded_at_start = false;
 
   int64_t numel() const;
   int64_t bytes() const { return numel() * DTypeSize(dtype); }
@@ -187,7 +190,9 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
 // Whether a checkpoint holds buffer `b`: the model states — "<unit>.params" and every
 // optimizer-state buffer (master weights included), or with `weights_only` (checkpoint.
 // save_optimizer false) the parameters and master weights alone. The rest is rebuilt every
-// step.
+// step. A LoRA job's parameters are its adapters ("<unit>.lora") and its frozen base
+// ("<unit>.params", NF4's "<unit>.nf4.*"); the base is held only when it was generated from
+// train.seed, not when model.init_from reloads it (BufferSpec::reloaded_at_start).
 bool IsCheckpointed(const BufferSpec& b, bool weights_only = false);
 
 // Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are

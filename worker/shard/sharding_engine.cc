@@ -11,6 +11,7 @@
 #include "kernels/reduce.h"
 #include "kernels/status_macros.h"
 #include "worker/model/tensor_parallel_slice.h"
+#include "worker/plan/lora_plan.h"
 
 namespace zt {
 namespace {
@@ -84,17 +85,40 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         "sharding engine: ", g.groups(), " shard groups need ",
         g.groups() > 1 ? "a replica communicator of that many ranks" : "no replica communicator"));
   }
+  // A LoRA job's adapters stay whole on every rank at stage 3 too (the model reads them
+  // whole): they are reduce-scattered, stepped and all-gathered as at stage 2, while the frozen
+  // base's parameters are the sharded, gathered-per-use ones.
+  e->gather_after_step_ = e->stage_ == 1 || e->stage_ == 2 || (e->stage_ == 3 && layout.lora);
+  // The buffers the engine reduces, steps and gathers are each unit's trainable buffer: the
+  // flat parameters, or a LoRA model's adapters (frozen units without adapters have none).
+  e->trainable_layout_ = layout.lora ? LoraAdapterLayout(layout) : layout;
   const int n_units = static_cast<int>(layout.units.size());
   for (int u = 0; u < n_units; ++u) {
-    const UnitLayout& unit = layout.units[u];
+    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(layout.units[u].name + ".params"));
+    e->params_.push_back(params);
+    e->param_shards_.push_back(ShardOf(layout.units[u].numel, g));
+    e->trainable_index_.push_back(-1);
+  }
+  const char* param_suffix = layout.lora ? "" : ".params";
+  const char* grad_suffix = layout.lora ? "_grads" : ".grads";
+  const char* accum_suffix = layout.lora ? "_grad_accum" : ".grad_accum";
+  for (int t = 0; t < static_cast<int>(e->trainable_layout_.units.size()); ++t) {
+    const UnitLayout& unit = e->trainable_layout_.units[t];
+    // The model unit it belongs to: the same name, or the name before ".lora".
+    const std::string owner =
+        layout.lora ? unit.name.substr(0, unit.name.size() - std::string(".lora").size())
+                    : unit.name;
+    for (int u = 0; u < n_units; ++u) {
+      if (layout.units[u].name == owner) e->trainable_index_[u] = t;
+    }
     const UnitShard shard = ShardOf(unit.numel, g);
     e->shards_.push_back(shard);
-    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(unit.name + ".params"));
-    ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + ".grads"));
-    e->params_.push_back(params);
+    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(unit.name + param_suffix));
+    ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + grad_suffix));
+    e->trainable_params_.push_back(params);
     e->grads_.push_back(grads);
     if (e->accumulate_full_) {
-      ZT_ASSIGN_OR_RETURN(Tensor acc, arenas.Get(unit.name + ".grad_accum"));
+      ZT_ASSIGN_OR_RETURN(Tensor acc, arenas.Get(unit.name + accum_suffix));
       e->grad_accum_.push_back(acc);
     }
     const int64_t owned = shard.owned.end - shard.owned.begin;
@@ -114,17 +138,28 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         break;
       default:
         e->ranges_.push_back(shard.owned);
-        e->param_views_.push_back(e->stage_ == 3 ? Flat(params, 0, owned)
-                                                 : Flat(params, shard.owned.begin, owned));
+        // Stage 3 holds the rank's shard of the parameters, unless they are gathered after
+        // the step (a LoRA job's adapters).
+        e->param_views_.push_back(e->stage_ == 3 && !e->gather_after_step_
+                                      ? Flat(params, 0, owned)
+                                      : Flat(params, shard.owned.begin, owned));
         e->grad_views_.push_back(Flat(grads, 0, owned));
         e->norm_views_.push_back(e->grad_views_.back());
         break;
     }
   }
+  const int n_trainable = static_cast<int>(e->shards_.size());
+  if (n_trainable == 0) {
+    return absl::InvalidArgumentError("sharding engine: the model has nothing to train");
+  }
   if (e->tp_size_ > 1) {
+    if (layout.lora) {
+      return absl::UnimplementedError(
+          "sharding engine: tensor parallelism trains whole models, not LoRA adapters, so far");
+    }
     // Each element of the model once over the TP group (replicated tensors on TP rank 0).
     std::vector<Tensor> counted;
-    for (int u = 0; u < n_units; ++u) {
+    for (int u = 0; u < n_trainable; ++u) {
       // As without tensor parallelism: each DP member counts its shard's range, which at
       // stages 2–3 is the whole of its gradient buffer (the shard starts at its offset 0).
       const FlatRange norm = e->shards_[u].owned;
@@ -138,15 +173,18 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->norm_views_ = std::move(counted);
   }
   e->bucket_elements_ = job.parallel().bucket_bytes() / DTypeSize(e->grads_[0].dtype());
-  e->pending_.resize(n_units);
-  e->unit_grad_target_.resize(n_units);
+  e->pending_.resize(n_trainable);
+  e->unit_grad_target_.resize(n_trainable);
+  // A tied embedding's gradient has its own full buffer (the head writes into it too) only
+  // where the embedding trains.
+  e->tied_grad_ = e->tied_ && e->trainable_index_[0] >= 0;
   if (e->stage_ >= 2 && !e->accumulate_full_) {
     for (int k = 0; k < 2; ++k) {
       ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("grad.full.", k)));
       e->grad_full_.push_back(t);
     }
     e->slot_unit_ = {-1, -1};
-    if (e->tied_) {
+    if (e->tied_grad_) {
       ZT_ASSIGN_OR_RETURN(e->grad_full_embedding_, arenas.Get("grad.full.embedding"));
     }
   }
@@ -181,17 +219,18 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
         [self](int u, const Tensor& full) -> absl::StatusOr<CommHandle> {
-          const UnitShard& s = self->shards_[u];
-          return self->comms_.shard_group->AllGather(Flat(self->params_[u], 0, s.shard_numel),
-                                                     Flat(full, 0, s.padded),
-                                                     self->Label(u, "all-gather"));
+          // u is a model unit (Label names trainable units).
+          const UnitShard& s = self->param_shards_[u];
+          return self->comms_.shard_group->AllGather(
+              Flat(self->params_[u], 0, s.shard_numel), Flat(full, 0, s.padded),
+              absl::StrCat(self->model_->layout().units[u].name, " all-gather"));
         });
   }
   return e;
 }
 
-std::string ShardingEngine::Label(int u, const char* what) const {
-  return absl::StrCat(model_->layout().units[u].name, " ", what);
+std::string ShardingEngine::Label(int t, const char* what) const {
+  return absl::StrCat(trainable_layout_.units[t].name, " ", what);
 }
 
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
@@ -213,12 +252,14 @@ absl::StatusOr<Tensor> ShardingEngine::Params(int u) const {
   return registry_->buffer(u);
 }
 
-absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int u) {
+absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int model_unit) {
+  const int u = trainable_index_[model_unit];
+  if (u < 0) return Tensor();  // frozen: no gradient
   if (stage_ <= 1) return grads_[u];
   if (accumulate_full_) return grad_accum_[u];
   const int64_t padded = shards_[u].padded;
   Tensor target;
-  if (tied_ && u == 0) {
+  if (tied_grad_ && model_unit == 0) {
     target = Flat(grad_full_embedding_, 0, padded);
   } else {
     // Two slots alternate: the slot's previous unit must have finished its reduce-scatter
@@ -235,7 +276,9 @@ absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int 
   return target;
 }
 
-absl::Status ShardingEngine::GradientReady(int u) {
+absl::Status ShardingEngine::GradientReady(int model_unit) {
+  const int u = trainable_index_[model_unit];
+  if (u < 0) return absl::OkStatus();
   const UnitShard& s = shards_[u];
   if (stage_ == 0) {
     const Tensor& g = grads_[u];
@@ -270,7 +313,7 @@ absl::Status ShardingEngine::ReduceAcrossReplicas(int u) {
 }
 
 absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
-  const int n_units = static_cast<int>(shards_.size());
+  const int n_units = static_cast<int>(shards_.size());  // trainable units
   if (stage_ == 1) {
     // Two reduce-scatters in flight; each result is copied into the rank's range of the full
     // gradient (the reduce-scatter used the rest of it as scratch).
@@ -481,14 +524,14 @@ absl::Status ShardingEngine::SumAcrossShardGroup(float* data, int64_t n) {
 
 absl::Status ShardingEngine::FinishStep(const DeviceContext& ctx) {
   (void)ctx;
-  if (stage_ != 1 && stage_ != 2) return absl::OkStatus();
+  if (!gather_after_step_) return absl::OkStatus();
   std::vector<CommHandle> handles;
   for (size_t u = 0; u < shards_.size(); ++u) {
     const UnitShard& s = shards_[u];
-    ZT_ASSIGN_OR_RETURN(
-        CommHandle h, comms_.shard_group->AllGather(
-                          Flat(params_[u], s.offset, s.shard_numel), Flat(params_[u], 0, s.padded),
-                          Label(static_cast<int>(u), "parameter all-gather")));
+    ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->AllGather(
+                                          Flat(trainable_params_[u], s.offset, s.shard_numel),
+                                          Flat(trainable_params_[u], 0, s.padded),
+                                          Label(static_cast<int>(u), "parameter all-gather")));
     handles.push_back(std::move(h));
   }
   return WaitAll(handles, &waited_s_);
@@ -499,7 +542,7 @@ absl::Status ShardingEngine::AllGatherUnit(int u, const Tensor& shard, const Ten
   if (shard.dtype() != DType::kF32 || full.dtype() != DType::kF32 ||
       shard.numel() < s.shard_numel || full.numel() < s.padded) {
     return absl::InvalidArgumentError(
-        absl::StrCat("AllGatherUnit: unit ", model_->layout().units[u].name,
+        absl::StrCat("AllGatherUnit: unit ", trainable_layout_.units[u].name,
                      " needs an f32 shard of ", s.shard_numel, " elements and an f32 buffer of ",
                      s.padded, "; got ", shard.DebugString(), " and ", full.DebugString()));
   }

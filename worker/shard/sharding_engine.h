@@ -30,6 +30,16 @@
 // its own TP collectives, and the engine adds the sum of replicated KV heads' gradients (on the
 // last micro-batch, before the data-parallel reduction) and the statistics over the TP group.
 //
+// Trainable buffers: what the engine reduces, shards, steps and gathers after the step is
+// each unit's trainable buffer (UnitLayout::trainable_numel) — its flat parameters, or in a
+// LoRA job (model.lora) a block's adapters ("<unit>.lora", gradient "<unit>.lora_grads"):
+// the frozen base gets no gradient buffer, no reduction and no optimizer range, and units
+// without adapters (embedding, head) take part in the forward and backward only. The
+// per-unit vectors below (ranges, views, shard) are indexed as trainable_layout()'s units.
+// At stage 3 a LoRA job's frozen base is sharded and gathered per use like any unit's
+// parameters (an NF4 base's quantized weights stay whole on every rank), while its adapters
+// are handled as at stage 2: reduce-scattered, stepped per range, all-gathered after the step.
+//
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
 // the ranks that never arrived.
@@ -96,8 +106,11 @@ class ShardingEngine {
   // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
   absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);
 
-  // Per unit, the range of the unit's elements this rank's optimizer steps (the whole unit at
-  // stage 0), and views of the parameters and reduced gradients starting at that range.
+  // The trainable buffers as a model layout: the model's own, or LoraAdapterLayout's ("<block>.
+  // lora" units) for a LoRA job. What the optimizer is created over.
+  const ModelLayout& trainable_layout() const { return trainable_layout_; }
+  // Per trainable unit, the range of its elements this rank's optimizer steps (the whole unit
+  // at stage 0), and views of its parameters and reduced gradients starting at that range.
   const std::vector<FlatRange>& ranges() const { return ranges_; }
   const std::vector<Tensor>& param_views() const { return param_views_; }
   const std::vector<Tensor>& grad_views() const { return grad_views_; }
@@ -133,12 +146,13 @@ class ShardingEngine {
   // Sums n floats element-wise across the shard group, in place, blocking (sharded
   // Adafactor's statistics). `data` is in the rank's communication memory (its device).
   absl::Status SumAcrossShardGroup(float* data, int64_t n);
-  // After the optimizer updated param_views(): stages 1–2 all-gather the parameters.
+  // After the optimizer updated param_views(): stages 1–2 (and a LoRA job's adapters at 3)
+  // all-gather them.
   absl::Status FinishStep(const DeviceContext& ctx);
 
-  // All-gathers unit u's shard `shard` (shard(u).shard_numel elements, f32) from the shard
-  // group into `full` (at least shard(u).padded elements) and waits. A collective of the group;
-  // for export and comparing runs, outside the step loop.
+  // All-gathers trainable unit u's shard `shard` (shard(u).shard_numel elements, f32) from the
+  // shard group into `full` (at least shard(u).padded elements) and waits. A collective of the
+  // group; for export and comparing runs, outside the step loop.
   absl::Status AllGatherUnit(int u, const Tensor& shard, const Tensor& full);
   const UnitShard& shard(int u) const { return shards_[u]; }
 
@@ -158,14 +172,15 @@ class ShardingEngine {
   }
   // Parameters of unit u for compute: the full buffer (stages 0–2) or its gathered buffer.
   absl::StatusOr<Tensor> Params(int u) const;
-  // The full gradient buffer unit u's backward adds into in this micro-batch.
-  absl::StatusOr<Tensor> GradTarget(const DeviceContext& ctx, int u);
-  // Unit u's backward ended: start its reduction (last micro-batch only).
-  absl::Status GradientReady(int u);
+  // The full gradient buffer model unit u's backward adds into in this micro-batch (its
+  // trainable buffer's; an empty tensor for a frozen unit without one).
+  absl::StatusOr<Tensor> GradTarget(const DeviceContext& ctx, int model_unit);
+  // Model unit u's backward ended: start its reduction (last micro-batch only).
+  absl::Status GradientReady(int model_unit);
   // Waits for every reduction of the step; stage 1 runs its reduce-scatters here.
   absl::Status FinishReductions(const DeviceContext& ctx);
-  absl::Status ReduceAcrossReplicas(int u);
-  std::string Label(int u, const char* what) const;
+  absl::Status ReduceAcrossReplicas(int u);          // u: a trainable unit
+  std::string Label(int u, const char* what) const;  // u: a trainable unit
   // A pass over the units (stage 3: the uses the prefetch coordinator walks; other stages
   // hold every unit whole and these only hand out its buffer).
   void BeginPass(std::vector<UnitUse> uses);
@@ -183,12 +198,20 @@ class ShardingEngine {
   int tp_size_ = 1, tp_rank_ = 0;
   bool accumulate_full_ = false;  // stages 2–3 with grad_accum_steps > 1
   bool tied_ = false;
+  bool tied_grad_ = false;  // tied, and the embedding trains (not LoRA)
   int64_t bucket_elements_ = 0;
 
+  ModelLayout trainable_layout_;
+  std::vector<int> trainable_index_;  // per model unit: its trainable unit, or -1
+  // Per model unit: "<u>.params", full (stages 0–2) or the shard (3), what compute reads.
+  std::vector<Tensor> params_;
+  std::vector<UnitShard> param_shards_;  // per model unit: its parameters' shard (stage 3)
+  bool gather_after_step_ = false;       // stages 1–2, and a LoRA job's adapters at 3
+  // Per trainable unit (the model's units, or a LoRA job's "<block>.lora" ones):
   std::vector<UnitShard> shards_;
-  std::vector<Tensor> params_;      // "<u>.params": full (stages 0–2) or the shard (3)
-  std::vector<Tensor> grads_;       // "<u>.grads": full (0–1) or the shard (2–3)
-  std::vector<Tensor> grad_accum_;  // "<u>.grad_accum" (accumulate_full_)
+  std::vector<Tensor> trainable_params_;  // "<u>.params" or "<u>.lora"
+  std::vector<Tensor> grads_;  // "<u>.grads" / "<u>.lora_grads": full (0–1) or the shard (2–3)
+  std::vector<Tensor> grad_accum_;  // "<u>.grad_accum" / "<u>.lora_grad_accum" (accumulate_full_)
   std::vector<Tensor> grad_full_;   // "grad.full.0/1"
   Tensor grad_full_embedding_;      // "grad.full.embedding" (tied)
   std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/job/test_jobs.h"
@@ -106,17 +107,63 @@ TEST(LoraViolationsTest, GptTwoModulesAreItsOwn) {
   EXPECT_THAT(LoraViolations(spec), ::testing::IsEmpty());
 }
 
+TEST(LoraEngineSupportTest, RunsAdaptersOverAnFp32OrNf4BaseAtEveryStage) {
+  for (const auto base : {ModelConfig::FP32, ModelConfig::BF16, ModelConfig::NF4}) {
+    for (int stage : {0, 1, 2, 3}) {
+      JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+      spec.mutable_model()->set_base_dtype(base);
+      if (base == ModelConfig::BF16) {
+        spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+      }
+      spec.mutable_model()->mutable_lora()->set_init_from("adapter");
+      spec.mutable_parallel()->set_zero_stage(stage);
+      EXPECT_TRUE(CheckEngineSupport(spec).ok()) << ModelConfig::BaseDType_Name(base) << " stage "
+                                                 << stage << ": " << CheckEngineSupport(spec);
+    }
+  }
+}
+
 TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+  spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
   spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
-  spec.mutable_model()->mutable_lora()->set_init_from("adapter");
+  spec.mutable_model()->set_init_from("hf-model");
   const absl::Status status = CheckEngineSupport(spec);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   const std::vector<std::string> lines = testing::Lines(status);
-  ASSERT_EQ(lines.size(), 3u) << status;
-  EXPECT_THAT(lines[0], HasSubstr("model.lora: "));
-  EXPECT_THAT(lines[1], HasSubstr("model.base_dtype: NF4"));
-  EXPECT_THAT(lines[2], HasSubstr("model.lora.init_from: "));
+  // Each LoRA line names its field and what is missing; other lines (offload on CUDA) may
+  // come before them.
+  auto has = [&](const std::string& start, const std::string& what) {
+    for (const std::string& line : lines) {
+      if (line.starts_with(start) && line.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("resources.device: CUDA with model.lora", "kernels/lora.h")) << status;
+  EXPECT_TRUE(has("model.base_dtype: NF4 with model.init_from", "quantize while it streams"))
+      << status;
+  spec.mutable_model()->set_base_dtype(ModelConfig::BF16);  // param_dtype is FP32
+  EXPECT_TRUE(absl::StrContains(CheckEngineSupport(spec).message(),
+                                "model.base_dtype: BF16 differs from precision.param_dtype FP32"))
+      << CheckEngineSupport(spec);
+  spec.mutable_model()->set_base_dtype(ModelConfig::INT8);
+  EXPECT_TRUE(
+      absl::StrContains(CheckEngineSupport(spec).message(), "model.base_dtype: INT8 (LLM.int8)"));
+}
+
+// Tensor parallelism and NVMe optimizer offload each train whole models only.
+TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
+  JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+  spec.mutable_parallel()->set_world_size(2);
+  spec.mutable_parallel()->set_tensor_parallel(2);
+  EXPECT_THAT(CheckEngineSupport(spec).message(),
+              HasSubstr("parallel.tensor_parallel: 2 with model.lora"));
+  spec = testing::JobWithDefaults(kLlamaLora);
+  spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
+  spec.mutable_offload()->set_buffer_count(4);
+  spec.mutable_parallel()->set_zero_stage(1);
+  EXPECT_THAT(CheckEngineSupport(spec).message(),
+              HasSubstr("offload.optimizer: NVME with model.lora"));
 }
 
 }  // namespace

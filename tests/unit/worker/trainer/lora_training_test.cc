@@ -1,0 +1,620 @@
+// A LoRA job (model.lora) through the step loop (docs/lora.md): one rank learns with the frozen
+// base left bit for bit as it was (FP32, BF16 and NF4 bases); 2 ranks at ZeRO stages 0–3 (with
+// accumulation, 8-bit AdamW and fp16 loss scaling) match one rank on the same global batch, and
+// an offloaded optimizer steps the adapters as the device path does;
+// the plan gives the base no gradient or optimizer state; a checkpoint holds the adapters and
+// their states (the base only when it was generated from the seed) and resumes bit for bit;
+// `zt export` of it writes the PEFT adapters and the merged model; model.lora.init_from starts
+// from a PEFT directory.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/checkpoint/hf_interop.h"
+#include "worker/checkpoint/peft_adapter.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/comm/store.h"
+#include "worker/data/token_shard.h"
+#include "worker/job/job_loading.h"
+#include "worker/job/job_validation.h"
+#include "worker/lora_export.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/rank_state.h"
+#include "worker/trainer.h"
+
+namespace zt {
+namespace {
+
+using zerotrain::JobSpec;
+using zerotrain::ModelConfig;
+
+using Weights = std::vector<std::vector<float>>;
+
+struct LoraRun {
+  std::vector<double> losses;  // the job's mean, per step
+  std::vector<double> loss_scales;
+  std::vector<double> grad_norms;
+  int64_t skipped = 0;
+  // The norm of rank 0's "<unit>.lora_grads" after the last step (f32, stage 0: the reduced
+  // gradients of the last step stay there until the next step zeroes them).
+  double last_adapter_grad_norm = 0;
+  std::vector<Weights> adapters;  // every rank's FullAdapters at the end
+  // Rank 0's frozen base (every "<unit>.params" and NF4 buffer) before and after training.
+  std::map<std::string, std::vector<char>> base_before, base_after;
+  std::vector<std::string> unclaimed;
+};
+
+std::map<std::string, std::vector<char>> BaseBytes(const Trainer& t) {
+  std::map<std::string, std::vector<char>> out;
+  for (const BufferSpec& b : t.plan().buffers) {
+    if (!b.name.ends_with(".params") && b.name.find(".nf4.") == std::string::npos) continue;
+    const Tensor buffer = t.arenas().Get(b.name).value();
+    const char* p = static_cast<const char*>(buffer.raw());
+    out[b.name].assign(p, p + buffer.size_bytes());
+  }
+  return out;
+}
+
+class LoraTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TestScratchDir("zt-lora-training-test");
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // SmallShardedJob's model with adapters on every adaptable module (rank 4, alpha 8) over a
+  // `base` of the family's.
+  JobSpec Job(int world, int stage, int micro_batch, int accum = 1,
+              ModelConfig::Family family = ModelConfig::GPT2,
+              ModelConfig::BaseDType base = ModelConfig::FP32) {
+    JobSpec job =
+        testing::SmallShardedJob((dir_ / "train.bin").string(), world, stage, micro_batch, accum);
+    auto* m = job.mutable_model();
+    m->set_family(family);
+    if (family == ModelConfig::LLAMA) {
+      m->set_n_kv_head(2);
+      m->set_tie_embeddings(false);
+    }
+    m->set_base_dtype(base);
+    auto* lora = m->mutable_lora();
+    lora->set_rank(4);
+    lora->set_alpha(8.0f);
+    const std::vector<const char*> modules =
+        family == ModelConfig::GPT2
+            ? std::vector<const char*>{"c_attn", "c_proj", "c_fc"}
+            : std::vector<const char*>{"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                       "gate_proj", "up_proj", "down_proj"};
+    for (const char* module : modules) lora->add_target_modules(module);
+    return job;
+  }
+
+  // Runs every rank to global step `stop_after` (from 0, or from the resumed checkpoint's).
+  static LoraRun Train(const JobSpec& spec, int stop_after, TrainOptions base_options = {}) {
+    absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
+    EXPECT_TRUE(validated.ok()) << validated.status();
+    if (!validated.ok()) return {};
+    const JobSpec& job = *validated;
+    EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+    const int n = job.parallel().world_size();
+    InProcessStore store;
+    LoraRun run;
+    run.adapters.resize(n);
+    std::vector<absl::Status> status(n);
+    std::vector<std::vector<std::string>> unclaimed(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        status[r] = [&]() -> absl::Status {
+          TrainOptions options = base_options;
+          options.stop_after_step = stop_after;
+          options.rank = r;
+          options.store = &store;
+          absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
+          if (!t.ok()) return t.status();
+          if (r == 0) run.base_before = BaseBytes(**t);
+          // Run(), not Step(): it is what saves the checkpoints.
+          absl::Status ran = (*t)->Run([&](const StepRecord& rec) {
+            if (r != 0) return;
+            run.losses.push_back(rec.loss);
+            run.loss_scales.push_back(rec.loss_scale);
+            run.grad_norms.push_back(rec.grad_norm);
+            run.skipped = rec.skipped;
+          });
+          if (!ran.ok()) return ran;
+          if (r == 0 && job.parallel().zero_stage() == 0) {
+            double sum_sq = 0;
+            for (const BufferSpec& b : (*t)->plan().buffers) {
+              if (!b.name.ends_with(".lora_grads") || b.dtype != DType::kF32) continue;
+              const Tensor g = (*t)->arenas().Get(b.name).value();
+              for (int64_t i = 0; i < g.numel(); ++i) {
+                sum_sq += static_cast<double>(g.data<float>()[i]) * g.data<float>()[i];
+              }
+            }
+            run.last_adapter_grad_norm = std::sqrt(sum_sq);
+          }
+          absl::StatusOr<Weights> adapters = (*t)->FullAdapters();
+          if (!adapters.ok()) return adapters.status();
+          run.adapters[r] = std::move(*adapters);
+          if (r == 0) run.base_after = BaseBytes(**t);
+          unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
+          return absl::OkStatus();
+        }();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (const auto& u : unclaimed) run.unclaimed.insert(run.unclaimed.end(), u.begin(), u.end());
+    return run;
+  }
+
+  std::filesystem::path dir_;
+};
+
+double MaxAbsDiff(const Weights& a, const Weights& b) {
+  double worst = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t u = 0; u < std::min(a.size(), b.size()); ++u) {
+    EXPECT_EQ(a[u].size(), b[u].size());
+    for (size_t i = 0; i < std::min(a[u].size(), b[u].size()); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(a[u][i]) - b[u][i]));
+    }
+  }
+  return worst;
+}
+
+TEST_F(LoraTrainingTest, OneRankTrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
+  for (const auto& [family, base] : {std::pair{ModelConfig::GPT2, ModelConfig::FP32},
+                                     {ModelConfig::LLAMA, ModelConfig::FP32},
+                                     {ModelConfig::LLAMA, ModelConfig::BF16},
+                                     {ModelConfig::LLAMA, ModelConfig::NF4}}) {
+    const std::string what =
+        absl::StrCat(ModelConfig::Family_Name(family), " ", ModelConfig::BaseDType_Name(base));
+    JobSpec job = Job(1, 0, 4, 1, family, base);
+    // A BF16 base is stored as precision.param_dtype stores parameters (the adapters stay f32).
+    if (base == ModelConfig::BF16) {
+      job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+    }
+    job.mutable_optimizer()->set_lr(1e-2f);
+    const LoraRun run = Train(job, 20);
+    ASSERT_EQ(run.losses.size(), 20u) << what;
+    // The random base predicts the pattern corpus badly; rank-4 adapters on every linear layer
+    // fit its periodic structure within 20 steps (the runs drop by > 1 nat).
+    EXPECT_LT(run.losses.back(), run.losses.front() - 0.3) << what;
+    EXPECT_FALSE(run.base_before.empty());
+    EXPECT_TRUE(run.base_before == run.base_after) << what << ": the frozen base changed";
+    // The step's gradient norm (what clipping compares) is the adapters' alone.
+    if (base != ModelConfig::BF16) {  // a BF16 job's gradients are bf16
+      EXPECT_GT(run.last_adapter_grad_norm, 0.0) << what;
+      EXPECT_NEAR(run.grad_norms.back(), run.last_adapter_grad_norm,
+                  1e-5 * run.last_adapter_grad_norm)  // f64 sums in another order
+          << what;
+    }
+    // Something trained: B started at zero.
+    double moved = 0;
+    for (const std::vector<float>& u : run.adapters[0]) {
+      for (float v : u) moved = std::max(moved, static_cast<double>(std::abs(v)));
+    }
+    EXPECT_GT(moved, 1e-3) << what;
+    EXPECT_TRUE(run.unclaimed.empty()) << what << ": unused plan buffer " << run.unclaimed.front();
+  }
+}
+
+TEST_F(LoraTrainingTest, TheFrozenBaseHasNoGradientNoOptimizerStateAndNoReduction) {
+  for (int stage : {0, 1, 2, 3}) {
+    const JobSpec job = ValidatedJob(Job(2, stage, 2, /*accum=*/2)).value();
+    const MemoryPlan plan = PlanMemory(job, 0);
+    const ModelLayout layout = BuildModelLayout(job.model());
+    for (const BufferSpec& b : plan.buffers) {
+      for (const UnitLayout& u : layout.units) {
+        EXPECT_NE(b.name, u.name + ".grads") << "stage " << stage;
+        EXPECT_NE(b.name, u.name + ".grad_accum") << "stage " << stage;
+      }
+      if (b.role() == MemoryCategory::kOptimizerState) {
+        EXPECT_NE(b.name.find(".lora."), std::string::npos) << b.name << " stage " << stage;
+      }
+    }
+    // Stage 3 shards the frozen base too: each rank holds half of every block (padded; the
+    // head's 64 elements are one shard quantum).
+    if (stage == 3) {
+      for (const UnitLayout& u : layout.units) {
+        if (u.kind != UnitKind::kBlock) continue;
+        const BufferSpec* params = nullptr;
+        for (const BufferSpec& b : plan.buffers) {
+          if (b.name == u.name + ".params") params = &b;
+        }
+        ASSERT_NE(params, nullptr) << u.name;
+        EXPECT_LT(params->numel(), u.numel) << u.name;
+        EXPECT_GE(2 * params->numel(), u.numel) << u.name;
+      }
+    }
+  }
+}
+
+// 2 ranks against one rank reading the same global batch. The ranks' gradients are summed in
+// another order than one rank's batch, so they differ in the last bits of fp32; over 5 Adam
+// steps that reaches the adapters at ~1e-7 and the losses at ~1e-7 relative. 1e-5 relative on
+// losses and 1e-5 absolute on adapters (lr 3e-3) stay well above that noise and well below
+// what a missing reduction or a wrong shard gives (an adapter off by the lr in one step).
+void ExpectMatches(const LoraRun& got, const LoraRun& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::abs(want.losses[s]))
+        << what << " step " << s + 1;
+  }
+  EXPECT_LT(MaxAbsDiff(got.adapters[0], want.adapters[0]), 1e-5) << what;
+  for (size_t r = 1; r < got.adapters.size(); ++r) {
+    EXPECT_EQ(MaxAbsDiff(got.adapters[r], got.adapters[0]), 0.0) << what << " rank " << r;
+  }
+  EXPECT_TRUE(got.base_before == got.base_after) << what << ": the frozen base changed";
+  EXPECT_TRUE(got.unclaimed.empty()) << what << ": unused plan buffer " << got.unclaimed.front();
+}
+
+TEST_F(LoraTrainingTest, TwoRanksAtEveryStageMatchOneRank) {
+  for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+    const auto family = base == ModelConfig::NF4 ? ModelConfig::LLAMA : ModelConfig::GPT2;
+    const LoraRun reference = Train(Job(1, 0, 4, 1, family, base), 5);
+    for (int stage = 0; stage <= 3; ++stage) {
+      ExpectMatches(Train(Job(2, stage, 2, 1, family, base), 5), reference,
+                    absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage));
+    }
+  }
+  // Accumulation: communication on the last micro-batch only; stage 2 accumulates into
+  // "<unit>.lora_grad_accum".
+  const LoraRun accumulated = Train(Job(1, 0, 4, /*accum=*/2), 5);
+  for (int stage = 0; stage <= 3; ++stage) {
+    ExpectMatches(Train(Job(2, stage, 2, /*accum=*/2), 5), accumulated,
+                  absl::StrCat("accumulation stage ", stage));
+  }
+  // Stage 3 keeping each gathered base unit from its forward to its backward.
+  JobSpec keep = Job(2, 3, 2);
+  keep.mutable_parallel()->set_reshard_after_forward(false);
+  ExpectMatches(Train(keep, 5), Train(Job(1, 0, 4), 5), "stage 3 reshard_after_forward false");
+}
+
+TEST_F(LoraTrainingTest, EightBitAdamAndFp16LossScalingOnTheAdapters) {
+  // 8-bit AdamW over the adapters: on one rank every stage quantizes the same blocks, so the
+  // stages agree bit for bit.
+  JobSpec eight = Job(1, 0, 4);
+  eight.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
+  eight.mutable_optimizer()->set_min_quantized_numel(64);
+  eight.mutable_optimizer()->set_quant_block_size(64);
+  eight.mutable_optimizer()->set_lr(1e-2f);
+  const LoraRun one = Train(eight, 20);
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.3);
+  for (int stage : {1, 2}) {
+    JobSpec job = eight;
+    job.mutable_parallel()->set_zero_stage(stage);
+    const LoraRun got = Train(job, 20);
+    EXPECT_EQ(got.losses, one.losses) << "stage " << stage;
+    EXPECT_EQ(MaxAbsDiff(got.adapters[0], one.adapters[0]), 0.0) << "stage " << stage;
+  }
+  // fp16: the first steps overflow at 2^24 and are skipped on every rank alike.
+  JobSpec fp16 = Job(2, 2, 2, 1, ModelConfig::GPT2, ModelConfig::FP16);
+  fp16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::FP16);
+  fp16.mutable_precision()->mutable_loss_scale()->set_initial_power(24);
+  fp16.mutable_precision()->mutable_loss_scale()->set_hysteresis(1);
+  JobSpec reference = fp16;
+  reference.mutable_parallel()->set_world_size(1);
+  reference.mutable_parallel()->set_zero_stage(0);
+  reference.mutable_train()->set_micro_batch_size(4);
+  const LoraRun got = Train(fp16, 12), want = Train(reference, 12);
+  EXPECT_GT(want.skipped, 0);
+  EXPECT_EQ(got.skipped, want.skipped);
+  EXPECT_EQ(got.loss_scales, want.loss_scales);
+  // fp16 activations: results differ by fp16 rounding (2^-11 relative), not fp32 noise.
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-3 * want.losses[s]) << "step " << s + 1;
+  }
+  EXPECT_TRUE(got.base_before == got.base_after);
+}
+
+TEST_F(LoraTrainingTest, OffloadedAdapterOptimizerIsTheDevicePathBitForBit) {
+  // offload.optimizer CPU: the adapters' states live in pinned host memory and the host
+  // optimizer steps them unit by unit; on a CPU rank the arithmetic is the device path's.
+  for (int stage : {1, 2, 3}) {  // offload needs a ZeRO shard (validation)
+    JobSpec job = Job(2, stage, 2);
+    const LoraRun device = Train(job, 5);
+    job.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
+    bool offloaded = false;
+    for (const BufferSpec& b : PlanMemory(ValidatedJob(job).value(), 0).buffers) {
+      offloaded |= b.name == "block.0.lora.adam_m" && b.category == MemoryCategory::kPinnedHost;
+    }
+    EXPECT_TRUE(offloaded) << "the adapters' moments are in pinned host memory";
+    const LoraRun host = Train(job, 5);
+    EXPECT_EQ(host.losses, device.losses) << "stage " << stage;
+    EXPECT_EQ(MaxAbsDiff(host.adapters[0], device.adapters[0]), 0.0) << "stage " << stage;
+    EXPECT_TRUE(host.base_before == host.base_after) << "stage " << stage;
+  }
+}
+
+TEST_F(LoraTrainingTest, CheckpointsHoldTheAdaptersAndTheBaseOnlyWhenSeeded) {
+  JobSpec job = Job(1, 1, 4);
+  job.mutable_checkpoint()->set_dir((dir_ / "ckpt").string());
+  const JobSpec seeded = ValidatedJob(job).value();
+  std::vector<std::string> names;
+  const MemoryPlan seeded_plan = PlanMemory(seeded, 0);
+  for (const BufferSpec* b : CheckpointedBuffers(seeded_plan)) names.push_back(b->name);
+  auto holds = [&](const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  EXPECT_TRUE(holds("block.0.lora"));
+  EXPECT_TRUE(holds("block.1.lora.adam_m"));
+  EXPECT_TRUE(holds("block.1.lora.adam_v"));
+  // A base generated from train.seed is saved (export and resume have nowhere else to get it).
+  EXPECT_TRUE(holds("block.0.params"));
+  EXPECT_TRUE(holds("embedding.params"));
+  // A base loaded from model.init_from is not: every start reloads it from there.
+  JobSpec imported = seeded;
+  imported.mutable_model()->set_init_from((dir_ / "hf").string());
+  const MemoryPlan imported_plan = PlanMemory(imported, 0);
+  bool adapters = false;
+  for (const BufferSpec* b : CheckpointedBuffers(imported_plan)) {
+    EXPECT_FALSE(b->name.ends_with(".params")) << b->name;
+    adapters |= b->name == "block.0.lora";
+  }
+  EXPECT_TRUE(adapters);
+  // NF4: the quantized base is saved when seeded.
+  const JobSpec nf4 = ValidatedJob(Job(1, 0, 4, 1, ModelConfig::LLAMA, ModelConfig::NF4)).value();
+  bool codes = false;
+  const MemoryPlan nf4_plan = PlanMemory(nf4, 0);
+  for (const BufferSpec* b : CheckpointedBuffers(nf4_plan)) {
+    codes |= b->name == "block.0.nf4.attn.qkv.weight.codes";
+  }
+  EXPECT_TRUE(codes);
+}
+
+TEST_F(LoraTrainingTest, ResumeContinuesBitForBit) {
+  for (int stage : {0, 2, 3}) {
+    for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+      const std::string what = absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage);
+      const auto family = base == ModelConfig::NF4 ? ModelConfig::LLAMA : ModelConfig::GPT2;
+      const std::filesystem::path ckpt = dir_ / absl::StrCat("ckpt-", stage, "-", base);
+      JobSpec job = Job(2, stage, 2, /*accum=*/2, family, base);
+      job.mutable_model()->mutable_lora()->set_dropout(0.1f);  // masks must be the same too
+      job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
+      job.mutable_optimizer()->set_min_quantized_numel(64);
+      job.mutable_optimizer()->set_quant_block_size(64);
+      job.mutable_train()->set_max_steps(8);
+      const LoraRun uninterrupted = Train(job, 8);
+      job.mutable_checkpoint()->set_dir(ckpt.string());
+      job.mutable_checkpoint()->set_interval_steps(4);
+      const LoraRun first = Train(job, 4);
+      ASSERT_EQ(first.losses.size(), 4u) << what;
+      TrainOptions resume;
+      resume.resume_dir = ckpt.string();
+      const LoraRun second = Train(job, 8, resume);
+      ASSERT_EQ(second.losses.size(), 4u) << what;
+      for (size_t s = 0; s < 4; ++s) {
+        EXPECT_EQ(first.losses[s], uninterrupted.losses[s]) << what << " step " << s + 1;
+        EXPECT_EQ(second.losses[s], uninterrupted.losses[4 + s]) << what << " step " << s + 5;
+      }
+      EXPECT_EQ(MaxAbsDiff(second.adapters[0], uninterrupted.adapters[0]), 0.0) << what;
+      EXPECT_TRUE(second.base_after == uninterrupted.base_after) << what;
+    }
+  }
+}
+
+TEST_F(LoraTrainingTest, ResumeOnAnotherLayoutReshardsTheAdaptersAndTheirStates) {
+  // Saved by 2 ranks at `from`, resumed by 1 rank at stage 0 (same global batch), against the
+  // run that stayed on 2 ranks: AdamW's fp32 moments and the adapters move bit for bit, so
+  // the runs differ only by the reduction order of the last 4 steps (the TwoRanks bounds).
+  for (int from : {1, 3}) {
+    for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+      const std::string what = absl::StrCat(ModelConfig::BaseDType_Name(base), " from ", from);
+      const auto family = base == ModelConfig::NF4 ? ModelConfig::LLAMA : ModelConfig::GPT2;
+      JobSpec job = Job(2, from, 2, 1, family, base);
+      job.mutable_train()->set_max_steps(8);
+      const LoraRun stayed = Train(job, 8);
+      const std::filesystem::path ckpt = dir_ / absl::StrCat("reshard-", from, "-", base);
+      job.mutable_checkpoint()->set_dir(ckpt.string());
+      job.mutable_checkpoint()->set_interval_steps(4);
+      ASSERT_EQ(Train(job, 4).losses.size(), 4u) << what;
+      JobSpec one = job;
+      one.mutable_parallel()->set_world_size(1);
+      one.mutable_parallel()->set_zero_stage(0);
+      one.mutable_train()->set_micro_batch_size(4);
+      TrainOptions resume;
+      resume.resume_dir = ckpt.string();
+      const LoraRun resumed = Train(one, 8, resume);
+      ASSERT_EQ(resumed.losses.size(), 4u) << what;
+      for (size_t s = 0; s < 4; ++s) {
+        EXPECT_NEAR(resumed.losses[s], stayed.losses[4 + s], 1e-5 * stayed.losses[4 + s])
+            << what << " step " << s + 5;
+      }
+      EXPECT_LT(MaxAbsDiff(resumed.adapters[0], stayed.adapters[0]), 1e-5) << what;
+    }
+  }
+}
+
+// Reads a safetensors file's tensor as f32.
+std::vector<float> ReadTensor(const std::string& path, const std::string& name) {
+  std::unique_ptr<SafetensorsFile> file = SafetensorsFile::Open(path).value();
+  const SafetensorsTensorInfo* info = file->Find(name);
+  EXPECT_NE(info, nullptr) << name << " in " << path;
+  if (info == nullptr) return {};
+  std::vector<float> out(static_cast<size_t>(info->numel()));
+  EXPECT_TRUE(file->ReadAsF32(*info, absl::MakeSpan(out)).ok());
+  return out;
+}
+
+TEST_F(LoraTrainingTest, ABaseFromInitFromIsReloadedNotSavedAndResumesBitForBit) {
+  // A Hugging Face base file with its own values (not train.seed's init).
+  JobSpec job = Job(2, 2, 2, 1, ModelConfig::LLAMA);
+  job.mutable_train()->set_max_steps(6);
+  zerotrain::ModelConfig plain = ValidatedJob(job).value().model();
+  plain.clear_lora();
+  plain.clear_base_dtype();
+  const ModelLayout plain_layout = BuildModelLayout(plain);
+  Weights base(plain_layout.units.size());
+  std::vector<const float*> units;
+  for (size_t u = 0; u < plain_layout.units.size(); ++u) {
+    for (int64_t i = 0; i < plain_layout.units[u].numel; ++i) {
+      base[u].push_back(0.02f * static_cast<float>((i * 13 + u * 5) % 23) - 0.22f);
+    }
+    units.push_back(base[u].data());
+  }
+  const std::string hf = (dir_ / "base.safetensors").string();
+  ASSERT_TRUE(ExportHuggingFace(hf, plain, plain_layout, units).ok());
+  job.mutable_model()->set_init_from(hf);
+
+  const LoraRun uninterrupted = Train(job, 6);
+  ASSERT_EQ(uninterrupted.losses.size(), 6u);
+  // The base in memory is the file's, untouched by training.
+  const std::vector<char>& block0 = uninterrupted.base_after.at("block.0.params");
+  EXPECT_EQ(std::memcmp(block0.data(), base[1].data(), base[1].size() * sizeof(float)), 0);
+
+  const std::filesystem::path ckpt = dir_ / "ckpt-init-from";
+  job.mutable_checkpoint()->set_dir(ckpt.string());
+  job.mutable_checkpoint()->set_interval_steps(3);
+  ASSERT_EQ(Train(job, 3).losses.size(), 3u);
+  // The checkpoint holds the adapters, not the base.
+  const std::string rank0 = (ckpt / "step-00000003" / "rank-00000.safetensors").string();
+  ASSERT_TRUE(std::filesystem::exists(rank0)) << rank0;
+  std::unique_ptr<SafetensorsFile> file = SafetensorsFile::Open(rank0).value();
+  EXPECT_NE(file->Find("block.0.lora"), nullptr);
+  EXPECT_EQ(file->Find("block.0.params"), nullptr);
+  EXPECT_EQ(file->Find("embedding.params"), nullptr);
+  TrainOptions resume;
+  resume.resume_dir = ckpt.string();
+  const LoraRun resumed = Train(job, 6, resume);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(resumed.losses[s], uninterrupted.losses[3 + s]);
+  EXPECT_EQ(MaxAbsDiff(resumed.adapters[0], uninterrupted.adapters[0]), 0.0);
+
+  // The merged export reads the base from model.init_from: an unadapted tensor is the file's.
+  const std::string merged = (dir_ / "merged-init-from").string();
+  ASSERT_TRUE(ExportLoraCheckpoint(ckpt.string(), merged, {.merge_adapters = true}).ok());
+  const std::vector<float> norm =
+      ReadTensor((std::filesystem::path(merged) / "model.safetensors").string(),
+                 "model.layers.0.input_layernorm.weight");
+  const ParamSpec& ln1 = *plain_layout.block(0).Find("ln1.weight");
+  ASSERT_EQ(norm.size(), static_cast<size_t>(ln1.numel));
+  for (int64_t i = 0; i < ln1.numel; ++i) EXPECT_EQ(norm[i], base[1][ln1.offset + i]);
+}
+
+TEST_F(LoraTrainingTest, ExportWritesThePeftAdaptersAndTheMergedModel) {
+  for (const auto family : {ModelConfig::LLAMA, ModelConfig::GPT2}) {
+    const std::string what(ModelConfig::Family_Name(family));
+    const std::filesystem::path ckpt = dir_ / ("ckpt-" + what);
+    JobSpec job = Job(2, 1, 2, 1, family);
+    job.mutable_train()->set_max_steps(3);
+    job.mutable_checkpoint()->set_dir(ckpt.string());
+    const LoraRun run = Train(job, 3);
+    ASSERT_EQ(run.losses.size(), 3u);
+    const JobSpec validated = ValidatedJob(job).value();
+    const ModelLayout layout = BuildModelLayout(validated.model());
+
+    // The PEFT directory reads back as the trained adapters.
+    const std::string peft = (dir_ / ("peft-" + what)).string();
+    ASSERT_TRUE(IsLoraCheckpoint(ckpt.string()).value());
+    absl::StatusOr<LoraExportResult> exported = ExportLoraCheckpoint(ckpt.string(), peft, {});
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_EQ(exported->step, 3);
+    Weights read(layout.units.size());
+    std::vector<Tensor> views(layout.units.size());
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      read[u].assign(static_cast<size_t>(layout.units[u].lora_numel), -7.0f);
+      if (!read[u].empty()) {
+        views[u] = Tensor(read[u].data(), DType::kF32, {layout.units[u].lora_numel});
+      }
+    }
+    ASSERT_TRUE(ReadPeftAdapter(validated.model(), layout, peft, views).ok());
+    EXPECT_EQ(MaxAbsDiff(read, run.adapters[0]), 0.0) << what;
+
+    // The merged model: each adapted weight W + scale·B·A (float64 reference), the rest W.
+    const std::string merged = (dir_ / ("merged-" + what)).string();
+    exported = ExportLoraCheckpoint(ckpt.string(), merged, {.merge_adapters = true});
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(merged) / "config.json"));
+    const std::string file = (std::filesystem::path(merged) / "model.safetensors").string();
+    const double scale = validated.model().lora().alpha() / validated.model().lora().rank();
+    const UnitLayout& block = layout.block(1);
+    const std::vector<char>& base_bytes = run.base_after.at("block.1.params");
+    const float* base = reinterpret_cast<const float*>(base_bytes.data());
+    const float* adapters = run.adapters[0][2].data();
+    const LoraSite& site = block.lora.front();  // q_proj / c_attn
+    const ParamSpec& w = *block.Find(site.weight);
+    const std::string name = family == ModelConfig::LLAMA ? "model.layers.1.self_attn.q_proj.weight"
+                                                          : "transformer.h.1.attn.c_attn.weight";
+    const std::vector<float> got = ReadTensor(file, name);
+    ASSERT_FALSE(got.empty());
+    const int64_t in = w.shape[1], r = validated.model().lora().rank();
+    double worst = 0;
+    for (int64_t row = 0; row < site.rows; ++row) {
+      for (int64_t col = 0; col < in; ++col) {
+        double delta = 0;
+        for (int64_t k = 0; k < r; ++k) {
+          delta += static_cast<double>(adapters[site.b.offset + row * r + k]) *
+                   adapters[site.a.offset + k * in + col];
+        }
+        const double want = base[w.offset + (site.row_begin + row) * in + col] + scale * delta;
+        // Llama stores (out, in) as we do; GPT-2's Conv1D is transposed, (in, out).
+        const int64_t at =
+            family == ModelConfig::LLAMA ? row * in + col : col * w.shape[0] + site.row_begin + row;
+        worst = std::max(worst, std::abs(want - got[at]));
+      }
+    }
+    // One f32 rounding of the merged value (the merge sums in float64 and rounds once).
+    EXPECT_LT(worst, 1e-6) << what;
+
+    // Stage 3: the base is read back from both ranks' shards. The same seeded base and the
+    // same data give the same merged model up to the adapters' fp32 reduction noise, and the
+    // embedding (no adapter) bit for bit.
+    JobSpec sharded = job;
+    sharded.mutable_parallel()->set_zero_stage(3);
+    sharded.mutable_checkpoint()->set_dir((dir_ / ("ckpt3-" + what)).string());
+    ASSERT_EQ(Train(sharded, 3).losses.size(), 3u);
+    const std::string merged3 = (dir_ / ("merged3-" + what)).string();
+    exported = ExportLoraCheckpoint(sharded.checkpoint().dir(), merged3, {.merge_adapters = true});
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    const std::string file3 = (std::filesystem::path(merged3) / "model.safetensors").string();
+    const std::string embedding =
+        family == ModelConfig::LLAMA ? "model.embed_tokens.weight" : "transformer.wte.weight";
+    EXPECT_EQ(ReadTensor(file3, embedding), ReadTensor(file, embedding)) << what;
+    const std::vector<float> got3 = ReadTensor(file3, name);
+    ASSERT_EQ(got3.size(), got.size());
+    double worst3 = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst3 = std::max(worst3, std::abs(static_cast<double>(got3[i]) - got[i]));
+    }
+    EXPECT_LT(worst3, 1e-5) << what;  // the TwoRanks test's bound on the adapters
+  }
+}
+
+TEST_F(LoraTrainingTest, InitFromStartsFromTheGivenAdapters) {
+  JobSpec job = Job(1, 0, 4, 1, ModelConfig::LLAMA);
+  const JobSpec validated = ValidatedJob(job).value();
+  const ModelLayout layout = BuildModelLayout(validated.model());
+  Weights given(layout.units.size());
+  std::vector<Tensor> views(layout.units.size());
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    for (int64_t i = 0; i < layout.units[u].lora_numel; ++i) {
+      given[u].push_back(0.01f * static_cast<float>((i * 7 + u * 3) % 19) - 0.09f);
+    }
+    if (!given[u].empty()) {
+      views[u] = Tensor(given[u].data(), DType::kF32, {layout.units[u].lora_numel});
+    }
+  }
+  const std::string peft = (dir_ / "given").string();
+  ASSERT_TRUE(WritePeftAdapter(validated.model(), layout, views, peft).ok());
+  job.mutable_model()->mutable_lora()->set_init_from(peft);
+  const LoraRun start = Train(job, 0);
+  EXPECT_EQ(MaxAbsDiff(start.adapters[0], given), 0.0);
+  // And it trains from there.
+  const LoraRun trained = Train(job, 2);
+  EXPECT_GT(MaxAbsDiff(trained.adapters[0], given), 0.0);
+}
+
+}  // namespace
+}  // namespace zt
