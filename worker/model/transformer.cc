@@ -143,6 +143,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
       m.layout_.units[u] = stage->layout.units[u - m.first_unit_];
     }
     m.layout_.tied_embeddings = stage->layout.tied_embeddings;
+    m.stage_layout_ = stage->layout;
   }
   const bool holds_head = m.HoldsUnit(n_units - 1);
   m.gpt2_ = config.family() == zerotrain::ModelConfig::GPT2;
@@ -215,8 +216,8 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, work.Spec(name));
     if (spec->shape.size() < 2 || spec->shape[0] != m.in_flight_) {
       return absl::InternalError(absl::StrCat("memory plan: buffer '", name,
-                                              "' does not lead with the stage's ",
-                                              m.in_flight_, " micro-batches in flight"));
+                                              "' does not lead with the stage's ", m.in_flight_,
+                                              " micro-batches in flight"));
     }
     SlotBinding b;
     b.base = base;
@@ -338,6 +339,12 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     ZT_ASSIGN_OR_RETURN(m.lora_.norm_sink, work.Get("lora.norm_grad_sink"));
     m.lora_.dropped = optional("lora.dropped");
   }
+  if (m.pipelined_) {
+    m.stage_params_.assign(m.params_.begin() + m.first_unit_, m.params_.begin() + m.last_unit_);
+    if (with_grads) {
+      m.stage_grads_.assign(m.grads_.begin() + m.first_unit_, m.grads_.begin() + m.last_unit_);
+    }
+  }
   if (with_grads) {
     ZT_ASSIGN_OR_RETURN(m.grad_.residual, work.Get("grad.residual"));
     ZT_ASSIGN_OR_RETURN(m.grad_.ln, work.Get("grad.ln"));
@@ -369,8 +376,8 @@ absl::StatusOr<Tensor> Transformer::SlotView(const SlotBinding& b, int slot) {
   int64_t per_slot = 1;
   for (int64_t d : b.shape) per_slot *= d;
   if (slot < 0 || (slot + 1) * per_slot > b.base.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-batch slot ", slot, " of ",
-                                                   b.base.DebugString(), ": out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batch slot ", slot, " of ", b.base.DebugString(), ": out of range"));
   }
   char* data = static_cast<char*>(b.base.raw()) + slot * per_slot * DTypeSize(b.base.dtype());
   switch (b.shape.size()) {
@@ -379,19 +386,17 @@ absl::StatusOr<Tensor> Transformer::SlotView(const SlotBinding& b, int slot) {
     case 2:
       return Tensor(data, b.base.dtype(), {b.shape[0], b.shape[1]}, b.base.device());
     case 3:
-      return Tensor(data, b.base.dtype(), {b.shape[0], b.shape[1], b.shape[2]},
-                    b.base.device());
+      return Tensor(data, b.base.dtype(), {b.shape[0], b.shape[1], b.shape[2]}, b.base.device());
     default:
-      return absl::InvalidArgumentError(absl::StrCat("micro-batch slots of ",
-                                                     b.base.DebugString(),
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch slots of ", b.base.DebugString(),
                                                      ": more than 3 dimensions per slot"));
   }
 }
 
 absl::Status Transformer::SelectMicroBatch(int slot) {
   if (slot < 0 || slot >= in_flight_) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-batch slot ", slot, ": the stage holds ",
-                                                   in_flight_, " in flight"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batch slot ", slot, ": the stage holds ", in_flight_, " in flight"));
   }
   for (const SlotBinding& b : slots_) {
     ZT_ASSIGN_OR_RETURN(Tensor v, SlotView(b, slot));
@@ -422,10 +427,9 @@ absl::Status Transformer::StageForward(const DeviceContext& ctx, const LossOptio
   }
   if (!HoldsUnit(head)) return absl::OkStatus();
   ZT_RETURN_IF_ERROR(HeadForward(ctx, params_.back()));
-  ZT_RETURN_IF_ERROR(HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(),
-                              params_.front(),
-                              options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(),
-                              options));
+  ZT_RETURN_IF_ERROR(
+      HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(), params_.front(),
+               options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(), options));
   head_backward_due_ = options.write_grad;
   return absl::OkStatus();
 }
@@ -460,20 +464,19 @@ Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char*
   return Tensor(data, flat.dtype(), {p->shape[0], p->shape[1]}, flat.device());
 }
 
-void Transformer::InitializeWeights(uint64_t seed) { InitializeWeights(seed, params_); }
+void Transformer::InitializeWeights(uint64_t seed) { InitializeWeights(seed, unit_params()); }
 
 void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& into) {
-  for (size_t u = 0; u < layout_.units.size(); ++u) {
-    if (into[u].empty()) continue;  // another pipeline stage's unit
-    InitializeUnitRange(seed, static_cast<int>(u), 0, layout_.units[u].numel,
+  for (size_t u = 0; u < layout().units.size(); ++u) {
+    InitializeUnitRange(seed, static_cast<int>(u), 0, layout().units[u].numel,
                         into[u].data<float>());
   }
 }
 
 void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end,
                                       float* out) const {
-  const UnitLayout& unit = layout_.units[u];
-  std::fill(out, out + (end - begin), 0.0f);  // padding past the unit's last tensor
+  const UnitLayout& unit = layout_.units[u + first_unit_];  // a stage's u: its own units
+  std::fill(out, out + (end - begin), 0.0f);                // padding past the unit's last tensor
   for (const ParamSpec& p : unit.params) {
     if (p.quantized) continue;  // not in the flat buffer: InitializeQuantizedBase
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);

@@ -80,13 +80,15 @@ class Transformer {
   // The step loop calls it once per step, before the data-parallel reduction.
   absl::Status ReduceReplicatedKvGrads(int i, const Tensor& grads);
 
-  const ModelLayout& layout() const { return layout_; }
+  // The units the model holds: the whole model's, or a pipeline stage's own (BindStage), in
+  // order; unit_params(), unit_grads() and InitializeUnitRange index these.
+  const ModelLayout& layout() const { return pipelined_ ? stage_layout_ : layout_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
 
   // The flat buffers of each unit, in layout order.
-  const std::vector<Tensor>& unit_params() const { return params_; }
-  const std::vector<Tensor>& unit_grads() const { return grads_; }
+  const std::vector<Tensor>& unit_params() const { return pipelined_ ? stage_params_ : params_; }
+  const std::vector<Tensor>& unit_grads() const { return pipelined_ ? stage_grads_ : grads_; }
 
   // model.lora: each block's trainable adapter buffer ("<unit>.lora", f32) and its gradient,
   // empty for units without adapters (and for every unit without LoRA). The base buffers of a
@@ -178,7 +180,6 @@ class Transformer {
                              const Tensor& grads);
   absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);
 
-
   // A pipeline stage's model (Narayanan et al. 2021): rank layout.coordinates().pipeline of
   // `job` (pipeline_parallel > 1, tensor_parallel 1, one chunk per stage: GPIPE or
   // ONE_F_ONE_B) binds only the units of its chunk (PipelineChunksOf, the plan's partition)
@@ -186,14 +187,13 @@ class Transformer {
   // norm, head and loss on the last. With tied embeddings split across stages the last stage
   // holds its own copy of wte ("lm_head.weight" of the head unit, initialised to the same
   // values); the caller sums the two copies' gradients before the step (Megatron's).
-  // unit_params()/unit_grads() stay indexed by the whole model's units: empty for units the
-  // stage does not hold. The chunk's saved activations hold in_flight() micro-batches; the
-  // schedule picks one with SelectMicroBatch before its forward and again before its backward.
-  // Needs f32, no LoRA, no quantized base.
+  // layout(), unit_params() and unit_grads() are the stage's units (RankModelLayout); unit u
+  // of the stage is unit first_unit() + u of the whole model. The chunk's saved activations hold
+  // in_flight() micro-batches; the schedule picks one with SelectMicroBatch before its forward and
+  // again before its backward. Needs f32, no LoRA, no quantized base.
   static absl::StatusOr<Transformer> BindStage(const zerotrain::JobSpec& job,
                                                const ParallelLayout& layout, const Arenas& state,
-                                               const Arenas& work, int64_t batch,
-                                               int64_t seq_len);
+                                               const Arenas& work, int64_t batch, int64_t seq_len);
   bool pipelined() const { return pipelined_; }
   // The stage's units [first_unit, last_unit) of the whole model (all of them unpipelined).
   int first_unit() const { return first_unit_; }
@@ -330,9 +330,13 @@ class Transformer {
   Tensor tokens_, targets_, logits_;
   GradScratch grad_;
   bool pipelined_ = false;
+  // A stage's own units and buffers (the members above stay indexed by the whole model's).
+  ModelLayout stage_layout_;
+  std::vector<Tensor> stage_params_, stage_grads_;
   int first_unit_ = 0, last_unit_ = 0, in_flight_ = 1;
   std::vector<SlotBinding> slots_;
-  bool head_backward_due_ = false;  // last stage: StageForward with write_grad ran, its backward not
+  bool head_backward_due_ =
+      false;  // last stage: StageForward with write_grad ran, its backward not
 };
 
 }  // namespace zt

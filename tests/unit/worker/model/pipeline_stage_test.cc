@@ -134,10 +134,10 @@ TEST(PipelineScheduleTest, EachMicroBatchRunsForwardThenBackwardAndInFlightIsThe
             // Micro-batches go forward and come back in order (slot k mod in_flight is free).
             EXPECT_EQ(op.micro_batch, op.forward ? forwards++ : backwards++);
           }
-          const int in_flight =
-              PipelineChunksOf(job, ParallelLayout::ForJob(job, r * job.parallel().world_size() / p))
-                  .front()
-                  .in_flight;
+          const int in_flight = PipelineChunksOf(job, ParallelLayout::ForJob(
+                                                          job, r * job.parallel().world_size() / p))
+                                    .front()
+                                    .in_flight;
           if (schedule == zerotrain::ParallelConfig::ONE_F_ONE_B) {
             // Narayanan et al.: stage r holds p − r micro-batches, not m.
             EXPECT_EQ(MaxInFlight(ops), std::min(p - r, m)) << "p " << p << " r " << r;
@@ -168,18 +168,17 @@ TEST(PipelineStageTest, StagesBindThePlansUnitsAndTheOneRankWeights) {
         EXPECT_EQ(m.is_first_stage(), r == 0);
         EXPECT_EQ(m.is_last_stage(), r == p - 1);
         m.InitializeWeights(5);
-        for (int u = 0; u < n_units; ++u) {
-          if (!m.HoldsUnit(u)) {
-            EXPECT_TRUE(m.unit_params()[u].empty()) << "rank " << r << " unit " << u;
-            continue;
-          }
+        ASSERT_EQ(m.layout().units.size(), planned.units.size());
+        ASSERT_EQ(m.unit_params().size(), planned.units.size());
+        for (int u = m.first_unit(); u < m.last_unit(); ++u) {
           ++held[u];
-          const UnitLayout& want = planned.units[u - m.first_unit()];
-          const UnitLayout& got = m.layout().units[u];
+          const int local = u - m.first_unit();
+          const UnitLayout& want = planned.units[local];
+          const UnitLayout& got = m.layout().units[local];
           EXPECT_EQ(got.name, want.name);
           EXPECT_EQ(got.numel, want.numel) << want.name;
-          ASSERT_EQ(m.unit_params()[u].numel(), want.numel) << want.name;
-          const std::vector<float> values = Copy(m.unit_params()[u]);
+          ASSERT_EQ(m.unit_params()[local].numel(), want.numel) << want.name;
+          const std::vector<float> values = Copy(m.unit_params()[local]);
           for (const ParamSpec& spec : want.params) {
             // The last stage's copy of the tied embedding starts as wte itself.
             const bool copy = spec.name == "lm_head.weight" && job.model().tie_embeddings();
@@ -187,8 +186,8 @@ TEST(PipelineStageTest, StagesBindThePlansUnitsAndTheOneRankWeights) {
             const ParamSpec& ref_spec = *ref_unit.Find(copy ? "wte" : spec.name);
             const float* want_values =
                 ref.model->unit_params()[copy ? 0 : u].data<float>() + ref_spec.offset;
-            EXPECT_TRUE(std::equal(want_values, want_values + ref_spec.numel,
-                                   values.begin() + spec.offset))
+            EXPECT_TRUE(
+                std::equal(want_values, want_values + ref_spec.numel, values.begin() + spec.offset))
                 << want.name << "." << spec.name << " rank " << r;
           }
         }
@@ -231,17 +230,15 @@ TEST(PipelineStageTest, ChainedStagesGiveTheOneRankLossAndGradients) {
     const Reference ref = OneRank(family, batches);
     for (auto schedule : kSchedules) {
       for (int p : {2, 4}) {
-        SCOPED_TRACE(::testing::Message() << "family " << family << " schedule " << schedule
-                                          << " pp " << p);
+        SCOPED_TRACE(::testing::Message()
+                     << "family " << family << " schedule " << schedule << " pp " << p);
         const zerotrain::JobSpec job = Job(family, p, schedule);
         std::vector<Bound> stages;
         for (int r = 0; r < p; ++r) {
           absl::StatusOr<Bound> b = BindRank(job, ParallelLayout::ForJob(job, r), true);
           ASSERT_TRUE(b.ok()) << b.status();
           b->model->InitializeWeights(5);
-          for (const Tensor& g : b->model->unit_grads()) {
-            if (!g.empty()) ASSERT_TRUE(Zero(b->ctx, g).ok());
-          }
+          for (const Tensor& g : b->model->unit_grads()) ASSERT_TRUE(Zero(b->ctx, g).ok());
           stages.push_back(std::move(*b));
         }
         // What the sends carry: activations[r][k] from stage r to r + 1, gradients[r][k] from
@@ -268,10 +265,9 @@ TEST(PipelineStageTest, ChainedStagesGiveTheOneRankLossAndGradients) {
                 Paste(activations[r - 1][k], m.stage_input());
                 activations[r - 1].erase(k);
               }
-              Transformer::LossOptions options{
-                  .write_grad = true,
-                  .grad_scale = 1.0f / (kBatch * kSeq * kMicroBatches),
-                  .loss_sum = loss_tensor};
+              Transformer::LossOptions options{.write_grad = true,
+                                               .grad_scale = 1.0f / (kBatch * kSeq * kMicroBatches),
+                                               .loss_sum = loss_tensor};
               ASSERT_TRUE(m.StageForward(stages[r].ctx, options).ok());
               if (r < p - 1) activations[r][k] = Copy(m.stage_output());
             } else {
@@ -300,19 +296,20 @@ TEST(PipelineStageTest, ChainedStagesGiveTheOneRankLossAndGradients) {
           for (const Bound& b : stages) {
             const Transformer& m = *b.model;
             if (!m.HoldsUnit(u)) continue;
-            std::vector<float> got = Copy(m.unit_grads()[u]);
+            const int local = u - m.first_unit();
+            std::vector<float> got = Copy(m.unit_grads()[local]);
             if (u == n_units - 1 && job.model().tie_embeddings() && !m.HoldsUnit(0)) {
               // The head's wte copy: its gradient goes to wte's, compared below.
-              const ParamSpec& copy = *m.layout().units[u].Find("lm_head.weight");
+              const ParamSpec& copy = *m.layout().units[local].Find("lm_head.weight");
               got.resize(copy.offset);
             }
             if (u == 0 && job.model().tie_embeddings()) {
               // wte's gradient is the sum of the two copies' (Megatron's all-reduce between
               // the first and last stage).
               const Transformer& last = *stages.back().model;
-              const ParamSpec& copy = *last.layout().units[n_units - 1].Find("lm_head.weight");
+              const ParamSpec& copy = *last.layout().units.back().Find("lm_head.weight");
               const ParamSpec& wte = *m.layout().units[0].Find("wte");
-              const float* head = last.unit_grads()[n_units - 1].data<float>() + copy.offset;
+              const float* head = last.unit_grads().back().data<float>() + copy.offset;
               for (int64_t i = 0; i < wte.numel; ++i) got[wte.offset + i] += head[i];
             }
             ASSERT_EQ(got.size(), ref.grads[u].size()) << "unit " << u;
@@ -337,8 +334,7 @@ TEST(PipelineStageTest, UnsupportedStagesAreRefusedByName) {
   const absl::StatusOr<Transformer> m =
       Transformer::BindStage(job, layout, *arenas, *arenas, kBatch, kSeq);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("parallel.tensor_parallel"), std::string::npos)
-      << m.status();
+  EXPECT_NE(m.status().message().find("parallel.tensor_parallel"), std::string::npos) << m.status();
 }
 
 }  // namespace
