@@ -149,6 +149,38 @@ TEST(PipelineScheduleTest, EachMicroBatchRunsForwardThenBackwardAndInFlightIsThe
   }
 }
 
+// The activations a stage is bound to hold: 1F1B keeps p − s micro-batches whatever m is,
+// GPipe all m (Narayanan et al.), and every bound stage's slots are exactly the plan's.
+TEST(PipelineStageTest, OneFOneBHoldsPMicroBatchesNotM) {
+  for (int m : {4, 8}) {
+    const zerotrain::JobSpec one_f = [&] {
+      zerotrain::JobSpec job =
+          Job(zerotrain::ModelConfig::GPT2, 2, zerotrain::ParallelConfig::ONE_F_ONE_B);
+      job.mutable_parallel()->set_micro_batches(m);
+      job.mutable_train()->set_grad_accum_steps(m);
+      return job;
+    }();
+    zerotrain::JobSpec gpipe = one_f;
+    gpipe.mutable_parallel()->set_pipeline_schedule(zerotrain::ParallelConfig::GPIPE);
+    const ParallelLayout first = ParallelLayout::ForJob(one_f, 0);
+    const int64_t one_f_bytes =
+        PlanMemory(one_f, first).CategoryBytes(MemoryCategory::kActivations);
+    const int64_t gpipe_bytes =
+        PlanMemory(gpipe, first).CategoryBytes(MemoryCategory::kActivations);
+    const Bound b = BindRank(one_f, first, true).value();
+    EXPECT_EQ(b.model->in_flight(), 2) << "m " << m;
+    // The stage's saved activations are (nearly) all per micro-batch: GPipe's m slots against
+    // 1F1B's 2 is at least m/2 times the bytes, less the shared one-micro-batch buffers.
+    EXPECT_GT(gpipe_bytes, one_f_bytes * m / 2 * 9 / 10) << "m " << m;
+    if (m == 8) {
+      zerotrain::JobSpec four = one_f;
+      four.mutable_parallel()->set_micro_batches(4);
+      four.mutable_train()->set_grad_accum_steps(4);
+      EXPECT_EQ(one_f_bytes, PlanMemory(four, first).CategoryBytes(MemoryCategory::kActivations));
+    }
+  }
+}
+
 TEST(PipelineStageTest, StagesBindThePlansUnitsAndTheOneRankWeights) {
   for (auto family : kFamilies) {
     for (int p : {2, 4}) {
