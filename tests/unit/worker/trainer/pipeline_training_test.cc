@@ -8,12 +8,12 @@
 // another pipeline layout and by checkpoint export.
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/rank_threads.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/checkpoint_export.h"
 #include "worker/comm/store.h"
@@ -80,39 +80,26 @@ class PipelineTrainingTest : public ::testing::Test {
     const int n = job.parallel().world_size();
     InProcessStore store;
     out.ranks.resize(n);
-    std::vector<absl::Status> status(n);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        status[r] = [&]() -> absl::Status {
-          TrainOptions options;
-          options.rank = r;
-          options.store = &store;
-          options.resume_dir = resume;
-          options.stop_after_step = steps;
-          ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
-          RankRun& mine = out.ranks[r];
-          ZT_RETURN_IF_ERROR(t->Run([&](const StepRecord& rec) {
-            mine.losses.push_back(rec.loss);
-            mine.grad_norms.push_back(rec.grad_norm);
-          }));
-          for (const Tensor& p : t->model().unit_params()) {
-            mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
-          }
-          mine.layout = t->model().layout();
-          mine.first_unit = t->model().first_unit();
-          mine.unclaimed = t->arenas().UnclaimedBuffers();
-          return absl::OkStatus();
-        }();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < n && out.status.ok(); ++r) {
-      if (!status[r].ok()) {
-        out.status =
-            absl::Status(status[r].code(), absl::StrCat("rank ", r, ": ", status[r].message()));
+    out.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
+      TrainOptions options;
+      options.rank = r;
+      options.store = &store;
+      options.resume_dir = resume;
+      options.stop_after_step = steps;
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
+      RankRun& mine = out.ranks[r];
+      ZT_RETURN_IF_ERROR(t->Run([&](const StepRecord& rec) {
+        mine.losses.push_back(rec.loss);
+        mine.grad_norms.push_back(rec.grad_norm);
+      }));
+      for (const Tensor& p : t->model().unit_params()) {
+        mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
       }
-    }
+      mine.layout = t->model().layout();
+      mine.first_unit = t->model().first_unit();
+      mine.unclaimed = t->arenas().UnclaimedBuffers();
+      return absl::OkStatus();
+    });
     return out;
   }
 
