@@ -775,6 +775,10 @@ absl::Status Transformer::ForwardToHead(const DeviceContext& ctx) {
 }
 
 absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
+  if (pipelined_) {
+    return absl::FailedPreconditionError(
+        "forward to logits (sampling) on a pipeline stage: sample from a one-rank model");
+  }
   if (tp_.size > 1) {
     return absl::UnimplementedError(
         "forward to logits (sampling) on a tensor-parallel model: each rank holds a vocabulary "
