@@ -157,6 +157,13 @@ absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint) {
         "read yet; export from the training run (zt train --export) or resume it at its own "
         "layout"));
   }
+  if (const int pp = int_field("pipeline_parallel"); pp > 1) {
+    // Each rank file holds one pipeline stage's units, not ranges of the whole model's.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", checkpoint.path(), "' was written at parallel.pipeline_parallel ", pp,
+        ": its rank files hold one pipeline stage's units each, which export and "
+        "model.init_from do not read yet; resume it at its own layout"));
+  }
   job.mutable_parallel()->set_world_size(world);
   job.mutable_parallel()->set_zero_stage(stage);
   job.mutable_parallel()->set_shard_group_size(group);

@@ -27,6 +27,7 @@
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/offload/node_swap_store.h"
 #include "worker/optim/lr_schedule.h"
+#include "worker/plan/pipeline_schedule.h"
 #include "worker/rank_state.h"
 
 namespace zt {
@@ -110,9 +111,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->host_targets_ = static_cast<int32_t*>(targets);
   t->host_stop_ = static_cast<float*>(stop);
   t->host_scalars_ = static_cast<float*>(scalars);
-  ZT_ASSIGN_OR_RETURN(Transformer m, Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T,
-                                                       TensorParallelOf(layout, t.get())));
+  // A pipeline rank binds its stage's units only (the plan's partition).
+  ZT_ASSIGN_OR_RETURN(Transformer m,
+                      layout.pipeline_size() > 1
+                          ? Transformer::BindStage(job, layout, *t->arenas_, *t->arenas_, B, T)
+                          : Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T,
+                                              TensorParallelOf(layout, t.get())));
   t->model_.emplace(std::move(m));
+  t->pipeline_size_ = layout.pipeline_size();
+  t->pipeline_stage_ = layout.coordinates().pipeline;
+  if (t->pipeline_size_ > 1) {
+    // Every stage's statistics (the step's loss is the last stage's, the gradient norm sums
+    // over stages), and the gradients in flight to the previous stage (one per micro-batch
+    // slot: the model's gradient scratch is reused by the next backward while they go).
+    t->pipeline_scalars_.resize(int64_t{ShardingEngine::kScalarSlots} * world);
+    t->pipeline_grad_sends_.resize(t->model_->in_flight());
+  }
   Store* store = options.store;
   if (store == nullptr) {
     t->own_store_ = std::make_unique<InProcessStore>();
@@ -138,12 +152,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   }
   const ModelLayout& trained = t->engine_->trainable_layout();
   const bool nvme = job.offload().optimizer() == zerotrain::OffloadConfig::NVME;
-  ZT_ASSIGN_OR_RETURN(
-      Optimizer opt,
-      nvme ? Optimizer::CreateUnbound(job.optimizer(), trained_precision, trained,
-                                      t->engine_->ranges(), shard_group)
-           : Optimizer::Create(job.optimizer(), trained_precision, trained, *t->arenas_,
-                               t->engine_->ranges(), shard_group));
+  ZT_ASSIGN_OR_RETURN(Optimizer opt,
+                      nvme ? Optimizer::CreateUnbound(job.optimizer(), trained_precision, trained,
+                                                      t->engine_->ranges(), shard_group)
+                           : Optimizer::Create(job.optimizer(), trained_precision, trained,
+                                               *t->arenas_, t->engine_->ranges(), shard_group));
   if (nvme) {
     offload::SwapStore* swap = options.swap_store;
     if (swap == nullptr) {
@@ -463,9 +476,11 @@ namespace {
 
 // Sequences per optimizer step over all ranks: what a resumed job must keep.
 int64_t GlobalBatchSequences(const zerotrain::JobSpec& job) {
-  // The ranks of a tensor-parallel group read the same sequences.
+  // The ranks of a tensor-parallel group, and the stages of a pipeline, read the same
+  // sequences.
   const int64_t tp = std::max(1, job.parallel().tensor_parallel());
-  return int64_t{job.parallel().world_size()} / tp * job.train().micro_batch_size() *
+  const int64_t pp = std::max(1, job.parallel().pipeline_parallel());
+  return int64_t{job.parallel().world_size()} / (tp * pp) * job.train().micro_batch_size() *
          job.train().grad_accum_steps();
 }
 
@@ -487,6 +502,7 @@ absl::Status Trainer::SaveCheckpoint(bool final) {
                           {"zero_stage", job_.parallel().zero_stage()},
                           {"shard_group_size", job_.parallel().shard_group_size()},
                           {"tensor_parallel", std::max(1, job_.parallel().tensor_parallel())},
+                          {"pipeline_parallel", pipeline_size_},
                           {"global_batch_sequences", GlobalBatchSequences(job_)},
                           {"model", ProtoJson(job_.model())},
                           {"precision", ProtoJson(job_.precision())},
@@ -593,6 +609,15 @@ absl::Status Trainer::Resume() {
   // Each rank's file holds its tensor-parallel shares: with tensor parallelism on either side
   // and another layout, every buffer is rebuilt from the saved shares
   // (worker/checkpoint/tensor_parallel_reshard.h).
+  // Each rank's file holds its pipeline stage's units: resuming means the same stages.
+  if (const int saved_pp = state.value("pipeline_parallel", 1); saved_pp != pipeline_size_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", ckpt.path(), "' was written at parallel.pipeline_parallel ", saved_pp,
+        "; this job has ", pipeline_size_,
+        ": each rank file holds one pipeline stage's units, and resuming at another pipeline "
+        "layout is not supported yet — resume at pipeline_parallel ",
+        saved_pp));
+  }
   const int saved_tp = state.value("tensor_parallel", 1),
             tp = std::max(1, parallel.tensor_parallel());
   saved.mutable_parallel()->set_tensor_parallel(saved_tp);
@@ -708,6 +733,10 @@ absl::Status Trainer::RestoreSwapped(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
+  if (pipeline_size_ > 1) {
+    return absl::UnimplementedError(
+        "FullWeights (export) with parallel.pipeline_parallel > 1: each stage holds its own units");
+  }
   if (model_->layout().lora) {
     return absl::FailedPreconditionError(
         "FullWeights: a LoRA job trains its adapters (FullAdapters); its base is frozen");
@@ -831,7 +860,10 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const float grad_scale =
       static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
   double data_wait_s = 0;
-  for (int64_t micro = 0; micro < accum; ++micro) {
+  if (model_->pipelined()) {
+    ZT_RETURN_IF_ERROR(RunPipelineSchedule(grad_scale, &data_wait_s));
+  }
+  for (int64_t micro = 0; micro < accum && !model_->pipelined(); ++micro) {
     const int64_t global = (step_ * accum + micro) * ranks + data_rank_;
     const auto fill_start = Clock::now();
     ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, global));
@@ -936,7 +968,89 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   return r;
 }
 
+absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s) {
+  Transformer& m = *model_;
+  const int64_t accum = job_.train().grad_accum_steps();
+  const int64_t ranks = data_size_;
+  const bool first = m.is_first_stage(), last = m.is_last_stage();
+  const int in_flight = m.in_flight();
+  std::vector<std::optional<CommHandle>> activation_sends(in_flight), gradient_sends(in_flight);
+  auto wait = [&](std::optional<CommHandle>& h) -> absl::Status {
+    if (!h) return absl::OkStatus();
+    absl::Status s = h->Wait();
+    h.reset();
+    return s;
+  };
+  const Transformer::LossOptions options{.write_grad = true,
+                                         .grad_scale = grad_scale,
+                                         .loss_sum = engine_->loss_accumulator(),
+                                         .loss_divisor = static_cast<double>(accum)};
+  for (const PipelineOp& op : PipelineStageOps(job_.parallel().pipeline_schedule(), pipeline_size_,
+                                               pipeline_stage_, static_cast<int>(accum))) {
+    const int k = op.micro_batch, slot = k % in_flight;
+    const std::string label =
+        absl::StrCat("micro-batch ", k, op.forward ? " forward" : " backward");
+    const auto fill_start = Clock::now();
+    // The first stage's embedding reads the tokens in its forward and backward, the last
+    // stage's loss the targets.
+    ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, (step_ * accum + k) * ranks + data_rank_));
+    *data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
+    ZT_RETURN_IF_ERROR(m.SelectMicroBatch(slot));
+    if (op.forward) {
+      // The slot's output of an older micro-batch may still be on its way.
+      ZT_RETURN_IF_ERROR(wait(activation_sends[slot]));
+      if (!first) {
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_in->Recv(m.stage_input(), 0, label));
+        ZT_RETURN_IF_ERROR(h.Wait());
+      }
+      ZT_RETURN_IF_ERROR(m.StageForward(ctx_, options));
+      if (!last) {
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_out->Send(m.stage_output(), 1, label));
+        activation_sends[slot] = h;
+      }
+    } else {
+      if (!last) {
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.gradients_in->Recv(m.residual_grad(), 1, label));
+        ZT_RETURN_IF_ERROR(h.Wait());
+      }
+      ZT_RETURN_IF_ERROR(m.StageBackward(ctx_));
+      if (!first) {
+        ZT_RETURN_IF_ERROR(wait(gradient_sends[slot]));
+        std::vector<float>& buffer = pipeline_grad_sends_[slot];
+        const Tensor g = m.residual_grad();
+        buffer.assign(g.data<float>(), g.data<float>() + g.numel());
+        ZT_ASSIGN_OR_RETURN(
+            CommHandle h, comms_.gradients_out->Send(Tensor(buffer.data(), DType::kF32,
+                                                            {static_cast<int64_t>(buffer.size())}),
+                                                     0, label));
+        gradient_sends[slot] = h;
+      }
+    }
+  }
+  for (int s = 0; s < in_flight; ++s) {
+    ZT_RETURN_IF_ERROR(wait(activation_sends[s]));
+    ZT_RETURN_IF_ERROR(wait(gradient_sends[s]));
+  }
+  if (comms_.tied) {
+    // The tied embedding's two copies (wte on the first stage, the head's copy on the last)
+    // get the sum of their gradients, as Megatron's embedding group all-reduce does.
+    const UnitLayout& unit = first ? m.layout().units.front() : m.layout().units.back();
+    const ParamSpec& spec = *unit.Find(first ? "wte" : "lm_head.weight");
+    const Tensor& grads = first ? m.unit_grads().front() : m.unit_grads().back();
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        comms_.tied->AllReduce(grads.Slice(spec.offset, spec.offset + spec.numel),
+                                               ReduceOp::kSum, "tied embedding gradient"));
+    ZT_RETURN_IF_ERROR(h.Wait());
+  }
+  return engine_->ReduceStageGradients(ctx_);
+}
+
 absl::StatusOr<double> Trainer::Evaluate() {
+  if (pipeline_size_ > 1) {
+    return absl::UnimplementedError(
+        "evaluation (data.val) with parallel.pipeline_parallel > 1: no forward-only schedule "
+        "yet");
+  }
   if (!val_sampler_) return absl::FailedPreconditionError("no data.val to evaluate on");
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
@@ -966,7 +1080,25 @@ absl::StatusOr<StepTotals> Trainer::ReadStatistics(int stop_request, double loss
   ZT_RETURN_IF_ERROR(engine_->ExchangeStatistics());
   // The step's one wait: every rank's statistics, in one read.
   ZT_RETURN_IF_ERROR(device_->Download(host_scalars_, engine_->scalars()));
-  return engine_->Totals(host_scalars_, loss_divisor);
+  if (pipeline_size_ <= 1) return engine_->Totals(host_scalars_, loss_divisor);
+  // Every stage's statistics: the loss comes from the last stage (the others add none), the
+  // squared gradients of each stage's units add up, any overflow or stop request counts.
+  const int64_t n = engine_->scalars().numel();
+  ZT_ASSIGN_OR_RETURN(CommHandle h,
+                      comms_.pipeline->AllGather(
+                          Tensor(host_scalars_, DType::kF32, {n}),
+                          Tensor(pipeline_scalars_.data(), DType::kF32, {n * pipeline_size_}),
+                          "pipeline statistics"));
+  ZT_RETURN_IF_ERROR(h.Wait());
+  StepTotals all;
+  for (int s = 0; s < pipeline_size_; ++s) {
+    const StepTotals t = engine_->Totals(pipeline_scalars_.data() + s * n, loss_divisor);
+    all.loss_sum += t.loss_sum;
+    all.grad_sum_sq += t.grad_sum_sq;
+    all.nonfinite = all.nonfinite || t.nonfinite;
+    all.stop_request = std::max(all.stop_request, t.stop_request);
+  }
+  return all;
 }
 
 absl::Status Trainer::AppendMetrics(const StepRecord& r) {

@@ -43,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
@@ -232,6 +233,11 @@ class Trainer {
   // into host copies of the checkpointed buffers, then uploaded.
   absl::Status RestoreThroughHost(bool weights_only,
                                   const std::function<absl::Status(const Arenas& into)>& read);
+  // A pipeline stage's part of the step (pipeline_parallel > 1): its forwards and backwards in
+  // the schedule's order (worker/plan/pipeline_schedule.h), activations received from the
+  // previous stage and sent to the next, their gradients back; then the tied embedding's
+  // copies summed and the stage's gradients reduced in its data-parallel group.
+  absl::Status RunPipelineSchedule(float grad_scale, double* data_wait_s);
   // Fills host staging with `sampler`'s batch k and uploads it into the model's tokens and
   // targets (one copy each).
   absl::Status UploadBatch(const Sampler& sampler, int64_t k);
@@ -296,6 +302,9 @@ class Trainer {
   // ranks of a tensor-parallel group the same one.
   int data_size_ = 1, data_rank_ = 0;
   bool stopped_early_ = false;
+  int pipeline_size_ = 1, pipeline_stage_ = 0;
+  std::vector<float> pipeline_scalars_;                  // every stage's statistics (host)
+  std::vector<std::vector<float>> pipeline_grad_sends_;  // per micro-batch slot
   // Whether the last save begun was a final one (its outcome comes from Finish() when async).
   bool last_save_final_ = false;
   double resume_seconds_ = 0;

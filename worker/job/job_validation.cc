@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -503,6 +504,25 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   return absl::InvalidArgumentError(message);
 }
 
+namespace {
+
+// What tensor and pipeline parallelism both train in so far: f32 throughout, the optimizer on
+// the rank. `needs` adds a line naming the layout's field.
+void NeedsFp32WithoutOffload(const JobSpec& spec,
+                             const std::function<void(const std::string&)>& needs) {
+  using P = zerotrain::PrecisionConfig;
+  const P& precision = spec.precision();
+  if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
+      precision.grad_dtype() != P::FP32) {
+    needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
+  }
+  if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
+    needs("without offload.optimizer");
+  }
+}
+
+}  // namespace
+
 // Each line below goes when its feature lands.
 absl::Status CheckEngineSupport(const JobSpec& spec) {
   std::vector<std::string> lines;
@@ -518,12 +538,37 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
-  // in f32, under every ZeRO stage, and not pipeline or sequence parallelism yet.
+  // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE
+  // and ONE_F_ONE_B schedules at ZeRO stages 0 and 1, without tensor parallelism; no sequence
+  // parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
-  if (parallel.pipeline_parallel() > 1) {
-    lines.push_back(absl::StrCat("parallel.pipeline_parallel: ", parallel.pipeline_parallel(),
-                                 " is planned by zt estimate but this engine does not train "
-                                 "with it yet; set it to 1 to train"));
+  if (const int pp = parallel.pipeline_parallel(); pp > 1) {
+    const auto needs = [&](const std::string& what) {
+      lines.push_back(
+          absl::StrCat("parallel.pipeline_parallel: ", pp, " trains ", what, " so far"));
+    };
+    if (parallel.pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED) {
+      needs(
+          "with parallel.pipeline_schedule GPIPE or ONE_F_ONE_B (INTERLEAVED is planned by "
+          "zt estimate, not trained)");
+    }
+    if (parallel.tensor_parallel() > 1) {
+      needs("with parallel.tensor_parallel 1 (a stage binds whole units)");
+    }
+    if (parallel.zero_stage() > 1) {
+      needs("at parallel.zero_stage 0 or 1");
+    }
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      needs("on resources.device CPU");
+    }
+    NeedsFp32WithoutOffload(spec, needs);
+    if (UsesLora(spec.model())) needs("without model.lora");
+    if (!spec.model().init_from().empty())
+      needs("from its own initialisation (no model.init_from)");
+    if (!spec.data().val().empty()) needs("without data.val (no forward-only schedule yet)");
+    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
+      needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD");
+    }
   }
   if (const int tp = parallel.tensor_parallel(); tp > 1) {
     const auto needs = [&](const std::string& what) {
@@ -532,14 +577,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }
-    using P = zerotrain::PrecisionConfig;
-    if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
-        precision.grad_dtype() != P::FP32) {
-      needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
-    }
-    if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
-      needs("without offload.optimizer");
-    }
+    NeedsFp32WithoutOffload(spec, needs);
     if (!spec.model().init_from().empty()) {
       needs("from its own initialisation (model.init_from reads whole tensors, not shares)");
     }

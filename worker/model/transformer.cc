@@ -72,6 +72,42 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
                                               const Arenas& state, const Arenas& work,
                                               int64_t batch, int64_t seq_len,
                                               TensorParallelGroup tp) {
+  return BindImpl(config, state, work, batch, seq_len, std::move(tp), nullptr);
+}
+
+absl::StatusOr<Transformer> Transformer::BindStage(const zerotrain::JobSpec& job,
+                                                   const ParallelLayout& layout,
+                                                   const Arenas& state, const Arenas& work,
+                                                   int64_t batch, int64_t seq_len) {
+  const zerotrain::ModelConfig& config = job.model();
+  if (layout.tensor_size() > 1) {
+    return absl::UnimplementedError(
+        "parallel.tensor_parallel > 1 with parallel.pipeline_parallel > 1: a pipeline stage "
+        "binds whole (not tensor-parallel) units");
+  }
+  if (config.has_lora() || config.base_dtype() == zerotrain::ModelConfig::NF4 ||
+      config.base_dtype() == zerotrain::ModelConfig::INT8) {
+    return absl::UnimplementedError(
+        "pipeline parallelism trains the whole model: no model.lora, no quantized "
+        "model.base_dtype");
+  }
+  const std::vector<PipelineChunk> chunks = PipelineChunksOf(job, layout);
+  if (chunks.size() != 1) {
+    return absl::UnimplementedError(
+        "parallel.pipeline_schedule INTERLEAVED: a stage of several chunks (virtual_stages) "
+        "is not bound yet");
+  }
+  StageSpec stage{.first_unit = chunks[0].first,
+                  .last_unit = chunks[0].last,
+                  .in_flight = chunks[0].in_flight,
+                  .layout = RankModelLayout(job, layout)};
+  return BindImpl(config, state, work, batch, seq_len, TensorParallelGroup{}, &stage);
+}
+
+absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& config,
+                                                  const Arenas& state, const Arenas& work,
+                                                  int64_t batch, int64_t seq_len,
+                                                  TensorParallelGroup tp, const StageSpec* stage) {
   Transformer m;
   m.config_ = config;
   const int t = std::max(1, tp.size);
@@ -92,6 +128,24 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
   m.tp_.size = t;
   m.layout_ = t > 1 ? TensorParallelModelLayout(config, t) : BuildModelLayout(config);
   if (t > 1) m.whole_layout_ = BuildModelLayout(config);
+  const int n_units = static_cast<int>(m.layout_.units.size());
+  m.first_unit_ = 0;
+  m.last_unit_ = n_units;
+  if (stage != nullptr) {
+    // The whole model's unit indices stay (blocks keep their names and numbers); the stage's
+    // own units replace theirs (the head's, with its wte copy) and the rest bind nothing.
+    m.pipelined_ = true;
+    m.whole_layout_ = m.layout_;
+    m.first_unit_ = stage->first_unit;
+    m.last_unit_ = stage->last_unit;
+    m.in_flight_ = stage->in_flight;
+    for (int u = m.first_unit_; u < m.last_unit_; ++u) {
+      m.layout_.units[u] = stage->layout.units[u - m.first_unit_];
+    }
+    m.layout_.tied_embeddings = stage->layout.tied_embeddings;
+    m.stage_layout_ = stage->layout;
+  }
+  const bool holds_head = m.HoldsUnit(n_units - 1);
   m.gpt2_ = config.family() == zerotrain::ModelConfig::GPT2;
   m.B_ = batch;
   m.T_ = seq_len;
@@ -108,10 +162,18 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
   // scratch: an inference plan over trained parameters has neither need.
   // A LoRA model's gradients are its adapters' (block 0 has adapters: validation requires a
   // target module, and every block has every module).
-  const std::string grads_probe =
-      m.layout_.lora ? m.layout_.block(0).name + ".lora_grads" : m.layout_.units[0].name + ".grads";
+  const std::string grads_probe = m.layout_.lora ? m.layout_.block(0).name + ".lora_grads"
+                                                 : m.layout_.units[m.first_unit_].name + ".grads";
   const bool with_grads = state.Get(grads_probe).ok() && work.Get("grad.residual").ok();
   for (const UnitLayout& u : m.layout_.units) {
+    if (!m.HoldsUnit(static_cast<int>(&u - m.layout_.units.data()))) {
+      m.params_.emplace_back();  // another stage's unit
+      if (with_grads) m.grads_.emplace_back();
+      m.lora_params_.emplace_back();
+      m.lora_grads_.emplace_back();
+      m.nf4_.emplace_back();
+      continue;
+    }
     ZT_ASSIGN_OR_RETURN(Tensor p, state.Get(u.name + ".params"));
     m.params_.push_back(p);
     if (with_grads && u.trainable()) {
@@ -144,8 +206,37 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
     }
     m.nf4_.push_back(std::move(nf4));
   }
+  // A stage's saved activations lead with the in-flight micro-batches: each is bound to slot
+  // 0 here and remembered, so SelectMicroBatch can move it (the shared "recompute.*" set is
+  // one micro-batch's).
+  const bool slotted = m.pipelined_ && m.in_flight_ > 1;
+  // A buffer of more than 3 dimensions comes out of the arena flat: the slot's shape is the
+  // plan's without its leading in-flight dimension.
+  auto binding = [&](const std::string& name, const Tensor& base) -> absl::StatusOr<SlotBinding> {
+    ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, work.Spec(name));
+    if (spec->shape.size() < 2 || spec->shape[0] != m.in_flight_) {
+      return absl::InternalError(absl::StrCat("memory plan: buffer '", name,
+                                              "' does not lead with the stage's ", m.in_flight_,
+                                              " micro-batches in flight"));
+    }
+    SlotBinding b;
+    b.base = base;
+    b.shape.assign(spec->shape.begin() + 1, spec->shape.end());
+    return b;
+  };
+  // residual.i: the input of block i (unit 1 + i) and the output of unit i.
   for (int i = 0; i <= config.n_layer(); ++i) {
+    if (!m.HoldsUnit(1 + i) && !m.HoldsUnit(i)) {
+      m.residual_.emplace_back();
+      continue;
+    }
     ZT_ASSIGN_OR_RETURN(Tensor r, work.Get(absl::StrCat("residual.", i)));
+    if (slotted) {
+      ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(absl::StrCat("residual.", i), r));
+      b.residual = i;
+      ZT_ASSIGN_OR_RETURN(r, SlotView(b, 0));
+      m.slots_.push_back(std::move(b));
+    }
     m.residual_.push_back(r);
   }
   // Buffers a family does not use (RMSNorm has no means) stay empty views.
@@ -163,6 +254,10 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
     return work.Get(absl::StrCat("recompute.", name));
   };
   for (int i = 0; i < config.n_layer(); ++i) {
+    if (!m.HoldsUnit(1 + i)) {
+      m.blocks_.emplace_back();  // another stage's block
+      continue;
+    }
     const std::string p = absl::StrCat("block.", i, ".");
     BlockActs a;
     bool shared_input = false, shared_core = false;
@@ -187,15 +282,48 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
     a.recompute = shared_input  ? Recompute::kFull
                   : shared_core ? Recompute::kSelective
                                 : Recompute::kNone;
+    if (slotted) {
+      // The block's own buffers (not the shared recompute set's) hold every slot.
+      for (Tensor BlockActs::*f :
+           {&BlockActs::ln1, &BlockActs::ln1_mean, &BlockActs::ln1_rstd, &BlockActs::qkv,
+            &BlockActs::atty, &BlockActs::att_lse, &BlockActs::res2, &BlockActs::ln2,
+            &BlockActs::ln2_mean, &BlockActs::ln2_rstd, &BlockActs::fch, &BlockActs::fch_act}) {
+        Tensor& t = a.*f;
+        if (t.empty()) continue;
+        if (!work.Get(p + BlockFieldName(f)).ok()) continue;  // shared: one micro-batch
+        ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(p + BlockFieldName(f), t));
+        b.block = i;
+        b.block_field = f;
+        ZT_ASSIGN_OR_RETURN(t, SlotView(b, 0));
+        m.slots_.push_back(std::move(b));
+      }
+    }
     m.blocks_.push_back(a);
   }
-  ZT_ASSIGN_OR_RETURN(m.lnf_, work.Get("head.lnf"));
-  m.lnf_mean_ = optional("head.lnf_mean");
-  ZT_ASSIGN_OR_RETURN(m.lnf_rstd_, work.Get("head.lnf_rstd"));
-  ZT_ASSIGN_OR_RETURN(m.losses_, work.Get("head.losses"));
+  if (holds_head) {
+    ZT_ASSIGN_OR_RETURN(m.lnf_, work.Get("head.lnf"));
+    m.lnf_mean_ = optional("head.lnf_mean");
+    ZT_ASSIGN_OR_RETURN(m.lnf_rstd_, work.Get("head.lnf_rstd"));
+    ZT_ASSIGN_OR_RETURN(m.losses_, work.Get("head.losses"));
+    ZT_ASSIGN_OR_RETURN(m.logits_, work.Get("logits"));
+    if (slotted) {
+      const std::pair<Tensor Transformer::*, const char*> fields[] = {
+          {&Transformer::lnf_, "head.lnf"},
+          {&Transformer::lnf_mean_, "head.lnf_mean"},
+          {&Transformer::lnf_rstd_, "head.lnf_rstd"},
+          {&Transformer::losses_, "head.losses"}};
+      for (const auto& [f, name] : fields) {
+        Tensor& t = m.*f;
+        if (t.empty()) continue;
+        ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(name, t));
+        b.field = f;
+        ZT_ASSIGN_OR_RETURN(t, SlotView(b, 0));
+        m.slots_.push_back(std::move(b));
+      }
+    }
+  }
   ZT_ASSIGN_OR_RETURN(m.tokens_, work.Get("tokens"));
   ZT_ASSIGN_OR_RETURN(m.targets_, work.Get("targets"));
-  ZT_ASSIGN_OR_RETURN(m.logits_, work.Get("logits"));
   if (t > 1) {
     ZT_ASSIGN_OR_RETURN(m.ce_maxes_, work.Get("tp.ce_maxes"));
     ZT_ASSIGN_OR_RETURN(m.ce_sums_, work.Get("tp.ce_sums"));
@@ -211,15 +339,119 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
     ZT_ASSIGN_OR_RETURN(m.lora_.norm_sink, work.Get("lora.norm_grad_sink"));
     m.lora_.dropped = optional("lora.dropped");
   }
+  if (m.pipelined_) {
+    m.stage_params_.assign(m.params_.begin() + m.first_unit_, m.params_.begin() + m.last_unit_);
+    if (with_grads) {
+      m.stage_grads_.assign(m.grads_.begin() + m.first_unit_, m.grads_.begin() + m.last_unit_);
+    }
+  }
   if (with_grads) {
     ZT_ASSIGN_OR_RETURN(m.grad_.residual, work.Get("grad.residual"));
     ZT_ASSIGN_OR_RETURN(m.grad_.ln, work.Get("grad.ln"));
-    ZT_ASSIGN_OR_RETURN(m.grad_.qkv, work.Get("grad.qkv"));
-    ZT_ASSIGN_OR_RETURN(m.grad_.atty, work.Get("grad.atty"));
-    ZT_ASSIGN_OR_RETURN(m.grad_.fch, work.Get("grad.fch"));
-    ZT_ASSIGN_OR_RETURN(m.grad_.fch_act, work.Get("grad.fch_act"));
+    // A stage without blocks has no block gradient scratch in its plan.
+    m.grad_.qkv = optional("grad.qkv");
+    m.grad_.atty = optional("grad.atty");
+    m.grad_.fch = optional("grad.fch");
+    m.grad_.fch_act = optional("grad.fch_act");
   }
   return m;
+}
+
+const char* Transformer::BlockFieldName(Tensor BlockActs::*f) {
+  if (f == &BlockActs::ln1) return "ln1";
+  if (f == &BlockActs::ln1_mean) return "ln1_mean";
+  if (f == &BlockActs::ln1_rstd) return "ln1_rstd";
+  if (f == &BlockActs::qkv) return "qkv";
+  if (f == &BlockActs::atty) return "atty";
+  if (f == &BlockActs::att_lse) return "att_lse";
+  if (f == &BlockActs::res2) return "res2";
+  if (f == &BlockActs::ln2) return "ln2";
+  if (f == &BlockActs::ln2_mean) return "ln2_mean";
+  if (f == &BlockActs::ln2_rstd) return "ln2_rstd";
+  if (f == &BlockActs::fch) return "fch";
+  return "fch_act";
+}
+
+absl::StatusOr<Tensor> Transformer::SlotView(const SlotBinding& b, int slot) {
+  int64_t per_slot = 1;
+  for (int64_t d : b.shape) per_slot *= d;
+  if (slot < 0 || (slot + 1) * per_slot > b.base.numel()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batch slot ", slot, " of ", b.base.DebugString(), ": out of range"));
+  }
+  char* data = static_cast<char*>(b.base.raw()) + slot * per_slot * DTypeSize(b.base.dtype());
+  switch (b.shape.size()) {
+    case 1:
+      return Tensor(data, b.base.dtype(), {b.shape[0]}, b.base.device());
+    case 2:
+      return Tensor(data, b.base.dtype(), {b.shape[0], b.shape[1]}, b.base.device());
+    case 3:
+      return Tensor(data, b.base.dtype(), {b.shape[0], b.shape[1], b.shape[2]}, b.base.device());
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch slots of ", b.base.DebugString(),
+                                                     ": more than 3 dimensions per slot"));
+  }
+}
+
+absl::Status Transformer::SelectMicroBatch(int slot) {
+  if (slot < 0 || slot >= in_flight_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batch slot ", slot, ": the stage holds ", in_flight_, " in flight"));
+  }
+  for (const SlotBinding& b : slots_) {
+    ZT_ASSIGN_OR_RETURN(Tensor v, SlotView(b, slot));
+    if (b.block >= 0) {
+      blocks_[b.block].*(b.block_field) = v;
+    } else if (b.residual >= 0) {
+      residual_[b.residual] = v;
+    } else {
+      this->*(b.field) = v;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::StageForward(const DeviceContext& ctx, const LossOptions& options) {
+  if (options.write_grad && grads_.empty()) {
+    return absl::FailedPreconditionError("forward with gradients on a model bound without them");
+  }
+  if (head_backward_due_) {
+    return absl::FailedPreconditionError(
+        "the last stage's forward before the backward of its previous micro-batch (the head's "
+        "gradient scratch holds one)");
+  }
+  const int head = static_cast<int>(layout_.units.size()) - 1;
+  if (HoldsUnit(0)) ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, params_.front()));
+  for (int u = std::max(first_unit_, 1); u < std::min(last_unit_, head); ++u) {
+    ZT_RETURN_IF_ERROR(BlockForward(ctx, u - 1, params_[u]));
+  }
+  if (!HoldsUnit(head)) return absl::OkStatus();
+  ZT_RETURN_IF_ERROR(HeadForward(ctx, params_.back()));
+  ZT_RETURN_IF_ERROR(
+      HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(), params_.front(),
+               options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(), options));
+  head_backward_due_ = options.write_grad;
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::StageBackward(const DeviceContext& ctx) {
+  if (grads_.empty()) {
+    return absl::FailedPreconditionError("backward on a model bound without gradients");
+  }
+  const int head = static_cast<int>(layout_.units.size()) - 1;
+  if (HoldsUnit(head)) {
+    if (!head_backward_due_) {
+      return absl::FailedPreconditionError(
+          "the last stage's backward without the forward (with write_grad) of its micro-batch");
+    }
+    head_backward_due_ = false;
+    ZT_RETURN_IF_ERROR(HeadBackward(ctx, params_.back(), grads_.back()));
+  }
+  for (int u = std::min(last_unit_, head) - 1; u >= std::max(first_unit_, 1); --u) {
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, params_[u], grads_[u]));
+  }
+  if (HoldsUnit(0)) ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, grads_.front()));
+  return absl::OkStatus();
 }
 
 Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char* name) const {
@@ -232,19 +464,19 @@ Tensor Transformer::View(const UnitLayout& unit, const Tensor& flat, const char*
   return Tensor(data, flat.dtype(), {p->shape[0], p->shape[1]}, flat.device());
 }
 
-void Transformer::InitializeWeights(uint64_t seed) { InitializeWeights(seed, params_); }
+void Transformer::InitializeWeights(uint64_t seed) { InitializeWeights(seed, unit_params()); }
 
 void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& into) {
-  for (size_t u = 0; u < layout_.units.size(); ++u) {
-    InitializeUnitRange(seed, static_cast<int>(u), 0, layout_.units[u].numel,
+  for (size_t u = 0; u < layout().units.size(); ++u) {
+    InitializeUnitRange(seed, static_cast<int>(u), 0, layout().units[u].numel,
                         into[u].data<float>());
   }
 }
 
 void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end,
                                       float* out) const {
-  const UnitLayout& unit = layout_.units[u];
-  std::fill(out, out + (end - begin), 0.0f);  // padding past the unit's last tensor
+  const UnitLayout& unit = layout_.units[u + first_unit_];  // a stage's u: its own units
+  std::fill(out, out + (end - begin), 0.0f);                // padding past the unit's last tensor
   for (const ParamSpec& p : unit.params) {
     if (p.quantized) continue;  // not in the flat buffer: InitializeQuantizedBase
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
@@ -255,6 +487,11 @@ void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64
       std::fill(data, data + (hi - lo), 1.0f);
     } else if (p.shape.size() == 1) {
       std::fill(data, data + (hi - lo), 0.0f);  // biases
+    } else if (pipelined_ && p.name == "lm_head.weight" && whole_layout_.tied_embeddings) {
+      // The last stage's copy of the tied embedding starts as the embedding itself.
+      const UnitLayout& embedding = whole_layout_.embedding();
+      FillInitialMatrix(seed, embedding, *embedding.Find("wte"), lo - p.offset, hi - p.offset,
+                        data);
     } else if (tp_.size > 1) {
       FillInitialSlice(seed, unit, p, lo - p.offset, hi - p.offset, data);
     } else {
@@ -538,6 +775,10 @@ absl::Status Transformer::ForwardToHead(const DeviceContext& ctx) {
 }
 
 absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
+  if (pipelined_) {
+    return absl::FailedPreconditionError(
+        "forward to logits (sampling) on a pipeline stage: sample from a one-rank model");
+  }
   if (tp_.size > 1) {
     return absl::UnimplementedError(
         "forward to logits (sampling) on a tensor-parallel model: each rank holds a vocabulary "
@@ -555,6 +796,10 @@ absl::Status Transformer::ForwardLogits(const DeviceContext& ctx) {
 
 absl::StatusOr<double> Transformer::ForwardLoss(const DeviceContext& ctx,
                                                 const LossOptions& options) {
+  if (pipelined_) {
+    return absl::FailedPreconditionError(
+        "ForwardLoss on a pipeline stage: the schedule runs StageForward / StageBackward");
+  }
   if (options.write_grad && grads_.empty()) {
     return absl::FailedPreconditionError("forward with gradients on a model bound without them");
   }
@@ -709,6 +954,10 @@ absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tens
 }
 
 absl::Status Transformer::Backward(const DeviceContext& ctx) {
+  if (pipelined_) {
+    return absl::FailedPreconditionError(
+        "Backward on a pipeline stage: the schedule runs StageForward / StageBackward");
+  }
   if (grads_.empty()) {
     return absl::FailedPreconditionError("backward on a model bound without gradients");
   }

@@ -35,6 +35,7 @@
 #include "kernels/tensor.h"
 #include "proto/job.pb.h"
 #include "worker/model/param_layout.h"
+#include "worker/parallel/parallel_layout.h"
 #include "worker/plan/arena.h"
 
 namespace zt {
@@ -79,13 +80,15 @@ class Transformer {
   // The step loop calls it once per step, before the data-parallel reduction.
   absl::Status ReduceReplicatedKvGrads(int i, const Tensor& grads);
 
-  const ModelLayout& layout() const { return layout_; }
+  // The units the model holds: the whole model's, or a pipeline stage's own (BindStage), in
+  // order; unit_params(), unit_grads() and InitializeUnitRange index these.
+  const ModelLayout& layout() const { return pipelined_ ? stage_layout_ : layout_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
 
   // The flat buffers of each unit, in layout order.
-  const std::vector<Tensor>& unit_params() const { return params_; }
-  const std::vector<Tensor>& unit_grads() const { return grads_; }
+  const std::vector<Tensor>& unit_params() const { return pipelined_ ? stage_params_ : params_; }
+  const std::vector<Tensor>& unit_grads() const { return pipelined_ ? stage_grads_ : grads_; }
 
   // model.lora: each block's trainable adapter buffer ("<unit>.lora", f32) and its gradient,
   // empty for units without adapters (and for every unit without LoRA). The base buffers of a
@@ -177,6 +180,52 @@ class Transformer {
                              const Tensor& grads);
   absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);
 
+  // A pipeline stage's model (Narayanan et al. 2021): rank layout.coordinates().pipeline of
+  // `job` (pipeline_parallel > 1, tensor_parallel 1, one chunk per stage: GPIPE or
+  // ONE_F_ONE_B) binds only the units of its chunk (PipelineChunksOf, the plan's partition)
+  // from the plan PlanMemory(job, layout) made: the embedding on the first stage, the final
+  // norm, head and loss on the last. With tied embeddings split across stages the last stage
+  // holds its own copy of wte ("lm_head.weight" of the head unit, initialised to the same
+  // values); the caller sums the two copies' gradients before the step (Megatron's).
+  // layout(), unit_params() and unit_grads() are the stage's units (RankModelLayout); unit u
+  // of the stage is unit first_unit() + u of the whole model. The chunk's saved activations hold
+  // in_flight() micro-batches; the schedule picks one with SelectMicroBatch before its forward and
+  // again before its backward. Needs f32, no LoRA, no quantized base.
+  static absl::StatusOr<Transformer> BindStage(const zerotrain::JobSpec& job,
+                                               const ParallelLayout& layout, const Arenas& state,
+                                               const Arenas& work, int64_t batch, int64_t seq_len);
+  bool pipelined() const { return pipelined_; }
+  // The stage's units [first_unit, last_unit) of the whole model (all of them unpipelined).
+  int first_unit() const { return first_unit_; }
+  int last_unit() const { return last_unit_; }
+  bool HoldsUnit(int u) const { return u >= first_unit_ && u < last_unit_; }
+  bool is_first_stage() const { return first_unit_ == 0; }
+  bool is_last_stage() const { return last_unit_ == static_cast<int>(layout_.units.size()); }
+  int in_flight() const { return in_flight_; }
+  // Makes micro-batch slot `slot` (0 ≤ slot < in_flight()) the one the stage's activations
+  // are read from and written to.
+  absl::Status SelectMicroBatch(int slot);
+  // The stage's input, the residual stream entering its first block, in the selected slot:
+  // what a stage after the first receives before StageForward.
+  const Tensor& stage_input() const { return residual_[first_unit_ - 1]; }
+  // Its output (a stage before the last), the residual stream after its last unit, in the
+  // selected slot (the plan keeps it on both stages): what it sends on after StageForward.
+  const Tensor& stage_output() const { return residual_[last_unit_ - 1]; }
+  // dL/d(residual stream): a stage before the last receives the gradient of its output here
+  // before StageBackward; after it, a stage after the first finds the gradient of its input
+  // here, to send back.
+  const Tensor& residual_grad() const { return grad_.residual; }
+  // The selected micro-batch's forward through the stage: the embedding of tokens() on the
+  // first stage, the stage's blocks, and on the last the final norm and the loss over
+  // targets() (options as ForwardLoss; with write_grad the projection's backward too, as
+  // HeadLoss). On the last stage with write_grad its StageBackward must follow before the next
+  // StageForward (the head's gradient scratch holds one micro-batch; every schedule does so).
+  absl::Status StageForward(const DeviceContext& ctx, const LossOptions& options);
+  // The selected micro-batch's backward through the stage, parameter gradients += into
+  // unit_grads(); the first stage's embedding backward reads tokens(), which must hold this
+  // micro-batch's tokens again.
+  absl::Status StageBackward(const DeviceContext& ctx);
+
  private:
   enum class Recompute : uint8_t { kNone, kFull, kSelective };
   struct BlockActs {
@@ -210,6 +259,28 @@ class Transformer {
   };
 
   Transformer() = default;
+  // The stage a pipelined model binds (BindStage); null: the whole model.
+  struct StageSpec {
+    int first_unit = 0, last_unit = 0, in_flight = 1;
+    ModelLayout layout;  // RankModelLayout: the stage's units, the head's wte copy
+  };
+  static const char* BlockFieldName(Tensor BlockActs::*f);
+  static absl::StatusOr<Transformer> BindImpl(const zerotrain::ModelConfig& config,
+                                              const Arenas& state, const Arenas& work,
+                                              int64_t batch, int64_t seq_len,
+                                              TensorParallelGroup tp, const StageSpec* stage);
+  // Activation buffers with a leading in-flight dimension (a pipeline stage's), and where
+  // SelectMicroBatch puts the slot's view: a block's field, a residual index, or a head field.
+  struct SlotBinding {
+    int block = -1;
+    Tensor BlockActs::*block_field = nullptr;
+    int residual = -1;
+    Tensor Transformer::*field = nullptr;
+    Tensor base;
+    std::vector<int64_t> shape;  // one slot's
+  };
+  // Slot `slot` of a buffer whose first dimension is the in-flight micro-batches.
+  static absl::StatusOr<Tensor> SlotView(const SlotBinding& b, int slot);
   // A view of tensor `name` of unit `unit` inside that unit's flat buffer `flat`; empty if
   // the family has no such tensor.
   Tensor View(const UnitLayout& unit, const Tensor& flat, const char* name) const;
@@ -258,6 +329,14 @@ class Transformer {
   Tensor lnf_, lnf_mean_, lnf_rstd_, losses_;
   Tensor tokens_, targets_, logits_;
   GradScratch grad_;
+  bool pipelined_ = false;
+  // A stage's own units and buffers (the members above stay indexed by the whole model's).
+  ModelLayout stage_layout_;
+  std::vector<Tensor> stage_params_, stage_grads_;
+  int first_unit_ = 0, last_unit_ = 0, in_flight_ = 1;
+  std::vector<SlotBinding> slots_;
+  bool head_backward_due_ =
+      false;  // last stage: StageForward with write_grad ran, its backward not
 };
 
 }  // namespace zt

@@ -215,8 +215,9 @@ ModelLayout RankModelLayout(const zerotrain::JobSpec& job, const ParallelLayout&
     UnitLayout& h = mine.units.back();
     ParamSpec copy = *whole.embedding().Find("wte");
     copy.name = "lm_head.weight";
+    // The same parameter as wte: the optimizer treats it as wte (no weight decay unless
+    // decay_all_parameters), so the two copies stay equal.
     copy.is_embedding = false;
-    copy.is_matrix = true;
     copy.offset = h.numel;
     h.numel += copy.numel;
     h.params.push_back(std::move(copy));

@@ -102,6 +102,30 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
                                                    tp_rank % share, share, Conversion{}));
     }
   }
+  const int pp = layout.pipeline_size();
+  if (pp > 1) {
+    const int stage = layout.coordinates().pipeline;
+    const std::string pipe = absl::StrCat("pipeline.", layout.rank() % (layout.world_size() / pp));
+    ZT_ASSIGN_OR_RETURN(comms.pipeline, connect(pipe, stage, pp, Conversion{}));
+    for (int s = 0; s + 1 < pp; ++s) {
+      if (stage != s && stage != s + 1) continue;
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> act,
+                          connect(absl::StrCat(pipe, ".act.", s), stage - s, 2, Conversion{}));
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> grad,
+                          connect(absl::StrCat(pipe, ".grad.", s), stage - s, 2, Conversion{}));
+      if (stage == s) {
+        comms.activations_out = std::move(act);
+        comms.gradients_in = std::move(grad);
+      } else {
+        comms.activations_in = std::move(act);
+        comms.gradients_out = std::move(grad);
+      }
+    }
+    if (job.model().tie_embeddings() && (stage == 0 || stage == pp - 1)) {
+      ZT_ASSIGN_OR_RETURN(
+          comms.tied, connect(absl::StrCat(pipe, ".tied"), stage == 0 ? 0 : 1, 2, Conversion{}));
+    }
+  }
   return comms;
 }
 

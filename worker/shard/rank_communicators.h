@@ -10,6 +10,10 @@
 // With tensor_parallel t > 1 the rank also joins "tensor.<j>", the t consecutive ranks of its
 // TP group (j = rank / t: TP is innermost), and when n_kv_head < t "tensor.<j>.kv.<k>", the
 // t / n_kv_head ranks of that group that share KV head k (Megatron-LM's layout).
+// With pipeline_parallel p > 1, after those: "pipeline.<j>" (j = rank mod (world / p), the
+// p ranks with this rank's tensor and data coordinates), then for each stage s < p − 1 that
+// the rank is s or s + 1 of, "pipeline.<j>.act.<s>" and "pipeline.<j>.grad.<s>" (two ranks,
+// stage s first), and with tied embeddings "pipeline.<j>.tied" (the first and last stage).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,13 @@ namespace zt {
 struct RankCommunicators {
   std::unique_ptr<Communicator> world, shard_group, replicas;
   std::unique_ptr<Communicator> tensor, tensor_kv;  // tensor_parallel > 1 only
+  // pipeline_parallel > 1 only: the rank's pipeline group (stage s is its rank s); the
+  // two-rank links to the previous and the next stage, one per direction (activations forward,
+  // their gradients back: each link's worker runs its transfers in order, independently of
+  // the other direction's); and with tied embeddings the first and last stage's pair.
+  std::unique_ptr<Communicator> pipeline;
+  std::unique_ptr<Communicator> activations_in, activations_out, gradients_in, gradients_out;
+  std::unique_ptr<Communicator> tied;
 
   ShardComms view() const {
     return {.world = world.get(),

@@ -149,6 +149,25 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
   }
   const int n_trainable = static_cast<int>(e->shards_.size());
+  if (model->pipelined()) {
+    if (e->stage_ >= 2) {
+      return absl::UnimplementedError(absl::StrCat(
+          "parallel.zero_stage ", e->stage_,
+          " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1"));
+    }
+    // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
+    const UnitLayout& head = layout.units.back();
+    const ParamSpec* copy = head.Find("lm_head.weight");
+    if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0) {
+      const FlatRange& owned = e->shards_.back().owned;
+      const int64_t end = std::min(owned.end, copy->offset);
+      if (end > owned.begin) {
+        e->norm_views_.back() = Flat(e->grads_.back(), owned.begin, end - owned.begin);
+      } else {
+        e->norm_views_.pop_back();  // this rank's range is all copy
+      }
+    }
+  }
   if (n_trainable == 0) {
     return absl::InvalidArgumentError("sharding engine: the model has nothing to train");
   }
@@ -394,6 +413,16 @@ absl::StatusOr<Tensor> ShardingEngine::ForwardToHead(const DeviceContext& ctx) {
   ZT_ASSIGN_OR_RETURN(Tensor head_params, Acquire(head));
   ZT_RETURN_IF_ERROR(m.HeadForward(ctx, head_params));
   return head_params;
+}
+
+absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx) {
+  if (!model_->pipelined()) {
+    return absl::FailedPreconditionError("ReduceStageGradients on a model that is not a stage");
+  }
+  for (int u = static_cast<int>(model_->layout().units.size()) - 1; u >= 0; --u) {
+    ZT_RETURN_IF_ERROR(GradientReady(u));
+  }
+  return FinishReductions(ctx);
 }
 
 absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,

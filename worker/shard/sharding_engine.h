@@ -103,6 +103,12 @@ class ShardingEngine {
   // loss_accumulator()).
   absl::Status ForwardBackward(const DeviceContext& ctx, const Transformer::LossOptions& options,
                                bool last);
+  // A pipeline stage (model->pipelined(), stages 0–1): the schedule ran the model's
+  // StageForward/StageBackward itself, accumulating into the full gradient buffers; this
+  // starts every unit's reduction and waits for them, as ForwardBackward does after a step's
+  // last micro-batch. The last stage's copy of a tied embedding is left out of the norm
+  // statistics (the first stage counts wte).
+  absl::Status ReduceStageGradients(const DeviceContext& ctx);
   // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
   absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);
 

@@ -224,7 +224,8 @@ TEST(ParallelValidationTest, UnsetFieldsAreNamed) {
 }
 
 TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
-  // Tensor parallelism trains; pipeline and sequence parallelism keep their lines.
+  // Tensor parallelism trains, and pipeline parallelism alone; sequence parallelism and
+  // pipeline × tensor parallelism keep their lines.
   const JobSpec job = With(kGpt2Yaml,
                            "world_size: 8, tensor_parallel: 2, pipeline_parallel: 2, "
                            "sequence_parallel: true, micro_batches: 2");
@@ -232,11 +233,38 @@ TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
   const absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.pipeline_parallel: 2 is planned by zt estimate but this "
-                          "engine does not train with it yet; set it to 1 to train",
+              ElementsAre("parallel.pipeline_parallel: 2 trains with parallel.tensor_parallel 1 "
+                          "(a stage binds whole units) so far",
                           "parallel.sequence_parallel: true is planned by zt estimate but this "
                           "engine does not train with it yet; set it to false to train"));
   EXPECT_TRUE(CheckEngineSupport(With(kGpt2Yaml, "world_size: 8")).ok());
+}
+
+TEST(CheckEngineSupportTest, PipelineTrainsGpipeAndOneFOneBAtZeroZeroAndOneInFp32) {
+  for (const char* layout :
+       {"world_size: 2, pipeline_parallel: 2, pipeline_schedule: GPIPE, micro_batches: 2",
+        "world_size: 4, pipeline_parallel: 2, zero_stage: 1, micro_batches: 4",
+        "world_size: 4, pipeline_parallel: 4, micro_batches: 4"}) {
+    const JobSpec job = With(kLlamaYaml, layout);
+    ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+    EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
+  }
+  JobSpec job = With(kGpt2Yaml,
+                     "world_size: 4, pipeline_parallel: 2, zero_stage: 2, micro_batches: 4, "
+                     "pipeline_schedule: INTERLEAVED, virtual_stages: 2");
+  job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  const absl::Status status = CheckEngineSupport(job);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      testing::Lines(status),
+      ElementsAre("parallel.pipeline_parallel: 2 trains with parallel.pipeline_schedule "
+                  "GPIPE or ONE_F_ONE_B (INTERLEAVED is planned by zt estimate, not "
+                  "trained) so far",
+                  "parallel.pipeline_parallel: 2 trains at parallel.zero_stage 0 or 1 so far",
+                  "parallel.pipeline_parallel: 2 trains on resources.device CPU so far",
+                  "parallel.pipeline_parallel: 2 trains in precision param_dtype, "
+                  "compute_dtype and grad_dtype FP32 so far"));
 }
 
 TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {

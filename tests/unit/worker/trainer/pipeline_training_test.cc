@@ -1,0 +1,242 @@
+// Pipeline parallelism in the step loop: p = 2 and 4 stages (threads of this process, Gloo over
+// loopback), GPipe and 1F1B over m = 4 micro-batches (train.grad_accum_steps), training GPT-2
+// (tied embedding: the last stage's copy of wte, the copies' gradients summed) and Llama (GQA,
+// untied) against one rank from the same seed: the same losses and gradient norms over 10
+// steps and the same final weights (each stage's units against the one-rank model's, the wte
+// copy against wte); PP2 × DP2 under ZeRO-1 against one rank reading the same global batch; a
+// pipeline checkpoint resuming bit-identically at its own layout, and refused (by name) at
+// another pipeline layout and by checkpoint export.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/status_macros.h"
+#include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/rank_threads.h"
+#include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/checkpoint_export.h"
+#include "worker/comm/store.h"
+#include "worker/data/token_shard.h"
+#include "worker/job/job_loading.h"
+#include "worker/trainer.h"
+
+namespace zt {
+namespace {
+
+using zerotrain::JobSpec;
+using zerotrain::ParallelConfig;
+
+struct RankRun {
+  std::vector<double> losses, grad_norms;
+  std::vector<std::string> unclaimed;      // plan buffers the rank never used
+  std::vector<std::vector<float>> params;  // per unit of the rank's stage, at the end
+  ModelLayout layout;                      // the stage's units
+  int first_unit = 0;
+};
+
+struct Outcome {
+  absl::Status status;
+  std::vector<RankRun> ranks;
+};
+
+class PipelineTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TestScratchDir("zt-pp-test");
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // pp stages × dp replicas, m = 4 micro-batches of `micro_batch` sequences per step.
+  JobSpec Gpt2(int pp, int dp, int stage, int micro_batch, ParallelConfig::PipelineSchedule s) {
+    JobSpec job = testing::SmallShardedJob((dir_ / "train.bin").string(), pp * dp, stage,
+                                           micro_batch, /*accum=*/4);
+    job.mutable_parallel()->set_pipeline_parallel(pp);
+    job.mutable_parallel()->set_pipeline_schedule(s);
+    job.mutable_train()->set_max_steps(10);
+    return job;
+  }
+  JobSpec Llama(int pp, int dp, int stage, int micro_batch, ParallelConfig::PipelineSchedule s) {
+    JobSpec job = Gpt2(pp, dp, stage, micro_batch, s);
+    auto* m = job.mutable_model();
+    m->set_family(zerotrain::ModelConfig::LLAMA);
+    m->set_n_kv_head(2);
+    m->set_d_ff(64);
+    m->set_vocab_size(34);
+    m->set_tie_embeddings(false);
+    return job;
+  }
+
+  // Every rank to `steps` (Run(), from `resume` when set).
+  static Outcome Run(const JobSpec& spec, int steps, const std::string& resume = "") {
+    Outcome out;
+    absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
+    if (!validated.ok()) {
+      out.status = validated.status();
+      return out;
+    }
+    const JobSpec job = *validated;
+    const int n = job.parallel().world_size();
+    InProcessStore store;
+    out.ranks.resize(n);
+    out.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
+      TrainOptions options;
+      options.rank = r;
+      options.store = &store;
+      options.resume_dir = resume;
+      options.stop_after_step = steps;
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
+      RankRun& mine = out.ranks[r];
+      ZT_RETURN_IF_ERROR(t->Run([&](const StepRecord& rec) {
+        mine.losses.push_back(rec.loss);
+        mine.grad_norms.push_back(rec.grad_norm);
+      }));
+      for (const Tensor& p : t->model().unit_params()) {
+        mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
+      }
+      mine.layout = t->model().layout();
+      mine.first_unit = t->model().first_unit();
+      mine.unclaimed = t->arenas().UnclaimedBuffers();
+      return absl::OkStatus();
+    });
+    return out;
+  }
+
+  std::filesystem::path dir_;
+};
+
+// Losses and gradient norms: a stage runs the one-rank model's ops on the same values, so
+// the forward is the same bit for bit; what differs is the order of sums — the tied wte's two
+// copies' gradients are added after the backward instead of accumulated in it, ZeRO's
+// reductions and the gradient norm sum per stage then over stages. Those are fp32 reduction
+// noise (a few ulps) carried through 10 Adam steps; 1e-6 in the loss, 2e-5 in the norm and
+// 1e-4 per weight are the tensor-parallel tests' bounds for the same noise and far below a
+// lost micro-batch, an unsummed tied copy (half of wte's gradient) or a stage counted twice
+// in the norm (≥ 1e-3).
+void ExpectSameTraining(const Outcome& got, const Outcome& want, const std::string& what) {
+  ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+  ASSERT_TRUE(want.status.ok()) << what << ": " << want.status;
+  const RankRun& ref = want.ranks[0];
+  ASSERT_EQ(ref.losses.size(), 10u) << what;
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1) << what << ": the model learns";
+  std::vector<int> units_seen(ref.params.size(), 0);
+  for (const RankRun& r : got.ranks) {
+    EXPECT_TRUE(r.unclaimed.empty()) << what << ": unused plan buffer " << r.unclaimed.front();
+    ASSERT_EQ(r.losses.size(), ref.losses.size()) << what;
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      EXPECT_NEAR(r.losses[s], ref.losses[s], 1e-6 * ref.losses[s]) << what << " step " << s + 1;
+      EXPECT_NEAR(r.grad_norms[s], ref.grad_norms[s], 2e-5 * ref.grad_norms[s])
+          << what << " gradient norm, step " << s + 1;
+    }
+    for (size_t local = 0; local < r.params.size(); ++local) {
+      const int u = r.first_unit + static_cast<int>(local);
+      ++units_seen[u];
+      const std::vector<float>& mine = r.params[local];
+      const std::vector<float>& whole = ref.params[u];
+      double worst = 0;
+      const ParamSpec* copy = r.layout.units[local].Find("lm_head.weight");
+      // The last stage's head, when it holds a copy of the tied wte (not when it has the
+      // embedding too).
+      const bool tied_copy =
+          copy != nullptr && ref.layout.units[u].Find("lm_head.weight") == nullptr;
+      // ZeRO pads a unit's buffer to a multiple of the data-parallel size: compare the unit.
+      const size_t own = tied_copy ? static_cast<size_t>(copy->offset) : whole.size();
+      ASSERT_EQ(own, whole.size()) << what << " unit " << u;
+      ASSERT_GE(mine.size(), own + (tied_copy ? copy->numel : 0)) << what << " unit " << u;
+      for (size_t i = 0; i < own; ++i)
+        worst = std::max(worst, std::abs(double{mine[i]} - whole[i]));
+      if (tied_copy) {
+        // The last stage's copy of the tied embedding stays the first stage's wte.
+        for (int64_t i = 0; i < copy->numel; ++i) {
+          worst = std::max(worst, std::abs(double{mine[copy->offset + i]} - ref.params[0][i]));
+        }
+      }
+      EXPECT_LT(worst, 1e-4) << what << " unit " << u << " weights";
+    }
+  }
+  for (size_t u = 0; u < units_seen.size(); ++u)
+    EXPECT_GE(units_seen[u], 1) << what << " unit " << u;
+}
+
+constexpr ParallelConfig::PipelineSchedule kSchedules[] = {ParallelConfig::GPIPE,
+                                                           ParallelConfig::ONE_F_ONE_B};
+
+TEST_F(PipelineTrainingTest, Gpt2TiedOnTwoAndFourStagesMatchesOneRank) {
+  const Outcome reference = Run(Gpt2(1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B), 10);
+  for (auto schedule : kSchedules) {
+    for (int pp : {2, 4}) {
+      ExpectSameTraining(
+          Run(Gpt2(pp, 1, 0, 1, schedule), 10), reference,
+          absl::StrCat("gpt2 pp ", pp, " ", ParallelConfig::PipelineSchedule_Name(schedule)));
+    }
+  }
+}
+
+TEST_F(PipelineTrainingTest, LlamaUntiedOnTwoAndFourStagesMatchesOneRank) {
+  const Outcome reference = Run(Llama(1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B), 10);
+  for (auto schedule : kSchedules) {
+    for (int pp : {2, 4}) {
+      ExpectSameTraining(
+          Run(Llama(pp, 1, 0, 1, schedule), 10), reference,
+          absl::StrCat("llama pp ", pp, " ", ParallelConfig::PipelineSchedule_Name(schedule)));
+    }
+  }
+}
+
+TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasWithZeroOneMatchesOneRank) {
+  // PP2 × DP2, ZeRO-1 in each stage's data-parallel group; the two replicas' micro-batches k
+  // are the global batch's sequences 2k and 2k + 1, which one rank reads as micro-batch k of 2.
+  for (const bool llama : {false, true}) {
+    const JobSpec job = llama ? Llama(2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B)
+                              : Gpt2(2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B);
+    const Outcome reference = Run(llama ? Llama(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)
+                                        : Gpt2(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B),
+                                  10);
+    const std::string what = llama ? "llama pp2 x dp2 zero-1" : "gpt2 pp2 x dp2 zero-1";
+    const Outcome got = Run(job, 10);
+    ExpectSameTraining(got, reference, what);
+    // Rank order: data-parallel inside pipeline, so ranks 0 and 1 are stage 0's replicas.
+    ASSERT_EQ(got.ranks.size(), 4u);
+    EXPECT_EQ(got.ranks[0].params, got.ranks[1].params) << what;
+    EXPECT_EQ(got.ranks[2].params, got.ranks[3].params) << what;
+  }
+}
+
+TEST_F(PipelineTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
+  JobSpec job = Gpt2(2, 1, 1, 1, ParallelConfig::ONE_F_ONE_B);
+  job.mutable_train()->set_max_steps(6);
+  job.mutable_checkpoint()->set_interval_steps(3);
+  JobSpec straight = job;
+  straight.mutable_checkpoint()->set_dir((dir_ / "straight").string());
+  const Outcome whole = Run(straight, 6);
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+
+  job.mutable_checkpoint()->set_dir((dir_ / "interrupted").string());
+  const Outcome first = Run(job, 3);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  const Outcome second = Run(job, 6, job.checkpoint().dir());
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(second.ranks[r].losses.size(), 3u);
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_EQ(second.ranks[r].losses[s], whole.ranks[r].losses[3 + s]) << "step " << 4 + s;
+    }
+    EXPECT_EQ(second.ranks[r].params, whole.ranks[r].params) << "rank " << r;
+  }
+  // Another pipeline layout, and export, are refused by name (rank files hold stages).
+  JobSpec one = Gpt2(1, 1, 1, 1, ParallelConfig::ONE_F_ONE_B);  // the same global batch
+  one.mutable_train()->set_max_steps(6);
+  const Outcome refused = Run(one, 6, job.checkpoint().dir());
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
+  EXPECT_NE(refused.status.message().find("parallel.pipeline_parallel 2"), std::string::npos)
+      << refused.status;
+  absl::StatusOr<CheckpointExportResult> exported =
+      ExportCheckpoint(job.checkpoint().dir(), (dir_ / "export").string(), {});
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kFailedPrecondition) << exported.status();
+  EXPECT_NE(exported.status().message().find("pipeline_parallel 2"), std::string::npos)
+      << exported.status();
+}
+
+}  // namespace
+}  // namespace zt
