@@ -148,6 +148,16 @@ absl::Status RunTrain(const TrainFlags& flags) {
         "--sample: sampling reads whole parameters, which zero_stage 3 shards; export the "
         "model (--export) and sample from it, or train with zero_stage ≤ 2");
   }
+  // Refused before training, not after it: each pipeline stage holds its own units, and the
+  // export and the sampler read the whole model.
+  if (job.parallel().pipeline_parallel() > 1 &&
+      (!flags.export_path.empty() || flags.sample_tokens > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        !flags.export_path.empty() ? "--export" : "--sample", ": parallel.pipeline_parallel ",
+        job.parallel().pipeline_parallel(),
+        " leaves each stage's units on its own ranks, and joining them into one model is not "
+        "supported yet; train with pipeline_parallel 1 to export or sample"));
+  }
   std::unique_ptr<Store> store;
   if (flags.rendezvous.empty()) {
     store = std::make_unique<InProcessStore>();

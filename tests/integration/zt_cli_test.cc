@@ -227,5 +227,21 @@ TEST_F(ZtCliTest, TensorParallelTrainingExportsTheWholeModel) {
   EXPECT_EQ(ReadBytes(Path("tp.safetensors")), ReadBytes(Path("back.safetensors")));
 }
 
+// A pipeline-parallel job trains through `zt train`; --export and --sample, which need the
+// whole model in one place, are refused before any step runs rather than after the last.
+TEST_F(ZtCliTest, PipelineParallelTrainsAndRefusesExportBeforeTraining) {
+  const std::string pp = "parallel:\n  world_size: 2\n  pipeline_parallel: 2\n";
+  const std::string job = WriteJob("pp.yaml", "", "", pp);
+  RunResult r = RunZt("train " + job + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string flag : {"--export " + Path("pp.safetensors"), std::string("--sample 4")}) {
+    r = RunZt("train " + job + " --quiet " + flag);
+    EXPECT_NE(r.exit_code, 0) << flag;
+    EXPECT_THAT(r.output, ::testing::HasSubstr("parallel.pipeline_parallel 2 leaves each stage"))
+        << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(Path("pp.safetensors")));
+}
+
 }  // namespace
 }  // namespace zt
