@@ -1,5 +1,8 @@
 #include "worker/data/document_index.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -68,13 +71,32 @@ absl::Status WriteDocumentIndex(const std::string& path, const DocumentIndex& in
       return absl::ErrnoToStatus(errno, absl::StrCat("writing document index '", tmp, "'"));
     }
   }
-  // Renamed into place, so a reader never sees half an index beside a whole shard.
+  // Synced, then renamed into place (and the directory synced), as the shard itself is: a
+  // reader never sees half an index beside a whole shard.
+  {
+    const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      return absl::ErrnoToStatus(err, absl::StrCat("syncing document index '", tmp, "'"));
+    }
+    ::close(fd);
+  }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     return absl::InternalError(
         absl::StrCat("renaming '", tmp, "' to '", path, "': ", ec.message()));
   }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0 || ::fsync(dir_fd) != 0) {
+    const int err = errno;
+    if (dir_fd >= 0) ::close(dir_fd);
+    return absl::ErrnoToStatus(err, absl::StrCat("syncing directory '", dir, "'"));
+  }
+  ::close(dir_fd);
   return absl::OkStatus();
 }
 
