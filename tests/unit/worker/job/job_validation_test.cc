@@ -94,6 +94,7 @@ TEST(ValidateJobSpecTest, EachRuleNamesTheFieldTheValueAndTheRule) {
       {"packing with tensor parallelism",
        [](JobSpec& s) {
          s.mutable_data()->set_packing(true);
+         s.mutable_parallel()->set_world_size(2);
          s.mutable_parallel()->set_tensor_parallel(2);
        },
        "data.packing: needs parallel.tensor_parallel 1 (got 2)"},
