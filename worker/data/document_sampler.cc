@@ -64,18 +64,42 @@ absl::StatusOr<std::unique_ptr<DocumentSampler>> DocumentSampler::Create(
     }
     shard_start += stream->shard_header(static_cast<int>(i)).count;
   }
-  // Rows: first fit in order (packed) or one document each.
-  s->row_begin_.push_back(0);
-  int64_t used = 0;
+  // Rows: one document each, or packed first fit over a window of the kOpenRows most recently
+  // opened rows (a document goes to the oldest open row with room; when none has room a new
+  // row opens and, past the window, the oldest closes). In-order packing alone leaves a row's
+  // tail empty whenever the next document is too long for it; the window fills those tails
+  // with later short documents, in a fixed, deterministic order.
+  constexpr size_t kOpenRows = 64;
+  std::vector<std::vector<int64_t>> rows;  // piece indices per row
+  std::vector<int64_t> room;               // free tokens per row
+  size_t first_open = 0;
   for (size_t i = 0; i < s->pieces_.size(); ++i) {
     const int64_t len = s->pieces_[i].length;
-    if (i > 0 && (!options.pack || used + len > T)) {
-      s->row_begin_.push_back(static_cast<int64_t>(i));
-      used = 0;
+    size_t r = rows.size();
+    if (options.pack) {
+      for (size_t c = first_open; c < rows.size(); ++c) {
+        if (room[c] >= len) {
+          r = c;
+          break;
+        }
+      }
     }
-    used += len;
+    if (r == rows.size()) {
+      rows.emplace_back();
+      room.push_back(T);
+      if (rows.size() - first_open > kOpenRows) ++first_open;
+    }
+    rows[r].push_back(static_cast<int64_t>(i));
+    room[r] -= len;
   }
-  s->row_begin_.push_back(static_cast<int64_t>(s->pieces_.size()));
+  std::vector<Piece> ordered;
+  ordered.reserve(s->pieces_.size());
+  for (const std::vector<int64_t>& row : rows) {
+    s->row_begin_.push_back(static_cast<int64_t>(ordered.size()));
+    for (int64_t i : row) ordered.push_back(s->pieces_[i]);
+  }
+  s->row_begin_.push_back(static_cast<int64_t>(ordered.size()));
+  s->pieces_ = std::move(ordered);
   for (int64_t r = 0; r < s->rows(); ++r) {
     int64_t tokens = 0;
     for (int64_t i = s->row_begin_[r]; i < s->row_begin_[r + 1]; ++i) tokens += s->pieces_[i].length;

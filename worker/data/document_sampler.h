@@ -9,9 +9,9 @@
 // Padding positions hold token 0 and target -1.
 //
 // The rows are planned once, at construction, from the documents in stream order: packed,
-// each row takes documents while the next one still fits whole (first-fit in order, so a
-// row's tail pads only when the next document is longer than what is left); unpacked, one
-// document a row. Micro-batch k takes rows k·B … k·B+B−1 of the endless sequence of epochs,
+// each document goes whole into the oldest of the 64 most recently opened rows that has room
+// for it, or opens a new row (first fit over a window, so a row's tail pads only when no
+// document soon after fits it); unpacked, one document a row. Micro-batch k takes rows k·B … k·B+B−1 of the endless sequence of epochs,
 // each epoch the plan's rows in order, or with shuffle in ShuffledOrder(R, EpochSeed(seed, e))
 // (worker/data/sampler.h). Like Sampler, the batch is a pure function of k: a resumed run
 // continues at its saved step with nothing else to carry.

@@ -61,14 +61,15 @@ TEST(DocumentSamplerTest, PackedRowsHoldWholeDocumentsWithMaskedTargets) {
   Opened o = Open({shard});
   auto s = DocumentSampler::Create(&o.stream, o.indexes, {.B = 2, .T = 6, .pack = true});
   ASSERT_TRUE(s.ok()) << s.status();
-  // Row 0: docs 0, 1 (5 tokens, one padding); row 1: docs 2, 3 (5 tokens, one padding).
+  // Row 0: docs 0, 1 and, first fit, 3 (6 tokens, no padding); row 1: doc 2 (4 tokens and
+  // 2 of padding).
   EXPECT_EQ((*s)->rows(), 2);
   EXPECT_EQ((*s)->max_documents_per_row(), 3);
   std::vector<int32_t> in(12), tg(12), starts(6);
   ASSERT_TRUE((*s)->Fill(0, in.data(), tg.data(), starts.data()).ok());
-  EXPECT_THAT(in, ElementsAre(10, 11, 12, 20, 21, 0, 30, 31, 32, 33, 40, 0));
+  EXPECT_THAT(in, ElementsAre(10, 11, 12, 20, 21, 40, 30, 31, 32, 33, 0, 0));
   EXPECT_THAT(tg, ElementsAre(11, 12, -1, 21, -1, -1, -1, 32, 33, -1, -1, -1));
-  EXPECT_THAT(starts, ElementsAre(0, 3, 5, 0, 4, 5));
+  EXPECT_THAT(starts, ElementsAre(0, 3, 5, 0, 4, 6));
 }
 
 TEST(DocumentSamplerTest, UnpackedRowsPadEachDocumentWithTheSameMask) {
