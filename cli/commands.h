@@ -42,6 +42,8 @@ struct PrepareFlags {
   std::string out;
   std::string val_out;
   double val_fraction = 0.1;
+  // "text" or "jsonl" (documents with a loss mask, worker/data/prepare.h).
+  std::string format = "text";
 };
 absl::Status RunPrepare(const PrepareFlags& flags);
 

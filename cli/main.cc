@@ -95,6 +95,11 @@ int main(int argc, char** argv) {
                           "Also write the last --val-fraction of the tokens to this shard");
   prepare_cmd->add_option("--val-fraction", prepare.val_fraction,
                           "Fraction of tokens for --val-out (default 0.1)");
+  prepare_cmd
+      ->add_option("--format", prepare.format,
+                   "text (default): files of plain text; jsonl: one {\"prompt\", \"completion\"} "
+                   "or {\"text\"} object a line, written with a document index (.docs)")
+      ->check(CLI::IsMember({"text", "jsonl"}));
 
   zt::cli::EstimateFlags estimate;
   CLI::App* estimate_cmd = app.add_subcommand(

@@ -38,6 +38,36 @@ absl::Status CheckTables(const char* op, const DeviceContext& ctx, const Tensor&
   return absl::OkStatus();
 }
 
+// positions (B, T) i32 like tokens, on the context's device, each in [0, T) (T ≤ P): a
+// packed sequence's positions restart, never run past the row.
+absl::Status CheckPositions(const char* op, const DeviceContext& ctx, const Tensor& tokens,
+                            const Tensor& positions, const char* pos_arg, const Tensor& pos) {
+  if (positions.empty()) return absl::OkStatus();
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return absl::UnimplementedError(absl::StrCat(
+        op, ": positions (packed sequences) run on the CPU only; the CUDA embedding takes t"));
+  }
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "positions", positions, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(op, "positions", positions, DType::kI32));
+  if (positions.ndim() != 2 || positions.dim(0) != tokens.dim(0) ||
+      positions.dim(1) != tokens.dim(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": positions must have the shape of tokens (B, T)"));
+  }
+  if (pos.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": positions are given but ", pos_arg, " is empty"));
+  }
+  const int32_t* p = positions.data<int32_t>();
+  for (int64_t i = 0; i < positions.numel(); ++i) {
+    if (p[i] < 0 || p[i] >= tokens.dim(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": positions[", i, "] = ", p[i],
+                                                     " is outside [0, ", tokens.dim(1), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardArgs& args) {
@@ -45,6 +75,7 @@ absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardAr
   ZT_RETURN_IF_ERROR(CheckTables(kOp, ctx, args.tokens, "wte", args.wte, "wpe", args.wpe));
   const int64_t b = args.tokens.dim(0), t = args.tokens.dim(1), c = args.wte.dim(1);
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "out", args.out, ctx, {b, t, c}));
+  ZT_RETURN_IF_ERROR(CheckPositions(kOp, ctx, args.tokens, args.positions, "wpe", args.wpe));
   if (ctx.device.kind == DeviceKind::kCuda) {
     return ZT_CUDA_OP(kOp, cuda::EmbeddingForward(ctx, args));
   }
@@ -56,6 +87,7 @@ absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackward
   ZT_RETURN_IF_ERROR(CheckTables(kOp, ctx, args.tokens, "dwte", args.dwte, "dwpe", args.dwpe));
   const int64_t b = args.tokens.dim(0), t = args.tokens.dim(1), c = args.dwte.dim(1);
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "dout", args.dout, ctx, {b, t, c}));
+  ZT_RETURN_IF_ERROR(CheckPositions(kOp, ctx, args.tokens, args.positions, "dwpe", args.dwpe));
   const int64_t need = EmbeddingWorkspaceBytes(ctx.device.kind, b * t, args.dwte.dim(0));
   if (ctx.workspace.bytes < need) {
     return absl::FailedPreconditionError(

@@ -16,7 +16,11 @@ struct EmbeddingForwardArgs {
   Tensor tokens;  // (B, T) i32, each in [0, V)
   Tensor wte;     // (V, C)
   Tensor wpe;     // (P, C) with P ≥ T, or empty (no learned positions)
-  Tensor out;     // (B, T, C) = wte[tokens] (+ wpe[t])
+  Tensor out;     // (B, T, C) = wte[tokens] (+ wpe[positions or t])
+  // (B, T) i32 row of wpe for each token, each in [0, T), or empty for t: packed sequences
+  // restart positions at each document (DocumentPositions, kernels/packing.h). CPU only:
+  // Unimplemented on a CUDA context.
+  Tensor positions;
 };
 // Returns InvalidArgument naming the first token id outside [0, V). On CUDA the tokens are on
 // the device and are not read back (that would wait for the stream): such a position's output
@@ -28,6 +32,7 @@ struct EmbeddingBackwardArgs {
   Tensor dout;    // (B, T, C)
   Tensor dwte;    // (V, C) +=
   Tensor dwpe;    // (P, C) += or empty
+  Tensor positions;  // as the forward's
 };
 // Deterministic: the result does not depend on the thread count or schedule.
 // Scratch comes from ctx.workspace: FailedPrecondition (naming both sizes) when it holds fewer

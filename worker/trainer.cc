@@ -61,20 +61,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   // are allocated.
   ZT_ASSIGN_OR_RETURN(const std::vector<std::string> train_paths,
                       ExpandDataPaths(job.data().train(), "data.train"));
-  ZT_ASSIGN_OR_RETURN(TokenStream train, TokenStream::Open(train_paths, "data.train"));
-  ZT_RETURN_IF_ERROR(train.CheckVocab(model.vocab_size()));
-  t->train_data_.emplace(std::move(train));
-  t->train_sampler_.emplace(&*t->train_data_, B, T, job.data().shuffle(), job.data().seed());
-  ZT_RETURN_IF_ERROR(t->train_sampler_->Check());
+  ZT_ASSIGN_OR_RETURN(t->train_batches_,
+                      MicroBatches::Open(train_paths, "data.train", job.data(),
+                                         {.B = B,
+                                          .T = T,
+                                          .shuffle = job.data().shuffle(),
+                                          .seed = job.data().seed(),
+                                          .vocab_size = model.vocab_size()}));
   if (!job.data().val().empty()) {
     ZT_ASSIGN_OR_RETURN(const std::vector<std::string> val_paths,
                         ExpandDataPaths(job.data().val(), "data.val"));
-    ZT_ASSIGN_OR_RETURN(TokenStream val, TokenStream::Open(val_paths, "data.val"));
-    ZT_RETURN_IF_ERROR(val.CheckVocab(model.vocab_size()));
-    t->val_data_.emplace(std::move(val));
     // Validation always reads sequentially from the start: comparable across runs.
-    t->val_sampler_.emplace(&*t->val_data_, B, T, /*shuffle=*/false, job.data().seed());
-    ZT_RETURN_IF_ERROR(t->val_sampler_->Check());
+    ZT_ASSIGN_OR_RETURN(t->val_batches_,
+                        MicroBatches::Open(val_paths, "data.val", job.data(),
+                                           {.B = B,
+                                            .T = T,
+                                            .shuffle = false,
+                                            .seed = job.data().seed(),
+                                            .vocab_size = model.vocab_size()}));
   }
 
   const int rank = options.rank;
@@ -100,6 +104,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->device_->mutable_context().workspace = {.data = gemm_workspace.raw(),
                                              .bytes = gemm_workspace.size_bytes()};
   t->ctx_ = t->device_->context();
+  if (t->train_batches_->packed() && t->ctx_.device.kind != DeviceKind::kCpu) {
+    // The document starts and positions live in host memory the model reads directly.
+    return absl::UnimplementedError(
+        "data.packing: packed documents train on the CPU backend only for now");
+  }
   // The step loop's host side, taken once: it allocates nothing per step.
   const int64_t tokens_per_micro = int64_t{B} * T;
   ZT_ASSIGN_OR_RETURN(void* tokens, t->device_->AllocateStaging(tokens_per_micro * 4));
@@ -853,21 +862,29 @@ absl::StatusOr<StepRecord> Trainer::Step() {
 
   ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
-  // Every target is valid in training data, so the global batch has N·accum·B·T targets.
   // The loss scale multiplies the gradient at its source (dlogits) so small fp16 gradients
   // survive the backward; the optimizer divides it back out.
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
-  const float grad_scale =
-      static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
   double data_wait_s = 0;
   if (model_->pipelined()) {
+    // Plain shards only (validation refuses packing with pipeline parallelism): every
+    // micro-batch counts all B·T targets.
+    const float grad_scale =
+        static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
     ZT_RETURN_IF_ERROR(RunPipelineSchedule(grad_scale, &data_wait_s));
   }
   for (int64_t micro = 0; micro < accum && !model_->pipelined(); ++micro) {
     const int64_t global = (step_ * accum + micro) * ranks + data_rank_;
     const auto fill_start = Clock::now();
-    ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, global));
+    ZT_ASSIGN_OR_RETURN(const int64_t counted, UploadBatch(*train_batches_, global));
     data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
+    // The reported loss is the mean over micro-batches and ranks of each micro-batch's mean
+    // over its counted targets (AccumulateMeanLoss), and this is its gradient's scale. Plain
+    // shards count all B·T targets, so this is 1 / (N·accum·B·T), as always; document shards
+    // mask prompts and padding. A micro-batch with nothing counted adds nothing.
+    const float grad_scale =
+        counted == 0 ? 0.0f
+                     : static_cast<float>(loss_scale / static_cast<double>(ranks * accum * counted));
     // The adapters' dropout masks: a function of the job's seed and the global micro-batch,
     // so a resumed run draws the masks the uninterrupted one did.
     if (model_->layout().lora) {
@@ -993,7 +1010,15 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s)
     const auto fill_start = Clock::now();
     // The first stage's embedding reads the tokens in its forward and backward, the last
     // stage's loss the targets.
-    ZT_RETURN_IF_ERROR(UploadBatch(*train_sampler_, (step_ * accum + k) * ranks + data_rank_));
+    ZT_ASSIGN_OR_RETURN(const int64_t counted,
+                        UploadBatch(*train_batches_, (step_ * accum + k) * ranks + data_rank_));
+    if (counted != m.batch() * m.seq_len()) {
+      // The schedule's gradient scale assumes every target counts.
+      return absl::UnimplementedError(
+          "data.train: document shards (masked prompts or padding, from zt prepare --format "
+          "jsonl) do not train with parallel.pipeline_parallel > 1 yet; use plain token shards "
+          "or pipeline_parallel 1");
+    }
     *data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
     ZT_RETURN_IF_ERROR(m.SelectMicroBatch(slot));
     if (op.forward) {
@@ -1051,12 +1076,12 @@ absl::StatusOr<double> Trainer::Evaluate() {
         "evaluation (data.val) with parallel.pipeline_parallel > 1: no forward-only schedule "
         "yet");
   }
-  if (!val_sampler_) return absl::FailedPreconditionError("no data.val to evaluate on");
+  if (!val_batches_) return absl::FailedPreconditionError("no data.val to evaluate on");
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
   for (int64_t k = 0; k < n; ++k) {
-    ZT_RETURN_IF_ERROR(UploadBatch(*val_sampler_, k * ranks + data_rank_));
+    ZT_RETURN_IF_ERROR(UploadBatch(*val_batches_, k * ranks + data_rank_).status());
     ZT_RETURN_IF_ERROR(
         engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = 1.0}));
   }
@@ -1065,10 +1090,12 @@ absl::StatusOr<double> Trainer::Evaluate() {
   return totals.loss_sum / static_cast<double>(ranks);
 }
 
-absl::Status Trainer::UploadBatch(const Sampler& sampler, int64_t k) {
-  ZT_RETURN_IF_ERROR(sampler.Fill(k, host_tokens_, host_targets_));
+absl::StatusOr<int64_t> Trainer::UploadBatch(MicroBatches& batches, int64_t k) {
+  ZT_ASSIGN_OR_RETURN(const int64_t counted, batches.Fill(k, host_tokens_, host_targets_));
+  model_->SetDocuments(batches.doc_starts(), batches.positions());
   ZT_RETURN_IF_ERROR(device_->Upload(model_->tokens(), host_tokens_));
-  return device_->Upload(model_->targets(), host_targets_);
+  ZT_RETURN_IF_ERROR(device_->Upload(model_->targets(), host_targets_));
+  return counted;
 }
 
 absl::StatusOr<StepTotals> Trainer::ReadStatistics(int stop_request, double loss_divisor) {
@@ -1157,7 +1184,7 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
   };
   while (step_ < last) {
     ZT_ASSIGN_OR_RETURN(StepRecord r, Step());
-    const bool eval_due = val_sampler_ && train.eval_interval() > 0 &&
+    const bool eval_due = val_batches_ && train.eval_interval() > 0 &&
                           (r.step % train.eval_interval() == 0 || r.step == train.max_steps());
     if (eval_due) {
       ZT_ASSIGN_OR_RETURN(double v, Evaluate());

@@ -50,8 +50,7 @@
 #include "proto/job.pb.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/comm/store.h"
-#include "worker/data/sampler.h"
-#include "worker/data/token_stream.h"
+#include "worker/micro_batches.h"
 #include "worker/model/transformer.h"
 #include "worker/offload/nvme_optimizer.h"
 #include "worker/optim/host_optimizer.h"
@@ -238,9 +237,10 @@ class Trainer {
   // previous stage and sent to the next, their gradients back; then the tied embedding's
   // copies summed and the stage's gradients reduced in its data-parallel group.
   absl::Status RunPipelineSchedule(float grad_scale, double* data_wait_s);
-  // Fills host staging with `sampler`'s batch k and uploads it into the model's tokens and
-  // targets (one copy each).
-  absl::Status UploadBatch(const Sampler& sampler, int64_t k);
+  // Fills host staging with `batches`' micro-batch k and uploads it into the model's tokens
+  // and targets (one copy each); a packed batch's document starts and positions go to the
+  // model as host views. Returns how many targets count (B·T unless documents mask some).
+  absl::StatusOr<int64_t> UploadBatch(MicroBatches& batches, int64_t k);
   // Puts the stop request in this rank's slot, all-gathers the ranks' step statistics and
   // reads them back in one copy: the wait of the step.
   absl::StatusOr<StepTotals> ReadStatistics(int stop_request, double loss_divisor);
@@ -295,8 +295,7 @@ class Trainer {
   // Last: destroyed first, so a background save stops before the arenas it reads go.
   std::optional<CheckpointWriter> checkpoint_writer_;
   std::optional<LossScaler> loss_scaler_;
-  std::optional<TokenStream> train_data_, val_data_;
-  std::optional<Sampler> train_sampler_, val_sampler_;
+  std::unique_ptr<MicroBatches> train_batches_, val_batches_;
   int64_t step_ = 0;  // optimizer steps done
   // The rank's data-parallel group (ParallelLayout): its members read different batches, the
   // ranks of a tensor-parallel group the same one.

@@ -109,6 +109,7 @@ absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardAr
   const Tensor& wte = args.wte;  // (V, C)
   const Tensor& wpe = args.wpe;  // (P, C) or empty
   const Tensor& out = args.out;  // (B, T, C)
+  const int32_t* positions = args.positions.empty() ? nullptr : args.positions.data<int32_t>();
 
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t bt = 0; bt < b * t; ++bt) {
@@ -117,7 +118,8 @@ absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardAr
     if (wpe.empty()) {
       std::copy(tok_row, tok_row + c, out_row);
     } else {
-      const float* pos_row = ReadRow(wpe.raw(), wpe.dtype(), (bt % t) * c, c, 2);
+      const float* pos_row = ReadRow(
+          wpe.raw(), wpe.dtype(), (positions != nullptr ? positions[bt] : bt % t) * c, c, 2);
 #pragma omp simd
       for (int64_t i = 0; i < c; ++i) out_row[i] = tok_row[i] + pos_row[i];
     }
@@ -135,7 +137,11 @@ absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackward
   const ScatterMap wte_map = args.dwte.dtype() == DType::kF32
                                  ? ScatterMap{.slot_of = tokens, .slots = v}
                                  : DistinctTokens(tokens, bt_count);
-  const ScatterMap wpe_map{.slots = t, .t = t};
+  // Positions (packed sequences) lie in [0, t) too, so slot = row = position either way.
+  const ScatterMap wpe_map{
+      .slot_of = args.positions.empty() ? nullptr : args.positions.data<int32_t>(),
+      .slots = t,
+      .t = t};
   const int64_t blocks = (c + kChannelBlock - 1) / kChannelBlock;
 
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)

@@ -1,10 +1,12 @@
 #include "worker/data/prepare.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/status_macros.h"
+#include "worker/data/document_index.h"
 #include "worker/data/read_file.h"
 #include "worker/data/token_shard.h"
 
@@ -35,6 +37,12 @@ absl::StatusOr<std::vector<int32_t>> TokenizeFiles(const Tokenizer& tokenizer,
   return tokens;
 }
 
+// A text shard written over a jsonl one must not keep the old document index beside it.
+void RemoveStaleIndex(const std::string& shard_path) {
+  std::error_code ignored;  // absent is the usual case
+  std::filesystem::remove(shard_path + kDocumentIndexSuffix, ignored);
+}
+
 }  // namespace
 
 absl::Status PrepareShard(const Tokenizer& tokenizer, const std::vector<std::string>& inputs,
@@ -42,6 +50,7 @@ absl::Status PrepareShard(const Tokenizer& tokenizer, const std::vector<std::str
   PrepareStats local;
   ZT_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, TokenizeFiles(tokenizer, inputs, &local));
   ZT_RETURN_IF_ERROR(WriteTokenShard(out_path, tokens, tokenizer.vocab_size()));
+  RemoveStaleIndex(out_path);
   local.tokens = static_cast<int64_t>(tokens.size());
   if (stats != nullptr) *stats = local;
   return absl::OkStatus();
@@ -67,6 +76,8 @@ absl::Status PrepareSplit(const Tokenizer& tokenizer, const std::vector<std::str
       WriteTokenShard(outputs.train_path, all.subspan(0, total - val), tokenizer.vocab_size()));
   ZT_RETURN_IF_ERROR(
       WriteTokenShard(outputs.val_path, all.subspan(total - val), tokenizer.vocab_size()));
+  RemoveStaleIndex(outputs.train_path);
+  RemoveStaleIndex(outputs.val_path);
   local.tokens = total;
   local.val_tokens = val;
   if (stats != nullptr) *stats = local;

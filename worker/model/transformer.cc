@@ -565,10 +565,12 @@ absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tenso
                                          .out = out}));
     return TpAllReduce(residual_[0], "embedding all-reduce");
   }
+  const Tensor wpe = View(u, params, "wpe");
   return zt::EmbeddingForward(ctx, {.tokens = tokens_,
                                     .wte = View(u, params, "wte"),
-                                    .wpe = View(u, params, "wpe"),
-                                    .out = residual_[0].Reshape({B_, T_, C_})});
+                                    .wpe = wpe,
+                                    .out = residual_[0].Reshape({B_, T_, C_}),
+                                    .positions = wpe.empty() ? Tensor() : positions_});
 }
 
 absl::Status Transformer::BlockForward(const DeviceContext& ctx, int i, const Tensor& params) {
@@ -580,7 +582,8 @@ absl::Status Transformer::AttentionCore(const DeviceContext& ctx, const BlockAct
                                 .out = a.atty.Reshape({B_, T_, H_ * D_}),
                                 .lse = a.att_lse,
                                 .n_head = static_cast<int>(H_),
-                                .n_kv_head = static_cast<int>(Hkv_)});
+                                .n_kv_head = static_cast<int>(Hkv_),
+                                .doc_starts = doc_starts_});
 }
 
 absl::Status Transformer::MlpActivation(const DeviceContext& ctx, const BlockActs& a) {
@@ -617,7 +620,8 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
     ZT_RETURN_IF_ERROR(RopeApply(ctx, {.qkv = qkv3,
                                        .n_head = static_cast<int>(H_),
                                        .n_kv_head = static_cast<int>(Hkv_),
-                                       .theta = config_.rope_theta()}));
+                                       .theta = config_.rope_theta(),
+                                       .positions = positions_}));
   }
   ZT_RETURN_IF_ERROR(AttentionCore(ctx, a));
   // Row-parallel under tensor parallelism: the ranks' partial products are summed (Megatron's
@@ -903,13 +907,15 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                              .dout = grad_.atty.Reshape({B_, T_, H_ * D_}),
                                              .dqkv = grad_.qkv.Reshape({B_, T_, Q}),
                                              .n_head = static_cast<int>(H_),
-                                             .n_kv_head = static_cast<int>(Hkv_)}));
+                                             .n_kv_head = static_cast<int>(Hkv_),
+                                             .doc_starts = doc_starts_}));
   if (!gpt2_) {
     // RoPE is a rotation: its backward rotates dq, dk back by −θ.
     ZT_RETURN_IF_ERROR(RopeApply(ctx, {.qkv = grad_.qkv.Reshape({B_, T_, Q}),
                                        .n_head = static_cast<int>(H_),
                                        .n_kv_head = static_cast<int>(Hkv_),
                                        .theta = config_.rope_theta(),
+                                       .positions = positions_,
                                        .direction = RopeDirection::kInverse}));
   }
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.qkv.weight", "attn.qkv.bias",
@@ -947,10 +953,12 @@ absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tens
                                              .dwpe = View(u, grads, "wpe"),
                                              .vocab_begin = vocab_begin_});
   }
+  const Tensor dwpe = View(u, grads, "wpe");
   return zt::EmbeddingBackward(ctx, {.tokens = tokens_,
                                      .dout = grad_.residual.Reshape({B_, T_, C_}),
                                      .dwte = View(u, grads, "wte"),
-                                     .dwpe = View(u, grads, "wpe")});
+                                     .dwpe = dwpe,
+                                     .positions = dwpe.empty() ? Tensor() : positions_});
 }
 
 absl::Status Transformer::Backward(const DeviceContext& ctx) {

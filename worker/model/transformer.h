@@ -118,6 +118,15 @@ class Transformer {
   // quantized (the rest of the base comes from InitializeWeights, which skips these).
   absl::Status InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed);
 
+  // Packed sequences (data.packing): the (B, S) i32 document starts (kernels/packing.h) and
+  // the (B, T) i32 positions (DocumentPositions) of the forwards and backwards that follow,
+  // in memory the context reads; the model keeps the views, the caller owns them and refills
+  // them per micro-batch. Attention then stays inside each document and RoPE or the learned
+  // positions restart at each one. Empty tensors (the default): one sequence a row.
+  void SetDocuments(const Tensor& doc_starts, const Tensor& positions) {
+    doc_starts_ = doc_starts;
+    positions_ = positions;
+  }
   // Inputs and targets of the next forward: (B, T) i32 views of the workspace.
   const Tensor& tokens() const { return tokens_; }
   const Tensor& targets() const { return targets_; }
@@ -315,6 +324,7 @@ class Transformer {
   // H_, Hkv_, F_, V_ are this rank's shares under tensor parallelism.
   int64_t B_ = 0, T_ = 0, C_ = 0, H_ = 0, Hkv_ = 0, D_ = 0, F_ = 0, V_ = 0;
 
+  Tensor doc_starts_, positions_;  // SetDocuments', empty when unpacked
   std::vector<Tensor> params_, grads_;
   std::vector<Tensor> lora_params_, lora_grads_;
   struct QuantizedWeightBuffers {
