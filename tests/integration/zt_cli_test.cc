@@ -230,7 +230,9 @@ TEST_F(ZtCliTest, TensorParallelTrainingExportsTheWholeModel) {
 // A pipeline-parallel job trains through `zt train`; --export and --sample, which need the
 // whole model in one place, are refused before any step runs rather than after the last.
 TEST_F(ZtCliTest, PipelineParallelTrainsAndRefusesExportBeforeTraining) {
-  const std::string pp = "parallel:\n  world_size: 2\n  pipeline_parallel: 2\n";
+  // 1F1B (the default schedule) needs a micro-batch per stage.
+  const std::string pp =
+      "parallel:\n  world_size: 2\n  pipeline_parallel: 2\n  micro_batches: 2\n";
   const std::string job = WriteJob("pp.yaml", "", "", pp);
   RunResult r = RunZt("train " + job + " --quiet");
   ASSERT_EQ(r.exit_code, 0) << r.output;
