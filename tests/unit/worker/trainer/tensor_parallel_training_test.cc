@@ -9,12 +9,11 @@
 // tensor-parallel layout and by checkpoint export.
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/rank_threads.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/checkpoint_export.h"
 #include "worker/comm/store.h"
@@ -82,56 +81,44 @@ class TensorParallelTrainingTest : public ::testing::Test {
     const int n = job.parallel().world_size();
     InProcessStore store;
     out.ranks.resize(n);
-    std::vector<absl::Status> status(n);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        status[r] = [&]() -> absl::Status {
-          TrainOptions options;
-          options.rank = r;
-          options.store = &store;
-          options.resume_dir = resume;
-          if (use_run) options.stop_after_step = steps;
-          absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
-          if (!t.ok()) return t.status();
-          RankRun& mine = out.ranks[r];
-          mine.tp_rank = (*t)->model().tensor_parallel().rank;
-          auto record = [&](const StepRecord& rec) {
-            mine.losses.push_back(rec.loss);
-            mine.grad_norms.push_back(rec.grad_norm);
-            if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
-            if (mine.first_grads.empty()) {
-              for (const Tensor& g : (*t)->model().unit_grads()) {
-                mine.first_grads.emplace_back(g.data<float>(), g.data<float>() + g.numel());
-              }
-            }
-          };
-          if (use_run) {
-            ZT_RETURN_IF_ERROR((*t)->Run(record));
-          } else {
-            for (int s = 0; s < steps; ++s) {
-              absl::StatusOr<StepRecord> rec = (*t)->Step();
-              if (!rec.ok()) return rec.status();
-              record(*rec);
-            }
+    out.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
+      TrainOptions options;
+      options.rank = r;
+      options.store = &store;
+      options.resume_dir = resume;
+      if (use_run) options.stop_after_step = steps;
+      absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
+      if (!t.ok()) return t.status();
+      RankRun& mine = out.ranks[r];
+      mine.tp_rank = (*t)->model().tensor_parallel().rank;
+      auto record = [&](const StepRecord& rec) {
+        mine.losses.push_back(rec.loss);
+        mine.grad_norms.push_back(rec.grad_norm);
+        if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
+        if (mine.first_grads.empty()) {
+          for (const Tensor& g : (*t)->model().unit_grads()) {
+            mine.first_grads.emplace_back(g.data<float>(), g.data<float>() + g.numel());
           }
-          for (const Tensor& p : (*t)->model().unit_params()) {
-            mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
-          }
-          mine.unclaimed = (*t)->arenas().UnclaimedBuffers();
-          absl::StatusOr<std::vector<std::vector<float>>> whole = (*t)->FullWeights();
-          if (!whole.ok()) return whole.status();
-          mine.whole = std::move(*whole);
-          return absl::OkStatus();
-        }();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < n && out.status.ok(); ++r) {
-      if (!status[r].ok())
-        out.status =
-            absl::Status(status[r].code(), absl::StrCat("rank ", r, ": ", status[r].message()));
-    }
+        }
+      };
+      if (use_run) {
+        ZT_RETURN_IF_ERROR((*t)->Run(record));
+      } else {
+        for (int s = 0; s < steps; ++s) {
+          absl::StatusOr<StepRecord> rec = (*t)->Step();
+          if (!rec.ok()) return rec.status();
+          record(*rec);
+        }
+      }
+      for (const Tensor& p : (*t)->model().unit_params()) {
+        mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
+      }
+      mine.unclaimed = (*t)->arenas().UnclaimedBuffers();
+      absl::StatusOr<std::vector<std::vector<float>>> whole = (*t)->FullWeights();
+      if (!whole.ok()) return whole.status();
+      mine.whole = std::move(*whole);
+      return absl::OkStatus();
+    });
     return out;
   }
 
