@@ -3,7 +3,8 @@
 // (tests/reference/hf_model_loss.py), not from this code base. `zt train` trains a few steps,
 // exports, and reports its validation loss; the reference must compute the same loss from the
 // exported weights. Skipped, with the reason, where /usr/bin/python3 has no torch.
-#include <sys/wait.h>
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -13,28 +14,13 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/python_reference.h"
 #include "worker/data/token_shard.h"
 
 namespace zt {
 namespace {
 
-std::string RunCommand(const std::string& cmd, int* exit_code) {
-  std::string out;
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
-bool HaveTorch() {
-  int rc = -1;
-  RunCommand("/usr/bin/python3 -c 'import torch'", &rc);
-  return rc == 0;
-}
+using testing_util::RunCommand;
 
 struct Case {
   const char* family;
@@ -44,17 +30,12 @@ struct Case {
 class ReferenceModelTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReferenceModelTest, ValidationLossMatchesFloat64PyTorch) {
-  if (!HaveTorch()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch (python3-torch)";
+  if (!testing_util::SystemPythonHasTorch())
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (python3-torch)";
   const Case c = GetParam();
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zt-reference-" + std::to_string(::getpid()) + "-" + c.family);
-  std::filesystem::create_directories(dir);
-  // Structured tokens, so that trained weights are far from the initial ones.
-  std::vector<int32_t> tokens(6000);
-  std::mt19937 rng(4);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = rng() % 4 == 0 ? static_cast<int32_t>(rng() % 48) : static_cast<int32_t>(i % 13);
-  }
+  const auto dir = testing_util::FreshScratchDir(std::string("reference-") + c.family +
+                                                 std::to_string(c.n_kv_head));
+  const std::vector<int32_t> tokens = testing_util::StructuredTokens(6000, 48, 13, 4, 4);
   ASSERT_TRUE(WriteTokenShard((dir / "train.bin").string(), tokens, 48).ok());
   ASSERT_TRUE(WriteTokenShard((dir / "val.bin").string(),
                               std::vector<int32_t>(tokens.begin() + 3000, tokens.end()), 48)
