@@ -21,10 +21,10 @@ absl::StatusOr<std::unique_ptr<MicroBatches>> MicroBatches::Open(
                       ReadStreamDocuments(*m->stream_));
   if (!indexes.has_value()) {
     if (data.packing()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.packing: ", label, "[0] '", m->stream_->shard_path(0),
-          "' has no document index (", m->stream_->shard_path(0),
-          ".docs); packing needs shards written by `zt prepare --format jsonl`"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.packing: ", label, "[0] '", m->stream_->shard_path(0),
+                       "' has no document index (", m->stream_->shard_path(0),
+                       ".docs); packing needs shards written by `zt prepare --format jsonl`"));
     }
     m->plain_.emplace(&*m->stream_, options.B, options.T, options.shuffle, options.seed);
     ZT_RETURN_IF_ERROR(m->plain_->Check());
@@ -33,18 +33,18 @@ absl::StatusOr<std::unique_ptr<MicroBatches>> MicroBatches::Open(
   m->packed_ = data.packing();
   ZT_ASSIGN_OR_RETURN(
       m->documents_,
-      DocumentSampler::Create(&*m->stream_, *indexes,
-                              {.B = options.B,
-                               .T = options.T,
-                               .pack = data.packing(),
-                               .shuffle = options.shuffle,
-                               .seed = options.seed,
-                               .overlong = data.overlong() == zerotrain::DataConfig::TRUNCATE
-                                               ? Overlong::kTruncate
-                                               : Overlong::kRefuse}));
+      DocumentSampler::Create(
+          &*m->stream_, *indexes,
+          {.B = options.B,
+           .T = options.T,
+           .pack = data.packing(),
+           .shuffle = options.shuffle,
+           .seed = options.seed,
+           .overlong = data.overlong() == zerotrain::DataConfig::TRUNCATE ? Overlong::kTruncate
+                                                                          : Overlong::kRefuse}));
   if (m->packed_) {
-    m->doc_starts_.assign(
-        static_cast<size_t>(options.B) * m->documents_->max_documents_per_row(), 0);
+    m->doc_starts_.assign(static_cast<size_t>(options.B) * m->documents_->max_documents_per_row(),
+                          0);
     m->positions_.assign(static_cast<size_t>(options.B) * options.T, 0);
   }
   return m;
@@ -55,13 +55,17 @@ absl::StatusOr<int64_t> MicroBatches::Fill(int64_t k, int32_t* tokens, int32_t* 
     ZT_RETURN_IF_ERROR(plain_->Fill(k, tokens, targets));
     return int64_t{B_} * T_;
   }
-  ZT_RETURN_IF_ERROR(
-      documents_->Fill(k, tokens, targets, packed_ ? doc_starts_.data() : nullptr));
+  ZT_RETURN_IF_ERROR(documents_->Fill(k, tokens, targets, packed_ ? doc_starts_.data() : nullptr));
   if (packed_) {
-    ZT_RETURN_IF_ERROR(DocumentPositions(CpuContext(1), {.doc_starts = doc_starts(),
-                                                         .positions = positions()}));
+    ZT_RETURN_IF_ERROR(
+        DocumentPositions(CpuContext(1), {.doc_starts = doc_starts(), .positions = positions()}));
   }
   return std::count_if(targets, targets + int64_t{B_} * T_, [](int32_t t) { return t >= 0; });
+}
+
+absl::StatusOr<int64_t> MicroBatches::CountedTargets(int64_t k) const {
+  if (plain_.has_value()) return int64_t{B_} * T_;
+  return documents_->CountedTargets(k);
 }
 
 Tensor MicroBatches::doc_starts() const {

@@ -49,6 +49,9 @@ class MicroBatches {
   // starts and positions (doc_starts(), positions()). Returns how many targets count (are
   // ≥ 0): B·T for plain shards.
   absl::StatusOr<int64_t> Fill(int64_t k, int32_t* tokens, int32_t* targets);
+  // What Fill(k) returns, without reading the data: B·T for plain shards, the document plan's
+  // count otherwise (DocumentSampler::CountedTargets).
+  absl::StatusOr<int64_t> CountedTargets(int64_t k) const;
 
   // Whether rows hold several documents each (data.packing on document shards).
   bool packed() const { return packed_; }

@@ -61,24 +61,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   // are allocated.
   ZT_ASSIGN_OR_RETURN(const std::vector<std::string> train_paths,
                       ExpandDataPaths(job.data().train(), "data.train"));
-  ZT_ASSIGN_OR_RETURN(t->train_batches_,
-                      MicroBatches::Open(train_paths, "data.train", job.data(),
-                                         {.B = B,
-                                          .T = T,
-                                          .shuffle = job.data().shuffle(),
-                                          .seed = job.data().seed(),
-                                          .vocab_size = model.vocab_size()}));
+  ZT_ASSIGN_OR_RETURN(t->train_batches_, MicroBatches::Open(train_paths, "data.train", job.data(),
+                                                            {.B = B,
+                                                             .T = T,
+                                                             .shuffle = job.data().shuffle(),
+                                                             .seed = job.data().seed(),
+                                                             .vocab_size = model.vocab_size()}));
   if (!job.data().val().empty()) {
     ZT_ASSIGN_OR_RETURN(const std::vector<std::string> val_paths,
                         ExpandDataPaths(job.data().val(), "data.val"));
     // Validation always reads sequentially from the start: comparable across runs.
-    ZT_ASSIGN_OR_RETURN(t->val_batches_,
-                        MicroBatches::Open(val_paths, "data.val", job.data(),
-                                           {.B = B,
-                                            .T = T,
-                                            .shuffle = false,
-                                            .seed = job.data().seed(),
-                                            .vocab_size = model.vocab_size()}));
+    ZT_ASSIGN_OR_RETURN(t->val_batches_, MicroBatches::Open(val_paths, "data.val", job.data(),
+                                                            {.B = B,
+                                                             .T = T,
+                                                             .shuffle = false,
+                                                             .seed = job.data().seed(),
+                                                             .vocab_size = model.vocab_size()}));
   }
 
   const int rank = options.rank;
@@ -873,30 +871,46 @@ absl::StatusOr<StepRecord> Trainer::Step() {
         static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
     ZT_RETURN_IF_ERROR(RunPipelineSchedule(grad_scale, &data_wait_s));
   }
+  // The step's loss is the mean over every target it counts, on every rank and in every
+  // micro-batch: the loss of the one large batch that gradient accumulation and data
+  // parallelism split, however unevenly documents (prompts masked, padding) spread the counted
+  // targets. Every rank works the total out alone from the document plan, no collective.
+  int64_t step_counted = 0;
+  if (!model_->pipelined()) {
+    for (int64_t k = step_ * accum * ranks; k < (step_ + 1) * accum * ranks; ++k) {
+      ZT_ASSIGN_OR_RETURN(const int64_t counted, train_batches_->CountedTargets(k));
+      step_counted += counted;
+    }
+  }
   for (int64_t micro = 0; micro < accum && !model_->pipelined(); ++micro) {
     const int64_t global = (step_ * accum + micro) * ranks + data_rank_;
     const auto fill_start = Clock::now();
     ZT_ASSIGN_OR_RETURN(const int64_t counted, UploadBatch(*train_batches_, global));
     data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
-    // The reported loss is the mean over micro-batches and ranks of each micro-batch's mean
-    // over its counted targets (AccumulateMeanLoss), and this is its gradient's scale. Plain
-    // shards count all B·T targets, so this is 1 / (N·accum·B·T), as always; document shards
-    // mask prompts and padding. A micro-batch with nothing counted adds nothing.
+    // The gradient sums over the micro-batch's counted targets at grad_scale each, so
+    // 1 / step_counted makes the step's gradient the token-level mean's. The loss kernel
+    // averages over the micro-batch's own counted targets: dividing that by
+    // step_counted / (counted · ranks) weighs it by its share of the step, and the ranks' sum
+    // is divided by `ranks` below. Plain shards count all B·T targets: 1 / (N·accum·B·T) and
+    // accum, as always. A micro-batch with nothing counted adds nothing.
     const float grad_scale =
-        counted == 0 ? 0.0f
-                     : static_cast<float>(loss_scale / static_cast<double>(ranks * accum * counted));
+        step_counted == 0 ? 0.0f
+                          : static_cast<float>(loss_scale / static_cast<double>(step_counted));
+    const double loss_divisor =
+        counted == 0 ? 1.0
+                     : static_cast<double>(step_counted) / static_cast<double>(counted * ranks);
     // The adapters' dropout masks: a function of the job's seed and the global micro-batch,
     // so a resumed run draws the masks the uninterrupted one did.
     if (model_->layout().lora) {
       model_->SetLoraDropoutSeed(job_.train().seed() * 0x9E3779B97F4A7C15ull +
                                  static_cast<uint64_t>(global));
     }
-    // The step's loss is the mean of its micro-batches', summed on the device.
+    // The step's loss is summed on the device, each micro-batch weighed as above.
     ZT_RETURN_IF_ERROR(engine_->ForwardBackward(ctx_,
                                                 {.write_grad = true,
                                                  .grad_scale = grad_scale,
                                                  .loss_sum = engine_->loss_accumulator(),
-                                                 .loss_divisor = static_cast<double>(accum)},
+                                                 .loss_divisor = loss_divisor},
                                                 /*last=*/micro + 1 == accum));
   }
   ZT_RETURN_IF_ERROR(

@@ -24,11 +24,11 @@ absl::StatusOr<std::optional<std::vector<DocumentIndex>>> ReadStreamDocuments(
   }
   if (with < 0) return std::optional<std::vector<DocumentIndex>>();
   if (without >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        stream.field_label(), "[", with, "] '", stream.shard_path(with),
-        "' has a document index (zt prepare --format jsonl) and ", stream.field_label(), "[",
-        without, "] '", stream.shard_path(without),
-        "' has none: a field's shards are all documents or all plain text"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(stream.field_label(), "[", with, "] '", stream.shard_path(with),
+                     "' has a document index (zt prepare --format jsonl) and ",
+                     stream.field_label(), "[", without, "] '", stream.shard_path(without),
+                     "' has none: a field's shards are all documents or all plain text"));
   }
   return std::optional<std::vector<DocumentIndex>>(std::move(indexes));
 }
@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<DocumentSampler>> DocumentSampler::Create(
         if (options.overlong == Overlong::kRefuse) {
           return absl::InvalidArgumentError(absl::StrCat(
               stream->field_label(), "[", i, "] '", stream->shard_path(static_cast<int>(i)),
-              "': document ", d, " has ", span.length, " tokens > ", options.seq_len_field, " ",
-              T, " (data.overlong REFUSE; TRUNCATE keeps its first ", T, " tokens)"));
+              "': document ", d, " has ", span.length, " tokens > ", options.seq_len_field, " ", T,
+              " (data.overlong REFUSE; TRUNCATE keeps its first ", T, " tokens)"));
         }
         p.length = static_cast<uint32_t>(T);
         p.prompt_length = std::min(p.prompt_length, p.length);
@@ -102,7 +102,8 @@ absl::StatusOr<std::unique_ptr<DocumentSampler>> DocumentSampler::Create(
   s->pieces_ = std::move(ordered);
   for (int64_t r = 0; r < s->rows(); ++r) {
     int64_t tokens = 0;
-    for (int64_t i = s->row_begin_[r]; i < s->row_begin_[r + 1]; ++i) tokens += s->pieces_[i].length;
+    for (int64_t i = s->row_begin_[r]; i < s->row_begin_[r + 1]; ++i)
+      tokens += s->pieces_[i].length;
     const int64_t docs = s->row_begin_[r + 1] - s->row_begin_[r] + (tokens < T ? 1 : 0);
     s->max_docs_ = std::max<int>(s->max_docs_, static_cast<int>(docs));
   }
@@ -154,6 +155,23 @@ absl::Status DocumentSampler::FillRow(int64_t row, int32_t* inputs, int32_t* tar
   }
   if (doc_starts != nullptr) std::fill(doc_starts + s, doc_starts + max_docs_, T);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> DocumentSampler::CountedTargets(int64_t k) const {
+  if (k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch index ", k, " must be >= 0"));
+  }
+  int64_t counted = 0;
+  for (int64_t b = 0; b < options_.B; ++b) {
+    const int64_t row = RowOf(k * options_.B + b);
+    for (int64_t i = row_begin_[row]; i < row_begin_[row + 1]; ++i) {
+      // FillRow counts target j when j + 1 < length and j + 1 >= prompt_length: positions
+      // max(prompt_length, 1) - 1 … length - 2.
+      const int64_t length = pieces_[i].length;
+      counted += std::max<int64_t>(0, length - std::max<int64_t>(pieces_[i].prompt_length, 1));
+    }
+  }
+  return counted;
 }
 
 absl::Status DocumentSampler::Fill(int64_t k, int32_t* inputs, int32_t* targets,

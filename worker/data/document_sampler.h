@@ -68,6 +68,10 @@ class DocumentSampler {
   // row's end is a document of its own; unused entries are T). InvalidArgument for k < 0;
   // the stream's errors.
   absl::Status Fill(int64_t k, int32_t* inputs, int32_t* targets, int32_t* doc_starts) const;
+  // How many of micro-batch k's targets Fill writes as counted (≥ 0), from the plan alone: no
+  // token is read. The step loop divides the loss by the step's total (token-level mean over
+  // every micro-batch and rank, the larger batch's loss). InvalidArgument for k < 0.
+  absl::StatusOr<int64_t> CountedTargets(int64_t k) const;
 
   int B() const { return options_.B; }
   int T() const { return options_.T; }

@@ -2,6 +2,7 @@
 // documents, shuffled epochs, and shards that mix documents with plain text.
 #include "worker/data/document_sampler.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -24,13 +25,14 @@ struct Doc {
   uint32_t prompt = 0;
 };
 
-std::string WriteDocs(const ScratchDir& dir, const std::string& name, const std::vector<Doc>& docs) {
+std::string WriteDocs(const ScratchDir& dir, const std::string& name,
+                      const std::vector<Doc>& docs) {
   std::vector<int32_t> all;
   DocumentIndex index;
   for (const Doc& d : docs) {
     all.insert(all.end(), d.tokens.begin(), d.tokens.end());
-    index.documents.push_back({.length = static_cast<uint32_t>(d.tokens.size()),
-                               .prompt_length = d.prompt});
+    index.documents.push_back(
+        {.length = static_cast<uint32_t>(d.tokens.size()), .prompt_length = d.prompt});
   }
   const std::string path = dir.File(name);
   EXPECT_TRUE(WriteTokenShard(path, all, 256).ok());
@@ -56,8 +58,8 @@ Opened Open(const std::vector<std::string>& paths) {
 TEST(DocumentSamplerTest, PackedRowsHoldWholeDocumentsWithMaskedTargets) {
   ScratchDir dir;
   // Prompt lengths 1, 0, 2: targets inside the prompt and at each document's end are -1.
-  const std::string shard = WriteDocs(
-      dir, "a.bin", {{{10, 11, 12}, 1}, {{20, 21}, 0}, {{30, 31, 32, 33}, 2}, {{40}, 0}});
+  const std::string shard =
+      WriteDocs(dir, "a.bin", {{{10, 11, 12}, 1}, {{20, 21}, 0}, {{30, 31, 32, 33}, 2}, {{40}, 0}});
   Opened o = Open({shard});
   auto s = DocumentSampler::Create(&o.stream, o.indexes, {.B = 2, .T = 6, .pack = true});
   ASSERT_TRUE(s.ok()) << s.status();
@@ -137,6 +139,51 @@ TEST(DocumentSamplerTest, ShuffledEpochsArePermutationsOfTheRowsAndPureInK) {
     ASSERT_TRUE((*fresh)->Fill(k, in.data(), tg.data(), nullptr).ok());
     EXPECT_EQ(in, first[k]) << k;
   }
+}
+
+// CountedTargets works the count out from the plan; Fill writes the targets: they must agree
+// for every micro-batch, packed or padded, shuffled, with prompts of every length (none, part,
+// all, and longer than the document a 9-token one is truncated to).
+TEST(DocumentSamplerTest, CountedTargetsIsWhatFillCounts) {
+  ScratchDir dir;
+  std::vector<Doc> docs;
+  for (int i = 0; i < 40; ++i) {
+    const int length = 1 + (i * 7) % 9;  // 1 … 9 tokens; 9 > T truncates
+    Doc d;
+    for (int j = 0; j < length; ++j) d.tokens.push_back(1 + (i + j) % 200);
+    d.prompt = static_cast<uint32_t>((i * 5) % (length + 1));  // 0 … length
+    docs.push_back(d);
+  }
+  Opened o = Open({WriteDocs(dir, "a.bin", docs)});
+  for (const bool pack : {true, false}) {
+    for (const bool shuffle : {false, true}) {
+      auto s = DocumentSampler::Create(&o.stream, o.indexes,
+                                       {.B = 3,
+                                        .T = 8,
+                                        .pack = pack,
+                                        .shuffle = shuffle,
+                                        .seed = 3,
+                                        .overlong = Overlong::kTruncate});
+      ASSERT_TRUE(s.ok()) << s.status();
+      int64_t total = 0;
+      for (int64_t k = 0; k < 30; ++k) {  // more than an epoch
+        std::vector<int32_t> in(24), tg(24);
+        ASSERT_TRUE((*s)->Fill(k, in.data(), tg.data(), nullptr).ok());
+        const int64_t filled =
+            std::count_if(tg.begin(), tg.end(), [](int32_t t) { return t >= 0; });
+        auto counted = (*s)->CountedTargets(k);
+        ASSERT_TRUE(counted.ok()) << counted.status();
+        EXPECT_EQ(*counted, filled)
+            << "k " << k << (pack ? " packed" : " padded") << (shuffle ? " shuffled" : "");
+        total += filled;
+      }
+      EXPECT_GT(total, 0);
+    }
+  }
+  auto s = DocumentSampler::Create(&o.stream, o.indexes,
+                                   {.B = 1, .T = 8, .overlong = Overlong::kTruncate});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->CountedTargets(-1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DocumentSamplerTest, DocumentsAndPlainTextInOneFieldAreRefused) {

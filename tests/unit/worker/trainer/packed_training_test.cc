@@ -10,10 +10,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/rank_threads.h"
+#include "worker/comm/store.h"
 #include "worker/data/document_index.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
+#include "worker/micro_batches.h"
 #include "worker/trainer.h"
 
 namespace zt {
@@ -116,6 +120,72 @@ TEST_F(PackedTrainingTest, PackedAndPaddedRunsLearnForBothFamilies) {
       // below its start (ln 32 ≈ 3.47); a model that saw no targets would not move.
       EXPECT_LT(r.losses.back(), 0.8 * r.losses.front())
           << ModelConfig::Family_Name(family) << (packing ? " packed" : " padded");
+    }
+  }
+}
+
+// One step of 4 rows, split three ways: one micro-batch of 4 rows, 2 accumulated micro-batches
+// of 2, and 2 data-parallel ranks of 2. The rows are the same (row k·B + b of the plan), but
+// prompts and padding leave each micro-batch a different number of counted targets, so only a
+// token-level mean over the whole step gives the three the same loss and gradients (the mean
+// of micro-batch means, the gradient-accumulation slip Hugging Face fixed in 2024, weighs a
+// target of a sparse micro-batch more).
+TEST_F(PackedTrainingTest, AccumulationAndDataParallelismGiveTheLargeBatchLoss) {
+  const std::string shard = WriteDocuments("docs.bin", 14);
+  for (const bool packing : {true, false}) {
+    JobSpec large = Job(ModelConfig::LLAMA, shard, packing);
+    large.mutable_train()->set_micro_batch_size(4);
+    large.mutable_train()->set_grad_accum_steps(1);
+    large.mutable_parallel()->set_micro_batches(1);
+    large.mutable_train()->set_max_steps(6);
+    JobSpec accumulated = large;
+    accumulated.mutable_train()->set_micro_batch_size(2);
+    accumulated.mutable_train()->set_grad_accum_steps(2);
+    accumulated.mutable_parallel()->set_micro_batches(2);
+    JobSpec data_parallel = large;
+    data_parallel.mutable_train()->set_micro_batch_size(2);
+    data_parallel.mutable_parallel()->set_world_size(2);
+    data_parallel.mutable_resources()->set_cpu_threads(1);
+
+    const RunResult one = Train(ValidatedJob(large).value(), 6);
+    const RunResult acc = Train(ValidatedJob(accumulated).value(), 6);
+    ASSERT_TRUE(one.status.ok()) << one.status;
+    ASSERT_TRUE(acc.status.ok()) << acc.status;
+    const JobSpec dp = ValidatedJob(data_parallel).value();
+    InProcessStore store;
+    std::vector<std::vector<double>> dp_losses(2);
+    ASSERT_TRUE(testing::RunRankThreads(2, [&](int r) -> absl::Status {
+                  TrainOptions options;
+                  options.rank = r;
+                  options.store = &store;
+                  options.stop_after_step = 6;
+                  ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(dp, options));
+                  return t->Run([&](const StepRecord& rec) { dp_losses[r].push_back(rec.loss); });
+                }).ok());
+    ASSERT_EQ(one.losses.size(), 6u);
+    ASSERT_EQ(acc.losses.size(), 6u);
+    ASSERT_EQ(dp_losses[0].size(), 6u);
+    // The 2-row micro-batches' counted targets must differ within a step, or a mean of means
+    // would pass too.
+    auto batches = MicroBatches::Open(
+        {shard}, "data.train", dp.data(),
+        {.B = 2, .T = 16, .shuffle = true, .seed = dp.data().seed(), .vocab_size = 32});
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    int uneven_steps = 0;
+    for (int64_t step = 0; step < 6; ++step) {
+      uneven_steps += (*batches)->CountedTargets(2 * step).value() !=
+                      (*batches)->CountedTargets(2 * step + 1).value();
+    }
+    EXPECT_GE(uneven_steps, 4);
+    // The same sums in another blocking (rows per GEMM, a ring all-reduce): fp32 reordering
+    // noise, compounded over 6 Adam steps; a mean of means is off by percents.
+    for (size_t s = 0; s < 6; ++s) {
+      EXPECT_NEAR(acc.losses[s], one.losses[s], 1e-5 * one.losses[s])
+          << (packing ? "packed" : "padded") << " accumulated, step " << s + 1;
+      EXPECT_NEAR(dp_losses[0][s], one.losses[s], 1e-5 * one.losses[s])
+          << (packing ? "packed" : "padded") << " 2 ranks, step " << s + 1;
+      EXPECT_NEAR(acc.grad_norms[s], one.grad_norms[s], 1e-4 * one.grad_norms[s])
+          << (packing ? "packed" : "padded") << " accumulated, step " << s + 1;
     }
   }
 }
