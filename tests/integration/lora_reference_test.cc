@@ -23,7 +23,7 @@
 namespace zt {
 namespace {
 
-using testing_util::RunCommand;
+using testing::RunCommand;
 
 struct LoraCase {
   const char* family;
@@ -36,11 +36,11 @@ struct LoraCase {
 class LoraReferenceTest : public ::testing::TestWithParam<LoraCase> {};
 
 TEST_P(LoraReferenceTest, StepsMatchFloat64PyTorch) {
-  if (!testing_util::SystemPythonHasTorch())
+  if (!testing::SystemPythonHasTorch())
     GTEST_SKIP() << "/usr/bin/python3 cannot import torch (python3-torch)";
   const LoraCase c = GetParam();
-  const auto dir = testing_util::FreshScratchDir(std::string("lora-reference-") + c.name);
-  const std::vector<int32_t> tokens = testing_util::StructuredTokens(4000, 40, 7, 3, 11);
+  const auto dir = testing::FreshScratchDir(std::string("lora-reference-") + c.name);
+  const std::vector<int32_t> tokens = testing::StructuredTokens(4000, 40, 7, 3, 11);
   ASSERT_TRUE(WriteTokenShard((dir / "train.bin").string(), tokens, 40).ok());
   const int B = 2, T = 12, steps = 5, rank = 4;
   const double alpha = 16, lr = 0.02, weight_decay = 0.1, grad_clip = 0.5;
@@ -70,11 +70,9 @@ TEST_P(LoraReferenceTest, StepsMatchFloat64PyTorch) {
       {"grad_clip", grad_clip},
       {"seed", 5}}.dump();
   const std::string script = std::string(ZT_SOURCE_DIR) + "/tests/reference/lora_steps.py";
-  int rc = -1;
-  std::string out = RunCommand(
-      "/usr/bin/python3 " + script + " make " + (dir / "config.json").string() + " " + dir.string(),
-      &rc);
-  ASSERT_EQ(rc, 0) << out;
+  testing::RunResult run = RunCommand("/usr/bin/python3 " + script + " make " +
+                                      (dir / "config.json").string() + " " + dir.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
 
   std::string modules;
   for (const std::string& t : c.targets) modules += (modules.empty() ? "" : ", ") + t;
@@ -90,11 +88,10 @@ TEST_P(LoraReferenceTest, StepsMatchFloat64PyTorch) {
       << "train: {micro_batch_size: " << B << ", max_steps: " << steps << "}\n"
       << "optimizer: {lr: " << lr << ", weight_decay: " << weight_decay
       << ", grad_clip: " << grad_clip << "}\n";
-  out = RunCommand(std::string(ZT_BINARY_DIR) + "/bin/zt train " + (dir / "job.yaml").string() +
-                       " --quiet --run-dir " + (dir / "run").string() + " --export " +
-                       (dir / "ours").string(),
-                   &rc);
-  ASSERT_EQ(rc, 0) << out;
+  run = RunCommand(std::string(ZT_BINARY_DIR) + "/bin/zt train " + (dir / "job.yaml").string() +
+                   " --quiet --run-dir " + (dir / "run").string() + " --export " +
+                   (dir / "ours").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
   std::vector<double> ours;
   {
     std::ifstream metrics(dir / "run" / "metrics.jsonl");
@@ -106,12 +103,11 @@ TEST_P(LoraReferenceTest, StepsMatchFloat64PyTorch) {
   }
   ASSERT_EQ(ours.size(), static_cast<size_t>(steps));
 
-  out = RunCommand("/usr/bin/python3 " + script + " train " + (dir / "config.json").string() + " " +
-                       dir.string() + " " + (dir / "train.bin").string() + " " +
-                       (dir / "ours").string(),
-                   &rc);
-  ASSERT_EQ(rc, 0) << out;
-  const auto ref = nlohmann::json::parse(out.substr(out.find('{')));
+  run =
+      RunCommand("/usr/bin/python3 " + script + " train " + (dir / "config.json").string() + " " +
+                 dir.string() + " " + (dir / "train.bin").string() + " " + (dir / "ours").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto ref = nlohmann::json::parse(run.output.substr(run.output.find('{')));
   ASSERT_EQ(ref.at("losses").size(), ours.size());
   for (size_t s = 0; s < ours.size(); ++s) {
     const double expected = ref.at("losses")[s].get<double>();
@@ -144,11 +140,11 @@ INSTANTIATE_TEST_SUITE_P(
     Families, LoraReferenceTest,
     ::testing::Values(LoraCase{"GPT2", 4, 128, {"c_attn", "c_proj", "c_fc"}, "Gpt2AllModules"},
                       LoraCase{"LLAMA",
-                           2,
-                           64,
-                           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                            "down_proj"},
-                           "LlamaGqaAllModules"}),
+                               2,
+                               64,
+                               {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj"},
+                               "LlamaGqaAllModules"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

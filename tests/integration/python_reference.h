@@ -1,9 +1,8 @@
-// Running the independent PyTorch references under tests/reference/ from a test: a shell
-// command's output and exit status, and whether Debian's python3-torch is importable (the
-// reference tests skip, with that reason, where it is not).
+// For the tests that run the independent PyTorch references under tests/reference/: whether
+// Debian's python3-torch is importable (they skip, with that reason, where it is not), a
+// scratch directory, and learnable token data.
 #pragma once
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -13,31 +12,14 @@
 #include <string>
 #include <vector>
 
-namespace zt::testing_util {
+#include "tests/integration/zt_process.h"
+
+namespace zt::testing {
 
 inline constexpr char kSystemPython[] = "/usr/bin/python3";
 
-// Runs `cmd` through the shell; its stdout and stderr together. *exit_code is its exit status,
-// or −1 where it did not exit normally.
-inline std::string RunCommand(const std::string& cmd, int* exit_code) {
-  std::string out;
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) {
-    *exit_code = -1;
-    return out;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
 inline bool SystemPythonHasTorch() {
-  int rc = -1;
-  RunCommand(std::string(kSystemPython) + " -c 'import torch'", &rc);
-  return rc == 0;
+  return RunCommand(std::string(kSystemPython) + " -c 'import torch'").exit_code == 0;
 }
 
 // An empty scratch directory for one test case, named after the process and `name`.
@@ -63,4 +45,4 @@ inline std::vector<int32_t> StructuredTokens(size_t count, int vocab, int period
   return tokens;
 }
 
-}  // namespace zt::testing_util
+}  // namespace zt::testing

@@ -20,7 +20,7 @@
 namespace zt {
 namespace {
 
-using testing_util::RunCommand;
+using testing::RunCommand;
 
 struct Case {
   const char* family;
@@ -30,12 +30,12 @@ struct Case {
 class ReferenceModelTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReferenceModelTest, ValidationLossMatchesFloat64PyTorch) {
-  if (!testing_util::SystemPythonHasTorch())
+  if (!testing::SystemPythonHasTorch())
     GTEST_SKIP() << "/usr/bin/python3 cannot import torch (python3-torch)";
   const Case c = GetParam();
-  const auto dir = testing_util::FreshScratchDir(std::string("reference-") + c.family +
-                                                 std::to_string(c.n_kv_head));
-  const std::vector<int32_t> tokens = testing_util::StructuredTokens(6000, 48, 13, 4, 4);
+  const auto dir =
+      testing::FreshScratchDir(std::string("reference-") + c.family + std::to_string(c.n_kv_head));
+  const std::vector<int32_t> tokens = testing::StructuredTokens(6000, 48, 13, 4, 4);
   ASSERT_TRUE(WriteTokenShard((dir / "train.bin").string(), tokens, 48).ok());
   ASSERT_TRUE(WriteTokenShard((dir / "val.bin").string(),
                               std::vector<int32_t>(tokens.begin() + 3000, tokens.end()), 48)
@@ -51,13 +51,11 @@ TEST_P(ReferenceModelTest, ValidationLossMatchesFloat64PyTorch) {
       << "train: {micro_batch_size: " << B << ", max_steps: " << steps
       << ", eval_interval: " << steps << ", eval_steps: " << eval_batches << "}\n"
       << "optimizer: {lr: 0.01}\n";
-  int rc = -1;
-  std::string out =
+  testing::RunResult run =
       RunCommand(std::string(ZT_BINARY_DIR) + "/bin/zt train " + (dir / "job.yaml").string() +
-                     " --quiet --run-dir " + (dir / "run").string() + " --export " +
-                     (dir / "model.safetensors").string(),
-                 &rc);
-  ASSERT_EQ(rc, 0) << out;
+                 " --quiet --run-dir " + (dir / "run").string() + " --export " +
+                 (dir / "model.safetensors").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
   double ours = 0;
   {
     std::ifstream metrics(dir / "run" / "metrics.jsonl");
@@ -70,12 +68,11 @@ TEST_P(ReferenceModelTest, ValidationLossMatchesFloat64PyTorch) {
       {"n_kv_head", c.n_kv_head}, {"d_model", 32}, {"eps", 1e-5},
       {"rope_theta", 10000.0},    {"batch", B},    {"seq_len", T},
       {"batches", eval_batches}}.dump();
-  out = RunCommand("/usr/bin/python3 " + std::string(ZT_SOURCE_DIR) +
-                       "/tests/reference/hf_model_loss.py " + (dir / "config.json").string() + " " +
-                       (dir / "model.safetensors").string() + " " + (dir / "val.bin").string(),
-                   &rc);
-  ASSERT_EQ(rc, 0) << out;
-  const auto losses = nlohmann::json::parse(out.substr(out.find('{'))).at("losses");
+  run = RunCommand("/usr/bin/python3 " + std::string(ZT_SOURCE_DIR) +
+                   "/tests/reference/hf_model_loss.py " + (dir / "config.json").string() + " " +
+                   (dir / "model.safetensors").string() + " " + (dir / "val.bin").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto losses = nlohmann::json::parse(run.output.substr(run.output.find('{'))).at("losses");
   double reference = 0;
   for (const auto& l : losses) reference += l.get<double>();
   reference /= static_cast<double>(losses.size());

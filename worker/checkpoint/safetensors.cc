@@ -396,6 +396,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   if (w->fd_ < 0) return ErrnoStatus(errno, "cannot create", w->tmp_path_);
   w->buffer_.reserve(kWriteBufferBytes);
   const uint64_t header_len = text.size();
+  w->file_bytes_ = 8 + header_len + static_cast<uint64_t>(offset);
   ZT_RETURN_IF_ERROR(w->Append(&header_len, 8));
   ZT_RETURN_IF_ERROR(w->Append(text.data(), text.size()));
   return w;
@@ -407,7 +408,11 @@ SafetensorsWriter::~SafetensorsWriter() {
 }
 
 absl::Status SafetensorsWriter::IoError(std::string_view what, int err) const {
-  return ErrnoStatus(err, what, tmp_path_);
+  const absl::Status status = ErrnoStatus(err, what, tmp_path_);
+  if (err != ENOSPC && err != EDQUOT) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), " (the file needs ", file_bytes_,
+                                   " bytes; ", flushed_bytes_, " were written)"));
 }
 
 absl::Status SafetensorsWriter::CheckNext(std::string_view name, int64_t nbytes) const {
@@ -447,6 +452,7 @@ absl::Status SafetensorsWriter::Flush() {
     }
     p += n;
     left -= static_cast<size_t>(n);
+    flushed_bytes_ += static_cast<uint64_t>(n);
   }
   buffer_.clear();
   return absl::OkStatus();

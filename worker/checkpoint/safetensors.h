@@ -190,6 +190,10 @@ class SafetensorsWriter {
   std::vector<SafetensorsTensorSpec> specs_;
   std::vector<int64_t> nbytes_;
   size_t next_ = 0;
+  // The whole file's size (header and data) and what has reached it: a full disk's error says
+  // both, so the operator knows how much room the write needs.
+  uint64_t file_bytes_ = 0;
+  uint64_t flushed_bytes_ = 0;
   // Small tensors (biases, norms) are gathered here so they do not cost a syscall each.
   std::vector<uint8_t> buffer_;
 };
