@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <system_error>
@@ -17,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/durable_file.h"
 #include "worker/checkpoint/safetensors.h"
+#include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/model/param_layout.h"
 #include "worker/rank_state.h"
 
@@ -129,6 +131,43 @@ std::string WeightsRole(const zerotrain::PrecisionConfig& precision) {
   return master ? "master" : "params";
 }
 
+// The saved f32 weights of the whole model, a range of a unit at a time: read straight from
+// the ranks' ranges (ReadUnitRange), or, from a tensor-parallel checkpoint, out of the whole
+// unit joined from its shares — held for the next range of the same unit, so a unit is joined
+// once while its tensors are written in table order.
+class SavedWeights {
+ public:
+  SavedWeights(const zerotrain::JobSpec& saved, std::function<std::string(int)> rank_file)
+      : saved_(saved), rank_file_(std::move(rank_file)), role_(WeightsRole(saved.precision())) {}
+
+  absl::Status Read(int unit, int64_t begin, int64_t end, float* out) {
+    if (saved_.parallel().tensor_parallel() <= 1) {
+      return ReadUnitRange(saved_, rank_file_, unit, role_, begin, end, out);
+    }
+    if (unit != joined_unit_) {
+      const ModelLayout layout = BuildModelLayout(saved_.model());
+      joined_.reserve(layout.units[unit].numel);
+      joined_.resize(layout.units[unit].numel);
+      joined_unit_ = -1;
+      ZT_RETURN_IF_ERROR(
+          ReadWholeUnitFromTensorParallelShares(saved_, rank_file_, unit, role_, joined_.data()));
+      joined_unit_ = unit;
+    }
+    std::copy(joined_.begin() + begin, joined_.begin() + end, out);
+    return absl::OkStatus();
+  }
+
+  // The most f32 values held for a joined unit.
+  int64_t held_floats() const { return static_cast<int64_t>(joined_.capacity()); }
+
+ private:
+  const zerotrain::JobSpec& saved_;
+  std::function<std::string(int)> rank_file_;
+  std::string role_;
+  int joined_unit_ = -1;
+  std::vector<float> joined_;
+};
+
 }  // namespace
 
 absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint) {
@@ -148,15 +187,9 @@ absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint) {
         ", zero_stage ", stage, ", shard_group_size ", group,
         ") is invalid: world_size ≥ 1, zero_stage 0–3, shard_group_size dividing world_size"));
   }
-  if (const int tp = int_field("tensor_parallel"); tp > 1) {
-    // Each rank file holds tensor-parallel shares, which these readers would take for ranges
-    // of whole units.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", checkpoint.path(), "' was written at parallel.tensor_parallel ", tp,
-        ": its rank files hold tensor-parallel shares, which export and model.init_from do not "
-        "read yet; export from the training run (zt train --export) or resume it at its own "
-        "layout"));
-  }
+  // Each rank file of a tensor-parallel checkpoint holds shares: SavedWeights joins them.
+  const int tp = int_field("tensor_parallel");
+  if (tp > 1) job.mutable_parallel()->set_tensor_parallel(tp);
   if (const int pp = int_field("pipeline_parallel"); pp > 1) {
     // Each rank file holds one pipeline stage's units, not ranges of the whole model's.
     return absl::FailedPreconditionError(absl::StrCat(
@@ -204,9 +237,8 @@ absl::StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& check
                      "); give a new or empty directory, or remove those files"));
   }
 
-  const std::string role = WeightsRole(job.precision());
   const std::string step_dir = ckpt->path();
-  auto rank_file = [&](int r) { return JoinPath(step_dir, RankFileName(r)); };
+  SavedWeights weights(job, [&](int r) { return JoinPath(step_dir, RankFileName(r)); });
 
   const int64_t element_bytes = DTypeSize(options.dtype);
   const std::vector<std::vector<size_t>> shards =
@@ -230,10 +262,11 @@ absl::StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& check
       // reserve() first: resize() alone may grow the capacity past the tensor.
       values.reserve(t.numel());
       values.resize(t.numel());
-      ZT_RETURN_IF_ERROR(ReadUnitRange(job, rank_file, t.unit, role, begin, end, values.data()));
+      ZT_RETURN_IF_ERROR(weights.Read(t.unit, begin, end, values.data()));
       ZT_RETURN_IF_ERROR(writer->WriteF32(t.name, HfOrder(t, values, &scratch)));
       result.peak_buffer_floats = std::max(
-          result.peak_buffer_floats, static_cast<int64_t>(values.capacity() + scratch.capacity()));
+          result.peak_buffer_floats,
+          static_cast<int64_t>(values.capacity() + scratch.capacity()) + weights.held_floats());
       result.total_bytes += t.numel() * element_bytes;
       ++result.tensors;
       weight_map[t.name] = name;
@@ -286,12 +319,10 @@ absl::Status ReadCheckpointWeights(const std::string& checkpoint,
                                       " parameters, this job's ", layout.units[u].numel));
     }
   }
-  const std::string role = WeightsRole(saved.precision());
   const std::string step_dir = ckpt->path();
-  auto rank_file = [&](int r) { return JoinPath(step_dir, RankFileName(r)); };
+  SavedWeights weights(saved, [&](int r) { return JoinPath(step_dir, RankFileName(r)); });
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    ZT_RETURN_IF_ERROR(ReadUnitRange(saved, rank_file, static_cast<int>(u), role, 0,
-                                     layout.units[u].numel, units[u]));
+    ZT_RETURN_IF_ERROR(weights.Read(static_cast<int>(u), 0, layout.units[u].numel, units[u]));
   }
   return absl::OkStatus();
 }

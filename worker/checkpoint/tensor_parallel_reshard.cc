@@ -55,7 +55,78 @@ bool Elementwise(const std::string& role) {
          role == "momentum";
 }
 
+// Every saved rank's file, opened (mapped) once.
+absl::StatusOr<std::vector<std::unique_ptr<SafetensorsFile>>> OpenSavedRanks(
+    const zerotrain::JobSpec& saved, const std::function<std::string(int)>& rank_file) {
+  std::vector<std::unique_ptr<SafetensorsFile>> files(saved.parallel().world_size());
+  for (size_t r = 0; r < files.size(); ++r) {
+    ZT_ASSIGN_OR_RETURN(files[r], SafetensorsFile::Open(rank_file(static_cast<int>(r))));
+  }
+  return files;
+}
+
+// Unit u's buffer `role` (saved as `buffer`, f32) of the whole model, in unit_values (sized to
+// the whole unit), placed element by element from every saved rank's range of its share.
+absl::Status JoinWholeUnit(const zerotrain::JobSpec& saved,
+                           const std::vector<std::unique_ptr<SafetensorsFile>>& files,
+                           const std::function<std::string(int)>& rank_file, int u,
+                           const std::string& buffer, const std::string& role,
+                           std::vector<float>* unit_values) {
+  const zerotrain::ModelConfig& m = saved.model();
+  const ModelLayout whole = BuildModelLayout(m);
+  const int saved_tp = std::max(1, saved.parallel().tensor_parallel());
+  const ModelLayout saved_local = TensorParallelModelLayout(m, saved_tp);
+  unit_values->assign(whole.units[u].numel, 0.0f);
+  std::map<int, std::vector<int64_t>> saved_index;  // per saved TP rank
+  for (int r = 0; r < static_cast<int>(files.size()); ++r) {
+    const int k = ParallelLayout::ForJob(saved, r).coordinates().tensor;
+    if (!saved_index.contains(k)) {
+      saved_index[k] = GlobalIndex(m, saved_local.units[u], whole.units[u], saved_tp, k);
+    }
+    const std::vector<int64_t>& index = saved_index[k];
+    const Segment seg = SegmentOf(saved, r, saved_local.units[u], role);
+    if (seg.end <= seg.begin) continue;  // an empty range: the plan holds no such buffer
+    const SafetensorsTensorInfo* info = files[r]->Find(buffer);
+    const int64_t need = (seg.end - seg.begin) * static_cast<int64_t>(sizeof(float));
+    if (info == nullptr || info->nbytes() < need) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint file '", rank_file(r), "': buffer ", buffer,
+                       info == nullptr ? " is missing" : " is shorter than its layout says"));
+    }
+    if (info->dtype != StDType::kF32) {
+      return absl::UnimplementedError(
+          absl::StrCat("checkpoint file '", rank_file(r), "': buffer ", buffer,
+                       " is not f32, which is all a tensor-parallel checkpoint is read in"));
+    }
+    const absl::Span<const uint8_t> bytes = files[r]->Bytes(*info);
+    std::vector<float> values(seg.end - seg.begin);
+    std::memcpy(values.data(), bytes.data(), need);
+    files[r]->Release(*info);
+    for (int64_t i = seg.begin; i < seg.end; ++i) {
+      if (index[i] >= 0) (*unit_values)[index[i]] = values[i - seg.begin];
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ReadWholeUnitFromTensorParallelShares(const zerotrain::JobSpec& saved,
+                                                   const std::function<std::string(int)>& rank_file,
+                                                   int unit, const std::string& role, float* out) {
+  const ModelLayout whole = BuildModelLayout(saved.model());
+  if (unit < 0 || unit >= static_cast<int>(whole.units.size()) ||
+      (role != "params" && role != "master")) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadWholeUnitFromTensorParallelShares: unit ",
+                                                   unit, " role '", role, "' is not a weight"));
+  }
+  ZT_ASSIGN_OR_RETURN(const auto files, OpenSavedRanks(saved, rank_file));
+  std::vector<float> values;
+  ZT_RETURN_IF_ERROR(JoinWholeUnit(saved, files, rank_file, unit,
+                                   whole.units[unit].name + "." + role, role, &values));
+  std::copy(values.begin(), values.end(), out);
+  return absl::OkStatus();
+}
 
 absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
                                         const std::function<std::string(int)>& rank_file,
@@ -64,16 +135,10 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
                                         bool weights_only) {
   const zerotrain::ModelConfig& m = job.model();
   const ModelLayout whole = BuildModelLayout(m);
-  const int saved_tp = std::max(1, saved.parallel().tensor_parallel());
   const int tp = std::max(1, job.parallel().tensor_parallel());
-  const ModelLayout saved_local = TensorParallelModelLayout(m, saved_tp);
   const ModelLayout local = TensorParallelModelLayout(m, tp);
   const int my_tp_rank = ParallelLayout::ForJob(job, rank).coordinates().tensor;
-  const int saved_world = saved.parallel().world_size();
-  std::vector<std::unique_ptr<SafetensorsFile>> files(saved_world);
-  for (int r = 0; r < saved_world; ++r) {
-    ZT_ASSIGN_OR_RETURN(files[r], SafetensorsFile::Open(rank_file(r)));
-  }
+  ZT_ASSIGN_OR_RETURN(const auto files, OpenSavedRanks(saved, rank_file));
   std::vector<float> unit_values;
   for (const BufferSpec& buffer : plan.buffers) {
     if (!IsCheckpointed(buffer, weights_only)) continue;
@@ -91,31 +156,7 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
           "of tensor-parallel checkpoints reads so far"));
     }
     // The whole unit's values of this role, from every saved rank's range of its share.
-    unit_values.assign(whole.units[u].numel, 0.0f);
-    std::map<int, std::vector<int64_t>> saved_index;  // per saved TP rank
-    for (int r = 0; r < saved_world; ++r) {
-      const int k = ParallelLayout::ForJob(saved, r).coordinates().tensor;
-      if (!saved_index.contains(k)) {
-        saved_index[k] = GlobalIndex(m, saved_local.units[u], whole.units[u], saved_tp, k);
-      }
-      const std::vector<int64_t>& index = saved_index[k];
-      const Segment seg = SegmentOf(saved, r, saved_local.units[u], role);
-      if (seg.end <= seg.begin) continue;  // an empty range: the plan holds no such buffer
-      const SafetensorsTensorInfo* info = files[r]->Find(b->name);
-      const int64_t need = (seg.end - seg.begin) * static_cast<int64_t>(sizeof(float));
-      if (info == nullptr || info->nbytes() < need) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("checkpoint file '", rank_file(r), "': buffer ", b->name,
-                         info == nullptr ? " is missing" : " is shorter than its layout says"));
-      }
-      const absl::Span<const uint8_t> bytes = files[r]->Bytes(*info);
-      std::vector<float> values(seg.end - seg.begin);
-      std::memcpy(values.data(), bytes.data(), need);
-      files[r]->Release(*info);
-      for (int64_t i = seg.begin; i < seg.end; ++i) {
-        if (index[i] >= 0) unit_values[index[i]] = values[i - seg.begin];
-      }
-    }
+    ZT_RETURN_IF_ERROR(JoinWholeUnit(saved, files, rank_file, u, b->name, role, &unit_values));
     // This rank's share and range of it.
     const std::vector<int64_t> index =
         GlobalIndex(m, local.units[u], whole.units[u], tp, my_tp_rank);

@@ -29,4 +29,14 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
                                         const MemoryPlan& plan, const Arenas& into,
                                         bool weights_only);
 
+// The whole unit `unit`'s `role` values ("params" or "master": the f32 weights) as the
+// checkpoint `saved` wrote them at its tensor-parallel layout (pipeline_parallel 1), joined
+// from every saved rank's range of its share into out[0, the whole unit's numel): what `zt
+// export` and model.init_from read from a tensor-parallel checkpoint, a unit at a time.
+// Unimplemented for a saved buffer that is not f32; FailedPrecondition naming the file when a
+// saved buffer is missing or shorter than its layout says.
+absl::Status ReadWholeUnitFromTensorParallelShares(
+    const zerotrain::JobSpec& saved, const std::function<std::string(int)>& rank_file, int unit,
+    const std::string& role, float* out);
+
 }  // namespace zt

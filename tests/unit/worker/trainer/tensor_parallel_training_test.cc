@@ -5,16 +5,19 @@
 // same gradients of the first step (each rank's share against the one-rank gradient sliced);
 // TP2 × DP2 under ZeRO-1 against one rank reading the whole global batch, and the whole
 // weights joined from the shares (FullWeights, what export writes) against the one-rank
-// model's; a tensor-parallel checkpoint resuming bit-identically, and refused at another
-// tensor-parallel layout and by checkpoint export.
+// model's; a tensor-parallel checkpoint resuming bit-identically, resharding onto other
+// layouts, and exported (and read by model.init_from) as the whole model.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint_export.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
@@ -272,7 +275,7 @@ TEST_F(TensorParallelTrainingTest, AccumulationCheckpointingAndEvaluationMatchOn
                      "gpt2 tp 2, accumulation 2, full checkpointing");
 }
 
-TEST_F(TensorParallelTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayoutAndIsNotExported) {
+TEST_F(TensorParallelTrainingTest, CheckpointResumesBitIdenticallyAndExportsTheWholeModel) {
   JobSpec job = Llama(2, 1, 0, 2);
   job.mutable_train()->set_max_steps(6);
   job.mutable_checkpoint()->set_interval_steps(3);
@@ -293,12 +296,34 @@ TEST_F(TensorParallelTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout
     }
     EXPECT_EQ(second.ranks[r].params, whole.ranks[r].params) << "rank " << r;
   }
-  // Export reads whole units from rank files: a tensor-parallel checkpoint is refused by name.
+  // The checkpoint's whole weights, joined from the rank files' shares: model.init_from's
+  // (ReadCheckpointWeights) are FullWeights' at the end of the run, bit for bit (elements are
+  // placed, not computed); `zt export`'s (ExportCheckpoint) file is ExportHuggingFace's of them
+  // byte for byte, as `zt train --export` writes it.
+  const ModelLayout layout = BuildModelLayout(job.model());
+  std::vector<std::vector<float>> read(layout.units.size());
+  std::vector<float*> units;
+  std::vector<const float*> whole_units;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    read[u].assign(layout.units[u].numel, std::nanf(""));
+    units.push_back(read[u].data());
+    whole_units.push_back(second.ranks[0].whole[u].data());
+  }
+  ASSERT_TRUE(ReadCheckpointWeights(job.checkpoint().dir(), job.model(), units).ok());
+  EXPECT_TRUE(read == second.ranks[0].whole);
   absl::StatusOr<CheckpointExportResult> exported =
       ExportCheckpoint(job.checkpoint().dir(), (dir_ / "export").string(), {});
-  EXPECT_EQ(exported.status().code(), absl::StatusCode::kFailedPrecondition) << exported.status();
-  EXPECT_NE(exported.status().message().find("tensor_parallel 2"), std::string::npos)
-      << exported.status();
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->step, 6);
+  const std::string direct = (dir_ / "direct.safetensors").string();
+  ASSERT_TRUE(ExportHuggingFace(direct, job.model(), layout, whole_units).ok());
+  const auto bytes = [](const std::filesystem::path& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string from_checkpoint = bytes(dir_ / "export" / kHfWeightsName);
+  ASSERT_FALSE(from_checkpoint.empty());
+  EXPECT_TRUE(from_checkpoint == bytes(direct));
 }
 
 // Whole weights within the bound of ExpectSameTraining (reduction-order noise through a few
