@@ -366,11 +366,13 @@ absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
 absl::Status Trainer::InitializeWeights() {
   const zerotrain::ModelConfig& model = job_.model();
   const ModelLayout& layout = model_->layout();
-  // Imports read whole units (resharding on read comes with sharded checkpoints).
+  // Imports read the whole model's units (set-up memory outside the plan); a tensor-parallel
+  // rank then keeps its share of each.
   std::vector<std::vector<float>> imported;
   if (!model.init_from().empty()) {
+    const ModelLayout whole = BuildModelLayout(model);
     std::vector<float*> units;
-    for (const UnitLayout& u : layout.units) {
+    for (const UnitLayout& u : whole.units) {
       imported.emplace_back(u.numel);
       units.push_back(imported.back().data());
     }
@@ -378,7 +380,15 @@ absl::Status Trainer::InitializeWeights() {
     // model directory.
     ZT_RETURN_IF_ERROR(IsCheckpoint(model.init_from())
                            ? ReadCheckpointWeights(model.init_from(), model, units)
-                           : ImportHuggingFace(model.init_from(), model, layout, units));
+                           : ImportHuggingFace(model.init_from(), model, whole, units));
+    if (const TensorParallelGroup& tp = model_->tensor_parallel(); tp.size > 1) {
+      for (size_t u = 0; u < whole.units.size(); ++u) {
+        std::vector<float> share(layout.units[u].numel);
+        ExtractUnitShare(model, whole.units[u], layout.units[u], tp.size, tp.rank,
+                         imported[u].data(), share.data());
+        imported[u] = std::move(share);
+      }
+    }
   }
   // The fp32 values pass through a bounded buffer, a chunk at a time, so set-up never holds
   // a whole unit beside the arenas (the memory plan is the peak).

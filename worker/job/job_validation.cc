@@ -591,9 +591,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }
     NeedsFp32WithoutOffload(spec, needs);
-    if (!spec.model().init_from().empty()) {
-      needs("from its own initialisation (model.init_from reads whole tensors, not shares)");
-    }
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       // Its column statistics would cover a rank's rows only: they need a sum over the group.
       needs(
