@@ -590,7 +590,12 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }
-    NeedsFp32WithoutOffload(spec, needs);
+    // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard.
+    using P = zerotrain::PrecisionConfig;
+    if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
+        precision.grad_dtype() != P::FP32) {
+      needs("in precision param_dtype, compute_dtype and grad_dtype FP32 (its local ops are f32)");
+    }
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       // Its column statistics would cover a rank's rows only: they need a sum over the group.
       needs(

@@ -23,6 +23,7 @@
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/tensor_parallel_slice.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/plan/parallel_plan.h"
 #include "worker/trainer.h"
 
@@ -38,6 +39,7 @@ struct RankRun {
   std::vector<std::vector<float>> params;       // per unit, the rank's share at the end
   std::vector<std::vector<float>> whole;        // FullWeights at the end: the whole model
   int tp_rank = 0;
+  int64_t offloaded_bytes = 0;  // to the host and out to swap, over the run
 };
 
 struct Outcome {
@@ -83,11 +85,24 @@ class TensorParallelTrainingTest : public ::testing::Test {
     const JobSpec job = *validated;
     const int n = job.parallel().world_size();
     InProcessStore store;
+    // offload.optimizer NVME: one swap store for the ranks, as `zt train` opens it.
+    std::shared_ptr<offload::SwapStore> swap;
+    if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+      std::vector<int> ranks(n);
+      for (int r = 0; r < n; ++r) ranks[r] = r;
+      absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, ranks);
+      if (!opened.ok()) {
+        out.status = opened.status();
+        return out;
+      }
+      swap = *opened;
+    }
     out.ranks.resize(n);
     out.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
       TrainOptions options;
       options.rank = r;
       options.store = &store;
+      options.swap_store = swap.get();
       options.resume_dir = resume;
       if (use_run) options.stop_after_step = steps;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
@@ -97,6 +112,7 @@ class TensorParallelTrainingTest : public ::testing::Test {
       auto record = [&](const StepRecord& rec) {
         mine.losses.push_back(rec.loss);
         mine.grad_norms.push_back(rec.grad_norm);
+        mine.offloaded_bytes += rec.offload_bytes_to_host + rec.swap_bytes_out;
         if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
         if (mine.first_grads.empty()) {
           for (const Tensor& g : (*t)->model().unit_grads()) {
@@ -284,6 +300,36 @@ TEST_F(TensorParallelTrainingTest, ZeroTwoAndThreeInsideTheDataParallelGroupsMat
   }
   ExpectSameTraining(Run(Llama(4, 2, 3, 2), 10), Run(Llama(1, 1, 0, 4), 10),
                      "llama tp4 x dp2 zero-3");
+}
+
+// Optimizer offload steps each rank's shares like any flat shard: TP2 × DP2 with the
+// optimizer in host memory (ZeRO-Offload) or on NVMe (ZeRO-Infinity) is the same job without
+// offload, bit for bit (the same kernels over the same shards, on the CPU).
+TEST_F(TensorParallelTrainingTest, OptimizerOffloadIsTheDevicePathBitForBit) {
+  for (int stage : {1, 2}) {
+    const JobSpec plain = Llama(2, 2, stage, 2);
+    const Outcome reference = Run(plain, 6);
+    ASSERT_TRUE(reference.status.ok()) << reference.status;
+    for (const auto where : {zerotrain::OffloadConfig::CPU, zerotrain::OffloadConfig::NVME}) {
+      JobSpec job = plain;
+      job.mutable_offload()->set_optimizer(where);
+      job.mutable_offload()->set_buffer_count(4);
+      job.mutable_offload()->set_buffer_size(1 << 20);
+      if (where == zerotrain::OffloadConfig::NVME) {
+        std::filesystem::create_directories(dir_ / "swap");
+        job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+      }
+      const std::string what =
+          zerotrain::OffloadConfig::Device_Name(where) + " at ZeRO-" + std::to_string(stage);
+      const Outcome got = Run(job, 6);
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+      for (size_t r = 0; r < got.ranks.size(); ++r) {
+        EXPECT_EQ(got.ranks[r].losses, reference.ranks[r].losses) << what << ", rank " << r;
+        EXPECT_TRUE(got.ranks[r].params == reference.ranks[r].params) << what << ", rank " << r;
+        EXPECT_GT(got.ranks[r].offloaded_bytes, 0) << what << ", rank " << r;
+      }
+    }
+  }
 }
 
 TEST_F(TensorParallelTrainingTest, AccumulationCheckpointingAndEvaluationMatchOneRank) {
