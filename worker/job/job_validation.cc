@@ -594,7 +594,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     using P = zerotrain::PrecisionConfig;
     if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
         precision.grad_dtype() != P::FP32) {
-      needs("in precision param_dtype, compute_dtype and grad_dtype FP32 (its local ops are f32)");
+      needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
     }
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       // Its column statistics would cover a rank's rows only: they need a sum over the group.
