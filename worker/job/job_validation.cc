@@ -521,14 +521,18 @@ namespace {
 
 // What tensor and pipeline parallelism both train in so far: f32 throughout, the optimizer on
 // the rank. `needs` adds a line naming the layout's field.
-void NeedsFp32WithoutOffload(const JobSpec& spec,
-                             const std::function<void(const std::string&)>& needs) {
+void NeedsFp32(const JobSpec& spec, const std::function<void(const std::string&)>& needs) {
   using P = zerotrain::PrecisionConfig;
   const P& precision = spec.precision();
   if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
       precision.grad_dtype() != P::FP32) {
     needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
   }
+}
+
+void NeedsFp32WithoutOffload(const JobSpec& spec,
+                             const std::function<void(const std::string&)>& needs) {
+  NeedsFp32(spec, needs);
   if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
     needs("without offload.optimizer");
   }
@@ -591,11 +595,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }
     // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard.
-    using P = zerotrain::PrecisionConfig;
-    if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
-        precision.grad_dtype() != P::FP32) {
-      needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
-    }
+    NeedsFp32(spec, needs);
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       // Its column statistics would cover a rank's rows only: they need a sum over the group.
       needs(
