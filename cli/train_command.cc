@@ -155,8 +155,9 @@ absl::Status RunTrain(const TrainFlags& flags) {
     return absl::InvalidArgumentError(absl::StrCat(
         !flags.export_path.empty() ? "--export" : "--sample", ": parallel.pipeline_parallel ",
         job.parallel().pipeline_parallel(),
-        " leaves each stage's units on its own ranks, and joining them into one model is not "
-        "supported yet; train with pipeline_parallel 1 to export or sample"));
+        " leaves each stage's units on its own ranks, and this process does not join them; set "
+        "checkpoint.dir and run `zt export CHECKPOINT --out DIR` afterwards (it joins the "
+        "stages), or train with pipeline_parallel 1 to sample"));
   }
   std::unique_ptr<Store> store;
   if (flags.rendezvous.empty()) {

@@ -132,16 +132,16 @@ std::string WeightsRole(const zerotrain::PrecisionConfig& precision) {
 }
 
 // The saved f32 weights of the whole model, a range of a unit at a time: read straight from
-// the ranks' ranges (ReadUnitRange), or, from a tensor-parallel checkpoint, out of the whole
-// unit joined from its shares — held for the next range of the same unit, so a unit is joined
-// once while its tensors are written in table order.
+// the ranks' ranges (ReadUnitRange), or, from a tensor- or pipeline-parallel checkpoint, out of
+// the whole unit joined from its stage's shares — held for the next range of the same unit, so a
+// unit is joined once while its tensors are written in table order.
 class SavedWeights {
  public:
   SavedWeights(const zerotrain::JobSpec& saved, std::function<std::string(int)> rank_file)
       : saved_(saved), rank_file_(std::move(rank_file)), role_(WeightsRole(saved.precision())) {}
 
   absl::Status Read(int unit, int64_t begin, int64_t end, float* out) {
-    if (saved_.parallel().tensor_parallel() <= 1) {
+    if (saved_.parallel().tensor_parallel() <= 1 && saved_.parallel().pipeline_parallel() <= 1) {
       return ReadUnitRange(saved_, rank_file_, unit, role_, begin, end, out);
     }
     if (unit != joined_unit_) {
@@ -149,8 +149,7 @@ class SavedWeights {
       joined_.reserve(layout.units[unit].numel);
       joined_.resize(layout.units[unit].numel);
       joined_unit_ = -1;
-      ZT_RETURN_IF_ERROR(
-          ReadWholeUnitFromTensorParallelShares(saved_, rank_file_, unit, role_, joined_.data()));
+      ZT_RETURN_IF_ERROR(ReadWholeUnitFromShares(saved_, rank_file_, unit, role_, joined_.data()));
       joined_unit_ = unit;
     }
     std::copy(joined_.begin() + begin, joined_.begin() + end, out);
@@ -187,15 +186,25 @@ absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint) {
         ", zero_stage ", stage, ", shard_group_size ", group,
         ") is invalid: world_size ≥ 1, zero_stage 0–3, shard_group_size dividing world_size"));
   }
-  // Each rank file of a tensor-parallel checkpoint holds shares: SavedWeights joins them.
-  const int tp = int_field("tensor_parallel");
-  if (tp > 1) job.mutable_parallel()->set_tensor_parallel(tp);
+  // Each rank file of a tensor- or pipeline-parallel checkpoint holds its shares of its
+  // stage's units: SavedWeights joins them, with the stages' units as the schedule's chunks.
+  if (const int tp = int_field("tensor_parallel"); tp > 1) {
+    job.mutable_parallel()->set_tensor_parallel(tp);
+  }
   if (const int pp = int_field("pipeline_parallel"); pp > 1) {
-    // Each rank file holds one pipeline stage's units, not ranges of the whole model's.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", checkpoint.path(), "' was written at parallel.pipeline_parallel ", pp,
-        ": its rank files hold one pipeline stage's units each, which export and "
-        "model.init_from do not read yet; resume it at its own layout"));
+    job.mutable_parallel()->set_pipeline_parallel(pp);
+    zerotrain::ParallelConfig::PipelineSchedule schedule = zerotrain::ParallelConfig::ONE_F_ONE_B;
+    const auto it = state.find("pipeline_schedule");
+    if (it != state.end() &&
+        (!it->is_string() ||
+         !zerotrain::ParallelConfig::PipelineSchedule_Parse(it->get<std::string>(), &schedule))) {
+      return absl::DataLossError(absl::StrCat("checkpoint '", checkpoint.path(),
+                                              "': the manifest's pipeline_schedule ", it->dump(),
+                                              " is not a schedule"));
+    }
+    job.mutable_parallel()->set_pipeline_schedule(schedule);
+    // Checkpoints from before the interleaved schedule have one chunk a stage.
+    job.mutable_parallel()->set_virtual_stages(std::max(1, int_field("virtual_stages")));
   }
   job.mutable_parallel()->set_world_size(world);
   job.mutable_parallel()->set_zero_stage(stage);

@@ -57,12 +57,12 @@ struct CheckpointExportResult {
 
 // The job that wrote `checkpoint`, as far as its manifest's state records it: the model
 // config, the precision (defaults applied) and the parallel layout (world_size, zero_stage,
-// shard_group_size, and tensor_parallel when > 1: its rank files then hold tensor-parallel
-// shares, which ExportCheckpoint and ReadCheckpointWeights join a unit at a time).
+// shard_group_size, and tensor_parallel and pipeline_parallel (with its schedule and
+// virtual_stages) when > 1: its rank files then hold tensor-parallel shares of their stage's
+// units, which ExportCheckpoint and ReadCheckpointWeights join a unit at a time).
 // FailedPrecondition naming the checkpoint when the state does not record the model or
 // precision (written before manifests did); DataLoss naming it when a field does not parse or
-// the layout is invalid; FailedPrecondition naming it when it was written at
-// pipeline_parallel > 1 (each rank file holds one stage's units).
+// the layout is invalid.
 absl::StatusOr<zerotrain::JobSpec> SavedJobSpec(const Checkpoint& checkpoint);
 
 // Exports `checkpoint` — a checkpoint.dir (the step `latest` names) or one step directory
@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenVerified(const std::string& path
 bool IsCheckpoint(const std::string& path);
 
 // The fp32 weights of `checkpoint` (a checkpoint.dir's `latest` step, or one step directory),
-// written at any world size, ZeRO stage and tensor-parallel degree, into units[u][0, numel) of `model`'s layout: the
+// written at any world size, ZeRO stage, tensor- and pipeline-parallel degree, into units[u][0, numel) of `model`'s layout: the
 // master weights when the saved precision keeps them, else the parameters. Every rank file is
 // verified first (DataLoss naming a corrupt one). FailedPrecondition naming the checkpoint
 // and the first difference when it was saved for another model (family or a unit's size).

@@ -214,12 +214,13 @@ constexpr int64_t kReadChunk = int64_t{1} << 18;
 absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
                            const std::function<std::string(int)>& rank_file, int unit,
                            const std::string& role, int64_t begin, int64_t end, float* out) {
-  if (saved_job.parallel().tensor_parallel() > 1) {
-    // Its rank files hold shares, not ranges of whole units.
+  if (saved_job.parallel().tensor_parallel() > 1 || saved_job.parallel().pipeline_parallel() > 1) {
+    // Its rank files hold shares of their stage's units, not ranges of whole units.
     return absl::FailedPreconditionError(
         absl::StrCat("ReadUnitRange: the checkpoint was written at parallel.tensor_parallel ",
-                     saved_job.parallel().tensor_parallel(),
-                     "; its weights are read whole (ReadWholeUnitFromTensorParallelShares)"));
+                     saved_job.parallel().tensor_parallel(), ", pipeline_parallel ",
+                     saved_job.parallel().pipeline_parallel(),
+                     "; its weights are read whole (ReadWholeUnitFromShares)"));
   }
   const ModelLayout layout = BuildModelLayout(saved_job.model());
   if (unit < 0 || unit >= static_cast<int>(layout.units.size()) || begin < 0 || begin > end ||

@@ -520,6 +520,10 @@ absl::Status Trainer::SaveCheckpoint(bool final) {
                           {"shard_group_size", job_.parallel().shard_group_size()},
                           {"tensor_parallel", std::max(1, job_.parallel().tensor_parallel())},
                           {"pipeline_parallel", pipeline_size_},
+                          // Which units each stage holds: the schedule's chunks.
+                          {"pipeline_schedule", zerotrain::ParallelConfig::PipelineSchedule_Name(
+                                                    job_.parallel().pipeline_schedule())},
+                          {"virtual_stages", std::max(1, job_.parallel().virtual_stages())},
                           {"global_batch_sequences", GlobalBatchSequences(job_)},
                           {"model", ProtoJson(job_.model())},
                           {"precision", ProtoJson(job_.precision())},

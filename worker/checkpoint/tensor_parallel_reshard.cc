@@ -23,6 +23,9 @@ std::vector<int64_t> GlobalIndex(const zerotrain::ModelConfig& m, const UnitLayo
                                  const UnitLayout& whole, int tp, int r) {
   std::vector<int64_t> g(local.numel, -1);
   for (const ParamSpec& p : local.params) {
+    // A pipeline head stage's copy of the tied embedding ("lm_head.weight" appended to the
+    // head unit) is not a parameter of the whole unit: it is wte's, read from the embedding.
+    if (whole.Find(p.name) == nullptr) continue;
     const ParamSpec& w = *whole.Find(p.name);
     const TensorParallelSlice s = SliceOf(m, p.name, w.shape, tp, r);
     for (const TensorParallelSlice::Rows& run : s.rows) {
@@ -66,7 +69,9 @@ absl::StatusOr<std::vector<std::unique_ptr<SafetensorsFile>>> OpenSavedRanks(
 }
 
 // Unit u's buffer `role` (saved as `buffer`, f32) of the whole model, in unit_values (sized to
-// the whole unit), placed element by element from every saved rank's range of its share.
+// the whole unit), placed element by element from every saved rank's range of its share. A
+// saved rank holds the unit as its RankModelLayout says (a tensor-parallel share, and with
+// pipeline parallelism only its stage's units): ranks of other stages are skipped.
 absl::Status JoinWholeUnit(const zerotrain::JobSpec& saved,
                            const std::vector<std::unique_ptr<SafetensorsFile>>& files,
                            const std::function<std::string(int)>& rank_file, int u,
@@ -74,17 +79,21 @@ absl::Status JoinWholeUnit(const zerotrain::JobSpec& saved,
                            std::vector<float>* unit_values) {
   const zerotrain::ModelConfig& m = saved.model();
   const ModelLayout whole = BuildModelLayout(m);
-  const int saved_tp = std::max(1, saved.parallel().tensor_parallel());
-  const ModelLayout saved_local = TensorParallelModelLayout(m, saved_tp);
-  unit_values->assign(whole.units[u].numel, 0.0f);
-  std::map<int, std::vector<int64_t>> saved_index;  // per saved TP rank
+  const UnitLayout& whole_unit = whole.units[u];
+  unit_values->assign(whole_unit.numel, 0.0f);
+  bool found = false;
   for (int r = 0; r < static_cast<int>(files.size()); ++r) {
-    const int k = ParallelLayout::ForJob(saved, r).coordinates().tensor;
-    if (!saved_index.contains(k)) {
-      saved_index[k] = GlobalIndex(m, saved_local.units[u], whole.units[u], saved_tp, k);
+    const ParallelLayout place = ParallelLayout::ForJob(saved, r);
+    const ModelLayout rank_layout = RankModelLayout(saved, place);
+    const UnitLayout* local = nullptr;
+    for (const UnitLayout& unit : rank_layout.units) {
+      if (unit.name == whole_unit.name) local = &unit;
     }
-    const std::vector<int64_t>& index = saved_index[k];
-    const Segment seg = SegmentOf(saved, r, saved_local.units[u], role);
+    if (local == nullptr) continue;  // another pipeline stage's unit
+    found = true;
+    const std::vector<int64_t> index =
+        GlobalIndex(m, *local, whole_unit, place.tensor_size(), place.coordinates().tensor);
+    const Segment seg = SegmentOf(saved, r, *local, role);
     if (seg.end <= seg.begin) continue;  // an empty range: the plan holds no such buffer
     const SafetensorsTensorInfo* info = files[r]->Find(buffer);
     const int64_t need = (seg.end - seg.begin) * static_cast<int64_t>(sizeof(float));
@@ -94,9 +103,9 @@ absl::Status JoinWholeUnit(const zerotrain::JobSpec& saved,
                        info == nullptr ? " is missing" : " is shorter than its layout says"));
     }
     if (info->dtype != StDType::kF32) {
-      return absl::UnimplementedError(
-          absl::StrCat("checkpoint file '", rank_file(r), "': buffer ", buffer,
-                       " is not f32, which is all a tensor-parallel checkpoint is read in"));
+      return absl::UnimplementedError(absl::StrCat(
+          "checkpoint file '", rank_file(r), "': buffer ", buffer,
+          " is not f32, which is all a tensor- or pipeline-parallel checkpoint is read in"));
     }
     const absl::Span<const uint8_t> bytes = files[r]->Bytes(*info);
     std::vector<float> values(seg.end - seg.begin);
@@ -106,19 +115,23 @@ absl::Status JoinWholeUnit(const zerotrain::JobSpec& saved,
       if (index[i] >= 0) (*unit_values)[index[i]] = values[i - seg.begin];
     }
   }
+  if (!found) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: no saved rank holds unit ", whole_unit.name, " (", buffer, ")"));
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ReadWholeUnitFromTensorParallelShares(const zerotrain::JobSpec& saved,
-                                                   const std::function<std::string(int)>& rank_file,
-                                                   int unit, const std::string& role, float* out) {
+absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
+                                     const std::function<std::string(int)>& rank_file, int unit,
+                                     const std::string& role, float* out) {
   const ModelLayout whole = BuildModelLayout(saved.model());
   if (unit < 0 || unit >= static_cast<int>(whole.units.size()) ||
       (role != "params" && role != "master")) {
-    return absl::InvalidArgumentError(absl::StrCat("ReadWholeUnitFromTensorParallelShares: unit ",
-                                                   unit, " role '", role, "' is not a weight"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadWholeUnitFromShares: unit ", unit, " role '", role, "' is not a weight"));
   }
   ZT_ASSIGN_OR_RETURN(const auto files, OpenSavedRanks(saved, rank_file));
   std::vector<float> values;

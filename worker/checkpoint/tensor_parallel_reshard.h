@@ -30,12 +30,14 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
                                         bool weights_only);
 
 // The whole unit `unit`'s `role` values ("params" or "master": the f32 weights) as the
-// checkpoint `saved` wrote them at its tensor-parallel layout (pipeline_parallel 1), joined
-// from every saved rank's range of its share into out[0, the whole unit's numel): what `zt
-// export` and model.init_from read from a tensor-parallel checkpoint, a unit at a time.
-// Unimplemented for a saved buffer that is not f32; FailedPrecondition naming the file when a
-// saved buffer is missing or shorter than its layout says.
-absl::Status ReadWholeUnitFromTensorParallelShares(
+// checkpoint `saved` wrote them at its tensor- and pipeline-parallel layout (its
+// tensor_parallel, pipeline_parallel, pipeline_schedule and virtual_stages set), joined from
+// every saved rank's range of its share (the ranks of the unit's stage) into out[0, the whole
+// unit's numel): what `zt export` and model.init_from read from such a checkpoint, a unit at a
+// time. Unimplemented for a saved buffer that is not f32; FailedPrecondition naming the file
+// when a saved buffer is missing or shorter than its layout says; DataLoss when no saved rank
+// holds the unit.
+absl::Status ReadWholeUnitFromShares(
     const zerotrain::JobSpec& saved, const std::function<std::string(int)>& rank_file, int unit,
     const std::string& role, float* out);
 

@@ -224,18 +224,70 @@ TEST_F(PipelineTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
     }
     EXPECT_EQ(second.ranks[r].params, whole.ranks[r].params) << "rank " << r;
   }
-  // Another pipeline layout, and export, are refused by name (rank files hold stages).
+  // Another pipeline layout is refused by name (rank files hold stages).
   JobSpec one = Gpt2(1, 1, 1, 1, ParallelConfig::ONE_F_ONE_B);  // the same global batch
   one.mutable_train()->set_max_steps(6);
   const Outcome refused = Run(one, 6, job.checkpoint().dir());
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
   EXPECT_NE(refused.status.message().find("parallel.pipeline_parallel 2"), std::string::npos)
       << refused.status;
-  absl::StatusOr<CheckpointExportResult> exported =
-      ExportCheckpoint(job.checkpoint().dir(), (dir_ / "export").string(), {});
-  EXPECT_EQ(exported.status().code(), absl::StatusCode::kFailedPrecondition) << exported.status();
-  EXPECT_NE(exported.status().message().find("pipeline_parallel 2"), std::string::npos)
-      << exported.status();
+}
+
+// `zt export` and model.init_from read a pipeline-parallel checkpoint as the whole model: each
+// unit from the rank files of its stage (and, for GPT-2's tied embedding, not from the head
+// stage's copy). The weights read are every stage's own, bit for bit, and the head stage's copy
+// of wte is the embedding's.
+TEST_F(PipelineTrainingTest, CheckpointExportsAndInitsTheWholeModel) {
+  for (const bool llama : {false, true}) {
+    JobSpec job = llama ? Llama(2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B)
+                        : Gpt2(2, 2, 1, 1, ParallelConfig::GPIPE);
+    job.mutable_train()->set_max_steps(4);
+    job.mutable_checkpoint()->set_interval_steps(4);
+    job.mutable_checkpoint()->set_dir((dir_ / (llama ? "llama" : "gpt2")).string());
+    const Outcome trained = Run(job, 4);
+    ASSERT_TRUE(trained.status.ok()) << trained.status;
+    job = ValidatedJob(job).value();  // the model's defaults (d_ff) filled in
+    const ModelLayout whole = BuildModelLayout(job.model());
+    std::vector<std::vector<float>> read(whole.units.size());
+    std::vector<float*> units;
+    for (size_t u = 0; u < whole.units.size(); ++u) {
+      read[u].assign(whole.units[u].numel, std::nanf(""));
+      units.push_back(read[u].data());
+    }
+    const absl::Status read_status =
+        ReadCheckpointWeights(job.checkpoint().dir(), job.model(), units);
+    ASSERT_TRUE(read_status.ok()) << read_status;
+    int compared = 0;
+    for (const RankRun& rank : trained.ranks) {
+      for (size_t k = 0; k < rank.layout.units.size(); ++k) {
+        const UnitLayout& mine = rank.layout.units[k];
+        const auto at = std::find_if(whole.units.begin(), whole.units.end(),
+                                     [&](const UnitLayout& w) { return w.name == mine.name; });
+        ASSERT_NE(at, whole.units.end()) << mine.name;
+        const std::vector<float>& want = read[at - whole.units.begin()];
+        const std::vector<float>& got = rank.params[k];
+        ASSERT_GE(got.size(), want.size()) << mine.name;
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << mine.name;
+        if (const ParamSpec* copy = mine.Find("lm_head.weight");
+            copy != nullptr && at->Find("lm_head.weight") == nullptr) {
+          // The tied head's copy of wte on the last stage.
+          const ParamSpec& wte = *whole.embedding().Find("wte");
+          EXPECT_TRUE(std::equal(got.begin() + copy->offset,
+                                 got.begin() + copy->offset + copy->numel,
+                                 read[0].begin() + wte.offset))
+              << "the head stage's copy of wte";
+          ++compared;
+        }
+        ++compared;
+      }
+    }
+    EXPECT_EQ(compared,
+              static_cast<int>(trained.ranks.size() / 2 * whole.units.size()) + (llama ? 0 : 2));
+    absl::StatusOr<CheckpointExportResult> exported = ExportCheckpoint(
+        job.checkpoint().dir(), (dir_ / (llama ? "llama-export" : "gpt2-export")).string(), {});
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_EQ(exported->step, 4);
+  }
 }
 
 }  // namespace
