@@ -627,29 +627,38 @@ absl::Status Trainer::Resume() {
     return (std::filesystem::path(ckpt.path()) / absl::StrFormat("rank-%05d.safetensors", r))
         .string();
   };
-  // Each rank's file holds its tensor-parallel shares: with tensor parallelism on either side
-  // and another layout, every buffer is rebuilt from the saved shares
-  // (worker/checkpoint/tensor_parallel_reshard.h).
-  // Each rank's file holds its pipeline stage's units: resuming means the same stages.
-  if (const int saved_pp = state.value("pipeline_parallel", 1); saved_pp != pipeline_size_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", ckpt.path(), "' was written at parallel.pipeline_parallel ", saved_pp,
-        "; this job has ", pipeline_size_,
-        ": each rank file holds one pipeline stage's units, and resuming at another pipeline "
-        "layout is not supported yet — resume at pipeline_parallel ",
-        saved_pp));
+  // Each rank's file holds its tensor-parallel shares of its pipeline stage's units: with
+  // tensor or pipeline parallelism on either side and another layout, every buffer is rebuilt
+  // from the saved shares (worker/checkpoint/tensor_parallel_reshard.h), the stages' units
+  // being the chunks of the schedule the manifest records.
+  const int saved_pp = state.value("pipeline_parallel", 1);
+  saved.mutable_parallel()->set_pipeline_parallel(saved_pp);
+  if (saved_pp > 1) {
+    zerotrain::ParallelConfig::PipelineSchedule schedule = zerotrain::ParallelConfig::ONE_F_ONE_B;
+    zerotrain::ParallelConfig::PipelineSchedule_Parse(
+        state.value("pipeline_schedule", std::string("ONE_F_ONE_B")), &schedule);
+    saved.mutable_parallel()->set_pipeline_schedule(schedule);
+    saved.mutable_parallel()->set_virtual_stages(std::max(1, state.value("virtual_stages", 1)));
   }
   const int saved_tp = state.value("tensor_parallel", 1),
             tp = std::max(1, parallel.tensor_parallel());
   saved.mutable_parallel()->set_tensor_parallel(saved_tp);
-  const bool same_layout = saved_tp == tp &&
+  const bool same_chunks =
+      saved_pp == pipeline_size_ &&
+      (saved_pp <= 1 ||
+       (saved.parallel().pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED) ==
+               (parallel.pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED) &&
+           saved.parallel().virtual_stages() == std::max(1, parallel.virtual_stages()));
+  const bool same_layout = saved_tp == tp && same_chunks &&
                            saved.parallel().world_size() == parallel.world_size() &&
                            saved.parallel().zero_stage() == parallel.zero_stage() &&
                            saved.parallel().shard_group_size() == parallel.shard_group_size();
   const bool layout_valid = [&] {
     const int w = saved.parallel().world_size(), g = saved.parallel().shard_group_size();
-    return w >= 1 && g >= 1 && saved_tp >= 1 && w % saved_tp == 0 && (w / saved_tp) % g == 0 &&
-           saved.parallel().zero_stage() >= 0 && saved.parallel().zero_stage() <= 3;
+    const int tp_pp = saved_tp * saved_pp;
+    return w >= 1 && g >= 1 && saved_tp >= 1 && saved_pp >= 1 && w % tp_pp == 0 &&
+           (w / tp_pp) % g == 0 && saved.parallel().zero_stage() >= 0 &&
+           saved.parallel().zero_stage() <= 3;
   }();
   if (!same_layout && !layout_valid) {
     return absl::DataLossError(
@@ -658,7 +667,7 @@ absl::Status Trainer::Resume() {
   // The checkpointed buffers of `plan` (the arenas', or one unit's swapped ones) into `into`.
   const auto read = [&](const MemoryPlan& plan, const Arenas& into) {
     if (same_layout) return ReadRankState(rank_file(options_.rank), plan, into, weights_only);
-    if (saved_tp > 1 || tp > 1) {
+    if (saved_tp > 1 || tp > 1 || saved_pp > 1 || pipeline_size_ > 1) {
       return ReshardTensorParallelState(saved, rank_file, job_, options_.rank, plan, into,
                                         weights_only);
     }

@@ -148,11 +148,17 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
                                         bool weights_only) {
   const zerotrain::ModelConfig& m = job.model();
   const ModelLayout whole = BuildModelLayout(m);
-  const int tp = std::max(1, job.parallel().tensor_parallel());
-  const ModelLayout local = TensorParallelModelLayout(m, tp);
-  const int my_tp_rank = ParallelLayout::ForJob(job, rank).coordinates().tensor;
+  const ParallelLayout place = ParallelLayout::ForJob(job, rank);
+  // This rank's units: its tensor-parallel shares of its pipeline stage's units.
+  const ModelLayout local = RankModelLayout(job, place);
   ZT_ASSIGN_OR_RETURN(const auto files, OpenSavedRanks(saved, rank_file));
-  std::vector<float> unit_values;
+  const auto whole_index = [&](const std::string& name) {
+    for (size_t k = 0; k < whole.units.size(); ++k) {
+      if (whole.units[k].name == name) return static_cast<int>(k);
+    }
+    return -1;
+  };
+  std::vector<float> unit_values, embedding_values;
   for (const BufferSpec& buffer : plan.buffers) {
     if (!IsCheckpointed(buffer, weights_only)) continue;
     const BufferSpec* b = &buffer;
@@ -163,22 +169,40 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
     const std::string role = u < 0 ? "" : b->name.substr(local.units[u].name.size() + 1);
     if (u < 0 || !Elementwise(role) || b->dtype != DType::kF32) {
       return absl::UnimplementedError(absl::StrCat(
-          "resuming at another tensor-parallel layout: buffer ", b->name,
+          "resuming at another tensor- or pipeline-parallel layout: buffer ", b->name,
           " is not f32 parameters, master weights, AdamW moments or SGD momentum, which is all "
-          "the resharding "
-          "of tensor-parallel checkpoints reads so far"));
+          "the resharding of such checkpoints reads so far"));
     }
+    const UnitLayout& mine = local.units[u];
+    const int w = whole_index(mine.name);
     // The whole unit's values of this role, from every saved rank's range of its share.
-    ZT_RETURN_IF_ERROR(JoinWholeUnit(saved, files, rank_file, u, b->name, role, &unit_values));
+    ZT_RETURN_IF_ERROR(JoinWholeUnit(saved, files, rank_file, w, whole.units[w].name + "." + role,
+                                     role, &unit_values));
     // This rank's share and range of it.
     const std::vector<int64_t> index =
-        GlobalIndex(m, local.units[u], whole.units[u], tp, my_tp_rank);
-    const Segment seg = SegmentOf(job, rank, local.units[u], role);
+        GlobalIndex(m, mine, whole.units[w], place.tensor_size(), place.coordinates().tensor);
+    const Segment seg = SegmentOf(job, rank, mine, role);
     ZT_ASSIGN_OR_RETURN(Tensor out, into.Get(b->name));
     float* dst = out.data<float>();
     std::fill(dst, dst + out.numel(), 0.0f);
     for (int64_t i = seg.begin; i < seg.end; ++i) {
       if (index[i] >= 0) dst[i - seg.begin] = unit_values[index[i]];
+    }
+    // A pipeline head stage's copy of the tied embedding: the same parameter as wte, with the
+    // same optimizer state (its gradient is summed with the embedding's every step), so it
+    // starts as the embedding's share.
+    const ParamSpec* copy = mine.Find("lm_head.weight");
+    if (copy == nullptr || whole.units[w].Find("lm_head.weight") != nullptr) continue;
+    const UnitLayout& embedding = whole.embedding();
+    ZT_RETURN_IF_ERROR(JoinWholeUnit(saved, files, rank_file, whole_index(embedding.name),
+                                     embedding.name + "." + role, role, &embedding_values));
+    const TensorParallelSlice s = SliceOf(m, "wte", embedding.Find("wte")->shape,
+                                          place.tensor_size(), place.coordinates().tensor);
+    std::vector<float> share(copy->numel);
+    ExtractSlice(s, embedding_values.data() + embedding.Find("wte")->offset, share.data());
+    for (int64_t i = std::max(seg.begin, copy->offset);
+         i < std::min(seg.end, copy->offset + copy->numel); ++i) {
+      dst[i - seg.begin] = share[i - copy->offset];
     }
   }
   return absl::OkStatus();
