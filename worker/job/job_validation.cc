@@ -551,20 +551,15 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
-  // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE
-  // and ONE_F_ONE_B schedules at ZeRO stages 0 and 1, without tensor parallelism; no sequence
-  // parallelism yet.
+  // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE,
+  // ONE_F_ONE_B and INTERLEAVED schedules at ZeRO stages 0 and 1, without tensor parallelism;
+  // no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
       lines.push_back(
           absl::StrCat("parallel.pipeline_parallel: ", pp, " trains ", what, " so far"));
     };
-    if (parallel.pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED) {
-      needs(
-          "with parallel.pipeline_schedule GPIPE or ONE_F_ONE_B (INTERLEAVED is planned by "
-          "zt estimate, not trained)");
-    }
     if (parallel.tensor_parallel() > 1) {
       needs("with parallel.tensor_parallel 1 (a stage binds whole units)");
     }
