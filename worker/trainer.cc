@@ -870,6 +870,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   double data_wait_s = 0;
   std::optional<double> pipeline_bubble;
+  PipelineTiming pipeline_timing;
   if (model_->pipelined()) {
     // Plain shards only (validation refuses packing with pipeline parallelism): every
     // micro-batch counts all B·T targets.
@@ -878,6 +879,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     PipelineTiming timing;
     ZT_RETURN_IF_ERROR(RunPipelineSchedule(grad_scale, &data_wait_s, &timing));
     ZT_ASSIGN_OR_RETURN(pipeline_bubble, PipelineBubble(timing));
+    pipeline_timing = timing;
   }
   for (int64_t micro = 0; micro < accum && !model_->pipelined(); ++micro) {
     const int64_t global = (step_ * accum + micro) * ranks + data_rank_;
@@ -982,6 +984,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const double waited_in_optimizer = engine_->waited_seconds() - waited_in_step_before_optimizer;
   r.data_wait_s = data_wait_s;
   r.pipeline_bubble = pipeline_bubble;
+  r.pipeline_busy_s = pipeline_timing.busy_s;
+  r.pipeline_span_s = pipeline_timing.span_s;
   r.optimizer_s = std::max(0.0, optimizer_span - waited_in_optimizer);
   r.compute_s = std::max(0.0, seconds - r.data_wait_s - r.optimizer_s - r.comm_wait_s);
   const CommStats comm_after = engine_->stats();
@@ -1195,7 +1199,11 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   line["data_wait_s"] = r.data_wait_s;
   line["optimizer_s"] = r.optimizer_s;
   line["compute_s"] = r.compute_s;
-  if (r.pipeline_bubble) line["pipeline_bubble"] = *r.pipeline_bubble;
+  if (r.pipeline_bubble) {
+    line["pipeline_bubble"] = *r.pipeline_bubble;
+    line["pipeline_busy_s"] = r.pipeline_busy_s;
+    line["pipeline_span_s"] = r.pipeline_span_s;
+  }
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   if (nvme_optimizer_) {
     line["swap_bytes_in"] = r.swap_bytes_in;

@@ -134,6 +134,9 @@ struct StepRecord {
   // forwards and backwards, the rest its waits for the neighbours (the bubble, and transfers).
   // The unit-time model's (p − 1)/(v·m + p − 1) is worker/plan/pipeline_bubble.h's.
   std::optional<double> pipeline_bubble;
+  // This stage's part of it: its forwards' and backwards' seconds, and its schedule's wall time.
+  double pipeline_busy_s = 0;
+  double pipeline_span_s = 0;
   // offload.optimizer CPU: this step's host optimizer (part of optimizer_s) — bytes its copy
   // engine moved device → host (gradients) and host → device (parameters), the seconds
   // those copies took, and the seconds of the host updates. Zero without offload.
