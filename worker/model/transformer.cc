@@ -178,7 +178,12 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     ZT_ASSIGN_OR_RETURN(Tensor p, state.Get(u.name + ".params"));
     m.params_.push_back(p);
     if (with_grads && u.trainable()) {
-      ZT_ASSIGN_OR_RETURN(Tensor g, state.Get(u.name + ".grads"));
+      // A pipeline stage's backward accumulates the micro-batches' gradients itself: at ZeRO
+      // stage 2 into the unit's full accumulation buffer (the engine reduce-scatters it into
+      // the rank's ".grads" shard after the schedule), else into ".grads".
+      absl::StatusOr<Tensor> accum =
+          m.pipelined_ ? state.Get(u.name + ".grad_accum") : absl::NotFoundError("");
+      ZT_ASSIGN_OR_RETURN(Tensor g, accum.ok() ? accum : state.Get(u.name + ".grads"));
       m.grads_.push_back(g);
     } else if (with_grads) {
       m.grads_.emplace_back();  // frozen: no gradient

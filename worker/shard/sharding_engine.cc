@@ -150,10 +150,13 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   }
   const int n_trainable = static_cast<int>(e->shards_.size());
   if (model->pipelined()) {
-    if (e->stage_ >= 2) {
+    // Stage 2: the stage's backward accumulates every micro-batch into the full
+    // ".grad_accum" buffers (the model binds them), reduce-scattered once after the schedule.
+    if (e->stage_ == 3 || (e->stage_ == 2 && !e->accumulate_full_)) {
       return absl::UnimplementedError(absl::StrCat(
           "parallel.zero_stage ", e->stage_,
-          " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1"));
+          " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1, "
+          "and 2 with parallel.micro_batches > 1"));
     }
     // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
     const UnitLayout& head = layout.units.back();
@@ -161,8 +164,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0) {
       const FlatRange& owned = e->shards_.back().owned;
       const int64_t end = std::min(owned.end, copy->offset);
+      // At stage 2 the gradient buffer is the shard alone, starting at the range's begin.
+      const int64_t base = e->stage_ >= 2 ? owned.begin : 0;
       if (end > owned.begin) {
-        e->norm_views_.back() = Flat(e->grads_.back(), owned.begin, end - owned.begin);
+        e->norm_views_.back() = Flat(e->grads_.back(), owned.begin - base, end - owned.begin);
       } else {
         e->norm_views_.pop_back();  // this rank's range is all copy
       }

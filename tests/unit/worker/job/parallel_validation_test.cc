@@ -253,13 +253,14 @@ TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtZeroZeroAndOneInFp32) 
         "world_size: 2, pipeline_parallel: 2, pipeline_schedule: INTERLEAVED, virtual_stages: 2, "
         "micro_batches: 4",
         "world_size: 4, pipeline_parallel: 2, zero_stage: 1, micro_batches: 4",
+        "world_size: 4, pipeline_parallel: 2, zero_stage: 2, micro_batches: 4",
         "world_size: 4, pipeline_parallel: 4, micro_batches: 4"}) {
     const JobSpec job = With(kLlamaYaml, layout);
     ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
     EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
   }
   JobSpec job = With(kGpt2Yaml,
-                     "world_size: 4, pipeline_parallel: 2, zero_stage: 2, micro_batches: 4, "
+                     "world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
                      "pipeline_schedule: INTERLEAVED, virtual_stages: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
   job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
@@ -267,10 +268,24 @@ TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtZeroZeroAndOneInFp32) 
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(
       testing::Lines(status),
-      ElementsAre("parallel.pipeline_parallel: 2 trains at parallel.zero_stage 0 or 1 so far",
+      ElementsAre("parallel.pipeline_parallel: 2 trains at parallel.zero_stage 0, 1 or 2 (stage 3 "
+                  "would gather each unit per micro-batch) so far",
                   "parallel.pipeline_parallel: 2 trains on resources.device CPU so far",
                   "parallel.pipeline_parallel: 2 trains in precision param_dtype, "
                   "compute_dtype and grad_dtype FP32 so far"));
+}
+
+TEST(CheckEngineSupportTest, PipelineAtZeroTwoNeedsMicroBatchesToAccumulate) {
+  const JobSpec job = With(kLlamaYaml,
+                           "world_size: 4, pipeline_parallel: 2, zero_stage: 2, "
+                           "pipeline_schedule: GPIPE, micro_batches: 1");
+  ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  const absl::Status status = CheckEngineSupport(job);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(testing::Lines(status),
+              ElementsAre("parallel.pipeline_parallel: 2 trains at parallel.zero_stage 2 with "
+                          "parallel.micro_batches >= 2 (the stage accumulates into full gradient "
+                          "buffers, planned only when micro-batches accumulate) so far"));
 }
 
 TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {

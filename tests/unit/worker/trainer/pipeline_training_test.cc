@@ -5,7 +5,7 @@
 // steps and the same final weights (each stage's units against the one-rank model's, the wte
 // copy against wte); interleaved 1F1B (two chunks per stage) beside GPipe and 1F1B at p = 2, 4,
 // each against one rank, with every pipelined step's measured bubble reported; PP2 × DP2 under
-// ZeRO-1 against one rank reading the same global batch; a
+// ZeRO-1 and ZeRO-2 against one rank reading the same global batch; a
 // pipeline checkpoint resuming bit-identically at its own layout, and refused (by name) at
 // another pipeline layout and by checkpoint export.
 #include <algorithm>
@@ -232,16 +232,34 @@ TEST_F(PipelineTrainingTest, InterleavedGpipeAndOneFOneBMatchOneRank) {
   }
 }
 
-TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasWithZeroOneMatchesOneRank) {
-  // PP2 × DP2, ZeRO-1 in each stage's data-parallel group; the two replicas' micro-batches k
-  // are the global batch's sequences 2k and 2k + 1, which one rank reads as micro-batch k of 2.
-  for (const bool llama : {false, true}) {
-    const JobSpec job = llama ? Llama(2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B)
-                              : Gpt2(2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B);
-    const Outcome reference = Run(llama ? Llama(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)
-                                        : Gpt2(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B),
-                                  10);
-    const std::string what = llama ? "llama pp2 x dp2 zero-1" : "gpt2 pp2 x dp2 zero-1";
+TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasWithZeroOneAndTwoMatchOneRank) {
+  // PP2 × DP2, ZeRO-1 and ZeRO-2 in each stage's data-parallel group (at stage 2 each stage
+  // accumulates its micro-batches into full buffers, reduce-scattered once after the
+  // schedule); the two replicas' micro-batches k are the global batch's sequences 2k and
+  // 2k + 1, which one rank reads as micro-batch k of 2. ZeRO-2 also under INTERLEAVED.
+  struct Case {
+    bool llama;
+    int zero;
+    ParallelConfig::PipelineSchedule schedule;
+  };
+  for (const Case& c : {Case{false, 1, ParallelConfig::ONE_F_ONE_B},
+                        Case{true, 1, ParallelConfig::ONE_F_ONE_B},
+                        Case{false, 2, ParallelConfig::ONE_F_ONE_B},
+                        Case{true, 2, ParallelConfig::ONE_F_ONE_B},
+                        Case{false, 2, ParallelConfig::INTERLEAVED}}) {
+    JobSpec job = c.llama ? Llama(2, 2, c.zero, 1, c.schedule) : Gpt2(2, 2, c.zero, 1, c.schedule);
+    JobSpec one = c.llama ? Llama(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)
+                          : Gpt2(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B);
+    if (c.schedule == ParallelConfig::INTERLEAVED) {
+      // Four chunks of blocks: n_layer 4 on both sides.
+      job.mutable_parallel()->set_virtual_stages(2);
+      job.mutable_model()->set_n_layer(4);
+      one.mutable_model()->set_n_layer(4);
+    }
+    const Outcome reference = Run(one, 10);
+    const std::string what =
+        absl::StrCat(c.llama ? "llama" : "gpt2", " pp2 x dp2 zero-", c.zero, " ",
+                     ParallelConfig::PipelineSchedule_Name(c.schedule));
     const Outcome got = Run(job, 10);
     ExpectSameTraining(got, reference, what);
     // Rank order: data-parallel inside pipeline, so ranks 0 and 1 are stage 0's replicas.
