@@ -415,6 +415,24 @@ absl::StatusOr<Tensor> Transformer::SlotView(const SlotBinding& b, int slot) {
   }
 }
 
+absl::Status Transformer::SetStageComputeParams(const std::vector<Tensor>& units) {
+  if (!pipelined_ || units.size() != held_units_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage compute parameters: a pipeline stage of ", held_units_.size(), " units got ",
+        units.size()));
+  }
+  compute_params_.assign(params_.size(), Tensor());
+  for (size_t local = 0; local < units.size(); ++local) {
+    if (units[local].numel() < layout_.units[held_units_[local]].numel) {
+      return absl::InvalidArgumentError(absl::StrCat("stage compute parameters of unit ",
+                                                     layout_.units[held_units_[local]].name,
+                                                     ": smaller than the unit"));
+    }
+    compute_params_[held_units_[local]] = units[local];
+  }
+  return absl::OkStatus();
+}
+
 bool Transformer::HoldsUnit(int u) const {
   for (const ChunkRange& c : chunk_ranges_) {
     if (u >= c.first_unit && u < c.last_unit) return true;
@@ -457,14 +475,15 @@ absl::Status Transformer::StageForward(const DeviceContext& ctx, const LossOptio
         "gradient scratch holds one)");
   }
   const int head = static_cast<int>(layout_.units.size()) - 1;
-  if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, params_.front()));
+  if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, ComputeParams(0)));
   for (int u = std::max(first_unit_, 1); u < std::min(last_unit_, head); ++u) {
-    ZT_RETURN_IF_ERROR(BlockForward(ctx, u - 1, params_[u]));
+    ZT_RETURN_IF_ERROR(BlockForward(ctx, u - 1, ComputeParams(u)));
   }
   if (!chunk_is_last()) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(HeadForward(ctx, params_.back()));
+  ZT_RETURN_IF_ERROR(HeadForward(ctx, ComputeParams(head)));
   ZT_RETURN_IF_ERROR(
-      HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(), params_.front(),
+      HeadLoss(ctx, ComputeParams(head), options.write_grad ? grads_.back() : Tensor(),
+               ComputeParams(0),
                options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(), options));
   head_backward_due_ = options.write_grad;
   return absl::OkStatus();
@@ -481,10 +500,10 @@ absl::Status Transformer::StageBackward(const DeviceContext& ctx) {
           "the last stage's backward without the forward (with write_grad) of its micro-batch");
     }
     head_backward_due_ = false;
-    ZT_RETURN_IF_ERROR(HeadBackward(ctx, params_.back(), grads_.back()));
+    ZT_RETURN_IF_ERROR(HeadBackward(ctx, ComputeParams(head), grads_.back()));
   }
   for (int u = std::min(last_unit_, head) - 1; u >= std::max(first_unit_, 1); --u) {
-    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, params_[u], grads_[u]));
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, ComputeParams(u), grads_[u]));
   }
   if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, grads_.front()));
   return absl::OkStatus();

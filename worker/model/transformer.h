@@ -200,7 +200,9 @@ class Transformer {
   // layout(), unit_params() and unit_grads() are the stage's units (RankModelLayout), its
   // chunks' in model order; unit u of the stage is unit held_units()[u] of the whole model.
   // Chunk c's saved activations hold in_flight(c) micro-batches; the schedule picks a chunk and
-  // slot with SelectMicroBatch before its forward and again before its backward. Needs f32, no
+  // slot with SelectMicroBatch before its forward and again before its backward. Its backward
+  // accumulates into unit_grads(): a unit's ".grad_accum" buffer where the plan has one (ZeRO
+  // stage 2, reduce-scattered by the engine afterwards), else its ".grads". Needs f32, no
   // LoRA, no quantized base.
   static absl::StatusOr<Transformer> BindStage(const zerotrain::JobSpec& job,
                                                const ParallelLayout& layout, const Arenas& state,
@@ -237,6 +239,11 @@ class Transformer {
   // here before StageBackward; after it, a chunk after the model's first finds the gradient of
   // its input here, to send back.
   const Tensor& residual_grad() const { return grad_.residual; }
+  // The buffers StageForward / StageBackward read unit u's parameters from, one per stage
+  // unit in layout() order, each at least the unit's size: at ZeRO stage 3 unit_params() are
+  // the rank's shards, and the engine gathers the whole units into these for the step.
+  // Unset: unit_params().
+  absl::Status SetStageComputeParams(const std::vector<Tensor>& units);
   // The selected micro-batch's forward through the stage: the embedding of tokens() on the
   // first stage, the stage's blocks, and on the last the final norm and the loss over
   // targets() (options as ForwardLoss; with write_grad the projection's backward too, as
@@ -361,6 +368,10 @@ class Transformer {
   ModelLayout stage_layout_;
   std::vector<Tensor> stage_params_, stage_grads_;
   std::vector<ChunkRange> chunk_ranges_;  // one (the whole model) unpipelined
+  std::vector<Tensor> compute_params_;    // SetStageComputeParams', by whole-model unit
+  const Tensor& ComputeParams(int u) const {
+    return compute_params_.empty() ? params_[u] : compute_params_[u];
+  }
   std::vector<int> held_units_;
   int first_unit_ = 0, last_unit_ = 0;  // the selected chunk's
   std::vector<SlotBinding> slots_;

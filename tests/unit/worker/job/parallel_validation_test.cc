@@ -254,6 +254,8 @@ TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtZeroZeroAndOneInFp32) 
         "micro_batches: 4",
         "world_size: 4, pipeline_parallel: 2, zero_stage: 1, micro_batches: 4",
         "world_size: 4, pipeline_parallel: 2, zero_stage: 2, micro_batches: 4",
+        "world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
+        "reshard_after_forward: false",
         "world_size: 4, pipeline_parallel: 4, micro_batches: 4"}) {
     const JobSpec job = With(kLlamaYaml, layout);
     ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
@@ -268,8 +270,9 @@ TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtZeroZeroAndOneInFp32) 
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(
       testing::Lines(status),
-      ElementsAre("parallel.pipeline_parallel: 2 trains at parallel.zero_stage 0, 1 or 2 (stage 3 "
-                  "would gather each unit per micro-batch) so far",
+      ElementsAre("parallel.pipeline_parallel: 2 trains at parallel.zero_stage 3 with "
+                  "parallel.reshard_after_forward false (a stage keeps its units gathered for "
+                  "the step's schedule rather than gathering them per micro-batch) so far",
                   "parallel.pipeline_parallel: 2 trains on resources.device CPU so far",
                   "parallel.pipeline_parallel: 2 trains in precision param_dtype, "
                   "compute_dtype and grad_dtype FP32 so far"));
