@@ -5,6 +5,8 @@
 //   sharding_bench --config gpt2-small|tiny|tiny-llama --world-size N --stage S
 //                  [--tensor-parallel t] [--prefetch K] [--reshard-after-forward 0|1]
 //                  [--steps N] [--warmup N] [--threads-per-rank T] [--gemm onednn|openblas]
+//                  [--pipeline-parallel p --micro-batches m [--schedule gpipe|1f1b|interleaved]
+//                   [--virtual-stages v] [--n-layer L]]
 //
 // Every data-parallel rank trains the configuration's micro-batch (gpt2-small 4 × 256, as
 // training_bench), so the job trains N / t times the tokens of one rank per step (the t ranks
@@ -24,6 +26,11 @@
 // before any trainer allocates, and VmRSS/VmHWM again once every rank is set up, before any
 // step (set-up's transient peak); per rank the memory plan and the arenas' high-water marks,
 // in total and by category.
+// Pipeline parallelism (p > 1): m micro-batches per step (train.grad_accum_steps), the schedule
+// and its chunks; the line carries pipeline_bubble, the median over timed steps of the
+// trainer's measured bubble (StepRecord::pipeline_bubble), beside the unit-time formula
+// (p − 1)/(v·m + p − 1) (worker/plan/pipeline_bubble.h). --n-layer overrides the
+// configuration's block count (the interleaved schedule needs it divisible by p · v).
 #include <algorithm>
 #include <array>
 #include <barrier>
@@ -65,6 +72,11 @@ struct Flags {
   int warmup = 2;
   int threads_per_rank = 0;
   std::string gemm = "onednn";
+  int pipeline_parallel = 1;
+  int micro_batches = 1;
+  int virtual_stages = 1;
+  int n_layer = 0;  // 0: the configuration's
+  std::string schedule = "1f1b";
 };
 
 // Parses "--flag value" pairs; errors name the flag and the rule it broke.
@@ -83,7 +95,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                           {"--reshard-after-forward", &f.reshard_after_forward, 0, 1},
                           {"--steps", &f.steps, 1, 1 << 20},
                           {"--warmup", &f.warmup, 0, 1 << 20},
-                          {"--threads-per-rank", &f.threads_per_rank, 0, 4096}};
+                          {"--threads-per-rank", &f.threads_per_rank, 0, 4096},
+                          {"--pipeline-parallel", &f.pipeline_parallel, 1, 1024},
+                          {"--micro-batches", &f.micro_batches, 1, 1 << 20},
+                          {"--virtual-stages", &f.virtual_stages, 1, 1024},
+                          {"--n-layer", &f.n_layer, 0, 1 << 20}};
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
@@ -94,6 +110,14 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
             absl::StrCat("--config is '", value, "'; it must be gpt2-small, tiny or tiny-llama"));
       }
       f.config = value;
+      continue;
+    }
+    if (flag == "--schedule") {
+      if (value != "gpipe" && value != "1f1b" && value != "interleaved") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--schedule is '", value, "'; it must be gpipe, 1f1b or interleaved"));
+      }
+      f.schedule = value;
       continue;
     }
     if (flag == "--gemm") {
@@ -263,8 +287,16 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
                       const std::vector<RankResult>& results, double elapsed_s,
                       const ProcessMemory& memory) {
   const int world = flags.world_size;
-  const int64_t tokens_per_rank_step =
-      int64_t{job.train().micro_batch_size()} * job.data().seq_len();
+  // One data-parallel replica's tokens per step: its micro-batches (m under pipelining).
+  const int64_t tokens_per_rank_step = int64_t{job.train().micro_batch_size()} *
+                                       job.data().seq_len() * job.train().grad_accum_steps();
+  const int replicas = world / (flags.tensor_parallel * flags.pipeline_parallel);
+  std::vector<double> bubbles;
+  for (const zt::StepRecord& r : results[0].timed) {
+    if (r.pipeline_bubble) bubbles.push_back(*r.pipeline_bubble);
+  }
+  const int v = flags.schedule == "interleaved" ? flags.virtual_stages : 1;
+  const double p = flags.pipeline_parallel;
   std::vector<double> slowest_step_ms(flags.steps, 0.0);
   double comm_s_total = 0, wait_s_total = 0;
   int64_t sent_total = 0;
@@ -298,6 +330,15 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
     rank["comm_bytes_sent_per_step_by_kind"] = sent_by_kind;
     rank["comm_s_per_step"] = comm_s / flags.steps;
     rank["wait_s_per_step"] = wait_s / flags.steps;
+    if (flags.pipeline_parallel > 1) {
+      double busy = 0, span = 0;
+      for (const zt::StepRecord& t : rr.timed) {
+        busy += t.pipeline_busy_s;
+        span += t.pipeline_span_s;
+      }
+      rank["pipeline_busy_s_per_step"] = busy / flags.steps;
+      rank["pipeline_span_s_per_step"] = span / flags.steps;
+    }
     ranks.push_back(rank);
   }
   const auto per_rank_mean = [&](const char* key) {
@@ -334,9 +375,20 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"seq_len", job.data().seq_len()},
       {"warmup_steps", flags.warmup},
       {"timed_steps", flags.steps},
+      {"pipeline_parallel", flags.pipeline_parallel},
+      {"schedule", flags.pipeline_parallel > 1 ? nlohmann::json(flags.schedule)
+                                               : nlohmann::json(nullptr)},
+      {"virtual_stages", v},
+      {"micro_batches", job.train().grad_accum_steps()},
+      {"n_layer", job.model().n_layer()},
+      {"pipeline_bubble", bubbles.empty() ? nlohmann::json(nullptr)
+                                          : nlohmann::json(Median(bubbles))},
+      {"pipeline_bubble_formula",
+       flags.pipeline_parallel > 1
+           ? nlohmann::json((p - 1) / (v * job.train().grad_accum_steps() + p - 1))
+           : nlohmann::json(nullptr)},
       {"tokens_per_s",
-       static_cast<double>(world / flags.tensor_parallel * tokens_per_rank_step * flags.steps) /
-           elapsed_s},
+       static_cast<double>(replicas * tokens_per_rank_step * flags.steps) / elapsed_s},
       {"step_ms", Median(slowest_step_ms)},
       {"peak_rss_bytes", zt::bench::ProcStatusBytes("VmHWM:")},
       {"baseline_rss_bytes", memory.baseline},
@@ -371,6 +423,17 @@ int main(int argc, char** argv) {
   zerotrain::ParallelConfig* parallel = job.mutable_parallel();
   parallel->set_world_size(flags->world_size);
   parallel->set_tensor_parallel(flags->tensor_parallel);
+  if (flags->n_layer > 0) job.mutable_model()->set_n_layer(flags->n_layer);
+  if (flags->pipeline_parallel > 1) {
+    parallel->set_pipeline_parallel(flags->pipeline_parallel);
+    parallel->set_micro_batches(flags->micro_batches);
+    parallel->set_pipeline_schedule(flags->schedule == "gpipe" ? zerotrain::ParallelConfig::GPIPE
+                                    : flags->schedule == "interleaved"
+                                        ? zerotrain::ParallelConfig::INTERLEAVED
+                                        : zerotrain::ParallelConfig::ONE_F_ONE_B);
+    if (flags->schedule == "interleaved") parallel->set_virtual_stages(flags->virtual_stages);
+  }
+  if (flags->micro_batches > 1) job.mutable_train()->set_grad_accum_steps(flags->micro_batches);
   parallel->set_zero_stage(flags->stage);
   parallel->set_prefetch_units(flags->prefetch);
   parallel->set_reshard_after_forward(flags->reshard_after_forward == 1);

@@ -132,7 +132,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     // over stages), and the gradients in flight to the previous stage (one per micro-batch
     // slot: the model's gradient scratch is reused by the next backward while they go).
     t->pipeline_scalars_.resize(int64_t{ShardingEngine::kScalarSlots} * world);
-    t->pipeline_grad_sends_.resize(t->model_->in_flight());
+    t->pipeline_grad_sends_.resize(t->model_->chunks());
+    for (int c = 0; c < t->model_->chunks(); ++c) {
+      t->pipeline_grad_sends_[c].resize(t->model_->in_flight(c));
+    }
   }
   Store* store = options.store;
   if (store == nullptr) {
@@ -887,12 +890,17 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   // survive the backward; the optimizer divides it back out.
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   double data_wait_s = 0;
+  std::optional<double> pipeline_bubble;
+  PipelineTiming pipeline_timing;
   if (model_->pipelined()) {
     // Plain shards only (validation refuses packing with pipeline parallelism): every
     // micro-batch counts all B·T targets.
     const float grad_scale =
         static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
-    ZT_RETURN_IF_ERROR(RunPipelineSchedule(grad_scale, &data_wait_s));
+    PipelineTiming timing;
+    ZT_RETURN_IF_ERROR(RunPipelineSchedule(grad_scale, &data_wait_s, &timing));
+    ZT_ASSIGN_OR_RETURN(pipeline_bubble, PipelineBubble(timing));
+    pipeline_timing = timing;
   }
   // The step's loss is the mean over every target it counts, on every rank and in every
   // micro-batch: the loss of the one large batch that gradient accumulation and data
@@ -1012,6 +1020,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const double optimizer_span = std::chrono::duration<double>(end - optimizer_start).count();
   const double waited_in_optimizer = engine_->waited_seconds() - waited_in_step_before_optimizer;
   r.data_wait_s = data_wait_s;
+  r.pipeline_bubble = pipeline_bubble;
+  r.pipeline_busy_s = pipeline_timing.busy_s;
+  r.pipeline_span_s = pipeline_timing.span_s;
   r.optimizer_s = std::max(0.0, optimizer_span - waited_in_optimizer);
   r.compute_s = std::max(0.0, seconds - r.data_wait_s - r.optimizer_s - r.comm_wait_s);
   const CommStats comm_after = engine_->stats();
@@ -1022,13 +1033,21 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   return r;
 }
 
-absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s) {
+absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
+                                          PipelineTiming* timing) {
   Transformer& m = *model_;
+  const auto schedule_start = Clock::now();
+  double busy_s = 0;  // this stage's forwards and backwards
   const int64_t accum = job_.train().grad_accum_steps();
   const int64_t ranks = data_size_;
-  const bool first = m.is_first_stage(), last = m.is_last_stage();
-  const int in_flight = m.in_flight();
-  std::vector<std::optional<CommHandle>> activation_sends(in_flight), gradient_sends(in_flight);
+  const int v = m.chunks();
+  // Sends in flight, per chunk and micro-batch slot: a slot's activations (and its gradient's
+  // host copy) stay untouched until the send of the slot's previous micro-batch is done.
+  std::vector<std::vector<std::optional<CommHandle>>> activation_sends(v), gradient_sends(v);
+  for (int c = 0; c < v; ++c) {
+    activation_sends[c].resize(m.in_flight(c));
+    gradient_sends[c].resize(m.in_flight(c));
+  }
   auto wait = [&](std::optional<CommHandle>& h) -> absl::Status {
     if (!h) return absl::OkStatus();
     absl::Status s = h->Wait();
@@ -1039,63 +1058,78 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s)
                                          .grad_scale = grad_scale,
                                          .loss_sum = engine_->loss_accumulator(),
                                          .loss_divisor = static_cast<double>(accum)};
-  for (const PipelineOp& op : PipelineStageOps(job_.parallel().pipeline_schedule(), pipeline_size_,
-                                               pipeline_stage_, static_cast<int>(accum))) {
-    const int k = op.micro_batch, slot = k % in_flight;
-    const std::string label =
-        absl::StrCat("micro-batch ", k, op.forward ? " forward" : " backward");
-    const auto fill_start = Clock::now();
-    // The first stage's embedding reads the tokens in its forward and backward, the last
-    // stage's loss the targets.
-    ZT_ASSIGN_OR_RETURN(const int64_t counted,
-                        UploadBatch(*train_batches_, (step_ * accum + k) * ranks + data_rank_));
-    if (counted != m.batch() * m.seq_len()) {
-      // The schedule's gradient scale assumes every target counts.
-      return absl::UnimplementedError(
-          "data.train: document shards (masked prompts or padding, from zt prepare --format "
-          "jsonl) do not train with parallel.pipeline_parallel > 1 yet; use plain token shards "
-          "or pipeline_parallel 1");
+  const int virtual_stages =
+      job_.parallel().pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED ? v : 1;
+  for (const PipelineOp& op :
+       PipelineStageOps(job_.parallel().pipeline_schedule(), pipeline_size_, pipeline_stage_,
+                        static_cast<int>(accum), virtual_stages)) {
+    const int k = op.micro_batch, c = op.chunk, slot = k % m.in_flight(c);
+    const std::string label = absl::StrCat("chunk ", c, " micro-batch ", k,
+                                           op.forward ? " forward" : " backward");
+    ZT_RETURN_IF_ERROR(m.SelectMicroBatch(c, slot));
+    const bool first = m.chunk_is_first(), last = m.chunk_is_last();
+    if (first || last) {
+      const auto fill_start = Clock::now();
+      // The model's first chunk's embedding reads the tokens in its forward and backward, the
+      // last chunk's loss the targets.
+      ZT_ASSIGN_OR_RETURN(const int64_t counted,
+                          UploadBatch(*train_batches_, (step_ * accum + k) * ranks + data_rank_));
+      if (counted != m.batch() * m.seq_len()) {
+        // The schedule's gradient scale assumes every target counts.
+        return absl::UnimplementedError(
+            "data.train: document shards (masked prompts or padding, from zt prepare --format "
+            "jsonl) do not train with parallel.pipeline_parallel > 1 yet; use plain token shards "
+            "or pipeline_parallel 1");
+      }
+      *data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
     }
-    *data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
-    ZT_RETURN_IF_ERROR(m.SelectMicroBatch(slot));
     if (op.forward) {
       // The slot's output of an older micro-batch may still be on its way.
-      ZT_RETURN_IF_ERROR(wait(activation_sends[slot]));
+      ZT_RETURN_IF_ERROR(wait(activation_sends[c][slot]));
       if (!first) {
         ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_in->Recv(m.stage_input(), 0, label));
         ZT_RETURN_IF_ERROR(h.Wait());
       }
+      const auto compute_start = Clock::now();
       ZT_RETURN_IF_ERROR(m.StageForward(ctx_, options));
+      busy_s += std::chrono::duration<double>(Clock::now() - compute_start).count();
       if (!last) {
         ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_out->Send(m.stage_output(), 1, label));
-        activation_sends[slot] = h;
+        activation_sends[c][slot] = h;
       }
     } else {
       if (!last) {
         ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.gradients_in->Recv(m.residual_grad(), 1, label));
         ZT_RETURN_IF_ERROR(h.Wait());
       }
+      const auto compute_start = Clock::now();
       ZT_RETURN_IF_ERROR(m.StageBackward(ctx_));
+      busy_s += std::chrono::duration<double>(Clock::now() - compute_start).count();
       if (!first) {
-        ZT_RETURN_IF_ERROR(wait(gradient_sends[slot]));
-        std::vector<float>& buffer = pipeline_grad_sends_[slot];
+        ZT_RETURN_IF_ERROR(wait(gradient_sends[c][slot]));
+        std::vector<float>& buffer = pipeline_grad_sends_[c][slot];
         const Tensor g = m.residual_grad();
         buffer.assign(g.data<float>(), g.data<float>() + g.numel());
         ZT_ASSIGN_OR_RETURN(
             CommHandle h, comms_.gradients_out->Send(Tensor(buffer.data(), DType::kF32,
                                                             {static_cast<int64_t>(buffer.size())}),
                                                      0, label));
-        gradient_sends[slot] = h;
+        gradient_sends[c][slot] = h;
       }
     }
   }
-  for (int s = 0; s < in_flight; ++s) {
-    ZT_RETURN_IF_ERROR(wait(activation_sends[s]));
-    ZT_RETURN_IF_ERROR(wait(gradient_sends[s]));
+  for (int c = 0; c < v; ++c) {
+    for (int s = 0; s < m.in_flight(c); ++s) {
+      ZT_RETURN_IF_ERROR(wait(activation_sends[c][s]));
+      ZT_RETURN_IF_ERROR(wait(gradient_sends[c][s]));
+    }
   }
+  timing->busy_s = busy_s;
+  timing->span_s = std::chrono::duration<double>(Clock::now() - schedule_start).count();
   if (comms_.tied) {
     // The tied embedding's two copies (wte on the first stage, the head's copy on the last)
     // get the sum of their gradients, as Megatron's embedding group all-reduce does.
+    const bool first = m.is_first_stage();
     const UnitLayout& unit = first ? m.layout().units.front() : m.layout().units.back();
     const ParamSpec& spec = *unit.Find(first ? "wte" : "lm_head.weight");
     const Tensor& grads = first ? m.unit_grads().front() : m.unit_grads().back();
@@ -1105,6 +1139,27 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s)
     ZT_RETURN_IF_ERROR(h.Wait());
   }
   return engine_->ReduceStageGradients(ctx_);
+}
+
+absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
+  // Every stage's (busy, span), gathered over the pipeline group: the schedule's wall time is
+  // the slowest stage's span (they start together: the previous step ended in collectives),
+  // and the bubble is the share of p × that time no stage computed in.
+  float mine[2] = {static_cast<float>(timing.busy_s), static_cast<float>(timing.span_s)};
+  std::vector<float> all(2 * static_cast<size_t>(pipeline_size_));
+  ZT_ASSIGN_OR_RETURN(CommHandle h,
+                      comms_.pipeline->AllGather(
+                          Tensor(mine, DType::kF32, {2}),
+                          Tensor(all.data(), DType::kF32, {2 * int64_t{pipeline_size_}}),
+                          "pipeline bubble"));
+  ZT_RETURN_IF_ERROR(h.Wait());
+  double busy = 0, span = 0;
+  for (int s = 0; s < pipeline_size_; ++s) {
+    busy += all[2 * s];
+    span = std::max(span, double{all[2 * s + 1]});
+  }
+  if (span <= 0) return 0.0;
+  return std::clamp(1.0 - busy / (pipeline_size_ * span), 0.0, 1.0);
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {
@@ -1181,6 +1236,11 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
   line["data_wait_s"] = r.data_wait_s;
   line["optimizer_s"] = r.optimizer_s;
   line["compute_s"] = r.compute_s;
+  if (r.pipeline_bubble) {
+    line["pipeline_bubble"] = *r.pipeline_bubble;
+    line["pipeline_busy_s"] = r.pipeline_busy_s;
+    line["pipeline_span_s"] = r.pipeline_span_s;
+  }
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   if (nvme_optimizer_) {
     line["swap_bytes_in"] = r.swap_bytes_in;

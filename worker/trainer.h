@@ -129,6 +129,14 @@ struct StepRecord {
   double data_wait_s = 0;
   double optimizer_s = 0;
   double compute_s = 0;
+  // Pipeline parallelism: the share of the schedule's stage-time no stage computed in,
+  // 1 − Σ_stages busy / (p · the slowest stage's schedule wall time); busy is a stage's
+  // forwards and backwards, the rest its waits for the neighbours (the bubble, and transfers).
+  // The unit-time model's (p − 1)/(v·m + p − 1) is worker/plan/pipeline_bubble.h's.
+  std::optional<double> pipeline_bubble;
+  // This stage's part of it: its forwards' and backwards' seconds, and its schedule's wall time.
+  double pipeline_busy_s = 0;
+  double pipeline_span_s = 0;
   // offload.optimizer CPU: this step's host optimizer (part of optimizer_s) — bytes its copy
   // engine moved device → host (gradients) and host → device (parameters), the seconds
   // those copies took, and the seconds of the host updates. Zero without offload.
@@ -236,7 +244,13 @@ class Trainer {
   // the schedule's order (worker/plan/pipeline_schedule.h), activations received from the
   // previous stage and sent to the next, their gradients back; then the tied embedding's
   // copies summed and the stage's gradients reduced in its data-parallel group.
-  absl::Status RunPipelineSchedule(float grad_scale, double* data_wait_s);
+  struct PipelineTiming {
+    double busy_s = 0;  // this stage's forwards and backwards
+    double span_s = 0;  // the schedule's wall time on this stage, to its last send's end
+  };
+  absl::Status RunPipelineSchedule(float grad_scale, double* data_wait_s, PipelineTiming* timing);
+  // StepRecord::pipeline_bubble from every stage's timing (an all-gather over the pipeline).
+  absl::StatusOr<double> PipelineBubble(const PipelineTiming& timing);
   // Fills host staging with `batches`' micro-batch k and uploads it into the model's tokens
   // and targets (one copy each); a packed batch's document starts and positions go to the
   // model as host views. Returns how many targets count (B·T unless documents mask some).
@@ -303,7 +317,8 @@ class Trainer {
   bool stopped_early_ = false;
   int pipeline_size_ = 1, pipeline_stage_ = 0;
   std::vector<float> pipeline_scalars_;                  // every stage's statistics (host)
-  std::vector<std::vector<float>> pipeline_grad_sends_;  // per micro-batch slot
+  // Per chunk and micro-batch slot.
+  std::vector<std::vector<std::vector<float>>> pipeline_grad_sends_;
   // Whether the last save begun was a final one (its outcome comes from Finish() when async).
   bool last_save_final_ = false;
   double resume_seconds_ = 0;

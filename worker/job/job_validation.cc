@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -555,25 +556,28 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
-  // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE
-  // and ONE_F_ONE_B schedules at ZeRO stages 0 and 1, without tensor parallelism; no sequence
-  // parallelism yet.
+  // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE,
+  // ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage, without tensor parallelism;
+  // no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
       lines.push_back(
           absl::StrCat("parallel.pipeline_parallel: ", pp, " trains ", what, " so far"));
     };
-    if (parallel.pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED) {
-      needs(
-          "with parallel.pipeline_schedule GPIPE or ONE_F_ONE_B (INTERLEAVED is planned by "
-          "zt estimate, not trained)");
-    }
     if (parallel.tensor_parallel() > 1) {
       needs("with parallel.tensor_parallel 1 (a stage binds whole units)");
     }
-    if (parallel.zero_stage() > 1) {
-      needs("at parallel.zero_stage 0 or 1");
+    if (parallel.zero_stage() >= 2 && std::max(parallel.micro_batches(),
+                                               spec.train().grad_accum_steps()) < 2) {
+      needs(absl::StrCat("at parallel.zero_stage ", parallel.zero_stage(),
+                         " with parallel.micro_batches >= 2 (the stage accumulates into full "
+                         "gradient buffers, planned only when micro-batches accumulate)"));
+    }
+    if (parallel.zero_stage() == 3 && parallel.reshard_after_forward()) {
+      needs(
+          "at parallel.zero_stage 3 with parallel.reshard_after_forward false (a stage keeps its "
+          "units gathered for the step's schedule rather than gathering them per micro-batch)");
     }
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");

@@ -91,16 +91,10 @@ absl::StatusOr<Transformer> Transformer::BindStage(const zerotrain::JobSpec& job
         "pipeline parallelism trains the whole model: no model.lora, no quantized "
         "model.base_dtype");
   }
-  const std::vector<PipelineChunk> chunks = PipelineChunksOf(job, layout);
-  if (chunks.size() != 1) {
-    return absl::UnimplementedError(
-        "parallel.pipeline_schedule INTERLEAVED: a stage of several chunks (virtual_stages) "
-        "is not bound yet");
+  StageSpec stage{.layout = RankModelLayout(job, layout)};
+  for (const PipelineChunk& c : PipelineChunksOf(job, layout)) {
+    stage.chunks.push_back({.first_unit = c.first, .last_unit = c.last, .in_flight = c.in_flight});
   }
-  StageSpec stage{.first_unit = chunks[0].first,
-                  .last_unit = chunks[0].last,
-                  .in_flight = chunks[0].in_flight,
-                  .layout = RankModelLayout(job, layout)};
   return BindImpl(config, state, work, batch, seq_len, TensorParallelGroup{}, &stage);
 }
 
@@ -129,18 +123,25 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   m.layout_ = t > 1 ? TensorParallelModelLayout(config, t) : BuildModelLayout(config);
   if (t > 1) m.whole_layout_ = BuildModelLayout(config);
   const int n_units = static_cast<int>(m.layout_.units.size());
-  m.first_unit_ = 0;
-  m.last_unit_ = n_units;
+  m.chunk_ranges_ = {{.first_unit = 0, .last_unit = n_units, .in_flight = 1}};
   if (stage != nullptr) {
     // The whole model's unit indices stay (blocks keep their names and numbers); the stage's
     // own units replace theirs (the head's, with its wte copy) and the rest bind nothing.
     m.pipelined_ = true;
     m.whole_layout_ = m.layout_;
-    m.first_unit_ = stage->first_unit;
-    m.last_unit_ = stage->last_unit;
-    m.in_flight_ = stage->in_flight;
-    for (int u = m.first_unit_; u < m.last_unit_; ++u) {
-      m.layout_.units[u] = stage->layout.units[u - m.first_unit_];
+    m.chunk_ranges_ = stage->chunks;
+  }
+  for (const ChunkRange& c : m.chunk_ranges_) {
+    for (int u = c.first_unit; u < c.last_unit; ++u) m.held_units_.push_back(u);
+  }
+  m.first_unit_ = m.chunk_ranges_.front().first_unit;
+  m.last_unit_ = m.chunk_ranges_.front().last_unit;
+  if (stage != nullptr) {
+    if (m.held_units_.size() != stage->layout.units.size()) {
+      return absl::InternalError("pipeline stage: its chunks and its layout hold different units");
+    }
+    for (size_t local = 0; local < m.held_units_.size(); ++local) {
+      m.layout_.units[m.held_units_[local]] = stage->layout.units[local];
     }
     m.layout_.tied_embeddings = stage->layout.tied_embeddings;
     m.stage_layout_ = stage->layout;
@@ -163,7 +164,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   // A LoRA model's gradients are its adapters' (block 0 has adapters: validation requires a
   // target module, and every block has every module).
   const std::string grads_probe = m.layout_.lora ? m.layout_.block(0).name + ".lora_grads"
-                                                 : m.layout_.units[m.first_unit_].name + ".grads";
+                                                 : m.layout_.units[m.held_units_[0]].name + ".grads";
   const bool with_grads = state.Get(grads_probe).ok() && work.Get("grad.residual").ok();
   for (const UnitLayout& u : m.layout_.units) {
     if (!m.HoldsUnit(static_cast<int>(&u - m.layout_.units.data()))) {
@@ -177,7 +178,12 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     ZT_ASSIGN_OR_RETURN(Tensor p, state.Get(u.name + ".params"));
     m.params_.push_back(p);
     if (with_grads && u.trainable()) {
-      ZT_ASSIGN_OR_RETURN(Tensor g, state.Get(u.name + ".grads"));
+      // A pipeline stage's backward accumulates the micro-batches' gradients itself: at ZeRO
+      // stage 2 into the unit's full accumulation buffer (the engine reduce-scatters it into
+      // the rank's ".grads" shard after the schedule), else into ".grads".
+      absl::StatusOr<Tensor> accum =
+          m.pipelined_ ? state.Get(u.name + ".grad_accum") : absl::NotFoundError("");
+      ZT_ASSIGN_OR_RETURN(Tensor g, accum.ok() ? accum : state.Get(u.name + ".grads"));
       m.grads_.push_back(g);
     } else if (with_grads) {
       m.grads_.emplace_back();  // frozen: no gradient
@@ -206,20 +212,33 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     }
     m.nf4_.push_back(std::move(nf4));
   }
-  // A stage's saved activations lead with the in-flight micro-batches: each is bound to slot
+  // A chunk's saved activations lead with its in-flight micro-batches: each is bound to slot
   // 0 here and remembered, so SelectMicroBatch can move it (the shared "recompute.*" set is
   // one micro-batch's).
-  const bool slotted = m.pipelined_ && m.in_flight_ > 1;
+  auto chunk_of_unit = [&](int u) {
+    for (size_t c = 0; c < m.chunk_ranges_.size(); ++c) {
+      if (u >= m.chunk_ranges_[c].first_unit && u < m.chunk_ranges_[c].last_unit) {
+        return static_cast<int>(c);
+      }
+    }
+    return -1;
+  };
+  auto slotted = [&](int chunk) {
+    return m.pipelined_ && chunk >= 0 && m.chunk_ranges_[chunk].in_flight > 1;
+  };
   // A buffer of more than 3 dimensions comes out of the arena flat: the slot's shape is the
   // plan's without its leading in-flight dimension.
-  auto binding = [&](const std::string& name, const Tensor& base) -> absl::StatusOr<SlotBinding> {
+  auto binding = [&](const std::string& name, const Tensor& base,
+                     int chunk) -> absl::StatusOr<SlotBinding> {
     ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, work.Spec(name));
-    if (spec->shape.size() < 2 || spec->shape[0] != m.in_flight_) {
+    const int in_flight = m.chunk_ranges_[chunk].in_flight;
+    if (spec->shape.size() < 2 || spec->shape[0] != in_flight) {
       return absl::InternalError(absl::StrCat("memory plan: buffer '", name,
-                                              "' does not lead with the stage's ", m.in_flight_,
+                                              "' does not lead with its chunk's ", in_flight,
                                               " micro-batches in flight"));
     }
     SlotBinding b;
+    b.chunk = chunk;
     b.base = base;
     b.shape.assign(spec->shape.begin() + 1, spec->shape.end());
     return b;
@@ -231,8 +250,10 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
       continue;
     }
     ZT_ASSIGN_OR_RETURN(Tensor r, work.Get(absl::StrCat("residual.", i)));
-    if (slotted) {
-      ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(absl::StrCat("residual.", i), r));
+    // Kept by the chunk of the block it enters, else of the unit it leaves (the plan's rule).
+    const int chunk = m.HoldsUnit(1 + i) ? chunk_of_unit(1 + i) : chunk_of_unit(i);
+    if (slotted(chunk)) {
+      ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(absl::StrCat("residual.", i), r, chunk));
       b.residual = i;
       ZT_ASSIGN_OR_RETURN(r, SlotView(b, 0));
       m.slots_.push_back(std::move(b));
@@ -282,7 +303,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     a.recompute = shared_input  ? Recompute::kFull
                   : shared_core ? Recompute::kSelective
                                 : Recompute::kNone;
-    if (slotted) {
+    if (slotted(chunk_of_unit(1 + i))) {
       // The block's own buffers (not the shared recompute set's) hold every slot.
       for (Tensor BlockActs::*f :
            {&BlockActs::ln1, &BlockActs::ln1_mean, &BlockActs::ln1_rstd, &BlockActs::qkv,
@@ -291,7 +312,8 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
         Tensor& t = a.*f;
         if (t.empty()) continue;
         if (!work.Get(p + BlockFieldName(f)).ok()) continue;  // shared: one micro-batch
-        ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(p + BlockFieldName(f), t));
+        ZT_ASSIGN_OR_RETURN(SlotBinding b,
+                            binding(p + BlockFieldName(f), t, chunk_of_unit(1 + i)));
         b.block = i;
         b.block_field = f;
         ZT_ASSIGN_OR_RETURN(t, SlotView(b, 0));
@@ -306,7 +328,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     ZT_ASSIGN_OR_RETURN(m.lnf_rstd_, work.Get("head.lnf_rstd"));
     ZT_ASSIGN_OR_RETURN(m.losses_, work.Get("head.losses"));
     ZT_ASSIGN_OR_RETURN(m.logits_, work.Get("logits"));
-    if (slotted) {
+    if (slotted(chunk_of_unit(n_units - 1))) {
       const std::pair<Tensor Transformer::*, const char*> fields[] = {
           {&Transformer::lnf_, "head.lnf"},
           {&Transformer::lnf_mean_, "head.lnf_mean"},
@@ -315,7 +337,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
       for (const auto& [f, name] : fields) {
         Tensor& t = m.*f;
         if (t.empty()) continue;
-        ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(name, t));
+        ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(name, t, chunk_of_unit(n_units - 1)));
         b.field = f;
         ZT_ASSIGN_OR_RETURN(t, SlotView(b, 0));
         m.slots_.push_back(std::move(b));
@@ -340,9 +362,9 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     m.lora_.dropped = optional("lora.dropped");
   }
   if (m.pipelined_) {
-    m.stage_params_.assign(m.params_.begin() + m.first_unit_, m.params_.begin() + m.last_unit_);
-    if (with_grads) {
-      m.stage_grads_.assign(m.grads_.begin() + m.first_unit_, m.grads_.begin() + m.last_unit_);
+    for (int u : m.held_units_) {
+      m.stage_params_.push_back(m.params_[u]);
+      if (with_grads) m.stage_grads_.push_back(m.grads_[u]);
     }
   }
   if (with_grads) {
@@ -393,12 +415,44 @@ absl::StatusOr<Tensor> Transformer::SlotView(const SlotBinding& b, int slot) {
   }
 }
 
-absl::Status Transformer::SelectMicroBatch(int slot) {
-  if (slot < 0 || slot >= in_flight_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("micro-batch slot ", slot, ": the stage holds ", in_flight_, " in flight"));
+absl::Status Transformer::SetStageComputeParams(const std::vector<Tensor>& units) {
+  if (!pipelined_ || units.size() != held_units_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage compute parameters: a pipeline stage of ", held_units_.size(), " units got ",
+        units.size()));
   }
+  compute_params_.assign(params_.size(), Tensor());
+  for (size_t local = 0; local < units.size(); ++local) {
+    if (units[local].numel() < layout_.units[held_units_[local]].numel) {
+      return absl::InvalidArgumentError(absl::StrCat("stage compute parameters of unit ",
+                                                     layout_.units[held_units_[local]].name,
+                                                     ": smaller than the unit"));
+    }
+    compute_params_[held_units_[local]] = units[local];
+  }
+  return absl::OkStatus();
+}
+
+bool Transformer::HoldsUnit(int u) const {
+  for (const ChunkRange& c : chunk_ranges_) {
+    if (u >= c.first_unit && u < c.last_unit) return true;
+  }
+  return false;
+}
+
+absl::Status Transformer::SelectMicroBatch(int chunk, int slot) {
+  if (chunk < 0 || chunk >= chunks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model chunk ", chunk, ": the stage holds ", chunks(), " chunks"));
+  }
+  if (slot < 0 || slot >= in_flight(chunk)) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch slot ", slot, " of chunk ", chunk,
+                                                   ": it holds ", in_flight(chunk), " in flight"));
+  }
+  first_unit_ = chunk_ranges_[chunk].first_unit;
+  last_unit_ = chunk_ranges_[chunk].last_unit;
   for (const SlotBinding& b : slots_) {
+    if (b.chunk != chunk) continue;
     ZT_ASSIGN_OR_RETURN(Tensor v, SlotView(b, slot));
     if (b.block >= 0) {
       blocks_[b.block].*(b.block_field) = v;
@@ -421,14 +475,15 @@ absl::Status Transformer::StageForward(const DeviceContext& ctx, const LossOptio
         "gradient scratch holds one)");
   }
   const int head = static_cast<int>(layout_.units.size()) - 1;
-  if (HoldsUnit(0)) ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, params_.front()));
+  if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, ComputeParams(0)));
   for (int u = std::max(first_unit_, 1); u < std::min(last_unit_, head); ++u) {
-    ZT_RETURN_IF_ERROR(BlockForward(ctx, u - 1, params_[u]));
+    ZT_RETURN_IF_ERROR(BlockForward(ctx, u - 1, ComputeParams(u)));
   }
-  if (!HoldsUnit(head)) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(HeadForward(ctx, params_.back()));
+  if (!chunk_is_last()) return absl::OkStatus();
+  ZT_RETURN_IF_ERROR(HeadForward(ctx, ComputeParams(head)));
   ZT_RETURN_IF_ERROR(
-      HeadLoss(ctx, params_.back(), options.write_grad ? grads_.back() : Tensor(), params_.front(),
+      HeadLoss(ctx, ComputeParams(head), options.write_grad ? grads_.back() : Tensor(),
+               ComputeParams(0),
                options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(), options));
   head_backward_due_ = options.write_grad;
   return absl::OkStatus();
@@ -439,18 +494,18 @@ absl::Status Transformer::StageBackward(const DeviceContext& ctx) {
     return absl::FailedPreconditionError("backward on a model bound without gradients");
   }
   const int head = static_cast<int>(layout_.units.size()) - 1;
-  if (HoldsUnit(head)) {
+  if (chunk_is_last()) {
     if (!head_backward_due_) {
       return absl::FailedPreconditionError(
           "the last stage's backward without the forward (with write_grad) of its micro-batch");
     }
     head_backward_due_ = false;
-    ZT_RETURN_IF_ERROR(HeadBackward(ctx, params_.back(), grads_.back()));
+    ZT_RETURN_IF_ERROR(HeadBackward(ctx, ComputeParams(head), grads_.back()));
   }
   for (int u = std::min(last_unit_, head) - 1; u >= std::max(first_unit_, 1); --u) {
-    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, params_[u], grads_[u]));
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, ComputeParams(u), grads_[u]));
   }
-  if (HoldsUnit(0)) ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, grads_.front()));
+  if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, grads_.front()));
   return absl::OkStatus();
 }
 
@@ -475,7 +530,7 @@ void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& in
 
 void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end,
                                       float* out) const {
-  const UnitLayout& unit = layout_.units[u + first_unit_];  // a stage's u: its own units
+  const UnitLayout& unit = layout_.units[held_units_[u]];  // a stage's u: its own units
   std::fill(out, out + (end - begin), 0.0f);                // padding past the unit's last tensor
   for (const ParamSpec& p : unit.params) {
     if (p.quantized) continue;  // not in the flat buffer: InitializeQuantizedBase

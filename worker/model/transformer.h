@@ -190,40 +190,60 @@ class Transformer {
   absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);
 
   // A pipeline stage's model (Narayanan et al. 2021): rank layout.coordinates().pipeline of
-  // `job` (pipeline_parallel > 1, tensor_parallel 1, one chunk per stage: GPIPE or
-  // ONE_F_ONE_B) binds only the units of its chunk (PipelineChunksOf, the plan's partition)
-  // from the plan PlanMemory(job, layout) made: the embedding on the first stage, the final
-  // norm, head and loss on the last. With tied embeddings split across stages the last stage
-  // holds its own copy of wte ("lm_head.weight" of the head unit, initialised to the same
-  // values); the caller sums the two copies' gradients before the step (Megatron's).
-  // layout(), unit_params() and unit_grads() are the stage's units (RankModelLayout); unit u
-  // of the stage is unit first_unit() + u of the whole model. The chunk's saved activations hold
-  // in_flight() micro-batches; the schedule picks one with SelectMicroBatch before its forward and
-  // again before its backward. Needs f32, no LoRA, no quantized base.
+  // `job` (pipeline_parallel > 1, tensor_parallel 1) binds only the units of its chunks
+  // (PipelineChunksOf, the plan's partition: one chunk under GPIPE and ONE_F_ONE_B, v under
+  // INTERLEAVED, rank r holding model chunks r, r + p, …) from the plan PlanMemory(job, layout)
+  // made: the embedding on the first stage, the final norm, head and loss on the last. With
+  // tied embeddings split across stages the last stage holds its own copy of wte
+  // ("lm_head.weight" of the head unit, initialised to the same values); the caller sums the
+  // two copies' gradients before the step (Megatron's).
+  // layout(), unit_params() and unit_grads() are the stage's units (RankModelLayout), its
+  // chunks' in model order; unit u of the stage is unit held_units()[u] of the whole model.
+  // Chunk c's saved activations hold in_flight(c) micro-batches; the schedule picks a chunk and
+  // slot with SelectMicroBatch before its forward and again before its backward. Its backward
+  // accumulates into unit_grads(): a unit's ".grad_accum" buffer where the plan has one (ZeRO
+  // stage 2, reduce-scattered by the engine afterwards), else its ".grads". Needs f32, no
+  // LoRA, no quantized base.
   static absl::StatusOr<Transformer> BindStage(const zerotrain::JobSpec& job,
                                                const ParallelLayout& layout, const Arenas& state,
                                                const Arenas& work, int64_t batch, int64_t seq_len);
   bool pipelined() const { return pipelined_; }
-  // The stage's units [first_unit, last_unit) of the whole model (all of them unpipelined).
+  // The selected chunk's units [first_unit, last_unit) of the whole model (all of them
+  // unpipelined).
   int first_unit() const { return first_unit_; }
   int last_unit() const { return last_unit_; }
-  bool HoldsUnit(int u) const { return u >= first_unit_ && u < last_unit_; }
-  bool is_first_stage() const { return first_unit_ == 0; }
-  bool is_last_stage() const { return last_unit_ == static_cast<int>(layout_.units.size()); }
-  int in_flight() const { return in_flight_; }
-  // Makes micro-batch slot `slot` (0 ≤ slot < in_flight()) the one the stage's activations
-  // are read from and written to.
-  absl::Status SelectMicroBatch(int slot);
-  // The stage's input, the residual stream entering its first block, in the selected slot:
-  // what a stage after the first receives before StageForward.
+  // The whole model's index of each of the stage's units (0, 1, … unpipelined).
+  const std::vector<int>& held_units() const { return held_units_; }
+  // Whether any of the stage's chunks holds unit u.
+  bool HoldsUnit(int u) const;
+  // The stage holds the embedding / the head (in any chunk).
+  bool is_first_stage() const { return HoldsUnit(0); }
+  bool is_last_stage() const { return HoldsUnit(static_cast<int>(layout_.units.size()) - 1); }
+  // The selected chunk holds the embedding / the head: its forward receives no input / sends
+  // no output.
+  bool chunk_is_first() const { return first_unit_ == 0; }
+  bool chunk_is_last() const { return last_unit_ == static_cast<int>(layout_.units.size()); }
+  int chunks() const { return static_cast<int>(chunk_ranges_.size()); }
+  int in_flight(int chunk = 0) const { return chunk_ranges_[chunk].in_flight; }
+  // Makes micro-batch slot `slot` (0 ≤ slot < in_flight(chunk)) of chunk `chunk` the one
+  // StageForward / StageBackward run, reading and writing its activations.
+  absl::Status SelectMicroBatch(int slot) { return SelectMicroBatch(0, slot); }
+  absl::Status SelectMicroBatch(int chunk, int slot);
+  // The selected chunk's input, the residual stream entering its first block, in the selected
+  // slot: what a chunk after the model's first receives before StageForward.
   const Tensor& stage_input() const { return residual_[first_unit_ - 1]; }
-  // Its output (a stage before the last), the residual stream after its last unit, in the
-  // selected slot (the plan keeps it on both stages): what it sends on after StageForward.
+  // Its output (a chunk before the model's last), the residual stream after its last unit, in
+  // the selected slot (the plan keeps it on both ranks): what it sends on after StageForward.
   const Tensor& stage_output() const { return residual_[last_unit_ - 1]; }
-  // dL/d(residual stream): a stage before the last receives the gradient of its output here
-  // before StageBackward; after it, a stage after the first finds the gradient of its input
-  // here, to send back.
+  // dL/d(residual stream): a chunk before the model's last receives the gradient of its output
+  // here before StageBackward; after it, a chunk after the model's first finds the gradient of
+  // its input here, to send back.
   const Tensor& residual_grad() const { return grad_.residual; }
+  // The buffers StageForward / StageBackward read unit u's parameters from, one per stage
+  // unit in layout() order, each at least the unit's size: at ZeRO stage 3 unit_params() are
+  // the rank's shards, and the engine gathers the whole units into these for the step.
+  // Unset: unit_params().
+  absl::Status SetStageComputeParams(const std::vector<Tensor>& units);
   // The selected micro-batch's forward through the stage: the embedding of tokens() on the
   // first stage, the stage's blocks, and on the last the final norm and the loss over
   // targets() (options as ForwardLoss; with write_grad the projection's backward too, as
@@ -269,9 +289,12 @@ class Transformer {
 
   Transformer() = default;
   // The stage a pipelined model binds (BindStage); null: the whole model.
-  struct StageSpec {
+  struct ChunkRange {
     int first_unit = 0, last_unit = 0, in_flight = 1;
-    ModelLayout layout;  // RankModelLayout: the stage's units, the head's wte copy
+  };
+  struct StageSpec {
+    std::vector<ChunkRange> chunks;  // in model order
+    ModelLayout layout;              // RankModelLayout: the stage's units, the head's wte copy
   };
   static const char* BlockFieldName(Tensor BlockActs::*f);
   static absl::StatusOr<Transformer> BindImpl(const zerotrain::ModelConfig& config,
@@ -281,6 +304,7 @@ class Transformer {
   // Activation buffers with a leading in-flight dimension (a pipeline stage's), and where
   // SelectMicroBatch puts the slot's view: a block's field, a residual index, or a head field.
   struct SlotBinding {
+    int chunk = 0;
     int block = -1;
     Tensor BlockActs::*block_field = nullptr;
     int residual = -1;
@@ -343,7 +367,13 @@ class Transformer {
   // A stage's own units and buffers (the members above stay indexed by the whole model's).
   ModelLayout stage_layout_;
   std::vector<Tensor> stage_params_, stage_grads_;
-  int first_unit_ = 0, last_unit_ = 0, in_flight_ = 1;
+  std::vector<ChunkRange> chunk_ranges_;  // one (the whole model) unpipelined
+  std::vector<Tensor> compute_params_;    // SetStageComputeParams', by whole-model unit
+  const Tensor& ComputeParams(int u) const {
+    return compute_params_.empty() ? params_[u] : compute_params_[u];
+  }
+  std::vector<int> held_units_;
+  int first_unit_ = 0, last_unit_ = 0;  // the selected chunk's
   std::vector<SlotBinding> slots_;
   bool head_backward_due_ =
       false;  // last stage: StageForward with write_grad ran, its backward not

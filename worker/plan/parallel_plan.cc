@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
+#include "worker/plan/pipeline_schedule.h"
 
 namespace zt {
 namespace {
@@ -51,17 +52,13 @@ std::vector<int> InFlight(const zerotrain::ParallelConfig& parallel, int pp, int
       std::fill(counts.begin(), counts.end(), m);
       break;
     case zerotrain::ParallelConfig::INTERLEAVED: {
-      // Megatron's interleaved 1F1B: the warmup runs 2·(pp − p − 1) + (v − 1)·pp forwards, the
-      // steady state one more before its first backward; forwards go through the chunks in
-      // groups of pp micro-batches (chunk 0 for micro-batches 0..pp−1, chunk 1 for the same,
-      // …, then chunk 0 for pp..2pp−1).
-      const int64_t forwards =
-          std::min<int64_t>(2 * (pp - p - 1) + int64_t{v - 1} * pp + 1, int64_t{m} * v);
-      for (int64_t slot = 0; slot < forwards; ++slot) {
-        const int64_t group = slot / (int64_t{pp} * v), within = slot % (int64_t{pp} * v);
-        const int64_t micro = group * pp + within % pp;
-        if (micro < m) ++counts[within / pp];
-      }
+      // Megatron's interleaved 1F1B: what its order (PipelineStageOps) holds per chunk. Not
+      // the warmup window alone: in the steady state the backwards go through the chunks in
+      // reverse, so chunk 0's forwards keep arriving while its backwards wait behind the
+      // later chunks' (p 2, v 2, m 4: rank 0's chunk 0 holds all 4).
+      const std::vector<PipelineOp> ops =
+          PipelineStageOps(zerotrain::ParallelConfig::INTERLEAVED, pp, p, m, v);
+      for (int c = 0; c < v; ++c) counts[c] = MaxInFlight(ops, c);
       break;
     }
     default:  // ONE_F_ONE_B

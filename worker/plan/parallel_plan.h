@@ -24,9 +24,11 @@
 // it); pipeline rank p holds chunks p, p + pp, …. A stage keeps its saved activations for the
 // micro-batches its schedule has in flight (Narayanan et al. 2021):
 //   GPIPE: every micro-batch, m;  ONE_F_ONE_B: min(pp − p, m);
-//   INTERLEAVED: min(2·(pp − p − 1) + (v − 1)·pp + 1, m·v) chunk-forwards (Megatron's warmup
-//   plus one), taken chunk by chunk in the schedule's forward order — on the first stage
-//   pp·(1 + (pp − 1)/(pp·v)) stage-micro-batches, Korthikanti's equation 5 factor.
+//   INTERLEAVED: per chunk, the most micro-batches Megatron's interleaved order
+//   (pipeline_schedule.h) holds between that chunk's forward and backward. Korthikanti's
+//   equation 5 factor pp·(1 + (pp − 1)/(pp·v)) counts only the warmup window; the steady state
+//   holds more in the early chunks (rank 0 at pp 2, v 2, m ≥ 4: 4 and 2 micro-batches, not 3
+//   and 2), and a smaller plan would overwrite activations still awaiting their backward.
 // With tied embeddings split across stages, the head's stage keeps its own copy of wte
 // ("lm_head.weight", summed with the first stage's gradient as Megatron does).
 //

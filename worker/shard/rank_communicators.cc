@@ -107,12 +107,17 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
     const int stage = layout.coordinates().pipeline;
     const std::string pipe = absl::StrCat("pipeline.", layout.rank() % (layout.world_size() / pp));
     ZT_ASSIGN_OR_RETURN(comms.pipeline, connect(pipe, stage, pp, Conversion{}));
-    for (int s = 0; s + 1 < pp; ++s) {
-      if (stage != s && stage != s + 1) continue;
+    // The interleaved schedule also links the last stage to the first (model chunk c·p + p − 1
+    // on the last stage feeds chunk (c + 1)·p on the first).
+    const bool wrap = job.parallel().pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED;
+    for (int s = 0; s + 1 < pp || (wrap && s < pp); ++s) {
+      const int next = (s + 1) % pp;
+      if (stage != s && stage != next) continue;
+      const int member = stage == s ? 0 : 1;  // the sending stage first
       ZT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> act,
-                          connect(absl::StrCat(pipe, ".act.", s), stage - s, 2, Conversion{}));
+                          connect(absl::StrCat(pipe, ".act.", s), member, 2, Conversion{}));
       ZT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> grad,
-                          connect(absl::StrCat(pipe, ".grad.", s), stage - s, 2, Conversion{}));
+                          connect(absl::StrCat(pipe, ".grad.", s), member, 2, Conversion{}));
       if (stage == s) {
         comms.activations_out = std::move(act);
         comms.gradients_in = std::move(grad);

@@ -13,7 +13,8 @@
 // With pipeline_parallel p > 1, after those: "pipeline.<j>" (j = rank mod (world / p), the
 // p ranks with this rank's tensor and data coordinates), then for each stage s < p − 1 that
 // the rank is s or s + 1 of, "pipeline.<j>.act.<s>" and "pipeline.<j>.grad.<s>" (two ranks,
-// stage s first), and with tied embeddings "pipeline.<j>.tied" (the first and last stage).
+// stage s first; under INTERLEAVED also s = p − 1, linking the last stage to the first), and
+// with tied embeddings "pipeline.<j>.tied" (the first and last stage).
 #pragma once
 
 #include <cstdint>

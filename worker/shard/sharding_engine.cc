@@ -150,10 +150,17 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   }
   const int n_trainable = static_cast<int>(e->shards_.size());
   if (model->pipelined()) {
-    if (e->stage_ >= 2) {
+    // Stages 2 and 3: the stage's backward accumulates every micro-batch into the full
+    // ".grad_accum" buffers (the model binds them), reduce-scattered once after the schedule.
+    // Stage 3 gathers the stage's units whole for the step (BeginStep: FSDP's
+    // reshard_after_forward false), so that each micro-batch's forward and backward reads them
+    // without a gather per op.
+    if ((e->stage_ >= 2 && !e->accumulate_full_) ||
+        (e->stage_ == 3 && job.parallel().reshard_after_forward())) {
       return absl::UnimplementedError(absl::StrCat(
           "parallel.zero_stage ", e->stage_,
-          " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1"));
+          " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1, "
+          "and 2 and 3 with parallel.micro_batches > 1 (3 with reshard_after_forward false)"));
     }
     // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
     const UnitLayout& head = layout.units.back();
@@ -161,8 +168,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0) {
       const FlatRange& owned = e->shards_.back().owned;
       const int64_t end = std::min(owned.end, copy->offset);
+      // At stage 2 the gradient buffer is the shard alone, starting at the range's begin.
+      const int64_t base = e->stage_ >= 2 ? owned.begin : 0;
       if (end > owned.begin) {
-        e->norm_views_.back() = Flat(e->grads_.back(), owned.begin, end - owned.begin);
+        e->norm_views_.back() = Flat(e->grads_.back(), owned.begin - base, end - owned.begin);
       } else {
         e->norm_views_.pop_back();  // this rank's range is all copy
       }
@@ -234,6 +243,11 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         ZT_ASSIGN_OR_RETURN(dedicated[u], arenas.Get(layout.units[u].name + ".gathered"));
       }
     }
+    if (model->pipelined()) {
+      // The stage computes from its units gathered whole for the step (BeginStep).
+      e->stage_gathered_ = dedicated;
+      ZT_RETURN_IF_ERROR(model->SetStageComputeParams(dedicated));
+    }
     ShardingEngine* self = e.get();
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
@@ -253,6 +267,22 @@ std::string ShardingEngine::Label(int t, const char* what) const {
 }
 
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
+  if (!stage_gathered_.empty()) {
+    // A ZeRO-3 pipeline stage: every unit's shard (stepped by the last optimizer step, or
+    // initialised or loaded) all-gathered into its whole buffer for this step's schedule.
+    std::vector<CommHandle> handles;
+    for (size_t u = 0; u < stage_gathered_.size(); ++u) {
+      const UnitShard& s = param_shards_[u];
+      ZT_ASSIGN_OR_RETURN(
+          CommHandle h,
+          comms_.shard_group->AllGather(Flat(params_[u], 0, s.shard_numel),
+                                        Flat(stage_gathered_[u], 0, s.padded),
+                                        absl::StrCat(model_->layout().units[u].name,
+                                                     " stage all-gather")));
+      handles.push_back(std::move(h));
+    }
+    ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  }
   if (stage_ <= 1) {
     for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
   } else if (accumulate_full_) {

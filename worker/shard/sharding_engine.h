@@ -103,8 +103,10 @@ class ShardingEngine {
   // loss_accumulator()).
   absl::Status ForwardBackward(const DeviceContext& ctx, const Transformer::LossOptions& options,
                                bool last);
-  // A pipeline stage (model->pipelined(), stages 0–1): the schedule ran the model's
-  // StageForward/StageBackward itself, accumulating into the full gradient buffers; this
+  // A pipeline stage (model->pipelined(); at stages 2–3 with micro-batches that accumulate,
+  // at 3 with the units gathered whole for the step by BeginStep): the schedule ran the
+  // model's StageForward/StageBackward itself, accumulating into the full gradient buffers
+  // (".grads" at stages 0–1, ".grad_accum" at 2–3); this
   // starts every unit's reduction and waits for them, as ForwardBackward does after a step's
   // last micro-batch. The last stage's copy of a tied embedding is left out of the norm
   // statistics (the first stage counts wte).
@@ -220,6 +222,8 @@ class ShardingEngine {
   std::vector<Tensor> grad_accum_;  // "<u>.grad_accum" / "<u>.lora_grad_accum" (accumulate_full_)
   std::vector<Tensor> grad_full_;   // "grad.full.0/1"
   Tensor grad_full_embedding_;      // "grad.full.embedding" (tied)
+  // A ZeRO-3 pipeline stage's "<unit>.gathered" buffers, filled by BeginStep.
+  std::vector<Tensor> stage_gathered_;
   std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)
   Tensor scalars_;                  // "comm.scalars"
   std::vector<FlatRange> ranges_;

@@ -148,6 +148,13 @@ TEST(ParallelValidationTest, NamesTheFieldTheValueAndTheRule) {
        {"parallel.virtual_stages: model.n_layer 4 is not divisible by parallel.pipeline_parallel "
         "2 × parallel.virtual_stages 3 (each of the pp · virtual_stages chunks holds as many "
         "blocks)"}},
+      {"interleaved chunks more than the units",
+       kGpt2Yaml,
+       "world_size: 2, pipeline_parallel: 2, pipeline_schedule: INTERLEAVED, virtual_stages: 4, "
+       "micro_batches: 4",
+       {"parallel.virtual_stages: model.n_layer 4 is not divisible by parallel.pipeline_parallel "
+        "2 × parallel.virtual_stages 4 (each of the pp · virtual_stages chunks holds as many "
+        "blocks)"}},
       {"interleaved with one chunk",
        kGpt2Yaml,
        "world_size: 2, pipeline_parallel: 2, pipeline_schedule: INTERLEAVED, micro_batches: 2",
@@ -240,17 +247,22 @@ TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
   EXPECT_TRUE(CheckEngineSupport(With(kGpt2Yaml, "world_size: 8")).ok());
 }
 
-TEST(CheckEngineSupportTest, PipelineTrainsGpipeAndOneFOneBAtZeroZeroAndOneInFp32) {
+TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtZeroZeroAndOneInFp32) {
   for (const char* layout :
        {"world_size: 2, pipeline_parallel: 2, pipeline_schedule: GPIPE, micro_batches: 2",
+        "world_size: 2, pipeline_parallel: 2, pipeline_schedule: INTERLEAVED, virtual_stages: 2, "
+        "micro_batches: 4",
         "world_size: 4, pipeline_parallel: 2, zero_stage: 1, micro_batches: 4",
+        "world_size: 4, pipeline_parallel: 2, zero_stage: 2, micro_batches: 4",
+        "world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
+        "reshard_after_forward: false",
         "world_size: 4, pipeline_parallel: 4, micro_batches: 4"}) {
     const JobSpec job = With(kLlamaYaml, layout);
     ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
     EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
   }
   JobSpec job = With(kGpt2Yaml,
-                     "world_size: 4, pipeline_parallel: 2, zero_stage: 2, micro_batches: 4, "
+                     "world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
                      "pipeline_schedule: INTERLEAVED, virtual_stages: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
   job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
@@ -258,13 +270,25 @@ TEST(CheckEngineSupportTest, PipelineTrainsGpipeAndOneFOneBAtZeroZeroAndOneInFp3
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(
       testing::Lines(status),
-      ElementsAre("parallel.pipeline_parallel: 2 trains with parallel.pipeline_schedule "
-                  "GPIPE or ONE_F_ONE_B (INTERLEAVED is planned by zt estimate, not "
-                  "trained) so far",
-                  "parallel.pipeline_parallel: 2 trains at parallel.zero_stage 0 or 1 so far",
+      ElementsAre("parallel.pipeline_parallel: 2 trains at parallel.zero_stage 3 with "
+                  "parallel.reshard_after_forward false (a stage keeps its units gathered for "
+                  "the step's schedule rather than gathering them per micro-batch) so far",
                   "parallel.pipeline_parallel: 2 trains on resources.device CPU so far",
                   "parallel.pipeline_parallel: 2 trains in precision param_dtype, "
                   "compute_dtype and grad_dtype FP32 so far"));
+}
+
+TEST(CheckEngineSupportTest, PipelineAtZeroTwoNeedsMicroBatchesToAccumulate) {
+  const JobSpec job = With(kLlamaYaml,
+                           "world_size: 4, pipeline_parallel: 2, zero_stage: 2, "
+                           "pipeline_schedule: GPIPE, micro_batches: 1");
+  ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  const absl::Status status = CheckEngineSupport(job);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(testing::Lines(status),
+              ElementsAre("parallel.pipeline_parallel: 2 trains at parallel.zero_stage 2 with "
+                          "parallel.micro_batches >= 2 (the stage accumulates into full gradient "
+                          "buffers, planned only when micro-batches accumulate) so far"));
 }
 
 TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {

@@ -1,7 +1,8 @@
 // Pipeline stages against the plan and the one-rank model: each stage binds exactly the plan's
 // units (RankModelLayout of PipelineChunksOf's partition, the last stage's copy of a tied wte
 // included) and starts from the one-rank model's weights; the stages chained in one thread in
-// the order of each schedule (PipelineStageOps: GPipe and 1F1B), their boundary tensors copied
+// the order of each schedule (PipelineStageOps: GPipe, 1F1B and interleaved with two chunks per
+// stage), their boundary tensors copied
 // as the sends would carry them and each stage keeping micro-batch k in slot k mod its plan's
 // in-flight count, give the one-rank model's loss and accumulated gradients over m
 // micro-batches (the two tied copies' gradients summed).
@@ -256,29 +257,42 @@ Reference OneRank(zerotrain::ModelConfig::Family family, const std::vector<Batch
 }
 
 TEST(PipelineStageTest, ChainedStagesGiveTheOneRankLossAndGradients) {
+  // INTERLEAVED with v = 2: at p 2 four chunks of the eight units, at p 4 eight chunks of one
+  // unit each (a chunk of the embedding alone, one of the head alone).
+  struct Layout {
+    zerotrain::ParallelConfig::PipelineSchedule schedule;
+    int v;
+  };
+  const Layout layouts[] = {{zerotrain::ParallelConfig::GPIPE, 1},
+                            {zerotrain::ParallelConfig::ONE_F_ONE_B, 1},
+                            {zerotrain::ParallelConfig::INTERLEAVED, 2}};
   for (auto family : kFamilies) {
     const int vocab = family == zerotrain::ModelConfig::GPT2 ? 32 : 34;
     const std::vector<Batch> batches = MicroBatches(vocab);
     const Reference ref = OneRank(family, batches);
-    for (auto schedule : kSchedules) {
+    for (const auto& [schedule, v] : layouts) {
       for (int p : {2, 4}) {
         SCOPED_TRACE(::testing::Message()
                      << "family " << family << " schedule " << schedule << " pp " << p);
-        const zerotrain::JobSpec job = Job(family, p, schedule);
+        zerotrain::JobSpec job = Job(family, p, schedule);
+        if (v > 1) job.mutable_parallel()->set_virtual_stages(v);
         std::vector<Bound> stages;
         for (int r = 0; r < p; ++r) {
           absl::StatusOr<Bound> b = BindRank(job, ParallelLayout::ForJob(job, r), true);
           ASSERT_TRUE(b.ok()) << b.status();
+          ASSERT_EQ(b->model->chunks(), v);
           b->model->InitializeWeights(5);
           for (const Tensor& g : b->model->unit_grads()) ASSERT_TRUE(Zero(b->ctx, g).ok());
           stages.push_back(std::move(*b));
         }
-        // What the sends carry: activations[r][k] from stage r to r + 1, gradients[r][k] from
-        // stage r to r − 1.
-        std::vector<std::map<int, std::vector<float>>> activations(p), gradients(p);
+        // What the sends carry: activations[C][k] from model chunk C to C + 1, gradients[C][k]
+        // from model chunk C to C − 1.
+        const int model_chunks = p * v;
+        std::vector<std::map<int, std::vector<float>>> activations(model_chunks),
+            gradients(model_chunks);
         std::vector<std::vector<PipelineOp>> ops(p);
         std::vector<size_t> next(p, 0);
-        for (int r = 0; r < p; ++r) ops[r] = PipelineStageOps(schedule, p, r, kMicroBatches);
+        for (int r = 0; r < p; ++r) ops[r] = PipelineStageOps(schedule, p, r, kMicroBatches, v);
         double loss_sum[1] = {0};  // an f64 in 2 f32 slots (AccumulateMeanLoss)
         const Tensor loss_tensor(loss_sum, DType::kF32, {2});
         // Run whichever stage's next op has its input, until every stage is done.
@@ -288,31 +302,31 @@ TEST(PipelineStageTest, ChainedStagesGiveTheOneRankLossAndGradients) {
             if (next[r] == ops[r].size()) continue;
             const PipelineOp op = ops[r][next[r]];
             Transformer& m = *stages[r].model;
-            const int k = op.micro_batch;
+            const int k = op.micro_batch, c = ModelChunk(p, r, op.chunk);
             if (op.forward) {
-              if (r > 0 && !activations[r - 1].count(k)) continue;
-              ASSERT_TRUE(m.SelectMicroBatch(k % m.in_flight()).ok());
+              if (c > 0 && !activations[c - 1].count(k)) continue;
+              ASSERT_TRUE(m.SelectMicroBatch(op.chunk, k % m.in_flight(op.chunk)).ok());
               Upload(m, batches[k]);
-              if (r > 0) {
-                Paste(activations[r - 1][k], m.stage_input());
-                activations[r - 1].erase(k);
+              if (c > 0) {
+                Paste(activations[c - 1][k], m.stage_input());
+                activations[c - 1].erase(k);
               }
               Transformer::LossOptions options{.write_grad = true,
                                                .grad_scale = 1.0f / (kBatch * kSeq * kMicroBatches),
                                                .loss_sum = loss_tensor};
               ASSERT_TRUE(m.StageForward(stages[r].ctx, options).ok());
-              if (r < p - 1) activations[r][k] = Copy(m.stage_output());
+              if (c < model_chunks - 1) activations[c][k] = Copy(m.stage_output());
             } else {
-              if (r < p - 1 && !gradients[r + 1].count(k)) continue;
-              ASSERT_TRUE(m.SelectMicroBatch(k % m.in_flight()).ok());
+              if (c < model_chunks - 1 && !gradients[c + 1].count(k)) continue;
+              ASSERT_TRUE(m.SelectMicroBatch(op.chunk, k % m.in_flight(op.chunk)).ok());
               Upload(m, batches[k]);  // the embedding's backward reads the tokens again
-              if (r < p - 1) {
-                Paste(gradients[r + 1][k], m.residual_grad());
-                gradients[r + 1].erase(k);
+              if (c < model_chunks - 1) {
+                Paste(gradients[c + 1][k], m.residual_grad());
+                gradients[c + 1].erase(k);
               }
               const absl::Status s = m.StageBackward(stages[r].ctx);
               ASSERT_TRUE(s.ok()) << s;
-              if (r > 0) gradients[r][k] = Copy(m.residual_grad());
+              if (c > 0) gradients[c][k] = Copy(m.residual_grad());
             }
             ++next[r];
             progressed = true;
@@ -328,7 +342,9 @@ TEST(PipelineStageTest, ChainedStagesGiveTheOneRankLossAndGradients) {
           for (const Bound& b : stages) {
             const Transformer& m = *b.model;
             if (!m.HoldsUnit(u)) continue;
-            const int local = u - m.first_unit();
+            const int local = static_cast<int>(
+                std::find(m.held_units().begin(), m.held_units().end(), u) -
+                m.held_units().begin());
             std::vector<float> got = Copy(m.unit_grads()[local]);
             if (u == n_units - 1 && job.model().tie_embeddings() && !m.HoldsUnit(0)) {
               // The head's wte copy: its gradient goes to wte's, compared below.

@@ -1,6 +1,7 @@
 // Tests of worker/plan/parallel_plan.h and of PlanMemory under tensor, sequence and pipeline
 // parallelism, against figures computed by hand from the header's rules.
 #include "worker/plan/parallel_plan.h"
+#include "worker/plan/pipeline_schedule.h"
 
 #include <algorithm>
 #include <map>
@@ -205,12 +206,31 @@ TEST(PipelineChunksTest, InFlightMicroBatchesFollowTheSchedule) {
               ElementsAre(ElementsAre(4), ElementsAre(3), ElementsAre(2), ElementsAre(1)));
   EXPECT_THAT(in_flight(ParallelConfig::GPIPE, 2, 1, 8),
               ElementsAre(ElementsAre(8), ElementsAre(8)));
-  // Interleaved, pp 2, v 2, m 4: rank 0 runs 2·1 + 1·2 + 1 = 5 forwards before its first
-  // backward: chunk 0 micro-batches 0, 1, chunk 1 the same, chunk 0 micro-batch 2. That is
-  // vp + p − 1 = 5 chunk-micro-batches, Korthikanti's p·(1 + (p − 1)/(p·v)) = 2.5 stages' worth.
-  // Rank 1: 0 + 2 + 1 = 3.
+  // Interleaved, pp 2, v 2, m 4, Megatron's order (F(c, k) chunk c micro-batch k):
+  //   rank 0: F00 F01 F10 F11 | F02 B10 F03 B11 F12 B00 F13 B01 | B12 B13 B02 B03
+  //   rank 1: F00 F01 | F10 B10 F11 B11 F02 B00 F03 B01 F12 B12 F13 B13 | B02 B03
+  // Rank 0's chunk 0 has all 4 forwards in before its first backward (4, not the warmup
+  // window's 3); its chunk 1 at most 2. Rank 1: chunk 0 holds 3 (F02, F03 before B01),
+  // chunk 1 (the head) 1.
   EXPECT_THAT(in_flight(ParallelConfig::INTERLEAVED, 2, 2, 4),
-              ElementsAre(ElementsAre(3, 2), ElementsAre(2, 1)));
+              ElementsAre(ElementsAre(4, 2), ElementsAre(3, 1)));
+  // Every schedule's plan is its order's peak per chunk, for many shapes.
+  // (pp · v divides the 8-layer model's blocks, validation's rule.)
+  for (const auto& [pp, v] : {std::pair{2, 2}, std::pair{2, 4}, std::pair{4, 2}}) {
+    {
+      for (int m : {pp, 2 * pp, 3 * pp}) {
+        const auto planned = in_flight(ParallelConfig::INTERLEAVED, pp, v, m);
+        for (int r = 0; r < pp; ++r) {
+          const std::vector<PipelineOp> ops =
+              PipelineStageOps(ParallelConfig::INTERLEAVED, pp, r, m, v);
+          for (int c = 0; c < v; ++c) {
+            EXPECT_EQ(planned[r][c], MaxInFlight(ops, c))
+                << "pp " << pp << " v " << v << " m " << m << " rank " << r << " chunk " << c;
+          }
+        }
+      }
+    }
+  }
 }
 
 // One block's saved activations (activation_checkpointing NONE), in f32 elements, B·T = 64:

@@ -3,11 +3,14 @@
 // (tied embedding: the last stage's copy of wte, the copies' gradients summed) and Llama (GQA,
 // untied) against one rank from the same seed: the same losses and gradient norms over 10
 // steps and the same final weights (each stage's units against the one-rank model's, the wte
-// copy against wte); PP2 × DP2 under ZeRO-1 against one rank reading the same global batch; a
+// copy against wte); interleaved 1F1B (two chunks per stage) beside GPipe and 1F1B at p = 2, 4,
+// each against one rank, with every pipelined step's measured bubble reported; PP2 × DP2 under
+// ZeRO-1, 2 and 3 against one rank reading the same global batch; a
 // pipeline checkpoint resuming bit-identically at its own layout, and refused (by name) at
 // another pipeline layout and by checkpoint export.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -29,10 +32,11 @@ using zerotrain::ParallelConfig;
 
 struct RankRun {
   std::vector<double> losses, grad_norms;
+  std::vector<std::optional<double>> bubbles;  // StepRecord::pipeline_bubble
   std::vector<std::string> unclaimed;      // plan buffers the rank never used
   std::vector<std::vector<float>> params;  // per unit of the rank's stage, at the end
   ModelLayout layout;                      // the stage's units
-  int first_unit = 0;
+  std::vector<int> held_units;              // the whole model's index of each
 };
 
 struct Outcome {
@@ -91,12 +95,13 @@ class PipelineTrainingTest : public ::testing::Test {
       ZT_RETURN_IF_ERROR(t->Run([&](const StepRecord& rec) {
         mine.losses.push_back(rec.loss);
         mine.grad_norms.push_back(rec.grad_norm);
+        mine.bubbles.push_back(rec.pipeline_bubble);
       }));
       for (const Tensor& p : t->model().unit_params()) {
         mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
       }
       mine.layout = t->model().layout();
-      mine.first_unit = t->model().first_unit();
+      mine.held_units = t->model().held_units();
       mine.unclaimed = t->arenas().UnclaimedBuffers();
       return absl::OkStatus();
     });
@@ -130,7 +135,7 @@ void ExpectSameTraining(const Outcome& got, const Outcome& want, const std::stri
           << what << " gradient norm, step " << s + 1;
     }
     for (size_t local = 0; local < r.params.size(); ++local) {
-      const int u = r.first_unit + static_cast<int>(local);
+      const int u = r.held_units[local];
       ++units_seen[u];
       const std::vector<float>& mine = r.params[local];
       const std::vector<float>& whole = ref.params[u];
@@ -184,17 +189,98 @@ TEST_F(PipelineTrainingTest, LlamaUntiedOnTwoAndFourStagesMatchesOneRank) {
   }
 }
 
-TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasWithZeroOneMatchesOneRank) {
-  // PP2 × DP2, ZeRO-1 in each stage's data-parallel group; the two replicas' micro-batches k
-  // are the global batch's sequences 2k and 2k + 1, which one rank reads as micro-batch k of 2.
+// Interleaved 1F1B (v = 2 chunks per stage, rank r holding model chunks r and r + p) against
+// GPipe, 1F1B and one rank: n_layer 2·p so that each of the p·v chunks holds blocks, m = 4
+// micro-batches (a multiple of p, Megatron's rule). Every schedule runs the same ops on the
+// same values; only the order of the gradient sums differs (ExpectSameTraining's fp32
+// reduction noise), so all three schedules match the one-rank run to the same bounds, and
+// hence each other. Every pipelined step reports its measured bubble, the one-rank run none.
+TEST_F(PipelineTrainingTest, InterleavedGpipeAndOneFOneBMatchOneRank) {
   for (const bool llama : {false, true}) {
-    const JobSpec job = llama ? Llama(2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B)
-                              : Gpt2(2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B);
-    const Outcome reference = Run(llama ? Llama(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)
-                                        : Gpt2(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B),
-                                  10);
-    const std::string what = llama ? "llama pp2 x dp2 zero-1" : "gpt2 pp2 x dp2 zero-1";
-    const Outcome got = Run(job, 10);
+    for (int pp : {2, 4}) {
+      auto job = [&](int stages, ParallelConfig::PipelineSchedule schedule) {
+        JobSpec j = llama ? Llama(stages, 1, 0, 1, schedule) : Gpt2(stages, 1, 0, 1, schedule);
+        j.mutable_model()->set_n_layer(2 * pp);
+        if (schedule == ParallelConfig::INTERLEAVED) j.mutable_parallel()->set_virtual_stages(2);
+        return j;
+      };
+      const Outcome reference = Run(job(1, ParallelConfig::ONE_F_ONE_B), 10);
+      ASSERT_TRUE(reference.status.ok()) << reference.status;
+      for (const auto& b : reference.ranks[0].bubbles) EXPECT_FALSE(b.has_value());
+      for (auto schedule :
+           {ParallelConfig::GPIPE, ParallelConfig::ONE_F_ONE_B, ParallelConfig::INTERLEAVED}) {
+        const std::string what =
+            absl::StrCat(llama ? "llama" : "gpt2", " pp ", pp, " ",
+                         ParallelConfig::PipelineSchedule_Name(schedule));
+        const Outcome got = Run(job(pp, schedule), 10);
+        ExpectSameTraining(got, reference, what);
+        if (!got.status.ok()) continue;
+        for (const RankRun& r : got.ranks) {
+          if (schedule == ParallelConfig::INTERLEAVED) {
+            EXPECT_TRUE(r.held_units.size() >= 2 && r.held_units.back() - r.held_units.front() >=
+                                                       static_cast<int>(r.held_units.size()))
+                << what << ": a stage holds two chunks apart";
+          }
+          for (const auto& b : r.bubbles) {
+            ASSERT_TRUE(b.has_value()) << what;
+            EXPECT_GE(*b, 0.0) << what;
+            EXPECT_LT(*b, 1.0) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatchOneRank) {
+  // PP2 × DP2, ZeRO-1, 2 and 3 in each stage's data-parallel group (at stages 2–3 each stage
+  // accumulates its micro-batches into full buffers, reduce-scattered once after the
+  // schedule; at 3 its units are gathered from the shards at the step's start); the two
+  // replicas' micro-batches k are the global batch's sequences 2k and 2k + 1, which one rank
+  // reads as micro-batch k of 2. ZeRO-2 and ZeRO-3 also under INTERLEAVED.
+  struct Case {
+    bool llama;
+    int zero;
+    ParallelConfig::PipelineSchedule schedule;
+  };
+  for (const Case& c : {Case{false, 1, ParallelConfig::ONE_F_ONE_B},
+                        Case{true, 1, ParallelConfig::ONE_F_ONE_B},
+                        Case{false, 2, ParallelConfig::ONE_F_ONE_B},
+                        Case{true, 2, ParallelConfig::ONE_F_ONE_B},
+                        Case{false, 2, ParallelConfig::INTERLEAVED},
+                        Case{false, 3, ParallelConfig::ONE_F_ONE_B},
+                        Case{true, 3, ParallelConfig::INTERLEAVED}}) {
+    JobSpec job = c.llama ? Llama(2, 2, c.zero, 1, c.schedule) : Gpt2(2, 2, c.zero, 1, c.schedule);
+    // ZeRO-3 stages keep their units gathered for the step (FSDP's reshard_after_forward
+    // false); the shards are what the optimizer steps and checkpoints hold.
+    if (c.zero == 3) job.mutable_parallel()->set_reshard_after_forward(false);
+    JobSpec one = c.llama ? Llama(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)
+                          : Gpt2(1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B);
+    if (c.schedule == ParallelConfig::INTERLEAVED) {
+      // Four chunks of blocks: n_layer 4 on both sides.
+      job.mutable_parallel()->set_virtual_stages(2);
+      job.mutable_model()->set_n_layer(4);
+      one.mutable_model()->set_n_layer(4);
+    }
+    const Outcome reference = Run(one, 10);
+    const std::string what =
+        absl::StrCat(c.llama ? "llama" : "gpt2", " pp2 x dp2 zero-", c.zero, " ",
+                     ParallelConfig::PipelineSchedule_Name(c.schedule));
+    Outcome got = Run(job, 10);
+    if (c.zero == 3 && got.status.ok()) {
+      // Each rank's parameters are its shard: DP member k holds elements
+      // [k·s, (k + 1)·s) of the padded unit, so a stage's two shards joined are the unit.
+      ASSERT_EQ(got.ranks.size(), 4u);
+      for (int first : {0, 2}) {
+        std::vector<std::vector<float>> joined = got.ranks[first].params;
+        for (size_t u = 0; u < joined.size(); ++u) {
+          const std::vector<float>& second = got.ranks[first + 1].params[u];
+          joined[u].insert(joined[u].end(), second.begin(), second.end());
+        }
+        got.ranks[first].params = joined;
+        got.ranks[first + 1].params = joined;
+      }
+    }
     ExpectSameTraining(got, reference, what);
     // Rank order: data-parallel inside pipeline, so ranks 0 and 1 are stage 0's replicas.
     ASSERT_EQ(got.ranks.size(), 4u);
