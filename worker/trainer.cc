@@ -144,7 +144,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->store_ = store;
   ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, layout, store, *t->arenas_, t->device_->comm()));
   ZT_ASSIGN_OR_RETURN(
-      t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view()));
+      t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view(),
+                                         &t->device_->copies()));
+  // Where the plan keeps the parameter shards the optimizer updates (offload.params CPU: the
+  // pinned host pool, which the host step then writes in place).
+  const ParamHome param_home =
+      t->engine_->params_on_host() ? ParamHome::kHost : ParamHome::kDevice;
   std::optional<Optimizer::ShardGroup> shard_group;
   if (ShardedAdafactor(job, layout)) {
     ShardingEngine* engine = t->engine_.get();
@@ -203,7 +208,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                .home_file = static_cast<uint32_t>(rank) % swap->file_count(),
                                .ring = static_cast<std::byte*>(ring.raw()),
                                .buffer_count = count,
-                               .buffer_size = size}));
+                               .buffer_size = size,
+                               .params = param_home}));
     // The swapped states are the plan's, byte for byte (a checkpoint copies the plan's
     // bytes out of what the store holds): claimed here, each checked against the optimizer's.
     std::map<std::string, int64_t> swapped = t->nvme_optimizer_->SwappedBuffers();
@@ -234,13 +240,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                         HostOptimizer::Create({.optimizer = std::move(opt),
                                                .copies = &t->device_->copies(),
                                                .grad_staging = grad_staging,
-                                               .param_staging = param_staging}));
+                                               .param_staging = param_staging,
+                                               .params = param_home}));
     t->host_optimizer_.emplace(std::move(host));
     // A CPU rank's host threads are its own; a GPU rank's host step gets the job's CPU share.
     t->host_ctx_ = t->ctx_.device.kind == DeviceKind::kCpu
                        ? t->ctx_
                        : CpuContext(job.resources().cpu_threads());
   } else {
+    if (param_home == ParamHome::kHost) {
+      // CheckEngineSupport refuses this job; an engine reached another way says why too.
+      return absl::UnimplementedError(
+          "offload.params: CPU trains with offload.optimizer CPU or NVME only (the step updates "
+          "the host shards in place)");
+    }
     t->optimizer_.emplace(std::move(opt));
   }
   ZT_RETURN_IF_ERROR(t->InitializeWeights());

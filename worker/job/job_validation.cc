@@ -532,6 +532,9 @@ void NeedsFp32WithoutOffload(const JobSpec& spec,
   if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
     needs("without offload.optimizer");
   }
+  if (spec.offload().params() != zerotrain::OffloadConfig::NONE) {
+    needs("without offload.params");
+  }
 }
 
 }  // namespace
@@ -608,15 +611,27 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept every offload; the step loop trains
   // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU
-  // devices, and no parameter offload yet.
+  // devices, and offload.params CPU (the stage-3 shards in the pinned host pool) beside either
+  // of them; no parameters on NVMe yet.
   using Offload = zerotrain::OffloadConfig;
   const Offload& offload = spec.offload();
-  if (offload.params() == Offload::CPU || offload.params() == Offload::NVME) {
-    lines.push_back(absl::StrCat(
-        "offload.params: ", Offload::Device_Name(offload.params()),
-        " is planned by zt estimate but this engine does not train with it yet: the stage-3 "
-        "parameters stay on the device (offload.optimizer CPU and NVME do train); set it to "
-        "NONE to train"));
+  if (offload.params() == Offload::NVME) {
+    lines.push_back(
+        "offload.params: NVME is planned by zt estimate but this engine does not train with it "
+        "yet (offload.params CPU and offload.optimizer NVME do train); set it to CPU or NONE to "
+        "train");
+  } else if (offload.params() == Offload::CPU) {
+    const auto needs = [&](const std::string& what) {
+      lines.push_back(absl::StrCat("offload.params: CPU trains ", what, " so far"));
+    };
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      needs("on resources.device CPU (a CUDA rank's gathers are not wired to its copy stream)");
+    }
+    if (offload.optimizer() != Offload::CPU && offload.optimizer() != Offload::NVME) {
+      // The update then runs where the parameters are: the host.
+      needs("with offload.optimizer CPU or NVME (the step updates the host shards in place)");
+    }
+    if (UsesLora(spec.model())) needs("without model.lora");
   }
   const bool optimizer_offload =
       offload.optimizer() == Offload::CPU || offload.optimizer() == Offload::NVME;

@@ -167,6 +167,7 @@ NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units,
     : optimizer_(std::move(args.optimizer)),
       unit_names_(std::move(args.unit_names)),
       copies_(args.copies),
+      params_home_(args.params),
       store_(args.store),
       job_(std::move(args.store_job)),
       units_(std::move(units)),
@@ -304,6 +305,7 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
                                  const std::vector<Tensor>& grads, float lr, float grad_scale,
                                  uint64_t seed) {
   const bool own_master = !optimizer_.has_master();
+  const bool on_host = params_home_ == ParamHome::kHost;
   const uint64_t read = committed_, write = committed_ + 1;
   const int n_units = static_cast<int>(units_.size());
   std::vector<CopyHandle> writes;
@@ -333,7 +335,7 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.data(), grads[u].raw(), grad_bytes));
     stats_.bytes_to_host += grad_bytes;
-    if (own_master) {
+    if (own_master && !on_host) {
       ZT_RETURN_IF_ERROR(
           copies_->CopyToHost(mark, param_staging_.data(), params[u].raw(), param_bytes));
       stats_.bytes_to_host += param_bytes;
@@ -347,17 +349,20 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
       }
     }
     const auto update = Clock::now();
+    void* updated = on_host ? params[u].raw() : param_staging_.data();
     ZT_RETURN_IF_ERROR(optimizer_.StepUnit(
-        host_ctx, u, Tensor(param_staging_.data(), params[u].dtype(), {n}, Device{}),
+        host_ctx, u, Tensor(updated, params[u].dtype(), {n}, Device{}),
         Tensor(grad_staging_.data(), grads[u].dtype(), {n}, Device{}), lr, grad_scale, seed,
         ViewsOf(*cur)));
     const auto up = Clock::now();
     stats_.seconds_update += std::chrono::duration<double>(up - update).count();
-    ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark after, copies_->MarkIssue());
-    ZT_RETURN_IF_ERROR(
-        copies_->CopyToDevice(after, params[u].raw(), param_staging_.data(), param_bytes));
-    stats_.bytes_to_device += param_bytes;
-    stats_.seconds_to_device += SecondsSince(up);
+    if (!on_host) {
+      ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark after, copies_->MarkIssue());
+      ZT_RETURN_IF_ERROR(
+          copies_->CopyToDevice(after, params[u].raw(), param_staging_.data(), param_bytes));
+      stats_.bytes_to_device += param_bytes;
+      stats_.seconds_to_device += SecondsSince(up);
+    }
     WriteBehind(std::move(*cur), write, writes);
     cur.reset();
     // This rank now holds no state buffer: waiting for the ring is safe (the writes in flight

@@ -75,6 +75,9 @@ class NvmeOptimizer {
     std::byte* ring = nullptr;
     int64_t buffer_count = 0;
     int64_t buffer_size = 0;
+    // kHost: Step's params[u] are host memory (offload.params CPU), updated in place; the
+    // parameter staging buffer then stays unused and no parameter crosses the copy engine.
+    ParamHome params = ParamHome::kDevice;
   };
   // FailedPrecondition naming offload.buffer_count / offload.buffer_size when the ring cannot
   // hold two staging buffers and a unit's states, or a state buffer exceeds a ring buffer;
@@ -179,6 +182,7 @@ class NvmeOptimizer {
   Optimizer optimizer_;
   std::vector<std::string> unit_names_;
   DeviceCopyEngine* copies_;
+  ParamHome params_home_;
   offload::SwapStore* store_;
   std::string job_;
   std::vector<UnitSlots> units_;

@@ -23,6 +23,11 @@
 
 namespace zt {
 
+// Where the parameters an offloaded step updates live: on the device (copied down and up
+// around the host update), or in host memory already (offload.params CPU: the stage-3 shards
+// in the pinned host pool), where the host update writes them in place.
+enum class ParamHome : uint8_t { kDevice, kHost };
+
 class Optimizer {
  public:
   // With precision.master_weights the arenas hold "<unit>.master" (f32): the update runs on

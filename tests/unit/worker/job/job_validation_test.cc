@@ -359,8 +359,8 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "reductions add in f32), so leave reduce_dtype unset or equal to "
                           "grad_dtype",
                           "offload.params: NVME is planned by zt estimate but this engine does "
-                          "not train with it yet: the stage-3 parameters stay on the device "
-                          "(offload.optimizer CPU and NVME do train); set it to NONE to train",
+                          "not train with it yet (offload.params CPU and offload.optimizer NVME "
+                          "do train); set it to CPU or NONE to train",
                           "offload.optimizer: CPU trains on resources.device CPU only so far "
                           "(the host step of a CUDA rank is not wired to its copy stream yet); "
                           "set it to NONE on CUDA"));
