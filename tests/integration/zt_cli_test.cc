@@ -95,14 +95,13 @@ TEST_F(ZtCliTest, TrainsWithOptimizerOffloadAndNamesWhatItDoesNotTrainYet) {
   }
   EXPECT_EQ(lines, 3);
   EXPECT_TRUE(std::filesystem::is_directory(Path("zerotrain-swap/index")));
-  // Parameter offload does not train yet: refused, naming the field.
+  // Swapped parameters without swapped states do not train: refused, naming the field.
   const RunResult params = RunZt(
       "train " + WriteJob("params.yaml", "", "",
                           "parallel:\n  zero_stage: 3\noffload:\n  params: NVME\n  nvme_path: " +
                               Path("") + "\n  buffer_size: 65536\n"));
   EXPECT_NE(params.exit_code, 0) << params.output;
-  EXPECT_THAT(params.output, HasSubstr("offload.params: NVME is planned by zt estimate but this "
-                                       "engine does not train with it yet"));
+  EXPECT_THAT(params.output, HasSubstr("offload.params: NVME trains with offload.optimizer NVME"));
 }
 
 TEST_F(ZtCliTest, TrainsAValidJob) {

@@ -96,22 +96,23 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   const int n_units = static_cast<int>(layout.units.size());
   for (int u = 0; u < n_units; ++u) {
     const std::string name = layout.units[u].name + ".params";
-    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(name));
     // Where the plan put the shards (MoveOffloadedStates): the same tier for every unit.
     ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas.Spec(name));
-    if (spec->category == MemoryCategory::kNvme) {
-      return absl::UnimplementedError(
-          absl::StrCat("sharding engine: ", name,
-                       " is planned on NVMe (offload.params NVME), which this engine does not "
-                       "gather from yet"));
-    }
+    const bool swapped = spec->category == MemoryCategory::kNvme;
     const bool on_host = spec->category == MemoryCategory::kPinnedHost;
-    if (u > 0 && on_host != e->params_on_host_) {
+    if (u > 0 && (on_host != e->params_on_host_ || swapped != e->params_swapped_)) {
       return absl::InternalError(
           absl::StrCat("memory plan: ", name, " is not in the tier of the other units' params"));
     }
     e->params_on_host_ = on_host;
-    e->params_.push_back(params);
+    e->params_swapped_ = swapped;
+    if (swapped) {
+      // The shard's shape without memory: the swap store holds its bytes.
+      e->params_.push_back(Tensor(nullptr, spec->dtype, {spec->numel()}, Device{}));
+    } else {
+      ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(name));
+      e->params_.push_back(params);
+    }
     e->param_shards_.push_back(ShardOf(layout.units[u].numel, g));
     e->trainable_index_.push_back(-1);
   }
@@ -129,7 +130,13 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
     const UnitShard shard = ShardOf(unit.numel, g);
     e->shards_.push_back(shard);
-    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(unit.name + param_suffix));
+    // A whole model's trainable buffer is the unit's "<u>.params" (swapped ones included).
+    Tensor params;
+    if (layout.lora) {
+      ZT_ASSIGN_OR_RETURN(params, arenas.Get(unit.name + param_suffix));
+    } else {
+      params = e->params_[t];
+    }
     ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + grad_suffix));
     e->trainable_params_.push_back(params);
     e->grads_.push_back(grads);
@@ -230,7 +237,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
   }
   ZT_ASSIGN_OR_RETURN(e->scalars_, arenas.Get("comm.scalars"));
-  if (e->params_on_host_) {
+  if (e->params_on_host_ || e->params_swapped_) {
     if (e->stage_ != 3) {
       return absl::InternalError(absl::StrCat("memory plan: the parameters are in host memory at "
                                               "ZeRO stage ",
@@ -238,8 +245,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
     if (copies == nullptr) {
       return absl::InvalidArgumentError(
-          "sharding engine: the parameter shards are in the pinned host pool (offload.params "
-          "CPU) and no copy engine was given to upload them");
+          "sharding engine: the parameter shards are off the device (offload.params CPU or "
+          "NVME) and no copy engine was given to upload them");
     }
   }
 
@@ -274,9 +281,18 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
   // u is a model unit (Label names trainable units).
   const UnitShard& s = param_shards_[u];
   const std::string label = absl::StrCat(model_->layout().units[u].name, " all-gather");
-  if (!params_on_host_) {
+  if (!params_on_host_ && !params_swapped_) {
     return comms_.shard_group->AllGather(Flat(params_[u], 0, s.shard_numel),
                                          Flat(full, 0, s.padded), label);
+  }
+  const void* host = params_[u].raw();
+  if (params_swapped_) {
+    if (!read_swapped_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sharding engine: ", model_->layout().units[u].name,
+                       "'s shard is swapped (offload.params NVME) and no reader was set"));
+    }
+    ZT_ASSIGN_OR_RETURN(host, read_swapped_(u));
   }
   // The host shard goes up into this rank's own slot of the gather buffer, after whatever
   // compute was issued before (the buffer's previous unit may still be read there), and the
@@ -284,7 +300,7 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
   const Tensor slot = Flat(full, s.offset, s.shard_numel);
   const auto start = Clock::now();
   ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
-  ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), params_[u].raw(), slot.size_bytes()));
+  ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), host, slot.size_bytes()));
   param_upload_bytes_ += slot.size_bytes();
   param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
   return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);

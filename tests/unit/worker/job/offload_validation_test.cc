@@ -216,7 +216,7 @@ TEST_F(NvmePathTest, AllowedRootsRefuseAnNvmePathOutsideThemOnlyWhenNvmeIsUsed) 
   EXPECT_TRUE(roots->CheckJob(job).ok()) << roots->CheckJob(job);
 }
 
-TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndNvmeAndParamsCpuAndRefusesParamsNvme) {
+TEST(OffloadEngineSupportTest, TrainsEveryOffloadWhereTheEngineRunsIt) {
   JobSpec job = Valid();
   job.mutable_parallel()->set_zero_stage(3);
   job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
@@ -224,12 +224,15 @@ TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndNvmeAndParamsCpuAndRefusesPa
   job.mutable_offload()->set_params(OffloadConfig::NVME);
   job.mutable_offload()->set_nvme_path("/swap");
   EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  // Swapped parameters go with swapped states.
   absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("offload.params: NVME is planned by zt estimate but this engine does "
-                          "not train with it yet (offload.params CPU and offload.optimizer NVME "
-                          "do train); set it to CPU or NONE to train"));
+              ElementsAre("offload.params: NVME trains with offload.optimizer NVME (the shards "
+                          "are swapped with the states, in their generation) so far"));
+  job.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
   // The parameters in host memory train beside the optimizer's offload, on CPU ranks.
   job.mutable_offload()->set_params(OffloadConfig::CPU);
   EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -107,6 +108,24 @@ struct RunResult {
   std::vector<int64_t> crossing_bytes_last_step;  // per rank, up + down in the last step
   std::vector<StepRecord> last_step;              // per rank
 };
+
+// Bitwise: the host step is the device step's arithmetic on the same values in the same order.
+inline void ExpectSameRun(const RunResult& offloaded, const RunResult& plain,
+                          const std::string& what) {
+  ASSERT_TRUE(offloaded.status.ok()) << what << ": " << offloaded.status;
+  ASSERT_TRUE(plain.status.ok()) << what << ": " << plain.status;
+  EXPECT_EQ(offloaded.losses, plain.losses) << what;
+  EXPECT_EQ(offloaded.weights, plain.weights) << what;
+  EXPECT_EQ(offloaded.state_names, plain.state_names) << what;
+  ASSERT_EQ(offloaded.state.size(), plain.state.size()) << what;
+  for (size_t r = 0; r < plain.state.size(); ++r) {
+    ASSERT_EQ(offloaded.state[r].size(), plain.state[r].size()) << what;
+    for (size_t b = 0; b < plain.state[r].size(); ++b) {
+      EXPECT_EQ(offloaded.state[r][b], plain.state[r][b])
+          << what << " rank " << r << " buffer " << plain.state_names[b];
+    }
+  }
+}
 
 class OffloadRunTest : public ::testing::Test {
  protected:
@@ -258,24 +277,29 @@ class OffloadRunTest : public ::testing::Test {
     return result;
   }
 
+  // The checkpoint test of an offloaded job: `job(offloaded, dir)` is the job with its
+  // offload (or without any, for the reference) checkpointing every 2 steps into its own
+  // directory named by `dir`. Four steps offloaded equal four without offload bit for bit, and
+  // an offloaded run stopped after step 2 and resumed from its checkpoint continues as the
+  // run that never stopped: losses, final weights, every checkpointed buffer.
+  static void ExpectStopAndResumeBitForBit(
+      const std::function<JobSpec(bool offloaded, const std::string& dir)>& job,
+      const std::string& what) {
+    const RunResult straight = Train(job(true, "straight"), 4);
+    const RunResult plain = Train(job(false, "plain"), 4);
+    ExpectSameRun(straight, plain, what);
+    const JobSpec stopped = job(true, "stopped");
+    ASSERT_TRUE(Train(stopped, 2).status.ok()) << what;
+    const RunResult second = Train(stopped, 4, stopped.checkpoint().dir());
+    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+    ASSERT_EQ(second.losses.size(), 2u) << what;
+    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
+    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
+    EXPECT_EQ(second.weights, straight.weights) << what;
+    EXPECT_EQ(second.state, straight.state) << what;
+  }
+
   std::filesystem::path dir_;
 };
-
-// Bitwise: the host step is the device step's arithmetic on the same values in the same order.
-inline void ExpectSameRun(const RunResult& offloaded, const RunResult& plain, const std::string& what) {
-  ASSERT_TRUE(offloaded.status.ok()) << what << ": " << offloaded.status;
-  ASSERT_TRUE(plain.status.ok()) << what << ": " << plain.status;
-  EXPECT_EQ(offloaded.losses, plain.losses) << what;
-  EXPECT_EQ(offloaded.weights, plain.weights) << what;
-  EXPECT_EQ(offloaded.state_names, plain.state_names) << what;
-  ASSERT_EQ(offloaded.state.size(), plain.state.size()) << what;
-  for (size_t r = 0; r < plain.state.size(); ++r) {
-    ASSERT_EQ(offloaded.state[r].size(), plain.state[r].size()) << what;
-    for (size_t b = 0; b < plain.state[r].size(); ++b) {
-      EXPECT_EQ(offloaded.state[r][b], plain.state[r][b])
-          << what << " rank " << r << " buffer " << plain.state_names[b];
-    }
-  }
-}
 
 }  // namespace zt::offload_testing

@@ -165,25 +165,15 @@ TEST_F(OffloadTrainingTest, OffloadedStatesResumeBitForBit) {
     const std::string what =
         absl::StrCat(OptimizerConfig::Type_Name(c.type), " ", PrecisionConfig::DType_Name(c.dtype),
                      " stage ", c.stage, " world ", c.world);
-    auto job = [&](OffloadConfig::Device offload, const std::string& dir) {
-      JobSpec j = Job(c.world, c.stage, c.type, c.dtype, offload);
-      j.mutable_checkpoint()->set_dir((dir_ / (what + dir)).string());
-      j.mutable_checkpoint()->set_interval_steps(2);
-      return j;
-    };
-    const RunResult straight = Train(job(OffloadConfig::CPU, "straight"), 4);
-    const RunResult plain = Train(job(OffloadConfig::NONE, "plain"), 4);
-    ExpectSameRun(straight, plain, what);
-    const JobSpec stopped = job(OffloadConfig::CPU, "stopped");
-    const RunResult first = Train(stopped, 2);
-    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
-    const RunResult second = Train(stopped, 4, stopped.checkpoint().dir());
-    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
-    ASSERT_EQ(second.losses.size(), 2u) << what;
-    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
-    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
-    EXPECT_EQ(second.weights, straight.weights) << what;
-    EXPECT_EQ(second.state, straight.state) << what;
+    ExpectStopAndResumeBitForBit(
+        [&](bool offloaded, const std::string& dir) {
+          JobSpec j = Job(c.world, c.stage, c.type, c.dtype,
+                          offloaded ? OffloadConfig::CPU : OffloadConfig::NONE);
+          j.mutable_checkpoint()->set_dir((dir_ / (what + dir)).string());
+          j.mutable_checkpoint()->set_interval_steps(2);
+          return j;
+        },
+        what);
   }
 }
 
@@ -364,25 +354,16 @@ TEST_F(OffloadTrainingTest, NvmeStatesCheckpointAndResumeBitForBit) {
     const std::string what =
         absl::StrCat(OptimizerConfig::Type_Name(c.type), " ", PrecisionConfig::DType_Name(c.dtype),
                      " stage ", c.stage, " world ", c.world, c.async ? " async" : "");
-    auto job = [&](OffloadConfig::Device offload, const std::string& dir) {
-      JobSpec j = Job(c.world, c.stage, c.type, c.dtype, offload);
-      j.mutable_checkpoint()->set_dir((dir_ / ("nvme " + what + dir)).string());
-      j.mutable_checkpoint()->set_interval_steps(2);
-      j.mutable_checkpoint()->set_async(c.async);
-      return j;
-    };
-    const RunResult straight = Train(job(OffloadConfig::NVME, "straight"), 4);
-    const RunResult plain = Train(job(OffloadConfig::NONE, "plain"), 4);
-    ExpectSameRun(straight, plain, what);
-    const JobSpec stopped = job(OffloadConfig::NVME, "stopped");
-    ASSERT_TRUE(Train(stopped, 2).status.ok()) << what;
-    const RunResult second = Train(stopped, 4, stopped.checkpoint().dir());
-    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
-    ASSERT_EQ(second.losses.size(), 2u) << what;
-    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
-    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
-    EXPECT_EQ(second.weights, straight.weights) << what;
-    EXPECT_EQ(second.state, straight.state) << what;
+    ExpectStopAndResumeBitForBit(
+        [&](bool offloaded, const std::string& dir) {
+          JobSpec j = Job(c.world, c.stage, c.type, c.dtype,
+                          offloaded ? OffloadConfig::NVME : OffloadConfig::NONE);
+          j.mutable_checkpoint()->set_dir((dir_ / ("nvme " + what + dir)).string());
+          j.mutable_checkpoint()->set_interval_steps(2);
+          j.mutable_checkpoint()->set_async(c.async);
+          return j;
+        },
+        what);
   }
   // 2 ranks at stage 2 with NVMe → 1 rank at stage 1, with NVMe and without: the same bytes.
   JobSpec saved =
