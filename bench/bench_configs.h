@@ -39,7 +39,7 @@ inline int64_t ProcStatusBytes(const char* key) {
 
 inline bool IsKnownConfig(const std::string& config) {
   return config == "tiny" || config == "gpt2-small" || config == "gpt2-medium" ||
-         config == "tiny-llama";
+         config == "tiny-llama" || config == "llama-1b";
 }
 
 // The job of a named configuration (bench/README.md, "Configurations"), training on the
@@ -59,6 +59,17 @@ inline zerotrain::JobSpec ConfigJob(const std::string& config, const std::string
     m->set_vocab_size(50257);
     m->set_max_seq_len(1024);
     t->set_micro_batch_size(medium ? 1 : 4);
+  } else if (config == "llama-1b") {
+    // Llama-style at about 1 B parameters (0.97 B: d 2048, 18 layers, GQA 16/8, SwiGLU,
+    // vocab 32,000, untied): the parameter-offload figures' model (bench/RESULTS.md).
+    m->set_family(zerotrain::ModelConfig::LLAMA);
+    m->set_n_layer(18);
+    m->set_n_head(16);
+    m->set_n_kv_head(8);
+    m->set_d_model(2048);
+    m->set_vocab_size(32000);
+    m->set_max_seq_len(256);
+    t->set_micro_batch_size(1);
   } else {
     const bool llama = config == "tiny-llama";
     m->set_family(llama ? zerotrain::ModelConfig::LLAMA : zerotrain::ModelConfig::GPT2);

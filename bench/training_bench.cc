@@ -6,7 +6,8 @@
 //                  [--precision fp32|bf16|fp16] [--checkpointing none|full|selective|every2]
 //                  [--optimizer adamw|adamw8bit|adafactor] [--grad-dtype fp32|bf16]
 //                  [--master fp32|split] [--offload none|cpu|nvme] [--nvme-path DIR]
-//                  [--buffer-count N] [--buffer-size BYTES]
+//                  [--buffer-count N] [--buffer-size BYTES] [--offload-params cpu|nvme]
+//                  [--n-layer N]
 // The memory techniques (bench/RESULTS.md's second table) are the last five flags:
 // --precision bf16 means bf16 parameters and activations with fp32 master weights and fp32
 // gradient accumulation; --grad-dtype bf16 accumulates gradients in bf16 instead, and
@@ -15,7 +16,9 @@
 // --offload puts the optimizer's states on the host (cpu, ZeRO-Offload) or in a swap store
 // under --nvme-path (nvme); with it, every mode (none too) runs at ZeRO stage 1, which offload
 // needs (one rank: the same arithmetic as stage 0), and the line adds the optimizer's median
-// seconds and the swap's bytes and seconds of the last step.
+// seconds and the swap's bytes and seconds of the last step. --offload-params (with --offload)
+// moves the parameter shards too (offload.params) and runs at ZeRO stage 3 instead. --n-layer
+// overrides the configuration's depth (to size a model to the machine).
 //
 // The data are random tokens (throughput does not depend on them). Peak RSS is the kernel's
 // VmHWM; the baseline is VmRSS after the libraries and the OpenMP pool are up, before the
@@ -38,8 +41,8 @@
 int main(int argc, char** argv) {
   std::string config = "tiny", gemm = "onednn";
   std::string precision = "fp32", checkpointing = "none", optimizer = "adamw";
-  std::string grad_dtype = "fp32", master = "fp32", offload, nvme_path;
-  int steps = 10, warmup = 2, threads = 2, buffer_count = 4;
+  std::string grad_dtype = "fp32", master = "fp32", offload, nvme_path, offload_params;
+  int steps = 10, warmup = 2, threads = 2, buffer_count = 4, n_layer = 0;
   int64_t buffer_size = 0;  // 0: the job's default
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -71,6 +74,10 @@ int main(int argc, char** argv) {
       buffer_size = std::atoll(value.c_str());
     else if (flag == "--master")
       master = value;
+    else if (flag == "--offload-params")
+      offload_params = value;
+    else if (flag == "--n-layer")
+      n_layer = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "training_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -78,7 +85,8 @@ int main(int argc, char** argv) {
   }
   if (!zt::bench::IsKnownConfig(config)) {
     std::fprintf(stderr,
-                 "training_bench: --config must be tiny, tiny-llama, gpt2-small or gpt2-medium\n");
+                 "training_bench: --config must be tiny, tiny-llama, gpt2-small, gpt2-medium or "
+                 "llama-1b\n");
     return 2;
   }
 
@@ -86,6 +94,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   const std::string data = dir + "/train.bin";
   zerotrain::JobSpec job = zt::bench::ConfigJob(config, data);
+  if (n_layer > 0) job.mutable_model()->set_n_layer(n_layer);
   {
     using P = zerotrain::PrecisionConfig;
     using M = zerotrain::MemoryConfig;
@@ -127,6 +136,17 @@ int main(int argc, char** argv) {
       job.mutable_offload()->set_nvme_path(nvme_path);
       job.mutable_offload()->set_buffer_count(buffer_count);
     }
+    if (!offload_params.empty() && offload_params != "none") {
+      if (offload_params != "cpu" && offload_params != "nvme") {
+        std::fprintf(stderr, "training_bench: --offload-params must be none, cpu or nvme\n");
+        return 2;
+      }
+      job.mutable_parallel()->set_zero_stage(3);
+      job.mutable_offload()->set_params(offload_params == "cpu" ? Off::CPU : Off::NVME);
+    }
+  } else if (!offload_params.empty()) {
+    std::fprintf(stderr, "training_bench: --offload-params needs --offload\n");
+    return 2;
   }
   if (auto s = zt::bench::WriteRandomTokens(data, job.model().vocab_size()); !s.ok()) {
     std::fprintf(stderr, "training_bench: %s\n", s.ToString().c_str());
@@ -159,7 +179,7 @@ int main(int argc, char** argv) {
   (*trainer)->set_cpu_gemm(gemm == "openblas" ? zt::CpuGemm::kOpenBlas : zt::CpuGemm::kOneDnn);
   std::vector<double> step_ms, optimizer_ms;
   zt::StepRecord last;
-  double loss = 0;
+  double loss = 0, first_loss = 0;
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point timed_start = start;
   for (int s = 0; s < warmup + steps; ++s) {
@@ -174,6 +194,7 @@ int main(int argc, char** argv) {
       optimizer_ms.push_back(r->optimizer_s * 1e3);
     }
     loss = r->loss;
+    if (s == 0) first_loss = loss;
     last = *r;
   }
   const double elapsed =
@@ -198,10 +219,12 @@ int main(int argc, char** argv) {
                         {"optimizer", optimizer},
                         {"grad_dtype", grad_dtype},
                         {"master", master},
+                        {"first_loss", first_loss},
                         {"final_loss", loss}};
   if (!offload.empty()) {
     const zt::MemoryPlan& plan = (*trainer)->plan();
     out["offload"] = offload;
+    out["offload_params"] = offload_params.empty() ? "none" : offload_params;
     out["optimizer_ms"] = optimizer_ms[optimizer_ms.size() / 2];
     out["host_optimizer_ms_last"] = last.host_optimizer_s * 1e3;
     out["swap_bytes_in_last"] = last.swap_bytes_in;

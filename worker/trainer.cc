@@ -145,7 +145,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->store_ = store;
   ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, layout, store, *t->arenas_, t->device_->comm()));
   ZT_ASSIGN_OR_RETURN(
-      t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view()));
+      t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view(),
+                                         &t->device_->copies()));
+  // Where the plan keeps the parameter shards the optimizer updates (offload.params CPU: the
+  // pinned host pool, which the host step then writes in place).
+  const ParamHome param_home = t->engine_->params_swapped()   ? ParamHome::kSwapped
+                               : t->engine_->params_on_host() ? ParamHome::kHost
+                                                              : ParamHome::kDevice;
   std::optional<Optimizer::ShardGroup> shard_group;
   if (ShardedAdafactor(job, layout)) {
     ShardingEngine* engine = t->engine_.get();
@@ -183,9 +189,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       }
     }
     std::vector<std::string> unit_names;
-    std::vector<int64_t> master_numel;
+    std::vector<int64_t> master_numel, param_numel;
+    DType param_dtype = DType::kF32;
     for (const UnitLayout& u : trained.units) {
       unit_names.push_back(u.name);
+      if (param_home == ParamHome::kSwapped) {
+        ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, t->arenas_->Spec(u.name + ".params"));
+        param_numel.push_back(spec->numel());
+        param_dtype = spec->dtype;
+      }
       if (!job.precision().master_weights()) continue;
       ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
                           t->arenas_->Spec(t->MasterName(static_cast<int>(unit_names.size()) - 1)));
@@ -204,7 +216,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                .home_file = static_cast<uint32_t>(rank) % swap->file_count(),
                                .ring = static_cast<std::byte*>(ring.raw()),
                                .buffer_count = count,
-                               .buffer_size = size}));
+                               .buffer_size = size,
+                               .params = param_home,
+                               .param_numel = std::move(param_numel),
+                               .param_dtype = param_dtype}));
+    if (param_home == ParamHome::kSwapped) {
+      // The gathers read the committed shards from the store, through the optimizer's ring.
+      NvmeOptimizer* nvme = t->nvme_optimizer_.get();
+      std::vector<std::string> names;
+      for (const UnitLayout& u : t->model_->layout().units) names.push_back(u.name + ".params");
+      t->engine_->SetSwappedParams([nvme, names](int u) { return nvme->ReadBuffer(names[u]); });
+    }
     // The swapped states are the plan's, byte for byte (a checkpoint copies the plan's
     // bytes out of what the store holds): claimed here, each checked against the optimizer's.
     std::map<std::string, int64_t> swapped = t->nvme_optimizer_->SwappedBuffers();
@@ -226,6 +248,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                               ", which the plan does not hold"));
     }
     t->host_ctx_ = t->ctx_;
+  } else if (param_home == ParamHome::kSwapped) {
+    // CheckEngineSupport refuses this job; an engine reached another way says why too.
+    return absl::UnimplementedError(
+        "offload.params: NVME trains with offload.optimizer NVME only (the shards are swapped "
+        "with the states)");
   } else if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
     // Gradients come down through one ring buffer, parameters go up through the next
     // (CheckEngineSupport asks for two).
@@ -235,13 +262,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                         HostOptimizer::Create({.optimizer = std::move(opt),
                                                .copies = &t->device_->copies(),
                                                .grad_staging = grad_staging,
-                                               .param_staging = param_staging}));
+                                               .param_staging = param_staging,
+                                               .params = param_home}));
     t->host_optimizer_.emplace(std::move(host));
     // A CPU rank's host threads are its own; a GPU rank's host step gets the job's CPU share.
     t->host_ctx_ = t->ctx_.device.kind == DeviceKind::kCpu
                        ? t->ctx_
                        : CpuContext(job.resources().cpu_threads());
   } else {
+    if (param_home == ParamHome::kHost) {
+      // CheckEngineSupport refuses this job; an engine reached another way says why too.
+      return absl::UnimplementedError(
+          "offload.params: CPU trains with offload.optimizer CPU or NVME only (the step updates "
+          "the host shards in place)");
+    }
     t->optimizer_.emplace(std::move(opt));
   }
   ZT_RETURN_IF_ERROR(t->InitializeWeights());
@@ -401,8 +435,8 @@ absl::Status Trainer::InitializeWeights() {
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
   if (nvme_optimizer_) {
     // The master weights go straight into the unit's ring buffer, and on to the store.
-    return nvme_optimizer_->Initialize([&](int u, const Tensor& master) {
-      return InitializeUnit(u, master, imported, values, chunk.tensor);
+    return nvme_optimizer_->Initialize([&](int u, const Tensor& master, const Tensor& params) {
+      return InitializeUnit(u, master, imported, values, chunk.tensor, params);
     });
   }
   const std::vector<Tensor>& master = optimizer().master_weights();
@@ -416,7 +450,8 @@ absl::Status Trainer::InitializeWeights() {
 
 absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
                                      const std::vector<std::vector<float>>& imported,
-                                     std::vector<float>& values, const Tensor& chunk) {
+                                     std::vector<float>& values, const Tensor& chunk,
+                                     const Tensor& swapped_params) {
   const ModelLayout& layout = model_->layout();
   const bool has_master = optimizer().has_master();
   const bool split = optimizer().split_master();
@@ -441,7 +476,9 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
     }
     const Tensor v = chunk.Slice(0, stop - begin);
     ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
-    const Tensor params = model_->unit_params()[u];
+    // Swapped shards (offload.params NVME) are written into their ring buffer, on their way
+    // to the store.
+    const Tensor params = swapped_params.empty() ? model_->unit_params()[u] : swapped_params;
     // A split master's high halves are the parameters on every rank that holds them
     // (rounded as SplitMaster rounds, which on ties is not Cast's way).
     ZT_RETURN_IF_ERROR(
@@ -800,8 +837,13 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   if (split) {
     ZT_ASSIGN_OR_RETURN(joined, device_->AllocateScratchF32(largest_master));
   }
-  if (has_master && nvme_optimizer_) {
-    ZT_ASSIGN_OR_RETURN(swapped, device_->AllocateScratchF32(largest_master));
+  // Parameters that are their own master and swapped (offload.params NVME, fp32): the shard
+  // is read back from the store as the master would be.
+  const bool params_swapped = !has_master && engine_->params_swapped();
+  if ((has_master && nvme_optimizer_) || params_swapped) {
+    int64_t largest = largest_master;
+    for (const Tensor& p : model_->unit_params()) largest = std::max(largest, p.numel());
+    ZT_ASSIGN_OR_RETURN(swapped, device_->AllocateScratchF32(largest));
   }
   std::vector<std::vector<float>> out;
   for (size_t u = 0; u < n_units; ++u) {
@@ -818,6 +860,16 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
       }
     }
     Tensor source = !has_master ? model_->unit_params()[u] : unit_master;
+    if (params_swapped) {
+      const Tensor shape = model_->unit_params()[u];
+      source =
+          Tensor(swapped.tensor.raw(), shape.dtype(), {shape.numel()}, swapped.tensor.device());
+      if (shape.numel() > 0) {
+        ZT_ASSIGN_OR_RETURN(const void* bytes, nvme_optimizer_->ReadBuffer(
+                                                   model_->layout().units[u].name + ".params"));
+        ZT_RETURN_IF_ERROR(device_->Upload(source, bytes));
+      }
+    }
     if (split) {
       const FlatRange range = engine_->ranges()[u];
       const int64_t n = range.end - range.begin;

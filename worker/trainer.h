@@ -264,11 +264,13 @@ class Trainer {
            : nvme_optimizer_ ? nvme_optimizer_->optimizer()
                              : *optimizer_;
   }
-  // The sets of the initialisation for unit u: its parameters, and `master` (the rank's range
+  // The sets of the initialisation for unit u: its parameters (the model's, or
+  // `swapped_params` when set: a swapped shard's ring buffer), and `master` (the rank's range
   // of its master weights; empty when the parameters are their own master).
   absl::Status InitializeUnit(int u, const Tensor& master,
                               const std::vector<std::vector<float>>& imported,
-                              std::vector<float>& values, const Tensor& chunk);
+                              std::vector<float>& values, const Tensor& chunk,
+                              const Tensor& swapped_params = Tensor());
   // Resume's restore of the swapped states (offload.optimizer NVME): unit by unit through a
   // host copy of that unit's swapped buffers, written to the store as a new generation.
   absl::Status RestoreSwapped(

@@ -61,8 +61,8 @@ class ZtCliTest : public testing::ScratchDirTest {
 };
 
 // offload.optimizer CPU and NVME train through `zt train` (the host optimizer's figures, and
-// the swap's, in every metrics line); what the engine does not train yet is refused, naming
-// the field.
+// the swap's, in every metrics line), and offload.params NVME beside optimizer NVME; what the
+// engine does not train yet is refused, naming the field.
 TEST_F(ZtCliTest, TrainsWithOptimizerOffloadAndNamesWhatItDoesNotTrainYet) {
   const std::string offload =
       "parallel:\n  zero_stage: 2\n"
@@ -95,14 +95,29 @@ TEST_F(ZtCliTest, TrainsWithOptimizerOffloadAndNamesWhatItDoesNotTrainYet) {
   }
   EXPECT_EQ(lines, 3);
   EXPECT_TRUE(std::filesystem::is_directory(Path("zerotrain-swap/index")));
-  // Parameter offload does not train yet: refused, naming the field.
+  // Swapped parameters without swapped states do not train: refused, naming the field.
   const RunResult params = RunZt(
       "train " + WriteJob("params.yaml", "", "",
                           "parallel:\n  zero_stage: 3\noffload:\n  params: NVME\n  nvme_path: " +
                               Path("") + "\n  buffer_size: 65536\n"));
   EXPECT_NE(params.exit_code, 0) << params.output;
-  EXPECT_THAT(params.output, HasSubstr("offload.params: NVME is planned by zt estimate but this "
-                                       "engine does not train with it yet"));
+  EXPECT_THAT(params.output, HasSubstr("offload.params: NVME trains with offload.optimizer NVME"));
+  // ... and beside them they do (ZeRO-Infinity): the shards go through the swap store too.
+  const RunResult infinity = RunZt(
+      "train " +
+      WriteJob("infinity.yaml", "", "",
+               "parallel:\n  zero_stage: 3\noffload:\n  optimizer: NVME\n  params: NVME\n"
+               "  nvme_path: " +
+                   Path("") + "\n  buffer_count: 8\n  buffer_size: 65536\n") +
+      " --quiet --run-dir " + Path("infinity-run"));
+  EXPECT_EQ(infinity.exit_code, 0) << infinity.output;
+  std::ifstream infinity_metrics(Path("infinity-run/metrics.jsonl"));
+  lines = 0;
+  while (std::getline(infinity_metrics, line)) {
+    ++lines;
+    EXPECT_THAT(line, HasSubstr("\"swap_bytes_in\""));
+  }
+  EXPECT_EQ(lines, 3);
 }
 
 TEST_F(ZtCliTest, TrainsAValidJob) {

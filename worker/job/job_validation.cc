@@ -537,6 +537,9 @@ void NeedsFp32WithoutOffload(const JobSpec& spec,
   if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
     needs("without offload.optimizer");
   }
+  if (spec.offload().params() != zerotrain::OffloadConfig::NONE) {
+    needs("without offload.params");
+  }
 }
 
 }  // namespace
@@ -614,15 +617,29 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept every offload; the step loop trains
   // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU
-  // devices, and no parameter offload yet.
+  // devices; offload.params CPU (the stage-3 shards in the pinned host pool) beside either of
+  // them, and offload.params NVME (the shards swapped with the states) beside optimizer NVME.
   using Offload = zerotrain::OffloadConfig;
   const Offload& offload = spec.offload();
   if (offload.params() == Offload::CPU || offload.params() == Offload::NVME) {
-    lines.push_back(absl::StrCat(
-        "offload.params: ", Offload::Device_Name(offload.params()),
-        " is planned by zt estimate but this engine does not train with it yet: the stage-3 "
-        "parameters stay on the device (offload.optimizer CPU and NVME do train); set it to "
-        "NONE to train"));
+    const std::string params = Offload::Device_Name(offload.params());
+    const auto needs = [&](const std::string& what) {
+      lines.push_back(absl::StrCat("offload.params: ", params, " trains ", what, " so far"));
+    };
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+      needs("on resources.device CPU (a CUDA rank's gathers are not wired to its copy stream)");
+    }
+    if (offload.params() == Offload::CPU && offload.optimizer() != Offload::CPU &&
+        offload.optimizer() != Offload::NVME) {
+      // The update then runs where the parameters are: the host.
+      needs("with offload.optimizer CPU or NVME (the step updates the host shards in place)");
+    }
+    if (offload.params() == Offload::NVME && offload.optimizer() != Offload::NVME) {
+      needs(
+          "with offload.optimizer NVME (the shards are swapped with the states, in their "
+          "generation)");
+    }
+    if (UsesLora(spec.model())) needs("without model.lora");
   }
   const bool optimizer_offload =
       offload.optimizer() == Offload::CPU || offload.optimizer() == Offload::NVME;

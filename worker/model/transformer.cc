@@ -175,8 +175,15 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
       m.nf4_.emplace_back();
       continue;
     }
-    ZT_ASSIGN_OR_RETURN(Tensor p, state.Get(u.name + ".params"));
-    m.params_.push_back(p);
+    ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, state.Spec(u.name + ".params"));
+    if (spec->category == MemoryCategory::kNvme) {
+      // offload.params NVME: the stage-3 shard lives in the swap store and compute reads the
+      // gathered unit the sharding engine hands it, never this view: its shape, no memory.
+      m.params_.emplace_back(nullptr, spec->dtype, std::initializer_list<int64_t>{spec->numel()});
+    } else {
+      ZT_ASSIGN_OR_RETURN(Tensor p, state.Get(u.name + ".params"));
+      m.params_.push_back(p);
+    }
     if (with_grads && u.trainable()) {
       // A pipeline stage's backward accumulates the micro-batches' gradients itself: at ZeRO
       // stage 2 into the unit's full accumulation buffer (the engine reduce-scatters it into

@@ -87,6 +87,8 @@ class Transformer {
   int64_t seq_len() const { return T_; }
 
   // The flat buffers of each unit, in layout order.
+  // With offload.params NVME a unit's view has its shard's dtype and size but no memory (the
+  // shard is in the swap store; the trainer reads and writes it there).
   const std::vector<Tensor>& unit_params() const { return pipelined_ ? stage_params_ : params_; }
   const std::vector<Tensor>& unit_grads() const { return pipelined_ ? stage_grads_ : grads_; }
 

@@ -104,7 +104,19 @@ absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) 
                        .role = SwapRole::kMaster,
                        .dtype = split ? DType::kI16 : DType::kF32,
                        .numel = args.master_numel[u],
-                       .buffer = -1});
+                       .buffer = kMasterSlot});
+    }
+    if (args.params == ParamHome::kSwapped) {
+      if (args.param_numel.size() != args.unit_names.size() || args.param_numel[u] < n) {
+        return absl::InvalidArgumentError(absl::StrCat("nvme optimizer: unit ", args.unit_names[u],
+                                                       " needs a parameter shard of at least ", n,
+                                                       " elements"));
+      }
+      slots.push_back({.name = args.unit_names[u] + ".params",
+                       .role = SwapRole::kParameters,
+                       .dtype = args.param_dtype,
+                       .numel = args.param_numel[u],
+                       .buffer = kParamsSlot});
     }
     const UnitOptimizerState& state = opt.unit_state(u);
     for (size_t b = 0; b < state.buffers.size(); ++b) {
@@ -167,6 +179,9 @@ NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units,
     : optimizer_(std::move(args.optimizer)),
       unit_names_(std::move(args.unit_names)),
       copies_(args.copies),
+      params_home_(args.params),
+      param_numel_(std::move(args.param_numel)),
+      params_dtype_(args.param_dtype),
       store_(args.store),
       job_(std::move(args.store_job)),
       units_(std::move(units)),
@@ -267,9 +282,9 @@ Optimizer::UnitStateViews NvmeOptimizer::ViewsOf(const Pending& pending) const {
   views.buffers.resize(optimizer_.unit_state(u).buffers.size());
   for (const Slot& slot : units_[u].slots) {
     const Tensor t(pending.bins[slot.bin].data() + slot.offset, slot.dtype, {slot.numel}, Device{});
-    if (slot.buffer < 0) {
+    if (slot.buffer == kMasterSlot) {
       views.master = t;
-    } else {
+    } else if (slot.buffer >= 0) {
       views.buffers[slot.buffer] = t;
     }
   }
@@ -282,8 +297,16 @@ Optimizer::UnitStateViews NvmeOptimizer::ViewsOf(const Pending& pending) const {
   return views;
 }
 
+Tensor NvmeOptimizer::ParamsOf(const Pending& pending, int64_t n) const {
+  for (const Slot& slot : units_[pending.unit].slots) {
+    if (slot.buffer != kParamsSlot) continue;
+    return Tensor(pending.bins[slot.bin].data() + slot.offset, slot.dtype, {n}, Device{});
+  }
+  return Tensor(grad_staging_.data(), params_dtype_, {0}, Device{});
+}
+
 absl::Status NvmeOptimizer::Initialize(
-    const std::function<absl::Status(int u, const Tensor& master)>& fill) {
+    const std::function<absl::Status(int u, const Tensor& master, const Tensor& params)>& fill) {
   const uint64_t generation = committed_ + 1;
   std::vector<CopyHandle> writes;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
@@ -294,7 +317,12 @@ absl::Status NvmeOptimizer::Initialize(
       std::memset(p.bins.back().data(), 0, p.bins.back().size());
     }
     const Optimizer::UnitStateViews views = ViewsOf(p);
-    ZT_RETURN_IF_ERROR(fill(u, views.master));
+    Tensor params;
+    if (params_home_ == ParamHome::kSwapped) {
+      // The whole shard as the plan holds it (its padding stays the zeros set above).
+      params = ParamsOf(p, param_numel_[u]);
+    }
+    ZT_RETURN_IF_ERROR(fill(u, views.master, params));
     WriteBehind(std::move(p), generation, writes);
   }
   return CommitGeneration(writes, generation, "writing the initial optimizer states");
@@ -304,6 +332,10 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
                                  const std::vector<Tensor>& grads, float lr, float grad_scale,
                                  uint64_t seed) {
   const bool own_master = !optimizer_.has_master();
+  // The parameters are where the update writes them already (host shards, or swapped with
+  // the states): none comes down or goes up.
+  const bool on_host = params_home_ != ParamHome::kDevice;
+  const bool swapped = params_home_ == ParamHome::kSwapped;
   const uint64_t read = committed_, write = committed_ + 1;
   const int n_units = static_cast<int>(units_.size());
   std::vector<CopyHandle> writes;
@@ -333,7 +365,7 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.data(), grads[u].raw(), grad_bytes));
     stats_.bytes_to_host += grad_bytes;
-    if (own_master) {
+    if (own_master && !on_host) {
       ZT_RETURN_IF_ERROR(
           copies_->CopyToHost(mark, param_staging_.data(), params[u].raw(), param_bytes));
       stats_.bytes_to_host += param_bytes;
@@ -347,17 +379,21 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
       }
     }
     const auto update = Clock::now();
+    const Tensor updated = swapped ? ParamsOf(*cur, n)
+                                   : Tensor(on_host ? params[u].raw() : param_staging_.data(),
+                                            params[u].dtype(), {n}, Device{});
     ZT_RETURN_IF_ERROR(optimizer_.StepUnit(
-        host_ctx, u, Tensor(param_staging_.data(), params[u].dtype(), {n}, Device{}),
-        Tensor(grad_staging_.data(), grads[u].dtype(), {n}, Device{}), lr, grad_scale, seed,
-        ViewsOf(*cur)));
+        host_ctx, u, updated, Tensor(grad_staging_.data(), grads[u].dtype(), {n}, Device{}), lr,
+        grad_scale, seed, ViewsOf(*cur)));
     const auto up = Clock::now();
     stats_.seconds_update += std::chrono::duration<double>(up - update).count();
-    ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark after, copies_->MarkIssue());
-    ZT_RETURN_IF_ERROR(
-        copies_->CopyToDevice(after, params[u].raw(), param_staging_.data(), param_bytes));
-    stats_.bytes_to_device += param_bytes;
-    stats_.seconds_to_device += SecondsSince(up);
+    if (!on_host) {
+      ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark after, copies_->MarkIssue());
+      ZT_RETURN_IF_ERROR(
+          copies_->CopyToDevice(after, params[u].raw(), param_staging_.data(), param_bytes));
+      stats_.bytes_to_device += param_bytes;
+      stats_.seconds_to_device += SecondsSince(up);
+    }
     WriteBehind(std::move(*cur), write, writes);
     cur.reset();
     // This rank now holds no state buffer: waiting for the ring is safe (the writes in flight

@@ -75,6 +75,15 @@ class NvmeOptimizer {
     std::byte* ring = nullptr;
     int64_t buffer_count = 0;
     int64_t buffer_size = 0;
+    // kHost: Step's params[u] are host memory (offload.params CPU), updated in place; the
+    // parameter staging buffer then stays unused and no parameter crosses the copy engine.
+    // kSwapped (offload.params NVME): each unit's "<unit>.params" shard is one more swapped
+    // buffer of the unit, of param_numel[u] elements of param_dtype as the plan holds it (the
+    // rank's padded shard); Step reads only its dtype from params[u], updates the shard in
+    // its ring buffer and writes it behind with the states, in the same generation.
+    ParamHome params = ParamHome::kDevice;
+    std::vector<int64_t> param_numel;
+    DType param_dtype = DType::kF32;
   };
   // FailedPrecondition naming offload.buffer_count / offload.buffer_size when the ring cannot
   // hold two staging buffers and a unit's states, or a state buffer exceeds a ring buffer;
@@ -86,9 +95,11 @@ class NvmeOptimizer {
   NvmeOptimizer& operator=(const NvmeOptimizer&) = delete;
 
   // Writes the first generation: for each unit, zeroed states and the master weights that
-  // `fill(u, master)` writes into `master` (an empty tensor when the job keeps no master
-  // weights; `fill` still runs, for the parameters); then commits it.
-  absl::Status Initialize(const std::function<absl::Status(int u, const Tensor& master)>& fill);
+  // `fill(u, master, params)` writes into `master` (an empty tensor when the job keeps no
+  // master weights; `fill` still runs, for the parameters), and with swapped parameters the
+  // shard it writes into `params` (else an empty tensor); then commits it.
+  absl::Status Initialize(
+      const std::function<absl::Status(int u, const Tensor& master, const Tensor& params)>& fill);
 
   // Optimizer::Step's contract (see the file comment): params[u] and grads[u] are device views
   // whose first element is element range(u).begin of unit u. The swap's and the store's
@@ -144,7 +155,8 @@ class NvmeOptimizer {
     int64_t bytes = 0;
     int bin = 0;        // which of the unit's ring buffers
     size_t offset = 0;  // bytes into it, a multiple of 4096
-    int buffer = -1;    // index into the optimizer's unit_state(u).buffers; -1: the master
+    // index into the optimizer's unit_state(u).buffers; kMasterSlot, kParamsSlot: those
+    int buffer = -1;
   };
   struct UnitSlots {
     std::vector<Slot> slots;
@@ -171,14 +183,22 @@ class NvmeOptimizer {
   // Waits for `writes`, then commits `generation`. The first failure, with the context.
   absl::Status CommitGeneration(std::vector<offload::CopyHandle>& writes, uint64_t generation,
                                 const std::string& what);
+  static constexpr int kMasterSlot = -1;
+  static constexpr int kParamsSlot = -2;
   // The views of unit u's master and states in its ring buffers.
   Optimizer::UnitStateViews ViewsOf(const Pending& pending) const;
+  // The first `n` elements of unit u's swapped parameter shard in its ring buffers (an empty
+  // view at an address that exists when the rank holds none of the unit).
+  Tensor ParamsOf(const Pending& pending, int64_t n) const;
   absl::StatusOr<const Slot*> FindSlot(const std::string& name, int* unit) const;
   int64_t GenerationBytes() const;
 
   Optimizer optimizer_;
   std::vector<std::string> unit_names_;
   DeviceCopyEngine* copies_;
+  ParamHome params_home_;
+  std::vector<int64_t> param_numel_;  // kSwapped: each unit's shard, as the plan holds it
+  DType params_dtype_;
   offload::SwapStore* store_;
   std::string job_;
   std::vector<UnitSlots> units_;

@@ -39,12 +39,14 @@ HostOptimizer::HostOptimizer(Args args)
     : optimizer_(std::move(args.optimizer)),
       copies_(args.copies),
       grad_staging_(args.grad_staging),
-      param_staging_(args.param_staging) {}
+      param_staging_(args.param_staging),
+      params_home_(args.params) {}
 
 absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
                                  const std::vector<Tensor>& grads, float lr, float grad_scale,
                                  uint64_t seed) {
   const bool own_master = optimizer_.master_weights().empty();
+  const bool on_host = params_home_ == ParamHome::kHost;
   for (size_t u = 0; u < params.size(); ++u) {
     const FlatRange& range = optimizer_.range(static_cast<int>(u));
     const int64_t n = range.end - range.begin;
@@ -64,7 +66,7 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.raw(), grads[u].raw(), grad_bytes));
     stats_.bytes_to_host += grad_bytes;
-    if (own_master) {
+    if (own_master && !on_host) {
       // The parameters are what the update reads: they come down too.
       ZT_RETURN_IF_ERROR(
           copies_->CopyToHost(mark, param_staging_.raw(), params[u].raw(), param_bytes));
@@ -72,11 +74,14 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     }
     const auto update = Clock::now();
     stats_.seconds_to_host += std::chrono::duration<double>(update - down).count();
-    ZT_RETURN_IF_ERROR(optimizer_.StepUnit(
-        host_ctx, static_cast<int>(u), HostView(param_staging_, params[u].dtype(), n),
-        HostView(grad_staging_, grads[u].dtype(), n), lr, grad_scale, seed));
+    const Tensor updated = on_host ? HostView(params[u], params[u].dtype(), n)
+                                   : HostView(param_staging_, params[u].dtype(), n);
+    ZT_RETURN_IF_ERROR(optimizer_.StepUnit(host_ctx, static_cast<int>(u), updated,
+                                           HostView(grad_staging_, grads[u].dtype(), n), lr,
+                                           grad_scale, seed));
     const auto up = Clock::now();
     stats_.seconds_update += std::chrono::duration<double>(up - update).count();
+    if (on_host) continue;  // the host shard is the parameters: nothing goes up
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark after, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(
         copies_->CopyToDevice(after, params[u].raw(), param_staging_.raw(), param_bytes));

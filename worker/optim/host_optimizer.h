@@ -9,6 +9,8 @@
 // When the parameters are their own master (fp32 without master weights) the parameter shard
 // also comes down before the update. Units go one at a time through two host buffers (the
 // plan's pinned ring), so host staging stays one unit's shard whatever the model's size.
+// With the parameters themselves in host memory (offload.params CPU, Args::params) only the
+// gradients come down: the update writes the host shard, which the next gathers read.
 //
 // Not thread-safe: one per rank, like its Optimizer. The copy engine is not owned and must
 // outlive it.
@@ -36,6 +38,9 @@ class HostOptimizer {
     // gradients / parameters in bytes: two buffers of the plan's "offload.ring.<k>".
     Tensor grad_staging;
     Tensor param_staging;
+    // kHost: params[u] of Step are host memory (offload.params CPU); the update reads and
+    // writes them in place, and no parameter byte crosses the copy engine.
+    ParamHome params = ParamHome::kDevice;
   };
   // InvalidArgument when `copies` is null or a staging buffer is not on the host.
   static absl::StatusOr<HostOptimizer> Create(Args args);
@@ -70,6 +75,7 @@ class HostOptimizer {
   DeviceCopyEngine* copies_;
   Tensor grad_staging_;
   Tensor param_staging_;
+  ParamHome params_home_;
   Stats stats_;
 };
 

@@ -23,6 +23,13 @@
 
 namespace zt {
 
+// Where the parameters an offloaded step updates live: on the device (copied down and up
+// around the host update), in host memory already (offload.params CPU: the stage-3 shards in
+// the pinned host pool), where the host update writes them in place, or in the swap store
+// (offload.params NVME: a swapped buffer of the unit beside its optimizer states, read into
+// the ring, updated there and written behind with them).
+enum class ParamHome : uint8_t { kDevice, kHost, kSwapped };
+
 class Optimizer {
  public:
   // With precision.master_weights the arenas hold "<unit>.master" (f32): the update runs on

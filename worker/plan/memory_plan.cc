@@ -164,12 +164,17 @@ void MoveOffloadedStates(const zerotrain::JobSpec& job, MemoryPlan& plan) {
   // parameters up through another (worker/optim/host_optimizer.h), so it plans two.
   const bool nvme = optimizer == MemoryCategory::kNvme || params == MemoryCategory::kNvme;
   const int ring = nvme ? job.offload().buffer_count() : std::min(job.offload().buffer_count(), 2);
+  // The ring goes first in the pinned_host arena, whose region starts on a page: each buffer
+  // then starts on one too (buffer_size is a multiple of 4096), as the swap store's O_DIRECT
+  // transfers need, whatever else the category holds (offloaded parameter shards).
+  std::vector<BufferSpec> ring_buffers;
   for (int k = 0; k < ring; ++k) {
-    plan.buffers.push_back({.name = absl::StrCat("offload.ring.", k),
+    ring_buffers.push_back({.name = absl::StrCat("offload.ring.", k),
                             .category = MemoryCategory::kPinnedHost,
                             .dtype = DType::kU8,
                             .shape = {job.offload().buffer_size()}});
   }
+  plan.buffers.insert(plan.buffers.begin(), ring_buffers.begin(), ring_buffers.end());
 }
 
 }  // namespace

@@ -163,8 +163,9 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //   offload.params CPU / NVME     (stage 3) the rank's "<u>.params" shard → kPinnedHost /
 //                      kNvme; the gather buffers stay on the device
 //   "offload.ring.<k>" either offloaded, k < offload.buffer_count: buffer_size bytes each
-//                      (kPinnedHost), the ring gradients go down and updated parameters
-//                      come up through, and swap reads and writes are staged in
+//                      (kPinnedHost, first in the plan so each starts on a page), the ring
+//                      gradients go down and updated parameters come up through, and swap
+//                      reads and writes are staged in
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& layout);
 // The same for rank `rank`: ParallelLayout::ForJob(job, rank).
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);

@@ -45,8 +45,9 @@ double GetDouble(const float* slots) {
 
 absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     const zerotrain::JobSpec& job, const ParallelLayout& place, Transformer* model,
-    const Arenas& arenas, ShardComms comms) {
+    const Arenas& arenas, ShardComms comms, DeviceCopyEngine* copies) {
   std::unique_ptr<ShardingEngine> e(new ShardingEngine());
+  e->copies_ = copies;
   e->job_ = job;
   e->model_ = model;
   e->comms_ = comms;
@@ -94,8 +95,24 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   e->trainable_layout_ = layout.lora ? LoraAdapterLayout(layout) : layout;
   const int n_units = static_cast<int>(layout.units.size());
   for (int u = 0; u < n_units; ++u) {
-    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(layout.units[u].name + ".params"));
-    e->params_.push_back(params);
+    const std::string name = layout.units[u].name + ".params";
+    // Where the plan put the shards (MoveOffloadedStates): the same tier for every unit.
+    ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas.Spec(name));
+    const bool swapped = spec->category == MemoryCategory::kNvme;
+    const bool on_host = spec->category == MemoryCategory::kPinnedHost;
+    if (u > 0 && (on_host != e->params_on_host_ || swapped != e->params_swapped_)) {
+      return absl::InternalError(
+          absl::StrCat("memory plan: ", name, " is not in the tier of the other units' params"));
+    }
+    e->params_on_host_ = on_host;
+    e->params_swapped_ = swapped;
+    if (swapped) {
+      // The shard's shape without memory: the swap store holds its bytes.
+      e->params_.push_back(Tensor(nullptr, spec->dtype, {spec->numel()}, Device{}));
+    } else {
+      ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(name));
+      e->params_.push_back(params);
+    }
     e->param_shards_.push_back(ShardOf(layout.units[u].numel, g));
     e->trainable_index_.push_back(-1);
   }
@@ -113,7 +130,13 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
     const UnitShard shard = ShardOf(unit.numel, g);
     e->shards_.push_back(shard);
-    ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(unit.name + param_suffix));
+    // A whole model's trainable buffer is the unit's "<u>.params" (swapped ones included).
+    Tensor params;
+    if (layout.lora) {
+      ZT_ASSIGN_OR_RETURN(params, arenas.Get(unit.name + param_suffix));
+    } else {
+      params = e->params_[t];
+    }
     ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + grad_suffix));
     e->trainable_params_.push_back(params);
     e->grads_.push_back(grads);
@@ -223,6 +246,18 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
   }
   ZT_ASSIGN_OR_RETURN(e->scalars_, arenas.Get("comm.scalars"));
+  if (e->params_on_host_ || e->params_swapped_) {
+    if (e->stage_ != 3) {
+      return absl::InternalError(absl::StrCat("memory plan: the parameters are in host memory at "
+                                              "ZeRO stage ",
+                                              e->stage_, "; only stage 3 offloads them"));
+    }
+    if (copies == nullptr) {
+      return absl::InvalidArgumentError(
+          "sharding engine: the parameter shards are off the device (offload.params CPU or "
+          "NVME) and no copy engine was given to upload them");
+    }
+  }
 
   if (e->stage_ == 3) {
     std::vector<std::string> names;
@@ -251,15 +286,38 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     ShardingEngine* self = e.get();
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
-        [self](int u, const Tensor& full) -> absl::StatusOr<CommHandle> {
-          // u is a model unit (Label names trainable units).
-          const UnitShard& s = self->param_shards_[u];
-          return self->comms_.shard_group->AllGather(
-              Flat(self->params_[u], 0, s.shard_numel), Flat(full, 0, s.padded),
-              absl::StrCat(self->model_->layout().units[u].name, " all-gather"));
-        });
+        [self](int u, const Tensor& full) { return self->GatherUnit(u, full); });
   }
   return e;
+}
+
+absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full) {
+  // u is a model unit (Label names trainable units).
+  const UnitShard& s = param_shards_[u];
+  const std::string label = absl::StrCat(model_->layout().units[u].name, " all-gather");
+  if (!params_on_host_ && !params_swapped_) {
+    return comms_.shard_group->AllGather(Flat(params_[u], 0, s.shard_numel),
+                                         Flat(full, 0, s.padded), label);
+  }
+  const void* host = params_[u].raw();
+  if (params_swapped_) {
+    if (!read_swapped_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sharding engine: ", model_->layout().units[u].name,
+                       "'s shard is swapped (offload.params NVME) and no reader was set"));
+    }
+    ZT_ASSIGN_OR_RETURN(host, read_swapped_(u));
+  }
+  // The host shard goes up into this rank's own slot of the gather buffer, after whatever
+  // compute was issued before (the buffer's previous unit may still be read there), and the
+  // all-gather fills the other slots around it: no staging beyond the buffer the plan holds.
+  const Tensor slot = Flat(full, s.offset, s.shard_numel);
+  const auto start = Clock::now();
+  ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
+  ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), host, slot.size_bytes()));
+  param_upload_bytes_ += slot.size_bytes();
+  param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+  return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);
 }
 
 std::string ShardingEngine::Label(int t, const char* what) const {

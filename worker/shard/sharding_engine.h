@@ -16,6 +16,18 @@
 //      gathers prefetch_units ahead); without reshard_after_forward a unit stays gathered
 //      from its forward to its backward. No all-gather after the step: the next forward
 //      gathers the updated shards.
+// Parameter offload (offload.params CPU, stage 3): the plan keeps each "<unit>.params" shard
+// in the pinned host pool instead of the device's arenas. A gather then first copies the host
+// shard through the rank's copy engine into the rank's own slot of the unit's gather buffer
+// (device memory the plan holds anyway) and all-gathers in place, so the device holds the
+// gathered units and nothing else of the parameters; the copy is issued when the prefetch
+// coordinator issues the gather, prefetch_units ahead of the use. param_views() are then the
+// host shards, which the host optimizer updates in place. With offload.params NVME the shards
+// are extents of the node's swap store, owned by the rank's NVMe optimizer (which updates them
+// with the states and commits them in its generation): SetSwappedParams gives the engine the
+// reader of the committed shard (into a pinned ring buffer), and a gather reads the shard,
+// uploads it into its slot and all-gathers in place as above; param_views() then have the
+// shards' dtype and size and no memory.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
@@ -48,6 +60,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -57,6 +70,7 @@
 #include "kernels/tensor.h"
 #include "proto/job.pb.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/device_copy_engine.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
@@ -88,12 +102,12 @@ class ShardingEngine {
  public:
   // `model` and `arenas` (the rank's plan, PlanMemory(job, layout)) must outlive the engine.
   // The engine works inside the rank's data-parallel group: `comms` are that group's
-  // (ConnectRank) and its geometry is layout.shard().
-  static absl::StatusOr<std::unique_ptr<ShardingEngine>> Create(const zerotrain::JobSpec& job,
-                                                                const ParallelLayout& layout,
-                                                                Transformer* model,
-                                                                const Arenas& arenas,
-                                                                ShardComms comms);
+  // (ConnectRank) and its geometry is layout.shard(). `copies`, the rank's copy engine (not
+  // owned, outliving the engine), is needed where the plan keeps the parameter shards in the
+  // pinned host pool or on NVMe (InvalidArgument without it).
+  static absl::StatusOr<std::unique_ptr<ShardingEngine>> Create(
+      const zerotrain::JobSpec& job, const ParallelLayout& layout, Transformer* model,
+      const Arenas& arenas, ShardComms comms, DeviceCopyEngine* copies = nullptr);
 
   // Zeroes the gradients a step accumulates into.
   absl::Status BeginStep(const DeviceContext& ctx);
@@ -171,6 +185,18 @@ class ShardingEngine {
   double waited_seconds() const { return waited_s_; }
   const ShardGeometry& geometry() const { return geometry_; }
   int stage() const { return stage_; }
+  // Whether the parameter shards (param_views() at stage 3) are in host memory, or in the swap
+  // store (offload.params NVME).
+  bool params_on_host() const { return params_on_host_; }
+  bool params_swapped() const { return params_swapped_; }
+  // Swapped shards: `read(u)` returns model unit u's committed shard (the plan's
+  // "<unit>.params" bytes) in host memory valid until the next read. Set before the first
+  // pass; a gather without it fails with FailedPrecondition.
+  using ShardReader = std::function<absl::StatusOr<const void*>(int u)>;
+  void SetSwappedParams(ShardReader read) { read_swapped_ = std::move(read); }
+  // Parameter bytes copied host → device before gathers so far, and the seconds it took.
+  int64_t param_upload_bytes() const { return param_upload_bytes_; }
+  double param_upload_seconds() const { return param_upload_s_; }
 
  private:
   ShardingEngine() = default;
@@ -235,6 +261,16 @@ class ShardingEngine {
   std::vector<int> slot_unit_;
   std::vector<Tensor> unit_grad_target_;          // per unit, its buffer this micro-batch
   std::vector<std::vector<CommHandle>> pending_;  // per unit, reductions in flight
+
+  // offload.params CPU: the shards are host memory, uploaded into each gather's own slot.
+  bool params_on_host_ = false;
+  bool params_swapped_ = false;  // offload.params NVME
+  ShardReader read_swapped_;
+  DeviceCopyEngine* copies_ = nullptr;
+  int64_t param_upload_bytes_ = 0;
+  double param_upload_s_ = 0;
+  // The gather of model unit u's shard into `full`, from wherever the plan keeps the shard.
+  absl::StatusOr<CommHandle> GatherUnit(int u, const Tensor& full);
 
   double waited_s_ = 0;
   int use_ = 0;  // the current pass's next use

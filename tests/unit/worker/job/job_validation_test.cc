@@ -358,9 +358,10 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "FP32; this engine reduces gradients in their own dtype (16-bit "
                           "reductions add in f32), so leave reduce_dtype unset or equal to "
                           "grad_dtype",
-                          "offload.params: NVME is planned by zt estimate but this engine does "
-                          "not train with it yet: the stage-3 parameters stay on the device "
-                          "(offload.optimizer CPU and NVME do train); set it to NONE to train",
+                          "offload.params: NVME trains on resources.device CPU (a CUDA rank's "
+                          "gathers are not wired to its copy stream) so far",
+                          "offload.params: NVME trains with offload.optimizer NVME (the shards "
+                          "are swapped with the states, in their generation) so far",
                           "offload.optimizer: CPU trains on resources.device CPU only so far "
                           "(the host step of a CUDA rank is not wired to its copy stream yet); "
                           "set it to NONE on CUDA"));

@@ -216,7 +216,7 @@ TEST_F(NvmePathTest, AllowedRootsRefuseAnNvmePathOutsideThemOnlyWhenNvmeIsUsed) 
   EXPECT_TRUE(roots->CheckJob(job).ok()) << roots->CheckJob(job);
 }
 
-TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndNvmeAndRefusesParamsAtRunTime) {
+TEST(OffloadEngineSupportTest, TrainsEveryOffloadWhereTheEngineRunsIt) {
   JobSpec job = Valid();
   job.mutable_parallel()->set_zero_stage(3);
   job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
@@ -224,15 +224,31 @@ TEST(OffloadEngineSupportTest, TrainsOptimizerCpuAndNvmeAndRefusesParamsAtRunTim
   job.mutable_offload()->set_params(OffloadConfig::NVME);
   job.mutable_offload()->set_nvme_path("/swap");
   EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  // Swapped parameters go with swapped states.
   absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("offload.params: NVME is planned by zt estimate but this engine does "
-                          "not train with it yet: the stage-3 parameters stay on the device "
-                          "(offload.optimizer CPU and NVME do train); set it to NONE to train"));
+              ElementsAre("offload.params: NVME trains with offload.optimizer NVME (the shards "
+                          "are swapped with the states, in their generation) so far"));
+  job.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  // The parameters in host memory train beside the optimizer's offload, on CPU ranks.
   job.mutable_offload()->set_params(OffloadConfig::CPU);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+  job.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+  job.mutable_offload()->set_optimizer(OffloadConfig::NONE);
   EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
-              ElementsAre(HasSubstr("offload.params: CPU is planned by zt estimate")));
+              ElementsAre("offload.params: CPU trains with offload.optimizer CPU or NVME (the "
+                          "step updates the host shards in place) so far"));
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
+              ::testing::Contains(HasSubstr("offload.params: CPU trains on resources.device CPU "
+                                            "(a CUDA rank's gathers are not wired to its copy "
+                                            "stream) so far")));
+  job.mutable_resources()->set_device(zerotrain::ResourceConfig::CPU);
   // Optimizer states on NVMe train.
   job.mutable_offload()->set_params(OffloadConfig::NONE);
   job.mutable_offload()->set_optimizer(OffloadConfig::NVME);

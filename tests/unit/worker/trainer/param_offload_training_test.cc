@@ -1,0 +1,292 @@
+// Parameter offload at ZeRO stage 3 (offload.params CPU and NVME, worker/shard/sharding_engine.h):
+// with CPU, each
+// rank's "<unit>.params" shard lives in the pinned host pool, is uploaded through the rank's
+// copy engine into its slot of the unit's gather buffer before every all-gather, and is
+// updated in place by the host optimizer (offload.optimizer CPU or NVME). On the CPU such a run
+// is the same job without any offload bit for bit — losses, final weights, every checkpointed
+// buffer — for AdamW and 8-bit AdamW, fp32 and bf16, on 1 and 2 ranks; the device arenas are
+// the plan's device categories, smaller by exactly the parameter shards; the shards cross the
+// copy engine once per gather and never on the optimizer's way; checkpoints resume bit for bit.
+// With NVME (beside optimizer NVME) the shards are swapped with the states: the same checks.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/trainer/offload_runs.h"
+#include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/trainer.h"
+
+namespace zt {
+namespace {
+
+using namespace offload_testing;  // NOLINT: the harness's names
+
+class ParamOffloadTrainingTest : public OffloadRunTest {};
+
+// Stage 3 with the parameters in host memory and the optimizer on the host or NVMe.
+struct Case {
+  OptimizerConfig::Type type;
+  PrecisionConfig::DType dtype;
+  OffloadConfig::Device optimizer;
+  int world;
+};
+
+std::string Name(const Case& c) {
+  return absl::StrCat(OptimizerConfig::Type_Name(c.type), " ", PrecisionConfig::DType_Name(c.dtype),
+                      " optimizer ", OffloadConfig::Device_Name(c.optimizer), " world ", c.world);
+}
+
+// The copy engine's traffic of one step of rank `rank` of `job` (tied GPT-2, stage 3,
+// reshard_after_forward) with the parameter shards off the device, whose elements are
+// `element` bytes: each unit's reduced gradient shard comes down to the host optimizer, and
+// each all-gather uploads the shard first — the tied embedding and the head once a step
+// (gathered for the whole step, and across the forward/backward turn), each block twice.
+// `reference` is the same job with the parameters on the device (its optimizer offloaded the
+// same way), which also moves the parameters around its host update and uploads nothing for
+// its gathers: what it moved beyond those is what the offloaded run moves beyond its own.
+void ExpectOneUploadPerGather(const JobSpec& job, const RunResult& run, const RunResult& reference,
+                              int rank, int64_t element, const std::string& what) {
+  const ModelLayout layout = BuildModelLayout(job.model());
+  ASSERT_TRUE(layout.tied_embeddings) << "the gather count assumes the tied GPT-2";
+  ASSERT_TRUE(job.parallel().reshard_after_forward());
+  const ShardGeometry geometry = ParallelLayout::ForJob(job, rank).shard();
+  int64_t uploads = 0, grads_down = 0;
+  const int head = static_cast<int>(layout.units.size()) - 1;
+  for (int u = 0; u <= head; ++u) {
+    const UnitShard s = ShardOf(layout.units[u].numel, geometry);
+    uploads += ((u == 0 || u == head) ? 1 : 2) * s.shard_numel * element;
+    grads_down += (s.owned.end - s.owned.begin) * element;
+  }
+  const StepRecord& last = run.last_step[rank];
+  EXPECT_EQ(last.offload_bytes_to_host, grads_down) << what << ": gradients only";
+  EXPECT_EQ(last.offload_bytes_to_device, 0) << what << ": nothing goes up after the update";
+  const StepRecord& other = reference.last_step[rank];
+  EXPECT_EQ(run.crossing_bytes_last_step[rank],
+            reference.crossing_bytes_last_step[rank] - other.offload_bytes_to_host -
+                other.offload_bytes_to_device + grads_down + uploads)
+      << what << " rank " << rank;
+}
+
+TEST_F(ParamOffloadTrainingTest, ParamsCpuEqualsNoOffloadBitForBit) {
+  for (OptimizerConfig::Type type : {OptimizerConfig::ADAMW, OptimizerConfig::ADAMW_8BIT}) {
+    for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+      for (OffloadConfig::Device optimizer : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+        for (int world : {1, 2}) {
+          const Case c{type, dtype, optimizer, world};
+          const std::string what = Name(c);
+          const RunResult offloaded = Train(Job(world, 3, type, dtype, optimizer, OffloadConfig::CPU), 4);
+          const RunResult plain =
+              Train(Job(world, 3, type, dtype, OffloadConfig::NONE, OffloadConfig::NONE), 4);
+          ExpectSameRun(offloaded, plain, what);
+          ASSERT_EQ(offloaded.losses.size(), 4u) << what;
+          EXPECT_TRUE(offloaded.unclaimed.empty()) << what << ": " << offloaded.unclaimed[0];
+          // The run trained the host shards: they are not what step 0 initialised.
+          EXPECT_NE(offloaded.losses.front(), offloaded.losses.back()) << what;
+          for (int r = 0; r < world; ++r) {
+            for (const BufferSpec& b : offloaded.plans[r].buffers) {
+              if (b.name.ends_with(".params")) {
+                EXPECT_EQ(b.category, MemoryCategory::kPinnedHost) << what << " " << b.name;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// What the device holds is what the plan's device categories say: the optimizer-offload run's
+// device bytes less exactly the parameter shards, which moved to the pinned pool. Each step,
+// the shards cross the copy engine once per all-gather (the tied embedding and the head once,
+// each block twice: forward and backward) and the gradient shards come down; no parameter
+// goes down or up around the host update.
+TEST_F(ParamOffloadTrainingTest, DeviceHoldsGatheredUnitsAndCopiesAreOnePerGather) {
+  for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+    const std::string what = PrecisionConfig::DType_Name(dtype);
+    std::vector<CountedRank> counted(2), counted_optimizer_only(2);
+    const JobSpec spec =
+        Job(2, 3, OptimizerConfig::ADAMW, dtype, OffloadConfig::CPU, OffloadConfig::CPU);
+    const RunResult offloaded = Train(spec, 2, "", &counted);
+    const RunResult optimizer_only =
+        Train(Job(2, 3, OptimizerConfig::ADAMW, dtype, OffloadConfig::CPU, OffloadConfig::NONE), 2,
+              "", &counted_optimizer_only);
+    ExpectSameRun(offloaded, optimizer_only, what);
+    const JobSpec job = ValidatedJob(spec).value();
+    const ModelLayout layout = BuildModelLayout(job.model());
+    ASSERT_TRUE(layout.tied_embeddings) << "the gather count below assumes the tied GPT-2";
+    ASSERT_TRUE(job.parallel().reshard_after_forward());
+    const int64_t element = DTypeSize(dtype == PrecisionConfig::BF16 ? DType::kBF16 : DType::kF32);
+    for (int r = 0; r < 2; ++r) {
+      const MemoryPlan& plan = offloaded.plans[r];
+      const MemoryPlan& before = optimizer_only.plans[r];
+      int64_t shards = 0;
+      for (const BufferSpec& b : before.buffers) {
+        if (b.name.ends_with(".params")) shards += PlacedBytes(b);
+      }
+      EXPECT_GT(shards, 0) << what;
+      EXPECT_EQ(plan.DeviceBytes(), before.DeviceBytes() - shards) << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+                before.CategoryBytes(MemoryCategory::kPinnedHost) + shards)
+          << what;
+      // The device's parameters are the gather buffers alone.
+      int64_t gather = 0;
+      for (const BufferSpec& b : plan.buffers) {
+        if (b.category == MemoryCategory::kParameters) {
+          EXPECT_TRUE(b.name.starts_with("gather.")) << what << " " << b.name;
+          gather += PlacedBytes(b);
+        }
+      }
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters), gather) << what;
+      // Measured: the arenas are the plan's categories; the device allocator was asked for
+      // the device categories and nothing else.
+      for (int c = 0; c < kMemoryCategoryCount; ++c) {
+        const auto category = static_cast<MemoryCategory>(c);
+        EXPECT_EQ(offloaded.arena_bytes[r][c], plan.CategoryBytes(category))
+            << what << " " << MemoryCategoryName(category);
+        EXPECT_EQ(counted[r].device_bytes[c],
+                  IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
+            << what << " " << MemoryCategoryName(category);
+      }
+      EXPECT_EQ(counted[r].pinned_bytes_while_training,
+                (plan.CategoryBytes(MemoryCategory::kPinnedHost) + 4095) / 4096 * 4096)
+          << what;
+      ExpectOneUploadPerGather(job, offloaded, optimizer_only, r, element, what);
+    }
+  }
+}
+
+// A checkpoint of a run whose parameters are host shards resumes bit for bit, and equals the
+// run without offload; with 8-bit AdamW over NVMe-swapped states too.
+TEST_F(ParamOffloadTrainingTest, ParamsCpuCheckpointsResumeBitForBit) {
+  for (const Case& c : {Case{OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::CPU, 2},
+                        Case{OptimizerConfig::ADAMW_8BIT, PrecisionConfig::FP32,
+                             OffloadConfig::NVME, 2},
+                        Case{OptimizerConfig::ADAMW, PrecisionConfig::FP32, OffloadConfig::NVME,
+                             1}}) {
+    const std::string what = Name(c);
+    ExpectStopAndResumeBitForBit(
+        [&](bool offloaded, const std::string& dir) {
+          JobSpec j = offloaded ? Job(c.world, 3, c.type, c.dtype, c.optimizer, OffloadConfig::CPU)
+                                : Job(c.world, 3, c.type, c.dtype, OffloadConfig::NONE);
+          j.mutable_checkpoint()->set_dir((dir_ / ("params " + what + dir)).string());
+          j.mutable_checkpoint()->set_interval_steps(2);
+          return j;
+        },
+        what);
+  }
+}
+
+// offload.params NVME beside offload.optimizer NVME (ZeRO-Infinity): each "<unit>.params" shard
+// is one more extent of the unit in the swap store, updated in the ring with the states and
+// committed in their generation; every gather reads the committed shard and uploads it. The
+// run is the same job without offload bit for bit; the host memory is the ring alone, the
+// device the gather buffers; each step swaps the plan's NVMe bytes in and out once (the
+// optimizer's pass) and reads each shard once per gather besides.
+TEST_F(ParamOffloadTrainingTest, ParamsNvmeEqualsNoOffloadBitForBit) {
+  for (OptimizerConfig::Type type : {OptimizerConfig::ADAMW, OptimizerConfig::ADAMW_8BIT}) {
+    for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+      for (int world : {1, 2}) {
+        const Case c{type, dtype, OffloadConfig::NVME, world};
+        const std::string what = "params NVME " + Name(c);
+        std::vector<CountedRank> counted(world), counted_states_only(world);
+        const RunResult swapped = Train(
+            Job(world, 3, type, dtype, OffloadConfig::NVME, OffloadConfig::NVME), 4, "", &counted);
+        const RunResult states_only =
+            Train(Job(world, 3, type, dtype, OffloadConfig::NVME, OffloadConfig::NONE), 4, "",
+                  &counted_states_only);
+        const RunResult plain =
+            Train(Job(world, 3, type, dtype, OffloadConfig::NONE, OffloadConfig::NONE), 4);
+        ExpectSameRun(swapped, plain, what);
+        ASSERT_EQ(swapped.losses.size(), 4u) << what;
+        EXPECT_TRUE(swapped.unclaimed.empty()) << what << ": " << swapped.unclaimed[0];
+        const JobSpec job =
+            ValidatedJob(Job(world, 3, type, dtype, OffloadConfig::NVME, OffloadConfig::NVME))
+                .value();
+        const ModelLayout layout = BuildModelLayout(job.model());
+        const int64_t element =
+            DTypeSize(dtype == PrecisionConfig::BF16 ? DType::kBF16 : DType::kF32);
+        for (int r = 0; r < world; ++r) {
+          const MemoryPlan& plan = swapped.plans[r];
+          int64_t logical = 0, params = 0;
+          for (const BufferSpec& b : plan.buffers) {
+            if (b.category == MemoryCategory::kNvme) logical += b.bytes();
+            if (b.name.ends_with(".params")) {
+              EXPECT_EQ(b.category, MemoryCategory::kNvme) << what << " " << b.name;
+              params += PlacedBytes(b);
+            }
+          }
+          EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kNvme),
+                    states_only.plans[r].CategoryBytes(MemoryCategory::kNvme) + params)
+              << what;
+          EXPECT_EQ(plan.DeviceBytes(),
+                    states_only.plans[r].DeviceBytes() -
+                        states_only.plans[r].CategoryBytes(MemoryCategory::kParameters) +
+                        plan.CategoryBytes(MemoryCategory::kParameters))
+              << what;
+          EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+                    job.offload().buffer_count() * job.offload().buffer_size())
+              << what << ": the ring and nothing else";
+          for (int cat = 0; cat < kMemoryCategoryCount; ++cat) {
+            const auto category = static_cast<MemoryCategory>(cat);
+            EXPECT_EQ(swapped.arena_bytes[r][cat],
+                      category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category))
+                << what << " " << MemoryCategoryName(category);
+            EXPECT_EQ(counted[r].device_bytes[cat],
+                      IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
+                << what << " " << MemoryCategoryName(category);
+          }
+          // The optimizer's pass swaps every swapped buffer (shards included) in and out.
+          EXPECT_EQ(swapped.last_step[r].swap_bytes_in, logical) << what << " rank " << r;
+          EXPECT_EQ(swapped.last_step[r].swap_bytes_out, logical) << what << " rank " << r;
+          ExpectOneUploadPerGather(job, swapped, states_only, r, element, what);
+        }
+      }
+    }
+  }
+}
+
+// Swapped shards are checkpointed from the store's committed generation and restored into a
+// new process's store: the resumed run continues bit for bit.
+TEST_F(ParamOffloadTrainingTest, ParamsNvmeCheckpointsResumeBitForBit) {
+  for (const Case& c :
+       {Case{OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::NVME, 2},
+        Case{OptimizerConfig::ADAMW_8BIT, PrecisionConfig::FP32, OffloadConfig::NVME, 1}}) {
+    const std::string what = "params NVME " + Name(c);
+    ExpectStopAndResumeBitForBit(
+        [&](bool offloaded, const std::string& dir) {
+          const OffloadConfig::Device to = offloaded ? OffloadConfig::NVME : OffloadConfig::NONE;
+          JobSpec j = Job(c.world, 3, c.type, c.dtype, to, to);
+          j.mutable_checkpoint()->set_dir((dir_ / (what + dir)).string());
+          j.mutable_checkpoint()->set_interval_steps(2);
+          return j;
+        },
+        what);
+  }
+}
+
+// What the engine does not run is refused, naming the field: by CheckEngineSupport, and by
+// the trainer when reached without it (the device optimizer cannot update host shards).
+TEST_F(ParamOffloadTrainingTest, ParamsCpuWithTheOptimizerOnTheDeviceIsRefused) {
+  const JobSpec spec = Job(1, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32,
+                           OffloadConfig::NONE, OffloadConfig::CPU);
+  const absl::Status checked = ValidatedJob(spec).status();
+  EXPECT_EQ(checked.code(), absl::StatusCode::kFailedPrecondition) << checked;
+  EXPECT_NE(std::string(checked.message()).find("offload.params: CPU trains with "
+                                                "offload.optimizer CPU or NVME"),
+            std::string::npos)
+      << checked;
+  const JobSpec job = ValidatedJob(spec, {.check_engine_support = false}).value();
+  TrainOptions options;
+  const absl::Status created = Trainer::Create(job, options).status();
+  EXPECT_EQ(created.code(), absl::StatusCode::kUnimplemented) << created;
+  EXPECT_NE(std::string(created.message()).find("offload.params: CPU"), std::string::npos)
+      << created;
+}
+
+}  // namespace
+}  // namespace zt
