@@ -33,10 +33,10 @@ using zerotrain::ParallelConfig;
 struct RankRun {
   std::vector<double> losses, grad_norms;
   std::vector<std::optional<double>> bubbles;  // StepRecord::pipeline_bubble
-  std::vector<std::string> unclaimed;      // plan buffers the rank never used
-  std::vector<std::vector<float>> params;  // per unit of the rank's stage, at the end
-  ModelLayout layout;                      // the stage's units
-  std::vector<int> held_units;              // the whole model's index of each
+  std::vector<std::string> unclaimed;          // plan buffers the rank never used
+  std::vector<std::vector<float>> params;      // per unit of the rank's stage, at the end
+  ModelLayout layout;                          // the stage's units
+  std::vector<int> held_units;                 // the whole model's index of each
 };
 
 struct Outcome {
@@ -209,16 +209,15 @@ TEST_F(PipelineTrainingTest, InterleavedGpipeAndOneFOneBMatchOneRank) {
       for (const auto& b : reference.ranks[0].bubbles) EXPECT_FALSE(b.has_value());
       for (auto schedule :
            {ParallelConfig::GPIPE, ParallelConfig::ONE_F_ONE_B, ParallelConfig::INTERLEAVED}) {
-        const std::string what =
-            absl::StrCat(llama ? "llama" : "gpt2", " pp ", pp, " ",
-                         ParallelConfig::PipelineSchedule_Name(schedule));
+        const std::string what = absl::StrCat(llama ? "llama" : "gpt2", " pp ", pp, " ",
+                                              ParallelConfig::PipelineSchedule_Name(schedule));
         const Outcome got = Run(job(pp, schedule), 10);
         ExpectSameTraining(got, reference, what);
         if (!got.status.ok()) continue;
         for (const RankRun& r : got.ranks) {
           if (schedule == ParallelConfig::INTERLEAVED) {
             EXPECT_TRUE(r.held_units.size() >= 2 && r.held_units.back() - r.held_units.front() >=
-                                                       static_cast<int>(r.held_units.size()))
+                                                        static_cast<int>(r.held_units.size()))
                 << what << ": a stage holds two chunks apart";
           }
           for (const auto& b : r.bubbles) {
@@ -243,13 +242,11 @@ TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatchOneR
     int zero;
     ParallelConfig::PipelineSchedule schedule;
   };
-  for (const Case& c : {Case{false, 1, ParallelConfig::ONE_F_ONE_B},
-                        Case{true, 1, ParallelConfig::ONE_F_ONE_B},
-                        Case{false, 2, ParallelConfig::ONE_F_ONE_B},
-                        Case{true, 2, ParallelConfig::ONE_F_ONE_B},
-                        Case{false, 2, ParallelConfig::INTERLEAVED},
-                        Case{false, 3, ParallelConfig::ONE_F_ONE_B},
-                        Case{true, 3, ParallelConfig::INTERLEAVED}}) {
+  for (const Case& c :
+       {Case{false, 1, ParallelConfig::ONE_F_ONE_B}, Case{true, 1, ParallelConfig::ONE_F_ONE_B},
+        Case{false, 2, ParallelConfig::ONE_F_ONE_B}, Case{true, 2, ParallelConfig::ONE_F_ONE_B},
+        Case{false, 2, ParallelConfig::INTERLEAVED}, Case{false, 3, ParallelConfig::ONE_F_ONE_B},
+        Case{true, 3, ParallelConfig::INTERLEAVED}}) {
     JobSpec job = c.llama ? Llama(2, 2, c.zero, 1, c.schedule) : Gpt2(2, 2, c.zero, 1, c.schedule);
     // ZeRO-3 stages keep their units gathered for the step (FSDP's reshard_after_forward
     // false); the shards are what the optimizer steps and checkpoints hold.
@@ -263,9 +260,8 @@ TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatchOneR
       one.mutable_model()->set_n_layer(4);
     }
     const Outcome reference = Run(one, 10);
-    const std::string what =
-        absl::StrCat(c.llama ? "llama" : "gpt2", " pp2 x dp2 zero-", c.zero, " ",
-                     ParallelConfig::PipelineSchedule_Name(c.schedule));
+    const std::string what = absl::StrCat(c.llama ? "llama" : "gpt2", " pp2 x dp2 zero-", c.zero,
+                                          " ", ParallelConfig::PipelineSchedule_Name(c.schedule));
     Outcome got = Run(job, 10);
     if (c.zero == 3 && got.status.ok()) {
       // Each rank's parameters are its shard: DP member k holds elements
@@ -317,6 +313,21 @@ TEST_F(PipelineTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
 // after the switch are the uninterrupted run's at the first layout, to the reduction-order
 // noise of another layout (the bound of ExpectSameTraining's losses, with room for three
 // steps at the new layout).
+// Two chunks a rank (n_layer 4: six units), where a one-rank job keeps the same model.
+JobSpec Interleaved(JobSpec job) {
+  job.mutable_model()->set_n_layer(4);
+  if (job.parallel().pipeline_schedule() == ParallelConfig::INTERLEAVED) {
+    job.mutable_parallel()->set_virtual_stages(2);
+  }
+  return job;
+}
+
+// ZeRO-3 stages keep their units gathered for the step (reshard_after_forward false).
+JobSpec ZeroThree(JobSpec job) {
+  job.mutable_parallel()->set_reshard_after_forward(false);
+  return job;
+}
+
 TEST_F(PipelineTrainingTest, CheckpointsReshardAcrossPipelineLayouts) {
   struct Case {
     JobSpec from, to;
@@ -330,6 +341,12 @@ TEST_F(PipelineTrainingTest, CheckpointsReshardAcrossPipelineLayouts) {
        "gpt2 one rank -> pp2 (the tied copy made)"},
       {Llama(2, 1, 1, 2, ParallelConfig::ONE_F_ONE_B), Llama(1, 2, 1, 1, ParallelConfig::GPIPE),
        "llama pp2 -> dp2 zero-1"},
+      {Interleaved(Gpt2(2, 1, 1, 2, ParallelConfig::INTERLEAVED)),
+       Interleaved(Gpt2(1, 1, 1, 2, ParallelConfig::GPIPE)),
+       "gpt2 pp2 interleaved (chunks 0+2 | 1+3) -> one rank"},
+      {Interleaved(Llama(1, 1, 1, 2, ParallelConfig::GPIPE)),
+       ZeroThree(Interleaved(Llama(2, 2, 3, 1, ParallelConfig::INTERLEAVED))),
+       "llama one rank -> pp2 x dp2 zero-3 interleaved"},
   };
   for (const Case& c : cases) {
     JobSpec from = c.from, to = c.to;
