@@ -285,34 +285,6 @@ TEST_F(PipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatchOneR
   }
 }
 
-TEST_F(PipelineTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
-  JobSpec job = Gpt2(2, 1, 1, 1, ParallelConfig::ONE_F_ONE_B);
-  job.mutable_train()->set_max_steps(6);
-  job.mutable_checkpoint()->set_interval_steps(3);
-  JobSpec straight = job;
-  straight.mutable_checkpoint()->set_dir((dir_ / "straight").string());
-  const Outcome whole = Run(straight, 6);
-  ASSERT_TRUE(whole.status.ok()) << whole.status;
-
-  job.mutable_checkpoint()->set_dir((dir_ / "interrupted").string());
-  const Outcome first = Run(job, 3);
-  ASSERT_TRUE(first.status.ok()) << first.status;
-  const Outcome second = Run(job, 6, job.checkpoint().dir());
-  ASSERT_TRUE(second.status.ok()) << second.status;
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_EQ(second.ranks[r].losses.size(), 3u);
-    for (int s = 0; s < 3; ++s) {
-      EXPECT_EQ(second.ranks[r].losses[s], whole.ranks[r].losses[3 + s]) << "step " << 4 + s;
-    }
-    EXPECT_EQ(second.ranks[r].params, whole.ranks[r].params) << "rank " << r;
-  }
-}
-
-// A checkpoint written at one pipeline layout resumes at another (each buffer rebuilt from the
-// stages' rank files, the head stage's copy of a tied wte from the embedding's): steps 4–6
-// after the switch are the uninterrupted run's at the first layout, to the reduction-order
-// noise of another layout (the bound of ExpectSameTraining's losses, with room for three
-// steps at the new layout).
 // Two chunks a rank (n_layer 4: six units), where a one-rank job keeps the same model.
 JobSpec Interleaved(JobSpec job) {
   job.mutable_model()->set_n_layer(4);
@@ -328,6 +300,47 @@ JobSpec ZeroThree(JobSpec job) {
   return job;
 }
 
+// At its own layout a pipeline checkpoint resumes bit for bit: PP2 at ZeRO-1, and PP2 × DP2
+// at ZeRO-2 (1F1B) and ZeRO-3 (interleaved), whose shards are what the files hold.
+TEST_F(PipelineTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
+  const JobSpec layouts[] = {
+      Gpt2(2, 1, 1, 1, ParallelConfig::ONE_F_ONE_B),
+      Gpt2(2, 2, 2, 1, ParallelConfig::ONE_F_ONE_B),
+      ZeroThree(Interleaved(Llama(2, 2, 3, 1, ParallelConfig::INTERLEAVED))),
+  };
+  for (JobSpec job : layouts) {
+    const std::string what = absl::StrCat("pp2 x dp", job.parallel().world_size() / 2, " zero-",
+                                          job.parallel().zero_stage());
+    job.mutable_train()->set_max_steps(6);
+    job.mutable_checkpoint()->set_interval_steps(3);
+    JobSpec straight = job;
+    straight.mutable_checkpoint()->set_dir((dir_ / "straight").string());
+    const Outcome whole = Run(straight, 6);
+    ASSERT_TRUE(whole.status.ok()) << what << ": " << whole.status;
+
+    job.mutable_checkpoint()->set_dir((dir_ / "interrupted").string());
+    const Outcome first = Run(job, 3);
+    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
+    const Outcome second = Run(job, 6, job.checkpoint().dir());
+    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+    for (size_t r = 0; r < second.ranks.size(); ++r) {
+      ASSERT_EQ(second.ranks[r].losses.size(), 3u) << what;
+      for (int s = 0; s < 3; ++s) {
+        EXPECT_EQ(second.ranks[r].losses[s], whole.ranks[r].losses[3 + s])
+            << what << ", step " << 4 + s;
+      }
+      EXPECT_EQ(second.ranks[r].params, whole.ranks[r].params) << what << ", rank " << r;
+    }
+    std::filesystem::remove_all(dir_ / "straight");
+    std::filesystem::remove_all(dir_ / "interrupted");
+  }
+}
+
+// A checkpoint written at one pipeline layout resumes at another (each buffer rebuilt from the
+// stages' rank files, the head stage's copy of a tied wte from the embedding's): steps 4–6
+// after the switch are the uninterrupted run's at the first layout, to the reduction-order
+// noise of another layout (the bound of ExpectSameTraining's losses, with room for three
+// steps at the new layout).
 TEST_F(PipelineTrainingTest, CheckpointsReshardAcrossPipelineLayouts) {
   struct Case {
     JobSpec from, to;
