@@ -686,6 +686,23 @@ TEST_F(LoraTrainingTest, AnNf4BaseFromHuggingFaceTrainsAndResumesBitForBit) {
   EXPECT_TRUE(resumed.base_before == uninterrupted.base_before);
 }
 
+// Two ranks stream the same file: at stage 3 each casts only its shard of the unquantized
+// units (and quantizes the NF4 weights whole), at stages 0–2 all of it; each matches one rank
+// on the same global batch within fp32 reduction noise.
+TEST_F(LoraTrainingTest, TwoRanksStreamAnNf4BaseAndMatchOneRank) {
+  JobSpec one = Job(1, 0, 4, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+  const std::string hf =
+      ExportBase(MakeHfBase(one), (dir_ / "ranks-base.safetensors").string(), DType::kF32);
+  one.mutable_model()->set_init_from(hf);
+  const LoraRun reference = Train(one, 5);
+  ASSERT_EQ(reference.losses.size(), 5u);
+  for (int stage : {0, 3}) {
+    JobSpec two = Job(2, stage, 2, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+    two.mutable_model()->set_init_from(hf);
+    ExpectMatches(Train(two, 5), reference, absl::StrCat("NF4 from a file, stage ", stage));
+  }
+}
+
 // A base file that lacks a tensor, holds a non-finite weight, or is cut short is refused at
 // start, naming the file and the tensor (or the file's fault).
 TEST_F(LoraTrainingTest, AnNf4BaseFromABadFileIsRefusedNamingTheFileAndTensor) {
