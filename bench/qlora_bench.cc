@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
   }
   const ModelConfig model = Shape(shape, kv_heads);
   if (model_dir.empty()) {
-    model_dir = "/work/bench-data/llama-" + shape + "-kv" + std::to_string(model.n_kv_head()) +
-                "-bf16";
+    model_dir =
+        "/work/bench-data/llama-" + shape + "-kv" + std::to_string(model.n_kv_head()) + "-bf16";
   }
   // The writer renames model.safetensors into place only once complete: present means whole.
   const auto t_write = std::chrono::steady_clock::now();
@@ -188,8 +188,8 @@ int main(int argc, char** argv) {
   auto* lora = job.mutable_model()->mutable_lora();
   lora->set_rank(rank);
   lora->set_alpha(2.0f * rank);
-  for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                        "down_proj"}) {
+  for (const char* m :
+       {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}) {
     lora->add_target_modules(m);
   }
   // 16-bit embedding, head and norms (the part of the base that is not NF4).

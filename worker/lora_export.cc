@@ -55,7 +55,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadBase(const zerotrain::JobSpe
 
 // Reads one NF4 buffer `name` of the checkpoint's rank 0 file (an NF4 base is whole on every
 // rank) into `dst`, checking its size.
-absl::Status ReadNf4Buffer(const SafetensorsFile& file, const std::string& name, const Tensor& dst) {
+absl::Status ReadNf4Buffer(const SafetensorsFile& file, const std::string& name,
+                           const Tensor& dst) {
   const SafetensorsTensorInfo* info = file.Find(name);
   if (info == nullptr) {
     return absl::DataLossError(
@@ -110,7 +111,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
       }
       float* dst = units[u] + q->offset;
       if (!p.quantized) {
-        if (rank0 != nullptr) std::copy(rest.begin() + p.offset, rest.begin() + p.offset + p.numel, dst);
+        if (rank0 != nullptr)
+          std::copy(rest.begin() + p.offset, rest.begin() + p.offset + p.numel, dst);
         continue;
       }
       const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
@@ -204,14 +206,14 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
   const ModelLayout merged_layout = nf4 ? BuildModelLayout(merged_model) : layout;
   for (size_t u = 0; u < layout.units.size(); ++u) {
     if (merged_layout.units[u].lora_numel != layout.units[u].lora_numel) {
-      return absl::InternalError(absl::StrCat(layout.units[u].name,
-                                              ": the adapters' layout depends on base_dtype"));
+      return absl::InternalError(
+          absl::StrCat(layout.units[u].name, ": the adapters' layout depends on base_dtype"));
     }
   }
   std::vector<std::vector<float>> base;
   if (nf4) {
-    ZT_ASSIGN_OR_RETURN(base, ReadDequantizedBase(saved, layout, merged_model, merged_layout,
-                                                  ckpt->path()));
+    ZT_ASSIGN_OR_RETURN(
+        base, ReadDequantizedBase(saved, layout, merged_model, merged_layout, ckpt->path()));
   } else {
     ZT_ASSIGN_OR_RETURN(base, ReadBase(saved, layout, ckpt->path()));
   }

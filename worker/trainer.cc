@@ -516,8 +516,7 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
       std::copy(piece.begin() + (lo - b), piece.begin() + (hi - b), values.begin());
       const Tensor v = chunk.Slice(0, hi - lo);
       ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
-      ZT_RETURN_IF_ERROR(
-          Cast(ctx_, v, params.Slice(lo - mine.begin, hi - mine.begin)));
+      ZT_RETURN_IF_ERROR(Cast(ctx_, v, params.Slice(lo - mine.begin, hi - mine.begin)));
     }
     return absl::OkStatus();
   };

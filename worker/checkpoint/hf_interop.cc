@@ -497,9 +497,10 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
   for (size_t i = 0; i < table.size(); ++i) {
     const HfTensor& t = table[i];
     if (t.param->quantized) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": ", t.name, " goes to an NF4 weight, which ImportHuggingFace cannot fill; "
-          "use StreamHuggingFace"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", t.name,
+                       " goes to an NF4 weight, which ImportHuggingFace cannot fill; "
+                       "use StreamHuggingFace"));
     }
     float* dst = unit_params[t.unit] + t.unit_begin();
     const int64_t n = t.numel();
@@ -550,8 +551,8 @@ absl::Status StreamHuggingFace(const std::string& path, const ModelConfig& confi
         ours = transposed;
       }
       if (absl::Status s = sink(t, t.transpose ? 0 : r0, ours); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(file.path(), ": tensor \"", info.name,
-                                                   "\": ", s.message()));
+        return absl::Status(
+            s.code(), absl::StrCat(file.path(), ": tensor \"", info.name, "\": ", s.message()));
       }
     }
   }

@@ -127,8 +127,8 @@ absl::Status ImportHuggingFace(const std::string& path, const zerotrain::ModelCo
 // table entry `t` in ZeroTrain's order, i.e. rows [t.row_offset + row, …) of t.param viewed as
 // (rows, cols) (GPT-2's Conv1D weights come whole, row 0, already transposed). Pieces of a
 // tensor arrive in order and cover it exactly. The span lives until the sink returns.
-using HfTensorSink = std::function<absl::Status(const HfTensor& t, int64_t row,
-                                                absl::Span<const float> values)>;
+using HfTensorSink =
+    std::function<absl::Status(const HfTensor& t, int64_t row, absl::Span<const float> values)>;
 
 // Elements per piece StreamHuggingFace hands over (whole rows, at least one): 16 MiB of f32.
 inline constexpr int64_t kHfStreamPieceElements = int64_t{1} << 22;

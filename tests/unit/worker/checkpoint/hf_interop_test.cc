@@ -498,15 +498,15 @@ TEST(HfInteropTest, StreamsPiecesThatPlaceLikeTheImport) {
   // The sink's error stops the stream, with its code, the file and the tensor named.
   const ModelLayout layout = BuildModelLayout(cases[1].m);
   const absl::Status s = StreamHuggingFace(
-      cases[1].path, cases[1].m, layout,
-      [](const HfTensor& t, int64_t, absl::Span<const float>) {
+      cases[1].path, cases[1].m, layout, [](const HfTensor& t, int64_t, absl::Span<const float>) {
         return t.name == "transformer.h.1.mlp.c_fc.weight"
                    ? absl::InvalidArgumentError("value 3 is not finite")
                    : absl::OkStatus();
       });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr(cases[1].path + ": tensor \"transformer.h.1.mlp.c_fc.weight\": "
-                                     "value 3 is not finite"));
+  EXPECT_THAT(s.message(),
+              HasSubstr(cases[1].path + ": tensor \"transformer.h.1.mlp.c_fc.weight\": "
+                                        "value 3 is not finite"));
 }
 
 TEST(HfInteropTest, ModelDirectoryErrorsNameTheDirectoryOrIndex) {

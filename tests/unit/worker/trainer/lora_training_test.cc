@@ -806,8 +806,7 @@ TEST_F(LoraTrainingTest, MergedExportOfAnNf4BaseIsTheDequantizedBasePlusTheAdapt
     const int64_t in = w.shape[1], r = validated.model().lora().rank();
     for (const LoraSite& site : block.lora) {
       if (site.weight != "attn.qkv.weight") continue;
-      const std::vector<float> got =
-          ReadTensor(file, "model.layers.1." + site.hf_path + ".weight");
+      const std::vector<float> got = ReadTensor(file, "model.layers.1." + site.hf_path + ".weight");
       ASSERT_EQ(static_cast<int64_t>(got.size()), site.rows * in) << site.hf_path;
       double worst = 0;
       for (int64_t row = 0; row < site.rows; ++row) {
@@ -827,7 +826,8 @@ TEST_F(LoraTrainingTest, MergedExportOfAnNf4BaseIsTheDequantizedBasePlusTheAdapt
     // An unquantized, unadapted tensor is the base's own.
     const std::vector<float> norm = ReadTensor(file, "model.layers.1.input_layernorm.weight");
     const ParamSpec& ln1 = *block.Find("ln1.weight");
-    const float* params = reinterpret_cast<const float*>(run.base_after.at("block.1.params").data());
+    const float* params =
+        reinterpret_cast<const float*>(run.base_after.at("block.1.params").data());
     ASSERT_EQ(norm.size(), static_cast<size_t>(ln1.numel));
     for (int64_t i = 0; i < ln1.numel; ++i) EXPECT_EQ(norm[i], params[ln1.offset + i]) << what;
   }
