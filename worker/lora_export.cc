@@ -1,11 +1,14 @@
 #include "worker/lora_export.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/nf4.h"
 #include "kernels/status_macros.h"
 #include "kernels/tensor.h"
 #include "worker/checkpoint/durable_file.h"
@@ -14,6 +17,7 @@
 #include "worker/checkpoint/safetensors.h"
 #include "worker/checkpoint_export.h"
 #include "worker/model/param_layout.h"
+#include "worker/plan/lora_plan.h"
 #include "worker/rank_state.h"
 
 namespace zt {
@@ -49,6 +53,92 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadBase(const zerotrain::JobSpe
   return base;
 }
 
+// Reads one NF4 buffer `name` of the checkpoint's rank 0 file (an NF4 base is whole on every
+// rank) into `dst`, checking its size.
+absl::Status ReadNf4Buffer(const SafetensorsFile& file, const std::string& name,
+                           const Tensor& dst) {
+  const SafetensorsTensorInfo* info = file.Find(name);
+  if (info == nullptr) {
+    return absl::DataLossError(
+        absl::StrCat(file.path(), " has no tensor ", name, " (a seeded NF4 base is saved)"));
+  }
+  const absl::Span<const uint8_t> bytes = file.Bytes(*info);
+  if (static_cast<int64_t>(bytes.size()) != dst.size_bytes()) {
+    return absl::DataLossError(absl::StrCat(file.path(), ": ", name, " holds ", bytes.size(),
+                                            " bytes, the layout needs ", dst.size_bytes()));
+  }
+  std::memcpy(dst.raw(), bytes.data(), bytes.size());
+  return absl::OkStatus();
+}
+
+// The f32 base an NF4 job trained against, in the layout of its model without base_dtype
+// (`plain_layout`: the quantized weights back in the flat buffers): what the NF4 weights
+// dequantize to. From model.init_from, the file's values quantized as the job's start
+// quantized them (StreamQuantizedBase) and dequantized; from a seeded job, the checkpoint's
+// "<unit>.params" (the unquantized rest) and "<unit>.nf4.*" buffers.
+absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
+    const zerotrain::JobSpec& saved, const ModelLayout& nf4_layout,
+    const zerotrain::ModelConfig& plain, const ModelLayout& plain_layout,
+    const std::string& step_dir) {
+  std::vector<std::vector<float>> base;
+  std::vector<float*> units;
+  for (const UnitLayout& u : plain_layout.units) {
+    base.emplace_back(static_cast<size_t>(u.numel));
+    units.push_back(base.back().data());
+  }
+  const DeviceContext ctx = CpuContext(1);
+  const std::string& from = saved.model().init_from();
+  std::unique_ptr<SafetensorsFile> rank0;
+  if (!from.empty()) {
+    ZT_RETURN_IF_ERROR(ImportHuggingFace(from, plain, plain_layout, units));
+  } else {
+    ZT_ASSIGN_OR_RETURN(rank0, SafetensorsFile::Open(RankFile(step_dir, 0)));
+  }
+  auto rank_file = [&](int r) { return RankFile(step_dir, r); };
+  for (size_t u = 0; u < nf4_layout.units.size(); ++u) {
+    const UnitLayout& unit = nf4_layout.units[u];
+    std::vector<float> rest;
+    if (rank0 != nullptr) {
+      rest.resize(static_cast<size_t>(unit.numel));
+      ZT_RETURN_IF_ERROR(ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
+                                       unit.numel, rest.data()));
+    }
+    for (const ParamSpec& p : unit.params) {
+      const ParamSpec* q = plain_layout.units[u].Find(p.name);
+      if (q == nullptr || q->numel != p.numel) {
+        return absl::InternalError(absl::StrCat(unit.name, " ", p.name, " differs between the ",
+                                                "NF4 layout and the plain one"));
+      }
+      float* dst = units[u] + q->offset;
+      if (!p.quantized) {
+        if (rank0 != nullptr)
+          std::copy(rest.begin() + p.offset, rest.begin() + p.offset + p.numel, dst);
+        continue;
+      }
+      const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+      std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
+      std::vector<float> scale(l.absmax_groups), offset(1);
+      const Nf4Tensor w{.numel = p.numel,
+                        .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
+                        .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
+                        .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
+                        .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+      const Tensor values(dst, DType::kF32, {p.numel});
+      if (rank0 == nullptr) {
+        ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = w}));
+      } else {
+        const std::string prefix = Nf4BufferPrefix(unit, p);
+        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "codes", w.codes));
+        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "absmax", w.absmax));
+        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "absmax_scale", w.absmax_scale));
+        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "absmax_offset", w.absmax_offset));
+      }
+      ZT_RETURN_IF_ERROR(Nf4Dequantize(ctx, {.src = w, .dst = values}));
+    }
+  }
+  return base;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> IsLoraCheckpoint(const std::string& checkpoint) {
@@ -69,11 +159,11 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
                      "export it without --merge-adapters as a Hugging Face model"));
   }
   const ModelLayout layout = BuildModelLayout(saved.model());
-  if (options.merge_adapters && (saved.model().base_dtype() == zerotrain::ModelConfig::NF4 ||
-                                 saved.model().base_dtype() == zerotrain::ModelConfig::INT8)) {
+  const bool nf4 = saved.model().base_dtype() == zerotrain::ModelConfig::NF4;
+  if (options.merge_adapters && saved.model().base_dtype() == zerotrain::ModelConfig::INT8) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint '", ckpt->path(),
-                     "': --merge-adapters needs an unquantized base; this job's "
+                     "': --merge-adapters needs an unquantized or NF4 base; this job's "
                      "model.base_dtype is ",
                      zerotrain::ModelConfig::BaseDType_Name(saved.model().base_dtype()),
                      " (export the adapters alone, without --merge-adapters)"));
@@ -109,16 +199,32 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
                                         {.base_model_name_or_path = saved.model().init_from()}));
     return result;
   }
-  ZT_ASSIGN_OR_RETURN(const std::vector<std::vector<float>> base,
-                      ReadBase(saved, layout, ckpt->path()));
+  // An NF4 base merges as what it dequantizes to, in the layout of the same model without
+  // base_dtype (its adapters are laid out alike: the sites do not depend on the base's dtype).
+  zerotrain::ModelConfig merged_model = saved.model();
+  if (nf4) merged_model.clear_base_dtype();
+  const ModelLayout merged_layout = nf4 ? BuildModelLayout(merged_model) : layout;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    if (merged_layout.units[u].lora_numel != layout.units[u].lora_numel) {
+      return absl::InternalError(
+          absl::StrCat(layout.units[u].name, ": the adapters' layout depends on base_dtype"));
+    }
+  }
+  std::vector<std::vector<float>> base;
+  if (nf4) {
+    ZT_ASSIGN_OR_RETURN(
+        base, ReadDequantizedBase(saved, layout, merged_model, merged_layout, ckpt->path()));
+  } else {
+    ZT_ASSIGN_OR_RETURN(base, ReadBase(saved, layout, ckpt->path()));
+  }
   std::vector<const float*> pointers;
   for (const std::vector<float>& b : base) pointers.push_back(b.data());
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return durable_file::ErrnoStatus(ec.value(), "create the export directory", out_dir);
   const std::string weights = (std::filesystem::path(out_dir) / kHfWeightsName).string();
-  ZT_RETURN_IF_ERROR(
-      ExportMergedHuggingFace(weights, saved.model(), layout, pointers, unit_lora, options.dtype));
+  ZT_RETURN_IF_ERROR(ExportMergedHuggingFace(weights, merged_model, merged_layout, pointers,
+                                             unit_lora, options.dtype));
   // The merged model is a plain one: its config has no adapters.
   zerotrain::ModelConfig plain = saved.model();
   plain.clear_lora();

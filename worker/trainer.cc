@@ -403,10 +403,19 @@ absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
 absl::Status Trainer::InitializeWeights() {
   const zerotrain::ModelConfig& model = job_.model();
   const ModelLayout& layout = model_->layout();
-  // Imports read the whole model's units (set-up memory outside the plan); a tensor-parallel
-  // rank then keeps its share of each.
+  // An NF4 base streams in (StreamQuantizedBase). Other imports read the whole model's units
+  // (set-up memory outside the plan); a tensor-parallel rank then keeps its share of each.
+  const bool stream_nf4 =
+      model.base_dtype() == zerotrain::ModelConfig::NF4 && !model.init_from().empty();
+  if (stream_nf4 && IsCheckpoint(model.init_from())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.init_from: ", model.init_from(),
+        " is a ZeroTrain checkpoint; an NF4 base (model.base_dtype: NF4) streams in from a "
+        "Hugging Face safetensors file or directory only (export the checkpoint with zt export "
+        "first)"));
+  }
   std::vector<std::vector<float>> imported;
-  if (!model.init_from().empty()) {
+  if (!model.init_from().empty() && !stream_nf4) {
     const ModelLayout whole = BuildModelLayout(model);
     std::vector<float*> units;
     for (const UnitLayout& u : whole.units) {
@@ -433,6 +442,10 @@ absl::Status Trainer::InitializeWeights() {
   constexpr int64_t kChunk = int64_t{1} << 18;
   std::vector<float> values(kChunk);
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
+  if (stream_nf4) {
+    ZT_RETURN_IF_ERROR(StreamQuantizedBase(values, chunk.tensor));
+    return InitializeAdapters();
+  }
   if (nvme_optimizer_) {
     // The master weights go straight into the unit's ring buffer, and on to the store.
     return nvme_optimizer_->Initialize([&](int u, const Tensor& master, const Tensor& params) {
@@ -497,6 +510,66 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
   return absl::OkStatus();
 }
 
+absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tensor& chunk) {
+  const ModelLayout& layout = model_->layout();
+  // A LoRA job's base has no master copy; its optimizer is the adapters' (f32, no master).
+  if (nvme_optimizer_ || optimizer().has_master()) {
+    return absl::InternalError(
+        "model.base_dtype NF4: the base streams into parameters without a master copy, but "
+        "this job's optimizer keeps one");
+  }
+  if (!device_->host_addressable()) {
+    return absl::UnimplementedError(
+        "model.base_dtype NF4: the base is quantized on the host into memory the device "
+        "shares; this device's memory is not host-addressable");
+  }
+  const int stage = engine_->stage();
+  const int64_t kChunk = static_cast<int64_t>(values.size());
+  // The f32 weight being assembled, per (unit, name); a weight is quantized and dropped once
+  // all its rows arrived (Llama's fused q/k/v and gate/up arrive as consecutive tensors, so
+  // one is in flight at a time).
+  struct Pending {
+    std::vector<float> values;
+    int64_t rows_left = 0;
+  };
+  std::map<std::pair<int, std::string>, Pending> pending;
+  auto sink = [&](const HfTensor& t, int64_t row, absl::Span<const float> piece) -> absl::Status {
+    const ParamSpec& p = *t.param;
+    const int64_t cols = p.shape.size() < 2 ? 1 : p.numel / p.shape[0];
+    const int64_t rows = static_cast<int64_t>(piece.size()) / cols;
+    if (p.quantized) {
+      Pending& w = pending[{t.unit, p.name}];
+      if (w.values.empty()) {
+        w.values.resize(p.numel);
+        w.rows_left = p.shape[0];
+      }
+      std::copy(piece.begin(), piece.end(), w.values.begin() + (t.row_offset + row) * cols);
+      w.rows_left -= rows;
+      if (w.rows_left > 0) return absl::OkStatus();
+      const absl::Status quantized = model_->QuantizeBaseWeight(
+          ctx_, t.unit, p.name, Tensor(w.values.data(), DType::kF32, {p.numel}));
+      pending.erase({t.unit, p.name});
+      return quantized;
+    }
+    // Elements [b, b + n) of the unit's flat buffer; the rank stores all of it at stages 0–2,
+    // its shard at stage 3 ("<unit>.params" is then the shard).
+    const int64_t numel = layout.units[t.unit].numel;
+    const int64_t b = t.unit_begin() + row * cols, n = static_cast<int64_t>(piece.size());
+    const FlatRange mine =
+        stage == 3 ? ShardOf(numel, engine_->geometry()).owned : FlatRange{0, numel};
+    const Tensor params = model_->unit_params()[t.unit];
+    for (int64_t lo = std::max(b, mine.begin); lo < std::min(b + n, mine.end); lo += kChunk) {
+      const int64_t hi = std::min({b + n, mine.end, lo + kChunk});
+      std::copy(piece.begin() + (lo - b), piece.begin() + (hi - b), values.begin());
+      const Tensor v = chunk.Slice(0, hi - lo);
+      ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
+      ZT_RETURN_IF_ERROR(Cast(ctx_, v, params.Slice(lo - mine.begin, hi - mine.begin)));
+    }
+    return absl::OkStatus();
+  };
+  return StreamHuggingFace(job_.model().init_from(), job_.model(), layout, sink);
+}
+
 absl::Status Trainer::InitializeAdapters() {
   const zerotrain::ModelConfig& model = job_.model();
   // The adapters are f32 buffers the host fills (PEFT's init, or a PEFT directory); a device
@@ -506,8 +579,10 @@ absl::Status Trainer::InitializeAdapters() {
         "model.lora: the adapters are initialised and run on CPU ranks only so far");
   }
   // NF4: the quantized weights come from the same seeded init as the rest of the base, one
-  // tensor at a time (CheckEngineSupport refuses NF4 with model.init_from).
-  ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
+  // tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase).
+  if (model.init_from().empty()) {
+    ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
+  }
   model_->InitializeLora(job_.train().seed());
   if (!model.lora().init_from().empty()) {
     ZT_RETURN_IF_ERROR(

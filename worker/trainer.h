@@ -264,6 +264,12 @@ class Trainer {
            : nvme_optimizer_ ? nvme_optimizer_->optimizer()
                              : *optimizer_;
   }
+  // A LoRA job's NF4 base from a Hugging Face model.init_from, quantized while it streams
+  // in: each quantized weight is assembled in f32 from its tensors (q/k/v, gate/up fill rows
+  // of one fused weight) and quantized as soon as it is whole; every other tensor goes,
+  // a piece at a time, into the rank's part of its unit's parameters. The host holds the
+  // quantized base, one f32 weight and one piece, never the file.
+  absl::Status StreamQuantizedBase(std::vector<float>& values, const Tensor& chunk);
   // The sets of the initialisation for unit u: its parameters (the model's, or
   // `swapped_params` when set: a swapped shard's ring buffer), and `master` (the rank's range
   // of its master weights; empty when the parameters are their own master).

@@ -386,11 +386,21 @@ absl::StatusOr<nlohmann::json> HuggingFaceConfig(const ModelConfig& m, DType dty
       "model.family must be GPT2 or LLAMA for a Hugging Face config.json");
 }
 
-absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& config,
-                               const ModelLayout& layout, const std::vector<float*>& unit_params) {
-  ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params));
-  ZT_ASSIGN_OR_RETURN(const std::vector<HfTensor> table, HuggingFaceTensors(config, layout));
-  ZT_ASSIGN_OR_RETURN(const std::vector<std::unique_ptr<SafetensorsFile>> files, OpenWeights(path));
+namespace {
+
+// The file(s) of an import matched against the name map: source[i] is table[i]'s tensor.
+struct MatchedWeights {
+  std::vector<HfTensor> table;
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::vector<SourceTensor> source;
+};
+
+// Opens `path` and checks every tensor against the config (the problems ImportHuggingFace's
+// header lists, all at once), touching no destination.
+absl::StatusOr<MatchedWeights> MatchHuggingFace(const std::string& path, const ModelConfig& config,
+                                                const ModelLayout& layout) {
+  ZT_ASSIGN_OR_RETURN(std::vector<HfTensor> table, HuggingFaceTensors(config, layout));
+  ZT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<SafetensorsFile>> files, OpenWeights(path));
 
   std::unordered_map<std::string_view, size_t> by_name;
   for (size_t i = 0; i < table.size(); ++i) by_name.emplace(table[i].name, i);
@@ -472,19 +482,79 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
         problems.size(), " problem(s):\n  ", absl::StrJoin(problems, "\n  ")));
   }
 
+  return MatchedWeights{std::move(table), std::move(files), std::move(source)};
+}
+
+}  // namespace
+
+absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& config,
+                               const ModelLayout& layout, const std::vector<float*>& unit_params) {
+  ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params));
+  ZT_ASSIGN_OR_RETURN(const MatchedWeights matched, MatchHuggingFace(path, config, layout));
+  const std::vector<HfTensor>& table = matched.table;
+  const std::vector<SourceTensor>& source = matched.source;
   std::vector<float> scratch;
   for (size_t i = 0; i < table.size(); ++i) {
     const HfTensor& t = table[i];
+    if (t.param->quantized) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", t.name,
+                       " goes to an NF4 weight, which ImportHuggingFace cannot fill; "
+                       "use StreamHuggingFace"));
+    }
     float* dst = unit_params[t.unit] + t.unit_begin();
     const int64_t n = t.numel();
     const SafetensorsFile& file = *source[i].file;
+    // Copied out tensor by tensor; the mapped pages go once read, so the file's pages do not
+    // add to the resident set beside the buffers.
     if (!t.transpose) {
       ZT_RETURN_IF_ERROR(file.ReadAsF32(*source[i].info, absl::MakeSpan(dst, n)));
+      file.Release(*source[i].info);
       continue;
     }
     scratch.resize(n);
     ZT_RETURN_IF_ERROR(file.ReadAsF32(*source[i].info, absl::MakeSpan(scratch)));
+    file.Release(*source[i].info);
     TransposeInto(scratch.data(), t.shape[0], t.shape[1], dst);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamHuggingFace(const std::string& path, const ModelConfig& config,
+                               const ModelLayout& layout, const HfTensorSink& sink,
+                               int64_t piece_elements) {
+  ZT_ASSIGN_OR_RETURN(const MatchedWeights matched, MatchHuggingFace(path, config, layout));
+  // A piece's f32 values (a transposed GPT-2 weight whole, with its transpose).
+  std::vector<float> values, transposed;
+  for (size_t i = 0; i < matched.table.size(); ++i) {
+    const HfTensor& t = matched.table[i];
+    const SafetensorsFile& file = *matched.source[i].file;
+    const SafetensorsTensorInfo& info = *matched.source[i].info;
+    const absl::Span<const uint8_t> bytes = file.Bytes(info);
+    const int64_t elem = StDTypeSize(info.dtype);
+    const int64_t n = t.numel(), cols = t.shape.size() == 2 ? t.shape[1] : 1;
+    // Whole rows of the HF tensor per piece (a transposed one is read whole: its rows are our
+    // columns).
+    const int64_t rows_per_piece =
+        t.transpose ? t.shape[0] : std::max<int64_t>(1, piece_elements / cols);
+    for (int64_t r0 = 0; r0 * cols < n; r0 += rows_per_piece) {
+      const int64_t begin = r0 * cols, stop = std::min(n, (r0 + rows_per_piece) * cols);
+      values.resize(stop - begin);
+      const uint8_t* src = bytes.data() + begin * elem;
+      for (int64_t k = 0; k < stop - begin; ++k) values[k] = ElementAsF32(src, info.dtype, k);
+      // The mapped pages were copied out: drop them, or the resident set grows to the file.
+      file.Release(bytes.subspan(begin * elem, (stop - begin) * elem));
+      absl::Span<const float> ours = values;
+      if (t.transpose) {
+        transposed.resize(values.size());
+        TransposeInto(values.data(), t.shape[0], t.shape[1], transposed.data());
+        ours = transposed;
+      }
+      if (absl::Status s = sink(t, t.transpose ? 0 : r0, ours); !s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat(file.path(), ": tensor \"", info.name, "\": ", s.message()));
+      }
+    }
   }
   return absl::OkStatus();
 }

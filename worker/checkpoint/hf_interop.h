@@ -49,6 +49,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,29 @@ std::string HfShardName(int index, int count);
 // when the file is corrupt or absent.
 absl::Status ImportHuggingFace(const std::string& path, const zerotrain::ModelConfig& config,
                                const ModelLayout& layout, const std::vector<float*>& unit_params);
+
+// Receives a piece of one tensor of a streamed import: `values` are rows [row, row + k) of
+// table entry `t` in ZeroTrain's order, i.e. rows [t.row_offset + row, …) of t.param viewed as
+// (rows, cols) (GPT-2's Conv1D weights come whole, row 0, already transposed). Pieces of a
+// tensor arrive in order and cover it exactly. The span lives until the sink returns.
+using HfTensorSink =
+    std::function<absl::Status(const HfTensor& t, int64_t row, absl::Span<const float> values)>;
+
+// Elements per piece StreamHuggingFace hands over (whole rows, at least one): 16 MiB of f32.
+inline constexpr int64_t kHfStreamPieceElements = int64_t{1} << 22;
+
+// ImportHuggingFace's reading, a piece at a time into `sink` instead of into whole unit
+// buffers: each piece is converted to f32 from the mapped file, handed over, and its mapped
+// pages are released, so the reader holds one piece's f32 values (a whole transposed GPT-2
+// weight and its transpose) and never the file. This is how an NF4 base quantizes while it
+// streams in (quantized parameters, ParamSpec::quantized, are handed over like the rest; their
+// unit_begin() means nothing). The whole file is checked first, with ImportHuggingFace's
+// errors, before the sink sees a piece; an error from the sink stops the stream and is
+// returned with its code, prefixed with the file and the tensor's name.
+// `piece_elements` bounds a piece (whole rows, at least one).
+absl::Status StreamHuggingFace(const std::string& path, const zerotrain::ModelConfig& config,
+                               const ModelLayout& layout, const HfTensorSink& sink,
+                               int64_t piece_elements = kHfStreamPieceElements);
 
 // Writes every unit's parameters to `path` in Hugging Face layout (GPT-2 with the
 // "transformer." prefix and no lm_head.weight when tied, as GPT2LMHeadModel saves it; Llama as

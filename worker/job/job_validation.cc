@@ -706,12 +706,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         "model.base_dtype: INT8 (LLM.int8) is not wired into the model yet; use FP32, BF16, "
         "FP16 or NF4");
   }
-  if (spec.model().base_dtype() == ModelConfig::NF4 && !spec.model().init_from().empty()) {
-    lines.push_back(
-        "model.base_dtype: NF4 with model.init_from — the Hugging Face importer does not "
-        "quantize while it streams yet; leave init_from empty (a seeded base) or use FP32, "
-        "BF16 or FP16");
-  }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));
 }

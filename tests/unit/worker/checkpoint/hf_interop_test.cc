@@ -431,6 +431,84 @@ TEST(HfInteropTest, ImportsModelDirectoriesSingleAndSharded) {
   ExpectPlacedAsSourcesSay(layout, sources, got);
 }
 
+// StreamHuggingFace hands over pieces of whole rows that, placed where the sink is told
+// (rows [t.row_offset + row, …) of t.param), give what ImportHuggingFace writes: a sharded
+// Llama directory cut into pieces of 100 elements (so every tensor comes in several), and a
+// GPT-2 file whose Conv1D weights arrive whole and transposed.
+TEST(HfInteropTest, StreamsPiecesThatPlaceLikeTheImport) {
+  ScratchDir dir;
+  struct Case {
+    zerotrain::ModelConfig m;
+    std::vector<HfSource> sources;
+    std::string path;
+  };
+  std::vector<Case> cases;
+  {
+    const zerotrain::ModelConfig m = TinyLlama(/*tied=*/false);
+    const std::vector<HfSource> sources = LlamaSources(m);
+    const std::vector<FileTensor> tensors = SyntheticTensors(sources);
+    std::filesystem::create_directories(dir.Path("sharded"));
+    const std::vector<FileTensor> first(tensors.begin(), tensors.begin() + 4);
+    const std::vector<FileTensor> second(tensors.begin() + 4, tensors.end());
+    WriteFile(dir.Path("sharded/model-00001-of-00002.safetensors"), first);
+    WriteFile(dir.Path("sharded/model-00002-of-00002.safetensors"), second);
+    nlohmann::json weight_map;
+    for (const FileTensor& t : first) weight_map[t.name] = "model-00001-of-00002.safetensors";
+    for (const FileTensor& t : second) weight_map[t.name] = "model-00002-of-00002.safetensors";
+    WriteText(dir.Path("sharded/model.safetensors.index.json"),
+              nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump());
+    cases.push_back({m, sources, dir.Path("sharded")});
+  }
+  {
+    const zerotrain::ModelConfig m = TinyGpt2(/*tied=*/false);
+    const std::vector<HfSource> sources = Gpt2Sources(m, "transformer.");
+    WriteFile(dir.Path("gpt2.safetensors"), SyntheticTensors(sources));
+    cases.push_back({m, sources, dir.Path("gpt2.safetensors")});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path);
+    const ModelLayout layout = BuildModelLayout(c.m);
+    UnitBuffers got = NanBuffers(layout);
+    int pieces = 0, tensors = 0;
+    std::string last;
+    const absl::Status s = StreamHuggingFace(
+        c.path, c.m, layout,
+        [&](const HfTensor& t, int64_t row, absl::Span<const float> values) {
+          const int64_t cols = t.param->shape.size() < 2 ? 1 : t.param->numel / t.param->shape[0];
+          EXPECT_EQ(values.size() % cols, 0u) << t.name << ": a piece of whole rows";
+          if (t.transpose) {
+            EXPECT_EQ(row, 0) << t.name;
+            EXPECT_EQ(static_cast<int64_t>(values.size()), t.numel()) << t.name << ": whole";
+          } else {
+            EXPECT_LE(static_cast<int64_t>(values.size()), std::max<int64_t>(100, cols)) << t.name;
+          }
+          std::copy(values.begin(), values.end(),
+                    got.data[t.unit].begin() + t.unit_begin() + row * cols);
+          ++pieces;
+          tensors += t.name != last;
+          last = t.name;
+          return absl::OkStatus();
+        },
+        /*piece_elements=*/100);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(tensors, static_cast<int>(c.sources.size()));
+    EXPECT_GT(pieces, tensors);  // the 100-element pieces cut the larger tensors
+    ExpectPlacedAsSourcesSay(layout, c.sources, got);
+  }
+  // The sink's error stops the stream, with its code, the file and the tensor named.
+  const ModelLayout layout = BuildModelLayout(cases[1].m);
+  const absl::Status s = StreamHuggingFace(
+      cases[1].path, cases[1].m, layout, [](const HfTensor& t, int64_t, absl::Span<const float>) {
+        return t.name == "transformer.h.1.mlp.c_fc.weight"
+                   ? absl::InvalidArgumentError("value 3 is not finite")
+                   : absl::OkStatus();
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr(cases[1].path + ": tensor \"transformer.h.1.mlp.c_fc.weight\": "
+                                        "value 3 is not finite"));
+}
+
 TEST(HfInteropTest, ModelDirectoryErrorsNameTheDirectoryOrIndex) {
   ScratchDir dir;
   const zerotrain::ModelConfig m = TinyLlama(/*tied=*/false);

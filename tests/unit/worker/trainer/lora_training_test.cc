@@ -10,13 +10,17 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
+#include "kernels/nf4.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/checkpoint/hf_interop.h"
@@ -501,6 +505,332 @@ TEST_F(LoraTrainingTest, ABaseFromInitFromIsReloadedNotSavedAndResumesBitForBit)
   const ParamSpec& ln1 = *plain_layout.block(0).Find("ln1.weight");
   ASSERT_EQ(norm.size(), static_cast<size_t>(ln1.numel));
   for (int64_t i = 0; i < ln1.numel; ++i) EXPECT_EQ(norm[i], base[1][ln1.offset + i]);
+}
+
+// A Llama base in Hugging Face layout with values of its own: normal(0, 0.05) weights and
+// norms around 1, so NF4's blocks see a spread of magnitudes.
+struct HfBase {
+  zerotrain::ModelConfig plain;  // the job's model without adapters or base_dtype
+  ModelLayout layout;
+  Weights units;
+};
+
+HfBase MakeHfBase(const JobSpec& job) {
+  HfBase b;
+  b.plain = ValidatedJob(job).value().model();
+  b.plain.clear_lora();
+  b.plain.clear_base_dtype();
+  b.layout = BuildModelLayout(b.plain);
+  std::mt19937 rng(123);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (const UnitLayout& u : b.layout.units) {
+    std::vector<float>& v = b.units.emplace_back(static_cast<size_t>(u.numel));
+    for (const ParamSpec& p : u.params) {
+      for (int64_t i = 0; i < p.numel; ++i) {
+        v[p.offset + i] = p.shape.size() == 1 ? 1.0f + normal(rng) : normal(rng);
+      }
+    }
+  }
+  return b;
+}
+
+std::string ExportBase(const HfBase& b, const std::string& path, DType dtype) {
+  std::vector<const float*> units;
+  for (const std::vector<float>& u : b.units) units.push_back(u.data());
+  const absl::Status s = ExportHuggingFace(path, b.plain, b.layout, units, dtype);
+  EXPECT_TRUE(s.ok()) << s;
+  return path;
+}
+
+std::vector<char> Bytes(const Tensor& t) {
+  const char* p = static_cast<const char*>(t.raw());
+  return std::vector<char>(p, p + t.size_bytes());
+}
+
+// model.base_dtype NF4 with model.init_from: the base quantizes while it streams in. From an
+// F32 and a BF16 file, every NF4 buffer is bit for bit what quantizing the file's values in
+// process gives (Llama's fused q/k/v and gate/up assembled from their three and two tensors),
+// and the unquantized rest (embedding, norms, head) is the file's values.
+TEST_F(LoraTrainingTest, AnNf4BaseFromHuggingFaceIsTheInProcessQuantizationBitForBit) {
+  JobSpec job = Job(1, 0, 2, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+  const HfBase base = MakeHfBase(job);
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::string what(DTypeName(dtype));
+    job.mutable_model()->set_init_from(
+        ExportBase(base, (dir_ / ("base-" + what + ".safetensors")).string(), dtype));
+    const JobSpec validated = ValidatedJob(job).value();
+    ASSERT_TRUE(CheckEngineSupport(validated).ok()) << CheckEngineSupport(validated);
+    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(validated, {});
+    ASSERT_TRUE(t.ok()) << what << ": " << t.status();
+    // The file's values in f32: a BF16 file holds them rounded to bf16.
+    auto file_value = [&](float v) {
+      return dtype == DType::kBF16 ? Bf16ToFloat(FloatToBf16(v)) : v;
+    };
+    const ModelLayout& layout = (*t)->model().layout();
+    const DeviceContext ctx = CpuContext(1);
+    int quantized = 0;
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      for (const ParamSpec& p : layout.units[u].params) {
+        const ParamSpec& plain = *base.layout.units[u].Find(p.name);
+        std::vector<float> values(static_cast<size_t>(p.numel));
+        for (int64_t i = 0; i < p.numel; ++i) {
+          values[i] = file_value(base.units[u][plain.offset + i]);
+        }
+        if (!p.quantized) {
+          const float* got = (*t)->model().unit_params()[u].data<float>() + p.offset;
+          ASSERT_EQ(std::memcmp(got, values.data(), values.size() * sizeof(float)), 0)
+              << what << " " << layout.units[u].name << " " << p.name;
+          continue;
+        }
+        // The reference: the same values quantized in process.
+        const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+        std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
+        std::vector<float> scale(l.absmax_groups), offset(1);
+        const Nf4Tensor want{.numel = p.numel,
+                             .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
+                             .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
+                             .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
+                             .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+        ASSERT_TRUE(
+            Nf4Quantize(ctx, {.src = Tensor(values.data(), DType::kF32, {p.numel}), .dst = want})
+                .ok());
+        const Nf4Tensor* got = (*t)->model().QuantizedWeight(static_cast<int>(u), p.name);
+        ASSERT_NE(got, nullptr) << p.name;
+        const std::string where = what + " " + layout.units[u].name + " " + p.name;
+        EXPECT_EQ(Bytes(got->codes), Bytes(want.codes)) << where;
+        EXPECT_EQ(Bytes(got->absmax), Bytes(want.absmax)) << where;
+        EXPECT_EQ(Bytes(got->absmax_scale), Bytes(want.absmax_scale)) << where;
+        EXPECT_EQ(Bytes(got->absmax_offset), Bytes(want.absmax_offset)) << where;
+        ++quantized;
+      }
+    }
+    EXPECT_EQ(quantized, 8) << what;  // four linear weights in each of the two blocks
+  }
+}
+
+// The first step's loss is the base model's (B = 0: fresh adapters add nothing): over the NF4
+// base streamed from an F32 file it equals, to fp32 noise, an FP32 base loaded from a file of
+// the dequantized weights, and lies within NF4's error of the original file loaded as FP32
+// (without equalling it: the weights were quantized). LoRA then trains from it, and a resume
+// continues bit for bit with the base reloaded from the file, not saved.
+TEST_F(LoraTrainingTest, AnNf4BaseFromHuggingFaceTrainsAndResumesBitForBit) {
+  JobSpec job = Job(1, 0, 2, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+  job.mutable_train()->set_max_steps(6);
+  job.mutable_optimizer()->set_lr(1e-2f);
+  const HfBase base = MakeHfBase(job);
+  job.mutable_model()->set_init_from(
+      ExportBase(base, (dir_ / "base.safetensors").string(), DType::kF32));
+  JobSpec fp32 = job;
+  fp32.mutable_model()->set_base_dtype(ModelConfig::FP32);
+  const LoraRun reference = Train(fp32, 1);
+  // The same FP32 job over a file of the dequantized NF4 weights (each fused weight quantized
+  // and dequantized in process): what the NF4 base must compute, to fp32 noise.
+  HfBase dequantized = base;
+  for (size_t u = 0; u < base.layout.units.size(); ++u) {
+    for (const ParamSpec& p : base.layout.units[u].params) {
+      if (p.name != "attn.qkv.weight" && p.name != "attn.proj.weight" &&
+          p.name != "mlp.fc.weight" && p.name != "mlp.proj.weight") {
+        continue;
+      }
+      const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+      std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
+      std::vector<float> scale(l.absmax_groups), offset(1);
+      const Nf4Tensor q{.numel = p.numel,
+                        .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
+                        .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
+                        .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
+                        .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+      const Tensor w(dequantized.units[u].data() + p.offset, DType::kF32, {p.numel});
+      ASSERT_TRUE(Nf4Quantize(CpuContext(1), {.src = w, .dst = q}).ok());
+      ASSERT_TRUE(Nf4Dequantize(CpuContext(1), {.src = q, .dst = w}).ok());
+    }
+  }
+  JobSpec fp32_dequantized = fp32;
+  fp32_dequantized.mutable_model()->set_init_from(
+      ExportBase(dequantized, (dir_ / "dequantized.safetensors").string(), DType::kF32));
+  const LoraRun dequantized_reference = Train(fp32_dequantized, 1);
+  const LoraRun uninterrupted = Train(job, 6);
+  ASSERT_EQ(reference.losses.size(), 1u);
+  ASSERT_EQ(dequantized_reference.losses.size(), 1u);
+  ASSERT_EQ(uninterrupted.losses.size(), 6u);
+  // fp32 noise of two summation orders (NF4's 512-row tiles vs one GEMM) over two blocks.
+  EXPECT_NEAR(uninterrupted.losses[0], dequantized_reference.losses[0],
+              1e-6 * dequantized_reference.losses[0]);
+  // NF4 keeps each weight to within about 1/10 of its block's absmax (half the widest gap
+  // between the 16 levels); over two blocks of a d_model-32 model that moves the mean
+  // cross-entropy of a near-uniform prediction (ln 32 ≈ 3.47) by well under 2%; a weight in
+  // the wrong place (rows of q/k/v or gate/up swapped) or an unscaled block moves it further.
+  EXPECT_NEAR(uninterrupted.losses[0], reference.losses[0], 0.02 * reference.losses[0]);
+  EXPECT_NE(uninterrupted.losses[0], reference.losses[0]);
+  for (const double l : uninterrupted.losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_TRUE(uninterrupted.base_before == uninterrupted.base_after);
+
+  const std::filesystem::path ckpt = dir_ / "ckpt-nf4-init-from";
+  job.mutable_checkpoint()->set_dir(ckpt.string());
+  job.mutable_checkpoint()->set_interval_steps(3);
+  ASSERT_EQ(Train(job, 3).losses.size(), 3u);
+  const std::string rank0 = (ckpt / "step-00000003" / "rank-00000.safetensors").string();
+  ASSERT_TRUE(std::filesystem::exists(rank0)) << rank0;
+  std::unique_ptr<SafetensorsFile> file = SafetensorsFile::Open(rank0).value();
+  EXPECT_NE(file->Find("block.0.lora"), nullptr);
+  for (const SafetensorsTensorInfo& t : file->tensors()) {
+    EXPECT_EQ(t.name.find(".nf4."), std::string::npos) << t.name << ": the base is reloaded";
+    EXPECT_FALSE(t.name.ends_with(".params")) << t.name << ": the base is reloaded";
+  }
+  TrainOptions resume;
+  resume.resume_dir = ckpt.string();
+  const LoraRun resumed = Train(job, 6, resume);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(resumed.losses[s], uninterrupted.losses[3 + s]);
+  EXPECT_EQ(MaxAbsDiff(resumed.adapters[0], uninterrupted.adapters[0]), 0.0);
+  EXPECT_TRUE(resumed.base_before == uninterrupted.base_before);
+}
+
+// Two ranks stream the same file: at stage 3 each casts only its shard of the unquantized
+// units (and quantizes the NF4 weights whole), at stages 0–2 all of it; each matches one rank
+// on the same global batch within fp32 reduction noise.
+TEST_F(LoraTrainingTest, TwoRanksStreamAnNf4BaseAndMatchOneRank) {
+  JobSpec one = Job(1, 0, 4, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+  const std::string hf =
+      ExportBase(MakeHfBase(one), (dir_ / "ranks-base.safetensors").string(), DType::kF32);
+  one.mutable_model()->set_init_from(hf);
+  const LoraRun reference = Train(one, 5);
+  ASSERT_EQ(reference.losses.size(), 5u);
+  for (int stage : {0, 3}) {
+    JobSpec two = Job(2, stage, 2, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+    two.mutable_model()->set_init_from(hf);
+    ExpectMatches(Train(two, 5), reference, absl::StrCat("NF4 from a file, stage ", stage));
+  }
+}
+
+// A base file that lacks a tensor, holds a non-finite weight, or is cut short is refused at
+// start, naming the file and the tensor (or the file's fault).
+TEST_F(LoraTrainingTest, AnNf4BaseFromABadFileIsRefusedNamingTheFileAndTensor) {
+  JobSpec job = Job(1, 0, 2, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+  HfBase base = MakeHfBase(job);
+  auto create = [&](const std::string& path) {
+    job.mutable_model()->set_init_from(path);
+    return Trainer::Create(ValidatedJob(job).value(), {}).status();
+  };
+  // Missing: every tensor but layer 1's k_proj.
+  const std::string missing = (dir_ / "missing.safetensors").string();
+  {
+    const std::vector<HfTensor> table = HuggingFaceTensors(base.plain, base.layout).value();
+    std::vector<SafetensorsTensorSpec> specs;
+    for (const HfTensor& t : table) {
+      if (t.name != "model.layers.1.self_attn.k_proj.weight") {
+        specs.push_back({t.name, StDType::kF32, t.shape});
+      }
+    }
+    auto w = SafetensorsWriter::Create(missing, specs).value();
+    std::vector<float> scratch;
+    for (const HfTensor& t : table) {
+      if (t.name == "model.layers.1.self_attn.k_proj.weight") continue;
+      const absl::Span<const float> range(base.units[t.unit].data() + t.unit_begin(), t.numel());
+      ASSERT_TRUE(w->WriteF32(t.name, HfOrder(t, range, &scratch)).ok());
+    }
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  absl::Status s = create(missing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(missing), std::string::npos) << s;
+  EXPECT_NE(s.message().find("missing tensor \"model.layers.1.self_attn.k_proj.weight\""),
+            std::string::npos)
+      << s;
+
+  // Not finite: a NaN in layer 0's up_proj (rows [F, 2F) of the fused mlp.fc.weight).
+  const ParamSpec& fc = *base.layout.block(0).Find("mlp.fc.weight");
+  base.units[1][fc.offset + fc.numel / 2 + 5] = std::numeric_limits<float>::quiet_NaN();
+  const std::string nan = ExportBase(base, (dir_ / "nan.safetensors").string(), DType::kF32);
+  s = create(nan);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(nan + ": tensor \"model.layers.0.mlp.up_proj.weight\""),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("finite"), std::string::npos) << s;
+
+  // Cut short: the last bytes of the file are gone.
+  const std::string cut = (dir_ / "cut.safetensors").string();
+  std::filesystem::copy_file(nan, cut);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) - 100);
+  s = create(cut);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(cut), std::string::npos) << s;
+}
+
+// The merged export of an NF4 base: W is what the NF4 weights dequantize to (what the job
+// trained against), W + scale·B·A in the export's dtype; for a seeded base (the checkpoint's
+// NF4 buffers) and for one streamed from a Hugging Face file (quantized again from the file).
+TEST_F(LoraTrainingTest, MergedExportOfAnNf4BaseIsTheDequantizedBasePlusTheAdapters) {
+  for (const bool from_hf : {false, true}) {
+    const std::string what = from_hf ? "from a Hugging Face file" : "seeded";
+    JobSpec job = Job(1, 0, 2, 1, ModelConfig::LLAMA, ModelConfig::NF4);
+    job.mutable_train()->set_max_steps(3);
+    job.mutable_optimizer()->set_lr(1e-2f);
+    if (from_hf) {
+      job.mutable_model()->set_init_from(
+          ExportBase(MakeHfBase(job), (dir_ / "merge-base.safetensors").string(), DType::kF32));
+    }
+    const std::filesystem::path ckpt = dir_ / (from_hf ? "ckpt-merge-hf" : "ckpt-merge-seeded");
+    job.mutable_checkpoint()->set_dir(ckpt.string());
+    const LoraRun run = Train(job, 3);
+    ASSERT_EQ(run.losses.size(), 3u);
+    const JobSpec validated = ValidatedJob(job).value();
+    const ModelLayout layout = BuildModelLayout(validated.model());
+    const std::string merged = (dir_ / (from_hf ? "merged-nf4-hf" : "merged-nf4-seeded")).string();
+    absl::StatusOr<LoraExportResult> exported =
+        ExportLoraCheckpoint(ckpt.string(), merged, {.merge_adapters = true});
+    ASSERT_TRUE(exported.ok()) << what << ": " << exported.status();
+    const std::string file = (std::filesystem::path(merged) / "model.safetensors").string();
+
+    // The job's own NF4 weight of block 1's q/k/v, dequantized.
+    const UnitLayout& block = layout.block(1);
+    const ParamSpec& w = *block.Find("attn.qkv.weight");
+    ASSERT_TRUE(w.quantized);
+    auto buffer = [&](const std::string& part, DType dtype) {
+      const std::vector<char>& b = run.base_after.at("block.1.nf4.attn.qkv.weight." + part);
+      const int64_t n = static_cast<int64_t>(b.size()) / static_cast<int64_t>(DTypeSize(dtype));
+      return Tensor(const_cast<char*>(b.data()), dtype, {n});
+    };
+    const Nf4Tensor q{.numel = w.numel,
+                      .codes = buffer("codes", DType::kU8),
+                      .absmax = buffer("absmax", DType::kU8),
+                      .absmax_scale = buffer("absmax_scale", DType::kF32),
+                      .absmax_offset = buffer("absmax_offset", DType::kF32)};
+    std::vector<float> dequantized(static_cast<size_t>(w.numel));
+    ASSERT_TRUE(Nf4Dequantize(CpuContext(1),
+                              {.src = q, .dst = Tensor(dequantized.data(), DType::kF32, {w.numel})})
+                    .ok());
+    const double scale = validated.model().lora().alpha() / validated.model().lora().rank();
+    const float* adapters = run.adapters[0][2].data();
+    const int64_t in = w.shape[1], r = validated.model().lora().rank();
+    for (const LoraSite& site : block.lora) {
+      if (site.weight != "attn.qkv.weight") continue;
+      const std::vector<float> got = ReadTensor(file, "model.layers.1." + site.hf_path + ".weight");
+      ASSERT_EQ(static_cast<int64_t>(got.size()), site.rows * in) << site.hf_path;
+      double worst = 0;
+      for (int64_t row = 0; row < site.rows; ++row) {
+        for (int64_t col = 0; col < in; ++col) {
+          double delta = 0;
+          for (int64_t k = 0; k < r; ++k) {
+            delta += static_cast<double>(adapters[site.b.offset + row * r + k]) *
+                     adapters[site.a.offset + k * in + col];
+          }
+          const double want = dequantized[(site.row_begin + row) * in + col] + scale * delta;
+          worst = std::max(worst, std::abs(want - got[row * in + col]));
+        }
+      }
+      // One f32 rounding of a value below 1 (the merge sums in float64 and rounds once).
+      EXPECT_LT(worst, 1e-6) << what << " " << site.hf_path;
+    }
+    // An unquantized, unadapted tensor is the base's own.
+    const std::vector<float> norm = ReadTensor(file, "model.layers.1.input_layernorm.weight");
+    const ParamSpec& ln1 = *block.Find("ln1.weight");
+    const float* params =
+        reinterpret_cast<const float*>(run.base_after.at("block.1.params").data());
+    ASSERT_EQ(norm.size(), static_cast<size_t>(ln1.numel));
+    for (int64_t i = 0; i < ln1.numel; ++i) EXPECT_EQ(norm[i], params[ln1.offset + i]) << what;
+  }
 }
 
 TEST_F(LoraTrainingTest, ExportWritesThePeftAdaptersAndTheMergedModel) {
