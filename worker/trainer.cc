@@ -1008,7 +1008,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   // Data-parallel ranks: each reads its own batches (a tensor-parallel group shares one).
   const int64_t ranks = data_size_;
   const int64_t tokens_per_micro = model_->batch() * model_->seq_len();
-  const CommStats comm_before = engine_->stats();
+  const CommStats comm_before = comm_stats();
   const double waited_before = engine_->waited_seconds();
 
   ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
@@ -1152,7 +1152,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   r.pipeline_span_s = pipeline_timing.span_s;
   r.optimizer_s = std::max(0.0, optimizer_span - waited_in_optimizer);
   r.compute_s = std::max(0.0, seconds - r.data_wait_s - r.optimizer_s - r.comm_wait_s);
-  const CommStats comm_after = engine_->stats();
+  const CommStats comm_after = comm_stats();
   for (int k = 0; k < kNumCommKinds; ++k) {
     r.comm_bytes += comm_after.by_kind[k].bytes_sent - comm_before.by_kind[k].bytes_sent;
     r.comm_s += comm_after.by_kind[k].seconds - comm_before.by_kind[k].seconds;

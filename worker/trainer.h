@@ -120,7 +120,9 @@ struct StepRecord {
   std::optional<double> val_loss;
   double loss_scale = 1;   // the scale this step's backward ran with (1 without fp16)
   int64_t skipped = 0;     // steps skipped so far because fp16 gradients overflowed
-  int64_t comm_bytes = 0;  // bytes this rank sent in the step's collectives
+  // Bytes this rank sent in the step: its collectives and a pipeline stage's point-to-point
+  // activations and gradients.
+  int64_t comm_bytes = 0;
   double comm_s = 0;       // seconds its communicators spent running them
   double comm_wait_s = 0;  // seconds its compute waited for them (not hidden by overlap)
   // The step's wall time in parts (they add up to step_ms): waiting for the sampler to fill
@@ -197,7 +199,13 @@ class Trainer {
   // a collective. FullWeights refuses a LoRA job.
   absl::StatusOr<std::vector<std::vector<float>>> FullAdapters();
   // Bytes and seconds of this rank's collectives so far.
-  CommStats comm_stats() const { return engine_->stats(); }
+  // Every communicator of the rank: the sharding engine's, the tensor-parallel groups' and the
+  // pipeline's point-to-point links.
+  CommStats comm_stats() const {
+    CommStats total = engine_->stats();
+    total += comms_.OutsideEngineStats();
+    return total;
+  }
   // Seconds this rank's compute waited for communication (what overlap did not hide).
   double comm_wait_seconds() const { return engine_->waited_seconds(); }
   int rank() const { return options_.rank; }

@@ -53,6 +53,17 @@ struct CommStats {
 
   const Entry& operator[](CommKind k) const { return by_kind[static_cast<int>(k)]; }
   Entry& operator[](CommKind k) { return by_kind[static_cast<int>(k)]; }
+
+  // Adds another communicator's counters, kind by kind (a rank's total over its groups).
+  CommStats& operator+=(const CommStats& other) {
+    for (int k = 0; k < kNumCommKinds; ++k) {
+      by_kind[k].calls += other.by_kind[k].calls;
+      by_kind[k].bytes_sent += other.by_kind[k].bytes_sent;
+      by_kind[k].bytes_received += other.by_kind[k].bytes_received;
+      by_kind[k].seconds += other.by_kind[k].seconds;
+    }
+    return *this;
+  }
 };
 
 // The completion of one queued operation. Copyable; all copies see the same completion.

@@ -43,6 +43,18 @@ struct RankCommunicators {
   std::unique_ptr<Communicator> activations_in, activations_out, gradients_in, gradients_out;
   std::unique_ptr<Communicator> tied;
 
+  // The counters of the communicators the sharding engine does not drive: the replicated KV
+  // heads' group and the pipeline's (its group, the stage links, the tied pair). A rank's
+  // total is these plus ShardingEngine::stats().
+  CommStats OutsideEngineStats() const {
+    CommStats total;
+    for (const auto* c : {&tensor_kv, &pipeline, &activations_in, &activations_out, &gradients_in,
+                          &gradients_out, &tied}) {
+      if (*c != nullptr) total += (*c)->stats();
+    }
+    return total;
+  }
+
   ShardComms view() const {
     return {.world = world.get(),
             .shard_group = shard_group ? shard_group.get() : world.get(),

@@ -672,14 +672,7 @@ absl::Status ShardingEngine::AllGatherUnit(int u, const Tensor& shard, const Ten
 CommStats ShardingEngine::stats() const {
   CommStats total = comms_.world->stats();
   auto add = [&](const Communicator* c) {
-    if (c == nullptr || c == comms_.world) return;
-    const CommStats s = c->stats();
-    for (int k = 0; k < kNumCommKinds; ++k) {
-      total.by_kind[k].calls += s.by_kind[k].calls;
-      total.by_kind[k].bytes_sent += s.by_kind[k].bytes_sent;
-      total.by_kind[k].bytes_received += s.by_kind[k].bytes_received;
-      total.by_kind[k].seconds += s.by_kind[k].seconds;
-    }
+    if (c != nullptr && c != comms_.world) total += c->stats();
   };
   add(comms_.shard_group);
   add(comms_.replicas);

@@ -32,6 +32,7 @@ using zerotrain::ParallelConfig;
 
 struct RankRun {
   std::vector<double> losses, grad_norms;
+  std::vector<int64_t> comm_bytes;             // per step
   std::vector<std::optional<double>> bubbles;  // StepRecord::pipeline_bubble
   std::vector<std::string> unclaimed;          // plan buffers the rank never used
   std::vector<std::vector<float>> params;      // per unit of the rank's stage, at the end
@@ -95,6 +96,7 @@ class PipelineTrainingTest : public ::testing::Test {
       ZT_RETURN_IF_ERROR(t->Run([&](const StepRecord& rec) {
         mine.losses.push_back(rec.loss);
         mine.grad_norms.push_back(rec.grad_norm);
+        mine.comm_bytes.push_back(rec.comm_bytes);
         mine.bubbles.push_back(rec.pipeline_bubble);
       }));
       for (const Tensor& p : t->model().unit_params()) {
@@ -302,6 +304,25 @@ JobSpec ZeroThree(JobSpec job) {
 
 // At its own layout a pipeline checkpoint resumes bit for bit: PP2 at ZeRO-1, and PP2 × DP2
 // at ZeRO-2 (1F1B) and ZeRO-3 (interleaved), whose shards are what the files hold.
+// A step's comm_bytes count the stage links: stage 0 sends each micro-batch's activations
+// (B·T·C f32) forward, stage 1 each one's gradient back, besides the tied wte's all-reduce
+// between them (V·C f32: Gloo's ring on two ranks sends it once) and the step statistics.
+TEST_F(PipelineTrainingTest, CommBytesCountTheStageLinks) {
+  const JobSpec job = ValidatedJob(Gpt2(2, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)).value();
+  const Outcome got = Run(job, 2);
+  ASSERT_TRUE(got.status.ok()) << got.status;
+  const int64_t m = job.train().grad_accum_steps(), b = job.train().micro_batch_size(),
+                t = job.data().seq_len(), c = job.model().d_model(), v = job.model().vocab_size();
+  const int64_t links = m * b * t * c * 4, tied = v * c * 4;
+  for (const RankRun& r : got.ranks) {
+    ASSERT_EQ(r.comm_bytes.size(), 2u);
+    for (const int64_t bytes : r.comm_bytes) {
+      EXPECT_GE(bytes, links + tied);
+      EXPECT_LE(bytes, links + tied + 1024);  // the statistics: a few scalars
+    }
+  }
+}
+
 TEST_F(PipelineTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
   const JobSpec layouts[] = {
       Gpt2(2, 1, 1, 1, ParallelConfig::ONE_F_ONE_B),
