@@ -13,31 +13,9 @@
 #   RAW_OUT  file to which every raw JSON line is appended (default: a temporary file)
 set -uo pipefail
 
-if [[ $# -ne 1 ]]; then
-  echo "usage: $0 BUILD_DIR" >&2
-  exit 2
-fi
-bin="$1/bin/sharding_bench"
-config=${CONFIG:-tiny}
-rounds=${ROUNDS:-2}
-steps=${STEPS:-4}
-warmup=${WARMUP:-1}
-for knob in ROUNDS:$rounds STEPS:$steps; do
-  if ! [[ ${knob#*:} =~ ^[1-9][0-9]*$ ]]; then
-    echo "${knob%%:*} is '${knob#*:}'; it must be a positive integer" >&2
-    exit 2
-  fi
-done
-if ! [[ $warmup =~ ^[0-9]+$ ]]; then
-  echo "WARMUP is '$warmup'; it must be a non-negative integer" >&2
-  exit 2
-fi
-if [[ ! -x $bin ]]; then
-  echo "$bin is missing: build the target sharding_bench first" >&2
-  exit 2
-fi
-raw=${RAW_OUT:-$(mktemp -t zt_pipeline_bench.XXXXXX)}
-: >"$raw"
+# shellcheck source=bench/sharding_bench_args.sh
+source "$(dirname "$0")/sharding_bench_args.sh"
+parse_sharding_bench_args 4 1 zt_pipeline_bench "$@"
 
 # schedule p m v n_layer (the interleaved rows need n_layer divisible by p · v)
 rows=(
