@@ -55,6 +55,7 @@ struct Flags {
   std::vector<std::string> allowed_roots;
   std::string run_root;
   int heartbeat_interval_ms = 5000;
+  int reattach_grace_ms = 10000;
   int64_t max_spec_bytes = int64_t{1} << 20;
   int64_t keep_finished_jobs = 10000;
   std::string keep_finished_for = "30d";
@@ -178,6 +179,7 @@ int Run(Flags flags) {
         .allowed_roots = flags.allowed_roots,
         .run_root = flags.run_root,
         .heartbeat_interval = absl::Milliseconds(flags.heartbeat_interval_ms),
+        .reattach_grace = absl::Milliseconds(flags.reattach_grace_ms),
         .max_spec_bytes = flags.max_spec_bytes,
         .keep_finished_jobs = flags.keep_finished_jobs,
         .keep_finished_for = *keep_for,
@@ -295,6 +297,10 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", flags.heartbeat_interval_ms,
                  "Coordinator: node heartbeat period; 3 missed declare a node dead")
       ->check(CLI::Range(10, 600000));
+  app.add_option("--reattach-grace-ms", flags.reattach_grace_ms,
+                 "Coordinator: after a restart, how long nodes have to report the ranks they "
+                 "still run before those attempts end (at least 4 heartbeat periods)")
+      ->check(CLI::Range(10, 3600000));
   app.add_option("--max-spec-bytes", flags.max_spec_bytes,
                  "Coordinator: refuse job specs larger than this, serialized (default 1048576)")
       ->check(CLI::Range(int64_t{1} << 10, int64_t{256} << 20));

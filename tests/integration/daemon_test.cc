@@ -138,7 +138,10 @@ TEST_F(DaemonTest, CoordinatorRestartKeepsTheRunningJobAndItsHistory) {
   const int port = CoordinatorPort();
   coordinator_->Kill();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  ASSERT_NO_FATAL_FAILURE(StartCoordinator(port));
+  // A minute for the nodes to report their ranks (10 s by default): on a loaded CI machine a
+  // node has been seen to take longer, and this test is about keeping the attempt, not about
+  // the deadline.
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator(port, {"--reattach-grace-ms", "60000"}));
 
   const json done = WaitFor(
       id, [](const json& s) { return StateOf(s) == "SUCCEEDED" || StateOf(s) == "FAILED"; });
