@@ -12,6 +12,8 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   prometheus-cpp-dev librocksdb-dev libgloo-dev liburing-dev libzstd-dev
 )
+test_packages=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus openssl
+  slurm-wlm munge)
 for flag in "$@"; do
   case "$flag" in
     # The demo trains on a real corpus from a Debian text package.
@@ -21,7 +23,9 @@ for flag in "$@"; do
     # The daemon tests drive the API from a Python gRPC client and check /metrics with promtool.
     # The Slurm recipe test runs deploy/slurm/zerotrain.sbatch on a one-machine Slurm that it
     # starts itself (slurmctld, slurmd, munged; as root).
-    --test|--bench) packages+=(python3-torch python3-numpy fortunes python3-grpcio python3-protobuf prometheus openssl slurm-wlm munge) ;;
+    --test) packages+=("${test_packages[@]}") ;;
+    # The offload benchmark sets the swap store's bandwidth beside fio's on the same path.
+    --bench) packages+=("${test_packages[@]}" fio) ;;
     # scripts/gpu-bundle.sh compresses with xz and smoke-runs the PyTorch reference.
     --gpu-bundle) packages+=(xz-utils python3-torch) ;;
     *) echo "install-deps: unknown flag $flag (use --demo, --test, --bench, --gpu-bundle)" >&2; exit 2 ;;
