@@ -39,7 +39,7 @@ inline int64_t ProcStatusBytes(const char* key) {
 
 inline bool IsKnownConfig(const std::string& config) {
   return config == "tiny" || config == "gpt2-small" || config == "gpt2-medium" ||
-         config == "tiny-llama" || config == "llama-1b";
+         config == "tiny-llama" || config == "llama-1b" || config == "llama-3b";
 }
 
 // The job of a named configuration (bench/README.md, "Configurations"), training on the
@@ -59,14 +59,17 @@ inline zerotrain::JobSpec ConfigJob(const std::string& config, const std::string
     m->set_vocab_size(50257);
     m->set_max_seq_len(1024);
     t->set_micro_batch_size(medium ? 1 : 4);
-  } else if (config == "llama-1b") {
+  } else if (config == "llama-1b" || config == "llama-3b") {
     // Llama-style at about 1 B parameters (0.97 B: d 2048, 18 layers, GQA 16/8, SwiGLU,
-    // vocab 32,000, untied): the parameter-offload figures' model (bench/RESULTS.md).
+    // vocab 32,000, untied): the parameter-offload figures' model (bench/RESULTS.md); and at
+    // about 3 B (3.02 B: Llama-3.2-3B's body, d 3072, 28 layers, GQA 24/8, F 8192, with
+    // Llama-2's vocabulary of 32,000, untied): the "3 B under 12 GiB" model.
+    const bool three = config == "llama-3b";
     m->set_family(zerotrain::ModelConfig::LLAMA);
-    m->set_n_layer(18);
-    m->set_n_head(16);
+    m->set_n_layer(three ? 28 : 18);
+    m->set_n_head(three ? 24 : 16);
     m->set_n_kv_head(8);
-    m->set_d_model(2048);
+    m->set_d_model(three ? 3072 : 2048);
     m->set_vocab_size(32000);
     m->set_max_seq_len(256);
     t->set_micro_batch_size(1);

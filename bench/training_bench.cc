@@ -1,7 +1,8 @@
 // Training throughput and memory of the engine on a fixed configuration, printed as one JSON
 // line (bench/run_training_bench.sh puts it beside PyTorch's).
 //
-//   training_bench --config tiny|gpt2-small|gpt2-medium|tiny-llama [--steps N] [--warmup N]
+//   training_bench --config tiny|gpt2-small|gpt2-medium|tiny-llama|llama-1b|llama-3b
+//                  [--steps N] [--warmup N]
 //                  [--threads N] [--gemm onednn|openblas]
 //                  [--precision fp32|bf16|fp16] [--checkpointing none|full|selective|every2]
 //                  [--optimizer adamw|adamw8bit|adafactor] [--grad-dtype fp32|bf16]
@@ -85,8 +86,8 @@ int main(int argc, char** argv) {
   }
   if (!zt::bench::IsKnownConfig(config)) {
     std::fprintf(stderr,
-                 "training_bench: --config must be tiny, tiny-llama, gpt2-small, gpt2-medium or "
-                 "llama-1b\n");
+                 "training_bench: --config must be tiny, tiny-llama, gpt2-small, gpt2-medium, "
+                 "llama-1b or llama-3b\n");
     return 2;
   }
 
