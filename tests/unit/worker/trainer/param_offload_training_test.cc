@@ -8,6 +8,7 @@
 // the plan's device categories, smaller by exactly the parameter shards; the shards cross the
 // copy engine once per gather and never on the optimizer's way; checkpoints resume bit for bit.
 // With NVME (beside optimizer NVME) the shards are swapped with the states: the same checks.
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -70,6 +71,33 @@ void ExpectOneUploadPerGather(const JobSpec& job, const RunResult& run, const Ru
             reference.crossing_bytes_last_step[rank] - other.offload_bytes_to_host -
                 other.offload_bytes_to_device + grads_down + uploads)
       << what << " rank " << rank;
+}
+
+// The overlap of offload.params NVME (PrefetchCoordinator's rule 4 with the NVMe optimizer's
+// ring, and its first unit read at the end of the backward), counted over `steps` steps of
+// one forward-backward pass each of the tied GPT-2 (reshard_after_forward): in a pass, the
+// gathers of the first prefetch_units + 1 uses are issued together at its start and read their
+// shards then; every later gather finds its shard read ahead (the ring's free buffers hold
+// max(prefetch_units, 1) reads). Each step's optimizer found its first unit's reads queued.
+void ExpectReadsAhead(const JobSpec& job, const NvmeOptimizer::Stats& stats, int64_t steps,
+                      const std::string& what) {
+  const int n_units = static_cast<int>(BuildModelLayout(job.model()).units.size());
+  const int k = job.parallel().prefetch_units();
+  ASSERT_LE(std::max(k, 1), job.offload().buffer_count() - 2) << what << ": the ring's room";
+  // The pass's uses: the embedding (kept, tied), the blocks, the head (kept), then the head
+  // again (no gather) and the blocks back.
+  std::vector<bool> gathers = {true};
+  for (int u = 1; u < n_units; ++u) gathers.push_back(true);
+  gathers.push_back(false);
+  for (int u = n_units - 2; u >= 1; --u) gathers.push_back(true);
+  int64_t at_start = 0, all = 0;
+  for (int j = 0; j < static_cast<int>(gathers.size()); ++j) {
+    all += gathers[j];
+    if (j <= k) at_start += gathers[j];
+  }
+  EXPECT_EQ(stats.shard_reads_at_gather, steps * at_start) << what;
+  EXPECT_EQ(stats.shard_reads_ahead, steps * (all - at_start)) << what;
+  EXPECT_EQ(stats.first_unit_reads_ahead, steps) << what;
 }
 
 TEST_F(ParamOffloadTrainingTest, ParamsCpuEqualsNoOffloadBitForBit) {
@@ -240,9 +268,21 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeEqualsNoOffloadBitForBit) {
                       IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
                 << what << " " << MemoryCategoryName(category);
           }
-          // The optimizer's pass swaps every swapped buffer (shards included) in and out.
-          EXPECT_EQ(swapped.last_step[r].swap_bytes_in, logical) << what << " rank " << r;
+          // The optimizer's pass swaps every swapped buffer (shards included) in and out, and
+          // each gather reads its unit's shard once more: the tied embedding and the head once
+          // a step, each block twice (forward and backward).
+          const int head = static_cast<int>(layout.units.size()) - 1;
+          int64_t gathered = 0;
+          for (int u = 0; u <= head; ++u) {
+            const std::string name = layout.units[u].name + ".params";
+            for (const BufferSpec& b : plan.buffers) {
+              if (b.name == name) gathered += ((u == 0 || u == head) ? 1 : 2) * b.bytes();
+            }
+          }
+          EXPECT_EQ(swapped.last_step[r].swap_bytes_in, logical + gathered)
+              << what << " rank " << r;
           EXPECT_EQ(swapped.last_step[r].swap_bytes_out, logical) << what << " rank " << r;
+          ExpectReadsAhead(job, swapped.nvme_stats[r], /*steps=*/4, what);
           ExpectOneUploadPerGather(job, swapped, states_only, r, element, what);
         }
       }
