@@ -290,6 +290,33 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeEqualsNoOffloadBitForBit) {
   }
 }
 
+// The ring's room changes when a shard is read, never what is read: with one buffer free
+// beside the optimizer's two staging buffers and prefetch_units 2, a pass announces two reads
+// at a time and the second finds the ring full, so its gather reads the shard itself. The run
+// still equals the job without offload bit for bit, and every gather read its shard once.
+TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsAtTheGatherWhenTheRingIsFull) {
+  auto job = [&](OffloadConfig::Device optimizer, OffloadConfig::Device params) {
+    JobSpec j = Job(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, optimizer, params);
+    j.mutable_parallel()->set_prefetch_units(2);
+    if (optimizer == OffloadConfig::NVME) j.mutable_offload()->set_buffer_count(3);
+    return j;
+  };
+  const RunResult swapped = Train(job(OffloadConfig::NVME, OffloadConfig::NVME), 4);
+  const RunResult plain = Train(job(OffloadConfig::NONE, OffloadConfig::NONE), 4);
+  ExpectSameRun(swapped, plain, "ring of 3, prefetch 2");
+  const JobSpec validated = ValidatedJob(job(OffloadConfig::NVME, OffloadConfig::NVME)).value();
+  const int n_units = static_cast<int>(BuildModelLayout(validated.model()).units.size());
+  // Gathers a pass: the tied embedding and the head once, each block twice.
+  const int64_t gathers = 2 + 2 * (n_units - 2);
+  for (int r = 0; r < 2; ++r) {
+    const NvmeOptimizer::Stats& stats = swapped.nvme_stats[r];
+    EXPECT_EQ(stats.shard_reads_ahead + stats.shard_reads_at_gather, 4 * gathers) << r;
+    EXPECT_GT(stats.shard_reads_ahead, 0) << r;
+    // More than the three gathers of each pass's first Acquire read at the gather.
+    EXPECT_GT(stats.shard_reads_at_gather, 4 * 3) << r;
+  }
+}
+
 // Swapped shards are checkpointed from the store's committed generation and restored into a
 // new process's store: the resumed run continues bit for bit.
 TEST_F(ParamOffloadTrainingTest, ParamsNvmeCheckpointsResumeBitForBit) {
