@@ -9,12 +9,16 @@
 // copy engine once per gather and never on the optimizer's way; checkpoints resume bit for bit.
 // With NVME (beside optimizer NVME) the shards are swapped with the states: the same checks.
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "offload/io_engine.h"
+#include "offload/swap_env.h"
 #include "tests/unit/worker/trainer/offload_runs.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
@@ -314,6 +318,46 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsAtTheGatherWhenTheRingIsFull) {
     EXPECT_GT(stats.shard_reads_ahead, 0) << r;
     // More than the three gathers of each pass's first Acquire read at the gather.
     EXPECT_GT(stats.shard_reads_at_gather, 4 * 3) << r;
+  }
+}
+
+// A swap store whose `fail_read`-th read (counting from 1) fails with EIO, as a bad sector
+// would.
+class FailingReadEnv : public offload::SwapEnv {
+ public:
+  explicit FailingReadEnv(int fail_read) : fail_read_(fail_read) {}
+  absl::Status Run(offload::IoEngine& engine, absl::Span<const offload::IoOp> ops) override {
+    for (const offload::IoOp& op : ops) {
+      if (op.kind == offload::IoOp::Kind::kRead && ++reads_ == fail_read_) {
+        return offload::IoErrnoStatus(EIO, "read", op.path != nullptr ? *op.path : "");
+      }
+    }
+    return SwapEnv::Run(engine, ops);
+  }
+
+ private:
+  const int fail_read_;
+  int reads_ = 0;
+};
+
+// A shard read that fails fails the step, naming the store's path and the shard: the
+// first pass's first two gathers (prefetch_units 1) read their shards when issued, the third
+// read is the first one queued ahead (block.1's, for the pass's third use).
+TEST_F(ParamOffloadTrainingTest, AFailedShardReadNamesTheStoreAndTheShard) {
+  const JobSpec job =
+      Job(1, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, OffloadConfig::NVME,
+          OffloadConfig::NVME);
+  for (int fail_read : {1, 3}) {
+    FailingReadEnv env(fail_read);
+    const RunResult run = Train(job, 2, "", nullptr, &env);
+    EXPECT_EQ(run.status.code(), absl::StatusCode::kDataLoss) << fail_read << ": " << run.status;
+    EXPECT_THAT(std::string(run.status.message()),
+                ::testing::HasSubstr(absl::StrCat("offload.nvme_path '", (dir_ / "swap").string())))
+        << fail_read;
+    EXPECT_THAT(std::string(run.status.message()),
+                ::testing::HasSubstr(absl::StrCat("reading ", fail_read == 1 ? "embedding" : "block.1",
+                                                  ".params for its gather failed")))
+        << fail_read;
   }
 }
 
