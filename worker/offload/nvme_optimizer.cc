@@ -469,22 +469,23 @@ void NvmeOptimizer::ReadShardAhead(int u) {
   absl::StatusOr<PinnedLease> lease = queue_->TryAcquireBuffer();
   if (!lease.ok()) return;  // the gather reads it itself
   ShardRead r{.lease = std::move(*lease)};
-  r.read = queue_->SwapInPlace(
-      {{.key = KeyOf(u, *slot, committed_), .offset = 0, .length = static_cast<size_t>(slot->bytes)}},
-      r.lease);
+  r.read = queue_->SwapInPlace({{.key = KeyOf(u, *slot, committed_),
+                                 .offset = 0,
+                                 .length = static_cast<size_t>(slot->bytes)}},
+                               r.lease);
   shard_reads_[u].push_back(std::move(r));
 }
 
 absl::Status NvmeOptimizer::WithShard(int u, const std::function<absl::Status(const void*)>& use) {
   const Slot* slot = ParamSlotOf(u);
   if (slot == nullptr) {
-    return absl::NotFoundError(absl::StrCat("nvme optimizer: unit ", u,
-                                            " has no swapped parameter shard"));
+    return absl::NotFoundError(
+        absl::StrCat("nvme optimizer: unit ", u, " has no swapped parameter shard"));
   }
   auto failed = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("offload.nvme_path '", store_->path(),
-                                               "': reading ", slot->name, " for its gather failed: ",
-                                               s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("offload.nvme_path '", store_->path(), "': reading ", slot->name,
+                               " for its gather failed: ", s.message()));
   };
   if (!shard_reads_[u].empty()) {
     ShardRead r = std::move(shard_reads_[u].front());
@@ -494,9 +495,10 @@ absl::Status NvmeOptimizer::WithShard(int u, const std::function<absl::Status(co
     return use(r.lease.data());  // the lease goes back to the ring on return
   }
   if (slot->bytes > 0) {
-    const CopyHandle read = queue_->SwapInPlace(
-        {{.key = KeyOf(u, *slot, committed_), .offset = 0, .length = static_cast<size_t>(slot->bytes)}},
-        grad_staging_);
+    const CopyHandle read = queue_->SwapInPlace({{.key = KeyOf(u, *slot, committed_),
+                                                  .offset = 0,
+                                                  .length = static_cast<size_t>(slot->bytes)}},
+                                                grad_staging_);
     if (absl::Status s = read.Wait(); !s.ok()) return failed(s);
   }
   ++stats_.shard_reads_at_gather;

@@ -241,8 +241,8 @@ class NvmeOptimizer {
   std::unique_ptr<offload::CopyQueue> queue_;
   offload::PinnedLease grad_staging_, param_staging_;
   uint64_t committed_ = 0;
-  uint64_t restoring_ = 0;  // the generation a restore writes; 0: none begun
-  Stats stats_;             // the copies and updates (the swap's come from the queue)
+  uint64_t restoring_ = 0;              // the generation a restore writes; 0: none begun
+  Stats stats_;                         // the copies and updates (the swap's come from the queue)
   std::optional<Pending> first_ahead_;  // ReadFirstUnitAhead's unit 0, for the next Step
   // Per unit, the shard reads queued ahead of gathers, oldest first.
   struct ShardRead {

@@ -173,13 +173,13 @@ TEST_F(PrefetchCoordinatorTest, AnnouncesReadsAheadOfTheGathers) {
     }
     ASSERT_TRUE(coordinator_->End().ok());
     if (prefetch == 1) {
-      EXPECT_THAT(log, ElementsAre("g0", "g1", "r2", "f0", "g2", "r3", "f1", "g3", "r4", "f2",
-                                   "g4", "f3", "r3", "f4", "g3", "r2", "f5", "g2", "r1", "f6",
-                                   "g1", "f7", "f8"));
+      EXPECT_THAT(
+          log, ElementsAre("g0", "g1", "r2", "f0", "g2", "r3", "f1", "g3", "r4", "f2", "g4", "f3",
+                           "r3", "f4", "g3", "r2", "f5", "g2", "r1", "f6", "g1", "f7", "f8"));
     } else {
-      EXPECT_THAT(log, ElementsAre("g0", "g1", "g2", "r3", "r4", "f0", "g3", "f1", "g4", "r3",
-                                   "f2", "r2", "f3", "g3", "r1", "f4", "g2", "f5", "g1", "f6",
-                                   "f7", "f8"));
+      EXPECT_THAT(
+          log, ElementsAre("g0", "g1", "g2", "r3", "r4", "f0", "g3", "f1", "g4", "r3", "f2", "r2",
+                           "f3", "g3", "r1", "f4", "g2", "f5", "g1", "f6", "f7", "f8"));
     }
   }
 }

@@ -344,9 +344,8 @@ class FailingReadEnv : public offload::SwapEnv {
 // first pass's first two gathers (prefetch_units 1) read their shards when issued, the third
 // read is the first one queued ahead (block.1's, for the pass's third use).
 TEST_F(ParamOffloadTrainingTest, AFailedShardReadNamesTheStoreAndTheShard) {
-  const JobSpec job =
-      Job(1, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, OffloadConfig::NVME,
-          OffloadConfig::NVME);
+  const JobSpec job = Job(1, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, OffloadConfig::NVME,
+                          OffloadConfig::NVME);
   for (int fail_read : {1, 3}) {
     FailingReadEnv env(fail_read);
     const RunResult run = Train(job, 2, "", nullptr, &env);
@@ -354,9 +353,10 @@ TEST_F(ParamOffloadTrainingTest, AFailedShardReadNamesTheStoreAndTheShard) {
     EXPECT_THAT(std::string(run.status.message()),
                 ::testing::HasSubstr(absl::StrCat("offload.nvme_path '", (dir_ / "swap").string())))
         << fail_read;
-    EXPECT_THAT(std::string(run.status.message()),
-                ::testing::HasSubstr(absl::StrCat("reading ", fail_read == 1 ? "embedding" : "block.1",
-                                                  ".params for its gather failed")))
+    EXPECT_THAT(
+        std::string(run.status.message()),
+        ::testing::HasSubstr(absl::StrCat("reading ", fail_read == 1 ? "embedding" : "block.1",
+                                          ".params for its gather failed")))
         << fail_read;
   }
 }
