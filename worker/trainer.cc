@@ -220,12 +220,30 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                .params = param_home,
                                .param_numel = std::move(param_numel),
                                .param_dtype = param_dtype}));
+    NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();
+    // The first unit's states are read while the step's reductions finish.
+    t->engine_->SetBackwardEnded([nvme_opt] { nvme_opt->ReadFirstUnitAhead(); });
     if (param_home == ParamHome::kSwapped) {
-      // The gathers read the committed shards from the store, through the optimizer's ring.
-      NvmeOptimizer* nvme = t->nvme_optimizer_.get();
-      std::vector<std::string> names;
-      for (const UnitLayout& u : t->model_->layout().units) names.push_back(u.name + ".params");
-      t->engine_->SetSwappedParams([nvme, names](int u) { return nvme->ReadBuffer(names[u]); });
+      // The gathers read the committed shards from the store, through the optimizer's ring,
+      // ahead of use. The optimizer's units are the model's here (no LoRA with offload).
+      const std::vector<UnitLayout>& model_units = t->model_->layout().units;
+      if (model_units.size() != trained.units.size()) {
+        return absl::InternalError("offload.params NVME: the trained units are not the model's");
+      }
+      for (size_t u = 0; u < model_units.size(); ++u) {
+        if (model_units[u].name != trained.units[u].name) {
+          return absl::InternalError(absl::StrCat("offload.params NVME: trained unit ", u, " is ",
+                                                  trained.units[u].name, ", not the model's ",
+                                                  model_units[u].name));
+        }
+      }
+      t->engine_->SetSwappedParams(
+          {.read_ahead = [nvme_opt](int u) { nvme_opt->ReadShardAhead(u); },
+           .with_shard =
+               [nvme_opt](int u, const std::function<absl::Status(const void*)>& use) {
+                 return nvme_opt->WithShard(u, use);
+               },
+           .drop_read_ahead = [nvme_opt] { nvme_opt->DropShardReads(); }});
     }
     // The swapped states are the plan's, byte for byte (a checkpoint copies the plan's
     // bytes out of what the store holds): claimed here, each checked against the optimizer's.
@@ -1010,6 +1028,10 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const int64_t tokens_per_micro = model_->batch() * model_->seq_len();
   const CommStats comm_before = comm_stats();
   const double waited_before = engine_->waited_seconds();
+  // The swap of the whole step: the gathers' shard reads (offload.params NVME) as well as the
+  // optimizer's pass.
+  const NvmeOptimizer::Stats swap_before =
+      nvme_optimizer_ ? nvme_optimizer_->stats() : NvmeOptimizer::Stats{};
 
   ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
@@ -1123,16 +1145,19 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       r.offload_to_host_s = after.seconds_to_host - before.seconds_to_host;
       r.offload_to_device_s = after.seconds_to_device - before.seconds_to_device;
       r.host_optimizer_s = after.seconds_update - before.seconds_update;
-      r.swap_bytes_in = after.swap_bytes_in - before.swap_bytes_in;
-      r.swap_bytes_out = after.swap_bytes_out - before.swap_bytes_out;
-      r.swap_in_s = after.swap_seconds_in - before.swap_seconds_in;
-      r.swap_out_s = after.swap_seconds_out - before.swap_seconds_out;
     } else {
       ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
                                           grad_scale_step, rounding_seed));
     }
     ZT_RETURN_IF_ERROR(engine_->FinishStep(ctx_));
     if (loss_scaler_) ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
+  }
+  if (nvme_optimizer_) {
+    const NvmeOptimizer::Stats after = nvme_optimizer_->stats();
+    r.swap_bytes_in = after.swap_bytes_in - swap_before.swap_bytes_in;
+    r.swap_bytes_out = after.swap_bytes_out - swap_before.swap_bytes_out;
+    r.swap_in_s = after.swap_seconds_in - swap_before.swap_seconds_in;
+    r.swap_out_s = after.swap_seconds_out - swap_before.swap_seconds_out;
   }
   if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
   ++step_;

@@ -189,10 +189,13 @@ NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units,
       queue_(std::move(queue)) {
   grad_staging_ = queue_->AcquireBuffer();
   param_staging_ = queue_->AcquireBuffer();
+  shard_reads_.resize(units_.size());
 }
 
 NvmeOptimizer::~NvmeOptimizer() {
   if (queue_ != nullptr) queue_->Drain().IgnoreError();
+  first_ahead_.reset();
+  shard_reads_.clear();
   grad_staging_.Release();
   param_staging_.Release();
   queue_.reset();
@@ -223,6 +226,7 @@ std::vector<CopyQueue::BufferExtent> NvmeOptimizer::ExtentsOf(int u, int bin,
 std::optional<NvmeOptimizer::Pending> NvmeOptimizer::Issue(int u, uint64_t generation, bool wait) {
   Pending p;
   p.unit = u;
+  p.generation = generation;
   for (int b = 0; b < units_[u].bins; ++b) {
     if (wait) {
       p.bins.push_back(queue_->AcquireBuffer());
@@ -307,6 +311,8 @@ Tensor NvmeOptimizer::ParamsOf(const Pending& pending, int64_t n) const {
 
 absl::Status NvmeOptimizer::Initialize(
     const std::function<absl::Status(int u, const Tensor& master, const Tensor& params)>& fill) {
+  Discard(first_ahead_);
+  DropShardReads();
   const uint64_t generation = committed_ + 1;
   std::vector<CopyHandle> writes;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
@@ -343,7 +349,13 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
   // On an early return, the reads still queued into the held buffers finish before the
   // buffers go back to the ring (this runs before `cur` and `next` are destroyed).
   absl::Cleanup drain = [this] { queue_->Drain().IgnoreError(); };
-  if (n_units > 0) next = Issue(0, read, /*wait=*/true);
+  if (first_ahead_ && first_ahead_->generation == read) {
+    next = std::move(first_ahead_);
+    first_ahead_.reset();
+    ++stats_.first_unit_reads_ahead;
+  }
+  Discard(first_ahead_);  // of another generation (none is read after a restore)
+  if (n_units > 0 && !next) next = Issue(0, read, /*wait=*/true);
   for (int u = 0; u < n_units; ++u) {
     cur = std::move(next);
     next.reset();
@@ -432,7 +444,79 @@ absl::StatusOr<const void*> NvmeOptimizer::ReadBuffer(const std::string& name) {
   return static_cast<const void*>(grad_staging_.data());
 }
 
-void NvmeOptimizer::BeginRestore() { restoring_ = committed_ + 1; }
+void NvmeOptimizer::Discard(std::optional<Pending>& pending) {
+  if (!pending) return;
+  for (const CopyHandle& r : pending->reads) r.Wait().IgnoreError();  // scratch: dropped
+  pending.reset();
+}
+
+void NvmeOptimizer::ReadFirstUnitAhead() {
+  if (first_ahead_ || units_.empty()) return;
+  first_ahead_ = Issue(0, committed_, /*wait=*/false);
+}
+
+const NvmeOptimizer::Slot* NvmeOptimizer::ParamSlotOf(int u) const {
+  if (u < 0 || u >= static_cast<int>(units_.size())) return nullptr;
+  for (const Slot& slot : units_[u].slots) {
+    if (slot.buffer == kParamsSlot) return &slot;
+  }
+  return nullptr;
+}
+
+void NvmeOptimizer::ReadShardAhead(int u) {
+  const Slot* slot = ParamSlotOf(u);
+  if (slot == nullptr || slot->bytes == 0) return;
+  absl::StatusOr<PinnedLease> lease = queue_->TryAcquireBuffer();
+  if (!lease.ok()) return;  // the gather reads it itself
+  ShardRead r{.lease = std::move(*lease)};
+  r.read = queue_->SwapInPlace({{.key = KeyOf(u, *slot, committed_),
+                                 .offset = 0,
+                                 .length = static_cast<size_t>(slot->bytes)}},
+                               r.lease);
+  shard_reads_[u].push_back(std::move(r));
+}
+
+absl::Status NvmeOptimizer::WithShard(int u, const std::function<absl::Status(const void*)>& use) {
+  const Slot* slot = ParamSlotOf(u);
+  if (slot == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("nvme optimizer: unit ", u, " has no swapped parameter shard"));
+  }
+  auto failed = [&](const absl::Status& s) {
+    return absl::Status(
+        s.code(), absl::StrCat("offload.nvme_path '", store_->path(), "': reading ", slot->name,
+                               " for its gather failed: ", s.message()));
+  };
+  if (!shard_reads_[u].empty()) {
+    ShardRead r = std::move(shard_reads_[u].front());
+    shard_reads_[u].pop_front();
+    if (absl::Status s = r.read.Wait(); !s.ok()) return failed(s);
+    ++stats_.shard_reads_ahead;
+    return use(r.lease.data());  // the lease goes back to the ring on return
+  }
+  if (slot->bytes > 0) {
+    const CopyHandle read = queue_->SwapInPlace({{.key = KeyOf(u, *slot, committed_),
+                                                  .offset = 0,
+                                                  .length = static_cast<size_t>(slot->bytes)}},
+                                                grad_staging_);
+    if (absl::Status s = read.Wait(); !s.ok()) return failed(s);
+  }
+  ++stats_.shard_reads_at_gather;
+  return use(grad_staging_.data());
+}
+
+void NvmeOptimizer::DropShardReads() {
+  for (std::deque<ShardRead>& reads : shard_reads_) {
+    for (const ShardRead& r : reads) r.read.Wait().IgnoreError();  // scratch: dropped
+    reads.clear();
+  }
+}
+
+void NvmeOptimizer::BeginRestore() {
+  Discard(first_ahead_);
+  DropShardReads();
+  restoring_ = committed_ + 1;
+}
 
 absl::Status NvmeOptimizer::WriteBuffer(const std::string& name, const void* data, int64_t bytes) {
   if (restoring_ == 0) return absl::FailedPreconditionError("nvme optimizer: no restore begun");

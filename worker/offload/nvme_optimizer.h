@@ -16,6 +16,15 @@
 // generation or the new one whole, never a mix. A failed write fails the step before any
 // commit, naming the store's path and the bytes.
 //
+// Read ahead of the step: ReadFirstUnitAhead, called once the backward has ended, queues the
+// first unit's reads (when the ring has the buffers free), so the step starts with them in
+// flight or done instead of issuing them then.
+//
+// With swapped parameters, the gathers of the forward and the backward read the committed
+// shards through the same queue and ring (ReadShardAhead / WithShard): ahead of the gather
+// when the ring has a buffer free, else when the gather needs it, into a staging buffer. Those
+// reads count in the swap statistics like the step's own.
+//
 // A unit's states are packed into as few ring buffers as hold them (first fit, each extent on
 // a 4096-byte boundary): at least 2 + that many buffers are needed (Create refuses fewer); with
 // 2 + twice as many, every read-ahead overlaps the previous unit's update.
@@ -31,9 +40,11 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +119,20 @@ class NvmeOptimizer {
                     const std::vector<Tensor>& grads, float lr, float grad_scale,
                     uint64_t seed = 0);
 
+  // Queues the reads of the first unit's states for the next Step, if the ring has their
+  // buffers free now (else Step issues them itself). A restore drops them.
+  void ReadFirstUnitAhead();
+
+  // offload.params NVME, the gathers' reads (ShardingEngine::SwappedShards), unit u of the
+  // optimizer's units: ReadShardAhead queues the read of u's committed shard into a free ring
+  // buffer (nothing when none is free); WithShard calls `use` with the bytes of the oldest read
+  // queued for u, waited for, or of a read made now into a staging buffer, and frees the
+  // buffer; DropShardReads waits for the reads no WithShard took and frees their buffers.
+  // The read's errors name the unit and the store's path.
+  void ReadShardAhead(int u);
+  absl::Status WithShard(int u, const std::function<absl::Status(const void*)>& use);
+  void DropShardReads();
+
   // The committed bytes of the plan's state buffer `name` ("<unit>.<state>"), read into a
   // ring buffer and valid until the next call of any method: a checkpoint's source.
   // NotFound for a buffer this optimizer does not swap.
@@ -136,6 +161,11 @@ class NvmeOptimizer {
     int64_t swap_bytes_out = 0;
     double swap_seconds_in = 0;
     double swap_seconds_out = 0;
+    // Gathers served by a shard read queued ahead of them, and by one made when they needed
+    // it (offload.params NVME); steps whose first unit's reads were queued before Step.
+    int64_t shard_reads_ahead = 0;
+    int64_t shard_reads_at_gather = 0;
+    int64_t first_unit_reads_ahead = 0;
   };
   Stats stats() const;
 
@@ -162,9 +192,10 @@ class NvmeOptimizer {
     std::vector<Slot> slots;
     int bins = 0;
   };
-  // A unit's states on their way in: its ring buffers and their reads.
+  // A unit's states on their way in: its ring buffers and their reads (of `generation`).
   struct Pending {
     int unit = -1;
+    uint64_t generation = 0;
     std::vector<offload::PinnedLease> bins;
     std::vector<offload::CopyHandle> reads;
   };
@@ -192,6 +223,10 @@ class NvmeOptimizer {
   Tensor ParamsOf(const Pending& pending, int64_t n) const;
   absl::StatusOr<const Slot*> FindSlot(const std::string& name, int* unit) const;
   int64_t GenerationBytes() const;
+  // Waits for `pending`'s reads and gives its buffers back to the ring.
+  static void Discard(std::optional<Pending>& pending);
+  // Unit u's swapped parameter shard slot; nullptr without one.
+  const Slot* ParamSlotOf(int u) const;
 
   Optimizer optimizer_;
   std::vector<std::string> unit_names_;
@@ -206,8 +241,15 @@ class NvmeOptimizer {
   std::unique_ptr<offload::CopyQueue> queue_;
   offload::PinnedLease grad_staging_, param_staging_;
   uint64_t committed_ = 0;
-  uint64_t restoring_ = 0;  // the generation a restore writes; 0: none begun
-  Stats stats_;             // the copies and updates (the swap's come from the queue)
+  uint64_t restoring_ = 0;              // the generation a restore writes; 0: none begun
+  Stats stats_;                         // the copies and updates (the swap's come from the queue)
+  std::optional<Pending> first_ahead_;  // ReadFirstUnitAhead's unit 0, for the next Step
+  // Per unit, the shard reads queued ahead of gathers, oldest first.
+  struct ShardRead {
+    offload::PinnedLease lease;
+    offload::CopyHandle read;
+  };
+  std::vector<std::deque<ShardRead>> shard_reads_;
 };
 
 }  // namespace zt

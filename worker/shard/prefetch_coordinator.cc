@@ -21,6 +21,16 @@ PrefetchCoordinator::PrefetchCoordinator(UnitRegistry* registry, std::vector<Ten
 void PrefetchCoordinator::Begin(std::vector<UnitUse> uses) {
   uses_ = std::move(uses);
   issued_through_ = -1;
+  read_through_ = -1;
+  // Which uses gather: the pass starts with every unit sharded (End released them), and a
+  // unit stays held after a use that does not release it, so its next use gathers nothing.
+  gathers_.assign(uses_.size(), false);
+  std::vector<bool> held(pool_slot_of_.size(), false);
+  for (size_t j = 0; j < uses_.size(); ++j) {
+    const int unit = uses_[j].unit;
+    gathers_[j] = !held[unit];
+    held[unit] = !uses_[j].release_after;
+  }
 }
 
 absl::Status PrefetchCoordinator::Issue(int unit) {
@@ -48,6 +58,14 @@ absl::StatusOr<Tensor> PrefetchCoordinator::Acquire(int i) {
     ZT_RETURN_IF_ERROR(Issue(uses_[j].unit));
     issued_through_ = j;
   }
+  if (read_ahead_) {
+    const int read_last =
+        std::min<int>(last + std::max(prefetch_, 1), static_cast<int>(uses_.size()) - 1);
+    for (int j = std::max(read_through_ + 1, last + 1); j <= read_last; ++j) {
+      if (gathers_[j]) read_ahead_(uses_[j].unit);
+      read_through_ = j;
+    }
+  }
   // A unit seen ahead while still held from an earlier use, and released since, gathers now.
   ZT_RETURN_IF_ERROR(Issue(uses_[i].unit));
   return registry_->AwaitGathered(uses_[i].unit);
@@ -58,7 +76,9 @@ absl::Status PrefetchCoordinator::End() {
   std::fill(pool_free_.begin(), pool_free_.end(), true);
   std::fill(pool_slot_of_.begin(), pool_slot_of_.end(), -1);
   uses_.clear();
+  gathers_.clear();
   issued_through_ = -1;
+  read_through_ = -1;
   return s;
 }
 

@@ -16,6 +16,12 @@
 // slots. Since at most k + 1 pooled units are held at once (the one computed and k ahead) and
 // a use's unit is released before the next use issues its gathers, a slot is always free;
 // running out is reported as an internal error rather than overwriting a held buffer.
+//   4. Read-ahead (optional, SetReadAhead): when use i issues the gathers through use i + k,
+//      it also announces the units of the next max(k, 1) uses that will gather (those whose
+//      unit is not still held from an earlier use of the pass), each use once, in sequence
+//      order. A gather whose shard must first be read from slower memory (offload.params
+//      NVME) then finds it read while the uses before it compute: its read runs max(k, 1)
+//      uses ahead of the gather's issue, the gather k uses ahead of the use.
 //
 // Not thread-safe: the rank's compute thread owns it.
 #pragma once
@@ -38,11 +44,16 @@ class PrefetchCoordinator {
  public:
   // Issues the all-gather of unit u's shard into `full` (the unit's padded size, or more).
   using GatherFn = std::function<absl::StatusOr<CommHandle>(int u, const Tensor& full)>;
+  // Announces that unit u will be gathered, ahead of the gather (ordering rule 4).
+  using ReadAheadFn = std::function<void(int u)>;
 
   // `dedicated[u]`: unit u's own buffer, or empty to use the pool. `registry` must outlive
   // the coordinator.
   PrefetchCoordinator(UnitRegistry* registry, std::vector<Tensor> pool,
                       std::vector<Tensor> dedicated, int prefetch, GatherFn gather);
+
+  // Set before a pass begins; empty (the default): no announcements.
+  void SetReadAhead(ReadAheadFn read_ahead) { read_ahead_ = std::move(read_ahead); }
 
   // Starts a pass over `uses`.
   void Begin(std::vector<UnitUse> uses);
@@ -68,6 +79,9 @@ class PrefetchCoordinator {
   GatherFn gather_;
   std::vector<UnitUse> uses_;
   int issued_through_ = -1;  // the last use whose gather was considered
+  ReadAheadFn read_ahead_;
+  std::vector<bool> gathers_;  // per use of the pass: whether it gathers its unit
+  int read_through_ = -1;      // the last use announced to read_ahead_
 };
 
 }  // namespace zt

@@ -299,25 +299,34 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
     return comms_.shard_group->AllGather(Flat(params_[u], 0, s.shard_numel),
                                          Flat(full, 0, s.padded), label);
   }
-  const void* host = params_[u].raw();
-  if (params_swapped_) {
-    if (!read_swapped_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("sharding engine: ", model_->layout().units[u].name,
-                       "'s shard is swapped (offload.params NVME) and no reader was set"));
-    }
-    ZT_ASSIGN_OR_RETURN(host, read_swapped_(u));
-  }
   // The host shard goes up into this rank's own slot of the gather buffer, after whatever
   // compute was issued before (the buffer's previous unit may still be read there), and the
   // all-gather fills the other slots around it: no staging beyond the buffer the plan holds.
   const Tensor slot = Flat(full, s.offset, s.shard_numel);
-  const auto start = Clock::now();
-  ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
-  ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), host, slot.size_bytes()));
-  param_upload_bytes_ += slot.size_bytes();
-  param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+  auto upload = [&](const void* host) -> absl::Status {
+    const auto start = Clock::now();
+    ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
+    ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), host, slot.size_bytes()));
+    param_upload_bytes_ += slot.size_bytes();
+    param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+    return absl::OkStatus();
+  };
+  if (params_swapped_) {
+    if (!swapped_.with_shard) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sharding engine: ", model_->layout().units[u].name,
+                       "'s shard is swapped (offload.params NVME) and no reader was set"));
+    }
+    ZT_RETURN_IF_ERROR(swapped_.with_shard(u, upload));
+  } else {
+    ZT_RETURN_IF_ERROR(upload(params_[u].raw()));
+  }
   return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);
+}
+
+void ShardingEngine::SetSwappedParams(SwappedShards shards) {
+  swapped_ = std::move(shards);
+  if (prefetch_ != nullptr && swapped_.read_ahead) prefetch_->SetReadAhead(swapped_.read_ahead);
 }
 
 std::string ShardingEngine::Label(int t, const char* what) const {
@@ -484,7 +493,9 @@ absl::Status ShardingEngine::FinishUse() {
 
 absl::Status ShardingEngine::EndPass() {
   if (stage_ < 3) return absl::OkStatus();
-  return prefetch_->End();
+  absl::Status s = prefetch_->End();
+  if (swapped_.drop_read_ahead) swapped_.drop_read_ahead();
+  return s;
 }
 
 absl::StatusOr<Tensor> ShardingEngine::ForwardToHead(const DeviceContext& ctx) {
@@ -557,6 +568,7 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   if (last) ZT_RETURN_IF_ERROR(GradientReady(0));
   std::move(end_pass).Cancel();
   ZT_RETURN_IF_ERROR(EndPass());
+  if (last && backward_ended_) backward_ended_();
   if (last) ZT_RETURN_IF_ERROR(FinishReductions(ctx));
   return absl::OkStatus();
 }

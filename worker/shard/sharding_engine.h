@@ -25,9 +25,12 @@
 // host shards, which the host optimizer updates in place. With offload.params NVME the shards
 // are extents of the node's swap store, owned by the rank's NVMe optimizer (which updates them
 // with the states and commits them in its generation): SetSwappedParams gives the engine the
-// reader of the committed shard (into a pinned ring buffer), and a gather reads the shard,
-// uploads it into its slot and all-gathers in place as above; param_views() then have the
-// shards' dtype and size and no memory.
+// reads of the committed shards (into pinned ring buffers, on the swap store's copy queue).
+// The prefetch coordinator announces each gather max(prefetch_units, 1) uses before it issues
+// it, and the shard's read is queued then, so it runs while those uses compute; the gather
+// then waits for it (or reads it itself when the ring had no buffer free), uploads it into its
+// slot and all-gathers in place as above. param_views() then have the shards' dtype and size
+// and no memory.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
@@ -189,11 +192,25 @@ class ShardingEngine {
   // store (offload.params NVME).
   bool params_on_host() const { return params_on_host_; }
   bool params_swapped() const { return params_swapped_; }
-  // Swapped shards: `read(u)` returns model unit u's committed shard (the plan's
-  // "<unit>.params" bytes) in host memory valid until the next read. Set before the first
-  // pass; a gather without it fails with FailedPrecondition.
-  using ShardReader = std::function<absl::StatusOr<const void*>(int u)>;
-  void SetSwappedParams(ShardReader read) { read_swapped_ = std::move(read); }
+  // Swapped shards (offload.params NVME): where a gather's shard comes from, model unit u's
+  // committed "<unit>.params" bytes. Set before the first pass; a gather without it fails with
+  // FailedPrecondition.
+  struct SwappedShards {
+    // Queues the read of unit u's shard ahead of its gather (PrefetchCoordinator's rule 4),
+    // best effort: with no ring buffer free, the gather reads it itself.
+    std::function<void(int u)> read_ahead;
+    // Calls `use` with unit u's shard in host memory (the oldest read queued for u, waited
+    // for, or a read made now), valid during the call; `use`'s status, or the read's error.
+    std::function<absl::Status(int u, const std::function<absl::Status(const void*)>& use)>
+        with_shard;
+    // Waits for the reads no gather took (a pass that ended early) and frees their buffers.
+    std::function<void()> drop_read_ahead;
+  };
+  void SetSwappedParams(SwappedShards shards);
+  // Called once the backward of a step's last micro-batch has ended, before the step waits for
+  // its gradient reductions: the NVMe optimizer queues its first unit's reads there, so they
+  // overlap the reductions' tail and the statistics (offload.optimizer NVME).
+  void SetBackwardEnded(std::function<void()> hook) { backward_ended_ = std::move(hook); }
   // Parameter bytes copied host → device before gathers so far, and the seconds it took.
   int64_t param_upload_bytes() const { return param_upload_bytes_; }
   double param_upload_seconds() const { return param_upload_s_; }
@@ -265,7 +282,8 @@ class ShardingEngine {
   // offload.params CPU: the shards are host memory, uploaded into each gather's own slot.
   bool params_on_host_ = false;
   bool params_swapped_ = false;  // offload.params NVME
-  ShardReader read_swapped_;
+  SwappedShards swapped_;
+  std::function<void()> backward_ended_;
   DeviceCopyEngine* copies_ = nullptr;
   int64_t param_upload_bytes_ = 0;
   double param_upload_s_ = 0;

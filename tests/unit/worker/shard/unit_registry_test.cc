@@ -3,8 +3,10 @@
 #include "worker/shard/unit_registry.h"
 
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/comm_handle_state.h"
@@ -91,6 +93,7 @@ class PrefetchCoordinatorTest : public ::testing::Test {
         registry_.get(), std::move(pool), std::move(dedicated), prefetch,
         [this](int u, const Tensor&) -> absl::StatusOr<CommHandle> {
           issued_.push_back(u);
+          if (log_ != nullptr) log_->push_back(absl::StrCat("g", u));
           // Gathers complete at once: the ordering is what is under test.
           ManualHandle h;
           h.Complete();
@@ -101,6 +104,7 @@ class PrefetchCoordinatorTest : public ::testing::Test {
   std::vector<std::vector<float>> storage_;
   std::unique_ptr<PrefetchCoordinator> coordinator_;
   std::vector<int> issued_;
+  std::vector<std::string>* log_ = nullptr;  // also logs each gather as "g<unit>" when set
 };
 
 TEST_F(PrefetchCoordinatorTest, IssuesGathersAheadInSequenceOrder) {
@@ -146,6 +150,38 @@ TEST_F(PrefetchCoordinatorTest, RunningOutOfBuffersIsAnErrorNotAnOverwrite) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(second.status().message(), HasSubstr("no free gather buffer"));
   ASSERT_TRUE(coordinator_->End().ok());
+}
+
+// Read-ahead (rule 4): each gather's unit is announced max(k, 1) uses before the gather is
+// issued, so a shard read from NVMe runs while those uses compute. The log interleaves the
+// announcements ("r"), the gathers ("g") and the ends of uses ("f"): a unit's read precedes
+// its gather by at least one finished use, except for the first k + 1 gathers, issued
+// together at the pass's first Acquire; a use whose unit is still held announces nothing.
+TEST_F(PrefetchCoordinatorTest, AnnouncesReadsAheadOfTheGathers) {
+  for (int prefetch : {1, 2}) {
+    Make(prefetch, /*dedicated_first=*/false);
+    std::vector<std::string> log;
+    log_ = &log;
+    coordinator_->SetReadAhead([&](int u) { log.push_back(absl::StrCat("r", u)); });
+    std::vector<UnitUse> uses = {{0, true}, {1, true}, {2, true}, {3, true}, {4, false},
+                                 {4, true}, {3, true}, {2, true}, {1, true}};
+    coordinator_->Begin(uses);
+    for (int i = 0; i < static_cast<int>(uses.size()); ++i) {
+      ASSERT_TRUE(coordinator_->Acquire(i).ok()) << i;
+      ASSERT_TRUE(coordinator_->Finish(i).ok()) << i;
+      log.push_back(absl::StrCat("f", i));
+    }
+    ASSERT_TRUE(coordinator_->End().ok());
+    if (prefetch == 1) {
+      EXPECT_THAT(
+          log, ElementsAre("g0", "g1", "r2", "f0", "g2", "r3", "f1", "g3", "r4", "f2", "g4", "f3",
+                           "r3", "f4", "g3", "r2", "f5", "g2", "r1", "f6", "g1", "f7", "f8"));
+    } else {
+      EXPECT_THAT(
+          log, ElementsAre("g0", "g1", "g2", "r3", "r4", "f0", "g3", "f1", "g4", "r3", "f2", "r2",
+                           "f3", "g3", "r1", "f4", "g2", "f5", "g1", "f6", "f7", "f8"));
+    }
+  }
 }
 
 }  // namespace

@@ -107,6 +107,7 @@ struct RunResult {
   std::vector<std::vector<int64_t>> arena_bytes;  // per rank, BytesInUse by category
   std::vector<int64_t> crossing_bytes_last_step;  // per rank, up + down in the last step
   std::vector<StepRecord> last_step;              // per rank
+  std::vector<NvmeOptimizer::Stats> nvme_stats;   // per rank, at the end (offload.optimizer NVME)
 };
 
 // Bitwise: the host step is the device step's arithmetic on the same values in the same order.
@@ -202,6 +203,7 @@ class OffloadRunTest : public ::testing::Test {
     result.arena_bytes.resize(n);
     result.crossing_bytes_last_step.resize(n);
     result.last_step.resize(n);
+    result.nvme_stats.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::vector<std::string>> unclaimed(n);
     std::vector<std::thread> threads;
@@ -243,6 +245,9 @@ class OffloadRunTest : public ::testing::Test {
           if (!run.ok()) return run;
           if (counted != nullptr) {
             (*counted)[r].pinned_bytes_while_training = (*counted)[r].pinned.bytes;
+          }
+          if ((*t)->nvme_optimizer() != nullptr) {
+            result.nvme_stats[r] = (*t)->nvme_optimizer()->stats();
           }
           result.plans[r] = (*t)->plan();
           for (int c = 0; c < kMemoryCategoryCount; ++c) {

@@ -281,6 +281,8 @@ TEST_F(OffloadTrainingTest, OptimizerNvmeEqualsNoOffloadBitForBit) {
             EXPECT_EQ(swapped.last_step[r].swap_bytes_out, logical) << what << " rank " << r;
             EXPECT_GT(swapped.last_step[r].swap_out_s, 0) << what;
             EXPECT_EQ(plain.last_step[r].swap_bytes_in, 0) << what;
+            // Every step's first unit was read once the backward ended, before the step.
+            EXPECT_EQ(swapped.nvme_stats[r].first_unit_reads_ahead, 4) << what << " rank " << r;
           }
         }
       }

@@ -8,12 +8,17 @@
 // the plan's device categories, smaller by exactly the parameter shards; the shards cross the
 // copy engine once per gather and never on the optimizer's way; checkpoints resume bit for bit.
 // With NVME (beside optimizer NVME) the shards are swapped with the states: the same checks.
+#include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "offload/io_engine.h"
+#include "offload/swap_env.h"
 #include "tests/unit/worker/trainer/offload_runs.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
@@ -70,6 +75,33 @@ void ExpectOneUploadPerGather(const JobSpec& job, const RunResult& run, const Ru
             reference.crossing_bytes_last_step[rank] - other.offload_bytes_to_host -
                 other.offload_bytes_to_device + grads_down + uploads)
       << what << " rank " << rank;
+}
+
+// The overlap of offload.params NVME (PrefetchCoordinator's rule 4 with the NVMe optimizer's
+// ring, and its first unit read at the end of the backward), counted over `steps` steps of
+// one forward-backward pass each of the tied GPT-2 (reshard_after_forward): in a pass, the
+// gathers of the first prefetch_units + 1 uses are issued together at its start and read their
+// shards then; every later gather finds its shard read ahead (the ring's free buffers hold
+// max(prefetch_units, 1) reads). Each step's optimizer found its first unit's reads queued.
+void ExpectReadsAhead(const JobSpec& job, const NvmeOptimizer::Stats& stats, int64_t steps,
+                      const std::string& what) {
+  const int n_units = static_cast<int>(BuildModelLayout(job.model()).units.size());
+  const int k = job.parallel().prefetch_units();
+  ASSERT_LE(std::max(k, 1), job.offload().buffer_count() - 2) << what << ": the ring's room";
+  // The pass's uses: the embedding (kept, tied), the blocks, the head (kept), then the head
+  // again (no gather) and the blocks back.
+  std::vector<bool> gathers = {true};
+  for (int u = 1; u < n_units; ++u) gathers.push_back(true);
+  gathers.push_back(false);
+  for (int u = n_units - 2; u >= 1; --u) gathers.push_back(true);
+  int64_t at_start = 0, all = 0;
+  for (int j = 0; j < static_cast<int>(gathers.size()); ++j) {
+    all += gathers[j];
+    if (j <= k) at_start += gathers[j];
+  }
+  EXPECT_EQ(stats.shard_reads_at_gather, steps * at_start) << what;
+  EXPECT_EQ(stats.shard_reads_ahead, steps * (all - at_start)) << what;
+  EXPECT_EQ(stats.first_unit_reads_ahead, steps) << what;
 }
 
 TEST_F(ParamOffloadTrainingTest, ParamsCpuEqualsNoOffloadBitForBit) {
@@ -240,13 +272,92 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeEqualsNoOffloadBitForBit) {
                       IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
                 << what << " " << MemoryCategoryName(category);
           }
-          // The optimizer's pass swaps every swapped buffer (shards included) in and out.
-          EXPECT_EQ(swapped.last_step[r].swap_bytes_in, logical) << what << " rank " << r;
+          // The optimizer's pass swaps every swapped buffer (shards included) in and out, and
+          // each gather reads its unit's shard once more: the tied embedding and the head once
+          // a step, each block twice (forward and backward).
+          const int head = static_cast<int>(layout.units.size()) - 1;
+          int64_t gathered = 0;
+          for (int u = 0; u <= head; ++u) {
+            const std::string name = layout.units[u].name + ".params";
+            for (const BufferSpec& b : plan.buffers) {
+              if (b.name == name) gathered += ((u == 0 || u == head) ? 1 : 2) * b.bytes();
+            }
+          }
+          EXPECT_EQ(swapped.last_step[r].swap_bytes_in, logical + gathered)
+              << what << " rank " << r;
           EXPECT_EQ(swapped.last_step[r].swap_bytes_out, logical) << what << " rank " << r;
+          ExpectReadsAhead(job, swapped.nvme_stats[r], /*steps=*/4, what);
           ExpectOneUploadPerGather(job, swapped, states_only, r, element, what);
         }
       }
     }
+  }
+}
+
+// The ring's room changes when a shard is read, never what is read: with one buffer free
+// beside the optimizer's two staging buffers and prefetch_units 2, a pass announces two reads
+// at a time and the second finds the ring full, so its gather reads the shard itself. The run
+// still equals the job without offload bit for bit, and every gather read its shard once.
+TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsAtTheGatherWhenTheRingIsFull) {
+  auto job = [&](OffloadConfig::Device optimizer, OffloadConfig::Device params) {
+    JobSpec j = Job(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, optimizer, params);
+    j.mutable_parallel()->set_prefetch_units(2);
+    if (optimizer == OffloadConfig::NVME) j.mutable_offload()->set_buffer_count(3);
+    return j;
+  };
+  const RunResult swapped = Train(job(OffloadConfig::NVME, OffloadConfig::NVME), 4);
+  const RunResult plain = Train(job(OffloadConfig::NONE, OffloadConfig::NONE), 4);
+  ExpectSameRun(swapped, plain, "ring of 3, prefetch 2");
+  const JobSpec validated = ValidatedJob(job(OffloadConfig::NVME, OffloadConfig::NVME)).value();
+  const int n_units = static_cast<int>(BuildModelLayout(validated.model()).units.size());
+  // Gathers a pass: the tied embedding and the head once, each block twice.
+  const int64_t gathers = 2 + 2 * (n_units - 2);
+  for (int r = 0; r < 2; ++r) {
+    const NvmeOptimizer::Stats& stats = swapped.nvme_stats[r];
+    EXPECT_EQ(stats.shard_reads_ahead + stats.shard_reads_at_gather, 4 * gathers) << r;
+    EXPECT_GT(stats.shard_reads_ahead, 0) << r;
+    // More than the three gathers of each pass's first Acquire read at the gather.
+    EXPECT_GT(stats.shard_reads_at_gather, 4 * 3) << r;
+  }
+}
+
+// A swap store whose `fail_read`-th read (counting from 1) fails with EIO, as a bad sector
+// would.
+class FailingReadEnv : public offload::SwapEnv {
+ public:
+  explicit FailingReadEnv(int fail_read) : fail_read_(fail_read) {}
+  absl::Status Run(offload::IoEngine& engine, absl::Span<const offload::IoOp> ops) override {
+    for (const offload::IoOp& op : ops) {
+      if (op.kind == offload::IoOp::Kind::kRead && ++reads_ == fail_read_) {
+        return offload::IoErrnoStatus(EIO, "read", op.path != nullptr ? *op.path : "");
+      }
+    }
+    return SwapEnv::Run(engine, ops);
+  }
+
+ private:
+  const int fail_read_;
+  int reads_ = 0;
+};
+
+// A shard read that fails fails the step, naming the store's path and the shard: the
+// first pass's first two gathers (prefetch_units 1) read their shards when issued, the third
+// read is the first one queued ahead (block.1's, for the pass's third use).
+TEST_F(ParamOffloadTrainingTest, AFailedShardReadNamesTheStoreAndTheShard) {
+  const JobSpec job = Job(1, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, OffloadConfig::NVME,
+                          OffloadConfig::NVME);
+  for (int fail_read : {1, 3}) {
+    FailingReadEnv env(fail_read);
+    const RunResult run = Train(job, 2, "", nullptr, &env);
+    EXPECT_EQ(run.status.code(), absl::StatusCode::kDataLoss) << fail_read << ": " << run.status;
+    EXPECT_THAT(std::string(run.status.message()),
+                ::testing::HasSubstr(absl::StrCat("offload.nvme_path '", (dir_ / "swap").string())))
+        << fail_read;
+    EXPECT_THAT(
+        std::string(run.status.message()),
+        ::testing::HasSubstr(absl::StrCat("reading ", fail_read == 1 ? "embedding" : "block.1",
+                                          ".params for its gather failed")))
+        << fail_read;
   }
 }
 
