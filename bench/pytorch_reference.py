@@ -53,6 +53,8 @@ def parse_args(argv):
                    help="bf16: autocast to bf16 around the forward (fp32 master weights and "
                         "optimizer), as ZeroTrain's bf16 compute dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch 2)")
+    p.add_argument("--adamw-for-loop", action="store_true",
+                   help="CPU: AdamW(foreach=False), the per-tensor loop (less memory, slower)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's dense peak for --precision, for MFU (default on CUDA: "
                         "989.4, an H100 SXM's bf16 dense peak; 494.7 for tf32)")
@@ -277,7 +279,7 @@ class Decoder(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def make_optimizer(model, device):
+def make_optimizer(model, device, for_loop=False):
     # Only linear layers' weight matrices decay (the C++ default, decay_all_parameters
     # false); with tied embeddings the shared matrix is wte, which does not decay.
     decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
@@ -292,9 +294,12 @@ def make_optimizer(model, device):
         opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
         return opt, "AdamW(fused=True)"
     # PyTorch 1.13's AdamW has no fused kernel (fused arrives in 2.x); foreach batches the
-    # update over all tensors, the fastest path it offers.
-    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
-    return opt, "AdamW(foreach=True)"
+    # update over all tensors, the fastest path it offers, at the cost of two temporaries the
+    # size of every parameter (8 bytes a parameter at the step's peak); the per-tensor loop
+    # (--adamw-for-loop) needs them only per tensor: the largest model that fits.
+    foreach = not for_loop
+    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=foreach)
+    return opt, f"AdamW(foreach={foreach})"
 
 
 def flops_per_token(a, n_params):
@@ -321,7 +326,7 @@ def main():
         torch.backends.cudnn.allow_tf32 = False
     model = Decoder(a).to(a.device)
     model.train()
-    opt, opt_desc = make_optimizer(model, a.device)
+    opt, opt_desc = make_optimizer(model, a.device, a.adamw_for_loop)
     n_params = sum(p.numel() for p in model.parameters())
     step_model = model
     if a.compile:

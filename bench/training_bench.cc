@@ -8,7 +8,7 @@
 //                  [--optimizer adamw|adamw8bit|adafactor] [--grad-dtype fp32|bf16]
 //                  [--master fp32|split] [--offload none|cpu|nvme] [--nvme-path DIR]
 //                  [--buffer-count N] [--buffer-size BYTES] [--offload-params cpu|nvme]
-//                  [--n-layer N]
+//                  [--n-layer N] [--lr LR]
 // The memory techniques (bench/RESULTS.md's second table) are the last five flags:
 // --precision bf16 means bf16 parameters and activations with fp32 master weights and fp32
 // gradient accumulation; --grad-dtype bf16 accumulates gradients in bf16 instead, and
@@ -19,7 +19,8 @@
 // needs (one rank: the same arithmetic as stage 0), and the line adds the optimizer's median
 // seconds and the swap's bytes and seconds of the last step. --offload-params (with --offload)
 // moves the parameter shards too (offload.params) and runs at ZeRO stage 3 instead. --n-layer
-// overrides the configuration's depth (to size a model to the machine).
+// overrides the configuration's depth (to size a model to the machine); --lr its learning rate
+// (a few steps of a large model from its random init fall at a smaller one than 6e-4).
 //
 // The data are random tokens (throughput does not depend on them). Peak RSS is the kernel's
 // VmHWM; the baseline is VmRSS after the libraries and the OpenMP pool are up, before the
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   std::string grad_dtype = "fp32", master = "fp32", offload, nvme_path, offload_params;
   int steps = 10, warmup = 2, threads = 2, buffer_count = 4, n_layer = 0;
   int64_t buffer_size = 0;  // 0: the job's default
+  double lr = 0;            // 0: the configuration's (nanoGPT's 6e-4)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--config")
@@ -79,6 +81,8 @@ int main(int argc, char** argv) {
       offload_params = value;
     else if (flag == "--n-layer")
       n_layer = std::atoi(value.c_str());
+    else if (flag == "--lr")
+      lr = std::atof(value.c_str());
     else {
       std::fprintf(stderr, "training_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -96,6 +100,7 @@ int main(int argc, char** argv) {
   const std::string data = dir + "/train.bin";
   zerotrain::JobSpec job = zt::bench::ConfigJob(config, data);
   if (n_layer > 0) job.mutable_model()->set_n_layer(n_layer);
+  if (lr > 0) job.mutable_optimizer()->set_lr(static_cast<float>(lr));
   {
     using P = zerotrain::PrecisionConfig;
     using M = zerotrain::MemoryConfig;
