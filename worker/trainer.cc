@@ -403,19 +403,23 @@ absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
 absl::Status Trainer::InitializeWeights() {
   const zerotrain::ModelConfig& model = job_.model();
   const ModelLayout& layout = model_->layout();
-  // An NF4 base streams in (StreamQuantizedBase). Other imports read the whole model's units
-  // (set-up memory outside the plan); a tensor-parallel rank then keeps its share of each.
-  const bool stream_nf4 =
-      model.base_dtype() == zerotrain::ModelConfig::NF4 && !model.init_from().empty();
-  if (stream_nf4 && IsCheckpoint(model.init_from())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model.init_from: ", model.init_from(),
-        " is a ZeroTrain checkpoint; an NF4 base (model.base_dtype: NF4) streams in from a "
-        "Hugging Face safetensors file or directory only (export the checkpoint with zt export "
-        "first)"));
+  // A quantized (NF4 or INT8) base streams in (StreamQuantizedBase). Other imports read the
+  // whole model's units (set-up memory outside the plan); a tensor-parallel rank then keeps its
+  // share of each.
+  const bool stream_quantized =
+      layout.base_quantization != BaseQuantization::kNone && !model.init_from().empty();
+  if (stream_quantized && IsCheckpoint(model.init_from())) {
+    const std::string base = zerotrain::ModelConfig::BaseDType_Name(model.base_dtype());
+    return absl::FailedPreconditionError(
+        absl::StrCat("model.init_from: ", model.init_from(),
+                     " is a ZeroTrain checkpoint; a quantized base "
+                     "(model.base_dtype: ",
+                     base,
+                     ") streams in from a Hugging Face safetensors file or "
+                     "directory only (export the checkpoint with zt export first)"));
   }
   std::vector<std::vector<float>> imported;
-  if (!model.init_from().empty() && !stream_nf4) {
+  if (!model.init_from().empty() && !stream_quantized) {
     const ModelLayout whole = BuildModelLayout(model);
     std::vector<float*> units;
     for (const UnitLayout& u : whole.units) {
@@ -442,7 +446,7 @@ absl::Status Trainer::InitializeWeights() {
   constexpr int64_t kChunk = int64_t{1} << 18;
   std::vector<float> values(kChunk);
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
-  if (stream_nf4) {
+  if (stream_quantized) {
     ZT_RETURN_IF_ERROR(StreamQuantizedBase(values, chunk.tensor));
     return InitializeAdapters();
   }
@@ -515,12 +519,12 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
   // A LoRA job's base has no master copy; its optimizer is the adapters' (f32, no master).
   if (nvme_optimizer_ || optimizer().has_master()) {
     return absl::InternalError(
-        "model.base_dtype NF4: the base streams into parameters without a master copy, but "
+        "a quantized model.base_dtype: the base streams into parameters without a master copy, but "
         "this job's optimizer keeps one");
   }
   if (!device_->host_addressable()) {
     return absl::UnimplementedError(
-        "model.base_dtype NF4: the base is quantized on the host into memory the device "
+        "a quantized model.base_dtype: the base is quantized on the host into memory the device "
         "shares; this device's memory is not host-addressable");
   }
   const int stage = engine_->stage();
@@ -578,8 +582,8 @@ absl::Status Trainer::InitializeAdapters() {
     return absl::UnimplementedError(
         "model.lora: the adapters are initialised and run on CPU ranks only so far");
   }
-  // NF4: the quantized weights come from the same seeded init as the rest of the base, one
-  // tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase).
+  // NF4 or INT8: the quantized weights come from the same seeded init as the rest of the base,
+  // one tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase).
   if (model.init_from().empty()) {
     ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
   }

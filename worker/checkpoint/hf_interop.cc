@@ -497,10 +497,10 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
   for (size_t i = 0; i < table.size(); ++i) {
     const HfTensor& t = table[i];
     if (t.param->quantized) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": ", t.name,
-                       " goes to an NF4 weight, which ImportHuggingFace cannot fill; "
-                       "use StreamHuggingFace"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", t.name,
+          " goes to a quantized (NF4/INT8) weight, which ImportHuggingFace cannot fill; "
+          "use StreamHuggingFace"));
     }
     float* dst = unit_params[t.unit] + t.unit_begin();
     const int64_t n = t.numel();
