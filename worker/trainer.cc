@@ -1302,14 +1302,26 @@ absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_batches_) return absl::FailedPreconditionError("no data.val to evaluate on");
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
+  // The validation loss is the mean over every target the n · ranks micro-batches count, as
+  // the step's loss is (Step): a packed or padded micro-batch with few counted targets weighs
+  // by its targets, not as much as a full one. Every rank works the total out alone from the
+  // document plan; each micro-batch's mean is weighed by counted · ranks / total, so the sum
+  // over the ranks divided by `ranks` is the token-level mean.
+  int64_t total = 0;
+  for (int64_t k = 0; k < n * ranks; ++k) {
+    ZT_ASSIGN_OR_RETURN(const int64_t counted, val_batches_->CountedTargets(k));
+    total += counted;
+  }
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
   for (int64_t k = 0; k < n; ++k) {
-    ZT_RETURN_IF_ERROR(UploadBatch(*val_batches_, k * ranks + data_rank_).status());
-    ZT_RETURN_IF_ERROR(
-        engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = 1.0}));
+    ZT_ASSIGN_OR_RETURN(const int64_t counted, UploadBatch(*val_batches_, k * ranks + data_rank_));
+    // A micro-batch with nothing counted has a loss of 0 and adds nothing.
+    const double loss_divisor =
+        counted == 0 ? 1.0 : static_cast<double>(total) / static_cast<double>(counted * ranks);
+    ZT_RETURN_IF_ERROR(engine_->ForwardLoss(
+        ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = loss_divisor}));
   }
-  ZT_ASSIGN_OR_RETURN(StepTotals totals,
-                      ReadStatistics(/*stop_request=*/0, /*loss_divisor=*/static_cast<double>(n)));
+  ZT_ASSIGN_OR_RETURN(StepTotals totals, ReadStatistics(/*stop_request=*/0, /*loss_divisor=*/1.0));
   return totals.loss_sum / static_cast<double>(ranks);
 }
 

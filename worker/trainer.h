@@ -176,8 +176,10 @@ class Trainer {
 
   // One optimizer step (the unit Run() is made of).
   absl::StatusOr<StepRecord> Step();
-  // Mean validation loss over eval_steps global micro-batches from the start of data.val
-  // (each rank evaluates its share; a collective).
+  // Validation loss: the mean over every target counted (DocumentSampler::CountedTargets) in
+  // the eval_steps micro-batches of each data-parallel rank from the start of data.val, as
+  // the training loss is a token-level mean over the step (each rank evaluates its share; a
+  // collective).
   absl::StatusOr<double> Evaluate();
 
   const MemoryPlan& plan() const { return plan_; }
