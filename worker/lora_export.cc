@@ -238,20 +238,31 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
   } else {
     ZT_ASSIGN_OR_RETURN(base, ReadBase(saved, layout, ckpt->path()));
   }
+  DType dtype = DType::kF32;
+  if (options.dtype.has_value()) {
+    dtype = *options.dtype;
+  } else if (const std::string& from = saved.model().init_from();
+             !from.empty() && !IsCheckpoint(from)) {
+    ZT_ASSIGN_OR_RETURN(dtype, HuggingFaceWeightsDType(from, merged_model, merged_layout));
+  } else if (saved.precision().param_dtype() == zerotrain::PrecisionConfig::BF16) {
+    dtype = DType::kBF16;
+  } else if (saved.precision().param_dtype() == zerotrain::PrecisionConfig::FP16) {
+    dtype = DType::kF16;
+  }
   std::vector<const float*> pointers;
   for (const std::vector<float>& b : base) pointers.push_back(b.data());
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return durable_file::ErrnoStatus(ec.value(), "create the export directory", out_dir);
   const std::string weights = (std::filesystem::path(out_dir) / kHfWeightsName).string();
-  ZT_RETURN_IF_ERROR(ExportMergedHuggingFace(weights, merged_model, merged_layout, pointers,
-                                             unit_lora, options.dtype));
+  ZT_RETURN_IF_ERROR(
+      ExportMergedHuggingFace(weights, merged_model, merged_layout, pointers, unit_lora, dtype));
   // The merged model is a plain one: its config has no adapters.
   zerotrain::ModelConfig plain = saved.model();
   plain.clear_lora();
   plain.clear_base_dtype();
   plain.clear_int8_threshold();
-  ZT_ASSIGN_OR_RETURN(const nlohmann::json config, HuggingFaceConfig(plain, options.dtype));
+  ZT_ASSIGN_OR_RETURN(const nlohmann::json config, HuggingFaceConfig(plain, dtype));
   ZT_RETURN_IF_ERROR(durable_file::WriteSyncedFile(
       (std::filesystem::path(out_dir) / kHfConfigName).string(), config.dump(2) + "\n"));
   return result;

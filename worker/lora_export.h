@@ -14,6 +14,7 @@
 // did; the merged model is written as the same model without base_dtype.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -29,8 +30,11 @@ absl::StatusOr<bool> IsLoraCheckpoint(const std::string& checkpoint);
 struct LoraExportOptions {
   // false: the PEFT adapter directory; true: the merged Hugging Face model.
   bool merge_adapters = false;
-  // The merged model's dtype (F32, BF16 or F16); unused for the adapters (PEFT's F32).
-  DType dtype = DType::kF32;
+  // The merged model's dtype (F32, BF16 or F16); unused for the adapters (PEFT's F32). Unset:
+  // the base's original dtype, that of model.init_from's Hugging Face weights
+  // (HuggingFaceWeightsDType), else precision.param_dtype (a seeded base, or one from a
+  // ZeroTrain checkpoint); a quantized base merges in the dtype it was quantized from.
+  std::optional<DType> dtype;
 };
 
 struct LoraExportResult {

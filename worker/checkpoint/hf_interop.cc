@@ -520,6 +520,23 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
   return absl::OkStatus();
 }
 
+absl::StatusOr<DType> HuggingFaceWeightsDType(const std::string& path, const ModelConfig& config,
+                                              const ModelLayout& layout) {
+  ZT_ASSIGN_OR_RETURN(const MatchedWeights matched, MatchHuggingFace(path, config, layout));
+  for (size_t i = 0; i < matched.table.size(); ++i) {
+    if (!matched.table[i].param->is_matrix) continue;
+    switch (matched.source[i].info->dtype) {
+      case StDType::kBF16:
+        return DType::kBF16;
+      case StDType::kF16:
+        return DType::kF16;
+      default:
+        return DType::kF32;  // MatchHuggingFace admits float dtypes only
+    }
+  }
+  return DType::kF32;
+}
+
 absl::Status StreamHuggingFace(const std::string& path, const ModelConfig& config,
                                const ModelLayout& layout, const HfTensorSink& sink,
                                int64_t piece_elements) {

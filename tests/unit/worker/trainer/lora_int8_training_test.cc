@@ -130,7 +130,8 @@ TEST_F(LoraInt8TrainingTest, ResumeContinuesBitForBit) {
 
 // model.init_from with INT8: every int8 buffer is bit for bit what quantizing the file's values
 // in process gives (Llama's fused q/k/v and gate/up assembled from their tensors first), the
-// checkpoints leave the base out, and a resume reloads it and continues bit for bit.
+// checkpoints leave the base out, a resume reloads it and continues bit for bit, and the merged
+// export is written in the file's dtype.
 TEST_F(LoraInt8TrainingTest, ABaseFromHuggingFaceIsTheInProcessQuantizationAndResumes) {
   JobSpec job = Int8Job(1, 0, 2);
   job.mutable_train()->set_max_steps(4);
@@ -185,6 +186,25 @@ TEST_F(LoraInt8TrainingTest, ABaseFromHuggingFaceIsTheInProcessQuantizationAndRe
   ASSERT_EQ(resumed.losses.size(), 2u);
   for (size_t s = 0; s < 2; ++s) EXPECT_EQ(resumed.losses[s], uninterrupted.losses[2 + s]);
   EXPECT_TRUE(resumed.base_before == uninterrupted.base_before);
+
+  // The merged model comes out in the base's original dtype (the file's BF16) unless asked
+  // otherwise.
+  const std::string merged = (dir_ / "merged-int8-bf16").string();
+  ASSERT_TRUE(ExportLoraCheckpoint(ckpt.string(), merged, {.merge_adapters = true}).ok());
+  std::unique_ptr<SafetensorsFile> out =
+      SafetensorsFile::Open((std::filesystem::path(merged) / "model.safetensors").string()).value();
+  ASSERT_FALSE(out->tensors().empty());
+  for (const SafetensorsTensorInfo& t : out->tensors()) {
+    EXPECT_EQ(t.dtype, StDType::kBF16) << t.name;
+  }
+  const std::string f32 = (dir_ / "merged-int8-f32").string();
+  ASSERT_TRUE(
+      ExportLoraCheckpoint(ckpt.string(), f32, {.merge_adapters = true, .dtype = DType::kF32})
+          .ok());
+  out = SafetensorsFile::Open((std::filesystem::path(f32) / "model.safetensors").string()).value();
+  for (const SafetensorsTensorInfo& t : out->tensors()) {
+    EXPECT_EQ(t.dtype, StDType::kF32) << t.name;
+  }
 }
 
 // The merged export of an INT8 base: W̃ (the int8 codes read back, Int8DequantizeWeight: what
