@@ -155,10 +155,9 @@ TEST_F(LoraInt8TrainingTest, ABaseFromHuggingFaceIsTheInProcessQuantizationAndRe
         std::vector<float> scales(static_cast<size_t>(p.shape[0]));
         const Int8Weight want{.codes = Tensor(codes.data(), DType::kU8, {p.shape[0], p.shape[1]}),
                               .scales = Tensor(scales.data(), DType::kF32, {p.shape[0]})};
-        ASSERT_TRUE(Int8QuantizeWeight(
-                        CpuContext(1),
-                        {.src = Tensor(values.data(), DType::kF32, {p.shape[0], p.shape[1]}),
-                         .dst = want})
+        ASSERT_TRUE(Int8QuantizeWeight(CpuContext(1), {.src = Tensor(values.data(), DType::kF32,
+                                                                     {p.shape[0], p.shape[1]}),
+                                                       .dst = want})
                         .ok());
         const Int8Weight* got = (*t)->model().Int8QuantizedWeight(static_cast<int>(u), p.name);
         ASSERT_NE(got, nullptr) << p.name;
@@ -241,9 +240,9 @@ TEST_F(LoraInt8TrainingTest, MergedExportIsTheReadBackBasePlusTheAdapters) {
     const Int8Weight q{.codes = Tensor(bytes("codes"), DType::kU8, {w.shape[0], w.shape[1]}),
                        .scales = Tensor(bytes("scales"), DType::kF32, {w.shape[0]})};
     std::vector<float> read_back(static_cast<size_t>(w.numel));
-    ASSERT_TRUE(Int8DequantizeWeight(
-                    CpuContext(1),
-                    {.src = q, .dst = Tensor(read_back.data(), DType::kF32, {w.shape[0], w.shape[1]})})
+    ASSERT_TRUE(Int8DequantizeWeight(CpuContext(1), {.src = q,
+                                                     .dst = Tensor(read_back.data(), DType::kF32,
+                                                                   {w.shape[0], w.shape[1]})})
                     .ok());
     const double scale = validated.model().lora().alpha() / validated.model().lora().rank();
     const float* adapters = run.adapters[0][2].data();
