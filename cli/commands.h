@@ -69,7 +69,8 @@ struct ExportFlags {
   std::string checkpoint;
   std::string format = "hf";
   std::string out;
-  std::string dtype = "fp32";
+  // fp32, bf16 or fp16; empty: fp32, or for a merged LoRA model the base's own dtype.
+  std::string dtype;
   int64_t max_shard_bytes = 5'000'000'000;  // transformers' default "5GB"
   // A LoRA job's checkpoint: the merged model (W + scale·B·A) instead of the PEFT adapters.
   bool merge_adapters = false;

@@ -41,7 +41,7 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
         absl::StrFormat("--zero-stage: must be in 0..3 (got %d)", job.parallel().zero_stage()));
   }
   const MemoryPlan plan = PlanMemory(job);
-  // Every parameter of the model: total_numel counts an NF4 base's quantized weights too.
+  // Every parameter of the model: total_numel counts a quantized base's weights too.
   const ModelLayout layout = BuildModelLayout(job.model());
   const int64_t params = layout.total_numel;
   const std::string name = job.name().empty() ? "job" : job.name();

@@ -4,6 +4,7 @@
 // A LoRA job's checkpoint becomes its PEFT adapter directory, or with --merge-adapters the
 // merged model (worker/lora_export.h).
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,7 +20,7 @@ absl::Status RunExport(const ExportFlags& flags) {
         absl::StrCat("--format: '", flags.format, "' is not a known format; only hf"));
   }
   CheckpointExportOptions options;
-  if (flags.dtype == "fp32") {
+  if (flags.dtype.empty() || flags.dtype == "fp32") {
     options.dtype = DType::kF32;
   } else if (flags.dtype == "bf16") {
     options.dtype = DType::kBF16;
@@ -37,9 +38,10 @@ absl::Status RunExport(const ExportFlags& flags) {
   absl::StatusOr<bool> lora = IsLoraCheckpoint(flags.checkpoint);
   if (!lora.ok()) return lora.status();
   if (*lora) {
-    absl::StatusOr<LoraExportResult> exported =
-        ExportLoraCheckpoint(flags.checkpoint, flags.out,
-                             {.merge_adapters = flags.merge_adapters, .dtype = options.dtype});
+    absl::StatusOr<LoraExportResult> exported = ExportLoraCheckpoint(
+        flags.checkpoint, flags.out,
+        {.merge_adapters = flags.merge_adapters,
+         .dtype = flags.dtype.empty() ? std::nullopt : std::optional<DType>(options.dtype)});
     if (!exported.ok()) return exported.status();
     if (!flags.quiet) {
       std::fprintf(stderr, "zt: exported step %lld of %s to %s (%s)\n",

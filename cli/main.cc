@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
       ->required();
   export_cmd->add_option("--format", export_flags.format, "hf (default)");
   export_cmd->add_option("--out", export_flags.out, "Output directory")->required();
-  export_cmd->add_option("--dtype", export_flags.dtype, "fp32 (default), bf16 or fp16");
+  export_cmd->add_option("--dtype", export_flags.dtype,
+                         "fp32 (default; --merge-adapters: the base's own dtype), bf16 or fp16");
   export_cmd->add_option("--max-shard-bytes", export_flags.max_shard_bytes,
                          "Split the weights into files of at most this many bytes "
                          "(default 5000000000)");

@@ -53,6 +53,18 @@ absl::Status Int8QuantizeWeight(const DeviceContext& ctx, const Int8QuantizeWeig
   return cpu::Int8QuantizeWeight(ctx, args);
 }
 
+absl::Status Int8DequantizeWeight(const DeviceContext& ctx, const Int8DequantizeWeightArgs& args) {
+  constexpr const char* kOp = "Int8DequantizeWeight";
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(kOp, "dst", args.dst, ctx));
+  ZT_RETURN_IF_ERROR(CheckDType(kOp, "dst", args.dst, DType::kF32));
+  ZT_RETURN_IF_ERROR(internal::CheckRank(kOp, "dst", args.dst, 2));
+  ZT_RETURN_IF_ERROR(CheckWeight(kOp, args.src, ctx, args.dst.dim(0), args.dst.dim(1)));
+  ZT_RETURN_IF_ERROR(CpuOnly(kOp, ctx));
+  cpu::Int8DequantizeWeight(ctx, args);
+  return absl::OkStatus();
+}
+
 absl::Status Int8LinearForward(const DeviceContext& ctx, const Int8LinearForwardArgs& args) {
   constexpr const char* kOp = "Int8LinearForward";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));

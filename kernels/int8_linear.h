@@ -54,6 +54,15 @@ struct Int8QuantizeWeightArgs {
 // A row of zeros gets scale 0 and codes 0. InvalidArgument names a non-finite element.
 absl::Status Int8QuantizeWeight(const DeviceContext& ctx, const Int8QuantizeWeightArgs& args);
 
+struct Int8DequantizeWeightArgs {
+  Int8Weight src;
+  Tensor dst;  // (N, K) f32: W̃[n, k] = Wq[n, k] · (w_n / 127), the value the layer computes with
+};
+// The read-back weight, rounded as the forward's outlier term and the backward round it (the
+// f32 product of the code and w_n / 127): a merge or a reference uses the very W̃ the layer
+// used. For export and tests; the layer itself never dequantizes the whole weight.
+absl::Status Int8DequantizeWeight(const DeviceContext& ctx, const Int8DequantizeWeightArgs& args);
+
 struct Int8LinearForwardArgs {
   Tensor inp;  // (M, K)
   Int8Weight weight;

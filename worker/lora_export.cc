@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/int8_linear.h"
 #include "kernels/nf4.h"
 #include "kernels/status_macros.h"
 #include "kernels/tensor.h"
@@ -53,14 +54,14 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadBase(const zerotrain::JobSpe
   return base;
 }
 
-// Reads one NF4 buffer `name` of the checkpoint's rank 0 file (an NF4 base is whole on every
-// rank) into `dst`, checking its size.
-absl::Status ReadNf4Buffer(const SafetensorsFile& file, const std::string& name,
-                           const Tensor& dst) {
+// Reads one quantized-base buffer `name` of the checkpoint's rank 0 file (a quantized base is
+// whole on every rank) into `dst`, checking its size.
+absl::Status ReadQuantizedBuffer(const SafetensorsFile& file, const std::string& name,
+                                 const Tensor& dst) {
   const SafetensorsTensorInfo* info = file.Find(name);
   if (info == nullptr) {
     return absl::DataLossError(
-        absl::StrCat(file.path(), " has no tensor ", name, " (a seeded NF4 base is saved)"));
+        absl::StrCat(file.path(), " has no tensor ", name, " (a seeded quantized base is saved)"));
   }
   const absl::Span<const uint8_t> bytes = file.Bytes(*info);
   if (static_cast<int64_t>(bytes.size()) != dst.size_bytes()) {
@@ -71,13 +72,55 @@ absl::Status ReadNf4Buffer(const SafetensorsFile& file, const std::string& name,
   return absl::OkStatus();
 }
 
-// The f32 base an NF4 job trained against, in the layout of its model without base_dtype
-// (`plain_layout`: the quantized weights back in the flat buffers): what the NF4 weights
-// dequantize to. From model.init_from, the file's values quantized as the job's start
-// quantized them (StreamQuantizedBase) and dequantized; from a seeded job, the checkpoint's
-// "<unit>.params" (the unquantized rest) and "<unit>.nf4.*" buffers.
+// Quantized weight p of `unit` in f32 as the job computed with it, into `values` ((numel) f32):
+// with `rank0` its saved buffers dequantized; without, `values` (the file's weight) quantized
+// as the job's start quantized it (StreamQuantizedBase), then dequantized.
+absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layout,
+                               const UnitLayout& unit, const ParamSpec& p,
+                               const SafetensorsFile* rank0, const Tensor& values) {
+  if (layout.base_quantization == BaseQuantization::kInt8) {
+    const int64_t rows = p.shape[0], cols = p.shape[1];
+    std::vector<uint8_t> codes(static_cast<size_t>(p.numel));
+    std::vector<float> scales(static_cast<size_t>(rows));
+    const Int8Weight w{.codes = Tensor(codes.data(), DType::kU8, {rows, cols}),
+                       .scales = Tensor(scales.data(), DType::kF32, {rows})};
+    const Tensor matrix(values.raw(), DType::kF32, {rows, cols});
+    if (rank0 == nullptr) {
+      ZT_RETURN_IF_ERROR(Int8QuantizeWeight(ctx, {.src = matrix, .dst = w}));
+    } else {
+      const std::string prefix = Int8BufferPrefix(unit, p);
+      ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "codes", w.codes));
+      ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "scales", w.scales));
+    }
+    return Int8DequantizeWeight(ctx, {.src = w, .dst = matrix});
+  }
+  const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+  std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
+  std::vector<float> scale(l.absmax_groups), offset(1);
+  const Nf4Tensor w{.numel = p.numel,
+                    .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
+                    .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
+                    .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
+                    .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+  if (rank0 == nullptr) {
+    ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = w}));
+  } else {
+    const std::string prefix = Nf4BufferPrefix(unit, p);
+    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "codes", w.codes));
+    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "absmax", w.absmax));
+    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "absmax_scale", w.absmax_scale));
+    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "absmax_offset", w.absmax_offset));
+  }
+  return Nf4Dequantize(ctx, {.src = w, .dst = values});
+}
+
+// The f32 base a quantized (NF4 or INT8) job trained against, in the layout of its model
+// without base_dtype (`plain_layout`: the quantized weights back in the flat buffers): what
+// the quantized weights dequantize to. From model.init_from, the file's values quantized as
+// the job's start quantized them and dequantized; from a seeded job, the checkpoint's
+// "<unit>.params" (the unquantized rest) and "<unit>.nf4.*" / "<unit>.int8.*" buffers.
 absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
-    const zerotrain::JobSpec& saved, const ModelLayout& nf4_layout,
+    const zerotrain::JobSpec& saved, const ModelLayout& quantized_layout,
     const zerotrain::ModelConfig& plain, const ModelLayout& plain_layout,
     const std::string& step_dir) {
   std::vector<std::vector<float>> base;
@@ -95,8 +138,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
     ZT_ASSIGN_OR_RETURN(rank0, SafetensorsFile::Open(RankFile(step_dir, 0)));
   }
   auto rank_file = [&](int r) { return RankFile(step_dir, r); };
-  for (size_t u = 0; u < nf4_layout.units.size(); ++u) {
-    const UnitLayout& unit = nf4_layout.units[u];
+  for (size_t u = 0; u < quantized_layout.units.size(); ++u) {
+    const UnitLayout& unit = quantized_layout.units[u];
     std::vector<float> rest;
     if (rank0 != nullptr) {
       rest.resize(static_cast<size_t>(unit.numel));
@@ -107,7 +150,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
       const ParamSpec* q = plain_layout.units[u].Find(p.name);
       if (q == nullptr || q->numel != p.numel) {
         return absl::InternalError(absl::StrCat(unit.name, " ", p.name, " differs between the ",
-                                                "NF4 layout and the plain one"));
+                                                "quantized layout and the plain one"));
       }
       float* dst = units[u] + q->offset;
       if (!p.quantized) {
@@ -115,25 +158,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
           std::copy(rest.begin() + p.offset, rest.begin() + p.offset + p.numel, dst);
         continue;
       }
-      const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
-      std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
-      std::vector<float> scale(l.absmax_groups), offset(1);
-      const Nf4Tensor w{.numel = p.numel,
-                        .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
-                        .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
-                        .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
-                        .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
-      const Tensor values(dst, DType::kF32, {p.numel});
-      if (rank0 == nullptr) {
-        ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = w}));
-      } else {
-        const std::string prefix = Nf4BufferPrefix(unit, p);
-        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "codes", w.codes));
-        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "absmax", w.absmax));
-        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "absmax_scale", w.absmax_scale));
-        ZT_RETURN_IF_ERROR(ReadNf4Buffer(*rank0, prefix + "absmax_offset", w.absmax_offset));
-      }
-      ZT_RETURN_IF_ERROR(Nf4Dequantize(ctx, {.src = w, .dst = values}));
+      ZT_RETURN_IF_ERROR(DequantizedWeight(ctx, quantized_layout, unit, p, rank0.get(),
+                                           Tensor(dst, DType::kF32, {p.numel})));
     }
   }
   return base;
@@ -159,15 +185,7 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
                      "export it without --merge-adapters as a Hugging Face model"));
   }
   const ModelLayout layout = BuildModelLayout(saved.model());
-  const bool nf4 = saved.model().base_dtype() == zerotrain::ModelConfig::NF4;
-  if (options.merge_adapters && saved.model().base_dtype() == zerotrain::ModelConfig::INT8) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint '", ckpt->path(),
-                     "': --merge-adapters needs an unquantized or NF4 base; this job's "
-                     "model.base_dtype is ",
-                     zerotrain::ModelConfig::BaseDType_Name(saved.model().base_dtype()),
-                     " (export the adapters alone, without --merge-adapters)"));
-  }
+  const bool quantized = layout.base_quantization != BaseQuantization::kNone;
   // The adapters: rank 0's copy (every rank holds them whole after a step).
   ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
                       SafetensorsFile::Open(RankFile(ckpt->path(), 0)));
@@ -199,11 +217,14 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
                                         {.base_model_name_or_path = saved.model().init_from()}));
     return result;
   }
-  // An NF4 base merges as what it dequantizes to, in the layout of the same model without
+  // A quantized base merges as what it dequantizes to, in the layout of the same model without
   // base_dtype (its adapters are laid out alike: the sites do not depend on the base's dtype).
   zerotrain::ModelConfig merged_model = saved.model();
-  if (nf4) merged_model.clear_base_dtype();
-  const ModelLayout merged_layout = nf4 ? BuildModelLayout(merged_model) : layout;
+  if (quantized) {
+    merged_model.clear_base_dtype();
+    merged_model.clear_int8_threshold();
+  }
+  const ModelLayout merged_layout = quantized ? BuildModelLayout(merged_model) : layout;
   for (size_t u = 0; u < layout.units.size(); ++u) {
     if (merged_layout.units[u].lora_numel != layout.units[u].lora_numel) {
       return absl::InternalError(
@@ -211,11 +232,22 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
     }
   }
   std::vector<std::vector<float>> base;
-  if (nf4) {
+  if (quantized) {
     ZT_ASSIGN_OR_RETURN(
         base, ReadDequantizedBase(saved, layout, merged_model, merged_layout, ckpt->path()));
   } else {
     ZT_ASSIGN_OR_RETURN(base, ReadBase(saved, layout, ckpt->path()));
+  }
+  DType dtype = DType::kF32;
+  if (options.dtype.has_value()) {
+    dtype = *options.dtype;
+  } else if (const std::string& from = saved.model().init_from();
+             !from.empty() && !IsCheckpoint(from)) {
+    ZT_ASSIGN_OR_RETURN(dtype, HuggingFaceWeightsDType(from, merged_model, merged_layout));
+  } else if (saved.precision().param_dtype() == zerotrain::PrecisionConfig::BF16) {
+    dtype = DType::kBF16;
+  } else if (saved.precision().param_dtype() == zerotrain::PrecisionConfig::FP16) {
+    dtype = DType::kF16;
   }
   std::vector<const float*> pointers;
   for (const std::vector<float>& b : base) pointers.push_back(b.data());
@@ -223,13 +255,14 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return durable_file::ErrnoStatus(ec.value(), "create the export directory", out_dir);
   const std::string weights = (std::filesystem::path(out_dir) / kHfWeightsName).string();
-  ZT_RETURN_IF_ERROR(ExportMergedHuggingFace(weights, merged_model, merged_layout, pointers,
-                                             unit_lora, options.dtype));
+  ZT_RETURN_IF_ERROR(
+      ExportMergedHuggingFace(weights, merged_model, merged_layout, pointers, unit_lora, dtype));
   // The merged model is a plain one: its config has no adapters.
   zerotrain::ModelConfig plain = saved.model();
   plain.clear_lora();
   plain.clear_base_dtype();
-  ZT_ASSIGN_OR_RETURN(const nlohmann::json config, HuggingFaceConfig(plain, options.dtype));
+  plain.clear_int8_threshold();
+  ZT_ASSIGN_OR_RETURN(const nlohmann::json config, HuggingFaceConfig(plain, dtype));
   ZT_RETURN_IF_ERROR(durable_file::WriteSyncedFile(
       (std::filesystem::path(out_dir) / kHfConfigName).string(), config.dump(2) + "\n"));
   return result;

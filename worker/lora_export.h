@@ -8,12 +8,13 @@
 // "<unit>.params" when it was generated from train.seed, and model.init_from's (a Hugging Face
 // directory or a ZeroTrain checkpoint) when the job loaded it from there, since such a
 // checkpoint does not hold it (IsCheckpointed). Holds the whole base in f32 for a merge.
-// An NF4 base merges as what its NF4 weights dequantize to (what the job trained against): a
-// seeded one from the checkpoint's "<unit>.nf4.*" buffers, one from model.init_from by
-// quantizing the file's values again as the job's start did; the merged model is written as
-// the same model without base_dtype.
+// A quantized (NF4 or INT8) base merges as what its weights dequantize to (what the job
+// trained against): a seeded one from the checkpoint's "<unit>.nf4.*" / "<unit>.int8.*"
+// buffers, one from model.init_from by quantizing the file's values again as the job's start
+// did; the merged model is written as the same model without base_dtype.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -29,8 +30,11 @@ absl::StatusOr<bool> IsLoraCheckpoint(const std::string& checkpoint);
 struct LoraExportOptions {
   // false: the PEFT adapter directory; true: the merged Hugging Face model.
   bool merge_adapters = false;
-  // The merged model's dtype (F32, BF16 or F16); unused for the adapters (PEFT's F32).
-  DType dtype = DType::kF32;
+  // The merged model's dtype (F32, BF16 or F16); unused for the adapters (PEFT's F32). Unset:
+  // the base's original dtype, that of model.init_from's Hugging Face weights
+  // (HuggingFaceWeightsDType), else precision.param_dtype (a seeded base, or one from a
+  // ZeroTrain checkpoint); a quantized base merges in the dtype it was quantized from.
+  std::optional<DType> dtype;
 };
 
 struct LoraExportResult {
@@ -39,8 +43,8 @@ struct LoraExportResult {
 };
 
 // Writes the export into `out_dir` (created when missing). FailedPrecondition naming the
-// checkpoint when it holds no adapters (not a LoRA job's) or when a merge is asked of an
-// INT8 base; the checkpoint, safetensors, PEFT and Hugging Face writers' errors
+// checkpoint when it holds no adapters (not a LoRA job's); the checkpoint, safetensors, PEFT
+// and Hugging Face writers' errors
 // otherwise, each naming its file.
 absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpoint,
                                                       const std::string& out_dir,

@@ -276,8 +276,8 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
   SavedRankFiles saved(saved_job, rank_file);
   std::vector<bool> states_done(layout.units.size(), false);
   // A LoRA job: the adapters' optimizer states are those of LoraAdapterLayout's units
-  // ("<block>.lora.<state>", sharded as the adapters are); the adapters themselves and an NF4
-  // base's buffers are whole on every rank at every stage.
+  // ("<block>.lora.<state>", sharded as the adapters are); the adapters themselves and a
+  // quantized (NF4/INT8) base's buffers are whole on every rank at every stage.
   const ModelLayout adapters = LoraAdapterLayout(layout);
   std::vector<bool> adapter_states_done(adapters.units.size(), false);
   for (const BufferSpec* b : CheckpointedBuffers(plan, weights_only)) {
@@ -290,7 +290,7 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
       }
       continue;
     }
-    if (layout.lora && (b->name.ends_with(".lora") || b->name.find(".nf4.") != std::string::npos)) {
+    if (layout.lora && (b->name.ends_with(".lora") || IsQuantizedBaseBuffer(b->name))) {
       // Saved rank 0's copy; "<unit>.lora" is padded at stages ≥ 1, so the unit's adapters.
       int64_t n = b->numel();
       if (b->name.ends_with(".lora") && SplitName(layout, b->name, &u, &role)) {

@@ -14,8 +14,8 @@
 // worker/optimizer_state_reshard.h: fp32 moments, momentum and Adafactor's statistics bit
 // for bit; 8-bit AdamW's blocks bit for bit where a new block is a saved one, requantized
 // from the saved blocks it overlaps elsewhere.
-// A LoRA job's adapters ("<unit>.lora") and an NF4 base are whole on every rank and come from
-// saved rank 0; the adapters' optimizer states reshard as LoraAdapterLayout's units.
+// A LoRA job's adapters ("<unit>.lora") and an NF4 or INT8 base are whole on every rank and come
+// from saved rank 0; the adapters' optimizer states reshard as LoraAdapterLayout's units.
 #pragma once
 
 #include <functional>

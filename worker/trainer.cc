@@ -421,19 +421,23 @@ absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
 absl::Status Trainer::InitializeWeights() {
   const zerotrain::ModelConfig& model = job_.model();
   const ModelLayout& layout = model_->layout();
-  // An NF4 base streams in (StreamQuantizedBase). Other imports read the whole model's units
-  // (set-up memory outside the plan); a tensor-parallel rank then keeps its share of each.
-  const bool stream_nf4 =
-      model.base_dtype() == zerotrain::ModelConfig::NF4 && !model.init_from().empty();
-  if (stream_nf4 && IsCheckpoint(model.init_from())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model.init_from: ", model.init_from(),
-        " is a ZeroTrain checkpoint; an NF4 base (model.base_dtype: NF4) streams in from a "
-        "Hugging Face safetensors file or directory only (export the checkpoint with zt export "
-        "first)"));
+  // A quantized (NF4 or INT8) base streams in (StreamQuantizedBase). Other imports read the
+  // whole model's units (set-up memory outside the plan); a tensor-parallel rank then keeps its
+  // share of each.
+  const bool stream_quantized =
+      layout.base_quantization != BaseQuantization::kNone && !model.init_from().empty();
+  if (stream_quantized && IsCheckpoint(model.init_from())) {
+    const std::string base = zerotrain::ModelConfig::BaseDType_Name(model.base_dtype());
+    return absl::FailedPreconditionError(
+        absl::StrCat("model.init_from: ", model.init_from(),
+                     " is a ZeroTrain checkpoint; a quantized base "
+                     "(model.base_dtype: ",
+                     base,
+                     ") streams in from a Hugging Face safetensors file or "
+                     "directory only (export the checkpoint with zt export first)"));
   }
   std::vector<std::vector<float>> imported;
-  if (!model.init_from().empty() && !stream_nf4) {
+  if (!model.init_from().empty() && !stream_quantized) {
     const ModelLayout whole = BuildModelLayout(model);
     std::vector<float*> units;
     for (const UnitLayout& u : whole.units) {
@@ -460,7 +464,7 @@ absl::Status Trainer::InitializeWeights() {
   constexpr int64_t kChunk = int64_t{1} << 18;
   std::vector<float> values(kChunk);
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
-  if (stream_nf4) {
+  if (stream_quantized) {
     ZT_RETURN_IF_ERROR(StreamQuantizedBase(values, chunk.tensor));
     return InitializeAdapters();
   }
@@ -533,12 +537,12 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
   // A LoRA job's base has no master copy; its optimizer is the adapters' (f32, no master).
   if (nvme_optimizer_ || optimizer().has_master()) {
     return absl::InternalError(
-        "model.base_dtype NF4: the base streams into parameters without a master copy, but "
+        "a quantized model.base_dtype: the base streams into parameters without a master copy, but "
         "this job's optimizer keeps one");
   }
   if (!device_->host_addressable()) {
     return absl::UnimplementedError(
-        "model.base_dtype NF4: the base is quantized on the host into memory the device "
+        "a quantized model.base_dtype: the base is quantized on the host into memory the device "
         "shares; this device's memory is not host-addressable");
   }
   const int stage = engine_->stage();
@@ -596,8 +600,8 @@ absl::Status Trainer::InitializeAdapters() {
     return absl::UnimplementedError(
         "model.lora: the adapters are initialised and run on CPU ranks only so far");
   }
-  // NF4: the quantized weights come from the same seeded init as the rest of the base, one
-  // tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase).
+  // NF4 or INT8: the quantized weights come from the same seeded init as the rest of the base,
+  // one tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase).
   if (model.init_from().empty()) {
     ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
   }
@@ -1323,14 +1327,26 @@ absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_batches_) return absl::FailedPreconditionError("no data.val to evaluate on");
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
+  // The validation loss is the mean over every target the n · ranks micro-batches count, as
+  // the step's loss is (Step): a packed or padded micro-batch with few counted targets weighs
+  // by its targets, not as much as a full one. Every rank works the total out alone from the
+  // document plan; each micro-batch's mean is weighed by counted · ranks / total, so the sum
+  // over the ranks divided by `ranks` is the token-level mean.
+  int64_t total = 0;
+  for (int64_t k = 0; k < n * ranks; ++k) {
+    ZT_ASSIGN_OR_RETURN(const int64_t counted, val_batches_->CountedTargets(k));
+    total += counted;
+  }
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
   for (int64_t k = 0; k < n; ++k) {
-    ZT_RETURN_IF_ERROR(UploadBatch(*val_batches_, k * ranks + data_rank_).status());
-    ZT_RETURN_IF_ERROR(
-        engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = 1.0}));
+    ZT_ASSIGN_OR_RETURN(const int64_t counted, UploadBatch(*val_batches_, k * ranks + data_rank_));
+    // A micro-batch with nothing counted has a loss of 0 and adds nothing.
+    const double loss_divisor =
+        counted == 0 ? 1.0 : static_cast<double>(total) / static_cast<double>(counted * ranks);
+    ZT_RETURN_IF_ERROR(engine_->ForwardLoss(
+        ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = loss_divisor}));
   }
-  ZT_ASSIGN_OR_RETURN(StepTotals totals,
-                      ReadStatistics(/*stop_request=*/0, /*loss_divisor=*/static_cast<double>(n)));
+  ZT_ASSIGN_OR_RETURN(StepTotals totals, ReadStatistics(/*stop_request=*/0, /*loss_divisor=*/1.0));
   return totals.loss_sum / static_cast<double>(ranks);
 }
 

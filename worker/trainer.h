@@ -176,8 +176,10 @@ class Trainer {
 
   // One optimizer step (the unit Run() is made of).
   absl::StatusOr<StepRecord> Step();
-  // Mean validation loss over eval_steps global micro-batches from the start of data.val
-  // (each rank evaluates its share; a collective).
+  // Validation loss: the mean over every target counted (DocumentSampler::CountedTargets) in
+  // the eval_steps micro-batches of each data-parallel rank from the start of data.val, as
+  // the training loss is a token-level mean over the step (each rank evaluates its share; a
+  // collective).
   absl::StatusOr<double> Evaluate();
 
   const MemoryPlan& plan() const { return plan_; }
@@ -231,7 +233,7 @@ class Trainer {
   // Sets the weights from the initialisation or the imported checkpoint: each rank its ranges.
   absl::Status InitializeWeights();
   // A LoRA job's adapters (PEFT's init from train.seed, then model.lora.init_from when set)
-  // and its NF4 base weights (the seeded init, quantized one tensor at a time).
+  // and its NF4 or INT8 base weights (the seeded init, quantized one tensor at a time).
   absl::Status InitializeAdapters();
   // Saves the step just taken into checkpoint.dir (every rank takes part; worker/
   // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
@@ -272,7 +274,7 @@ class Trainer {
            : nvme_optimizer_ ? nvme_optimizer_->optimizer()
                              : *optimizer_;
   }
-  // A LoRA job's NF4 base from a Hugging Face model.init_from, quantized while it streams
+  // A LoRA job's NF4 or INT8 base from a Hugging Face model.init_from, quantized while it streams
   // in: each quantized weight is assembled in f32 from its tensors (q/k/v, gate/up fill rows
   // of one fused weight) and quantized as soon as it is whole; every other tensor goes,
   // a piece at a time, into the rank's part of its unit's parameters. The host holds the

@@ -45,6 +45,18 @@ absl::Status Int8QuantizeWeight(const DeviceContext& ctx, const Int8QuantizeWeig
   return absl::OkStatus();
 }
 
+void Int8DequantizeWeight(const DeviceContext& ctx, const Int8DequantizeWeightArgs& args) {
+  const int64_t n = args.dst.dim(0), k = args.dst.dim(1);
+  const auto* codes = reinterpret_cast<const int8_t*>(args.src.codes.data<uint8_t>());
+  const float* scales = args.src.scales.data<float>();
+  float* w = args.dst.data<float>();
+#pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
+  for (int64_t r = 0; r < n; ++r) {
+    const float w_read = scales[r] / 127.0f;  // as the forward's outlier term and the backward
+    for (int64_t c = 0; c < k; ++c) w[r * k + c] = static_cast<float>(codes[r * k + c]) * w_read;
+  }
+}
+
 void Int8LinearForward(const DeviceContext& ctx, const Int8LinearDims& d,
                        const Int8LinearForwardArgs& args) {
   // Workspace: [Xq (M·K) int8][x_m (M) f32][outlier columns, ascending (≤ K) i32]

@@ -16,6 +16,7 @@ struct Int8LinearDims {
 };
 
 absl::Status Int8QuantizeWeight(const DeviceContext& ctx, const Int8QuantizeWeightArgs& args);
+void Int8DequantizeWeight(const DeviceContext& ctx, const Int8DequantizeWeightArgs& args);
 void Int8LinearForward(const DeviceContext& ctx, const Int8LinearDims& dims,
                        const Int8LinearForwardArgs& args);
 void Int8LinearBackward(const DeviceContext& ctx, const Int8LinearDims& dims,

@@ -497,10 +497,10 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
   for (size_t i = 0; i < table.size(); ++i) {
     const HfTensor& t = table[i];
     if (t.param->quantized) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": ", t.name,
-                       " goes to an NF4 weight, which ImportHuggingFace cannot fill; "
-                       "use StreamHuggingFace"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", t.name,
+          " goes to a quantized (NF4/INT8) weight, which ImportHuggingFace cannot fill; "
+          "use StreamHuggingFace"));
     }
     float* dst = unit_params[t.unit] + t.unit_begin();
     const int64_t n = t.numel();
@@ -518,6 +518,23 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
     TransposeInto(scratch.data(), t.shape[0], t.shape[1], dst);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<DType> HuggingFaceWeightsDType(const std::string& path, const ModelConfig& config,
+                                              const ModelLayout& layout) {
+  ZT_ASSIGN_OR_RETURN(const MatchedWeights matched, MatchHuggingFace(path, config, layout));
+  for (size_t i = 0; i < matched.table.size(); ++i) {
+    if (!matched.table[i].param->is_matrix) continue;
+    switch (matched.source[i].info->dtype) {
+      case StDType::kBF16:
+        return DType::kBF16;
+      case StDType::kF16:
+        return DType::kF16;
+      default:
+        return DType::kF32;  // MatchHuggingFace admits float dtypes only
+    }
+  }
+  return DType::kF32;
 }
 
 absl::Status StreamHuggingFace(const std::string& path, const ModelConfig& config,

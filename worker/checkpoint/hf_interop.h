@@ -123,6 +123,14 @@ std::string HfShardName(int index, int count);
 absl::Status ImportHuggingFace(const std::string& path, const zerotrain::ModelConfig& config,
                                const ModelLayout& layout, const std::vector<float*>& unit_params);
 
+// The dtype (F32, F16 or BF16) of the linear weights of the Hugging Face file or directory at
+// `path`: that of its first weight matrix in export order (a released model stores all of
+// them alike). What a merged LoRA export writes by default: the base's original dtype.
+// ImportHuggingFace's errors for a file that does not match `config`.
+absl::StatusOr<DType> HuggingFaceWeightsDType(const std::string& path,
+                                              const zerotrain::ModelConfig& config,
+                                              const ModelLayout& layout);
+
 // Receives a piece of one tensor of a streamed import: `values` are rows [row, row + k) of
 // table entry `t` in ZeroTrain's order, i.e. rows [t.row_offset + row, …) of t.param viewed as
 // (rows, cols) (GPT-2's Conv1D weights come whole, row 0, already transposed). Pieces of a

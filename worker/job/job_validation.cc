@@ -701,11 +701,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "leave base_dtype unset)"));
     }
   }
-  if (spec.model().base_dtype() == ModelConfig::INT8) {
-    lines.push_back(
-        "model.base_dtype: INT8 (LLM.int8) is not wired into the model yet; use FP32, BF16, "
-        "FP16 or NF4");
-  }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));
 }

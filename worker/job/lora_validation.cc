@@ -41,12 +41,28 @@ void ApplyLoraDefaults(JobSpec* spec) {
         break;
     }
   }
+  // LLM.int8()'s threshold (Dettmers et al. 2022, section 3.2): 6.0 isolates the outlier
+  // features of every model size the paper measured.
+  if (model.base_dtype() == ModelConfig::INT8 && !model.has_int8_threshold()) {
+    model.set_int8_threshold(6.0f);
+  }
 }
 
 std::vector<std::string> LoraViolations(const JobSpec& spec) {
   std::vector<std::string> lines;
   const ModelConfig& m = spec.model();
   const std::string base = ModelConfig::BaseDType_Name(m.base_dtype());
+  if (m.has_int8_threshold()) {
+    if (m.base_dtype() != ModelConfig::INT8) {
+      lines.push_back(absl::StrCat("model.int8_threshold: ", m.int8_threshold(),
+                                   " is LLM.int8()'s outlier threshold and applies to "
+                                   "model.base_dtype INT8 only (got base_dtype ",
+                                   base.empty() ? absl::StrCat(m.base_dtype()) : base, ")"));
+    } else if (!(m.int8_threshold() > 0)) {  // NaN fails too
+      lines.push_back(absl::StrCat("model.int8_threshold: must be > 0 (got ", m.int8_threshold(),
+                                   "; Infinity turns the outlier decomposition off)"));
+    }
+  }
   if (!m.has_lora()) {
     if (m.base_dtype() != ModelConfig::BASE_DTYPE_UNSPECIFIED) {
       lines.push_back(absl::StrCat(

@@ -1,6 +1,7 @@
 #include "worker/model/param_layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/int8_linear.h"
 #include "worker/model/lora_targets.h"
 
 namespace zt {
@@ -140,10 +141,17 @@ ModelLayout BuildModelLayout(const zerotrain::ModelConfig& m) {
     layout.lora_rank = m.lora().rank();
     layout.lora_scale = m.lora().alpha() / static_cast<float>(m.lora().rank());
     layout.lora_dropout = m.lora().dropout();
-    const bool nf4 = m.base_dtype() == zerotrain::ModelConfig::NF4;
+    if (m.base_dtype() == zerotrain::ModelConfig::NF4) {
+      layout.base_quantization = BaseQuantization::kNf4;
+    } else if (m.base_dtype() == zerotrain::ModelConfig::INT8) {
+      layout.base_quantization = BaseQuantization::kInt8;
+      // Job defaults fill the field; a config that skipped them gets the paper's threshold.
+      layout.int8_threshold = m.has_int8_threshold() ? m.int8_threshold() : kInt8OutlierThreshold;
+    }
+    const bool quantized = layout.base_quantization != BaseQuantization::kNone;
     for (UnitLayout& u : layout.units) {
       u.role = ParamRole::kFrozen;
-      if (nf4 && u.kind == UnitKind::kBlock) {
+      if (quantized && u.kind == UnitKind::kBlock) {
         // The linear weights leave the flat buffer; the norms (and GPT-2's biases) stay.
         u.role = ParamRole::kQuantized;
         u.numel = 0;

@@ -24,8 +24,10 @@
 // units' buffers ("<unit>.params") are the frozen base (no gradient, no optimizer state) and
 // each block that holds an adapted layer gets a second, trainable flat buffer of its adapters
 // ("<unit>.lora"), laid out per LoraSite as lora_A (r, in) then lora_B (rows, r). With
-// base_dtype NF4 the blocks' four linear weights leave the flat buffer (ParamSpec::quantized;
-// the block's role is then kQuantized): each is its own NF4 tensor (worker/plan/lora_plan.h).
+// base_dtype NF4 or INT8 the blocks' four linear weights leave the flat buffer
+// (ParamSpec::quantized; the block's role is then kQuantized): each is its own NF4 tensor, or
+// its own LLM.int8() codes and row scales (ModelLayout::base_quantization,
+// worker/plan/lora_plan.h).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +46,11 @@ enum class UnitKind : uint8_t { kEmbedding, kBlock, kHead };
 // block-quantized format (NF4, INT8).
 enum class ParamRole : uint8_t { kTrainable, kFrozen, kQuantized };
 
+// How a LoRA job's quantized base weights (ParamSpec::quantized) are stored: not at all (no
+// quantized weights), NF4 with double quantization (kernels/nf4.h), or LLM.int8()'s int8 codes
+// with a scale per output row (kernels/int8_linear.h).
+enum class BaseQuantization : uint8_t { kNone, kNf4, kInt8 };
+
 struct ParamSpec {
   std::string name;            // "attn.qkv.weight"
   std::vector<int64_t> shape;  // (out, in) for linear weights
@@ -51,8 +58,8 @@ struct ParamSpec {
   int64_t numel = 0;
   bool is_matrix = false;     // a linear layer's weight (weight decay applies by default)
   bool is_embedding = false;  // wte / wpe
-  // Stored NF4 outside the unit's flat buffer (a LoRA job's base_dtype NF4: the blocks' linear
-  // weights); `offset` is then -1 and the unit's numel leaves it out.
+  // Stored quantized outside the unit's flat buffer (a LoRA job's base_dtype NF4 or INT8: the
+  // blocks' linear weights); `offset` is then -1 and the unit's numel leaves it out.
   bool quantized = false;
 };
 
@@ -94,9 +101,13 @@ struct UnitLayout {
 
 struct ModelLayout {
   std::vector<UnitLayout> units;  // embedding, blocks…, head
-  // The model's parameters, NF4-quantized base weights included (adapters not): what FLOPs
-  // per token are counted from.
+  // The model's parameters, quantized base weights included (adapters not): what FLOPs per
+  // token are counted from.
   int64_t total_numel = 0;
+  // The storage of the quantized weights; kNone when no ParamSpec is quantized.
+  BaseQuantization base_quantization = BaseQuantization::kNone;
+  // base_dtype INT8: the outlier threshold of every quantized layer (model.int8_threshold).
+  float int8_threshold = 0.0f;
   bool tied_embeddings = false;
   // model.lora: rank r, scale alpha / r and dropout p of every adapter; total adapter elements.
   bool lora = false;

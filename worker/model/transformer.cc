@@ -172,7 +172,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
       if (with_grads) m.grads_.emplace_back();
       m.lora_params_.emplace_back();
       m.lora_grads_.emplace_back();
-      m.nf4_.emplace_back();
+      m.quantized_.emplace_back();
       continue;
     }
     ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, state.Spec(u.name + ".params"));
@@ -204,20 +204,26 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     }
     m.lora_params_.push_back(lora);
     m.lora_grads_.push_back(lora_grads);
-    std::vector<QuantizedWeightBuffers> nf4;
+    std::vector<QuantizedWeightBuffers> quantized;
     for (const ParamSpec& p : u.params) {
       if (!p.quantized) continue;
-      const std::string prefix = Nf4BufferPrefix(u, p);
       QuantizedWeightBuffers q{.name = p.name};
-      q.weight.numel = p.numel;
-      q.weight.format = Nf4Absmax::kDoubleQuantized;
-      ZT_ASSIGN_OR_RETURN(q.weight.codes, state.Get(prefix + "codes"));
-      ZT_ASSIGN_OR_RETURN(q.weight.absmax, state.Get(prefix + "absmax"));
-      ZT_ASSIGN_OR_RETURN(q.weight.absmax_scale, state.Get(prefix + "absmax_scale"));
-      ZT_ASSIGN_OR_RETURN(q.weight.absmax_offset, state.Get(prefix + "absmax_offset"));
-      nf4.push_back(std::move(q));
+      if (m.layout_.base_quantization == BaseQuantization::kInt8) {
+        const std::string prefix = Int8BufferPrefix(u, p);
+        ZT_ASSIGN_OR_RETURN(q.int8.codes, state.Get(prefix + "codes"));
+        ZT_ASSIGN_OR_RETURN(q.int8.scales, state.Get(prefix + "scales"));
+      } else {
+        const std::string prefix = Nf4BufferPrefix(u, p);
+        q.nf4.numel = p.numel;
+        q.nf4.format = Nf4Absmax::kDoubleQuantized;
+        ZT_ASSIGN_OR_RETURN(q.nf4.codes, state.Get(prefix + "codes"));
+        ZT_ASSIGN_OR_RETURN(q.nf4.absmax, state.Get(prefix + "absmax"));
+        ZT_ASSIGN_OR_RETURN(q.nf4.absmax_scale, state.Get(prefix + "absmax_scale"));
+        ZT_ASSIGN_OR_RETURN(q.nf4.absmax_offset, state.Get(prefix + "absmax_offset"));
+      }
+      quantized.push_back(std::move(q));
     }
-    m.nf4_.push_back(std::move(nf4));
+    m.quantized_.push_back(std::move(quantized));
   }
   // A chunk's saved activations lead with its in-flight micro-batches: each is bound to slot
   // 0 here and remembered, so SelectMicroBatch can move it (the shared "recompute.*" set is

@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
+#include "kernels/int8_linear.h"
 #include "kernels/nf4.h"
 #include "kernels/tensor.h"
 #include "proto/job.pb.h"
@@ -108,12 +109,15 @@ class Transformer {
   void SetLoraDropoutSeed(uint64_t seed) { lora_seed_ = seed; }
 
   // base_dtype NF4: the NF4 tensor of unit u's quantized weight `name` ("attn.qkv.weight"),
-  // or nullptr when that weight is not quantized.
+  // or nullptr when that weight is not quantized (or is INT8).
   const Nf4Tensor* QuantizedWeight(int u, std::string_view name) const;
-  // Quantizes `values` ((numel) f32, finite) into unit u's quantized weight `name`: how a
-  // base streams in, one tensor at a time, so only one tensor is ever held in f32.
-  // InvalidArgument when the weight is not quantized, the sizes differ or a value is not
-  // finite.
+  // base_dtype INT8: the int8 codes and row scales of unit u's quantized weight `name`, or
+  // nullptr when that weight is not quantized (or is NF4).
+  const Int8Weight* Int8QuantizedWeight(int u, std::string_view name) const;
+  // Quantizes `values` ((numel) f32, finite) into unit u's quantized weight `name` (NF4 or
+  // INT8, as the base is): how a base streams in, one tensor at a time, so only one tensor is
+  // ever held in f32. InvalidArgument when the weight is not quantized, the sizes differ or a
+  // value is not finite.
   absl::Status QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
                                   const Tensor& values);
   // InitializeWeights' values for every quantized weight, each generated in f32 in turn and
@@ -353,11 +357,13 @@ class Transformer {
   Tensor doc_starts_, positions_;  // SetDocuments', empty when unpacked
   std::vector<Tensor> params_, grads_;
   std::vector<Tensor> lora_params_, lora_grads_;
+  // One quantized base weight: `nf4` for base_dtype NF4, `int8` for INT8 (the other empty).
   struct QuantizedWeightBuffers {
     std::string name;
-    Nf4Tensor weight;
+    Nf4Tensor nf4;
+    Int8Weight int8;
   };
-  std::vector<std::vector<QuantizedWeightBuffers>> nf4_;  // per unit
+  std::vector<std::vector<QuantizedWeightBuffers>> quantized_;  // per unit
   LoraScratch lora_;
   uint64_t lora_seed_ = 0;
   std::vector<Tensor> residual_;  // L + 1 of (B·T, C)

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/elementwise.h"
+#include "kernels/int8_linear.h"
 #include "kernels/linear.h"
 #include "kernels/lora.h"
 #include "kernels/nf4_linear.h"
@@ -66,14 +67,34 @@ void Transformer::InitializeLora(uint64_t seed) {
 }
 
 const Nf4Tensor* Transformer::QuantizedWeight(int u, std::string_view name) const {
-  for (const QuantizedWeightBuffers& q : nf4_[u]) {
-    if (q.name == name) return &q.weight;
+  if (layout_.base_quantization != BaseQuantization::kNf4) return nullptr;
+  for (const QuantizedWeightBuffers& q : quantized_[u]) {
+    if (q.name == name) return &q.nf4;
+  }
+  return nullptr;
+}
+
+const Int8Weight* Transformer::Int8QuantizedWeight(int u, std::string_view name) const {
+  if (layout_.base_quantization != BaseQuantization::kInt8) return nullptr;
+  for (const QuantizedWeightBuffers& q : quantized_[u]) {
+    if (q.name == name) return &q.int8;
   }
   return nullptr;
 }
 
 absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
                                              const Tensor& values) {
+  if (const Int8Weight* q = Int8QuantizedWeight(u, name); q != nullptr) {
+    // The flat values as the (out, in) matrix whose rows get one scale each.
+    if (values.numel() != q->codes.numel()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("QuantizeBaseWeight: ", layout_.units[u].name, ".", std::string(name),
+                       " has ", q->codes.numel(), " elements, got ", values.numel()));
+    }
+    const Tensor src(values.raw(), values.dtype(), {q->codes.dim(0), q->codes.dim(1)},
+                     values.device());
+    return Int8QuantizeWeight(ctx, {.src = src, .dst = *q});
+  }
   const Nf4Tensor* q = QuantizedWeight(u, name);
   if (q == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("QuantizeBaseWeight: ", layout_.units[u].name,
@@ -112,6 +133,12 @@ absl::Status Transformer::BlockLinearForward(const DeviceContext& ctx, int i, co
   if (const Nf4Tensor* q = QuantizedWeight(1 + i, weight); q != nullptr) {
     ZT_RETURN_IF_ERROR(Nf4LinearForward(
         ctx, {.inp = inp, .weight = *q, .bias = View(u, params, bias), .out = out}));
+  } else if (const Int8Weight* w8 = Int8QuantizedWeight(1 + i, weight); w8 != nullptr) {
+    ZT_RETURN_IF_ERROR(Int8LinearForward(ctx, {.inp = inp,
+                                               .weight = *w8,
+                                               .bias = View(u, params, bias),
+                                               .out = out,
+                                               .outlier_threshold = layout_.int8_threshold}));
   } else {
     ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = inp,
                                            .weight = View(u, params, weight),
@@ -149,6 +176,10 @@ absl::Status Transformer::BlockLinearBackward(const DeviceContext& ctx, int i, c
   if (const Nf4Tensor* q = QuantizedWeight(1 + i, weight); q != nullptr) {
     // A quantized base: its input gradient, dequantized tile by tile.
     ZT_RETURN_IF_ERROR(Nf4LinearBackward(ctx, {.dout = dout, .weight = *q, .dinp = dinp}));
+  } else if (const Int8Weight* w8 = Int8QuantizedWeight(1 + i, weight); w8 != nullptr) {
+    // LLM.int8()'s backward for a frozen weight: dinp = dout · W̃, the int8 rows read back
+    // one at a time, never the whole weight in f32.
+    ZT_RETURN_IF_ERROR(Int8LinearBackward(ctx, {.dout = dout, .weight = *w8, .dinp = dinp}));
   } else if (u.trainable()) {
     ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = dout,
                                             .inp = inp,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/int8_linear.h"
 #include "kernels/linear.h"
 #include "kernels/nf4.h"
 #include "kernels/nf4_linear.h"
@@ -12,6 +13,14 @@ namespace zt {
 
 std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p) {
   return absl::StrCat(unit.name, ".nf4.", p.name, ".");
+}
+
+std::string Int8BufferPrefix(const UnitLayout& unit, const ParamSpec& p) {
+  return absl::StrCat(unit.name, ".int8.", p.name, ".");
+}
+
+bool IsQuantizedBaseBuffer(const std::string& name) {
+  return name.find(".nf4.") != std::string::npos || name.find(".int8.") != std::string::npos;
 }
 
 ModelLayout LoraAdapterLayout(const ModelLayout& layout) {
@@ -44,16 +53,29 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
   for (const UnitLayout& u : layout.units) {
     for (const ParamSpec& p : u.params) {
       if (!p.quantized) continue;
-      const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
-      const std::string prefix = Nf4BufferPrefix(u, p);
-      for (BufferSpec b :
-           {BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
+      std::vector<BufferSpec> quantized;
+      if (layout.base_quantization == BaseQuantization::kInt8) {
+        // One int8 code per weight and one f32 absmax per output row.
+        const std::string prefix = Int8BufferPrefix(u, p);
+        quantized = {
+            BufferSpec{prefix + "codes",
+                       MemoryCategory::kParameters,
+                       DType::kU8,
+                       {p.shape[0], p.shape[1]}},
+            BufferSpec{prefix + "scales", MemoryCategory::kParameters, DType::kF32, {p.shape[0]}}};
+      } else {
+        const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+        const std::string prefix = Nf4BufferPrefix(u, p);
+        quantized = {
+            BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
             BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}},
             BufferSpec{prefix + "absmax_scale",
                        MemoryCategory::kParameters,
                        DType::kF32,
                        {nf4.absmax_groups}},
-            BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}}}) {
+            BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}}};
+      }
+      for (BufferSpec& b : quantized) {
         b.reloaded_at_start = base_reloaded;
         out.push_back(std::move(b));
       }
@@ -131,6 +153,11 @@ int64_t LoraGemmWorkspaceBytes(const ModelLayout& layout, int64_t rows, const De
     }
     for (const ParamSpec& p : u.params) {
       if (!p.quantized) continue;
+      if (layout.base_quantization == BaseQuantization::kInt8) {
+        // The forward's int8 activations, their scales and outlier columns; the backward none.
+        most = std::max(most, Int8LinearWorkspaceBytes(rows, p.shape[1]));
+        continue;
+      }
       absl::StatusOr<int64_t> bytes =
           Nf4LinearWorkspaceBytes(ctx, rows, p.shape[1], p.shape[0], dtypes);
       if (bytes.ok()) most = std::max(most, *bytes);
@@ -145,7 +172,7 @@ LoraMemoryBreakdown LoraBreakdown(const MemoryPlan& plan) {
     const int64_t bytes = PlacedBytes(b);
     const MemoryCategory role = b.role();
     if (role == MemoryCategory::kParameters &&
-        (b.name.ends_with(".params") || b.name.find(".nf4.") != std::string::npos)) {
+        (b.name.ends_with(".params") || IsQuantizedBaseBuffer(b.name))) {
       out.base_bytes += bytes;
     }
     if (role == MemoryCategory::kParameters && b.name.ends_with(".lora"))

@@ -8,6 +8,8 @@
 //                                           padded to the shard quantum at ZeRO stages ≥ 1)
 //                "<block>.nf4.<tensor>.codes|absmax|absmax_scale|absmax_offset"  base_dtype
 //                NF4: each quantized base weight, double-quantized (kernels/nf4.h)
+//                "<block>.int8.<tensor>.codes" u8 (out, in) and ".scales" f32 (out)  base_dtype
+//                INT8: each quantized base weight, LLM.int8()'s (kernels/int8_linear.h)
 //   gradients:   "<block>.lora_grads"       grad_dtype, same size; the rank's shard at stage 2
 //                "<block>.lora_grad_accum"  stage 2 with grad_accum_steps > 1, padded
 //   optimizer:   "<block>.lora.<state>"     as OptimizerStateFor lays the adapters out (the
@@ -21,7 +23,7 @@
 // The adapters are a LoRA unit's trainable buffer (UnitLayout::trainable_numel): ZeRO shards
 // their gradients and optimizer state as it shards a trainable unit's; the frozen base's flat
 // buffers shard at stage 3 as any unit's parameters (memory_plan.cc), its NF4 weights stay
-// whole on every rank. Stateless.
+// whole on every rank, as are its INT8 weights. Stateless.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,11 @@ namespace zt {
 
 // "<unit>.nf4.<tensor>.": the name prefix of quantized tensor p's four NF4 buffers.
 std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p);
+// "<unit>.int8.<tensor>.": the name prefix of quantized tensor p's INT8 codes and scales.
+std::string Int8BufferPrefix(const UnitLayout& unit, const ParamSpec& p);
+// Whether plan buffer `name` holds part of a quantized base weight (NF4 or INT8): whole on
+// every rank at every stage, saved with the base.
+bool IsQuantizedBaseBuffer(const std::string& name);
 
 // The adapters as a model of their own for the optimizer (worker/optim/optimizer.h): one unit
 // "<block>.lora" per block with adapters, holding its lora_A/lora_B matrices at their offsets,
@@ -46,7 +53,7 @@ ModelLayout LoraAdapterLayout(const ModelLayout& layout);
 
 // Adapter parameters, gradients and optimizer state of every block of `layout` (empty without
 // LoRA). Their dtypes: f32 adapters, gradients in `grad`.
-// With model.init_from set, the base's NF4 buffers are marked reloaded_at_start.
+// With model.init_from set, the base's quantized buffers are marked reloaded_at_start.
 std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const ModelLayout& layout,
                                          DType grad, const ShardGeometry& geometry);
 

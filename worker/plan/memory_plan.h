@@ -192,8 +192,9 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
 // optimizer-state buffer (master weights included), or with `weights_only` (checkpoint.
 // save_optimizer false) the parameters and master weights alone. The rest is rebuilt every
 // step. A LoRA job's parameters are its adapters ("<unit>.lora") and its frozen base
-// ("<unit>.params", NF4's "<unit>.nf4.*"); the base is held only when it was generated from
-// train.seed, not when model.init_from reloads it (BufferSpec::reloaded_at_start).
+// ("<unit>.params", NF4's "<unit>.nf4.*", INT8's "<unit>.int8.*"); the base is held only when it
+// was generated from train.seed, not when model.init_from reloads it
+// (BufferSpec::reloaded_at_start).
 bool IsCheckpointed(const BufferSpec& b, bool weights_only = false);
 
 // Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are

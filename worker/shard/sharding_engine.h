@@ -52,7 +52,7 @@
 // without adapters (embedding, head) take part in the forward and backward only. The
 // per-unit vectors below (ranges, views, shard) are indexed as trainable_layout()'s units.
 // At stage 3 a LoRA job's frozen base is sharded and gathered per use like any unit's
-// parameters (an NF4 base's quantized weights stay whole on every rank), while its adapters
+// parameters (an NF4 or INT8 base's quantized weights stay whole on every rank), while its adapters
 // are handled as at stage 2: reduce-scattered, stepped per range, all-gathered after the step.
 //
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each

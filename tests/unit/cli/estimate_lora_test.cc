@@ -1,5 +1,6 @@
 // `zt estimate` of a LoRA job (cli/estimate_command.cc): the frozen base by dtype, the
-// adapters, their gradients and optimizer state, and the activations, in text and JSON.
+// adapters, their gradients and optimizer state, and the activations, in text and JSON; an
+// NF4 and an INT8 base.
 #include <unistd.h>
 
 #include <filesystem>
@@ -74,6 +75,28 @@ TEST_F(EstimateLoraTest, ShowsBaseAdaptersTheirStatesAndActivations) {
   const int64_t rest = 4 * (2 * 256 * 128 + 5 * 128);
   EXPECT_GT(lora["base_bytes"].get<int64_t>(), rest + linear / 2);
   EXPECT_LT(lora["base_bytes"].get<int64_t>(), rest + linear * 6 / 10);
+}
+
+// An INT8 base: shown by its dtype, and exactly one byte per linear weight and an f32 scale per
+// output row (each buffer placed 64-byte aligned) beside the f32 rest.
+TEST_F(EstimateLoraTest, ShowsAnInt8BaseByteForByte) {
+  std::string job = kJob;
+  job.replace(job.find("base_dtype: NF4"), 15, "base_dtype: INT8");
+  std::ofstream(path_, std::ios::trunc) << job;
+  EXPECT_THAT(Run({.job_file = path_}),
+              HasSubstr("LoRA (rank 8 on 8192 adapter parameters; base INT8, frozen):"));
+  const nlohmann::json j = nlohmann::json::parse(Run({.job_file = path_, .json = true}));
+  EXPECT_EQ(j["lora"]["base_dtype"], "INT8");
+  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  // Per block: qkv (384, 128), o (128, 128), gate|up (768, 128), down (128, 384): codes and
+  // scales; the block's two RMSNorm weights stay f32 in "<block>.params".
+  int64_t block = aligned(2 * 128 * 4);
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{384, 128}, {128, 128}, {768, 128}, {128, 384}}) {
+    block += aligned(rows * cols) + aligned(4 * rows);
+  }
+  const int64_t rest = aligned(4 * 256 * 128) + aligned(4 * (128 + 256 * 128));  // wte; ln_f, head
+  EXPECT_EQ(j["lora"]["base_bytes"], rest + 2 * block);
 }
 
 }  // namespace

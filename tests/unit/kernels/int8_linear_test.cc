@@ -1,7 +1,7 @@
 // kernels/int8_linear: LLM.int8() weight quantization, the forward against the f32 linear layer
 // within the bound the quantization steps give, the outlier decomposition (an outlier column
 // enters in full precision; without the decomposition it would not), the input gradient
-// against finite differences, errors.
+// against finite differences, the read-back weight (Int8DequantizeWeight), errors.
 #include "kernels/int8_linear.h"
 
 #include <cmath>
@@ -184,6 +184,46 @@ TEST(Int8LinearTest, InputGradientMatchesFiniteDifferences) {
                                                  .dinp_mode = Accumulate::kAdd})
                   .ok());
   for (int64_t i = 0; i < m * k; ++i) EXPECT_EQ(added[i], 0.25f + dinp[i]) << i;
+}
+
+// W̃ as the layer computes with it: each element the f32 product of its code and w_n / 127,
+// and a forward whose every column is an outlier (threshold below every |x|) is inp · W̃ᵀ.
+TEST(Int8LinearTest, DequantizeGivesTheReadBackWeightTheLayerComputesWith) {
+  const int64_t m = 5, k = 24, n = 7;
+  Weight w(RandomVector(n * k, 12, -3.0f, 3.0f), n, k);
+  std::vector<float> read_back(n * k, -1.0f);
+  ASSERT_TRUE(
+      Int8DequantizeWeight(CpuContext(2), {.src = w.Quantized(), .dst = View(read_back, {n, k})})
+          .ok());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      EXPECT_EQ(read_back[r * k + c], static_cast<float>(w.code(r, c)) * (w.scales[r] / 127.0f))
+          << r << ", " << c;
+      // One more f32 rounding than the float64 read-back: a few ulps.
+      EXPECT_NEAR(read_back[r * k + c], w.read(r, c), 1e-6 * w.scales[r]) << r << ", " << c;
+    }
+  }
+  std::vector<float> inp = RandomVector(m * k, 13), out(m * n);
+  Workspace ws(m, k);
+  ASSERT_TRUE(Int8LinearForward(ws.ctx(), {.inp = View(inp, {m, k}),
+                                           .weight = w.Quantized(),
+                                           .out = View(out, {m, n}),
+                                           .outlier_threshold = 1e-30f})
+                  .ok());
+  std::vector<double> want(m * n, 0.0);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t c = 0; c < k; ++c) want[r * n + j] += double{inp[r * k + c]} * w.read(j, c);
+    }
+  }
+  // K = 24 f32 products summed in f32.
+  EXPECT_LT(MaxErrorOverLargest(out, want), 1e-6);
+  std::vector<float> wrong(n * (k + 1));
+  EXPECT_NE(
+      Int8DequantizeWeight(CpuContext(1), {.src = w.Quantized(), .dst = View(wrong, {n, k + 1})})
+          .message()
+          .find("weight.codes"),
+      std::string::npos);
 }
 
 TEST(Int8LinearTest, ErrorsNameTheArgument) {

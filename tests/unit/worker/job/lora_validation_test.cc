@@ -2,6 +2,7 @@
 // engine-support lines for what does not run yet.
 #include "worker/job/lora_validation.h"
 
+#include <limits>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -77,6 +78,35 @@ TEST(LoraViolationsTest, EachRuleNamesTheFieldTheValueAndTheRule) {
        },
        "model.lora.rank: 65 exceeds 64, the smaller side of o_proj's matrix; a LoRA rank must be "
        "at most it"},
+      {"int8 threshold zero",
+       [](JobSpec& s) {
+         s.mutable_model()->set_base_dtype(ModelConfig::INT8);
+         s.mutable_model()->set_int8_threshold(0.0f);
+       },
+       "model.int8_threshold: must be > 0 (got 0; Infinity turns the outlier decomposition "
+       "off)"},
+      {"int8 threshold negative",
+       [](JobSpec& s) {
+         s.mutable_model()->set_base_dtype(ModelConfig::INT8);
+         s.mutable_model()->set_int8_threshold(-6.0f);
+       },
+       "model.int8_threshold: must be > 0 (got -6; Infinity turns the outlier decomposition "
+       "off)"},
+      {"int8 threshold with another base",
+       [](JobSpec& s) {
+         s.mutable_model()->set_base_dtype(ModelConfig::NF4);
+         s.mutable_model()->set_int8_threshold(4.0f);
+       },
+       "model.int8_threshold: 4 is LLM.int8()'s outlier threshold and applies to "
+       "model.base_dtype INT8 only (got base_dtype NF4)"},
+      {"int8 base without lora",
+       [](JobSpec& s) {
+         s.mutable_model()->clear_lora();
+         s.mutable_model()->set_base_dtype(ModelConfig::INT8);
+       },
+       "model.base_dtype: INT8 describes the frozen base of a LoRA job and needs model.lora; "
+       "without it every weight trains and precision.param_dtype stores them (a quantized base "
+       "has no gradient or optimizer state)"},
       {"quantized base without lora",
        [](JobSpec& s) {
          s.mutable_model()->clear_lora();
@@ -107,8 +137,9 @@ TEST(LoraViolationsTest, GptTwoModulesAreItsOwn) {
   EXPECT_THAT(LoraViolations(spec), ::testing::IsEmpty());
 }
 
-TEST(LoraEngineSupportTest, RunsAdaptersOverAnFp32OrNf4BaseAtEveryStage) {
-  for (const auto base : {ModelConfig::FP32, ModelConfig::BF16, ModelConfig::NF4}) {
+TEST(LoraEngineSupportTest, RunsAdaptersOverAnFp32Nf4OrInt8BaseAtEveryStage) {
+  for (const auto base :
+       {ModelConfig::FP32, ModelConfig::BF16, ModelConfig::NF4, ModelConfig::INT8}) {
     for (int stage : {0, 1, 2, 3}) {
       JobSpec spec = testing::JobWithDefaults(kLlamaLora);
       spec.mutable_model()->set_base_dtype(base);
@@ -151,9 +182,27 @@ TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
   EXPECT_TRUE(absl::StrContains(CheckEngineSupport(spec).message(),
                                 "model.base_dtype: BF16 differs from precision.param_dtype FP32"))
       << CheckEngineSupport(spec);
+  // INT8 runs now (kernels/int8_linear.h in the model): no line names it.
   spec.mutable_model()->set_base_dtype(ModelConfig::INT8);
-  EXPECT_TRUE(
-      absl::StrContains(CheckEngineSupport(spec).message(), "model.base_dtype: INT8 (LLM.int8)"));
+  for (const std::string& line : testing::Lines(CheckEngineSupport(spec))) {
+    EXPECT_FALSE(line.starts_with("model.base_dtype: INT8")) << line;
+  }
+  spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CPU);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+}
+
+// The threshold is filled in for an INT8 base only (the paper's 6.0), kept when given.
+TEST(LoraDefaultsTest, Int8ThresholdDefaultsToTheLlmInt8Papers) {
+  JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+  EXPECT_FALSE(spec.model().has_int8_threshold());
+  spec.mutable_model()->set_base_dtype(ModelConfig::INT8);
+  ApplyLoraDefaults(&spec);
+  EXPECT_EQ(spec.model().int8_threshold(), 6.0f);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_model()->set_int8_threshold(std::numeric_limits<float>::infinity());
+  ApplyLoraDefaults(&spec);
+  EXPECT_EQ(spec.model().int8_threshold(), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);  // +inf: decomposition off
 }
 
 // Tensor parallelism and NVMe optimizer offload each train whole models only.

@@ -3,6 +3,7 @@
 #include "worker/plan/lora_plan.h"
 
 #include "gtest/gtest.h"
+#include "kernels/int8_linear.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
 
@@ -98,6 +99,64 @@ TEST(LoraPlanTest, AnNf4BaseTakesAboutHalfAByteAParameter) {
   EXPECT_GT(bits, 4.12);
   EXPECT_LT(bits, 4.2);  // QLoRA's 4.127 plus a per-tensor group and mean on small tensors
   EXPECT_GT(LoraBreakdown(plan).base_bytes, nf4_bytes);  // embeddings, norms and head besides
+}
+
+// LLM.int8(): one byte per quantized weight plus an f32 absmax per output row, exactly, and
+// the forward's scratch (int8 activations, their scales, the outlier columns) in the GEMM
+// workspace.
+TEST(LoraPlanTest, AnInt8BaseTakesAByteAParameterAndAScalePerRow) {
+  zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  job.mutable_model()->set_base_dtype(zerotrain::ModelConfig::INT8);
+  job.mutable_model()->set_int8_threshold(6.0f);
+  const ModelLayout layout = BuildModelLayout(job.model());
+  EXPECT_EQ(layout.base_quantization, BaseQuantization::kInt8);
+  EXPECT_EQ(layout.int8_threshold, 6.0f);
+  EXPECT_EQ(layout.block(0).role, ParamRole::kQuantized);
+  EXPECT_EQ(layout.block(0).numel, 2 * 64);  // the two RMSNorm weights stay in the flat buffer
+
+  const MemoryPlan plan = PlanMemory(job);
+  int64_t weights = 0, rows = 0;
+  for (const ParamSpec& p : layout.block(0).params) {
+    if (!p.quantized) continue;
+    weights += p.numel;
+    rows += p.shape[0];
+    const std::string prefix = Int8BufferPrefix(layout.block(0), p);
+    const BufferSpec* codes = nullptr;
+    const BufferSpec* scales = nullptr;
+    for (const BufferSpec& b : plan.buffers) {
+      if (b.name == prefix + "codes") codes = &b;
+      if (b.name == prefix + "scales") scales = &b;
+    }
+    ASSERT_NE(codes, nullptr) << prefix;
+    ASSERT_NE(scales, nullptr) << prefix;
+    EXPECT_EQ(codes->dtype, DType::kU8);
+    EXPECT_EQ(codes->shape, p.shape) << prefix;  // (out, in), as the kernel reads it
+    EXPECT_EQ(scales->dtype, DType::kF32);
+    EXPECT_EQ(scales->shape, std::vector<int64_t>{p.shape[0]}) << prefix;
+  }
+  // qkv (64+2·32)·64, o 64·64, gate|up 256·64, down 64·128; rows 128 + 64 + 256 + 64.
+  EXPECT_EQ(weights, 128 * 64 + 64 * 64 + 256 * 64 + 64 * 128);
+  EXPECT_EQ(rows, 128 + 64 + 256 + 64);
+  int64_t int8_bytes = 0, placed = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (!b.name.starts_with("block.0.int8.")) continue;
+    EXPECT_TRUE(IsQuantizedBaseBuffer(b.name)) << b.name;
+    int8_bytes += b.bytes();
+    placed += PlacedBytes(b);
+  }
+  EXPECT_EQ(int8_bytes, weights + 4 * rows);
+  // The base: every block's int8 buffers plus the unquantized rest (embedding, norms, head).
+  int64_t rest = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.name.ends_with(".params")) rest += PlacedBytes(b);
+  }
+  EXPECT_EQ(LoraBreakdown(plan).base_bytes, rest + layout.n_blocks() * placed);
+  // B·T = 32 tokens of the widest input (mlp.proj's 128): 32·128 int8 + 32 f32 + 128 i32.
+  int64_t workspace = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.name == "gemm_workspace") workspace = b.bytes();
+  }
+  EXPECT_GE(workspace, Int8LinearWorkspaceBytes(32, 128));
 }
 
 }  // namespace

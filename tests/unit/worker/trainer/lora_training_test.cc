@@ -21,8 +21,8 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kernels/nf4.h"
-#include "tests/unit/worker/trainer/pattern_corpus.h"
-#include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "tests/unit/kernels/nf4_buffers.h"
+#include "tests/unit/worker/trainer/lora_training_fixture.h"
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/safetensors.h"
@@ -39,143 +39,19 @@
 namespace zt {
 namespace {
 
+using testing::Bytes;
+using testing::ExpectMatches;
+using testing::ExportBase;
+using testing::HfBase;
+using testing::LoraRun;
+using testing::LoraTrainingTest;
+using testing::MakeHfBase;
+using testing::MaxAbsDiff;
+using testing::Nf4Buffers;
+using testing::ReadTensor;
+using testing::Weights;
 using zerotrain::JobSpec;
 using zerotrain::ModelConfig;
-
-using Weights = std::vector<std::vector<float>>;
-
-struct LoraRun {
-  std::vector<double> losses;  // the job's mean, per step
-  std::vector<double> loss_scales;
-  std::vector<double> grad_norms;
-  int64_t skipped = 0;
-  // The norm of rank 0's "<unit>.lora_grads" after the last step (f32, stage 0: the reduced
-  // gradients of the last step stay there until the next step zeroes them).
-  double last_adapter_grad_norm = 0;
-  std::vector<Weights> adapters;  // every rank's FullAdapters at the end
-  // Rank 0's frozen base (every "<unit>.params" and NF4 buffer) before and after training.
-  std::map<std::string, std::vector<char>> base_before, base_after;
-  std::vector<std::string> unclaimed;
-};
-
-std::map<std::string, std::vector<char>> BaseBytes(const Trainer& t) {
-  std::map<std::string, std::vector<char>> out;
-  for (const BufferSpec& b : t.plan().buffers) {
-    if (!b.name.ends_with(".params") && b.name.find(".nf4.") == std::string::npos) continue;
-    const Tensor buffer = t.arenas().Get(b.name).value();
-    const char* p = static_cast<const char*>(buffer.raw());
-    out[b.name].assign(p, p + buffer.size_bytes());
-  }
-  return out;
-}
-
-class LoraTrainingTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = testing::TestScratchDir("zt-lora-training-test");
-    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  // SmallShardedJob's model with adapters on every adaptable module (rank 4, alpha 8) over a
-  // `base` of the family's.
-  JobSpec Job(int world, int stage, int micro_batch, int accum = 1,
-              ModelConfig::Family family = ModelConfig::GPT2,
-              ModelConfig::BaseDType base = ModelConfig::FP32) {
-    JobSpec job =
-        testing::SmallShardedJob((dir_ / "train.bin").string(), world, stage, micro_batch, accum);
-    auto* m = job.mutable_model();
-    m->set_family(family);
-    if (family == ModelConfig::LLAMA) {
-      m->set_n_kv_head(2);
-      m->set_tie_embeddings(false);
-    }
-    m->set_base_dtype(base);
-    auto* lora = m->mutable_lora();
-    lora->set_rank(4);
-    lora->set_alpha(8.0f);
-    const std::vector<const char*> modules =
-        family == ModelConfig::GPT2
-            ? std::vector<const char*>{"c_attn", "c_proj", "c_fc"}
-            : std::vector<const char*>{"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                       "gate_proj", "up_proj", "down_proj"};
-    for (const char* module : modules) lora->add_target_modules(module);
-    return job;
-  }
-
-  // Runs every rank to global step `stop_after` (from 0, or from the resumed checkpoint's).
-  static LoraRun Train(const JobSpec& spec, int stop_after, TrainOptions base_options = {}) {
-    absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
-    EXPECT_TRUE(validated.ok()) << validated.status();
-    if (!validated.ok()) return {};
-    const JobSpec& job = *validated;
-    EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
-    const int n = job.parallel().world_size();
-    InProcessStore store;
-    LoraRun run;
-    run.adapters.resize(n);
-    std::vector<absl::Status> status(n);
-    std::vector<std::vector<std::string>> unclaimed(n);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        status[r] = [&]() -> absl::Status {
-          TrainOptions options = base_options;
-          options.stop_after_step = stop_after;
-          options.rank = r;
-          options.store = &store;
-          absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
-          if (!t.ok()) return t.status();
-          if (r == 0) run.base_before = BaseBytes(**t);
-          // Run(), not Step(): it is what saves the checkpoints.
-          absl::Status ran = (*t)->Run([&](const StepRecord& rec) {
-            if (r != 0) return;
-            run.losses.push_back(rec.loss);
-            run.loss_scales.push_back(rec.loss_scale);
-            run.grad_norms.push_back(rec.grad_norm);
-            run.skipped = rec.skipped;
-          });
-          if (!ran.ok()) return ran;
-          if (r == 0 && job.parallel().zero_stage() == 0) {
-            double sum_sq = 0;
-            for (const BufferSpec& b : (*t)->plan().buffers) {
-              if (!b.name.ends_with(".lora_grads") || b.dtype != DType::kF32) continue;
-              const Tensor g = (*t)->arenas().Get(b.name).value();
-              for (int64_t i = 0; i < g.numel(); ++i) {
-                sum_sq += static_cast<double>(g.data<float>()[i]) * g.data<float>()[i];
-              }
-            }
-            run.last_adapter_grad_norm = std::sqrt(sum_sq);
-          }
-          absl::StatusOr<Weights> adapters = (*t)->FullAdapters();
-          if (!adapters.ok()) return adapters.status();
-          run.adapters[r] = std::move(*adapters);
-          if (r == 0) run.base_after = BaseBytes(**t);
-          unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
-          return absl::OkStatus();
-        }();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-    for (const auto& u : unclaimed) run.unclaimed.insert(run.unclaimed.end(), u.begin(), u.end());
-    return run;
-  }
-
-  std::filesystem::path dir_;
-};
-
-double MaxAbsDiff(const Weights& a, const Weights& b) {
-  double worst = 0;
-  EXPECT_EQ(a.size(), b.size());
-  for (size_t u = 0; u < std::min(a.size(), b.size()); ++u) {
-    EXPECT_EQ(a[u].size(), b[u].size());
-    for (size_t i = 0; i < std::min(a[u].size(), b[u].size()); ++i) {
-      worst = std::max(worst, std::abs(static_cast<double>(a[u][i]) - b[u][i]));
-    }
-  }
-  return worst;
-}
 
 TEST_F(LoraTrainingTest, OneRankTrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
   for (const auto& [family, base] : {std::pair{ModelConfig::GPT2, ModelConfig::FP32},
@@ -243,25 +119,6 @@ TEST_F(LoraTrainingTest, TheFrozenBaseHasNoGradientNoOptimizerStateAndNoReductio
       }
     }
   }
-}
-
-// 2 ranks against one rank reading the same global batch. The ranks' gradients are summed in
-// another order than one rank's batch, so they differ in the last bits of fp32; over 5 Adam
-// steps that reaches the adapters at ~1e-7 and the losses at ~1e-7 relative. 1e-5 relative on
-// losses and 1e-5 absolute on adapters (lr 3e-3) stay well above that noise and well below
-// what a missing reduction or a wrong shard gives (an adapter off by the lr in one step).
-void ExpectMatches(const LoraRun& got, const LoraRun& want, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  for (size_t s = 0; s < want.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::abs(want.losses[s]))
-        << what << " step " << s + 1;
-  }
-  EXPECT_LT(MaxAbsDiff(got.adapters[0], want.adapters[0]), 1e-5) << what;
-  for (size_t r = 1; r < got.adapters.size(); ++r) {
-    EXPECT_EQ(MaxAbsDiff(got.adapters[r], got.adapters[0]), 0.0) << what << " rank " << r;
-  }
-  EXPECT_TRUE(got.base_before == got.base_after) << what << ": the frozen base changed";
-  EXPECT_TRUE(got.unclaimed.empty()) << what << ": unused plan buffer " << got.unclaimed.front();
 }
 
 TEST_F(LoraTrainingTest, TwoRanksAtEveryStageMatchOneRank) {
@@ -441,17 +298,6 @@ TEST_F(LoraTrainingTest, ResumeOnAnotherLayoutReshardsTheAdaptersAndTheirStates)
   }
 }
 
-// Reads a safetensors file's tensor as f32.
-std::vector<float> ReadTensor(const std::string& path, const std::string& name) {
-  std::unique_ptr<SafetensorsFile> file = SafetensorsFile::Open(path).value();
-  const SafetensorsTensorInfo* info = file->Find(name);
-  EXPECT_NE(info, nullptr) << name << " in " << path;
-  if (info == nullptr) return {};
-  std::vector<float> out(static_cast<size_t>(info->numel()));
-  EXPECT_TRUE(file->ReadAsF32(*info, absl::MakeSpan(out)).ok());
-  return out;
-}
-
 TEST_F(LoraTrainingTest, ABaseFromInitFromIsReloadedNotSavedAndResumesBitForBit) {
   // A Hugging Face base file with its own values (not train.seed's init).
   JobSpec job = Job(2, 2, 2, 1, ModelConfig::LLAMA);
@@ -507,46 +353,6 @@ TEST_F(LoraTrainingTest, ABaseFromInitFromIsReloadedNotSavedAndResumesBitForBit)
   for (int64_t i = 0; i < ln1.numel; ++i) EXPECT_EQ(norm[i], base[1][ln1.offset + i]);
 }
 
-// A Llama base in Hugging Face layout with values of its own: normal(0, 0.05) weights and
-// norms around 1, so NF4's blocks see a spread of magnitudes.
-struct HfBase {
-  zerotrain::ModelConfig plain;  // the job's model without adapters or base_dtype
-  ModelLayout layout;
-  Weights units;
-};
-
-HfBase MakeHfBase(const JobSpec& job) {
-  HfBase b;
-  b.plain = ValidatedJob(job).value().model();
-  b.plain.clear_lora();
-  b.plain.clear_base_dtype();
-  b.layout = BuildModelLayout(b.plain);
-  std::mt19937 rng(123);
-  std::normal_distribution<float> normal(0.0f, 0.05f);
-  for (const UnitLayout& u : b.layout.units) {
-    std::vector<float>& v = b.units.emplace_back(static_cast<size_t>(u.numel));
-    for (const ParamSpec& p : u.params) {
-      for (int64_t i = 0; i < p.numel; ++i) {
-        v[p.offset + i] = p.shape.size() == 1 ? 1.0f + normal(rng) : normal(rng);
-      }
-    }
-  }
-  return b;
-}
-
-std::string ExportBase(const HfBase& b, const std::string& path, DType dtype) {
-  std::vector<const float*> units;
-  for (const std::vector<float>& u : b.units) units.push_back(u.data());
-  const absl::Status s = ExportHuggingFace(path, b.plain, b.layout, units, dtype);
-  EXPECT_TRUE(s.ok()) << s;
-  return path;
-}
-
-std::vector<char> Bytes(const Tensor& t) {
-  const char* p = static_cast<const char*>(t.raw());
-  return std::vector<char>(p, p + t.size_bytes());
-}
-
 // model.base_dtype NF4 with model.init_from: the base quantizes while it streams in. From an
 // F32 and a BF16 file, every NF4 buffer is bit for bit what quantizing the file's values in
 // process gives (Llama's fused q/k/v and gate/up assembled from their three and two tensors),
@@ -583,14 +389,8 @@ TEST_F(LoraTrainingTest, AnNf4BaseFromHuggingFaceIsTheInProcessQuantizationBitFo
           continue;
         }
         // The reference: the same values quantized in process.
-        const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
-        std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
-        std::vector<float> scale(l.absmax_groups), offset(1);
-        const Nf4Tensor want{.numel = p.numel,
-                             .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
-                             .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
-                             .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
-                             .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+        Nf4Buffers storage(p.numel, Nf4Absmax::kDoubleQuantized);
+        const Nf4Tensor want = storage.View();
         ASSERT_TRUE(
             Nf4Quantize(ctx, {.src = Tensor(values.data(), DType::kF32, {p.numel}), .dst = want})
                 .ok());
@@ -632,14 +432,8 @@ TEST_F(LoraTrainingTest, AnNf4BaseFromHuggingFaceTrainsAndResumesBitForBit) {
           p.name != "mlp.fc.weight" && p.name != "mlp.proj.weight") {
         continue;
       }
-      const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
-      std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
-      std::vector<float> scale(l.absmax_groups), offset(1);
-      const Nf4Tensor q{.numel = p.numel,
-                        .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
-                        .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
-                        .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
-                        .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+      Nf4Buffers storage(p.numel, Nf4Absmax::kDoubleQuantized);
+      const Nf4Tensor q = storage.View();
       const Tensor w(dequantized.units[u].data() + p.offset, DType::kF32, {p.numel});
       ASSERT_TRUE(Nf4Quantize(CpuContext(1), {.src = w, .dst = q}).ok());
       ASSERT_TRUE(Nf4Dequantize(CpuContext(1), {.src = q, .dst = w}).ok());

@@ -1,5 +1,6 @@
 // Document shards (`zt prepare --format jsonl`) through the step loop: packed and padded runs
-// train, a packed run resumes bit for bit, prompt-only documents carry no loss, and the job's
+// train, the training and validation losses are token-level means over micro-batches and
+// ranks, a packed run resumes bit for bit, prompt-only documents carry no loss, and the job's
 // data.packing / data.overlong refusals name their fields.
 #include <cmath>
 #include <cstring>
@@ -187,6 +188,75 @@ TEST_F(PackedTrainingTest, AccumulationAndDataParallelismGiveTheLargeBatchLoss) 
       EXPECT_NEAR(acc.grad_norms[s], one.grad_norms[s], 1e-4 * one.grad_norms[s])
           << (packing ? "packed" : "padded") << " accumulated, step " << s + 1;
     }
+  }
+}
+
+// The validation loss is the same token-level mean: 4 validation rows evaluated as one
+// micro-batch of 4, as 2 micro-batches of 2 (eval_steps 2), and as 2 data-parallel ranks of 2
+// give one loss, though the 2-row micro-batches count different numbers of targets (checked),
+// where a mean of micro-batch means would differ by percents.
+TEST_F(PackedTrainingTest, ValidationLossIsTheTokenLevelMeanOverMicroBatchesAndRanks) {
+  const std::string train = WriteDocuments("docs.bin", 14);
+  const std::string val = WriteDocuments("val.bin", 14);
+  for (const bool packing : {true, false}) {
+    const std::string what = packing ? "packed" : "padded";
+    JobSpec large = Job(ModelConfig::LLAMA, train, packing);
+    large.mutable_data()->add_val(val);
+    large.mutable_train()->set_micro_batch_size(4);
+    large.mutable_train()->set_grad_accum_steps(1);
+    large.mutable_parallel()->set_micro_batches(1);
+    large.mutable_train()->set_eval_steps(1);
+    JobSpec split = large;
+    split.mutable_train()->set_micro_batch_size(2);
+    split.mutable_train()->set_eval_steps(2);
+    JobSpec data_parallel = large;
+    data_parallel.mutable_train()->set_micro_batch_size(2);
+    data_parallel.mutable_parallel()->set_world_size(2);
+    data_parallel.mutable_resources()->set_cpu_threads(1);
+
+    // Before any step every job holds the same seeded weights.
+    auto evaluate = [](const JobSpec& job) -> absl::StatusOr<double> {
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, {}));
+      return t->Evaluate();
+    };
+    const absl::StatusOr<double> one = evaluate(ValidatedJob(large).value());
+    const absl::StatusOr<double> two_batches = evaluate(ValidatedJob(split).value());
+    ASSERT_TRUE(one.ok()) << what << ": " << one.status();
+    ASSERT_TRUE(two_batches.ok()) << what << ": " << two_batches.status();
+    const JobSpec dp = ValidatedJob(data_parallel).value();
+    InProcessStore store;
+    std::vector<double> dp_loss(2);
+    ASSERT_TRUE(testing::RunRankThreads(2, [&](int r) -> absl::Status {
+                  TrainOptions options;
+                  options.rank = r;
+                  options.store = &store;
+                  ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(dp, options));
+                  ZT_ASSIGN_OR_RETURN(dp_loss[r], t->Evaluate());
+                  return absl::OkStatus();
+                }).ok());
+
+    // The two 2-row micro-batches must count different numbers of targets, or a mean of
+    // means would pass too.
+    auto batches = MicroBatches::Open(
+        {val}, "data.val", dp.data(),
+        {.B = 2, .T = 16, .shuffle = false, .seed = dp.data().seed(), .vocab_size = 32});
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    const int64_t c0 = (*batches)->CountedTargets(0).value();
+    const int64_t c1 = (*batches)->CountedTargets(1).value();
+    EXPECT_NE(c0, c1) << what;
+    // And the old mean of means is measurably off: micro-batch 0 alone gives its mean m0, the
+    // token-level mean gives m1 = (one·(c0 + c1) − c0·m0) / c1.
+    JobSpec first_only = split;
+    first_only.mutable_train()->set_eval_steps(1);
+    const absl::StatusOr<double> m0 = evaluate(ValidatedJob(first_only).value());
+    ASSERT_TRUE(m0.ok()) << m0.status();
+    const double m1 = (*one * static_cast<double>(c0 + c1) - static_cast<double>(c0) * *m0) /
+                      static_cast<double>(c1);
+    EXPECT_GT(std::abs((*m0 + m1) / 2 - *one), 1e-4 * *one) << what;
+    // The same sums in another blocking (rows per GEMM, the ranks' sum): fp32 noise.
+    EXPECT_NEAR(*two_batches, *one, 1e-5 * *one) << what << ": 2 micro-batches";
+    EXPECT_NEAR(dp_loss[0], *one, 1e-5 * *one) << what << ": 2 ranks";
+    EXPECT_EQ(dp_loss[1], dp_loss[0]) << what << ": every rank reports the same loss";
   }
 }
 
