@@ -121,7 +121,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   // A pipeline rank binds its stage's units only (the plan's partition).
   ZT_ASSIGN_OR_RETURN(Transformer m,
                       layout.pipeline_size() > 1
-                          ? Transformer::BindStage(job, layout, *t->arenas_, *t->arenas_, B, T)
+                          ? Transformer::BindStage(job, layout, *t->arenas_, *t->arenas_, B, T,
+                                                   TensorParallelOf(layout, t.get()))
                           : Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T,
                                               TensorParallelOf(layout, t.get())));
   t->model_.emplace(std::move(m));

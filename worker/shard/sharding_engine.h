@@ -122,8 +122,9 @@ class ShardingEngine {
   // model's StageForward/StageBackward itself, accumulating into the full gradient buffers
   // (".grads" at stages 0–1, ".grad_accum" at 2–3); this
   // starts every unit's reduction and waits for them, as ForwardBackward does after a step's
-  // last micro-batch. The last stage's copy of a tied embedding is left out of the norm
-  // statistics (the first stage counts wte).
+  // last micro-batch (a tensor-parallel stage's replicated KV heads summed over their ranks
+  // first). The last stage's copy of a tied embedding is left out of the norm statistics (the
+  // first stage counts wte; with tensor parallelism each TP rank its shard of it).
   absl::Status ReduceStageGradients(const DeviceContext& ctx);
   // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
   absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);
