@@ -1269,6 +1269,52 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
   return engine_->ReduceStageGradients(ctx_);
 }
 
+absl::Status Trainer::RunPipelineEvaluation(int64_t n) {
+  Transformer& m = *model_;
+  // A ZeRO-3 stage reads its units gathered whole: the optimizer stepped the shards since.
+  ZT_RETURN_IF_ERROR(engine_->GatherStageUnits());
+  const int v = m.chunks();
+  // As in the training schedule: a slot's output stays untouched until its send is done.
+  std::vector<std::vector<std::optional<CommHandle>>> sends(v);
+  for (int c = 0; c < v; ++c) sends[c].resize(m.in_flight(c));
+  auto wait = [](std::optional<CommHandle>& h) -> absl::Status {
+    if (!h) return absl::OkStatus();
+    absl::Status s = h->Wait();
+    h.reset();
+    return s;
+  };
+  const Transformer::LossOptions options{.loss_sum = engine_->loss_accumulator(),
+                                         .loss_divisor = 1.0};
+  // Micro-batch by micro-batch through the stage's chunks in model order: every link carries
+  // its activations in the order its receiver asks for them (under INTERLEAVED too: the first
+  // stage's chunk c + 1 waits for the last stage's chunk c of the same micro-batch), and the
+  // sends leave while the stage goes on, so the stages overlap as GPipe's forwards do.
+  for (int64_t k = 0; k < n; ++k) {
+    for (int c = 0; c < v; ++c) {
+      const int slot = static_cast<int>(k % m.in_flight(c));
+      const std::string label = absl::StrCat("evaluation chunk ", c, " micro-batch ", k);
+      ZT_RETURN_IF_ERROR(m.SelectMicroBatch(c, slot));
+      if (m.chunk_is_first() || m.chunk_is_last()) {
+        ZT_RETURN_IF_ERROR(UploadBatch(*val_batches_, k * data_size_ + data_rank_).status());
+      }
+      ZT_RETURN_IF_ERROR(wait(sends[c][slot]));
+      if (!m.chunk_is_first()) {
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_in->Recv(m.stage_input(), 0, label));
+        ZT_RETURN_IF_ERROR(h.Wait());
+      }
+      ZT_RETURN_IF_ERROR(m.StageForward(ctx_, options));
+      if (!m.chunk_is_last()) {
+        ZT_ASSIGN_OR_RETURN(sends[c][slot],
+                            comms_.activations_out->Send(m.stage_output(), 1, label));
+      }
+    }
+  }
+  for (auto& chunk : sends) {
+    for (std::optional<CommHandle>& h : chunk) ZT_RETURN_IF_ERROR(wait(h));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
   // Every stage's (busy, span), gathered over the pipeline group: the schedule's wall time is
   // the slowest stage's span (they start together: the previous step ended in collectives),
@@ -1291,16 +1337,14 @@ absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {
-  if (pipeline_size_ > 1) {
-    return absl::UnimplementedError(
-        "evaluation (data.val) with parallel.pipeline_parallel > 1: no forward-only schedule "
-        "yet");
-  }
   if (!val_batches_) return absl::FailedPreconditionError("no data.val to evaluate on");
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
-  for (int64_t k = 0; k < n; ++k) {
+  if (model_->pipelined()) {
+    ZT_RETURN_IF_ERROR(RunPipelineEvaluation(n));
+  }
+  for (int64_t k = 0; k < n && !model_->pipelined(); ++k) {
     ZT_RETURN_IF_ERROR(UploadBatch(*val_batches_, k * ranks + data_rank_).status());
     ZT_RETURN_IF_ERROR(
         engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = 1.0}));

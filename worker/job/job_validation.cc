@@ -586,7 +586,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (UsesLora(spec.model())) needs("without model.lora");
     if (!spec.model().init_from().empty())
       needs("from its own initialisation (no model.init_from)");
-    if (!spec.data().val().empty()) needs("without data.val (no forward-only schedule yet)");
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD");
     }

@@ -331,6 +331,16 @@ std::string ShardingEngine::Label(int t, const char* what) const {
 }
 
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(GatherStageUnits());
+  if (stage_ <= 1) {
+    for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  } else if (accumulate_full_) {
+    for (const Tensor& g : grad_accum_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::GatherStageUnits() {
   if (!stage_gathered_.empty()) {
     // A ZeRO-3 pipeline stage: every unit's shard (stepped by the last optimizer step, or
     // initialised or loaded) all-gathered into its whole buffer for this step's schedule.
@@ -346,11 +356,6 @@ absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
       handles.push_back(std::move(h));
     }
     ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
-  }
-  if (stage_ <= 1) {
-    for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
-  } else if (accumulate_full_) {
-    for (const Tensor& g : grad_accum_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
   }
   return absl::OkStatus();
 }

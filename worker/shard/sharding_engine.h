@@ -109,8 +109,13 @@ class ShardingEngine {
       const zerotrain::JobSpec& job, const ParallelLayout& layout, Transformer* model,
       const Arenas& arenas, ShardComms comms, DeviceCopyEngine* copies = nullptr);
 
-  // Zeroes the gradients a step accumulates into.
+  // Zeroes the gradients a step accumulates into (after GatherStageUnits).
   absl::Status BeginStep(const DeviceContext& ctx);
+  // A ZeRO-3 pipeline stage: all-gathers each of its unit shards into the whole buffer its
+  // StageForward / StageBackward read (SetStageComputeParams), and waits. What BeginStep does
+  // first, and a pipelined evaluation between steps (the optimizer stepped the shards since).
+  // Nothing for any other model.
+  absl::Status GatherStageUnits();
   // Forward and backward of the micro-batch in model->tokens()/targets(). On a step's last
   // micro-batch (`last`) the gradients are reduced; when this returns they are final in
   // grad_views(). The micro-batch's mean loss goes where options.loss_sum says (usually

@@ -271,7 +271,9 @@ TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
         "micro_batches: 4",
         "world_size: 8, tensor_parallel: 4, pipeline_parallel: 2, pipeline_schedule: GPIPE, "
         "micro_batches: 2"}) {
-    const JobSpec tp_pp = With(kLlamaYaml, layout);
+    JobSpec tp_pp = With(kLlamaYaml, layout);
+    // A pipelined job evaluates data.val with a forward-only pass over the stages.
+    tp_pp.mutable_data()->add_val(tp_pp.data().train(0));
     ASSERT_TRUE(ValidateJobSpec(tp_pp).ok()) << layout << ": " << ValidateJobSpec(tp_pp);
     EXPECT_TRUE(CheckEngineSupport(tp_pp).ok()) << layout << ": " << CheckEngineSupport(tp_pp);
   }

@@ -25,6 +25,7 @@ namespace zt::testing {
 
 struct PipelineRankRun {
   std::vector<double> losses, grad_norms;
+  std::vector<double> val_losses;              // StepRecord::val_loss where it was evaluated
   std::vector<int64_t> comm_bytes;             // per step
   std::vector<std::optional<double>> bubbles;  // StepRecord::pipeline_bubble
   std::vector<std::string> unclaimed;          // plan buffers the rank never used
@@ -70,6 +71,7 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
       mine.grad_norms.push_back(rec.grad_norm);
       mine.comm_bytes.push_back(rec.comm_bytes);
       mine.bubbles.push_back(rec.pipeline_bubble);
+      if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
     }));
     for (const Tensor& p : t->model().unit_params()) {
       mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
@@ -134,9 +136,9 @@ inline void ExpectSameStageWeights(const PipelineOutcome& got, const PipelineOut
 
 // `got` (pipeline stages, tensor-parallel or not, each rank's parameters whole at its ZeRO
 // stage: a ZeRO-3 run's shards joined by the caller) against `want` (one rank, 10 steps):
-// losses, gradient norms and every stage's weights — each tensor of a stage's unit against the
-// one-rank tensor's slice for the rank's tensor coordinate (the whole tensor without tensor
-// parallelism), and a head stage's copy of the tied wte against wte's slice.
+// losses, gradient norms, validation losses and every stage's weights — each tensor of a stage's
+// unit against the one-rank tensor's slice for the rank's tensor coordinate (the whole tensor
+// without tensor parallelism), and a head stage's copy of the tied wte against wte's slice.
 //
 // Tolerances: a stage runs the one-rank model's ops on the same values; what differs is the
 // order of sums — the tied wte's two copies' gradients added after the backward instead of
@@ -164,6 +166,12 @@ inline void ExpectSamePipelineTraining(const PipelineOutcome& got, const Pipelin
       EXPECT_NEAR(r.losses[s], ref.losses[s], 1e-6 * ref.losses[s]) << what << " step " << s + 1;
       EXPECT_NEAR(r.grad_norms[s], ref.grad_norms[s], 2e-5 * ref.grad_norms[s])
           << what << " gradient norm, step " << s + 1;
+    }
+    // Validation losses (data.val): a forward of the same weights, to the losses' bound.
+    ASSERT_EQ(r.val_losses.size(), ref.val_losses.size()) << what;
+    for (size_t k = 0; k < ref.val_losses.size(); ++k) {
+      EXPECT_NEAR(r.val_losses[k], ref.val_losses[k], 1e-6 * ref.val_losses[k])
+          << what << " validation " << k + 1;
     }
   }
   ExpectSameStageWeights(got, want, what, weight_bound);

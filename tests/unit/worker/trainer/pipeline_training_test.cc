@@ -211,6 +211,55 @@ JobSpec ZeroThree(JobSpec job) {
   return job;
 }
 
+// data.val on pipeline stages: a forward-only pass of the validation micro-batches through
+// the stages (each data-parallel rank its own), every eval_interval steps and after the last,
+// against one rank reading the same batches — under 1F1B and interleaved 1F1B (the first
+// stage's second chunk fed by the last stage's first), with tensor-parallel stages and with
+// ZeRO-3 stages (their units gathered again after the optimizer stepped the shards). Three
+// validation micro-batches: more than a 1F1B stage's in-flight slots, so slots are reused.
+TEST_F(PipelineTrainingTest, EvaluationRunsForwardOnlyThroughTheStagesAndMatchesOneRank) {
+  auto with_val = [&](JobSpec job) {
+    job.mutable_model()->set_n_layer(4);
+    job.mutable_data()->add_val((dir_ / "train.bin").string());
+    job.mutable_train()->set_eval_interval(5);
+    job.mutable_train()->set_eval_steps(3);
+    return job;
+  };
+  struct Case {
+    JobSpec job, one;
+    std::string what;
+  };
+  JobSpec tp_pp = Gpt2(2, 1, 0, 1, ParallelConfig::INTERLEAVED);
+  tp_pp.mutable_parallel()->set_world_size(4);
+  tp_pp.mutable_parallel()->set_tensor_parallel(2);
+  tp_pp.mutable_parallel()->set_virtual_stages(2);
+  const Case cases[] = {
+      {Llama(2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B), Llama(1, 1, 0, 1, ParallelConfig::GPIPE),
+       "llama pp2 1F1B"},
+      {tp_pp, Gpt2(1, 1, 0, 1, ParallelConfig::GPIPE), "gpt2 tp2 x pp2 interleaved"},
+      {ZeroThree(Gpt2(2, 2, 3, 1, ParallelConfig::ONE_F_ONE_B)),
+       Gpt2(1, 1, 0, 2, ParallelConfig::GPIPE), "gpt2 pp2 x dp2 zero-3 1F1B"},
+  };
+  for (const Case& c : cases) {
+    const Outcome reference = Run(with_val(c.one), 10);
+    ASSERT_TRUE(reference.status.ok()) << c.what << ": " << reference.status;
+    ASSERT_EQ(reference.ranks[0].val_losses.size(), 2u) << c.what;  // steps 5 and 10
+    Outcome got = Run(with_val(c.job), 10);
+    if (c.job.parallel().zero_stage() == 3 && got.status.ok()) {
+      // Each stage's two DP shards joined are its units (as in the ZeRO-3 case above).
+      for (int first : {0, 2}) {
+        for (size_t u = 0; u < got.ranks[first].params.size(); ++u) {
+          const std::vector<float>& second = got.ranks[first + 1].params[u];
+          got.ranks[first].params[u].insert(got.ranks[first].params[u].end(), second.begin(),
+                                            second.end());
+        }
+        got.ranks[first + 1].params = got.ranks[first].params;
+      }
+    }
+    ExpectSameTraining(got, reference, c.what);
+  }
+}
+
 // At its own layout a pipeline checkpoint resumes bit for bit: PP2 at ZeRO-1, and PP2 × DP2
 // at ZeRO-2 (1F1B) and ZeRO-3 (interleaved), whose shards are what the files hold.
 // A step's comm_bytes count the stage links: stage 0 sends each micro-batch's activations
