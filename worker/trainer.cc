@@ -418,23 +418,43 @@ absl::Status Trainer::InitializeWeights() {
   std::vector<std::vector<float>> imported;
   if (!model.init_from().empty() && !stream_nf4) {
     const ModelLayout whole = BuildModelLayout(model);
+    // A pipeline stage reads only the units it holds (and the embedding, whose wte a head
+    // stage's tied copy starts as); every other rank the whole model.
+    const std::vector<int>& held = model_->held_units();
+    std::vector<bool> wanted(whole.units.size(), false);
+    for (int w : held) wanted[w] = true;
+    if (layout.units.back().Find("lm_head.weight") != nullptr &&
+        whole.units.back().Find("lm_head.weight") == nullptr) {
+      wanted[0] = true;
+    }
+    std::vector<std::vector<float>> read(whole.units.size());
     std::vector<float*> units;
-    for (const UnitLayout& u : whole.units) {
-      imported.emplace_back(u.numel);
-      units.push_back(imported.back().data());
+    for (size_t u = 0; u < whole.units.size(); ++u) {
+      if (wanted[u]) read[u].resize(whole.units[u].numel);
+      units.push_back(wanted[u] ? read[u].data() : nullptr);
     }
     // A ZeroTrain checkpoint (another job's, started from explicitly) or a Hugging Face
     // model directory.
     ZT_RETURN_IF_ERROR(IsCheckpoint(model.init_from())
                            ? ReadCheckpointWeights(model.init_from(), model, units)
                            : ImportHuggingFace(model.init_from(), model, whole, units));
-    if (const TensorParallelGroup& tp = model_->tensor_parallel(); tp.size > 1) {
-      for (size_t u = 0; u < whole.units.size(); ++u) {
-        std::vector<float> share(layout.units[u].numel);
-        ExtractUnitShare(model, whole.units[u], layout.units[u], tp.size, tp.rank,
-                         imported[u].data(), share.data());
-        imported[u] = std::move(share);
+    // Each of the rank's units from the whole one: its tensor-parallel share of every tensor
+    // (the whole tensor at t = 1), a head stage's copy of the tied wte from the embedding's.
+    const TensorParallelGroup& tp = model_->tensor_parallel();
+    for (size_t local = 0; local < layout.units.size(); ++local) {
+      const UnitLayout& mine = layout.units[local];
+      std::vector<float> share(mine.numel, 0.0f);
+      for (const ParamSpec& p : mine.params) {
+        int from = held[local];
+        const ParamSpec* w = whole.units[from].Find(p.name);
+        if (w == nullptr) {
+          from = 0;
+          w = whole.units[0].Find("wte");
+        }
+        ExtractSlice(SliceOf(model, w->name, w->shape, tp.size, tp.rank),
+                     read[from].data() + w->offset, share.data() + p.offset);
       }
+      imported.push_back(std::move(share));
     }
   }
   // The fp32 values pass through a bounded buffer, a chunk at a time, so set-up never holds

@@ -584,8 +584,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
     NeedsFp32WithoutOffload(spec, needs);
     if (UsesLora(spec.model())) needs("without model.lora");
-    if (!spec.model().init_from().empty())
-      needs("from its own initialisation (no model.init_from)");
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD");
     }

@@ -21,6 +21,7 @@
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint_export.h"
 #include "worker/data/token_shard.h"
+#include "worker/job/job_loading.h"
 
 namespace zt {
 namespace {
@@ -257,6 +258,65 @@ TEST_F(TensorPipelineTrainingTest, ExportOfTwoByTwoIsTheOneRankExport) {
       }
     }
     EXPECT_LT(worst, 1e-4) << name << ": the TP2 x PP2 x DP2 export against the one-rank export";
+  }
+}
+
+// model.init_from on pipeline stages: each stage reads only its own units (a null buffer for
+// the others, which ReadCheckpointWeights and ImportHuggingFace then leave alone) and each rank
+// keeps its tensor-parallel share, a head stage's tied copy starting as wte's. From a Hugging
+// Face export of trained weights and from a checkpoint of another layout (DP2 ZeRO-1), PP2 and
+// TP2 × PP2 train as one rank started from the same source (ExpectSamePipelineTraining's
+// bounds).
+TEST_F(TensorPipelineTrainingTest, InitFromAWholeModelOrACheckpointMatchesOneRank) {
+  for (const bool llama : {false, true}) {
+    const std::string name = llama ? "llama" : "gpt2";
+    JobSpec first = Model(llama, 1, 1, 2, 1, 2);
+    first.mutable_train()->set_max_steps(3);
+    first.mutable_checkpoint()->set_interval_steps(3);
+    first.mutable_checkpoint()->set_dir((dir_ / (name + "-ckpt")).string());
+    ASSERT_TRUE(RunRanks(first, 3).status.ok()) << name;
+    const std::string hf = (dir_ / (name + "-hf")).string();
+    ASSERT_TRUE(ExportCheckpoint(first.checkpoint().dir(), hf, {}).ok()) << name;
+
+    // A null unit is not read: the others are what a whole read gives.
+    const JobSpec validated = ValidatedJob(first).value();
+    const ModelLayout whole = BuildModelLayout(validated.model());
+    std::vector<std::vector<float>> all(whole.units.size()), some(whole.units.size());
+    std::vector<float*> all_units, some_units;
+    for (size_t u = 0; u < whole.units.size(); ++u) {
+      all[u].assign(whole.units[u].numel, 0.0f);
+      all_units.push_back(all[u].data());
+      if (u != 1) some[u].assign(whole.units[u].numel, 0.0f);
+      some_units.push_back(u != 1 ? some[u].data() : nullptr);
+    }
+    for (const std::string& source : {first.checkpoint().dir(), hf}) {
+      const bool checkpoint = source == first.checkpoint().dir();
+      auto read = [&](const std::vector<float*>& units) {
+        return checkpoint ? ReadCheckpointWeights(source, validated.model(), units)
+                          : ImportHuggingFace(source, validated.model(), whole, units);
+      };
+      ASSERT_TRUE(read(all_units).ok()) << name << " " << source;
+      ASSERT_TRUE(read(some_units).ok()) << name << " " << source;
+      for (size_t u = 0; u < whole.units.size(); ++u) {
+        if (u != 1) EXPECT_EQ(some[u], all[u]) << name << " " << source << " unit " << u;
+      }
+
+      JobSpec one = Model(llama, 1, 1, 1, 0, 1);
+      one.mutable_model()->set_init_from(source);
+      const PipelineOutcome reference = RunRanks(one, 10);
+      ASSERT_TRUE(reference.status.ok()) << reference.status;
+      // The start is the trained model, not a fresh one.
+      EXPECT_LT(reference.ranks[0].losses[0],
+                RunRanks(Model(llama, 1, 1, 1, 0, 1), 1).ranks[0].losses[0])
+          << name;
+      for (const int tp : {1, 2}) {
+        JobSpec job = Model(llama, tp, 2, 1, 0, 1);
+        job.mutable_model()->set_init_from(source);
+        testing::ExpectSamePipelineTraining(
+            RunRanks(job, 10), reference,
+            absl::StrCat(name, " tp", tp, " x pp2 from ", checkpoint ? "a checkpoint" : "hf"));
+      }
+    }
   }
 }
 
