@@ -52,12 +52,7 @@ class PipelineTrainingTest : public ::testing::Test {
   }
   JobSpec Llama(int pp, int dp, int stage, int micro_batch, ParallelConfig::PipelineSchedule s) {
     JobSpec job = Gpt2(pp, dp, stage, micro_batch, s);
-    auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::LLAMA);
-    m->set_n_kv_head(2);
-    m->set_d_ff(64);
-    m->set_vocab_size(34);
-    m->set_tie_embeddings(false);
+    testing::MakeSmallGqaLlama(job);
     return job;
   }
 

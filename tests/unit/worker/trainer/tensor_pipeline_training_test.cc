@@ -49,17 +49,11 @@ class TensorPipelineTrainingTest : public ::testing::Test {
     job.mutable_train()->set_max_steps(10);
     return job;
   }
-  // Llama with GQA (4 query heads, 2 KV heads: split at t = 2, replicated at t = 4) and an
-  // untied head over a vocabulary of 34 (17 rows a rank at t = 2, padded at t = 4).
+  // Llama with GQA, its KV heads split at t = 2 and replicated at t = 4, and an untied head.
   JobSpec Llama(int tp, int pp, int dp, int zero, int micro_batch,
                 ParallelConfig::PipelineSchedule schedule = ParallelConfig::ONE_F_ONE_B) {
     JobSpec job = Gpt2(tp, pp, dp, zero, micro_batch, schedule);
-    auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::LLAMA);
-    m->set_n_kv_head(2);
-    m->set_d_ff(64);
-    m->set_vocab_size(34);
-    m->set_tie_embeddings(false);
+    testing::MakeSmallGqaLlama(job);
     return job;
   }
   JobSpec Model(bool llama, int tp, int pp, int dp, int zero, int micro_batch,
