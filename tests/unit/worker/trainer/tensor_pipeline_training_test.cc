@@ -5,10 +5,10 @@
 // wte's two copies summed shard by shard between the first and last stage. Against one rank
 // from the same seed over 10 steps (losses, gradient norms, every stage's weights against the
 // one-rank weights sliced; arenas equal to the plan): TP2 × PP2 under GPipe, 1F1B and
-// interleaved 1F1B, TP4 × PP2 with Llama's KV heads replicated, TP2 × PP2 × DP2 under ZeRO-1
-// and 2; GPT-2 (tied) and Llama (GQA, untied) each. Checkpoints written at TP2 × PP2 resume at
+// interleaved 1F1B, TP4 × PP2 with Llama's KV heads replicated, TP2 × PP2 × DP2 under ZeRO-1,
+// 2 and 3; GPT-2 (tied) and Llama (GQA, untied) each. Checkpoints written at TP2 × PP2 resume at
 // one rank's layout × DP4 and the other way round; `zt export` of a TP2 × PP2 checkpoint is the
-// whole model.
+// whole model; PP2 and TP2 × PP2 start from model.init_from, each stage reading its own units.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -111,25 +111,37 @@ TEST_F(TensorPipelineTrainingTest, LlamaReplicatedKvHeadsOnFourByTwoMatchOneRank
                                       RunRanks(Llama(1, 1, 1, 0, 1), 10), "llama tp4 x pp2 1F1B");
 }
 
-TEST_F(TensorPipelineTrainingTest, TwoByTwoByTwoWithZeroOneAndTwoMatchesOneRank) {
+TEST_F(TensorPipelineTrainingTest, TwoByTwoByTwoUnderZeroOneTwoAndThreeMatchesOneRank) {
   // TP2 × PP2 × DP2: ZeRO inside each data-parallel group (the ranks of equal tensor and
   // pipeline coordinates); the two replicas' micro-batches k are the global batch's sequences
-  // 2k and 2k + 1, which one rank reads as micro-batch k of 2.
+  // 2k and 2k + 1, which one rank reads as micro-batch k of 2. ZeRO-3 stages keep their units
+  // gathered for the step (reshard_after_forward false).
   for (const bool llama : {false, true}) {
     const PipelineOutcome reference = RunRanks(Model(llama, 1, 1, 1, 0, 2), 10);
-    for (int zero : {1, 2}) {
+    for (int zero : {1, 2, 3}) {
       const std::string what =
           absl::StrCat(llama ? "llama" : "gpt2", " tp2 x pp2 x dp2 zero-", zero, " 1F1B");
-      const PipelineOutcome got = RunRanks(Model(llama, 2, 2, 2, zero, 1), 10);
+      JobSpec job = Model(llama, 2, 2, 2, zero, 1);
+      job.mutable_parallel()->set_reshard_after_forward(false);
+      PipelineOutcome got = RunRanks(job, 10);
+      if (zero == 3 && got.status.ok()) {
+        // Each rank's parameters are its shard: data-parallel member d holds elements
+        // [d·s, (d + 1)·s) of its padded share, so the two members' shards joined are the share.
+        for (int r : {0, 1, 4, 5}) {  // data coordinate 0; its replica is rank r + tp
+          for (size_t u = 0; u < got.ranks[r].params.size(); ++u) {
+            const std::vector<float>& second = got.ranks[r + 2].params[u];
+            got.ranks[r].params[u].insert(got.ranks[r].params[u].end(), second.begin(),
+                                          second.end());
+          }
+          got.ranks[r + 2].params = got.ranks[r].params;
+        }
+      }
       testing::ExpectSamePipelineTraining(got, reference, what);
       ExpectRankOrder(got, what);
       if (!got.status.ok()) continue;
-      // Each rank's data-parallel replica (rank ± tp) ends with its parameters.
-      for (int r = 0; r < 8; r += 4) {
-        for (int t = 0; t < 2; ++t) {
-          EXPECT_EQ(got.ranks[r + t].params, got.ranks[r + t + 2].params)
-              << what << " rank " << r + t;
-        }
+      // Each rank's data-parallel replica (rank + tp) ends with its parameters.
+      for (int r : {0, 1, 4, 5}) {
+        EXPECT_EQ(got.ranks[r].params, got.ranks[r + 2].params) << what << " rank " << r;
       }
     }
   }
