@@ -86,8 +86,10 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenVerified(const std::string& path
 bool IsCheckpoint(const std::string& path);
 
 // The fp32 weights of `checkpoint` (a checkpoint.dir's `latest` step, or one step directory),
-// written at any world size, ZeRO stage, tensor- and pipeline-parallel degree, into units[u][0, numel) of `model`'s layout: the
-// master weights when the saved precision keeps them, else the parameters. Every rank file is
+// written at any world size, ZeRO stage, tensor- and pipeline-parallel degree, into
+// units[u][0, numel) of `model`'s layout (a null units[u] is not read: a pipeline stage reads
+// only its own units): the master weights when the saved precision keeps them, else the
+// parameters. Every rank file is
 // verified first (DataLoss naming a corrupt one). FailedPrecondition naming the checkpoint
 // and the first difference when it was saved for another model (family or a unit's size).
 absl::Status ReadCheckpointWeights(const std::string& checkpoint,

@@ -35,6 +35,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// What a validation micro-batch's mean loss is divided by so that the sum over the `ranks`
+// data-parallel ranks' micro-batches, divided by `ranks`, is the mean over all `total` counted
+// targets: its mean weighs by counted · ranks / total. A micro-batch with nothing counted has
+// a loss of 0 and adds nothing.
+double EvaluationLossDivisor(int64_t total, int64_t counted, int64_t ranks) {
+  return counted == 0 ? 1.0 : static_cast<double>(total) / static_cast<double>(counted * ranks);
+}
+
 std::string FormatDuration(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
   if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
@@ -121,7 +129,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   // A pipeline rank binds its stage's units only (the plan's partition).
   ZT_ASSIGN_OR_RETURN(Transformer m,
                       layout.pipeline_size() > 1
-                          ? Transformer::BindStage(job, layout, *t->arenas_, *t->arenas_, B, T)
+                          ? Transformer::BindStage(job, layout, *t->arenas_, *t->arenas_, B, T,
+                                                   TensorParallelOf(layout, t.get()))
                           : Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T,
                                               TensorParallelOf(layout, t.get())));
   t->model_.emplace(std::move(m));
@@ -439,23 +448,43 @@ absl::Status Trainer::InitializeWeights() {
   std::vector<std::vector<float>> imported;
   if (!model.init_from().empty() && !stream_quantized) {
     const ModelLayout whole = BuildModelLayout(model);
+    // A pipeline stage reads only the units it holds (and the embedding, whose wte a head
+    // stage's tied copy starts as); every other rank the whole model.
+    const std::vector<int>& held = model_->held_units();
+    std::vector<bool> wanted(whole.units.size(), false);
+    for (int w : held) wanted[w] = true;
+    if (layout.units.back().Find("lm_head.weight") != nullptr &&
+        whole.units.back().Find("lm_head.weight") == nullptr) {
+      wanted[0] = true;
+    }
+    std::vector<std::vector<float>> read(whole.units.size());
     std::vector<float*> units;
-    for (const UnitLayout& u : whole.units) {
-      imported.emplace_back(u.numel);
-      units.push_back(imported.back().data());
+    for (size_t u = 0; u < whole.units.size(); ++u) {
+      if (wanted[u]) read[u].resize(whole.units[u].numel);
+      units.push_back(wanted[u] ? read[u].data() : nullptr);
     }
     // A ZeroTrain checkpoint (another job's, started from explicitly) or a Hugging Face
     // model directory.
     ZT_RETURN_IF_ERROR(IsCheckpoint(model.init_from())
                            ? ReadCheckpointWeights(model.init_from(), model, units)
                            : ImportHuggingFace(model.init_from(), model, whole, units));
-    if (const TensorParallelGroup& tp = model_->tensor_parallel(); tp.size > 1) {
-      for (size_t u = 0; u < whole.units.size(); ++u) {
-        std::vector<float> share(layout.units[u].numel);
-        ExtractUnitShare(model, whole.units[u], layout.units[u], tp.size, tp.rank,
-                         imported[u].data(), share.data());
-        imported[u] = std::move(share);
+    // Each of the rank's units from the whole one: its tensor-parallel share of every tensor
+    // (the whole tensor at t = 1), a head stage's copy of the tied wte from the embedding's.
+    const TensorParallelGroup& tp = model_->tensor_parallel();
+    for (size_t local = 0; local < layout.units.size(); ++local) {
+      const UnitLayout& mine = layout.units[local];
+      std::vector<float> share(mine.numel, 0.0f);
+      for (const ParamSpec& p : mine.params) {
+        int from = held[local];
+        const ParamSpec* w = whole.units[from].Find(p.name);
+        if (w == nullptr) {
+          from = 0;
+          w = whole.units[0].Find("wte");
+        }
+        ExtractSlice(SliceOf(model, w->name, w->shape, tp.size, tp.rank),
+                     read[from].data() + w->offset, share.data() + p.offset);
       }
+      imported.push_back(std::move(share));
     }
   }
   // The fp32 values pass through a bounded buffer, a chunk at a time, so set-up never holds
@@ -1247,7 +1276,9 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
         ZT_RETURN_IF_ERROR(h.Wait());
       }
       const auto compute_start = Clock::now();
-      ZT_RETURN_IF_ERROR(m.StageForward(ctx_, options));
+      ZT_RETURN_IF_ERROR(m.StageForward(
+          ctx_, {.loss_sum = engine_->loss_accumulator(),
+                 .loss_divisor = EvaluationLossDivisor(total_counted, counted, data_size_)}));
       busy_s += std::chrono::duration<double>(Clock::now() - compute_start).count();
       if (!last) {
         ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_out->Send(m.stage_output(), 1, label));
@@ -1297,6 +1328,53 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
   return engine_->ReduceStageGradients(ctx_);
 }
 
+absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {
+  Transformer& m = *model_;
+  // A ZeRO-3 stage reads its units gathered whole: the optimizer stepped the shards since.
+  ZT_RETURN_IF_ERROR(engine_->GatherStageUnits());
+  const int v = m.chunks();
+  // As in the training schedule: a slot's output stays untouched until its send is done.
+  std::vector<std::vector<std::optional<CommHandle>>> sends(v);
+  for (int c = 0; c < v; ++c) sends[c].resize(m.in_flight(c));
+  auto wait = [](std::optional<CommHandle>& h) -> absl::Status {
+    if (!h) return absl::OkStatus();
+    absl::Status s = h->Wait();
+    h.reset();
+    return s;
+  };
+  // Micro-batch by micro-batch through the stage's chunks in model order: every link carries
+  // its activations in the order its receiver asks for them (under INTERLEAVED too: the first
+  // stage's chunk c + 1 waits for the last stage's chunk c of the same micro-batch), and the
+  // sends leave while the stage goes on, so the stages overlap as GPipe's forwards do.
+  for (int64_t k = 0; k < n; ++k) {
+    for (int c = 0; c < v; ++c) {
+      const int slot = static_cast<int>(k % m.in_flight(c));
+      const std::string label = absl::StrCat("evaluation chunk ", c, " micro-batch ", k);
+      ZT_RETURN_IF_ERROR(m.SelectMicroBatch(c, slot));
+      int64_t counted = 0;  // the last chunk's loss weighs by it (Evaluate)
+      if (m.chunk_is_first() || m.chunk_is_last()) {
+        ZT_ASSIGN_OR_RETURN(counted, UploadBatch(*val_batches_, k * data_size_ + data_rank_));
+      }
+      ZT_RETURN_IF_ERROR(wait(sends[c][slot]));
+      if (!m.chunk_is_first()) {
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_in->Recv(m.stage_input(), 0, label));
+        ZT_RETURN_IF_ERROR(h.Wait());
+      }
+      ZT_RETURN_IF_ERROR(m.StageForward(
+          ctx_, {.loss_sum = engine_->loss_accumulator(),
+                 .loss_divisor = EvaluationLossDivisor(total_counted, counted, data_size_)}));
+      if (!m.chunk_is_last()) {
+        ZT_ASSIGN_OR_RETURN(sends[c][slot],
+                            comms_.activations_out->Send(m.stage_output(), 1, label));
+      }
+    }
+  }
+  for (auto& chunk : sends) {
+    for (std::optional<CommHandle>& h : chunk) ZT_RETURN_IF_ERROR(wait(h));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
   // Every stage's (busy, span), gathered over the pipeline group: the schedule's wall time is
   // the slowest stage's span (they start together: the previous step ended in collectives),
@@ -1319,32 +1397,27 @@ absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {
-  if (pipeline_size_ > 1) {
-    return absl::UnimplementedError(
-        "evaluation (data.val) with parallel.pipeline_parallel > 1: no forward-only schedule "
-        "yet");
-  }
   if (!val_batches_) return absl::FailedPreconditionError("no data.val to evaluate on");
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
   // The validation loss is the mean over every target the n · ranks micro-batches count, as
   // the step's loss is (Step): a packed or padded micro-batch with few counted targets weighs
-  // by its targets, not as much as a full one. Every rank works the total out alone from the
-  // document plan; each micro-batch's mean is weighed by counted · ranks / total, so the sum
-  // over the ranks divided by `ranks` is the token-level mean.
+  // by its targets, not as much as a full one (EvaluationLossDivisor). Every rank works the
+  // total out alone from the document plan.
   int64_t total = 0;
   for (int64_t k = 0; k < n * ranks; ++k) {
     ZT_ASSIGN_OR_RETURN(const int64_t counted, val_batches_->CountedTargets(k));
     total += counted;
   }
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
-  for (int64_t k = 0; k < n; ++k) {
+  if (model_->pipelined()) {
+    ZT_RETURN_IF_ERROR(RunPipelineEvaluation(n, total));
+  }
+  for (int64_t k = 0; k < n && !model_->pipelined(); ++k) {
     ZT_ASSIGN_OR_RETURN(const int64_t counted, UploadBatch(*val_batches_, k * ranks + data_rank_));
-    // A micro-batch with nothing counted has a loss of 0 and adds nothing.
-    const double loss_divisor =
-        counted == 0 ? 1.0 : static_cast<double>(total) / static_cast<double>(counted * ranks);
     ZT_RETURN_IF_ERROR(engine_->ForwardLoss(
-        ctx_, {.loss_sum = engine_->loss_accumulator(), .loss_divisor = loss_divisor}));
+        ctx_, {.loss_sum = engine_->loss_accumulator(),
+               .loss_divisor = EvaluationLossDivisor(total, counted, ranks)}));
   }
   ZT_ASSIGN_OR_RETURN(StepTotals totals, ReadStatistics(/*stop_request=*/0, /*loss_divisor=*/1.0));
   return totals.loss_sum / static_cast<double>(ranks);

@@ -259,6 +259,12 @@ class Trainer {
     double span_s = 0;  // the schedule's wall time on this stage, to its last send's end
   };
   absl::Status RunPipelineSchedule(float grad_scale, double* data_wait_s, PipelineTiming* timing);
+  // Evaluate's part on a pipeline stage: the forwards of validation micro-batches 0..n − 1
+  // (each data-parallel rank its own) through the stage's chunks, activations received from
+  // the previous stage and sent to the next; the last stage adds each one's loss to the
+  // engine's accumulator, weighed by its counted targets out of `total_counted`, the targets
+  // of every rank's n micro-batches (the token-level mean, as Evaluate's).
+  absl::Status RunPipelineEvaluation(int64_t n, int64_t total_counted);
   // StepRecord::pipeline_bubble from every stage's timing (an all-gather over the pipeline).
   absl::StatusOr<double> PipelineBubble(const PipelineTiming& timing);
   // Fills host staging with `batches`' micro-batch k and uploads it into the model's tokens

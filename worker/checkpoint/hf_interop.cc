@@ -169,15 +169,20 @@ absl::StatusOr<std::vector<HfTensor>> HuggingFaceTensors(const ModelConfig& m,
 
 namespace {
 
+// What a null unit buffer means: an error (export writes every unit), or a unit the caller
+// does not hold (a pipeline stage imports its own units only).
+enum class NullBuffers { kRefused, kSkipTheUnit };
+
 template <typename T>
-absl::Status CheckBuffers(const ModelLayout& layout, const std::vector<T*>& bufs) {
+absl::Status CheckBuffers(const ModelLayout& layout, const std::vector<T*>& bufs,
+                          NullBuffers null = NullBuffers::kRefused) {
   if (bufs.size() != layout.units.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unit_params holds ", bufs.size(),
                                                    " buffers but the layout has ",
                                                    layout.units.size(), " units"));
   }
   for (size_t u = 0; u < bufs.size(); ++u) {
-    if (bufs[u] == nullptr && layout.units[u].numel > 0) {
+    if (null == NullBuffers::kRefused && bufs[u] == nullptr && layout.units[u].numel > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("unit_params[", u, "] (", layout.units[u].name, ") is null"));
     }
@@ -489,7 +494,7 @@ absl::StatusOr<MatchedWeights> MatchHuggingFace(const std::string& path, const M
 
 absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& config,
                                const ModelLayout& layout, const std::vector<float*>& unit_params) {
-  ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params));
+  ZT_RETURN_IF_ERROR(CheckBuffers(layout, unit_params, NullBuffers::kSkipTheUnit));
   ZT_ASSIGN_OR_RETURN(const MatchedWeights matched, MatchHuggingFace(path, config, layout));
   const std::vector<HfTensor>& table = matched.table;
   const std::vector<SourceTensor>& source = matched.source;
@@ -502,6 +507,7 @@ absl::Status ImportHuggingFace(const std::string& path, const ModelConfig& confi
           " goes to a quantized (NF4/INT8) weight, which ImportHuggingFace cannot fill; "
           "use StreamHuggingFace"));
     }
+    if (unit_params[t.unit] == nullptr) continue;  // a unit the caller does not hold
     float* dst = unit_params[t.unit] + t.unit_begin();
     const int64_t n = t.numel();
     const SafetensorsFile& file = *source[i].file;

@@ -105,8 +105,9 @@ absl::StatusOr<nlohmann::json> HuggingFaceConfig(const zerotrain::ModelConfig& c
 // names them.
 std::string HfShardName(int index, int count);
 
-// Fills every unit's flat buffer (unit_params[u] holds layout.units[u].numel floats) from the
-// safetensors file at `path`, converting F32, F16 and BF16 tensors to f32. `path` may also be a
+// Fills every unit's flat buffer (unit_params[u] holds layout.units[u].numel floats; null: the
+// unit is not read, as a pipeline stage reads only its own units) from the safetensors file at
+// `path`, converting F32, F16 and BF16 tensors to f32. `path` may also be a
 // Hugging Face model directory: its model.safetensors, or else the shards its
 // model.safetensors.index.json lists (config.json is not read: `config` rules). An index that
 // does not parse, names a file outside the directory, or disagrees with its shards (a tensor

@@ -560,17 +560,14 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
   // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE,
-  // ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage, without tensor parallelism;
-  // no sequence parallelism yet.
+  // ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage, each stage's units
+  // tensor-parallel when t > 1; no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
       lines.push_back(
           absl::StrCat("parallel.pipeline_parallel: ", pp, " trains ", what, " so far"));
     };
-    if (parallel.tensor_parallel() > 1) {
-      needs("with parallel.tensor_parallel 1 (a stage binds whole units)");
-    }
     if (parallel.zero_stage() >= 2 && std::max(parallel.micro_batches(),
                                                spec.train().grad_accum_steps()) < 2) {
       needs(absl::StrCat("at parallel.zero_stage ", parallel.zero_stage(),
@@ -587,9 +584,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
     NeedsFp32WithoutOffload(spec, needs);
     if (UsesLora(spec.model())) needs("without model.lora");
-    if (!spec.model().init_from().empty())
-      needs("from its own initialisation (no model.init_from)");
-    if (!spec.data().val().empty()) needs("without data.val (no forward-only schedule yet)");
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD");
     }

@@ -88,17 +88,6 @@ void ExtractSlice(const TensorParallelSlice& s, const float* whole, float* local
   }
 }
 
-void ExtractUnitShare(const zerotrain::ModelConfig& m, const UnitLayout& whole,
-                      const UnitLayout& local, int tp, int rank, const float* whole_values,
-                      float* local_values) {
-  std::fill(local_values, local_values + local.numel, 0.0f);
-  for (const ParamSpec& p : local.params) {
-    const ParamSpec& w = *whole.Find(p.name);
-    ExtractSlice(SliceOf(m, p.name, w.shape, tp, rank), whole_values + w.offset,
-                 local_values + p.offset);
-  }
-}
-
 void PlaceSlice(const TensorParallelSlice& s, const float* local, float* whole) {
   for (const TensorParallelSlice::Rows& run : s.rows) {
     for (int64_t i = 0; i < run.count; ++i) {

@@ -47,14 +47,6 @@ TensorParallelSlice SliceOf(const zerotrain::ModelConfig& model, const std::stri
 // local_rows × local_cols); padding rows get 0.
 void ExtractSlice(const TensorParallelSlice& slice, const float* whole, float* local);
 
-// Rank `rank`'s share of a whole unit: every parameter of `local` (the rank's
-// TensorParallelModelLayout unit) sliced out of `whole_values` (laid out as `whole`, the same
-// unit of BuildModelLayout) into `local_values` (local.numel; padding rows 0). How a
-// tensor-parallel rank starts from model.init_from, which reads the whole model.
-void ExtractUnitShare(const zerotrain::ModelConfig& model, const UnitLayout& whole,
-                      const UnitLayout& local, int tp, int rank, const float* whole_values,
-                      float* local_values);
-
 // The inverse: writes the slice's real rows from `local` into their place in `whole` (padding
 // rows are skipped; other elements of `whole` are left as they are).
 void PlaceSlice(const TensorParallelSlice& slice, const float* local, float* whole);

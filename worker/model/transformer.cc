@@ -78,12 +78,15 @@ absl::StatusOr<Transformer> Transformer::Bind(const zerotrain::ModelConfig& conf
 absl::StatusOr<Transformer> Transformer::BindStage(const zerotrain::JobSpec& job,
                                                    const ParallelLayout& layout,
                                                    const Arenas& state, const Arenas& work,
-                                                   int64_t batch, int64_t seq_len) {
+                                                   int64_t batch, int64_t seq_len,
+                                                   TensorParallelGroup tp) {
   const zerotrain::ModelConfig& config = job.model();
-  if (layout.tensor_size() > 1) {
-    return absl::UnimplementedError(
-        "parallel.tensor_parallel > 1 with parallel.pipeline_parallel > 1: a pipeline stage "
-        "binds whole (not tensor-parallel) units");
+  if (std::max(1, tp.size) != layout.tensor_size() ||
+      (tp.size > 1 && tp.rank != layout.coordinates().tensor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline stage: the tensor-parallel group (size ", tp.size, ", rank ",
+                     tp.rank, ") is not the layout's (size ", layout.tensor_size(), ", rank ",
+                     layout.coordinates().tensor, ")"));
   }
   if (config.has_lora() || config.base_dtype() == zerotrain::ModelConfig::NF4 ||
       config.base_dtype() == zerotrain::ModelConfig::INT8) {
@@ -95,7 +98,7 @@ absl::StatusOr<Transformer> Transformer::BindStage(const zerotrain::JobSpec& job
   for (const PipelineChunk& c : PipelineChunksOf(job, layout)) {
     stage.chunks.push_back({.first_unit = c.first, .last_unit = c.last, .in_flight = c.in_flight});
   }
-  return BindImpl(config, state, work, batch, seq_len, TensorParallelGroup{}, &stage);
+  return BindImpl(config, state, work, batch, seq_len, std::move(tp), &stage);
 }
 
 absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& config,
@@ -121,14 +124,15 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   m.tp_ = std::move(tp);
   m.tp_.size = t;
   m.layout_ = t > 1 ? TensorParallelModelLayout(config, t) : BuildModelLayout(config);
-  if (t > 1) m.whole_layout_ = BuildModelLayout(config);
+  // The one-rank model's layout: the streams a tensor-parallel share and a pipeline head's copy
+  // of the tied wte are initialised from.
+  m.whole_layout_ = BuildModelLayout(config);
   const int n_units = static_cast<int>(m.layout_.units.size());
   m.chunk_ranges_ = {{.first_unit = 0, .last_unit = n_units, .in_flight = 1}};
   if (stage != nullptr) {
     // The whole model's unit indices stay (blocks keep their names and numbers); the stage's
     // own units replace theirs (the head's, with its wte copy) and the rest bind nothing.
     m.pipelined_ = true;
-    m.whole_layout_ = m.layout_;
     m.chunk_ranges_ = stage->chunks;
   }
   for (const ChunkRange& c : m.chunk_ranges_) {
@@ -360,8 +364,11 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   ZT_ASSIGN_OR_RETURN(m.tokens_, work.Get("tokens"));
   ZT_ASSIGN_OR_RETURN(m.targets_, work.Get("targets"));
   if (t > 1) {
-    ZT_ASSIGN_OR_RETURN(m.ce_maxes_, work.Get("tp.ce_maxes"));
-    ZT_ASSIGN_OR_RETURN(m.ce_sums_, work.Get("tp.ce_sums"));
+    // The parallel cross-entropy's statistics: planned on the head's stage only.
+    if (holds_head) {
+      ZT_ASSIGN_OR_RETURN(m.ce_maxes_, work.Get("tp.ce_maxes"));
+      ZT_ASSIGN_OR_RETURN(m.ce_sums_, work.Get("tp.ce_sums"));
+    }
     for (int i = 0; i < config.n_layer(); ++i) {
       m.kv_ranges_.push_back(ReplicatedKvRanges(config, m.layout_.block(i), t, m.tp_.rank));
     }
@@ -556,23 +563,29 @@ void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64
     } else if (p.shape.size() == 1) {
       std::fill(data, data + (hi - lo), 0.0f);  // biases
     } else if (pipelined_ && p.name == "lm_head.weight" && whole_layout_.tied_embeddings) {
-      // The last stage's copy of the tied embedding starts as the embedding itself.
+      // The last stage's copy of the tied embedding starts as the embedding itself (under
+      // tensor parallelism as the rank's vocabulary rows of it, the first stage's share).
       const UnitLayout& embedding = whole_layout_.embedding();
-      FillInitialMatrix(seed, embedding, *embedding.Find("wte"), lo - p.offset, hi - p.offset,
-                        data);
+      const ParamSpec& wte = *embedding.Find("wte");
+      if (tp_.size > 1) {
+        FillInitialSlice(seed, embedding, wte, lo - p.offset, hi - p.offset, data);
+      } else {
+        FillInitialMatrix(seed, embedding, wte, lo - p.offset, hi - p.offset, data);
+      }
     } else if (tp_.size > 1) {
-      FillInitialSlice(seed, unit, p, lo - p.offset, hi - p.offset, data);
+      const UnitLayout& whole_unit = whole_layout_.units[&unit - layout_.units.data()];
+      FillInitialSlice(seed, whole_unit, *whole_unit.Find(p.name), lo - p.offset, hi - p.offset,
+                       data);
     } else {
       FillInitialMatrix(seed, unit, p, lo - p.offset, hi - p.offset, data);
     }
   }
 }
 
-void Transformer::FillInitialSlice(uint64_t seed, const UnitLayout& unit, const ParamSpec& p,
-                                   int64_t begin, int64_t end, float* out) const {
-  const UnitLayout& whole_unit = whole_layout_.units[&unit - layout_.units.data()];
-  const ParamSpec& whole = *whole_unit.Find(p.name);
-  const TensorParallelSlice s = SliceOf(config_, p.name, whole.shape, tp_.size, tp_.rank);
+void Transformer::FillInitialSlice(uint64_t seed, const UnitLayout& whole_unit,
+                                   const ParamSpec& whole, int64_t begin, int64_t end,
+                                   float* out) const {
+  const TensorParallelSlice s = SliceOf(config_, whole.name, whole.shape, tp_.size, tp_.rank);
   std::fill(out, out + (end - begin), 0.0f);  // padding rows
   const int64_t lc = s.local_cols, gc = s.global_cols;
   std::vector<float> rows;

@@ -196,7 +196,7 @@ class Transformer {
   absl::Status EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads);
 
   // A pipeline stage's model (Narayanan et al. 2021): rank layout.coordinates().pipeline of
-  // `job` (pipeline_parallel > 1, tensor_parallel 1) binds only the units of its chunks
+  // `job` (pipeline_parallel > 1) binds only the units of its chunks
   // (PipelineChunksOf, the plan's partition: one chunk under GPIPE and ONE_F_ONE_B, v under
   // INTERLEAVED, rank r holding model chunks r, r + p, …) from the plan PlanMemory(job, layout)
   // made: the embedding on the first stage, the final norm, head and loss on the last. With
@@ -210,9 +210,16 @@ class Transformer {
   // accumulates into unit_grads(): a unit's ".grad_accum" buffer where the plan has one (ZeRO
   // stage 2, reduce-scattered by the engine afterwards), else its ".grads". Needs f32, no
   // LoRA, no quantized base.
+  // With tensor_parallel t > 1 (`tp`, the layout's TP group: size t and its tensor
+  // coordinate; InvalidArgument otherwise) each of the stage's units is the rank's
+  // tensor-parallel share and runs Megatron's split as Bind's does; the activations between
+  // stages are the whole residual stream, the same on every rank of the TP group; the head's
+  // stage runs the vocabulary-parallel head and loss, and a tied wte's copy is the rank's
+  // vocabulary rows of it (the same rows as the first stage's share).
   static absl::StatusOr<Transformer> BindStage(const zerotrain::JobSpec& job,
                                                const ParallelLayout& layout, const Arenas& state,
-                                               const Arenas& work, int64_t batch, int64_t seq_len);
+                                               const Arenas& work, int64_t batch, int64_t seq_len,
+                                               TensorParallelGroup tp = {});
   bool pipelined() const { return pipelined_; }
   // The selected chunk's units [first_unit, last_unit) of the whole model (all of them
   // unpipelined).
@@ -338,14 +345,15 @@ class Transformer {
   absl::Status ParallelCrossEntropy(const DeviceContext& ctx, const Tensor& logits,
                                     const Tensor& targets, int64_t r0, int64_t r1,
                                     const LossOptions& options);
-  // InitializeUnitRange's values of split tensor p: the whole tensor's stream, the rank's
-  // slice kept, local elements [begin, end).
-  void FillInitialSlice(uint64_t seed, const UnitLayout& unit, const ParamSpec& p, int64_t begin,
-                        int64_t end, float* out) const;
+  // InitializeUnitRange's values of the rank's slice of tensor `whole` (of the one-rank model's
+  // `whole_unit`): the whole tensor's stream, the rank's slice kept, local elements
+  // [begin, end).
+  void FillInitialSlice(uint64_t seed, const UnitLayout& whole_unit, const ParamSpec& whole,
+                        int64_t begin, int64_t end, float* out) const;
 
   zerotrain::ModelConfig config_;
   ModelLayout layout_;
-  ModelLayout whole_layout_;  // the one-rank model's (tensor-parallel only)
+  ModelLayout whole_layout_;  // the one-rank model's
   TensorParallelGroup tp_;
   int64_t vocab_begin_ = 0, vocab_valid_ = 0;  // this rank's vocabulary rows
   Tensor ce_maxes_, ce_sums_;                  // the parallel cross-entropy's row statistics

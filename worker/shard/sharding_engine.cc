@@ -172,6 +172,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
   }
   const int n_trainable = static_cast<int>(e->shards_.size());
+  // Where the last unit's elements stop counting in the norm: at a pipeline head stage's copy
+  // of the tied wte, which the first stage counts.
+  int64_t tied_copy_offset = -1;
   if (model->pipelined()) {
     // Stages 2 and 3: the stage's backward accumulates every micro-batch into the full
     // ".grad_accum" buffers (the model binds them), reduce-scattered once after the schedule.
@@ -189,6 +192,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     const UnitLayout& head = layout.units.back();
     const ParamSpec* copy = head.Find("lm_head.weight");
     if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0) {
+      tied_copy_offset = copy->offset;  // the copy is the head unit's last tensor
       const FlatRange& owned = e->shards_.back().owned;
       const int64_t end = std::min(owned.end, copy->offset);
       // At stage 2 the gradient buffer is the shard alone, starting at the range's begin.
@@ -215,9 +219,11 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       // stages 2–3 is the whole of its gradient buffer (the shard starts at its offset 0).
       const FlatRange norm = e->shards_[u].owned;
       const int64_t base = e->stage_ >= 2 ? norm.begin : 0;
+      const int64_t counted_end =
+          u == n_trainable - 1 && tied_copy_offset >= 0 ? tied_copy_offset : norm.end;
       for (const auto& [begin, end] :
            NormCountedRanges(job.model(), layout.units[u], e->tp_size_, e->tp_rank_)) {
-        const int64_t lo = std::max(begin, norm.begin), hi = std::min(end, norm.end);
+        const int64_t lo = std::max(begin, norm.begin), hi = std::min({end, norm.end, counted_end});
         if (lo < hi) counted.push_back(Flat(e->grads_[u], lo - base, hi - lo));
       }
     }
@@ -334,6 +340,16 @@ std::string ShardingEngine::Label(int t, const char* what) const {
 }
 
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(GatherStageUnits());
+  if (stage_ <= 1) {
+    for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  } else if (accumulate_full_) {
+    for (const Tensor& g : grad_accum_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::GatherStageUnits() {
   if (!stage_gathered_.empty()) {
     // A ZeRO-3 pipeline stage: every unit's shard (stepped by the last optimizer step, or
     // initialised or loaded) all-gathered into its whole buffer for this step's schedule.
@@ -349,11 +365,6 @@ absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
       handles.push_back(std::move(h));
     }
     ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
-  }
-  if (stage_ <= 1) {
-    for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
-  } else if (accumulate_full_) {
-    for (const Tensor& g : grad_accum_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
   }
   return absl::OkStatus();
 }
@@ -518,7 +529,17 @@ absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx) {
   if (!model_->pipelined()) {
     return absl::FailedPreconditionError("ReduceStageGradients on a model that is not a stage");
   }
+  // Blocks' replicated KV heads (tensor parallelism, n_kv_head < tp) sum their partial
+  // gradients over the ranks sharing each head first, as ForwardBackward does on a step's last
+  // micro-batch: in the full buffers the schedule accumulated into.
+  const int head = job_.model().n_layer() + 1;
   for (int u = static_cast<int>(model_->layout().units.size()) - 1; u >= 0; --u) {
+    const int whole = model_->held_units()[u];
+    const int t = trainable_index_[u];
+    if (whole >= 1 && whole < head && t >= 0) {
+      ZT_RETURN_IF_ERROR(model_->ReduceReplicatedKvGrads(
+          whole - 1, accumulate_full_ ? grad_accum_[t] : grads_[t]));
+    }
     ZT_RETURN_IF_ERROR(GradientReady(u));
   }
   return FinishReductions(ctx);

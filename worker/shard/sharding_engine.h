@@ -112,8 +112,13 @@ class ShardingEngine {
       const zerotrain::JobSpec& job, const ParallelLayout& layout, Transformer* model,
       const Arenas& arenas, ShardComms comms, DeviceCopyEngine* copies = nullptr);
 
-  // Zeroes the gradients a step accumulates into.
+  // Zeroes the gradients a step accumulates into (after GatherStageUnits).
   absl::Status BeginStep(const DeviceContext& ctx);
+  // A ZeRO-3 pipeline stage: all-gathers each of its unit shards into the whole buffer its
+  // StageForward / StageBackward read (SetStageComputeParams), and waits. What BeginStep does
+  // first, and a pipelined evaluation between steps (the optimizer stepped the shards since).
+  // Nothing for any other model.
+  absl::Status GatherStageUnits();
   // Forward and backward of the micro-batch in model->tokens()/targets(). On a step's last
   // micro-batch (`last`) the gradients are reduced; when this returns they are final in
   // grad_views(). The micro-batch's mean loss goes where options.loss_sum says (usually
@@ -125,8 +130,9 @@ class ShardingEngine {
   // model's StageForward/StageBackward itself, accumulating into the full gradient buffers
   // (".grads" at stages 0–1, ".grad_accum" at 2–3); this
   // starts every unit's reduction and waits for them, as ForwardBackward does after a step's
-  // last micro-batch. The last stage's copy of a tied embedding is left out of the norm
-  // statistics (the first stage counts wte).
+  // last micro-batch (a tensor-parallel stage's replicated KV heads summed over their ranks
+  // first). The last stage's copy of a tied embedding is left out of the norm statistics (the
+  // first stage counts wte; with tensor parallelism each TP rank its shard of it).
   absl::Status ReduceStageGradients(const DeviceContext& ctx);
   // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
   absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);

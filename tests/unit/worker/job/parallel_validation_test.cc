@@ -118,6 +118,28 @@ TEST(ParallelValidationTest, NamesTheFieldTheValueAndTheRule) {
        {"parallel.world_size: 6 is not divisible by parallel.tensor_parallel 4 × "
         "parallel.pipeline_parallel 1 = 4 (the data-parallel size is world_size / "
         "(tensor_parallel · pipeline_parallel))"}},
+      {"world not divisible by tp · pp",
+       kGpt2Yaml,
+       "world_size: 6, tensor_parallel: 2, pipeline_parallel: 2, micro_batches: 2",
+       {"parallel.world_size: 6 is not divisible by parallel.tensor_parallel 2 × "
+        "parallel.pipeline_parallel 2 = 4 (the data-parallel size is world_size / "
+        "(tensor_parallel · pipeline_parallel))"}},
+      {"tp × pp: tp does not divide the heads, pp over the units",
+       kGpt2Yaml,
+       "world_size: 56, tensor_parallel: 8, pipeline_parallel: 7, micro_batches: 7",
+       {"parallel.tensor_parallel: 8 does not divide model.n_head 12 (attention is split by "
+        "heads: each rank needs whole heads)",
+        "parallel.tensor_parallel: 8 does not divide model.n_kv_head 12 (with n_kv_head >= "
+        "tensor_parallel the KV heads are split)",
+        "parallel.pipeline_parallel: 7 stages exceed the model's 6 units (model.n_layer 4 blocks "
+        "+ embedding + head): every stage needs at least one unit"}},
+      {"tp × pp: shard group not dividing dp",
+       kGpt2Yaml,
+       "world_size: 12, tensor_parallel: 2, pipeline_parallel: 2, shard_group_size: 2, "
+       "micro_batches: 2",
+       {"parallel.shard_group_size: 2 does not divide the data-parallel size 3 "
+        "(parallel.world_size 12 / (tensor_parallel 2 · pipeline_parallel 2)): ZeRO shards "
+        "inside the data-parallel group"}},
       {"tp does not divide heads",
        kGpt2Yaml,
        "world_size: 5, tensor_parallel: 5",
@@ -231,8 +253,8 @@ TEST(ParallelValidationTest, UnsetFieldsAreNamed) {
 }
 
 TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
-  // Tensor parallelism trains, and pipeline parallelism alone; sequence parallelism and
-  // pipeline × tensor parallelism keep their lines.
+  // Tensor parallelism trains, pipeline parallelism alone and the two together (3D with
+  // ZeRO); sequence parallelism keeps its line.
   const JobSpec job = With(kGpt2Yaml,
                            "world_size: 8, tensor_parallel: 2, pipeline_parallel: 2, "
                            "sequence_parallel: true, micro_batches: 2");
@@ -240,11 +262,21 @@ TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
   const absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.pipeline_parallel: 2 trains with parallel.tensor_parallel 1 "
-                          "(a stage binds whole units) so far",
-                          "parallel.sequence_parallel: true is planned by zt estimate but this "
+              ElementsAre("parallel.sequence_parallel: true is planned by zt estimate but this "
                           "engine does not train with it yet; set it to false to train"));
   EXPECT_TRUE(CheckEngineSupport(With(kGpt2Yaml, "world_size: 8")).ok());
+  for (const char* layout :
+       {"world_size: 4, tensor_parallel: 2, pipeline_parallel: 2, micro_batches: 4",
+        "world_size: 8, tensor_parallel: 2, pipeline_parallel: 2, zero_stage: 1, "
+        "micro_batches: 4",
+        "world_size: 8, tensor_parallel: 4, pipeline_parallel: 2, pipeline_schedule: GPIPE, "
+        "micro_batches: 2"}) {
+    JobSpec tp_pp = With(kLlamaYaml, layout);
+    // A pipelined job evaluates data.val with a forward-only pass over the stages.
+    tp_pp.mutable_data()->add_val(tp_pp.data().train(0));
+    ASSERT_TRUE(ValidateJobSpec(tp_pp).ok()) << layout << ": " << ValidateJobSpec(tp_pp);
+    EXPECT_TRUE(CheckEngineSupport(tp_pp).ok()) << layout << ": " << CheckEngineSupport(tp_pp);
+  }
 }
 
 TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtZeroZeroAndOneInFp32) {

@@ -373,16 +373,26 @@ TEST(PipelineStageTest, ChainedStagesGiveTheOneRankLossAndGradients) {
   }
 }
 
-TEST(PipelineStageTest, UnsupportedStagesAreRefusedByName) {
+// A stage of a TP2 × PP2 layout binds its tensor-parallel shares only with the layout's TP
+// group (tests/unit/worker/trainer/tensor_pipeline_training_test.cc trains them): without one,
+// or with another rank's coordinate, it is refused naming both.
+TEST(PipelineStageTest, ATensorParallelStageNeedsTheLayoutsGroup) {
   zerotrain::JobSpec job = Job(zerotrain::ModelConfig::GPT2, 2, zerotrain::ParallelConfig::GPIPE);
   job.mutable_parallel()->set_world_size(4);
   job.mutable_parallel()->set_tensor_parallel(2);
-  const ParallelLayout layout = ParallelLayout::ForJob(job, 0);
+  const ParallelLayout layout = ParallelLayout::ForJob(job, 1);  // tensor 1, stage 0
   auto arenas = Arenas::Create(PlanMemory(job, layout)).value();
-  const absl::StatusOr<Transformer> m =
+  const absl::StatusOr<Transformer> none =
       Transformer::BindStage(job, layout, *arenas, *arenas, kBatch, kSeq);
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("parallel.tensor_parallel"), std::string::npos) << m.status();
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << none.status();
+  EXPECT_NE(none.status().message().find("tensor-parallel group (size 1, rank 0) is not the "
+                                         "layout's (size 2, rank 1)"),
+            std::string::npos)
+      << none.status();
+  TensorParallelGroup other{.size = 2, .rank = 0};
+  const absl::StatusOr<Transformer> wrong =
+      Transformer::BindStage(job, layout, *arenas, *arenas, kBatch, kSeq, other);
+  ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << wrong.status();
 }
 
 }  // namespace

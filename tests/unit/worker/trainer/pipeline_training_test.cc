@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
-#include "tests/unit/worker/trainer/rank_threads.h"
+#include "tests/unit/worker/trainer/pipeline_runs.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/checkpoint_export.h"
 #include "worker/comm/store.h"
@@ -30,20 +30,8 @@ namespace {
 using zerotrain::JobSpec;
 using zerotrain::ParallelConfig;
 
-struct RankRun {
-  std::vector<double> losses, grad_norms;
-  std::vector<int64_t> comm_bytes;             // per step
-  std::vector<std::optional<double>> bubbles;  // StepRecord::pipeline_bubble
-  std::vector<std::string> unclaimed;          // plan buffers the rank never used
-  std::vector<std::vector<float>> params;      // per unit of the rank's stage, at the end
-  ModelLayout layout;                          // the stage's units
-  std::vector<int> held_units;                 // the whole model's index of each
-};
-
-struct Outcome {
-  absl::Status status;
-  std::vector<RankRun> ranks;
-};
+using RankRun = testing::PipelineRankRun;
+using Outcome = testing::PipelineOutcome;
 
 class PipelineTrainingTest : public ::testing::Test {
  protected:
@@ -64,106 +52,22 @@ class PipelineTrainingTest : public ::testing::Test {
   }
   JobSpec Llama(int pp, int dp, int stage, int micro_batch, ParallelConfig::PipelineSchedule s) {
     JobSpec job = Gpt2(pp, dp, stage, micro_batch, s);
-    auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::LLAMA);
-    m->set_n_kv_head(2);
-    m->set_d_ff(64);
-    m->set_vocab_size(34);
-    m->set_tie_embeddings(false);
+    testing::MakeSmallGqaLlama(job);
     return job;
   }
 
   // Every rank to `steps` (Run(), from `resume` when set).
   static Outcome Run(const JobSpec& spec, int steps, const std::string& resume = "") {
-    Outcome out;
-    absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
-    if (!validated.ok()) {
-      out.status = validated.status();
-      return out;
-    }
-    const JobSpec job = *validated;
-    const int n = job.parallel().world_size();
-    InProcessStore store;
-    out.ranks.resize(n);
-    out.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
-      TrainOptions options;
-      options.rank = r;
-      options.store = &store;
-      options.resume_dir = resume;
-      options.stop_after_step = steps;
-      ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
-      RankRun& mine = out.ranks[r];
-      ZT_RETURN_IF_ERROR(t->Run([&](const StepRecord& rec) {
-        mine.losses.push_back(rec.loss);
-        mine.grad_norms.push_back(rec.grad_norm);
-        mine.comm_bytes.push_back(rec.comm_bytes);
-        mine.bubbles.push_back(rec.pipeline_bubble);
-      }));
-      for (const Tensor& p : t->model().unit_params()) {
-        mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
-      }
-      mine.layout = t->model().layout();
-      mine.held_units = t->model().held_units();
-      mine.unclaimed = t->arenas().UnclaimedBuffers();
-      return absl::OkStatus();
-    });
-    return out;
+    return testing::RunPipelineRanks(spec, steps, resume);
   }
 
   std::filesystem::path dir_;
 };
 
-// Losses and gradient norms: a stage runs the one-rank model's ops on the same values, so
-// the forward is the same bit for bit; what differs is the order of sums — the tied wte's two
-// copies' gradients are added after the backward instead of accumulated in it, ZeRO's
-// reductions and the gradient norm sum per stage then over stages. Those are fp32 reduction
-// noise (a few ulps) carried through 10 Adam steps; 1e-6 in the loss, 2e-5 in the norm and
-// 1e-4 per weight are the tensor-parallel tests' bounds for the same noise and far below a
-// lost micro-batch, an unsummed tied copy (half of wte's gradient) or a stage counted twice
-// in the norm (≥ 1e-3).
+// Losses, gradient norms and every stage's final weights against one rank's, to fp32
+// reduction noise (testing::ExpectSamePipelineTraining says why its bounds are what they are).
 void ExpectSameTraining(const Outcome& got, const Outcome& want, const std::string& what) {
-  ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
-  ASSERT_TRUE(want.status.ok()) << what << ": " << want.status;
-  const RankRun& ref = want.ranks[0];
-  ASSERT_EQ(ref.losses.size(), 10u) << what;
-  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1) << what << ": the model learns";
-  std::vector<int> units_seen(ref.params.size(), 0);
-  for (const RankRun& r : got.ranks) {
-    EXPECT_TRUE(r.unclaimed.empty()) << what << ": unused plan buffer " << r.unclaimed.front();
-    ASSERT_EQ(r.losses.size(), ref.losses.size()) << what;
-    for (size_t s = 0; s < ref.losses.size(); ++s) {
-      EXPECT_NEAR(r.losses[s], ref.losses[s], 1e-6 * ref.losses[s]) << what << " step " << s + 1;
-      EXPECT_NEAR(r.grad_norms[s], ref.grad_norms[s], 2e-5 * ref.grad_norms[s])
-          << what << " gradient norm, step " << s + 1;
-    }
-    for (size_t local = 0; local < r.params.size(); ++local) {
-      const int u = r.held_units[local];
-      ++units_seen[u];
-      const std::vector<float>& mine = r.params[local];
-      const std::vector<float>& whole = ref.params[u];
-      double worst = 0;
-      const ParamSpec* copy = r.layout.units[local].Find("lm_head.weight");
-      // The last stage's head, when it holds a copy of the tied wte (not when it has the
-      // embedding too).
-      const bool tied_copy =
-          copy != nullptr && ref.layout.units[u].Find("lm_head.weight") == nullptr;
-      // ZeRO pads a unit's buffer to a multiple of the data-parallel size: compare the unit.
-      const size_t own = tied_copy ? static_cast<size_t>(copy->offset) : whole.size();
-      ASSERT_EQ(own, whole.size()) << what << " unit " << u;
-      ASSERT_GE(mine.size(), own + (tied_copy ? copy->numel : 0)) << what << " unit " << u;
-      for (size_t i = 0; i < own; ++i)
-        worst = std::max(worst, std::abs(double{mine[i]} - whole[i]));
-      if (tied_copy) {
-        // The last stage's copy of the tied embedding stays the first stage's wte.
-        for (int64_t i = 0; i < copy->numel; ++i) {
-          worst = std::max(worst, std::abs(double{mine[copy->offset + i]} - ref.params[0][i]));
-        }
-      }
-      EXPECT_LT(worst, 1e-4) << what << " unit " << u << " weights";
-    }
-  }
-  for (size_t u = 0; u < units_seen.size(); ++u)
-    EXPECT_GE(units_seen[u], 1) << what << " unit " << u;
+  testing::ExpectSamePipelineTraining(got, want, what);
 }
 
 constexpr ParallelConfig::PipelineSchedule kSchedules[] = {ParallelConfig::GPIPE,
@@ -300,6 +204,55 @@ JobSpec Interleaved(JobSpec job) {
 JobSpec ZeroThree(JobSpec job) {
   job.mutable_parallel()->set_reshard_after_forward(false);
   return job;
+}
+
+// data.val on pipeline stages: a forward-only pass of the validation micro-batches through
+// the stages (each data-parallel rank its own), every eval_interval steps and after the last,
+// against one rank reading the same batches — under 1F1B and interleaved 1F1B (the first
+// stage's second chunk fed by the last stage's first), with tensor-parallel stages and with
+// ZeRO-3 stages (their units gathered again after the optimizer stepped the shards). Three
+// validation micro-batches: more than a 1F1B stage's in-flight slots, so slots are reused.
+TEST_F(PipelineTrainingTest, EvaluationRunsForwardOnlyThroughTheStagesAndMatchesOneRank) {
+  auto with_val = [&](JobSpec job) {
+    job.mutable_model()->set_n_layer(4);
+    job.mutable_data()->add_val((dir_ / "train.bin").string());
+    job.mutable_train()->set_eval_interval(5);
+    job.mutable_train()->set_eval_steps(3);
+    return job;
+  };
+  struct Case {
+    JobSpec job, one;
+    std::string what;
+  };
+  JobSpec tp_pp = Gpt2(2, 1, 0, 1, ParallelConfig::INTERLEAVED);
+  tp_pp.mutable_parallel()->set_world_size(4);
+  tp_pp.mutable_parallel()->set_tensor_parallel(2);
+  tp_pp.mutable_parallel()->set_virtual_stages(2);
+  const Case cases[] = {
+      {Llama(2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B), Llama(1, 1, 0, 1, ParallelConfig::GPIPE),
+       "llama pp2 1F1B"},
+      {tp_pp, Gpt2(1, 1, 0, 1, ParallelConfig::GPIPE), "gpt2 tp2 x pp2 interleaved"},
+      {ZeroThree(Gpt2(2, 2, 3, 1, ParallelConfig::ONE_F_ONE_B)),
+       Gpt2(1, 1, 0, 2, ParallelConfig::GPIPE), "gpt2 pp2 x dp2 zero-3 1F1B"},
+  };
+  for (const Case& c : cases) {
+    const Outcome reference = Run(with_val(c.one), 10);
+    ASSERT_TRUE(reference.status.ok()) << c.what << ": " << reference.status;
+    ASSERT_EQ(reference.ranks[0].val_losses.size(), 2u) << c.what;  // steps 5 and 10
+    Outcome got = Run(with_val(c.job), 10);
+    if (c.job.parallel().zero_stage() == 3 && got.status.ok()) {
+      // Each stage's two DP shards joined are its units (as in the ZeRO-3 case above).
+      for (int first : {0, 2}) {
+        for (size_t u = 0; u < got.ranks[first].params.size(); ++u) {
+          const std::vector<float>& second = got.ranks[first + 1].params[u];
+          got.ranks[first].params[u].insert(got.ranks[first].params[u].end(), second.begin(),
+                                            second.end());
+        }
+        got.ranks[first + 1].params = got.ranks[first].params;
+      }
+    }
+    ExpectSameTraining(got, reference, c.what);
+  }
 }
 
 // At its own layout a pipeline checkpoint resumes bit for bit: PP2 at ZeRO-1, and PP2 × DP2

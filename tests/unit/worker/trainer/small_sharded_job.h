@@ -34,4 +34,17 @@ inline zerotrain::JobSpec SmallShardedJob(const std::string& train_path, int wor
   return job;
 }
 
+// The small job's model as Llama with GQA (4 query heads, 2 KV heads: split over 2
+// tensor-parallel ranks, replicated over 4), d_ff 64 and an untied head over a vocabulary of
+// 34 (which 4 ranks do not divide): what the tensor- and pipeline-parallel tests train beside
+// GPT-2.
+inline void MakeSmallGqaLlama(zerotrain::JobSpec& job) {
+  auto* m = job.mutable_model();
+  m->set_family(zerotrain::ModelConfig::LLAMA);
+  m->set_n_kv_head(2);
+  m->set_d_ff(64);
+  m->set_vocab_size(34);
+  m->set_tie_embeddings(false);
+}
+
 }  // namespace zt::testing

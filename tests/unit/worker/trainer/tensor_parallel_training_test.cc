@@ -64,12 +64,7 @@ class TensorParallelTrainingTest : public ::testing::Test {
   }
   JobSpec Llama(int tp, int dp, int stage, int micro_batch) {
     JobSpec job = Gpt2(tp, dp, stage, micro_batch);
-    auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::LLAMA);
-    m->set_n_kv_head(2);
-    m->set_d_ff(64);
-    m->set_vocab_size(34);
-    m->set_tie_embeddings(false);
+    testing::MakeSmallGqaLlama(job);
     return job;
   }
 
