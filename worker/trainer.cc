@@ -1276,9 +1276,7 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
         ZT_RETURN_IF_ERROR(h.Wait());
       }
       const auto compute_start = Clock::now();
-      ZT_RETURN_IF_ERROR(m.StageForward(
-          ctx_, {.loss_sum = engine_->loss_accumulator(),
-                 .loss_divisor = EvaluationLossDivisor(total_counted, counted, data_size_)}));
+      ZT_RETURN_IF_ERROR(m.StageForward(ctx_, options));
       busy_s += std::chrono::duration<double>(Clock::now() - compute_start).count();
       if (!last) {
         ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.activations_out->Send(m.stage_output(), 1, label));
