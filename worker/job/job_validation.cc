@@ -559,8 +559,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
-  // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE,
-  // ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage, without tensor parallelism;
+  // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
+  // ranks, in f32, with the GPIPE, ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage, without tensor parallelism;
   // no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
@@ -601,8 +601,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }
-    // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard.
-    NeedsFp32(spec, needs);
+    // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard; 16-bit
+    // precision keeps f32 master weights of each share, as one rank does.
     if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
       // Its column statistics would cover a rank's rows only: they need a sum over the group.
       needs(

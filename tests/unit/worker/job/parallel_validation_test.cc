@@ -291,13 +291,21 @@ TEST(CheckEngineSupportTest, PipelineAtZeroTwoNeedsMicroBatchesToAccumulate) {
                           "buffers, planned only when micro-batches accumulate) so far"));
 }
 
-TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
+TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInF32And16Bit) {
   for (const char* layout :
        {"world_size: 2, tensor_parallel: 2", "world_size: 8, tensor_parallel: 4, zero_stage: 1",
         "world_size: 8, tensor_parallel: 2, zero_stage: 3"}) {
-    const JobSpec job = With(kLlamaYaml, layout);
+    JobSpec job = With(kLlamaYaml, layout);
     ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
     EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
+    // Mixed precision: 16-bit parameters, activations and gradients, f32 master weights.
+    for (const auto dtype : {zerotrain::PrecisionConfig::BF16, zerotrain::PrecisionConfig::FP16}) {
+      job.mutable_precision()->set_param_dtype(dtype);
+      job.mutable_precision()->set_compute_dtype(dtype);
+      job.mutable_precision()->set_grad_dtype(dtype);
+      job.mutable_precision()->set_reduce_dtype(dtype);
+      EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
+    }
   }
   JobSpec job = With(kGpt2Yaml, "world_size: 4, tensor_parallel: 2, zero_stage: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
@@ -308,8 +316,6 @@ TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
   EXPECT_THAT(testing::Lines(status),
               ElementsAre("parallel.tensor_parallel: 2 trains on resources.device CPU (its "
                           "local ops have no CUDA kernels yet) so far",
-                          "parallel.tensor_parallel: 2 trains in precision param_dtype, "
-                          "compute_dtype and grad_dtype FP32 so far",
                           "parallel.tensor_parallel: 2 trains with optimizer.type ADAMW, "
                           "ADAMW_8BIT or SGD (Adafactor's factored statistics are not summed "
                           "over the tensor-parallel group) so far"));
