@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
@@ -356,22 +357,16 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // Gloo converts 16-bit data on the host: a GPU rank's (staged) conversion buffers are pinned.
   const MemoryCategory convert_category =
       OnCuda(job) ? MemoryCategory::kPinnedHost : MemoryCategory::kCommunication;
+  const std::pair<const char*, int64_t> converted[] = {{"gradients", conversion.gradients},
+                                                       {"replicas", conversion.replicas},
+                                                       {"tensor", conversion.tensor},
+                                                       {"tensor_kv", conversion.tensor_kv}};
   for (int k = 0; k < 2; ++k) {
-    if (conversion.gradients > 0) {
-      add(absl::StrCat("comm.convert.gradients.", k), convert_category, DType::kF32,
-          conversion.gradients);
-    }
-    if (conversion.replicas > 0) {
-      add(absl::StrCat("comm.convert.replicas.", k), convert_category, DType::kF32,
-          conversion.replicas);
-    }
-    if (conversion.tensor > 0) {
-      add(absl::StrCat("comm.convert.tensor.", k), convert_category, DType::kF32,
-          conversion.tensor);
-    }
-    if (conversion.tensor_kv > 0) {
-      add(absl::StrCat("comm.convert.tensor_kv.", k), convert_category, DType::kF32,
-          conversion.tensor_kv);
+    for (const auto& [which, elements] : converted) {
+      if (elements > 0) {
+        add(absl::StrCat("comm.convert.", which, ".", k), convert_category, DType::kF32,
+            elements);
+      }
     }
   }
   if (ShardedAdafactor(job, place) || TensorParallelAdafactor(job, place)) {
