@@ -356,7 +356,7 @@ TEST_F(TensorParallelTrainingTest, Fp16WithLossScalingOnTwoRanksMatchesOneRank) 
 // adds ~1e-7 relative noise to the statistics, the order of the gradients' reduction noise:
 // ExpectSameTraining's f32 bounds. GPT-2 (tied, so wte's rows also feed the head) at t = 2
 // and 4, Llama (KV heads split) at t = 2; TP2 × DP2 under ZeRO-2, where the ZeRO shard group's
-// sums come first, then the tensor-parallel group's.
+// sums come first, then the tensor-parallel group's; and that job with the optimizer offloaded.
 TEST_F(TensorParallelTrainingTest, AdafactorOnTwoRanksMatchesOneRank) {
   auto adafactor = [](JobSpec job) {
     job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
@@ -376,8 +376,23 @@ TEST_F(TensorParallelTrainingTest, AdafactorOnTwoRanksMatchesOneRank) {
   }
   ExpectSameTraining(Run(adafactor(Llama(2, 1, 0, 2)), 10), Run(adafactor(Llama(1, 1, 0, 2)), 10),
                      "llama adafactor tp 2", f32_noise);
-  ExpectSameTraining(Run(adafactor(Gpt2(2, 2, 2, 2)), 10), Run(adafactor(Gpt2(1, 1, 0, 4)), 10),
+  const JobSpec zero2 = adafactor(Gpt2(2, 2, 2, 2));
+  const Outcome device = Run(zero2, 10);
+  ExpectSameTraining(device, Run(adafactor(Gpt2(1, 1, 0, 4)), 10),
                      "gpt2 adafactor tp2 x dp2 zero-2", f32_noise);
+  // The optimizer offloaded to the host steps the same shares with the same sums: bit for bit
+  // the device path (as OptimizerOffloadIsTheDevicePathBitForBit for AdamW).
+  JobSpec offloaded = zero2;
+  offloaded.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
+  offloaded.mutable_offload()->set_buffer_count(4);
+  offloaded.mutable_offload()->set_buffer_size(1 << 20);
+  const Outcome host = Run(offloaded, 10);
+  ASSERT_TRUE(host.status.ok()) << host.status;
+  for (size_t r = 0; r < host.ranks.size(); ++r) {
+    EXPECT_EQ(host.ranks[r].losses, device.ranks[r].losses) << "offloaded, rank " << r;
+    EXPECT_TRUE(host.ranks[r].params == device.ranks[r].params) << "offloaded, rank " << r;
+    EXPECT_GT(host.ranks[r].offloaded_bytes, 0) << "offloaded, rank " << r;
+  }
 }
 
 // model.init_from reads the whole model and each rank keeps its share: a Hugging Face file
