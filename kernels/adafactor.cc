@@ -121,6 +121,26 @@ absl::Status CheckShard(const char* op, const DeviceContext& ctx, const Adafacto
                      whole, " elements (shard.rows ", s.rows, ", shard.cols ", s.cols,
                      "); need 0 <= begin <= end <= the element count"));
   }
+  const bool tensor_split = s.logical_rows > 0 || s.logical_cols > 0;
+  if (tensor_split) {
+    if (ctx.device.kind == DeviceKind::kCuda) {
+      return absl::UnimplementedError(absl::StrCat(
+          op, ": shard.logical_rows/logical_cols (a tensor-parallel part) has no CUDA kernel yet"));
+    }
+    const int64_t rows = s.logical_rows > 0 ? s.logical_rows : s.rows;
+    const int64_t cols = s.logical_cols > 0 ? s.logical_cols : s.cols;
+    if (rows < s.rows || cols < s.cols || (!factored && s.logical_rows != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": shard.logical_rows ", s.logical_rows, " and logical_cols ", s.logical_cols,
+          " must hold the part (", s.rows, " x ", s.cols, "); a vector has logical_rows 0"));
+    }
+    if (rows > s.rows && !s.sum_row_states) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op,
+          ": shard.sum_row_states is empty; a part of a matrix split by rows sums its row "
+          "statistics across the tensor-parallel group through it"));
+    }
+  }
   const int64_t n = s.end - s.begin;
   const int64_t scratch_need = factored ? s.rows + s.cols + 2 : 2;
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "reduce_scratch", args.reduce_scratch, ctx));

@@ -96,6 +96,19 @@ struct AdafactorArgs {
     int64_t begin = 0;
     int64_t end = 0;
     std::function<absl::Status(float* data, int64_t n)> sum_across_shards;
+    // Tensor parallelism: the tensor above (rows × cols, or cols) is itself one rank's part of
+    // a logical tensor of logical_rows × logical_cols (a vector: logical_cols), split by rows
+    // (a column-parallel weight, whose output rows are split) or by columns (a row-parallel
+    // weight) over a tensor-parallel group; 0 means no such split. sum_across_shards then also
+    // adds over that group what the split leaves partial (the column sums of a row split, the
+    // row sums of a column split, Σ param² and Σ U²: the caller's to route, see
+    // worker/optim/optimizer.cc), RMS(param) and RMS(U) divide by the logical element count,
+    // and with the rows split mean(R) is the logical matrix's: sum_row_states(data, 1) adds
+    // the rank's Σ_i R_i over the group, a call between the two above made only by ranks with
+    // a non-empty range (every rank of the group holds the same range of its part).
+    int64_t logical_rows = 0;
+    int64_t logical_cols = 0;
+    std::function<absl::Status(float* data, int64_t n)> sum_row_states;
   };
   std::optional<Shard> shard;
   // f32 workspace for the sums, sharded only: at least rows + cols + 2 elements for a matrix

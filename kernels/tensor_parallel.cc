@@ -18,10 +18,19 @@ absl::Status CheckCpu(const char* op, const DeviceContext& ctx) {
   return absl::OkStatus();
 }
 
+// The row statistics (maxes, sums, losses) are f32, as the whole-model cross-entropy keeps
+// them; the data (tables, logits, rows) may be f32, bf16 or f16.
 absl::Status CheckMatrix(const char* op, const char* arg, const Tensor& t,
                          const DeviceContext& ctx) {
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(op, arg, t, DType::kF32));
+  return internal::CheckRank(op, arg, t, 2);
+}
+
+absl::Status CheckDataMatrix(const char* op, const char* arg, const Tensor& t,
+                             const DeviceContext& ctx) {
+  ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatDType(op, arg, t));
   return internal::CheckRank(op, arg, t, 2);
 }
 
@@ -35,7 +44,7 @@ absl::Status CheckValid(const char* op, int64_t valid, const Tensor& logits) {
 absl::Status CheckRows(const char* op, const DeviceContext& ctx, const Tensor& logits,
                        int64_t valid, const Tensor& maxes, const Tensor& targets) {
   ZT_RETURN_IF_ERROR(CheckCpu(op, ctx));
-  ZT_RETURN_IF_ERROR(CheckMatrix(op, "logits", logits, ctx));
+  ZT_RETURN_IF_ERROR(CheckDataMatrix(op, "logits", logits, ctx));
   ZT_RETURN_IF_ERROR(CheckValid(op, valid, logits));
   const int64_t n = logits.dim(0);
   ZT_RETURN_IF_ERROR(CheckMatrix(op, "maxes", maxes, ctx));
@@ -53,11 +62,11 @@ absl::Status CheckEmbedding(const char* op, const DeviceContext& ctx, const Tens
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "tokens", tokens, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(op, "tokens", tokens, DType::kI32));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, "tokens", tokens, 2));
-  ZT_RETURN_IF_ERROR(CheckMatrix(op, table_arg, table, ctx));
+  ZT_RETURN_IF_ERROR(CheckDataMatrix(op, table_arg, table, ctx));
   const int64_t b = tokens.dim(0), t = tokens.dim(1), c = table.dim(1);
-  ZT_RETURN_IF_ERROR(internal::CheckTensor(op, rows_arg, rows, ctx, DType::kF32, {b, t, c}));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(op, rows_arg, rows, ctx, {b, t, c}));
   if (pos.empty()) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(CheckMatrix(op, pos_arg, pos, ctx));
+  ZT_RETURN_IF_ERROR(CheckDataMatrix(op, pos_arg, pos, ctx));
   if (pos.dim(1) != c || pos.dim(0) < t) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": ", pos_arg, " has shape ", pos.DebugString(), ", expected (P ≥ ", t, ", ", c, ")"));
@@ -86,7 +95,7 @@ absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
 absl::Status VocabShardRowMax(const DeviceContext& ctx, const VocabShardRowMaxArgs& args) {
   constexpr const char* kOp = "VocabShardRowMax";
   ZT_RETURN_IF_ERROR(CheckCpu(kOp, ctx));
-  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "logits", args.logits, ctx));
+  ZT_RETURN_IF_ERROR(CheckDataMatrix(kOp, "logits", args.logits, ctx));
   ZT_RETURN_IF_ERROR(CheckValid(kOp, args.valid, args.logits));
   ZT_RETURN_IF_ERROR(
       internal::CheckTensor(kOp, "max", args.max, ctx, DType::kF32, {args.logits.dim(0)}));
@@ -114,9 +123,8 @@ absl::Status VocabShardCrossEntropy(const DeviceContext& ctx,
 absl::Status AddRowBias(const DeviceContext& ctx, const AddRowBiasArgs& args) {
   constexpr const char* kOp = "AddRowBias";
   ZT_RETURN_IF_ERROR(CheckCpu(kOp, ctx));
-  ZT_RETURN_IF_ERROR(CheckMatrix(kOp, "out", args.out, ctx));
-  ZT_RETURN_IF_ERROR(
-      internal::CheckTensor(kOp, "bias", args.bias, ctx, DType::kF32, {args.out.dim(1)}));
+  ZT_RETURN_IF_ERROR(CheckDataMatrix(kOp, "out", args.out, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "bias", args.bias, ctx, {args.out.dim(1)}));
   return cpu::AddRowBias(ctx, args);
 }
 

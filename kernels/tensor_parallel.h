@@ -6,7 +6,10 @@
 // of the vocabulary this rank holds (⌈V/P⌉), v0 the first of them, valid ≤ Vl the ones that
 // are real (the last rank's shard may end in padding rows).
 // Accumulation rule: dwte and dwpe are added to (+=); everything else is written (=).
-// Storage: f32 only (a tensor-parallel job computes in f32 today, CheckEngineSupport).
+// Storage: the data (wte, wpe, out, dout, dwte, dwpe, logits, AddRowBias's out and bias) may
+// each be f32, bf16 or f16, loaded to f32, computed in f32 and rounded once when stored (as
+// the whole-model embedding and cross-entropy); the row statistics (max, maxes, sums, losses)
+// are f32, so the collectives between the passes reduce them in f32.
 // CPU only: a CUDA context gets Unimplemented naming the op.
 #pragma once
 

@@ -26,6 +26,7 @@
 #include "worker/job/data_paths.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/offload/node_swap_store.h"
+#include "worker/optim/adafactor_splits.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/plan/pipeline_schedule.h"
 #include "worker/rank_state.h"
@@ -168,6 +169,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     shard_group = Optimizer::ShardGroup{
         .sum = [engine](float* data, int64_t n) { return engine->SumAcrossShardGroup(data, n); },
         .reduce_scratch = scratch};
+  }
+  if (TensorParallelAdafactor(job, layout)) {
+    ZT_ASSIGN_OR_RETURN(Tensor scratch, t->arenas_->Get("optimizer.reduce_scratch"));
+    if (!shard_group) shard_group = Optimizer::ShardGroup{.reduce_scratch = scratch};
+    Trainer* trainer = t.get();  // the communicators connect later; the sums find them then
+    shard_group->tensor_sum = [trainer](float* data, int64_t n) -> absl::Status {
+      ZT_ASSIGN_OR_RETURN(CommHandle h, trainer->comms_.tensor->AllReduce(
+                                            Tensor(data, DType::kF32, {n}), ReduceOp::kSum,
+                                            "optimizer statistics all-reduce (tensor-parallel)"));
+      return h.Wait();
+    };
+    shard_group->splits = AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
+                                          layout.coordinates().tensor);
   }
   // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
   zerotrain::PrecisionConfig trained_precision = job.precision();

@@ -260,7 +260,12 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
                                    float beta2t, double rho) {
   const AdafactorArgs::Shard& sh = *args.shard;
   const int64_t rows = sh.rows, cols = sh.cols, begin = sh.begin, end = sh.end;
-  const int64_t n = end - begin, whole = rows * cols;
+  const int64_t n = end - begin;
+  // The logical matrix's rows and element count (tensor parallelism: this is one part of it).
+  // A row's mean of g² is over the logical columns, a column's over the logical rows.
+  const int64_t logical_rows = sh.logical_rows > 0 ? sh.logical_rows : rows;
+  const int64_t logical_cols = sh.logical_cols > 0 ? sh.logical_cols : cols;
+  const int64_t whole = logical_rows * logical_cols;
   float* row_sum = args.reduce_scratch.data<float>();  // (rows)
   float* col_sum = row_sum + rows;                     // (cols)
   float* param_sq = col_sum + cols;                    // (1)
@@ -315,13 +320,15 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
   const double eps1 = args.eps1, b2t = beta2t;
   if (row_state != nullptr) {
     for (int64_t i = 0; i < rows; ++i) {
-      const double mean = static_cast<double>(row_sum[i]) / static_cast<double>(cols) + eps1;
+      const double mean =
+          static_cast<double>(row_sum[i]) / static_cast<double>(logical_cols) + eps1;
       row_state[i] = static_cast<float>(b2t * row_state[i] + (1.0 - b2t) * mean);
     }
   }
   if (col_state != nullptr) {
     for (int64_t j = 0; j < cols; ++j) {
-      const double mean = static_cast<double>(col_sum[j]) / static_cast<double>(rows) + eps1;
+      const double mean =
+          static_cast<double>(col_sum[j]) / static_cast<double>(logical_rows) + eps1;
       col_state[j] = static_cast<float>(b2t * col_state[j] + (1.0 - b2t) * mean);
     }
   }
@@ -329,7 +336,17 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
 
   double row_total = 0;
   for (int64_t i = 0; i < rows; ++i) row_total += row_state[i];
-  const double row_mean = row_total / static_cast<double>(rows);
+  if (logical_rows != rows) {
+    // The other parts' rows: their Σ R_i added over the tensor-parallel group.
+    float total = static_cast<float>(row_total);
+    absl::Status st = sh.sum_row_states(&total, 1);
+    if (!st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("AdafactorUpdate: sum_row_states failed: ", st.message()));
+    }
+    row_total = total;
+  }
+  const double row_mean = row_total / static_cast<double>(logical_rows);
   const auto row_factor = [&](int64_t i) {
     return static_cast<float>(std::sqrt(row_mean / static_cast<double>(row_state[i])));
   };
@@ -379,7 +396,8 @@ template <DType kG, CopyMode kC>
 absl::Status ShardedFullUpdate(const DeviceContext& ctx, const AdafactorArgs& args, float beta2t,
                                double rho) {
   const AdafactorArgs::Shard& sh = *args.shard;
-  const int64_t begin = sh.begin, n = sh.end - sh.begin, whole = sh.cols;
+  const int64_t begin = sh.begin, n = sh.end - sh.begin;
+  const int64_t whole = sh.logical_cols > 0 ? sh.logical_cols : sh.cols;
   float* param_sq = args.reduce_scratch.data<float>();
   float* u_sq = param_sq + 1;
   *param_sq = static_cast<float>(ShardParamSquares<kC>(ctx, args, n));

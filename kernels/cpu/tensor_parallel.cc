@@ -1,6 +1,10 @@
 // Tensor-parallel local ops on the CPU. Rows are independent work items; each row is summed
 // in one fixed order (Σexp in double, as the fused SoftmaxCrossEntropy), so results do not
 // depend on the thread count.
+// 16-bit data (wte, wpe, out, dout, dwte, dwpe, logits, bias) is loaded to f32, computed as
+// the f32 path computes it and rounded once when stored (kernels/cpu/load_store.h), as the
+// whole-model ops do: a 16-bit dwte or dwpe element is its f32 sum, in position order,
+// rounded once, and a 16-bit logits row becomes its f32 gradient rounded once.
 #include "kernels/cpu/tensor_parallel.h"
 
 #include <algorithm>
@@ -8,6 +12,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/load_store.h"
 
 namespace zt::cpu {
 namespace {
@@ -43,19 +48,22 @@ absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
       !s.ok()) {
     return s;
   }
-  const float* wte = args.wte.data<float>();
-  const float* wpe = args.wpe.empty() ? nullptr : args.wpe.data<float>();
-  float* out = args.out.data<float>();
+  const Tensor& wte = args.wte;
+  const Tensor& wpe = args.wpe;
+  const Tensor& out = args.out;
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t i = 0; i < bt; ++i) {
     const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
-    float* o = out + i * c;
-    const float* row = local >= 0 && local < vl ? wte + local * c : nullptr;
-    const float* pos = wpe ? wpe + (i % t_len) * c : nullptr;
+    float* o = WriteRow(out.raw(), out.dtype(), i * c, c, 0, /*load=*/false);
+    const float* row =
+        local >= 0 && local < vl ? ReadRow(wte.raw(), wte.dtype(), local * c, c, 1) : nullptr;
+    const float* pos =
+        wpe.empty() ? nullptr : ReadRow(wpe.raw(), wpe.dtype(), (i % t_len) * c, c, 2);
     for (int64_t j = 0; j < c; ++j) {
       // x + 0 would be x: the position is added exactly as the whole-table embedding adds it.
       o[j] = row && pos ? row[j] + pos[j] : row ? row[j] : pos ? pos[j] : 0.0f;
     }
+    FinishRow(o, c, out.raw(), out.dtype(), i * c);
   }
   return absl::OkStatus();
 }
@@ -65,37 +73,61 @@ absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
   const int64_t bt = args.tokens.numel(), t_len = args.tokens.dim(1);
   const int64_t vl = args.dwte.dim(0), c = args.dwte.dim(1);
   const int32_t* tokens = args.tokens.data<int32_t>();
-  const float* dout = args.dout.data<float>();
-  float* dwte = args.dwte.data<float>();
+  const Tensor& dout = args.dout;
+  const Tensor& dwte = args.dwte;
+  const bool f32_table = dwte.dtype() == DType::kF32;
   // Channels are split between threads; every thread walks the positions in order, so each
-  // element's sum has one order whatever the thread count.
+  // element's sum has one order whatever the thread count. A 16-bit table's column j is
+  // summed in a per-thread f32 column (the rows the tokens touch loaded first, stored once
+  // after every position was added).
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t j = 0; j < c; ++j) {
+    float* acc = f32_table ? nullptr : ScratchRow(0, vl);
+    if (!f32_table) {
+      for (int64_t i = 0; i < bt; ++i) {
+        const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
+        if (local >= 0 && local < vl) acc[local] = Load(dwte.raw(), dwte.dtype(), local * c + j);
+      }
+    }
     for (int64_t i = 0; i < bt; ++i) {
       const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
-      if (local >= 0 && local < vl) dwte[local * c + j] += dout[i * c + j];
+      if (local < 0 || local >= vl) continue;
+      const float d = Load(dout.raw(), dout.dtype(), i * c + j);
+      if (f32_table) {
+        dwte.data<float>()[local * c + j] += d;
+      } else {
+        acc[local] += d;
+      }
+    }
+    if (!f32_table) {
+      for (int64_t i = 0; i < bt; ++i) {
+        const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
+        if (local >= 0 && local < vl) Store(dwte.raw(), dwte.dtype(), local * c + j, acc[local]);
+      }
     }
   }
   if (args.dwpe.empty()) return absl::OkStatus();
-  float* dwpe = args.dwpe.data<float>();
+  const Tensor& dwpe = args.dwpe;
   const int64_t b = bt / t_len;
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t t = 0; t < t_len; ++t) {
+    float* acc = WriteRow(dwpe.raw(), dwpe.dtype(), t * c, c, 0, /*load=*/true);
     for (int64_t bi = 0; bi < b; ++bi) {
-      const float* d = dout + (bi * t_len + t) * c;
-      for (int64_t j = 0; j < c; ++j) dwpe[t * c + j] += d[j];
+      const float* d = ReadRow(dout.raw(), dout.dtype(), (bi * t_len + t) * c, c, 1);
+      for (int64_t j = 0; j < c; ++j) acc[j] += d[j];
     }
+    FinishRow(acc, c, dwpe.raw(), dwpe.dtype(), t * c);
   }
   return absl::OkStatus();
 }
 
 absl::Status VocabShardRowMax(const DeviceContext& ctx, const VocabShardRowMaxArgs& args) {
   const int64_t n = args.logits.dim(0), vl = args.logits.dim(1);
-  const float* logits = args.logits.data<float>();
+  const Tensor& logits = args.logits;
   float* max = args.max.data<float>();
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t r = 0; r < n; ++r) {
-    const float* x = logits + r * vl;
+    const float* x = ReadRow(logits.raw(), logits.dtype(), r * vl, args.valid, 0);
     float m = kLowest;
     for (int64_t i = 0; i < args.valid; ++i) m = x[i] > m ? x[i] : m;
     max[r] = m;
@@ -105,7 +137,7 @@ absl::Status VocabShardRowMax(const DeviceContext& ctx, const VocabShardRowMaxAr
 
 absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumArgs& args) {
   const int64_t n = args.logits.dim(0), vl = args.logits.dim(1), p = args.maxes.dim(0);
-  const float* logits = args.logits.data<float>();
+  const Tensor& logits = args.logits;
   const float* maxes = args.maxes.data<float>();
   const int32_t* targets = args.targets.data<int32_t>();
   float* sums = args.sums.data<float>();
@@ -116,7 +148,7 @@ absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumAr
       s[0] = s[1] = 0.0f;
       continue;
     }
-    const float* x = logits + r * vl;
+    const float* x = ReadRow(logits.raw(), logits.dtype(), r * vl, args.valid, 0);
     const float m = GlobalMax(maxes, p, n, r);
     double sum = 0;
     for (int64_t i = 0; i < args.valid; ++i) sum += std::exp(static_cast<double>(x[i] - m));
@@ -130,23 +162,27 @@ absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumAr
 absl::Status VocabShardCrossEntropy(const DeviceContext& ctx,
                                     const VocabShardCrossEntropyArgs& args) {
   const int64_t n = args.logits.dim(0), vl = args.logits.dim(1), p = args.maxes.dim(0);
-  float* logits = args.logits.data<float>();
+  const Tensor& logits = args.logits;
   const float* maxes = args.maxes.data<float>();
   const float* sums = args.sums.data<float>();
   const int32_t* targets = args.targets.data<int32_t>();
   float* losses = args.losses.data<float>();
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t r = 0; r < n; ++r) {
-    float* x = logits + r * vl;
     if (targets[r] < 0) {
       losses[r] = 0.0f;
-      if (args.write_grad) std::fill(x, x + vl, 0.0f);
+      if (args.write_grad) {
+        float* x = WriteRow(logits.raw(), logits.dtype(), r * vl, vl, 0, /*load=*/false);
+        std::fill(x, x + vl, 0.0f);
+        FinishRow(x, vl, logits.raw(), logits.dtype(), r * vl);
+      }
       continue;
     }
     const float m = GlobalMax(maxes, p, n, r);
     const double sum = sums[2 * r];
     losses[r] = static_cast<float>(static_cast<double>(m) + std::log(sum) - sums[2 * r + 1]);
     if (!args.write_grad) continue;
+    float* x = WriteRow(logits.raw(), logits.dtype(), r * vl, vl, 0, /*load=*/true);
     const double scale = args.grad_scale;
     for (int64_t i = 0; i < args.valid; ++i) {
       x[i] = static_cast<float>(std::exp(static_cast<double>(x[i] - m)) / sum * scale);
@@ -159,17 +195,21 @@ absl::Status VocabShardCrossEntropy(const DeviceContext& ctx,
       const double e = std::exp(static_cast<double>(sums[2 * r + 1] - m));
       x[local] = static_cast<float>((e / sum - 1.0) * scale);
     }
+    FinishRow(x, vl, logits.raw(), logits.dtype(), r * vl);
   }
   return absl::OkStatus();
 }
 
 absl::Status AddRowBias(const DeviceContext& ctx, const AddRowBiasArgs& args) {
   const int64_t n = args.out.dim(0), c = args.out.dim(1);
-  float* out = args.out.data<float>();
-  const float* bias = args.bias.data<float>();
+  const Tensor& out = args.out;
+  const float* bias = ReadRow(args.bias.raw(), args.bias.dtype(), 0, c, 1);
+  // The bias row is converted once, on this thread; each thread converts its rows of out.
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t r = 0; r < n; ++r) {
-    for (int64_t j = 0; j < c; ++j) out[r * c + j] += bias[j];
+    float* o = WriteRow(out.raw(), out.dtype(), r * c, c, 0, /*load=*/true);
+    for (int64_t j = 0; j < c; ++j) o[j] += bias[j];
+    FinishRow(o, c, out.raw(), out.dtype(), r * c);
   }
   return absl::OkStatus();
 }

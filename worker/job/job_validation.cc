@@ -559,9 +559,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
-  // in f32, under every ZeRO stage; pipeline parallelism on CPU ranks, in f32, with the GPIPE,
-  // ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage, each stage's units
-  // tensor-parallel when t > 1; no sequence parallelism yet.
+  // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
+  // ranks, in f32, with the GPIPE, ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage,
+  // each stage's units tensor-parallel when t > 1; no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
@@ -595,13 +595,17 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }
-    // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard.
-    NeedsFp32(spec, needs);
-    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
-      // Its column statistics would cover a rank's rows only: they need a sum over the group.
-      needs(
-          "with optimizer.type ADAMW, ADAMW_8BIT or SGD (Adafactor's factored statistics "
-          "are not summed over the tensor-parallel group)");
+    // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard; 16-bit
+    // precision keeps f32 master weights of each share, as one rank does.
+    const int kv_heads = spec.model().n_kv_head();
+    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR && kv_heads > 0 &&
+        kv_heads < tp) {
+      // A split tensor's factored statistics are summed over the group, but a replicated KV
+      // head's rows sit on tp / n_kv_head ranks and would be counted that many times.
+      needs(absl::StrCat("optimizer.type ADAFACTOR with model.n_kv_head >= ", tp, " (got ",
+                         kv_heads,
+                         ": replicated KV heads' rows would count more than once in "
+                         "Adafactor's statistics)"));
     }
   }
   if (parallel.sequence_parallel()) {

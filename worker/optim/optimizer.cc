@@ -78,6 +78,29 @@ absl::StatusOr<Optimizer> Optimizer::Build(const zerotrain::OptimizerConfig& con
   return opt;
 }
 
+std::function<absl::Status(float* data, int64_t n)> Optimizer::TensorSplitSums(
+    int64_t rows, int64_t cols, const TensorSplit& split) const {
+  // The kernel's shard path sums [Σ_j g² per row | Σ_i g² per column | Σ param²] (a matrix's
+  // first call, rows + cols + 1 floats), then single floats (a vector's Σ param², and Σ U²).
+  // Over the ZeRO shard group every float is partial; over the tensor-parallel group only what
+  // the split cuts: with the rows split each rank's row sums are whole (its own rows), with
+  // the columns split its column sums are.
+  const auto zero = shard_group_->sum, tensor = shard_group_->tensor_sum;
+  const bool rows_split = split.logical_rows > 0;
+  return [zero, tensor, rows, cols, rows_split](float* data, int64_t n) -> absl::Status {
+    if (zero) ZT_RETURN_IF_ERROR(zero(data, n));
+    if (rows == 0 || n != rows + cols + 1) return tensor(data, n);
+    if (rows_split) return tensor(data + rows, cols + 1);  // column sums, Σ param²
+    ZT_RETURN_IF_ERROR(tensor(data, rows));                // row sums
+    return tensor(data + rows + cols, 1);                  // Σ param²
+  };
+}
+
+Optimizer::TensorSplit Optimizer::SplitOf(int u, size_t i) const {
+  if (!shard_group_ || shard_group_->splits.empty()) return {};
+  return shard_group_->splits[u][i];
+}
+
 absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const std::vector<Tensor>& buffers,
                                    const ParamSpec& p, const TensorState& t,
                                    const TensorStep& s) const {
@@ -133,7 +156,10 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const std::vector<T
       // Sharded (possibly empty) tensors pass 1-D views of their elements; whole matrices
       // their 2-D shape.
       const bool empty = t.begin == t.end;
-      const bool reshape = factored && !shard_group_;
+      const bool zero_sharded = shard_group_ && shard_group_->sum;
+      const bool tensor_split = s.split.logical_rows > 0 || s.split.logical_cols > 0;
+      const bool shard_path = zero_sharded || tensor_split;
+      const bool reshape = factored && !shard_path;
       auto shaped = [&](const Tensor& x) {
         return reshape && !x.empty() ? x.Reshape({p.shape[0], p.shape[1]}) : x;
       };
@@ -159,20 +185,28 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const std::vector<T
                          .param_copy = shaped(s.param_copy),
                          .stochastic_rounding = stochastic_rounding_,
                          .seed = s.seed};
-      if (shard_group_) {
+      if (shard_path) {
         // The whole tensor's statistics, kept identical across the group by the kernel's sums.
-        args.shard = AdafactorArgs::Shard{.rows = matrix ? p.shape[0] : 0,
-                                          .cols = matrix ? p.shape[1] : p.numel,
+        const int64_t rows = matrix ? p.shape[0] : 0, cols = matrix ? p.shape[1] : p.numel;
+        args.shard = AdafactorArgs::Shard{.rows = rows,
+                                          .cols = cols,
                                           .begin = t.begin,
                                           .end = t.end,
-                                          .sum_across_shards = shard_group_->sum};
+                                          .sum_across_shards = shard_group_->sum,
+                                          .logical_rows = s.split.logical_rows,
+                                          .logical_cols = s.split.logical_cols};
+        if (tensor_split) {
+          args.shard->sum_across_shards = TensorSplitSums(rows, cols, s.split);
+          args.shard->sum_row_states = shard_group_->tensor_sum;
+        }
         args.reduce_scratch = shard_group_->reduce_scratch;
       }
       return AdafactorUpdate(ctx, args);
     }
     case TensorState::Kind::kNone:
       // Sharded Adafactor still takes part in the group's sums for a tensor it holds none of.
-      if (shard_group_ && config_.type() == zerotrain::OptimizerConfig::ADAFACTOR) {
+      if (shard_group_ && shard_group_->sum &&
+          config_.type() == zerotrain::OptimizerConfig::ADAFACTOR) {
         TensorState none = t;
         none.kind = TensorState::Kind::kFull;
         return StepTensor(ctx, buffers, p, none, s);
@@ -232,7 +266,8 @@ absl::Status Optimizer::StepUnit(const DeviceContext& ctx, int u, const Tensor& 
                     .lr = lr,
                     .grad_scale = grad_scale,
                     .step = step,
-                    .seed = tensor_seed}));
+                    .seed = tensor_seed,
+                    .split = SplitOf(u, i)}));
   }
   return absl::OkStatus();
 }

@@ -46,9 +46,24 @@ class Optimizer {
   // Adafactor tensor then goes through the kernel's shard path on every rank — also tensors
   // the rank holds nothing of — so that all ranks make the same sums in the same order. Its
   // scratch is the plan's "optimizer.reduce_scratch".
+  //
+  // Tensor-parallel Adafactor: a split tensor's factored statistics must be the logical
+  // tensor's (kernels/adafactor.h, Shard::logical_rows). `splits` (per unit, per tensor of the
+  // layout; empty: no tensor parallelism) says how each is split, `tensor_sum` sums floats
+  // across the tensor-parallel group, and every split tensor then goes through the kernel's
+  // shard path. With the rows split (column-parallel: the output rows) each rank's rows are
+  // whole, so R is local and C (sums over rows), Σ param², Σ U² and mean(R) are summed over
+  // the group; with the columns split (row-parallel) R (sums over columns), Σ param² and ΣU².
+  // `sum` is then empty when the ranges are not ZeRO shards.
+  struct TensorSplit {
+    int64_t logical_rows = 0;  // the logical matrix's rows when they are split, else 0
+    int64_t logical_cols = 0;  // its columns (a vector's length) when split, else 0
+  };
   struct ShardGroup {
     std::function<absl::Status(float* data, int64_t n)> sum;
     Tensor reduce_scratch;
+    std::function<absl::Status(float* data, int64_t n)> tensor_sum;
+    std::vector<std::vector<TensorSplit>> splits;
   };
   static absl::StatusOr<Optimizer> Create(const zerotrain::OptimizerConfig& config,
                                           const zerotrain::PrecisionConfig& precision,
@@ -127,12 +142,18 @@ class Optimizer {
     float grad_scale = 1;
     int64_t step = 1;
     uint64_t seed = 0;
+    TensorSplit split;  // tensor-parallel Adafactor: how the tensor is split (none by default)
   };
   static absl::StatusOr<Optimizer> Build(const zerotrain::OptimizerConfig& config,
                                          const zerotrain::PrecisionConfig& precision,
                                          const ModelLayout& layout, const Arenas* state,
                                          std::vector<FlatRange> ranges,
                                          std::optional<ShardGroup> shard_group);
+  // Tensor-parallel Adafactor: the split of tensor i of unit u, and the sums its shard path
+  // makes (over the ZeRO shard group when there is one, then the tensor-parallel group).
+  TensorSplit SplitOf(int u, size_t i) const;
+  std::function<absl::Status(float* data, int64_t n)> TensorSplitSums(
+      int64_t rows, int64_t cols, const TensorSplit& split) const;
   absl::Status StepTensor(const DeviceContext& ctx, const std::vector<Tensor>& buffers,
                           const ParamSpec& p, const TensorState& t, const TensorStep& s) const;
 

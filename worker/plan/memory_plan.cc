@@ -3,10 +3,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
 #include "worker/model/param_layout.h"
+#include "worker/model/tensor_parallel_slice.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/optimizer_state_layout.h"
 #include "worker/plan/parallel_plan.h"
@@ -201,6 +203,22 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
                                         const ParallelLayout& layout) {
   ConversionBufferSizes sizes;
+  if (const int t = layout.tensor_size(); t > 1) {
+    if (StorageDType(job.precision().compute_dtype()) != DType::kF32) {
+      sizes.tensor =
+          int64_t{job.train().micro_batch_size()} * job.data().seq_len() * job.model().d_model();
+    }
+    if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().n_kv_head() < t) {
+      const ModelLayout local = RankModelLayout(job, layout);
+      for (const UnitLayout& u : local.units) {
+        if (!u.Find("attn.qkv.weight")) continue;
+        for (const auto& [begin, end] :
+             ReplicatedKvRanges(job.model(), u, t, layout.coordinates().tensor)) {
+          sizes.tensor_kv = std::max(sizes.tensor_kv, end - begin);
+        }
+      }
+    }
+  }
   if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
   const ShardGeometry& g = layout.shard();
   const int stage = job.parallel().zero_stage();
@@ -221,6 +239,11 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
     if (stage > 0 && g.groups() > 1) sizes.replicas = std::max(sizes.replicas, shard.shard_numel);
   }
   return sizes;
+}
+
+bool TensorParallelAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layout) {
+  return job.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
+         layout.tensor_size() > 1;
 }
 
 bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
@@ -334,17 +357,19 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // Gloo converts 16-bit data on the host: a GPU rank's (staged) conversion buffers are pinned.
   const MemoryCategory convert_category =
       OnCuda(job) ? MemoryCategory::kPinnedHost : MemoryCategory::kCommunication;
+  const std::pair<const char*, int64_t> converted[] = {{"gradients", conversion.gradients},
+                                                       {"replicas", conversion.replicas},
+                                                       {"tensor", conversion.tensor},
+                                                       {"tensor_kv", conversion.tensor_kv}};
   for (int k = 0; k < 2; ++k) {
-    if (conversion.gradients > 0) {
-      add(absl::StrCat("comm.convert.gradients.", k), convert_category, DType::kF32,
-          conversion.gradients);
-    }
-    if (conversion.replicas > 0) {
-      add(absl::StrCat("comm.convert.replicas.", k), convert_category, DType::kF32,
-          conversion.replicas);
+    for (const auto& [which, elements] : converted) {
+      if (elements > 0) {
+        add(absl::StrCat("comm.convert.", which, ".", k), convert_category, DType::kF32,
+            elements);
+      }
     }
   }
-  if (ShardedAdafactor(job, place)) {
+  if (ShardedAdafactor(job, place) || TensorParallelAdafactor(job, place)) {
     int64_t scratch = 2;
     for (const UnitLayout& u : layout.units) {
       for (const ParamSpec& p : u.params) {

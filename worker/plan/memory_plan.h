@@ -153,9 +153,9 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      once per step
 //   "checkpoint.staging"  checkpoint.async (pinned_host): the checkpointed buffers, each
 //                      aligned, copied at a save point and written in the background
-//   "optimizer.reduce_scratch"  sharded Adafactor (ShardedAdafactor): the whole-tensor
-//                      statistics summed across the group, rows + cols + 2 f32 of the
-//                      largest matrix
+//   "optimizer.reduce_scratch"  sharded or tensor-parallel Adafactor (ShardedAdafactor,
+//                      TensorParallelAdafactor): the whole-tensor statistics summed across
+//                      the group, rows + cols + 2 f32 of the rank's largest matrix
 // The offload tier (job.offload, DeepSpeed's ZeRO-Offload / ZeRO-Infinity) moves buffers off
 // the device, keeping their names (offloaded_from says what they hold):
 //   offload.optimizer CPU / NVME  "<u>.master" and every optimizer state of the unit
@@ -181,9 +181,17 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank = 0)
 // padded unit) and of the replica communicator's all-reduce of one shard (hybrid). Zero when
 // the gradients are fp32, and for a communicator of one rank (it reduces nothing). The plan holds
 // them as "comm.convert.gradients.0/1" and "comm.convert.replicas.0/1".
+// Tensor parallelism adds those of the TP group's communicator ("comm.convert.tensor.0/1"):
+// with a 16-bit compute dtype its all-reduces of activations and their gradients (B·T·C: the
+// embedding, each row-parallel output, each column-parallel input's gradient) reduce in that
+// dtype (Gloo adds in f32 and rounds once); the parallel cross-entropy's statistics are f32 and
+// convert nothing. And those of the replicated KV heads' communicator ("comm.convert.tensor_kv.
+// 0/1"): with 16-bit gradients, the largest replicated KV range of a block's gradient.
 struct ConversionBufferSizes {
   int64_t gradients = 0;
   int64_t replicas = 0;
+  int64_t tensor = 0;
+  int64_t tensor_kv = 0;
 };
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
                                         const ParallelLayout& layout);
@@ -200,6 +208,10 @@ bool IsCheckpointed(const BufferSpec& b, bool weights_only = false);
 // Adafactor over ZeRO shards of a group of more than one rank: its factored statistics are
 // summed across the group (kernels/adafactor.h, AdafactorArgs::Shard).
 bool ShardedAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layout);
+
+// Adafactor under tensor parallelism: a split tensor's factored statistics are summed across
+// the tensor-parallel group (worker/optim/optimizer.h, Optimizer::TensorSplit).
+bool TensorParallelAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layout);
 
 // Forward-only buffers (activations and workspace, no parameters or states) for `batch`
 // sequences of `seq_len` tokens, the GEMM scratch sized for `ctx`: text generation after

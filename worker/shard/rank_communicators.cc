@@ -34,6 +34,8 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
   };
   ZT_ASSIGN_OR_RETURN(Conversion gradients, planned("gradients", conversion.gradients));
   ZT_ASSIGN_OR_RETURN(Conversion replicas, planned("replicas", conversion.replicas));
+  ZT_ASSIGN_OR_RETURN(Conversion tensor_16bit, planned("tensor", conversion.tensor));
+  ZT_ASSIGN_OR_RETURN(Conversion tensor_kv_16bit, planned("tensor_kv", conversion.tensor_kv));
   auto connect = [&](const std::string& prefix, int group_rank, int size,
                      const Conversion& c) -> absl::StatusOr<std::unique_ptr<Communicator>> {
     if (device.nccl) {
@@ -94,12 +96,12 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
   if (t > 1) {
     const int tp_rank = layout.coordinates().tensor;
     const std::string tensor = absl::StrCat("tensor.", layout.rank() / t);
-    ZT_ASSIGN_OR_RETURN(comms.tensor, connect(tensor, tp_rank, t, Conversion{}));
+    ZT_ASSIGN_OR_RETURN(comms.tensor, connect(tensor, tp_rank, t, tensor_16bit));
     const int kv_heads = job.model().n_kv_head();
     if (kv_heads >= 1 && kv_heads < t) {  // a validated job has n_kv_head ≥ 1
       const int share = t / kv_heads;     // ranks per KV head
       ZT_ASSIGN_OR_RETURN(comms.tensor_kv, connect(absl::StrCat(tensor, ".kv.", tp_rank / share),
-                                                   tp_rank % share, share, Conversion{}));
+                                                   tp_rank % share, share, tensor_kv_16bit));
     }
   }
   const int pp = layout.pipeline_size();

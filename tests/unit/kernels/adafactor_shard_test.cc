@@ -527,5 +527,131 @@ TEST(AdafactorShardTest, RejectsBadShardArguments) {
   EXPECT_EQ(calls, 2) << "only the good vector update may sum";
 }
 
+// Tensor parallelism: a 37 × 29 matrix split by rows (a column-parallel weight's output rows)
+// or by columns (a row-parallel weight) into two unequal parts, and a 1001-vector (a split
+// bias) into two, each part stepped by its own rank through the shard path with the logical
+// shape (Shard::logical_rows/logical_cols). The group sums only what the split cuts, routed as
+// worker/optim/optimizer.cc routes them: with the rows split the column sums, Σ param², Σ U² and
+// (sum_row_states) Σ R; with the columns split the row sums, Σ param² and Σ U². The joined
+// parameters and states are the whole matrix's unsharded update within the f32 rounding of the
+// handed-over sums (the bounds of MatchesUnshardedUpdate); without the group's sums the
+// clipped, parameter-scaled step of each part would follow its own RMS and statistics.
+TEST(AdafactorShardTest, TensorParallelPartsMatchTheLogicalTensor) {
+  enum class Split { kRows, kCols, kVector };
+  for (const Split split : {Split::kRows, Split::kCols, Split::kVector}) {
+    const int64_t rows = split == Split::kVector ? 0 : 37,
+                  cols = split == Split::kVector ? 1001 : 29;
+    ShardProblem s{.rows = rows, .cols = cols, .first_moment = true, .bf16_copy = false};
+    s.args.beta1 = 0.9f;
+    s.args.clip_threshold = 0.5f;  // RMS(U) ≈ 1: the logical RMS decides the clip
+    s.args.weight_decay = 0.1f;
+    s.grad = RandomGrads(rows, cols);
+    const Outcome whole = RunWhole(s);
+    // Part r's rows × cols as [r0, r1) × [c0, c1) of the logical matrix (a vector: [c0, c1)).
+    const int64_t cut = split == Split::kRows ? 16 : split == Split::kCols ? 12 : 400;
+    struct Part {
+      int64_t r0, r1, c0, c1;
+    };
+    std::vector<Part> parts;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t lo = r == 0 ? 0 : cut;
+      if (split == Split::kRows) parts.push_back({lo, r == 0 ? cut : rows, 0, cols});
+      if (split != Split::kRows)
+        parts.push_back({0, std::max<int64_t>(rows, 1), lo, r == 0 ? cut : cols});
+    }
+    auto take = [&](const std::vector<float>& full, const Part& p) {
+      std::vector<float> out;
+      for (int64_t i = p.r0; i < p.r1; ++i) {
+        for (int64_t j = p.c0; j < p.c1; ++j) out.push_back(full[i * cols + j]);
+      }
+      return out;
+    };
+    LockstepGroup group(2);
+    const std::vector<float> init = RandomVector(s.numel(), 7);  // Fresh's
+    std::vector<std::vector<float>> param(2), m(2), row(2), col(2), full(2), scratch(2);
+    for (int r = 0; r < 2; ++r) {
+      const Part& p = parts[r];
+      param[r] = take(init, p);
+      m[r].assign(param[r].size(), 0.0f);
+      if (rows > 0) {
+        row[r].assign(p.r1 - p.r0, 0.0f);
+        col[r].assign(p.c1 - p.c0, 0.0f);
+      } else {
+        full[r].assign(param[r].size(), 0.0f);
+      }
+      scratch[r].assign(rows + cols + 2, 0.0f);
+    }
+    for (int step = 1; step <= kSteps; ++step) {
+      const std::vector<float> g = s.grad(step);
+      std::vector<std::vector<float>> grads = {take(g, parts[0]), take(g, parts[1])};
+      std::vector<absl::Status> status(2);
+      {
+        std::vector<std::jthread> threads;
+        for (int r = 0; r < 2; ++r) {
+          threads.emplace_back([&, r] {
+            const Part& p = parts[r];
+            const int64_t lr = rows > 0 ? p.r1 - p.r0 : 0, lc = p.c1 - p.c0;
+            const auto sum = group.SumFor(r);
+            AdafactorArgs a = s.args;
+            a.step = step;
+            a.param = Flat(param[r]);
+            a.grad = Flat(grads[r]);
+            a.m = Flat(m[r]);
+            a.row_state = FlatOrEmpty(row[r]);
+            a.col_state = FlatOrEmpty(col[r]);
+            a.full_state = FlatOrEmpty(full[r]);
+            a.reduce_scratch = Flat(scratch[r]);
+            a.shard = AdafactorArgs::Shard{
+                .rows = lr,
+                .cols = lc,
+                .begin = 0,
+                .end = static_cast<int64_t>(param[r].size()),
+                .sum_across_shards = [&, lr, lc, sum](float* data, int64_t n) -> absl::Status {
+                  if (lr == 0 || n != lr + lc + 1) return sum(data, n);
+                  if (split == Split::kRows) return sum(data + lr, lc + 1);
+                  if (absl::Status st = sum(data, lr); !st.ok()) return st;
+                  return sum(data + lr + lc, 1);
+                },
+                .logical_rows = split == Split::kRows ? rows : 0,
+                .logical_cols = split == Split::kRows ? 0 : cols,
+                .sum_row_states = sum};
+            status[r] = AdafactorUpdate(CpuContext(1), a);
+          });
+        }
+      }
+      for (int r = 0; r < 2; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    }
+    // Join the parts back into the logical tensor and its statistics.
+    std::vector<float> joined(s.numel()), joined_m(s.numel()), joined_full;
+    std::vector<float> joined_row, joined_col;
+    for (int r = 0; r < 2; ++r) {
+      const Part& p = parts[r];
+      int64_t k = 0;
+      for (int64_t i = p.r0; i < p.r1; ++i) {
+        for (int64_t j = p.c0; j < p.c1; ++j, ++k) {
+          joined[i * cols + j] = param[r][k];
+          joined_m[i * cols + j] = m[r][k];
+        }
+      }
+      joined_full.insert(joined_full.end(), full[r].begin(), full[r].end());
+      if (split == Split::kRows) joined_row.insert(joined_row.end(), row[r].begin(), row[r].end());
+      if (split == Split::kCols) joined_col.insert(joined_col.end(), col[r].begin(), col[r].end());
+    }
+    if (split == Split::kRows) joined_col = col[0];
+    if (split == Split::kCols) joined_row = row[0];
+    SCOPED_TRACE(::testing::Message() << "split " << static_cast<int>(split));
+    if (split != Split::kVector) {
+      // The statistics the group sums are the same bits on both parts.
+      EXPECT_TRUE(SameBits(split == Split::kRows ? col[0] : row[0],
+                           split == Split::kRows ? col[1] : row[1]));
+    }
+    EXPECT_LE(MaxRelativeError(joined_row, ToDouble(whole.row), 1e-37), 1e-6);
+    EXPECT_LE(MaxRelativeError(joined_col, ToDouble(whole.col), 1e-37), 1e-6);
+    EXPECT_LE(MaxRelativeError(joined_full, ToDouble(whole.full), 1e-37), 1e-6);
+    EXPECT_LE(MaxRelativeError(joined, ToDouble(whole.param), 0.1), 1e-6);
+    EXPECT_LE(MaxErrorOverLargest(joined_m, ToDouble(whole.m)), 1e-6);
+  }
+}
+
 }  // namespace
 }  // namespace zt

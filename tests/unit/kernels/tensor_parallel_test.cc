@@ -1,7 +1,8 @@
 // kernels/tensor_parallel: the vocabulary-parallel cross-entropy split over P simulated ranks
 // (the collectives done here by plain sums and maxima) against a float64 softmax
 // cross-entropy and the fused one-rank op; the vocabulary-parallel embedding's shares summing
-// to the whole table's lookup and gradient; the row bias; a CUDA context refused cleanly.
+// to the whole table's lookup and gradient; the row bias; a CUDA context refused cleanly; each
+// op on bf16 and f16 data against its f32 result.
 #include "kernels/tensor_parallel.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dtype.h"
 #include "kernels/embedding.h"
 
 namespace zt {
@@ -237,6 +239,175 @@ TEST(TensorParallelTest, RowBiasAndErrors) {
                               .max = Tensor(max.data(), DType::kF32, {2})});
   EXPECT_EQ(on_cuda.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(on_cuda.message().find("VocabShardRowMax"), std::string::npos) << on_cuda;
+}
+
+// 16-bit storage of one op's data: values kept as 16 bits, read back as f32.
+struct Half16 {
+  DType dtype;
+  std::vector<uint16_t> bits;
+  Half16(DType t, const std::vector<float>& x) : dtype(t), bits(x.size()) {
+    for (size_t i = 0; i < x.size(); ++i) bits[i] = Round(x[i]);
+  }
+  uint16_t Round(float x) const { return dtype == DType::kBF16 ? FloatToBf16(x) : FloatToHalf(x); }
+  float At(size_t i) const {
+    return dtype == DType::kBF16 ? Bf16ToFloat(bits[i]) : HalfToFloat(bits[i]);
+  }
+  std::vector<float> Floats() const {
+    std::vector<float> out(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = At(i);
+    return out;
+  }
+  Tensor View(std::initializer_list<int64_t> shape) { return Tensor(bits.data(), dtype, shape); }
+};
+
+// Each op with 16-bit data against the same op on the same values held in f32: the 16-bit op
+// loads to f32, computes exactly as the f32 op and rounds once when it stores, so its result is
+// the f32 result rounded once to the 16-bit dtype, bit for bit (within bf16/f16 rounding: half
+// an ulp of the dtype, the least any 16-bit result can differ by). The f32 statistics
+// (maxima, sums, losses) from 16-bit logits are the f32 op's exactly.
+TEST(TensorParallelTest, SixteenBitDataIsTheF32ResultRoundedOnce) {
+  const DeviceContext ctx = CpuContext(2);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const std::string what = DTypeName(dtype);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    auto random = [&](size_t n, float scale) {
+      std::vector<float> x(n);
+      for (float& v : x) v = scale * normal(rng);
+      // Representable in the 16-bit dtype, so both runs read the same values.
+      return Half16(dtype, x).Floats();
+    };
+    // Embedding forward and backward on one rank's shard (rows [4, 8) of 11), positions on.
+    const int64_t b = 2, t = 5, c = 6, vl = 4, v0 = 4, positions = 8;
+    std::vector<int32_t> tokens(b * t);
+    for (int32_t& x : tokens) x = static_cast<int32_t>(rng() % 11);
+    tokens[2] = tokens[6] = 5;  // a repeated token this rank owns
+    const Tensor tok(tokens.data(), DType::kI32, {b, t});
+    std::vector<float> wte = random(vl * c, 1.0f), wpe = random(positions * c, 1.0f);
+    std::vector<float> dout = random(b * t * c, 1.0f);
+    std::vector<float> dwte = random(vl * c, 0.1f), dwpe = random(positions * c, 0.1f);
+    std::vector<float> out(b * t * c);
+    Half16 wte16(dtype, wte), wpe16(dtype, wpe), dout16(dtype, dout), dwte16(dtype, dwte),
+        dwpe16(dtype, dwpe), out16(dtype, out);
+    ASSERT_TRUE(
+        VocabShardEmbeddingForward(ctx, {.tokens = tok,
+                                         .wte = Tensor(wte.data(), DType::kF32, {vl, c}),
+                                         .wpe = Tensor(wpe.data(), DType::kF32, {positions, c}),
+                                         .vocab_begin = v0,
+                                         .out = Tensor(out.data(), DType::kF32, {b, t, c})})
+            .ok());
+    ASSERT_TRUE(VocabShardEmbeddingForward(ctx, {.tokens = tok,
+                                                 .wte = wte16.View({vl, c}),
+                                                 .wpe = wpe16.View({positions, c}),
+                                                 .vocab_begin = v0,
+                                                 .out = out16.View({b, t, c})})
+                    .ok());
+    ASSERT_TRUE(
+        VocabShardEmbeddingBackward(ctx, {.tokens = tok,
+                                          .dout = Tensor(dout.data(), DType::kF32, {b, t, c}),
+                                          .dwte = Tensor(dwte.data(), DType::kF32, {vl, c}),
+                                          .dwpe = Tensor(dwpe.data(), DType::kF32, {positions, c}),
+                                          .vocab_begin = v0})
+            .ok());
+    ASSERT_TRUE(VocabShardEmbeddingBackward(ctx, {.tokens = tok,
+                                                  .dout = dout16.View({b, t, c}),
+                                                  .dwte = dwte16.View({vl, c}),
+                                                  .dwpe = dwpe16.View({positions, c}),
+                                                  .vocab_begin = v0})
+                    .ok());
+    auto expect_rounded = [&](const std::vector<float>& f32, const Half16& got, const char* arg) {
+      ASSERT_EQ(f32.size(), got.bits.size());
+      for (size_t i = 0; i < f32.size(); ++i) {
+        EXPECT_EQ(got.bits[i], got.Round(f32[i])) << what << " " << arg << "[" << i << "]";
+      }
+    };
+    expect_rounded(out, out16, "out");
+    expect_rounded(dwte, dwte16, "dwte");
+    expect_rounded(dwpe, dwpe16, "dwpe");
+
+    // The three cross-entropy passes on one of two ranks' shards (columns [5, 10) of 9: one
+    // padding column), the other rank's statistics stood in by hand.
+    const int64_t n = 6, cols = 5, valid = 4;
+    std::vector<float> logits = random(n * cols, 2.0f);
+    std::vector<int32_t> targets = {5, 0, 8, -1, 6, 2};  // this rank's, the other's, ignored
+    const Tensor t_targets(targets.data(), DType::kI32, {n});
+    Half16 logits16(dtype, logits);
+    std::vector<float> max(n), max16(n);
+    ASSERT_TRUE(VocabShardRowMax(ctx, {.logits = Tensor(logits.data(), DType::kF32, {n, cols}),
+                                       .valid = valid,
+                                       .max = Tensor(max.data(), DType::kF32, {n})})
+                    .ok());
+    ASSERT_TRUE(VocabShardRowMax(ctx, {.logits = logits16.View({n, cols}),
+                                       .valid = valid,
+                                       .max = Tensor(max16.data(), DType::kF32, {n})})
+                    .ok());
+    EXPECT_EQ(max16, max) << what;
+    std::vector<float> maxes(2 * n);
+    for (int64_t r = 0; r < n; ++r) {
+      maxes[r] = max[r] - 0.5f;  // rank 0's maxima (pass 1 there)
+      maxes[n + r] = max[r];
+    }
+    std::vector<float> sums(2 * n), sums16(2 * n);
+    const Tensor t_maxes(maxes.data(), DType::kF32, {2, n});
+    ASSERT_TRUE(VocabShardExpSum(ctx, {.logits = Tensor(logits.data(), DType::kF32, {n, cols}),
+                                       .valid = valid,
+                                       .maxes = t_maxes,
+                                       .targets = t_targets,
+                                       .vocab_begin = 5,
+                                       .sums = Tensor(sums.data(), DType::kF32, {n, 2})})
+                    .ok());
+    ASSERT_TRUE(VocabShardExpSum(ctx, {.logits = logits16.View({n, cols}),
+                                       .valid = valid,
+                                       .maxes = t_maxes,
+                                       .targets = t_targets,
+                                       .vocab_begin = 5,
+                                       .sums = Tensor(sums16.data(), DType::kF32, {n, 2})})
+                    .ok());
+    EXPECT_EQ(sums16, sums) << what;
+    for (int64_t r = 0; r < n; ++r) sums[2 * r] += 1.5f;  // the other rank's Σexp
+    std::vector<float> losses(n), losses16(n);
+    ASSERT_TRUE(
+        VocabShardCrossEntropy(ctx, {.logits = Tensor(logits.data(), DType::kF32, {n, cols}),
+                                     .valid = valid,
+                                     .maxes = t_maxes,
+                                     .sums = Tensor(sums.data(), DType::kF32, {n, 2}),
+                                     .targets = t_targets,
+                                     .vocab_begin = 5,
+                                     .losses = Tensor(losses.data(), DType::kF32, {n}),
+                                     .grad_scale = 0.25f,
+                                     .write_grad = true})
+            .ok());
+    ASSERT_TRUE(VocabShardCrossEntropy(ctx, {.logits = logits16.View({n, cols}),
+                                             .valid = valid,
+                                             .maxes = t_maxes,
+                                             .sums = Tensor(sums.data(), DType::kF32, {n, 2}),
+                                             .targets = t_targets,
+                                             .vocab_begin = 5,
+                                             .losses = Tensor(losses16.data(), DType::kF32, {n}),
+                                             .grad_scale = 0.25f,
+                                             .write_grad = true})
+                    .ok());
+    EXPECT_EQ(losses16, losses) << what;
+    expect_rounded(logits, logits16, "dlogits");
+
+    // The row-parallel bias, 16-bit out and bias.
+    std::vector<float> rows = random(n * c, 1.0f), bias = random(c, 1.0f);
+    Half16 rows16(dtype, rows), bias16(dtype, bias);
+    ASSERT_TRUE(AddRowBias(ctx, {.out = Tensor(rows.data(), DType::kF32, {n, c}),
+                                 .bias = Tensor(bias.data(), DType::kF32, {c})})
+                    .ok());
+    ASSERT_TRUE(AddRowBias(ctx, {.out = rows16.View({n, c}), .bias = bias16.View({c})}).ok());
+    expect_rounded(rows, rows16, "out + bias");
+  }
+  // The statistics stay f32: a 16-bit maxima buffer is refused by name.
+  std::vector<uint16_t> half(6);
+  std::vector<float> logits(6);
+  const absl::Status bad =
+      VocabShardRowMax(CpuContext(1), {.logits = Tensor(logits.data(), DType::kF32, {2, 3}),
+                                       .valid = 3,
+                                       .max = Tensor(half.data(), DType::kBF16, {2})});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("max"), std::string::npos) << bad;
 }
 
 }  // namespace

@@ -323,13 +323,21 @@ TEST(CheckEngineSupportTest, PipelineAtZeroTwoNeedsMicroBatchesToAccumulate) {
                           "buffers, planned only when micro-batches accumulate) so far"));
 }
 
-TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
+TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInF32And16Bit) {
   for (const char* layout :
        {"world_size: 2, tensor_parallel: 2", "world_size: 8, tensor_parallel: 4, zero_stage: 1",
         "world_size: 8, tensor_parallel: 2, zero_stage: 3"}) {
-    const JobSpec job = With(kLlamaYaml, layout);
+    JobSpec job = With(kLlamaYaml, layout);
     ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
     EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
+    // Mixed precision: 16-bit parameters, activations and gradients, f32 master weights.
+    for (const auto dtype : {zerotrain::PrecisionConfig::BF16, zerotrain::PrecisionConfig::FP16}) {
+      job.mutable_precision()->set_param_dtype(dtype);
+      job.mutable_precision()->set_compute_dtype(dtype);
+      job.mutable_precision()->set_grad_dtype(dtype);
+      job.mutable_precision()->set_reduce_dtype(dtype);
+      EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
+    }
   }
   JobSpec job = With(kGpt2Yaml, "world_size: 4, tensor_parallel: 2, zero_stage: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
@@ -339,12 +347,26 @@ TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInFp32) {
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
               ElementsAre("parallel.tensor_parallel: 2 trains on resources.device CPU (its "
-                          "local ops have no CUDA kernels yet) so far",
-                          "parallel.tensor_parallel: 2 trains in precision param_dtype, "
-                          "compute_dtype and grad_dtype FP32 so far",
-                          "parallel.tensor_parallel: 2 trains with optimizer.type ADAMW, "
-                          "ADAMW_8BIT or SGD (Adafactor's factored statistics are not summed "
-                          "over the tensor-parallel group) so far"));
+                          "local ops have no CUDA kernels yet) so far"));
+}
+
+// Adafactor's statistics of split tensors are summed over the TP group; only replicated KV
+// heads (n_kv_head < tensor_parallel) are refused, by name.
+TEST(CheckEngineSupportTest, TensorParallelAdafactorNeedsSplitKvHeads) {
+  for (const char* layout :
+       {"world_size: 2, tensor_parallel: 2", "world_size: 4, tensor_parallel: 2, zero_stage: 1"}) {
+    JobSpec job = With(kLlamaYaml, layout);  // n_kv_head 2
+    job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+    EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
+  }
+  JobSpec job = With(kLlamaYaml, "world_size: 4, tensor_parallel: 4");
+  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+  const absl::Status status = CheckEngineSupport(job);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(testing::Lines(status),
+              ElementsAre("parallel.tensor_parallel: 4 trains optimizer.type ADAFACTOR with "
+                          "model.n_kv_head >= 4 (got 2: replicated KV heads' rows would count "
+                          "more than once in Adafactor's statistics) so far"));
 }
 
 }  // namespace

@@ -325,6 +325,50 @@ TEST(PlanMemoryLayoutTest, ZeroShardsTheTensorParallelShareInsideTheDataGroup) {
             BuildModelLayout(flat.model()).block(0).numel);
 }
 
+// A 16-bit tensor-parallel job plans its shares, activations and gradients in their 16-bit
+// dtypes (half the f32 job's bytes), the f32 master weights, the parallel cross-entropy's f32
+// statistics, and the f32 conversion buffers its TP communicators reduce 16-bit data through:
+// B·T·C elements for the activations' all-reduces, and with replicated KV heads (n_kv_head 1 <
+// tp 2) the largest replicated KV range of a block's 16-bit gradient (2 heads' rows of attn.qkv:
+// weight 2·D·C, then bias 2·D, as separate ranges).
+TEST(PlanMemoryLayoutTest, SixteenBitTensorParallelPlansItsDtypesAndConversionBuffers) {
+  JobSpec job = Gpt2(2, 2, 1);
+  job.mutable_model()->set_family(zerotrain::ModelConfig::LLAMA);
+  job.mutable_model()->set_n_kv_head(1);
+  const MemoryPlan f32 = PlanMemory(Completed(job), 1);
+  auto* p = job.mutable_precision();
+  p->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  p->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+  p->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  job = Completed(job);
+  const MemoryPlan plan = PlanMemory(job, 1);
+  const BufferSpec* params = Find(plan.buffers, "block.0.params");
+  const BufferSpec* master = Find(plan.buffers, "block.0.master");
+  ASSERT_NE(params, nullptr);
+  ASSERT_NE(master, nullptr);
+  EXPECT_EQ(params->dtype, DType::kBF16);
+  EXPECT_EQ(master->dtype, DType::kF32);
+  EXPECT_EQ(params->numel(), Find(f32.buffers, "block.0.params")->numel());
+  EXPECT_EQ(Find(plan.buffers, "block.0.grads")->dtype, DType::kBF16);
+  EXPECT_EQ(Find(plan.buffers, "block.0.qkv")->dtype, DType::kBF16);
+  EXPECT_EQ(2 * Find(plan.buffers, "block.0.qkv")->bytes(),
+            Find(f32.buffers, "block.0.qkv")->bytes());
+  EXPECT_EQ(Find(plan.buffers, "tp.ce_sums")->dtype, DType::kF32);
+  EXPECT_EQ(Find(plan.buffers, "tp.ce_maxes")->dtype, DType::kF32);
+  const int64_t C = 64, D = 16, BT = 2 * 32;
+  for (const char* k : {"0", "1"}) {
+    const BufferSpec* tensor = Find(plan.buffers, std::string("comm.convert.tensor.") + k);
+    ASSERT_NE(tensor, nullptr);
+    EXPECT_EQ(tensor->dtype, DType::kF32);
+    EXPECT_EQ(tensor->numel(), BT * C);
+    const BufferSpec* kv = Find(plan.buffers, std::string("comm.convert.tensor_kv.") + k);
+    ASSERT_NE(kv, nullptr);
+    EXPECT_EQ(kv->numel(), 2 * D * C);
+  }
+  // f32 converts nothing.
+  EXPECT_EQ(BytesWithPrefix(f32.buffers, "comm.convert."), 0);
+}
+
 TEST(PlanMemoryLayoutTest, OneTensorAndPipelineRankPlansTheWholeModel) {
   // tp = pp = 1: the rank tables are the model's own, buffer for buffer.
   const JobSpec job = Completed(Gpt2(2, 1, 1));

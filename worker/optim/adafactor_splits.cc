@@ -1,0 +1,30 @@
+#include "worker/optim/adafactor_splits.h"
+
+#include "worker/model/tensor_parallel_slice.h"
+
+namespace zt {
+
+std::vector<std::vector<Optimizer::TensorSplit>> AdafactorSplits(
+    const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank) {
+  const ModelLayout whole = BuildModelLayout(model);
+  std::vector<std::vector<Optimizer::TensorSplit>> splits(local.units.size());
+  for (size_t u = 0; u < local.units.size(); ++u) {
+    for (const ParamSpec& p : local.units[u].params) {
+      Optimizer::TensorSplit split;
+      const ParamSpec* w = whole.units[u].Find(p.name);
+      const TensorParallelSlice s =
+          w == nullptr ? TensorParallelSlice{} : SliceOf(model, p.name, w->shape, tp, rank);
+      if (s.split && p.shape.size() == 1) {
+        split.logical_cols = s.global_rows;  // a vector's slice counts its elements as rows
+      } else if (s.split && s.local_cols == s.global_cols) {
+        split.logical_rows = s.global_rows;
+      } else if (s.split) {
+        split.logical_cols = s.global_cols;
+      }
+      splits[u].push_back(split);
+    }
+  }
+  return splits;
+}
+
+}  // namespace zt

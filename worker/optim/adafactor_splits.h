@@ -1,0 +1,22 @@
+// How each tensor of a tensor-parallel rank's layout is split, as Adafactor's factored
+// statistics need it (Optimizer::TensorSplit): a weight split by its output rows (column-
+// parallel: attn.qkv, mlp.fc, the vocabulary-parallel wte and lm_head) keeps whole rows, so its
+// row statistics are local and its column statistics need the group's sum; a weight split by
+// columns (row-parallel: attn.proj, mlp.proj) the other way round; a split bias is a part of a
+// vector; replicated tensors (norms, positions, row-parallel biases) are whole on every rank.
+#pragma once
+
+#include <vector>
+
+#include "proto/job.pb.h"
+#include "worker/model/param_layout.h"
+#include "worker/optim/optimizer.h"
+
+namespace zt {
+
+// Per unit of `local` (the rank's TensorParallelModelLayout), per tensor, its split on rank
+// `rank` of `tp` (worker/model/tensor_parallel_slice.h's SliceOf).
+std::vector<std::vector<Optimizer::TensorSplit>> AdafactorSplits(
+    const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank);
+
+}  // namespace zt
