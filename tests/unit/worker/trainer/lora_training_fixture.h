@@ -52,7 +52,9 @@ struct LoraRun {
 inline std::map<std::string, std::vector<char>> BaseBytes(const Trainer& t) {
   std::map<std::string, std::vector<char>> out;
   for (const BufferSpec& b : t.plan().buffers) {
-    if (!b.name.ends_with(".params") && !IsQuantizedBaseBuffer(b.name)) continue;
+    if (!b.name.ends_with(".params") && !b.name.ends_with(".qbase") && !IsQuantizedBaseBuffer(b.name)) {
+      continue;
+    }
     const Tensor buffer = t.arenas().Get(b.name).value();
     const char* p = static_cast<const char*>(buffer.raw());
     out[b.name].assign(p, p + buffer.size_bytes());
