@@ -304,6 +304,14 @@ absl::Status ReadQuantizedBytes(SavedRankFiles& saved, const zerotrain::JobSpec&
 
 }  // namespace
 
+absl::Status ReadQuantizedUnitBytes(const zerotrain::JobSpec& saved_job,
+                                    const std::function<std::string(int)>& rank_file,
+                                    const ModelLayout& layout, const UnitLayout& unit, int64_t lo,
+                                    int64_t hi, uint8_t* out) {
+  SavedRankFiles saved(saved_job, rank_file);
+  return ReadQuantizedBytes(saved, saved_job, layout, unit, lo, hi, out);
+}
+
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const std::function<std::string(int)>& rank_file,
                               const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,
