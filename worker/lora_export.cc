@@ -167,8 +167,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
                       static_cast<size_t>(piece.bytes));
           return absl::OkStatus();
         }
-        return absl::InternalError(absl::StrCat(name, " is no piece of ", unit.name,
-                                                "'s quantized bytes of its size"));
+        return absl::InternalError(
+            absl::StrCat(name, " is no piece of ", unit.name, "'s quantized bytes of its size"));
       };
     } else if (rank0 != nullptr) {
       read = [&](const std::string& name, const Tensor& dst) {

@@ -284,9 +284,9 @@ absl::Status ReadQuantizedBytes(SavedRankFiles& saved, const zerotrain::JobSpec&
       const int64_t begin = have.offset * 4, end = (have.offset + have.shard_numel) * 4;
       const int64_t a = std::max(lo, begin), z = std::min(hi, end);
       if (a >= z) continue;
-      ZT_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
-                          saved.Buffer(r, QuantizedShardName(unit), DType::kF32,
-                                       (z - begin + 3) / 4));
+      ZT_ASSIGN_OR_RETURN(
+          absl::Span<const uint8_t> bytes,
+          saved.Buffer(r, QuantizedShardName(unit), DType::kF32, (z - begin + 3) / 4));
       std::memcpy(out + (a - lo), bytes.data() + (a - begin), static_cast<size_t>(z - a));
     }
     return absl::OkStatus();
@@ -294,9 +294,9 @@ absl::Status ReadQuantizedBytes(SavedRankFiles& saved, const zerotrain::JobSpec&
   for (const QuantizedPiece& piece : q.pieces) {
     const int64_t a = std::max(lo, piece.offset), z = std::min(hi, piece.offset + piece.bytes);
     if (a >= z) continue;
-    ZT_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
-                        saved.Buffer(0, piece.name, piece.dtype,
-                                     piece.bytes / DTypeSize(piece.dtype)));
+    ZT_ASSIGN_OR_RETURN(
+        absl::Span<const uint8_t> bytes,
+        saved.Buffer(0, piece.name, piece.dtype, piece.bytes / DTypeSize(piece.dtype)));
     std::memcpy(out + (a - lo), bytes.data() + (a - piece.offset), static_cast<size_t>(z - a));
   }
   return absl::OkStatus();

@@ -116,8 +116,9 @@ absl::Status QuantizeInto(const DeviceContext& ctx, const std::string& what, con
 
 }  // namespace
 
-std::vector<Transformer::QuantizedWeightBuffers> Transformer::QuantizedViews(
-    int u, uint8_t* base, int64_t base_offset, Device device) const {
+std::vector<Transformer::QuantizedWeightBuffers> Transformer::QuantizedViews(int u, uint8_t* base,
+                                                                             int64_t base_offset,
+                                                                             Device device) const {
   const UnitLayout& unit = layout_.units[u];
   const QuantizedUnitBytes bytes = QuantizedBytesOf(layout_, unit);
   std::vector<QuantizedWeightBuffers> out;

@@ -31,11 +31,10 @@ std::vector<BufferSpec> QuantizedBuffersOf(const ModelLayout& layout, const Unit
   if (layout.base_quantization == BaseQuantization::kInt8) {
     // One int8 code per weight and one f32 absmax per output row.
     const std::string prefix = Int8BufferPrefix(u, p);
-    return {BufferSpec{prefix + "codes",
-                       MemoryCategory::kParameters,
-                       DType::kU8,
-                       {p.shape[0], p.shape[1]}},
-            BufferSpec{prefix + "scales", MemoryCategory::kParameters, DType::kF32, {p.shape[0]}}};
+    return {
+        BufferSpec{
+            prefix + "codes", MemoryCategory::kParameters, DType::kU8, {p.shape[0], p.shape[1]}},
+        BufferSpec{prefix + "scales", MemoryCategory::kParameters, DType::kF32, {p.shape[0]}}};
   }
   const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
   const std::string prefix = Nf4BufferPrefix(u, p);
@@ -69,8 +68,7 @@ QuantizedUnitBytes QuantizedBytesOf(const ModelLayout& layout, const UnitLayout&
 std::string QuantizedShardName(const UnitLayout& u) { return u.name + ".qbase"; }
 
 bool ShardsQuantizedBase(const zerotrain::JobSpec& job, const ModelLayout& layout) {
-  return layout.base_quantization != BaseQuantization::kNone &&
-         job.parallel().zero_stage() >= 3;
+  return layout.base_quantization != BaseQuantization::kNone && job.parallel().zero_stage() >= 3;
 }
 
 ModelLayout LoraAdapterLayout(const ModelLayout& layout) {

@@ -226,8 +226,8 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
 bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
   if (b.reloaded_at_start) return false;
   if (b.role() == MemoryCategory::kParameters) {
-    return b.name.ends_with(".params") || b.name.ends_with(".lora") ||
-           b.name.ends_with(".qbase") || IsQuantizedBaseBuffer(b.name);
+    return b.name.ends_with(".params") || b.name.ends_with(".lora") || b.name.ends_with(".qbase") ||
+           IsQuantizedBaseBuffer(b.name);
   }
   return b.role() == MemoryCategory::kOptimizerState &&
          (!weights_only || b.name.ends_with(".master") || b.name.ends_with(".master_low"));

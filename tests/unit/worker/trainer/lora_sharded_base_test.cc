@@ -119,7 +119,8 @@ TEST_F(LoraShardedBaseTest, TwoRanksAtStageThreeMatchOneRankAndHoldHalfTheBase) 
     // one rank holds at stage 0 (the unquantized rest is sharded too; padding aside).
     const int64_t divided =
         LoraBreakdown(PlanMemory(ValidatedJob(BaseJob(2, 3, base)).value(), 0)).base_bytes;
-    const int64_t undivided = LoraBreakdown(PlanMemory(ValidatedJob(BaseJob(1, 0, base)).value(), 0)).base_bytes;
+    const int64_t undivided =
+        LoraBreakdown(PlanMemory(ValidatedJob(BaseJob(1, 0, base)).value(), 0)).base_bytes;
     EXPECT_LT(divided, undivided * 6 / 10) << what;
     EXPECT_GT(divided, undivided * 4 / 10) << what;
   }
@@ -203,9 +204,9 @@ TEST_F(LoraShardedBaseTest, ResumesAtStageThreeAndAcrossWorldSizesAndStages) {
 TEST_F(LoraShardedBaseTest, TwoRanksStreamAQuantizedBaseIntoTheirShards) {
   for (const auto base : {ModelConfig::NF4, ModelConfig::INT8}) {
     const std::string what(ModelConfig::BaseDType_Name(base));
-    const std::string hf = ExportBase(MakeHfBase(BaseJob(1, 0, base)),
-                                      (dir_ / ("base-" + what + ".safetensors")).string(),
-                                      DType::kBF16);
+    const std::string hf =
+        ExportBase(MakeHfBase(BaseJob(1, 0, base)),
+                   (dir_ / ("base-" + what + ".safetensors")).string(), DType::kBF16);
     JobSpec one = BaseJob(1, 0, base);
     one.mutable_model()->set_init_from(hf);
     JobSpec two = BaseJob(2, 3, base);

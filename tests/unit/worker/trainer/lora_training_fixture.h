@@ -56,7 +56,8 @@ struct LoraRun {
 inline std::map<std::string, std::vector<char>> BaseBytes(const Trainer& t) {
   std::map<std::string, std::vector<char>> out;
   for (const BufferSpec& b : t.plan().buffers) {
-    if (!b.name.ends_with(".params") && !b.name.ends_with(".qbase") && !IsQuantizedBaseBuffer(b.name)) {
+    if (!b.name.ends_with(".params") && !b.name.ends_with(".qbase") &&
+        !IsQuantizedBaseBuffer(b.name)) {
       continue;
     }
     const Tensor buffer = t.arenas().Get(b.name).value();
