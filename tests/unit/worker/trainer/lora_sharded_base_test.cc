@@ -87,6 +87,14 @@ TEST_F(LoraShardedBaseTest, TwoRanksAtStageThreeMatchOneRankAndHoldHalfTheBase) 
     ExpectMatches(sharded, reference, what + " stage 3 on 2 ranks");
     const ModelLayout layout = BuildModelLayout(ValidatedJob(BaseJob(2, 3, base)).value().model());
     ExpectGatheredIsWhole(sharded, reference.base_after, layout, what);
+    // The other gather layouts: a block kept gathered from its forward to its backward (its
+    // own "<unit>.qbase.gathered"), and two blocks gathered ahead (three "qbase.gather.<k>").
+    JobSpec keep = BaseJob(2, 3, base);
+    keep.mutable_parallel()->set_reshard_after_forward(false);
+    ExpectMatches(Train(keep, 5), reference, what + " without reshard_after_forward");
+    JobSpec ahead = BaseJob(2, 3, base);
+    ahead.mutable_parallel()->set_prefetch_units(2);
+    ExpectMatches(Train(ahead, 5), reference, what + " prefetching 2 units");
 
     // Each rank's plan holds its half of every block's padded quantized bytes and no per-tensor
     // buffer; the arenas carve exactly what the plan says, per category.
