@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,8 +55,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadBase(const zerotrain::JobSpe
   return base;
 }
 
-// Reads one quantized-base buffer `name` of the checkpoint's rank 0 file (a quantized base is
-// whole on every rank) into `dst`, checking its size.
+// Reads one quantized-base buffer `name` of the checkpoint's rank 0 file (below ZeRO stage 3 a
+// quantized base is whole on every rank) into `dst`, checking its size.
 absl::Status ReadQuantizedBuffer(const SafetensorsFile& file, const std::string& name,
                                  const Tensor& dst) {
   const SafetensorsTensorInfo* info = file.Find(name);
@@ -72,12 +73,15 @@ absl::Status ReadQuantizedBuffer(const SafetensorsFile& file, const std::string&
   return absl::OkStatus();
 }
 
+// Reads the saved quantized buffer `name` into `dst` (its whole size).
+using QuantizedReader = std::function<absl::Status(const std::string& name, const Tensor& dst)>;
+
 // Quantized weight p of `unit` in f32 as the job computed with it, into `values` ((numel) f32):
-// with `rank0` its saved buffers dequantized; without, `values` (the file's weight) quantized
+// with `read` its saved buffers dequantized; without, `values` (the file's weight) quantized
 // as the job's start quantized it (StreamQuantizedBase), then dequantized.
 absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layout,
                                const UnitLayout& unit, const ParamSpec& p,
-                               const SafetensorsFile* rank0, const Tensor& values) {
+                               const QuantizedReader& read, const Tensor& values) {
   if (layout.base_quantization == BaseQuantization::kInt8) {
     const int64_t rows = p.shape[0], cols = p.shape[1];
     std::vector<uint8_t> codes(static_cast<size_t>(p.numel));
@@ -85,12 +89,12 @@ absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layo
     const Int8Weight w{.codes = Tensor(codes.data(), DType::kU8, {rows, cols}),
                        .scales = Tensor(scales.data(), DType::kF32, {rows})};
     const Tensor matrix(values.raw(), DType::kF32, {rows, cols});
-    if (rank0 == nullptr) {
+    if (!read) {
       ZT_RETURN_IF_ERROR(Int8QuantizeWeight(ctx, {.src = matrix, .dst = w}));
     } else {
       const std::string prefix = Int8BufferPrefix(unit, p);
-      ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "codes", w.codes));
-      ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "scales", w.scales));
+      ZT_RETURN_IF_ERROR(read(prefix + "codes", w.codes));
+      ZT_RETURN_IF_ERROR(read(prefix + "scales", w.scales));
     }
     return Int8DequantizeWeight(ctx, {.src = w, .dst = matrix});
   }
@@ -102,14 +106,14 @@ absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layo
                     .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
                     .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
                     .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
-  if (rank0 == nullptr) {
+  if (!read) {
     ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = w}));
   } else {
     const std::string prefix = Nf4BufferPrefix(unit, p);
-    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "codes", w.codes));
-    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "absmax", w.absmax));
-    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "absmax_scale", w.absmax_scale));
-    ZT_RETURN_IF_ERROR(ReadQuantizedBuffer(*rank0, prefix + "absmax_offset", w.absmax_offset));
+    ZT_RETURN_IF_ERROR(read(prefix + "codes", w.codes));
+    ZT_RETURN_IF_ERROR(read(prefix + "absmax", w.absmax));
+    ZT_RETURN_IF_ERROR(read(prefix + "absmax_scale", w.absmax_scale));
+    ZT_RETURN_IF_ERROR(read(prefix + "absmax_offset", w.absmax_offset));
   }
   return Nf4Dequantize(ctx, {.src = w, .dst = values});
 }
@@ -146,6 +150,31 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
       ZT_RETURN_IF_ERROR(ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
                                        unit.numel, rest.data()));
     }
+    // A seeded base's quantized buffers: rank 0's whole ones below ZeRO stage 3; at stage 3
+    // the block's quantized bytes, assembled from every rank's shard.
+    QuantizedReader read;
+    std::vector<float> unit_bytes;  // f32 words keep the f32 pieces aligned
+    const QuantizedUnitBytes pieces = QuantizedBytesOf(quantized_layout, unit);
+    if (rank0 != nullptr && ShardsQuantizedBase(saved, quantized_layout)) {
+      unit_bytes.resize(static_cast<size_t>(pieces.words()));
+      ZT_RETURN_IF_ERROR(ReadQuantizedUnitBytes(saved, rank_file, quantized_layout, unit, 0,
+                                                pieces.bytes,
+                                                reinterpret_cast<uint8_t*>(unit_bytes.data())));
+      read = [&](const std::string& name, const Tensor& dst) -> absl::Status {
+        for (const QuantizedPiece& piece : pieces.pieces) {
+          if (piece.name != name || piece.bytes != dst.size_bytes()) continue;
+          std::memcpy(dst.raw(), reinterpret_cast<const uint8_t*>(unit_bytes.data()) + piece.offset,
+                      static_cast<size_t>(piece.bytes));
+          return absl::OkStatus();
+        }
+        return absl::InternalError(
+            absl::StrCat(name, " is no piece of ", unit.name, "'s quantized bytes of its size"));
+      };
+    } else if (rank0 != nullptr) {
+      read = [&](const std::string& name, const Tensor& dst) {
+        return ReadQuantizedBuffer(*rank0, name, dst);
+      };
+    }
     for (const ParamSpec& p : unit.params) {
       const ParamSpec* q = plain_layout.units[u].Find(p.name);
       if (q == nullptr || q->numel != p.numel) {
@@ -158,7 +187,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
           std::copy(rest.begin() + p.offset, rest.begin() + p.offset + p.numel, dst);
         continue;
       }
-      ZT_RETURN_IF_ERROR(DequantizedWeight(ctx, quantized_layout, unit, p, rank0.get(),
+      ZT_RETURN_IF_ERROR(DequantizedWeight(ctx, quantized_layout, unit, p, read,
                                            Tensor(dst, DType::kF32, {p.numel})));
     }
   }

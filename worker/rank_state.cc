@@ -267,6 +267,51 @@ absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Bytes [lo, hi) of unit `unit`'s flat quantized bytes (QuantizedBytesOf) as the checkpoint of
+// `saved_job` holds them: from the saved ranks' "<unit>.qbase" shards when it was saved at
+// stage 3, else from saved rank 0's whole per-tensor buffers. Bytes between pieces (alignment)
+// and past the last one are zero.
+absl::Status ReadQuantizedBytes(SavedRankFiles& saved, const zerotrain::JobSpec& saved_job,
+                                const ModelLayout& layout, const UnitLayout& unit, int64_t lo,
+                                int64_t hi, uint8_t* out) {
+  std::memset(out, 0, static_cast<size_t>(hi - lo));
+  const QuantizedUnitBytes q = QuantizedBytesOf(layout, unit);
+  if (ShardsQuantizedBase(saved_job, layout)) {
+    for (int r = 0; r < saved_job.parallel().world_size(); ++r) {
+      const UnitShard have = ShardOf(q.words(), ParallelLayout::ForJob(saved_job, r).shard());
+      const int64_t begin = have.offset * 4, end = (have.offset + have.shard_numel) * 4;
+      const int64_t a = std::max(lo, begin), z = std::min(hi, end);
+      if (a >= z) continue;
+      ZT_ASSIGN_OR_RETURN(
+          absl::Span<const uint8_t> bytes,
+          saved.Buffer(r, QuantizedShardName(unit), DType::kF32, (z - begin + 3) / 4));
+      std::memcpy(out + (a - lo), bytes.data() + (a - begin), static_cast<size_t>(z - a));
+    }
+    return absl::OkStatus();
+  }
+  for (const QuantizedPiece& piece : q.pieces) {
+    const int64_t a = std::max(lo, piece.offset), z = std::min(hi, piece.offset + piece.bytes);
+    if (a >= z) continue;
+    ZT_ASSIGN_OR_RETURN(
+        absl::Span<const uint8_t> bytes,
+        saved.Buffer(0, piece.name, piece.dtype, piece.bytes / DTypeSize(piece.dtype)));
+    std::memcpy(out + (a - lo), bytes.data() + (a - piece.offset), static_cast<size_t>(z - a));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReadQuantizedUnitBytes(const zerotrain::JobSpec& saved_job,
+                                    const std::function<std::string(int)>& rank_file,
+                                    const ModelLayout& layout, const UnitLayout& unit, int64_t lo,
+                                    int64_t hi, uint8_t* out) {
+  SavedRankFiles saved(saved_job, rank_file);
+  return ReadQuantizedBytes(saved, saved_job, layout, unit, lo, hi, out);
+}
+
 absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
                               const std::function<std::string(int)>& rank_file,
                               const zerotrain::JobSpec& job, int rank, const MemoryPlan& plan,
@@ -277,7 +322,8 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
   std::vector<bool> states_done(layout.units.size(), false);
   // A LoRA job: the adapters' optimizer states are those of LoraAdapterLayout's units
   // ("<block>.lora.<state>", sharded as the adapters are); the adapters themselves and a
-  // quantized (NF4/INT8) base's buffers are whole on every rank at every stage.
+  // quantized (NF4/INT8) base's buffers are whole on every rank below stage 3; at stage 3 the
+  // base's quantized bytes are byte shards ("<unit>.qbase") resharded by range.
   const ModelLayout adapters = LoraAdapterLayout(layout);
   std::vector<bool> adapter_states_done(adapters.units.size(), false);
   for (const BufferSpec* b : CheckpointedBuffers(plan, weights_only)) {
@@ -287,6 +333,37 @@ absl::Status ReshardRankState(const zerotrain::JobSpec& saved_job,
       if (!adapter_states_done[u]) {
         ZT_RETURN_IF_ERROR(ReshardUnitOptimizerState(saved, job, rank, adapters.units[u], arenas));
         adapter_states_done[u] = true;
+      }
+      continue;
+    }
+    if (layout.lora && b->name.ends_with(".qbase")) {
+      // Stage 3: this rank's byte range of the block's quantized bytes.
+      const UnitLayout* unit = nullptr;
+      for (const UnitLayout& candidate : layout.units) {
+        if (QuantizedShardName(candidate) == b->name) unit = &candidate;
+      }
+      if (unit == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("resharding a checkpoint: buffer ", b->name, " belongs to no unit"));
+      }
+      const UnitShard want = ShardOf(QuantizedBytesOf(layout, *unit).words(),
+                                     ParallelLayout::ForJob(job, rank).shard());
+      ZT_ASSIGN_OR_RETURN(Tensor dst, arenas.Get(b->name));
+      ZT_RETURN_IF_ERROR(ReadQuantizedBytes(saved, saved_job, layout, *unit, want.offset * 4,
+                                            (want.offset + want.shard_numel) * 4,
+                                            static_cast<uint8_t*>(dst.raw())));
+      continue;
+    }
+    if (layout.lora && IsQuantizedBaseBuffer(b->name) && ShardsQuantizedBase(saved_job, layout)) {
+      // Below stage 3 from a stage-3 checkpoint: the piece's bytes out of the saved shards.
+      for (const UnitLayout& unit : layout.units) {
+        for (const QuantizedPiece& piece : QuantizedBytesOf(layout, unit).pieces) {
+          if (piece.name != b->name) continue;
+          ZT_ASSIGN_OR_RETURN(Tensor dst, arenas.Get(b->name));
+          ZT_RETURN_IF_ERROR(ReadQuantizedBytes(saved, saved_job, layout, unit, piece.offset,
+                                                piece.offset + piece.bytes,
+                                                static_cast<uint8_t*>(dst.raw())));
+        }
       }
       continue;
     }

@@ -14,8 +14,11 @@
 // worker/optimizer_state_reshard.h: fp32 moments, momentum and Adafactor's statistics bit
 // for bit; 8-bit AdamW's blocks bit for bit where a new block is a saved one, requantized
 // from the saved blocks it overlaps elsewhere.
-// A LoRA job's adapters ("<unit>.lora") and an NF4 or INT8 base are whole on every rank and come
-// from saved rank 0; the adapters' optimizer states reshard as LoraAdapterLayout's units.
+// A LoRA job's adapters ("<unit>.lora") are whole on every rank and come from saved rank 0, and
+// so does an NF4 or INT8 base below ZeRO stage 3; at stage 3 the base is each block's flat
+// quantized bytes in byte shards ("<unit>.qbase", worker/plan/lora_plan.h), read by range
+// from the saved ranks that overlap (ReadQuantizedUnitBytes), in either direction across
+// stage 3. The adapters' optimizer states reshard as LoraAdapterLayout's units.
 #pragma once
 
 #include <functional>
@@ -25,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
+#include "worker/model/param_layout.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
 
@@ -54,6 +58,17 @@ absl::Status ReadRankState(const std::string& path, const MemoryPlan& plan, cons
 // splits them) as a checkpoint written by `saved_job` holds
 // them, converted to f32 into out[0, end − begin): read from each saved rank whose range
 // overlaps, touching only those bytes. For streaming exports: one tensor at a time.
+// Bytes [lo, hi) of model unit `unit`'s flat quantized bytes (QuantizedBytesOf over
+// `layout`, the saved job's model layout) as a checkpoint written by `saved_job` holds them:
+// from the saved ranks' "<unit>.qbase" shards when it was saved at ZeRO stage 3, else from
+// saved rank 0's per-tensor "<unit>.nf4.*" / "<unit>.int8.*" buffers. Alignment gaps and the
+// padding past the last piece read as zero. FailedPrecondition naming the file and buffer
+// when one is missing or short (a base from model.init_from is not saved).
+absl::Status ReadQuantizedUnitBytes(const zerotrain::JobSpec& saved_job,
+                                    const std::function<std::string(int)>& rank_file,
+                                    const ModelLayout& layout, const UnitLayout& unit, int64_t lo,
+                                    int64_t hi, uint8_t* out);
+
 absl::Status ReadUnitRange(const zerotrain::JobSpec& saved_job,
                            const std::function<std::string(int)>& rank_file, int unit,
                            const std::string& role, int64_t begin, int64_t end, float* out);

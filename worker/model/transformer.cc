@@ -177,6 +177,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
       m.lora_params_.emplace_back();
       m.lora_grads_.emplace_back();
       m.quantized_.emplace_back();
+      m.qbase_shards_.emplace_back();
       continue;
     }
     ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, state.Spec(u.name + ".params"));
@@ -209,7 +210,14 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     m.lora_params_.push_back(lora);
     m.lora_grads_.push_back(lora_grads);
     std::vector<QuantizedWeightBuffers> quantized;
+    // Stage 3: the rank's shard of the block's quantized bytes; its weights bind per use.
+    absl::StatusOr<Tensor> qbase = state.Get(QuantizedShardName(u));
+    m.qbase_shards_.push_back(qbase.ok() ? *qbase : Tensor());
     for (const ParamSpec& p : u.params) {
+      if (p.quantized && qbase.ok()) {
+        quantized.push_back({.name = p.name});
+        continue;
+      }
       if (!p.quantized) continue;
       QuantizedWeightBuffers q{.name = p.name};
       if (m.layout_.base_quantization == BaseQuantization::kInt8) {

@@ -123,6 +123,18 @@ class Transformer {
   // InitializeWeights' values for every quantized weight, each generated in f32 in turn and
   // quantized (the rest of the base comes from InitializeWeights, which skips these).
   absl::Status InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed);
+  // ZeRO stage 3 with a quantized base: the plan holds each block's quantized bytes only as
+  // the rank's shard "<unit>.qbase" (QuantizedBytesOf, worker/plan/lora_plan.h), empty for
+  // units without quantized weights and everywhere below stage 3. QuantizeBaseWeight then
+  // quantizes a weight into scratch of its own size and keeps the bytes of the shard of
+  // `group_rank` (SetQuantizedShardRank, set before the base is filled); QuantizedWeight's
+  // views are empty until the sharding engine gathers the block's bytes and binds them
+  // (BindQuantizedBase) for a use.
+  const std::vector<Tensor>& unit_quantized_shards() const { return qbase_shards_; }
+  void SetQuantizedShardRank(int group_rank) { qbase_rank_ = group_rank; }
+  // Points unit u's quantized weights at `gathered`, the unit's whole quantized bytes (at
+  // least QuantizedBytesOf(...).bytes), which must stay valid while they are used.
+  absl::Status BindQuantizedBase(int u, const Tensor& gathered);
 
   // Packed sequences (data.packing): the (B, S) i32 document starts (kernels/packing.h) and
   // the (B, T) i32 positions (DocumentPositions) of the forwards and backwards that follow,
@@ -372,6 +384,12 @@ class Transformer {
     Int8Weight int8;
   };
   std::vector<std::vector<QuantizedWeightBuffers>> quantized_;  // per unit
+  // Unit u's quantized weights as views at `base` (byte `base_offset` of the unit's quantized
+  // bytes; pieces outside the span are not touched).
+  std::vector<QuantizedWeightBuffers> QuantizedViews(int u, uint8_t* base, int64_t base_offset,
+                                                     Device device) const;
+  std::vector<Tensor> qbase_shards_;  // per unit, stage 3: "<unit>.qbase"
+  int qbase_rank_ = 0;
   LoraScratch lora_;
   uint64_t lora_seed_ = 0;
   std::vector<Tensor> residual_;  // L + 1 of (B·T, C)

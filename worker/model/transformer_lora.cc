@@ -9,7 +9,9 @@
 //             dA += dhᵀ · dropout(x),  dinp += dropout'(dh · A)
 // Folding the scale into h makes B's gradient and the merged weight W + scale·B·A follow
 // without a second scaling pass.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "kernels/nf4_linear.h"
 #include "kernels/status_macros.h"
 #include "worker/model/transformer.h"
+#include "worker/plan/lora_plan.h"
 
 namespace zt {
 namespace {
@@ -82,26 +85,122 @@ const Int8Weight* Transformer::Int8QuantizedWeight(int u, std::string_view name)
   return nullptr;
 }
 
+namespace {
+
+// A view of `shape` (1 or 2 dimensions) at `data`.
+Tensor PieceView(uint8_t* data, DType dtype, const std::vector<int64_t>& shape, Device device) {
+  if (shape.size() == 2) return Tensor(data, dtype, {shape[0], shape[1]}, device);
+  return Tensor(data, dtype, {shape[0]}, device);
+}
+
+// Quantizes `values` into `q` (NF4 or INT8, whichever `q` holds).
+absl::Status QuantizeInto(const DeviceContext& ctx, const std::string& what, const Tensor& values,
+                          const Nf4Tensor* nf4, const Int8Weight* int8) {
+  if (int8 != nullptr) {
+    // The flat values as the (out, in) matrix whose rows get one scale each.
+    if (values.numel() != int8->codes.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat("QuantizeBaseWeight: ", what, " has ",
+                                                     int8->codes.numel(), " elements, got ",
+                                                     values.numel()));
+    }
+    const Tensor src(values.raw(), values.dtype(), {int8->codes.dim(0), int8->codes.dim(1)},
+                     values.device());
+    return Int8QuantizeWeight(ctx, {.src = src, .dst = *int8});
+  }
+  if (nf4 == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeight: ", what, " is not a quantized weight"));
+  }
+  return Nf4Quantize(ctx, {.src = values, .dst = *nf4});
+}
+
+}  // namespace
+
+std::vector<Transformer::QuantizedWeightBuffers> Transformer::QuantizedViews(int u, uint8_t* base,
+                                                                             int64_t base_offset,
+                                                                             Device device) const {
+  const UnitLayout& unit = layout_.units[u];
+  const QuantizedUnitBytes bytes = QuantizedBytesOf(layout_, unit);
+  std::vector<QuantizedWeightBuffers> out;
+  for (const ParamSpec& p : unit.params) {
+    if (!p.quantized) continue;
+    QuantizedWeightBuffers q{.name = p.name};
+    const bool int8 = layout_.base_quantization == BaseQuantization::kInt8;
+    const std::string prefix = int8 ? Int8BufferPrefix(unit, p) : Nf4BufferPrefix(unit, p);
+    for (const QuantizedPiece& piece : bytes.pieces) {
+      if (!piece.name.starts_with(prefix)) continue;
+      const Tensor view =
+          PieceView(base + (piece.offset - base_offset), piece.dtype, piece.shape, device);
+      const std::string_view field = std::string_view(piece.name).substr(prefix.size());
+      if (field == "codes") (int8 ? q.int8.codes : q.nf4.codes) = view;
+      if (field == "scales") q.int8.scales = view;
+      if (field == "absmax") q.nf4.absmax = view;
+      if (field == "absmax_scale") q.nf4.absmax_scale = view;
+      if (field == "absmax_offset") q.nf4.absmax_offset = view;
+    }
+    if (!int8) {
+      q.nf4.numel = p.numel;
+      q.nf4.format = Nf4Absmax::kDoubleQuantized;
+    }
+    out.push_back(std::move(q));
+  }
+  return out;
+}
+
+absl::Status Transformer::BindQuantizedBase(int u, const Tensor& gathered) {
+  const int64_t need = QuantizedBytesOf(layout_, layout_.units[u]).bytes;
+  if (gathered.size_bytes() < need) {
+    return absl::InternalError(absl::StrCat("BindQuantizedBase: ", layout_.units[u].name,
+                                            "'s quantized bytes need ", need, " bytes, got ",
+                                            gathered.size_bytes()));
+  }
+  quantized_[u] = QuantizedViews(u, static_cast<uint8_t*>(gathered.raw()), 0, gathered.device());
+  return absl::OkStatus();
+}
+
 absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
                                              const Tensor& values) {
-  if (const Int8Weight* q = Int8QuantizedWeight(u, name); q != nullptr) {
-    // The flat values as the (out, in) matrix whose rows get one scale each.
-    if (values.numel() != q->codes.numel()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("QuantizeBaseWeight: ", layout_.units[u].name, ".", std::string(name),
-                       " has ", q->codes.numel(), " elements, got ", values.numel()));
-    }
-    const Tensor src(values.raw(), values.dtype(), {q->codes.dim(0), q->codes.dim(1)},
-                     values.device());
-    return Int8QuantizeWeight(ctx, {.src = src, .dst = *q});
+  const std::string what = absl::StrCat(layout_.units[u].name, ".", std::string(name));
+  if (qbase_shards_.empty() || qbase_shards_[u].empty()) {
+    return QuantizeInto(ctx, what, values, QuantizedWeight(u, name), Int8QuantizedWeight(u, name));
   }
-  const Nf4Tensor* q = QuantizedWeight(u, name);
-  if (q == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("QuantizeBaseWeight: ", layout_.units[u].name,
-                                                   ".", std::string(name),
-                                                   " is not a quantized weight"));
+  // Stage 3: the weight's pieces are bytes [lo, hi) of the unit's quantized bytes; quantize
+  // into scratch of that size and keep the part inside this rank's shard.
+  const UnitLayout& unit = layout_.units[u];
+  const QuantizedUnitBytes bytes = QuantizedBytesOf(layout_, unit);
+  const ParamSpec* p = unit.Find(std::string(name));
+  if (p == nullptr || !p->quantized) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeight: ", what, " is not a quantized weight"));
   }
-  return Nf4Quantize(ctx, {.src = values, .dst = *q});
+  const std::string prefix = layout_.base_quantization == BaseQuantization::kInt8
+                                 ? Int8BufferPrefix(unit, *p)
+                                 : Nf4BufferPrefix(unit, *p);
+  int64_t lo = bytes.bytes, hi = 0;
+  for (const QuantizedPiece& piece : bytes.pieces) {
+    if (!piece.name.starts_with(prefix)) continue;
+    lo = std::min(lo, piece.offset);
+    hi = std::max(hi, piece.offset + piece.bytes);
+  }
+  // f32 words keep the scratch aligned for the f32 pieces (every offset is 64-byte aligned).
+  std::vector<float> scratch((hi - lo + 3) / 4);
+  auto* base = reinterpret_cast<uint8_t*>(scratch.data());
+  std::vector<QuantizedWeightBuffers> views = QuantizedViews(u, base, lo, values.device());
+  for (const QuantizedWeightBuffers& q : views) {
+    if (q.name != name) continue;
+    const bool int8 = layout_.base_quantization == BaseQuantization::kInt8;
+    ZT_RETURN_IF_ERROR(
+        QuantizeInto(ctx, what, values, int8 ? nullptr : &q.nf4, int8 ? &q.int8 : nullptr));
+  }
+  const Tensor& shard = qbase_shards_[u];
+  const int64_t shard_begin = static_cast<int64_t>(qbase_rank_) * shard.size_bytes();
+  const int64_t from = std::max(lo, shard_begin);
+  const int64_t to = std::min(hi, shard_begin + shard.size_bytes());
+  if (from < to) {
+    std::memcpy(static_cast<uint8_t*>(shard.raw()) + (from - shard_begin), base + (from - lo),
+                static_cast<size_t>(to - from));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Transformer::InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed) {

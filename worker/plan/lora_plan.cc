@@ -23,6 +23,54 @@ bool IsQuantizedBaseBuffer(const std::string& name) {
   return name.find(".nf4.") != std::string::npos || name.find(".int8.") != std::string::npos;
 }
 
+namespace {
+
+// Quantized weight p's buffers as they are planned below stage 3.
+std::vector<BufferSpec> QuantizedBuffersOf(const ModelLayout& layout, const UnitLayout& u,
+                                           const ParamSpec& p) {
+  if (layout.base_quantization == BaseQuantization::kInt8) {
+    // One int8 code per weight and one f32 absmax per output row.
+    const std::string prefix = Int8BufferPrefix(u, p);
+    return {
+        BufferSpec{
+            prefix + "codes", MemoryCategory::kParameters, DType::kU8, {p.shape[0], p.shape[1]}},
+        BufferSpec{prefix + "scales", MemoryCategory::kParameters, DType::kF32, {p.shape[0]}}};
+  }
+  const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+  const std::string prefix = Nf4BufferPrefix(u, p);
+  return {
+      BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
+      BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}},
+      BufferSpec{
+          prefix + "absmax_scale", MemoryCategory::kParameters, DType::kF32, {nf4.absmax_groups}},
+      BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}}};
+}
+
+}  // namespace
+
+QuantizedUnitBytes QuantizedBytesOf(const ModelLayout& layout, const UnitLayout& u) {
+  QuantizedUnitBytes out;
+  for (const ParamSpec& p : u.params) {
+    if (!p.quantized) continue;
+    for (const BufferSpec& b : QuantizedBuffersOf(layout, u, p)) {
+      const int64_t bytes = b.numel() * DTypeSize(b.dtype);
+      out.pieces.push_back({.name = b.name,
+                            .dtype = b.dtype,
+                            .shape = b.shape,
+                            .offset = out.bytes,
+                            .bytes = bytes});
+      out.bytes += AlignedBytes(bytes);
+    }
+  }
+  return out;
+}
+
+std::string QuantizedShardName(const UnitLayout& u) { return u.name + ".qbase"; }
+
+bool ShardsQuantizedBase(const zerotrain::JobSpec& job, const ModelLayout& layout) {
+  return layout.base_quantization != BaseQuantization::kNone && job.parallel().zero_stage() >= 3;
+}
+
 ModelLayout LoraAdapterLayout(const ModelLayout& layout) {
   ModelLayout out;
   for (const UnitLayout& u : layout.units) {
@@ -50,34 +98,29 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
   // A model loaded from model.init_from reloads its frozen base there at every start: the
   // checkpoints leave it out (docs/lora.md, "Checkpoints").
   const bool base_reloaded = !job.model().init_from().empty();
+  const bool sharded = ShardsQuantizedBase(job, layout);
+  int64_t largest_gathered = 0;  // f32 words of the largest block's padded quantized bytes
   for (const UnitLayout& u : layout.units) {
-    for (const ParamSpec& p : u.params) {
-      if (!p.quantized) continue;
-      std::vector<BufferSpec> quantized;
-      if (layout.base_quantization == BaseQuantization::kInt8) {
-        // One int8 code per weight and one f32 absmax per output row.
-        const std::string prefix = Int8BufferPrefix(u, p);
-        quantized = {
-            BufferSpec{prefix + "codes",
-                       MemoryCategory::kParameters,
-                       DType::kU8,
-                       {p.shape[0], p.shape[1]}},
-            BufferSpec{prefix + "scales", MemoryCategory::kParameters, DType::kF32, {p.shape[0]}}};
-      } else {
-        const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
-        const std::string prefix = Nf4BufferPrefix(u, p);
-        quantized = {
-            BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
-            BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}},
-            BufferSpec{prefix + "absmax_scale",
+    const QuantizedUnitBytes quantized = QuantizedBytesOf(layout, u);
+    if (sharded && !quantized.pieces.empty()) {
+      const UnitShard shard = ShardOf(quantized.words(), geometry);
+      out.push_back(
+          {QuantizedShardName(u), MemoryCategory::kParameters, DType::kF32, {shard.shard_numel}});
+      out.back().reloaded_at_start = base_reloaded;
+      largest_gathered = std::max(largest_gathered, shard.padded);
+      if (!job.parallel().reshard_after_forward()) {
+        out.push_back({QuantizedShardName(u) + ".gathered",
                        MemoryCategory::kParameters,
                        DType::kF32,
-                       {nf4.absmax_groups}},
-            BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}}};
+                       {shard.padded}});
       }
-      for (BufferSpec& b : quantized) {
-        b.reloaded_at_start = base_reloaded;
-        out.push_back(std::move(b));
+    } else if (!sharded) {
+      for (const ParamSpec& p : u.params) {
+        if (!p.quantized) continue;
+        for (BufferSpec& b : QuantizedBuffersOf(layout, u, p)) {
+          b.reloaded_at_start = base_reloaded;
+          out.push_back(std::move(b));
+        }
       }
     }
     if (u.lora.empty()) continue;
@@ -94,6 +137,15 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
     if (accumulate_full) {
       out.push_back(
           {u.name + ".lora_grad_accum", MemoryCategory::kGradients, grad, {shard.padded}});
+    }
+  }
+  if (largest_gathered > 0 && job.parallel().reshard_after_forward()) {
+    // Beside each "gather.<k>" slot: the quantized bytes of the unit gathered into it.
+    for (int k = 0; k <= job.parallel().prefetch_units(); ++k) {
+      out.push_back({absl::StrCat("qbase.gather.", k),
+                     MemoryCategory::kParameters,
+                     DType::kF32,
+                     {largest_gathered}});
     }
   }
   for (const UnitLayout& adapters : LoraAdapterLayout(layout).units) {
@@ -172,7 +224,8 @@ LoraMemoryBreakdown LoraBreakdown(const MemoryPlan& plan) {
     const int64_t bytes = PlacedBytes(b);
     const MemoryCategory role = b.role();
     if (role == MemoryCategory::kParameters &&
-        (b.name.ends_with(".params") || IsQuantizedBaseBuffer(b.name))) {
+        (b.name.ends_with(".params") || b.name.ends_with(".qbase") ||
+         IsQuantizedBaseBuffer(b.name))) {
       out.base_bytes += bytes;
     }
     if (role == MemoryCategory::kParameters && b.name.ends_with(".lora"))

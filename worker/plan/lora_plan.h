@@ -20,10 +20,16 @@
 //                (B·T, in), the dropped input (recomputed from its seed in the backward);
 //                "lora.norm_grad_sink" (2·C) f32, where the frozen norms' unused weight
 //                gradients land
+//   stage 3:     "<block>.qbase"            f32 words: the rank's shard of the block's quantized
+//                                           bytes (QuantizedUnitBytes, padded to the shard
+//                                           quantum), in place of the per-tensor buffers above
+//                "qbase.gather.<k>"         one per "gather.<k>": a gathered block's bytes
+//                "<block>.qbase.gathered"   without reshard_after_forward, per block
 // The adapters are a LoRA unit's trainable buffer (UnitLayout::trainable_numel): ZeRO shards
 // their gradients and optimizer state as it shards a trainable unit's; the frozen base's flat
-// buffers shard at stage 3 as any unit's parameters (memory_plan.cc), its NF4 weights stay
-// whole on every rank, as are its INT8 weights. Stateless.
+// buffers shard at stage 3 as any unit's parameters (memory_plan.cc), and so do its quantized
+// weights: a block's NF4 or INT8 buffers are one flat byte buffer, all-gathered (as f32 words:
+// the all-gather copies bits) before each use and released after. Stateless.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +47,32 @@ namespace zt {
 std::string Nf4BufferPrefix(const UnitLayout& unit, const ParamSpec& p);
 // "<unit>.int8.<tensor>.": the name prefix of quantized tensor p's INT8 codes and scales.
 std::string Int8BufferPrefix(const UnitLayout& unit, const ParamSpec& p);
-// Whether plan buffer `name` holds part of a quantized base weight (NF4 or INT8): whole on
-// every rank at every stage, saved with the base.
+// Whether plan buffer `name` holds part of a quantized base weight (NF4 or INT8) below stage
+// 3: whole on every rank, saved with the base.
 bool IsQuantizedBaseBuffer(const std::string& name);
+
+// A block's quantized buffers laid end to end as one flat byte buffer (stage 3 shards it):
+// each buffer at a kBufferAlignment-aligned byte offset, in the block's tensor order.
+struct QuantizedPiece {
+  std::string name;  // as below stage 3: "<unit>.nf4.<tensor>.codes", ...
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // bytes into the unit's quantized bytes
+  int64_t bytes = 0;
+};
+struct QuantizedUnitBytes {
+  std::vector<QuantizedPiece> pieces;
+  int64_t bytes = 0;  // the end of the last piece, aligned
+  // f32 words that hold `bytes`: the unit's size in the all-gather (which moves f32).
+  int64_t words() const { return bytes / 4; }
+};
+// Unit u's layout (no pieces for a unit without quantized weights).
+QuantizedUnitBytes QuantizedBytesOf(const ModelLayout& layout, const UnitLayout& u);
+// "<unit>.qbase": the rank's shard of unit u's quantized bytes at stage 3.
+std::string QuantizedShardName(const UnitLayout& u);
+// Whether a stage-3 plan of `job` shards the quantized base (a LoRA job with an NF4 or INT8
+// base at ZeRO stage 3).
+bool ShardsQuantizedBase(const zerotrain::JobSpec& job, const ModelLayout& layout);
 
 // The adapters as a model of their own for the optimizer (worker/optim/optimizer.h): one unit
 // "<block>.lora" per block with adapters, holding its lora_A/lora_B matrices at their offsets,

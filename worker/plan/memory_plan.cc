@@ -249,7 +249,7 @@ bool TensorParallelAdafactor(const zerotrain::JobSpec& job, const ParallelLayout
 bool IsCheckpointed(const BufferSpec& b, bool weights_only) {
   if (b.reloaded_at_start) return false;
   if (b.role() == MemoryCategory::kParameters) {
-    return b.name.ends_with(".params") || b.name.ends_with(".lora") ||
+    return b.name.ends_with(".params") || b.name.ends_with(".lora") || b.name.ends_with(".qbase") ||
            IsQuantizedBaseBuffer(b.name);
   }
   return b.role() == MemoryCategory::kOptimizerState &&

@@ -200,7 +200,8 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
 // optimizer-state buffer (master weights included), or with `weights_only` (checkpoint.
 // save_optimizer false) the parameters and master weights alone. The rest is rebuilt every
 // step. A LoRA job's parameters are its adapters ("<unit>.lora") and its frozen base
-// ("<unit>.params", NF4's "<unit>.nf4.*", INT8's "<unit>.int8.*"); the base is held only when it
+// ("<unit>.params", NF4's "<unit>.nf4.*", INT8's "<unit>.int8.*", at stage 3 the rank's shard
+// of the quantized bytes "<unit>.qbase"); the base is held only when it
 // was generated from train.seed, not when model.init_from reloads it
 // (BufferSpec::reloaded_at_start).
 bool IsCheckpointed(const BufferSpec& b, bool weights_only = false);

@@ -284,6 +284,38 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         ZT_ASSIGN_OR_RETURN(dedicated[u], arenas.Get(layout.units[u].name + ".gathered"));
       }
     }
+    e->qbase_shards_ = model->unit_quantized_shards();
+    e->qbase_unit_shards_.resize(n_units);
+    e->qbase_pending_.resize(n_units);
+    bool quantized = false;
+    for (int u = 0; u < n_units; ++u) {
+      if (e->qbase_shards_[u].empty()) continue;
+      quantized = true;
+      e->qbase_unit_shards_[u] =
+          ShardOf(QuantizedBytesOf(layout, layout.units[u]).words(), e->geometry_);
+    }
+    if (quantized) {
+      if (model->pipelined()) {
+        return absl::UnimplementedError(
+            "ZeRO stage 3 with a quantized model.base_dtype and pipeline_parallel > 1: a "
+            "stage's sharded quantized base is not gathered for the schedule");
+      }
+      model->SetQuantizedShardRank(e->geometry_.group_rank());
+      // Each parameter gather buffer has its quantized twin, found by the buffer's address.
+      if (parallel.reshard_after_forward()) {
+        for (int k = 0; k <= parallel.prefetch_units(); ++k) {
+          ZT_ASSIGN_OR_RETURN(Tensor q, arenas.Get(absl::StrCat("qbase.gather.", k)));
+          e->qbase_companion_.emplace_back(pool[k].raw(), q);
+        }
+      } else {
+        for (int u = 0; u < n_units; ++u) {
+          if (e->qbase_shards_[u].empty()) continue;
+          ZT_ASSIGN_OR_RETURN(Tensor q,
+                              arenas.Get(QuantizedShardName(layout.units[u]) + ".gathered"));
+          e->qbase_companion_.emplace_back(dedicated[u].raw(), q);
+        }
+      }
+    }
     if (model->pipelined()) {
       // The stage computes from its units gathered whole for the step (BeginStep).
       e->stage_gathered_ = dedicated;
@@ -297,10 +329,28 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   return e;
 }
 
+absl::StatusOr<Tensor> ShardingEngine::QuantizedCompanion(const Tensor& full) const {
+  for (const auto& [address, q] : qbase_companion_) {
+    if (address == full.raw()) return q;
+  }
+  return absl::InternalError("sharding engine: a gather buffer without its quantized twin");
+}
+
 absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full) {
   // u is a model unit (Label names trainable units).
   const UnitShard& s = param_shards_[u];
   const std::string label = absl::StrCat(model_->layout().units[u].name, " all-gather");
+  if (!qbase_shards_.empty() && !qbase_shards_[u].empty()) {
+    // The block's quantized bytes first, into the twin of `full`; Acquire waits for it.
+    const UnitShard& q = qbase_unit_shards_[u];
+    ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(full));
+    ZT_ASSIGN_OR_RETURN(
+        CommHandle h,
+        comms_.shard_group->AllGather(
+            Flat(qbase_shards_[u], 0, q.shard_numel), Flat(twin, 0, q.padded),
+            absl::StrCat(model_->layout().units[u].name, " quantized base all-gather")));
+    qbase_pending_[u].push_back(std::move(h));
+  }
   if (!params_on_host_ && !params_swapped_) {
     return comms_.shard_group->AllGather(Flat(params_[u], 0, s.shard_numel),
                                          Flat(full, 0, s.padded), label);
@@ -494,6 +544,11 @@ absl::StatusOr<Tensor> ShardingEngine::Acquire(int u) {
   const auto start = Clock::now();
   absl::StatusOr<Tensor> p = prefetch_->Acquire(use_);
   waited_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+  if (p.ok() && !qbase_shards_[u].empty()) {
+    ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
+    ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(*p));
+    ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(u, twin));
+  }
   return p;
 }
 
@@ -505,6 +560,10 @@ absl::Status ShardingEngine::FinishUse() {
 absl::Status ShardingEngine::EndPass() {
   if (stage_ < 3) return absl::OkStatus();
   absl::Status s = prefetch_->End();
+  for (std::vector<CommHandle>& q : qbase_pending_) {
+    absl::Status waited = WaitAll(q, &waited_s_);
+    if (s.ok()) s = waited;
+  }
   if (swapped_.drop_read_ahead) swapped_.drop_read_ahead();
   return s;
 }

@@ -52,8 +52,12 @@
 // without adapters (embedding, head) take part in the forward and backward only. The
 // per-unit vectors below (ranges, views, shard) are indexed as trainable_layout()'s units.
 // At stage 3 a LoRA job's frozen base is sharded and gathered per use like any unit's
-// parameters (an NF4 or INT8 base's quantized weights stay whole on every rank), while its adapters
-// are handled as at stage 2: reduce-scattered, stepped per range, all-gathered after the step.
+// parameters, while its adapters are handled as at stage 2: reduce-scattered, stepped per
+// range, all-gathered after the step. An NF4 or INT8 base's quantized weights are a block's
+// flat quantized bytes ("<unit>.qbase", the rank's shard): gathered (as f32 words) beside the
+// block's parameters, into "qbase.gather.<k>" beside "gather.<k>" (or "<unit>.qbase.gathered"
+// beside "<unit>.gathered"), waited for and bound to the model (BindQuantizedBase) when the use
+// acquires the unit. They have no gradient and no optimizer range.
 //
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
@@ -295,6 +299,14 @@ class ShardingEngine {
   double param_upload_s_ = 0;
   // The gather of model unit u's shard into `full`, from wherever the plan keeps the shard.
   absl::StatusOr<CommHandle> GatherUnit(int u, const Tensor& full);
+  // Stage 3 with a quantized base, per model unit: its "<unit>.qbase" shard (empty without
+  // quantized weights), that shard's geometry in f32 words, and its gather in flight; and per
+  // parameter gather buffer (by address), the buffer its quantized bytes gather into.
+  std::vector<Tensor> qbase_shards_;
+  std::vector<UnitShard> qbase_unit_shards_;
+  std::vector<std::vector<CommHandle>> qbase_pending_;
+  std::vector<std::pair<const void*, Tensor>> qbase_companion_;
+  absl::StatusOr<Tensor> QuantizedCompanion(const Tensor& full) const;
 
   double waited_s_ = 0;
   int use_ = 0;  // the current pass's next use

@@ -1,6 +1,6 @@
 // `zt estimate` of a LoRA job (cli/estimate_command.cc): the frozen base by dtype, the
 // adapters, their gradients and optimizer state, and the activations, in text and JSON; an
-// NF4 and an INT8 base.
+// NF4 and an INT8 base, and an INT8 base divided over the ranks at ZeRO stage 3.
 #include <unistd.h>
 
 #include <filesystem>
@@ -96,6 +96,30 @@ TEST_F(EstimateLoraTest, ShowsAnInt8BaseByteForByte) {
     block += aligned(rows * cols) + aligned(4 * rows);
   }
   const int64_t rest = aligned(4 * 256 * 128) + aligned(4 * (128 + 256 * 128));  // wte; ln_f, head
+  EXPECT_EQ(j["lora"]["base_bytes"], rest + 2 * block);
+}
+
+// At ZeRO stage 3 on 2 ranks each rank holds half of every unit: the f32 rest's shards and each
+// block's quantized bytes (codes and scales laid end to end, 64-byte aligned pieces) padded to
+// the shard quantum (64 elements a rank) and halved.
+TEST_F(EstimateLoraTest, ShowsAnInt8BaseDividedOverTheRanksAtStageThree) {
+  std::string job = kJob;
+  job.replace(job.find("base_dtype: NF4"), 15, "base_dtype: INT8");
+  job += "parallel: {world_size: 2, zero_stage: 3}\n";
+  std::ofstream(path_, std::ios::trunc) << job;
+  const nlohmann::json j = nlohmann::json::parse(Run({.job_file = path_, .json = true}));
+  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  auto half = [&](int64_t elements) {  // f32 elements (or words) of one unit: a rank's shard
+    const int64_t padded = (elements + 127) / 128 * 128;
+    return aligned(4 * (padded / 2));
+  };
+  int64_t quantized = 0;  // one block's INT8 bytes
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{384, 128}, {128, 128}, {768, 128}, {128, 384}}) {
+    quantized += aligned(rows * cols) + aligned(4 * rows);
+  }
+  const int64_t block = half(2 * 128) + half(quantized / 4);
+  const int64_t rest = half(256 * 128) + half(128 + 256 * 128);  // wte; ln_f and head
   EXPECT_EQ(j["lora"]["base_bytes"], rest + 2 * block);
 }
 

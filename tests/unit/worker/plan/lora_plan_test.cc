@@ -2,6 +2,8 @@
 // optimizer state and the adapters with theirs, counted element by element.
 #include "worker/plan/lora_plan.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 #include "kernels/int8_linear.h"
 #include "worker/model/param_layout.h"
@@ -157,6 +159,69 @@ TEST(LoraPlanTest, AnInt8BaseTakesAByteAParameterAndAScalePerRow) {
     if (b.name == "gemm_workspace") workspace = b.bytes();
   }
   EXPECT_GE(workspace, Int8LinearWorkspaceBytes(32, 128));
+}
+
+// ZeRO stage 3 shards a quantized base: a block's per-tensor NF4 buffers are laid end to end
+// (QuantizedBytesOf: the same names, dtypes and sizes, each 64-byte aligned, in order) and each
+// of 4 ranks plans a quarter of them padded ("<block>.qbase") and no per-tensor buffer, plus a
+// gather buffer of the largest block's padded bytes per "gather.<k>".
+TEST(LoraPlanTest, AtStageThreeAQuantizedBaseIsAByteShardPerBlock) {
+  zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  job.mutable_model()->set_base_dtype(zerotrain::ModelConfig::NF4);
+  const ModelLayout layout = BuildModelLayout(job.model());
+  const MemoryPlan whole = PlanMemory(job);
+  job.mutable_parallel()->set_world_size(4);
+  job.mutable_parallel()->set_zero_stage(3);
+  job.mutable_parallel()->set_reshard_after_forward(true);
+  job.mutable_parallel()->set_prefetch_units(1);
+  int64_t largest = 0;
+  for (const UnitLayout& u : layout.units) {
+    const QuantizedUnitBytes q = QuantizedBytesOf(layout, u);
+    if (u.kind != UnitKind::kBlock) {
+      EXPECT_TRUE(q.pieces.empty()) << u.name;
+      continue;
+    }
+    ASSERT_EQ(q.pieces.size(), 4u * 4u) << u.name;  // 4 weights, 4 NF4 buffers each
+    int64_t end = 0;
+    for (const QuantizedPiece& piece : q.pieces) {
+      const BufferSpec* b = nullptr;
+      for (const BufferSpec& w : whole.buffers) {
+        if (w.name == piece.name) b = &w;
+      }
+      ASSERT_NE(b, nullptr) << piece.name;
+      EXPECT_EQ(piece.dtype, b->dtype) << piece.name;
+      EXPECT_EQ(piece.shape, b->shape) << piece.name;
+      EXPECT_EQ(piece.bytes, b->bytes()) << piece.name;
+      EXPECT_EQ(piece.offset % kBufferAlignment, 0) << piece.name;
+      EXPECT_GE(piece.offset, end) << piece.name;
+      end = piece.offset + piece.bytes;
+    }
+    EXPECT_EQ(q.bytes, AlignedBytes(end)) << u.name;
+    largest = std::max(largest, PaddedUnitNumel(q.words(), 4));
+  }
+  for (int r = 0; r < 4; ++r) {
+    const MemoryPlan plan = PlanMemory(job, r);
+    int shards = 0, gathers = 0;
+    for (const BufferSpec& b : plan.buffers) {
+      EXPECT_FALSE(IsQuantizedBaseBuffer(b.name)) << b.name;
+      if (b.name.ends_with(".qbase")) {
+        ++shards;
+        const UnitLayout* u = nullptr;
+        for (const UnitLayout& c : layout.units) {
+          if (QuantizedShardName(c) == b.name) u = &c;
+        }
+        ASSERT_NE(u, nullptr) << b.name;
+        EXPECT_EQ(b.numel(), PaddedUnitNumel(QuantizedBytesOf(layout, *u).words(), 4) / 4);
+        EXPECT_TRUE(IsCheckpointed(b)) << b.name;  // a seeded base is saved
+      }
+      if (b.name.starts_with("qbase.gather.")) {
+        ++gathers;
+        EXPECT_EQ(b.numel(), largest) << b.name;
+      }
+    }
+    EXPECT_EQ(shards, 3) << "rank " << r;   // one per block
+    EXPECT_EQ(gathers, 2) << "rank " << r;  // prefetch_units + 1
+  }
 }
 
 }  // namespace

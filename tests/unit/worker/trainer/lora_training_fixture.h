@@ -46,13 +46,20 @@ struct LoraRun {
   std::vector<Weights> adapters;  // every rank's FullAdapters at the end
   // Rank 0's frozen base (every "<unit>.params" and NF4/INT8 buffer) before and after training.
   std::map<std::string, std::vector<char>> base_before, base_after;
+  // Every rank's frozen base after training (at ZeRO stage 3 each holds its "<unit>.qbase"
+  // shard), and per rank and memory category the bytes its arenas carved and its plan holds.
+  std::vector<std::map<std::string, std::vector<char>>> rank_base_after;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> arena_and_plan_bytes;
   std::vector<std::string> unclaimed;
 };
 
 inline std::map<std::string, std::vector<char>> BaseBytes(const Trainer& t) {
   std::map<std::string, std::vector<char>> out;
   for (const BufferSpec& b : t.plan().buffers) {
-    if (!b.name.ends_with(".params") && !IsQuantizedBaseBuffer(b.name)) continue;
+    if (!b.name.ends_with(".params") && !b.name.ends_with(".qbase") &&
+        !IsQuantizedBaseBuffer(b.name)) {
+      continue;
+    }
     const Tensor buffer = t.arenas().Get(b.name).value();
     const char* p = static_cast<const char*>(buffer.raw());
     out[b.name].assign(p, p + buffer.size_bytes());
@@ -105,6 +112,8 @@ class LoraTrainingTest : public ::testing::Test {
     InProcessStore store;
     LoraRun run;
     run.adapters.resize(n);
+    run.rank_base_after.resize(n);
+    run.arena_and_plan_bytes.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::vector<std::string>> unclaimed(n);
     std::vector<std::thread> threads;
@@ -142,6 +151,12 @@ class LoraTrainingTest : public ::testing::Test {
           if (!adapters.ok()) return adapters.status();
           run.adapters[r] = std::move(*adapters);
           if (r == 0) run.base_after = BaseBytes(**t);
+          run.rank_base_after[r] = BaseBytes(**t);
+          for (int c = 0; c < kMemoryCategoryCount; ++c) {
+            const auto category = static_cast<MemoryCategory>(c);
+            run.arena_and_plan_bytes[r].emplace_back((*t)->arenas().BytesInUse(category),
+                                                     (*t)->plan().CategoryBytes(category));
+          }
           unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
           return absl::OkStatus();
         }();
