@@ -30,6 +30,7 @@ using testing::ExpectMatches;
 using testing::ExportBase;
 using testing::HfBase;
 using testing::LoraRun;
+using testing::MergedSiteError;
 using testing::MakeHfBase;
 using testing::MaxAbsDiff;
 using testing::ReadTensor;
@@ -258,19 +259,8 @@ TEST_F(LoraInt8TrainingTest, MergedExportIsTheReadBackBasePlusTheAdapters) {
       if (site.weight != "mlp.fc.weight") continue;
       const std::vector<float> got = ReadTensor(file, "model.layers.1." + site.hf_path + ".weight");
       ASSERT_EQ(static_cast<int64_t>(got.size()), site.rows * in) << site.hf_path;
-      double worst = 0, moved = 0;
-      for (int64_t row = 0; row < site.rows; ++row) {
-        for (int64_t col = 0; col < in; ++col) {
-          double delta = 0;
-          for (int64_t k = 0; k < r; ++k) {
-            delta += static_cast<double>(adapters[site.b.offset + row * r + k]) *
-                     adapters[site.a.offset + k * in + col];
-          }
-          const double want = read_back[(site.row_begin + row) * in + col] + scale * delta;
-          worst = std::max(worst, std::abs(want - got[row * in + col]));
-          moved = std::max(moved, std::abs(scale * delta));
-        }
-      }
+      const auto [worst, moved] =
+          MergedSiteError(site, read_back.data(), adapters, in, r, scale, got);
       // One f32 rounding of a value below 1 (the merge sums in float64 and rounds once).
       EXPECT_LT(worst, 1e-6) << what << " " << site.hf_path;
       EXPECT_GT(moved, 1e-5) << what << " " << site.hf_path << ": the adapters trained";

@@ -29,6 +29,7 @@ using testing::ExpectMatches;
 using testing::ExportBase;
 using testing::LoraRun;
 using testing::MakeHfBase;
+using testing::MergedSiteError;
 using testing::ReadTensor;
 using zerotrain::JobSpec;
 using zerotrain::ModelConfig;
@@ -280,18 +281,8 @@ TEST_F(LoraShardedBaseTest, MergedExportOfAStageThreeCheckpointIsTheDequantizedB
     ++sites;
     const std::vector<float> got = ReadTensor(file, "model.layers.1." + site.hf_path + ".weight");
     ASSERT_EQ(static_cast<int64_t>(got.size()), site.rows * in) << site.hf_path;
-    double worst = 0;
-    for (int64_t row = 0; row < site.rows; ++row) {
-      for (int64_t col = 0; col < in; ++col) {
-        double delta = 0;
-        for (int64_t k = 0; k < r; ++k) {
-          delta += static_cast<double>(adapters[site.b.offset + row * r + k]) *
-                   adapters[site.a.offset + k * in + col];
-        }
-        const double want = dequantized[(site.row_begin + row) * in + col] + scale * delta;
-        worst = std::max(worst, std::abs(want - got[row * in + col]));
-      }
-    }
+    const double worst =
+        MergedSiteError(site, dequantized.data(), adapters, in, r, scale, got).worst;
     // One f32 rounding of a value below 1 (the merge sums in float64 and rounds once).
     EXPECT_LT(worst, 1e-6) << site.hf_path;
   }

@@ -215,6 +215,34 @@ inline std::vector<float> ReadTensor(const std::string& path, const std::string&
 
 // A Llama base in Hugging Face layout with values of its own: normal(0, 0.05) weights and
 // norms around 1, so NF4's blocks see a spread of magnitudes.
+// How far a merged export's rows of one adapted site (`got`: the file's (site.rows, in)
+// tensor, Llama's (out, in) layout) are from the base's rows plus scale·B·A, computed in
+// float64 from the trained adapters (`adapters`: the block's flat A and B buffers; `base`:
+// the whole weight's (out, in) values, row 0 first). `moved`: the largest |scale·B·A|, so a
+// test can tell that the adapters changed the weight at all.
+struct MergeError {
+  double worst = 0;
+  double moved = 0;
+};
+inline MergeError MergedSiteError(const LoraSite& site, const float* base, const float* adapters,
+                                  int64_t in, int64_t r, double scale,
+                                  const std::vector<float>& got) {
+  MergeError e;
+  for (int64_t row = 0; row < site.rows; ++row) {
+    for (int64_t col = 0; col < in; ++col) {
+      double delta = 0;
+      for (int64_t k = 0; k < r; ++k) {
+        delta += static_cast<double>(adapters[site.b.offset + row * r + k]) *
+                 adapters[site.a.offset + k * in + col];
+      }
+      const double want = base[(site.row_begin + row) * in + col] + scale * delta;
+      e.worst = std::max(e.worst, std::abs(want - got[row * in + col]));
+      e.moved = std::max(e.moved, std::abs(scale * delta));
+    }
+  }
+  return e;
+}
+
 struct HfBase {
   zerotrain::ModelConfig plain;  // the job's model without adapters or base_dtype
   ModelLayout layout;
