@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -340,6 +341,18 @@ SwapStore::~SwapStore() {
   db_.reset();
   for (const File& f : files_) env_->Close(f.fd);
   if (bounce_ != nullptr) munmap(bounce_, bounce_size_);
+  // A store a failed commit stopped stays, as a crashed one does, for the next open to verify.
+  if (options_.remove_when_closed && opened_ && broken_.ok()) RemoveFilesLocked();
+}
+
+void SwapStore::RemoveFilesLocked() {
+  std::error_code ec;
+  for (uint32_t i = 0; i < options_.file_count; ++i) {
+    std::filesystem::remove(swap_format::SwapFilePath(options_.path, i), ec);
+  }
+  std::filesystem::remove_all(swap_format::IndexPath(options_.path), ec);
+  // Only when nothing else is left in it: the directory may hold what the store did not make.
+  std::filesystem::remove(options_.path, ec);
 }
 
 absl::Status SwapStore::CheckUsableLocked() const {

@@ -91,6 +91,12 @@ struct SwapStoreOptions {
   bool direct_io = true;           // O_DIRECT; buffered with a warning where refused
   RecoveryPolicy recovery = RecoveryPolicy::kVerifyOrDiscard;
   bool verify_clean_stores = false;  // verify at open even after a clean close
+  // The destructor deletes the swap files and the index (and the directory, when that leaves it
+  // empty): swap is scratch, and a store that outlives its jobs holds their preallocated bytes
+  // (two generations of every rank's states) on a disk that checkpoints and other jobs share.
+  // A killed process runs no destructor: its store stays, to be verified or discarded at the
+  // next open.
+  bool remove_when_closed = false;
   SwapEnv* env = nullptr;            // not owned; nullptr: DefaultSwapEnv()
   WarningSink warn = WarnToStderr;
 };
@@ -193,6 +199,8 @@ class SwapStore {
   absl::StatusOr<Extent> AllocateLocked(uint64_t length, const SwapKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeLocked(const Extent& extent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes what the store made on disk (remove_when_closed); the files must be closed.
+  void RemoveFilesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteExtentLocked(const Extent& extent, absl::Span<const std::byte> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReadExtentLocked(const Extent& extent, const std::string& what,

@@ -70,6 +70,7 @@ struct NodeDaemon::Attempt {
   // Guarded by the daemon's mu_:
   std::vector<std::thread> threads;
   int remaining = 0;
+  int trainers = 0;  // ranks whose trainer has not been destroyed yet
   bool finished = false;
   bool rank0_done = false;  // rank 0 is local and its Run returned
 };
@@ -264,6 +265,7 @@ void NodeDaemon::HandleStart(const zerotrain::StartRanks& start) {
   if (draining_.load()) return;
   attempts_[key] = attempt;
   attempt->remaining = start.ranks_size();
+  attempt->trainers = start.ranks_size();
   for (const zerotrain::RankPlacement& p : start.ranks()) {
     attempt->threads.emplace_back([this, attempt, p] { RunRank(attempt, p); });
   }
@@ -411,9 +413,13 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
   // The trainer is gone (its memory freed, any background save finished) before the
   // coordinator hears the rank exited and may place other work here. Rank 0 commits each
   // checkpoint after the others wrote their files: the others wait for it when it is local, so
-  // that every rank's checkpoint_step names the final save.
+  // that every rank's checkpoint_step names the final save. The last trainer hands the swap
+  // store back (deleted when no other job on its path holds it) before its rank's exit is
+  // reported, so a coordinator that has heard every exit finds the node's disk freed.
+  std::shared_ptr<offload::SwapStore> released_swap_store;
   {
     std::unique_lock<std::mutex> lock(mu_);
+    if (--attempt->trainers == 0) released_swap_store = std::move(attempt->swap_store);
     if (rank == 0) {
       attempt->rank0_done = true;
       changed_.notify_all();
@@ -423,6 +429,7 @@ void NodeDaemon::RunRank(std::shared_ptr<Attempt> attempt, zerotrain::RankPlacem
       if (rank0_local) changed_.wait(lock, [&] { return attempt->rank0_done; });
     }
   }
+  released_swap_store.reset();  // closing (and deleting) it outside the daemon's lock
   zerotrain::RankExit exit;
   if (!status.ok()) {
     exit.set_outcome(zerotrain::RankExit::FAILED);

@@ -52,6 +52,9 @@ absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenSwapStore(const zerotrai
                                                                   const std::string& directory) {
   offload::SwapStoreOptions options = SwapStoreOptionsFor(job, ranks, directory);
   options.env = env;
+  // A job's swap files are as large as two generations of its states (57 GiB for a 3 B model):
+  // left behind, they would hold that disk from the checkpoints and the next jobs.
+  options.remove_when_closed = true;
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);
   if (ec) {

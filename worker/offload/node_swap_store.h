@@ -10,7 +10,9 @@
 // process left with another geometry (another job's) holds scratch nobody reads: it is emptied and
 // made anew, with a warning. One another process holds is refused (FailedPrecondition naming the
 // path). One a killed process left open is verified at open (or discarded, with the store's
-// warning); a verified one is said on stderr with the count of extents checked.
+// warning); a verified one is said on stderr with the count of extents checked. The store is
+// deleted when its last user closes it (the process or the daemon's last job on it ends): swap
+// is scratch, the checkpoint is the truth.
 #pragma once
 
 #include <map>

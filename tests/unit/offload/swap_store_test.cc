@@ -119,6 +119,39 @@ TEST(SwapStoreTest, NewGenerationCarriesForwardSlotsItDoesNotRewriteAndFreesRepl
   EXPECT_EQ(s.stats().free_bytes, s.stats().capacity_bytes);
 }
 
+// remove_when_closed: closing deletes the swap files and the index the store made, and the
+// directory when that empties it; a file the store did not make, and the directory holding it,
+// stay. Without it (the default) the store is there for the next open.
+TEST(SwapStoreTest, RemoveWhenClosedDeletesWhatTheStoreMadeAndNothingElse) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  const fs::path own = fs::path(dir.path()) / "own", shared = fs::path(dir.path()) / "shared",
+                 kept = fs::path(dir.path()) / "kept";
+  for (const fs::path& p : {own, shared, kept}) fs::create_directories(p);
+  std::FILE* notes = std::fopen((shared / "notes.txt").c_str(), "w");
+  ASSERT_NE(notes, nullptr);
+  std::fclose(notes);
+  for (const fs::path& p : {own, shared, kept}) {
+    SwapStoreOptions options = SmallStore(p.string());
+    options.remove_when_closed = p != kept;
+    auto store = SwapStore::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Write(Key(0, SwapRole::kMaster, 1), Pattern(10000, 1)).ok());
+    ASSERT_TRUE((*store)->Commit("job-a", 1).ok());
+    ASSERT_TRUE(fs::exists(p / "swap-001.zts"));
+    ASSERT_TRUE(fs::is_directory(p / "index"));
+  }
+  EXPECT_FALSE(fs::exists(own));
+  EXPECT_TRUE(fs::exists(shared / "notes.txt"));
+  EXPECT_FALSE(fs::exists(shared / "swap-000.zts"));
+  EXPECT_FALSE(fs::exists(shared / "swap-001.zts"));
+  EXPECT_FALSE(fs::exists(shared / "index"));
+  EXPECT_TRUE(fs::exists(kept / "swap-000.zts"));
+  auto reopened = SwapStore::Open(SmallStore(kept.string()));
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(*ReadAll(**reopened, Key(0, SwapRole::kMaster, 1)), Pattern(10000, 1));
+}
+
 TEST(SwapStoreTest, FlippedByteOnDiskIsDataLossNamingKeyAndFile) {
   TempDir dir;
   const SwapKey key = Key(3, SwapRole::kVariance, 1);

@@ -3,6 +3,7 @@
 // a preemption, a path outside the allowed roots, and re-registration.
 #include "worker/node/node_daemon.h"
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -350,8 +351,16 @@ TEST_F(NodeDaemonTest, RunsAJobWithOptimizerStatesOnNvmeOverOneSharedStore) {
   spec.mutable_offload()->set_buffer_size(64 * 4096);
   const zerotrain::JobSpec job = ValidatedJob(spec).value();
   std::string metrics_during_run;
+  const std::filesystem::path store = dir_ / "swap" / "zerotrain-swap";
+  std::atomic<bool> index_during_run = false, second_file_during_run = false,
+                    third_file_during_run = false;
   coordinator_.state().on_report = [&](const RankReport& r) {
-    if (r.has_progress() && r.progress().step() == 2) metrics_during_run = MetricsText();
+    if (r.has_progress() && r.progress().step() == 2) {
+      metrics_during_run = MetricsText();
+      index_during_run = std::filesystem::is_directory(store / "index");
+      second_file_during_run = std::filesystem::exists(store / "swap-001.zts");
+      third_file_during_run = std::filesystem::exists(store / "swap-002.zts");
+    }
     return false;
   };
   StartDaemon();
@@ -368,10 +377,13 @@ TEST_F(NodeDaemonTest, RunsAJobWithOptimizerStatesOnNvmeOverOneSharedStore) {
   zerotrain::JobSpec plain = spec;
   plain.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NONE);
   EXPECT_EQ(reported, InProcessLosses(ValidatedJob(plain).value()));
-  // One store, a swap file per rank, under offload.nvme_path.
-  EXPECT_TRUE(std::filesystem::is_directory(dir_ / "swap" / "zerotrain-swap" / "index"));
-  EXPECT_TRUE(std::filesystem::exists(dir_ / "swap" / "zerotrain-swap" / "swap-001.zts"));
-  EXPECT_FALSE(std::filesystem::exists(dir_ / "swap" / "zerotrain-swap" / "swap-002.zts"));
+  // One store, a swap file per rank, under offload.nvme_path while the job runs; deleted when
+  // the job's ranks have ended (its preallocated bytes do not outlive it).
+  EXPECT_TRUE(index_during_run);
+  EXPECT_TRUE(second_file_during_run);
+  EXPECT_FALSE(third_file_during_run);
+  EXPECT_FALSE(std::filesystem::exists(store));
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ / "swap"));
   // The swap's bytes reach the node's metrics: rank 0's written bytes after two steps.
   double swapped_out = 0;
   std::istringstream lines(metrics_during_run);
