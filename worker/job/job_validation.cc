@@ -531,12 +531,12 @@ void NeedsFp32(const JobSpec& spec, const std::function<void(const std::string&)
   }
 }
 
+// Optimizer offload (CPU or NVME) steps each stage's own units' shards on the host like any
+// flat shard; offload.params (stage-3 shards kept on the host or swapped) is not wired to a
+// stage's gathered units yet.
 void NeedsFp32WithoutOffload(const JobSpec& spec,
                              const std::function<void(const std::string&)>& needs) {
   NeedsFp32(spec, needs);
-  if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
-    needs("without offload.optimizer");
-  }
   if (spec.offload().params() != zerotrain::OffloadConfig::NONE) {
     needs("without offload.params");
   }
@@ -561,7 +561,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
   // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
   // ranks, in f32, with the GPIPE, ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage,
-  // each stage's units tensor-parallel when t > 1; no sequence parallelism yet.
+  // each stage's units tensor-parallel when t > 1, its optimizer offloaded (CPU or NVME) or
+  // not; no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
