@@ -597,17 +597,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
     }
     // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard; 16-bit
-    // precision keeps f32 master weights of each share, as one rank does.
-    const int kv_heads = spec.model().n_kv_head();
-    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR && kv_heads > 0 &&
-        kv_heads < tp) {
-      // A split tensor's factored statistics are summed over the group, but a replicated KV
-      // head's rows sit on tp / n_kv_head ranks and would be counted that many times.
-      needs(absl::StrCat("optimizer.type ADAFACTOR with model.n_kv_head >= ", tp, " (got ",
-                         kv_heads,
-                         ": replicated KV heads' rows would count more than once in "
-                         "Adafactor's statistics)"));
-    }
+    // precision keeps f32 master weights of each share, as one rank does; Adafactor counts a
+    // replicated KV head's rows once in its summed statistics (worker/optim/adafactor_splits.h).
   }
   if (parallel.sequence_parallel()) {
     lines.push_back(
