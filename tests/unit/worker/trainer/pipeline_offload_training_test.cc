@@ -3,8 +3,8 @@
 // process's one swap store (NVME, ZeRO-Infinity's optimizer offload). PP2 × DP2 (GPT-2, tied:
 // the wte copies' gradients summed before the host step) and TP2 × PP2 (Llama, GQA) against the
 // same layout without offload: the same losses, gradient norms and final stage weights bit for
-// bit, every rank's arenas equal to its plan, and each stage's plan holding its own units'
-// states in the pinned host pool or on NVMe.
+// bit, every rank's arenas equal to its plan, each stage's plan holding its own units' states in
+// the pinned host pool or on NVMe, and a stopped run resuming from its checkpoint bit for bit.
 #include <filesystem>
 #include <set>
 #include <string>
@@ -99,6 +99,37 @@ TEST_F(PipelineOffloadTrainingTest, OptimizerOffloadIsTheStagesDevicePathBitForB
         EXPECT_TRUE(mine.off_plan.empty()) << what << ", rank " << r << ": "
                                            << mine.off_plan.front();
       }
+    }
+  }
+}
+
+// A stage's offloaded states are checkpointed through the store that holds them (the host
+// pool, or the swap store for NVME) and read back into it: PP2 × DP2 stopped after step 3 and
+// resumed continues as the run that never stopped, bit for bit.
+TEST_F(PipelineOffloadTrainingTest, OffloadedStagesResumeBitForBit) {
+  for (const auto where : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+    const std::string what = absl::StrCat("offload ", OffloadConfig::Device_Name(where));
+    auto job = [&](const std::string& dir) {
+      JobSpec j = Offloaded(Job(/*llama=*/true, 1, 2, 2, 1), where);
+      j.mutable_checkpoint()->set_dir((dir_ / dir).string());
+      j.mutable_checkpoint()->set_interval_steps(3);
+      return j;
+    };
+    const PipelineOutcome straight =
+        testing::RunPipelineRanks(job(absl::StrCat("straight-", where)), 6);
+    ASSERT_TRUE(straight.status.ok()) << what << ": " << straight.status;
+    const JobSpec stopped = job(absl::StrCat("stopped-", where));
+    const PipelineOutcome first = testing::RunPipelineRanks(stopped, 3);
+    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
+    const PipelineOutcome second =
+        testing::RunPipelineRanks(stopped, 6, stopped.checkpoint().dir());
+    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+    for (size_t r = 0; r < second.ranks.size(); ++r) {
+      ASSERT_EQ(second.ranks[r].losses.size(), 3u) << what << ", rank " << r;
+      const std::vector<double> tail(straight.ranks[r].losses.begin() + 3,
+                                     straight.ranks[r].losses.end());
+      EXPECT_EQ(second.ranks[r].losses, tail) << what << ", rank " << r;
+      EXPECT_TRUE(second.ranks[r].params == straight.ranks[r].params) << what << ", rank " << r;
     }
   }
 }
