@@ -134,6 +134,20 @@ absl::Status CheckShard(const char* op, const DeviceContext& ctx, const Adafacto
           op, ": shard.logical_rows ", s.logical_rows, " and logical_cols ", s.logical_cols,
           " must hold the part (", s.rows, " x ", s.cols, "); a vector has logical_rows 0"));
     }
+    if (!s.uncounted_rows.empty() && !(factored && s.logical_rows > s.rows)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": shard.uncounted_rows is set for a part not split by rows (logical_rows ",
+          s.logical_rows, ", rows ", s.rows, "); only a row-split matrix holds replicated rows"));
+    }
+    int64_t previous_end = 0;
+    for (const auto& [first, last] : s.uncounted_rows) {
+      if (first < previous_end || last <= first || last > s.rows) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            op, ": shard.uncounted_rows range [", first, ", ", last, ") is not a sorted, disjoint, "
+            "non-empty range of the part's ", s.rows, " rows"));
+      }
+      previous_end = last;
+    }
     if (rows > s.rows && !s.sum_row_states) {
       return absl::InvalidArgumentError(absl::StrCat(
           op,

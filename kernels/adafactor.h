@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/device.h"
@@ -109,6 +111,12 @@ struct AdafactorArgs {
     int64_t logical_rows = 0;
     int64_t logical_cols = 0;
     std::function<absl::Status(float* data, int64_t n)> sum_row_states;
+    // Rows of the part (sorted, disjoint [first, second) ranges of its rows) that other ranks
+    // of the group hold identical copies of — the K and V rows of a KV head that several ranks'
+    // query heads share — and whose copy another rank counts: this rank still updates them, but
+    // leaves them out of everything summed over the group (column sums, Σ param², Σ R_i,
+    // Σ U²), so the logical matrix's statistics count each row once. A part split by rows only.
+    std::vector<std::pair<int64_t, int64_t>> uncounted_rows;
   };
   std::optional<Shard> shard;
   // f32 workspace for the sums, sharded only: at least rows + cols + 2 elements for a matrix

@@ -253,6 +253,35 @@ double ShardParamSquares(const DeviceContext& ctx, const AdafactorArgs& args, in
   return MasterSumSquares(ctx, MasterParamsOf<kC>(args.param, args.param_copy, args.seed), n);
 }
 
+// Whether row i of a tensor-parallel part counts in the group's sums: not when another rank's
+// identical copy of it counts instead (Shard::uncounted_rows; a handful of ranges at most).
+bool RowCounted(const AdafactorArgs::Shard& sh, int64_t i) {
+  for (const auto& [first, last] : sh.uncounted_rows) {
+    if (i < first) return true;
+    if (i < last) return false;
+  }
+  return true;
+}
+
+// Σ param² of the shard's elements in counted rows (0 unless scale_parameter needs it): every
+// element, in the fixed order, when no row is left out; else row segment by row segment.
+template <CopyMode kC>
+double CountedParamSquares(const DeviceContext& ctx, const AdafactorArgs& args, int64_t n) {
+  const AdafactorArgs::Shard& sh = *args.shard;
+  if (sh.uncounted_rows.empty()) return ShardParamSquares<kC>(ctx, args, n);
+  if (!args.scale_parameter || n == 0) return 0.0;
+  const MasterParams<kC> master = MasterParamsOf<kC>(args.param, args.param_copy, args.seed);
+  const int64_t cols = sh.cols, begin = sh.begin, end = sh.end;
+  double s = 0;
+  for (int64_t i = begin / cols; i * cols < end; ++i) {
+    if (!RowCounted(sh, i)) continue;
+    const int64_t j0 = std::max<int64_t>(begin - i * cols, 0);
+    const int64_t j1 = std::min<int64_t>(end - i * cols, cols);
+    s += SumSquares(master, i * cols - begin + j0, i * cols - begin + j1);
+  }
+  return s;
+}
+
 // The matrix case on a shard. Phase 1 sums [Σ_j g² per row | Σ_i g² per column | Σ param²]
 // across the group; every rank then updates the whole R and C identically. Phase 2 sums ΣU².
 template <DType kG, CopyMode kC>
@@ -298,6 +327,7 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
       const int64_t t0 = tile * kColTile, t1 = std::min(cols, t0 + kColTile);
       std::array<double, kColTile> acc{};
       for (int64_t i = first_row; i < row_end; ++i) {
+        if (!RowCounted(sh, i)) continue;
         const int64_t j0 = std::max({begin - i * cols, t0, int64_t{0}});
         const int64_t j1 = std::min({end - i * cols, t1, cols});
         const int64_t base = i * cols - begin;
@@ -310,7 +340,7 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
       for (int64_t j = t0; j < t1; ++j) col_sum[j] = static_cast<float>(acc[j - t0]);
     }
   }
-  *param_sq = static_cast<float>(ShardParamSquares<kC>(ctx, args, n));
+  *param_sq = static_cast<float>(CountedParamSquares<kC>(ctx, args, n));
   ZT_RETURN_IF_ERROR(SumAcross(args, row_sum, rows + cols + 1, "row, column and parameter sums"));
 
   // An empty shard may hold no statistics; one that holds them keeps them in step. A tensor
@@ -335,7 +365,9 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
   if (n == 0) return SumAcross(args, u_sq, 1, "sum of squared updates");
 
   double row_total = 0;
-  for (int64_t i = 0; i < rows; ++i) row_total += row_state[i];
+  for (int64_t i = 0; i < rows; ++i) {
+    if (RowCounted(sh, i)) row_total += row_state[i];
+  }
   if (logical_rows != rows) {
     // The other parts' rows: their Σ R_i added over the tensor-parallel group.
     float total = static_cast<float>(row_total);
@@ -356,6 +388,7 @@ absl::Status ShardedFactoredUpdate(const DeviceContext& ctx, const AdafactorArgs
     const int64_t b = begin + chunk_begin, e = begin + chunk_end;  // whole-tensor indices
     double s = 0;
     for (int64_t i = b / cols; i * cols < e; ++i) {
+      if (!RowCounted(sh, i)) continue;
       const int64_t j0 = std::max<int64_t>(b - i * cols, 0);
       const int64_t j1 = std::min<int64_t>(e - i * cols, cols);
       const int64_t base = i * cols - begin;

@@ -7,6 +7,9 @@ namespace zt {
 std::vector<std::vector<Optimizer::TensorSplit>> AdafactorSplits(
     const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank) {
   const ModelLayout whole = BuildModelLayout(model);
+  // A replicated KV head's rows are held by tp / n_kv_head consecutive ranks; the first of them
+  // counts the rows in the group's sums (as in the gradient norm, NormCountedRanges).
+  const int kv_group = model.n_kv_head() <= 0 || model.n_kv_head() >= tp ? 1 : tp / model.n_kv_head();
   std::vector<std::vector<Optimizer::TensorSplit>> splits(local.units.size());
   for (size_t u = 0; u < local.units.size(); ++u) {
     for (const ParamSpec& p : local.units[u].params) {
@@ -18,6 +21,11 @@ std::vector<std::vector<Optimizer::TensorSplit>> AdafactorSplits(
         split.logical_cols = s.global_rows;  // a vector's slice counts its elements as rows
       } else if (s.split && s.local_cols == s.global_cols) {
         split.logical_rows = s.global_rows;
+        for (const TensorParallelSlice::Rows& run : s.rows) {
+          if (run.replicated && rank % kv_group != 0) {
+            split.uncounted_rows.emplace_back(run.local_begin, run.local_begin + run.count);
+          }
+        }
       } else if (s.split) {
         split.logical_cols = s.global_cols;
       }

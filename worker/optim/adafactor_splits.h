@@ -4,6 +4,9 @@
 // row statistics are local and its column statistics need the group's sum; a weight split by
 // columns (row-parallel: attn.proj, mlp.proj) the other way round; a split bias is a part of a
 // vector; replicated tensors (norms, positions, row-parallel biases) are whole on every rank.
+// A replicated KV head's rows (n_kv_head < tp) sit in the qkv weight of every rank that shares
+// the head: only the first of those ranks counts them in the group's sums (uncounted_rows on
+// the others), so the logical matrix's statistics hold each row once.
 #pragma once
 
 #include <vector>

@@ -194,7 +194,8 @@ absl::Status Optimizer::StepTensor(const DeviceContext& ctx, const std::vector<T
                                           .end = t.end,
                                           .sum_across_shards = shard_group_->sum,
                                           .logical_rows = s.split.logical_rows,
-                                          .logical_cols = s.split.logical_cols};
+                                          .logical_cols = s.split.logical_cols,
+                                          .uncounted_rows = s.split.uncounted_rows};
         if (tensor_split) {
           args.shard->sum_across_shards = TensorSplitSums(rows, cols, s.split);
           args.shard->sum_row_states = shard_group_->tensor_sum;

@@ -58,6 +58,9 @@ class Optimizer {
   struct TensorSplit {
     int64_t logical_rows = 0;  // the logical matrix's rows when they are split, else 0
     int64_t logical_cols = 0;  // its columns (a vector's length) when split, else 0
+    // Rows replicated on other ranks whose copy another rank counts in the group's sums
+    // (AdafactorArgs::Shard::uncounted_rows: replicated KV heads' rows).
+    std::vector<std::pair<int64_t, int64_t>> uncounted_rows;
   };
   struct ShardGroup {
     std::function<absl::Status(float* data, int64_t n)> sum;

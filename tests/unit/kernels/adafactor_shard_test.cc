@@ -653,5 +653,143 @@ TEST(AdafactorShardTest, TensorParallelPartsMatchTheLogicalTensor) {
   }
 }
 
+// Replicated rows (a KV head's K and V rows that several tensor-parallel ranks' query heads
+// share): the 37 × 29 matrix's rows [30, 37) sit, identical, in both row-split parts (part 0:
+// rows [0, 16) then [30, 37); part 1: rows [16, 30) then [30, 37)), and part 1 leaves its copy
+// out of the group's sums (Shard::uncounted_rows). Each part's rows then end as the whole
+// matrix's unsharded update, to TensorParallelPartsMatchTheLogicalTensor's bounds, and the two
+// copies of the shared rows stay the same bits; counting the copy twice instead moves the
+// column statistics by the shared rows' share of every column sum, far outside them.
+TEST(AdafactorShardTest, ReplicatedRowsCountOnceInTheLogicalStatistics) {
+  const int64_t rows = 37, cols = 29;
+  ShardProblem s{.rows = rows, .cols = cols, .first_moment = true, .bf16_copy = false};
+  s.args.beta1 = 0.9f;
+  s.args.clip_threshold = 0.5f;
+  s.args.weight_decay = 0.1f;
+  s.grad = RandomGrads(rows, cols);
+  const Outcome whole = RunWhole(s);
+  // Each part's logical rows, in its local order.
+  std::vector<std::vector<int64_t>> part_rows(2);
+  for (int64_t i = 0; i < 16; ++i) part_rows[0].push_back(i);
+  for (int64_t i = 16; i < 30; ++i) part_rows[1].push_back(i);
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t i = 30; i < rows; ++i) part_rows[r].push_back(i);
+  }
+  const std::vector<std::pair<int64_t, int64_t>> uncounted[2] = {{}, {{14, 21}}};
+  auto take = [&](const std::vector<float>& full, int r) {
+    std::vector<float> out;
+    for (int64_t i : part_rows[r]) out.insert(out.end(), &full[i * cols], &full[i * cols] + cols);
+    return out;
+  };
+  for (const bool count_once : {true, false}) {
+    SCOPED_TRACE(count_once ? "counted once" : "counted twice");
+    LockstepGroup group(2);
+    const std::vector<float> init = RandomVector(s.numel(), 7);  // Fresh's
+    std::vector<std::vector<float>> param(2), m(2), row(2), col(2), scratch(2);
+    for (int r = 0; r < 2; ++r) {
+      const int64_t lr = static_cast<int64_t>(part_rows[r].size());
+      param[r] = take(init, r);
+      m[r].assign(param[r].size(), 0.0f);
+      row[r].assign(lr, 0.0f);
+      col[r].assign(cols, 0.0f);
+      scratch[r].assign(lr + cols + 2, 0.0f);
+    }
+    for (int step = 1; step <= kSteps; ++step) {
+      const std::vector<float> g = s.grad(step);
+      std::vector<std::vector<float>> grads = {take(g, 0), take(g, 1)};
+      std::vector<absl::Status> status(2);
+      {
+        std::vector<std::jthread> threads;
+        for (int r = 0; r < 2; ++r) {
+          threads.emplace_back([&, r] {
+            const int64_t lr = static_cast<int64_t>(part_rows[r].size());
+            const auto sum = group.SumFor(r);
+            AdafactorArgs a = s.args;
+            a.step = step;
+            a.param = Flat(param[r]);
+            a.grad = Flat(grads[r]);
+            a.m = Flat(m[r]);
+            a.row_state = Flat(row[r]);
+            a.col_state = Flat(col[r]);
+            a.reduce_scratch = Flat(scratch[r]);
+            a.shard = AdafactorArgs::Shard{
+                .rows = lr,
+                .cols = cols,
+                .begin = 0,
+                .end = static_cast<int64_t>(param[r].size()),
+                .sum_across_shards = [lr, sum, cols](float* data, int64_t n) -> absl::Status {
+                  if (n != lr + cols + 1) return sum(data, n);
+                  return sum(data + lr, cols + 1);  // rows split: column sums, Σ param²
+                },
+                .logical_rows = rows,
+                .sum_row_states = sum,
+                .uncounted_rows = count_once ? uncounted[r]
+                                             : std::vector<std::pair<int64_t, int64_t>>{}};
+            status[r] = AdafactorUpdate(CpuContext(1), a);
+          });
+        }
+      }
+      for (int r = 0; r < 2; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    }
+    std::vector<float> joined(s.numel()), joined_m(s.numel()), joined_row(rows);
+    for (int r = 1; r >= 0; --r) {  // part 0's copy of the shared rows written last
+      for (size_t k = 0; k < part_rows[r].size(); ++k) {
+        const int64_t i = part_rows[r][k];
+        std::copy_n(&param[r][k * cols], cols, &joined[i * cols]);
+        std::copy_n(&m[r][k * cols], cols, &joined_m[i * cols]);
+        joined_row[i] = row[r][k];
+      }
+    }
+    // The shared rows' two copies: the same bits (same gradients, same group statistics).
+    EXPECT_TRUE(SameBits(std::vector<float>(param[0].begin() + 16 * cols, param[0].end()),
+                         std::vector<float>(param[1].begin() + 14 * cols, param[1].end())));
+    EXPECT_TRUE(SameBits(col[0], col[1]));
+    if (count_once) {
+      EXPECT_LE(MaxRelativeError(joined_row, ToDouble(whole.row), 1e-37), 1e-6);
+      EXPECT_LE(MaxRelativeError(col[0], ToDouble(whole.col), 1e-37), 1e-6);
+      EXPECT_LE(MaxRelativeError(joined, ToDouble(whole.param), 0.1), 1e-6);
+      EXPECT_LE(MaxErrorOverLargest(joined_m, ToDouble(whole.m)), 1e-6);
+    } else {
+      EXPECT_GT(MaxRelativeError(col[0], ToDouble(whole.col), 1e-37), 1e-2);
+    }
+  }
+}
+
+// uncounted_rows: only a row-split matrix, in sorted disjoint ranges of its rows.
+TEST(AdafactorShardTest, UncountedRowsAreCheckedAndNamed) {
+  std::vector<float> param(6 * 4, 0.5f), grad(6 * 4, 0.1f), row(6), col(4), scratch(12);
+  AdafactorArgs a;
+  a.param = Flat(param);
+  a.grad = Flat(grad);
+  a.row_state = Flat(row);
+  a.col_state = Flat(col);
+  a.reduce_scratch = Flat(scratch);
+  a.lr = 1e-3f;
+  a.relative_step = false;
+  const auto sum = [](float*, int64_t) { return absl::OkStatus(); };
+  a.shard = AdafactorArgs::Shard{.rows = 6,
+                                 .cols = 4,
+                                 .begin = 0,
+                                 .end = 24,
+                                 .sum_across_shards = sum,
+                                 .logical_rows = 8,
+                                 .sum_row_states = sum,
+                                 .uncounted_rows = {{4, 7}}};
+  absl::Status st = AdafactorUpdate(CpuContext(1), a);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("shard.uncounted_rows range [4, 7) is not a sorted, disjoint, "
+                              "non-empty range of the part's 6 rows"),
+            std::string::npos)
+      << st;
+  a.shard->uncounted_rows = {{1, 2}};
+  a.shard->logical_rows = 0;
+  a.shard->logical_cols = 8;
+  st = AdafactorUpdate(CpuContext(1), a);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("shard.uncounted_rows is set for a part not split by rows"),
+            std::string::npos)
+      << st;
+}
+
 }  // namespace
 }  // namespace zt

@@ -17,6 +17,7 @@
 #include "worker/comm/store.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/tensor_parallel_slice.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/trainer.h"
@@ -33,6 +34,7 @@ struct PipelineRankRun {
   // (PlanMemory(job, its layout): what zt estimate plans), "<category> arena A plan P".
   std::vector<std::string> off_plan;
   std::vector<std::vector<float>> params;  // per unit of the rank's stage, at the end
+  int64_t offloaded_bytes = 0;  // offload.optimizer: to the host and out to swap, over the run
   ModelLayout layout;                      // the stage's units (tensor-parallel shares)
   std::vector<int> held_units;             // the whole model's index of each
   int tp_rank = 0;
@@ -57,11 +59,24 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
   const zerotrain::JobSpec& job = out.job;
   const int n = job.parallel().world_size();
   InProcessStore store;
+  // offload.optimizer NVME: one swap store for the ranks, as `zt train` opens it.
+  std::shared_ptr<offload::SwapStore> swap;
+  if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+    std::vector<int> ranks(n);
+    for (int r = 0; r < n; ++r) ranks[r] = r;
+    absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, ranks);
+    if (!opened.ok()) {
+      out.status = opened.status();
+      return out;
+    }
+    swap = *opened;
+  }
   out.ranks.resize(n);
   out.status = RunRankThreads(n, [&](int r) -> absl::Status {
     TrainOptions options;
     options.rank = r;
     options.store = &store;
+    options.swap_store = swap.get();
     options.resume_dir = resume;
     options.stop_after_step = steps;
     ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
@@ -71,6 +86,7 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
       mine.grad_norms.push_back(rec.grad_norm);
       mine.comm_bytes.push_back(rec.comm_bytes);
       mine.bubbles.push_back(rec.pipeline_bubble);
+      mine.offloaded_bytes += rec.offload_bytes_to_host + rec.swap_bytes_out;
       if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
     }));
     for (const Tensor& p : t->model().unit_params()) {
@@ -83,10 +99,13 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
     const MemoryPlan plan = PlanMemory(job, ParallelLayout::ForJob(job, r));
     for (int c = 0; c < kMemoryCategoryCount; ++c) {
       const auto category = static_cast<MemoryCategory>(c);
-      if (t->arenas().BytesInUse(category) != plan.CategoryBytes(category)) {
+      // The swap store, not an arena, holds the NVMe category (the trainer checks at its start
+      // that what it swaps is the plan's, buffer by buffer).
+      const int64_t planned =
+          category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category);
+      if (t->arenas().BytesInUse(category) != planned) {
         mine.off_plan.push_back(absl::StrCat(MemoryCategoryName(category), " arena ",
-                                             t->arenas().BytesInUse(category), " plan ",
-                                             plan.CategoryBytes(category)));
+                                             t->arenas().BytesInUse(category), " plan ", planned));
       }
     }
     return absl::OkStatus();

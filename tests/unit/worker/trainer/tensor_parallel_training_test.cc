@@ -390,6 +390,31 @@ TEST_F(TensorParallelTrainingTest, AdafactorOnTwoRanksMatchesOneRank) {
   }
 }
 
+// Replicated KV heads (n_kv_head < t): each head's K and V rows sit in the qkv weight of
+// t / n_kv_head ranks, identical there (their gradients summed over those ranks), and only the
+// first of them counts the rows in the group's column sums, Σ param², Σ R_i and Σ U² — so the
+// factored statistics are the one-rank matrix's. Llama with n_kv_head 2 and 1 at t = 4, and
+// under ZeRO-2 at TP4 × DP2, against one rank, to AdafactorOnTwoRanksMatchesOneRank's bounds
+// (a row counted twice or four times moves C and mean(R) by a factor of the copies: far
+// outside them).
+TEST_F(TensorParallelTrainingTest, AdafactorWithReplicatedKvHeadsMatchesOneRank) {
+  auto adafactor = [](JobSpec job, int kv_heads) {
+    job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+    job.mutable_optimizer()->mutable_adafactor()->set_beta1(0.9f);
+    job.mutable_model()->set_n_kv_head(kv_heads);
+    return job;
+  };
+  const Tolerance f32_noise{.learns = false};
+  for (int kv_heads : {2, 1}) {
+    const std::string what = "llama adafactor tp 4, n_kv_head " + std::to_string(kv_heads);
+    const Outcome one = Run(adafactor(Llama(1, 1, 0, 2), kv_heads), 10);
+    ExpectSameTraining(Run(adafactor(Llama(4, 1, 0, 2), kv_heads), 10), one, what, f32_noise);
+  }
+  ExpectSameTraining(Run(adafactor(Llama(4, 2, 2, 2), 2), 10),
+                     Run(adafactor(Llama(1, 1, 0, 4), 2), 10),
+                     "llama adafactor tp4 x dp2 zero-2, n_kv_head 2", f32_noise);
+}
+
 // model.init_from reads the whole model and each rank keeps its share: a Hugging Face file
 // (trained weights, not an initialisation's) and a tensor-parallel checkpoint of another
 // degree both start TP 2 and 4 (a vocabulary of 34 pads at 4) exactly where one rank starts.
