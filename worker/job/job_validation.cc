@@ -520,20 +520,10 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
 
 namespace {
 
-// What tensor and pipeline parallelism both train in so far: f32 throughout, the optimizer on
-// the rank. `needs` adds a line naming the layout's field.
-void NeedsFp32(const JobSpec& spec, const std::function<void(const std::string&)>& needs) {
-  using P = zerotrain::PrecisionConfig;
-  const P& precision = spec.precision();
-  if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
-      precision.grad_dtype() != P::FP32) {
-    needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
-  }
-}
-
+// What pipeline parallelism trains in so far: the optimizer on the rank (f32 and 16-bit mixed
+// precision both train). `needs` adds a line naming the layout's field.
 void NeedsFp32WithoutOffload(const JobSpec& spec,
                              const std::function<void(const std::string&)>& needs) {
-  NeedsFp32(spec, needs);
   if (spec.offload().optimizer() != zerotrain::OffloadConfig::NONE) {
     needs("without offload.optimizer");
   }
@@ -560,7 +550,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
   // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
-  // ranks, in f32, with the GPIPE, ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage,
+  // ranks, in f32 or 16-bit mixed precision, with the GPIPE, ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage,
   // each stage's units tensor-parallel when t > 1; no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
