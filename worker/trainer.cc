@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       return h.Wait();
     };
     shard_group->splits = AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
-                                          layout.coordinates().tensor);
+                                          layout.coordinates().tensor, t->model_->held_units());
   }
   // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
   zerotrain::PrecisionConfig trained_precision = job.precision();

@@ -574,9 +574,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
     NeedsFp32WithoutOffload(spec, needs);
     if (UsesLora(spec.model())) needs("without model.lora");
-    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
-      needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD");
-    }
+    // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
+    // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }
   if (const int tp = parallel.tensor_parallel(); tp > 1) {
     const auto needs = [&](const std::string& what) {

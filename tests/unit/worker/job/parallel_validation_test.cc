@@ -300,6 +300,9 @@ TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtEveryZeroStageInF32And
       job.mutable_precision()->set_reduce_dtype(dtype);
       EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
     }
+    // Adafactor: per-tensor statistics of tensors each stage holds whole.
+    job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+    EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
   }
   JobSpec job = With(kGpt2Yaml,
                      "world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
