@@ -118,6 +118,20 @@ TEST_F(PipelineMixedPrecisionTest, Bf16OnTwoAndFourStagesMatchesOneRankInBf16) {
       }
     }
   }
+  // PP2 × DP2 in bf16 under ZeRO-1 and ZeRO-3 (units kept gathered for the step): the stage's
+  // data-parallel reductions in bf16 too, against one rank reading the same global batch (DP
+  // rank d's micro-batch k is sequence 2k + d, one rank's micro-batch k of 2 sequences).
+  for (const int zero : {1, 3}) {
+    JobSpec job = Model(true, 1, 2, ParallelConfig::ONE_F_ONE_B, PrecisionConfig::BF16);
+    job.mutable_parallel()->set_world_size(4);
+    job.mutable_parallel()->set_zero_stage(zero);
+    job.mutable_parallel()->set_reshard_after_forward(false);
+    JobSpec one = Model(true, 1, 1, ParallelConfig::ONE_F_ONE_B, PrecisionConfig::BF16);
+    one.mutable_train()->set_micro_batch_size(2);
+    ExpectSame16BitTraining(testing::RunPipelineRanks(job, 10),
+                            testing::RunPipelineRanks(one, 10),
+                            absl::StrCat("llama bf16 pp2 x dp2 zero-", zero));
+  }
   // Tensor-parallel stages in bf16 against tensor parallelism alone in bf16 (TP2, one stage):
   // the stage's TP collectives convert as a TP rank's do, so what the pipeline adds is the
   // noise above. (Against one rank the TP2 × PP2 GPT-2 run parts by up to 1.3e-3 in the loss
