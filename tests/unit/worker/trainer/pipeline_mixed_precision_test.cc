@@ -149,9 +149,10 @@ TEST_F(PipelineMixedPrecisionTest, Bf16OnTwoAndFourStagesMatchesOneRankInBf16) {
 }
 
 // fp16 with the dynamic loss scaler: a first scale of 2^24 overflows the fp16 gradients for
-// the first steps. The overflow is found on some stages only (the gradient overflows where it
-// grows, not everywhere), but the flags are gathered over the whole pipeline (and the DP and TP
-// groups), so every stage skips the step and backs off alike, as one rank does; the scale
+// the first steps. Each stage checks only its own gradients, but the flags are gathered over the
+// whole pipeline (and the DP and TP groups), so wherever an overflow is found every stage skips
+// the step and backs off alike, as one rank does (a stage deciding alone would step, or keep
+// its scale, where one rank does not: the skipped counts would differ); the scale
 // multiplies the loss's gradient on the last stage only, where the backward starts.
 TEST_F(PipelineMixedPrecisionTest, Fp16OverflowSkipsTheSameStepsAsOneRank) {
   auto fp16 = [](JobSpec job) {
