@@ -149,15 +149,13 @@ absl::Status RunTrain(const TrainFlags& flags) {
         "model (--export) and sample from it, or train with zero_stage ≤ 2");
   }
   // Refused before training, not after it: each pipeline stage holds its own units, and the
-  // export and the sampler read the whole model.
-  if (job.parallel().pipeline_parallel() > 1 &&
-      (!flags.export_path.empty() || flags.sample_tokens > 0)) {
+  // sampler reads the whole model (--export joins the stages: Trainer::FullWeights).
+  if (job.parallel().pipeline_parallel() > 1 && flags.sample_tokens > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        !flags.export_path.empty() ? "--export" : "--sample", ": parallel.pipeline_parallel ",
-        job.parallel().pipeline_parallel(),
-        " leaves each stage's units on its own ranks, and this process does not join them; set "
-        "checkpoint.dir and run `zt export CHECKPOINT --out DIR` afterwards (it joins the "
-        "stages), or train with pipeline_parallel 1 to sample"));
+        "--sample: parallel.pipeline_parallel ", job.parallel().pipeline_parallel(),
+        " leaves each stage's units on its own ranks, and the sampler does not join them; "
+        "export the model (--export) and sample from it, or train with pipeline_parallel 1 "
+        "to sample"));
   }
   std::unique_ptr<Store> store;
   if (flags.rendezvous.empty()) {

@@ -28,6 +28,7 @@
 #include "worker/offload/node_swap_store.h"
 #include "worker/optim/adafactor_splits.h"
 #include "worker/optim/lr_schedule.h"
+#include "worker/pipeline_full_weights.h"
 #include "worker/plan/pipeline_schedule.h"
 #include "worker/rank_state.h"
 
@@ -181,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       return h.Wait();
     };
     shard_group->splits = AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
-                                          layout.coordinates().tensor);
+                                          layout.coordinates().tensor, t->model_->held_units());
   }
   // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
   zerotrain::PrecisionConfig trained_precision = job.precision();
@@ -943,10 +944,6 @@ absl::Status Trainer::RestoreSwapped(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
-  if (pipeline_size_ > 1) {
-    return absl::UnimplementedError(
-        "FullWeights (export) with parallel.pipeline_parallel > 1: each stage holds its own units");
-  }
   if (model_->layout().lora) {
     return absl::FailedPreconditionError(
         "FullWeights: a LoRA job trains its adapters (FullAdapters); its base is frozen");
@@ -1033,29 +1030,44 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
     ZT_RETURN_IF_ERROR(device_->Download(host.data(), whole.Slice(0, numel)));
     out.push_back(std::move(host));
   }
-  if (comms_.tensor) ZT_RETURN_IF_ERROR(JoinTensorParallelShares(out));
+  // A stage's units (tensor-parallel shares or not) at the whole model's layout, then every
+  // stage's units on every rank.
+  if (comms_.tensor || pipeline_size_ > 1) ZT_RETURN_IF_ERROR(JoinTensorParallelShares(out));
+  if (pipeline_size_ > 1) {
+    ZT_RETURN_IF_ERROR(JoinPipelineStages(*comms_.pipeline, pipeline_stage_,
+                                          BuildModelLayout(job_.model()), StageOfEachUnit(job_),
+                                          model_->held_units(), out));
+  }
   return out;
 }
 
 absl::Status Trainer::JoinTensorParallelShares(std::vector<std::vector<float>>& units) {
   // Every TP rank's shares of a unit (equal sizes: the layout is the same on each), gathered
   // on the host (CPU ranks only), each tensor's slice put in its place; replicated tensors
-  // come from TP rank 0.
-  const int t = comms_.tensor->size();
+  // come from TP rank 0. A pipeline stage's unit u is the whole model's held_units()[u]; a
+  // head stage's copy of a tied wte is left out (the embedding's wte is the model's).
+  const int t = comms_.tensor ? comms_.tensor->size() : 1;
   const ModelLayout whole = BuildModelLayout(job_.model());
   const ModelLayout& local = model_->layout();
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t n = static_cast<int64_t>(units[u].size());
-    std::vector<float> all(static_cast<size_t>(n * t));
-    ZT_ASSIGN_OR_RETURN(CommHandle h,
-                        comms_.tensor->AllGather(Tensor(units[u].data(), DType::kF32, {n}),
-                                                 Tensor(all.data(), DType::kF32, {n * t}),
-                                                 local.units[u].name + " shares all-gather"));
-    ZT_RETURN_IF_ERROR(h.Wait());
-    std::vector<float> joined(static_cast<size_t>(whole.units[u].numel), 0.0f);
+    const UnitLayout& whole_unit = whole.units[model_->pipelined() ? model_->held_units()[u] : u];
+    std::vector<float> all;
+    if (t > 1) {
+      all.resize(static_cast<size_t>(n * t));
+      ZT_ASSIGN_OR_RETURN(CommHandle h,
+                          comms_.tensor->AllGather(Tensor(units[u].data(), DType::kF32, {n}),
+                                                   Tensor(all.data(), DType::kF32, {n * t}),
+                                                   local.units[u].name + " shares all-gather"));
+      ZT_RETURN_IF_ERROR(h.Wait());
+    } else {
+      all = std::move(units[u]);
+    }
+    std::vector<float> joined(static_cast<size_t>(whole_unit.numel), 0.0f);
     for (int k = 0; k < t; ++k) {
       for (const ParamSpec& p : local.units[u].params) {
-        const ParamSpec& w = *whole.units[u].Find(p.name);
+        if (whole_unit.Find(p.name) == nullptr) continue;  // the tied wte's copy
+        const ParamSpec& w = *whole_unit.Find(p.name);
         const TensorParallelSlice s = SliceOf(job_.model(), p.name, w.shape, t, k);
         if (!s.split && k > 0) continue;
         PlaceSlice(s, all.data() + k * n + p.offset, joined.data() + w.offset);
@@ -1306,13 +1318,12 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
       busy_s += std::chrono::duration<double>(Clock::now() - compute_start).count();
       if (!first) {
         ZT_RETURN_IF_ERROR(wait(gradient_sends[c][slot]));
-        std::vector<float>& buffer = pipeline_grad_sends_[c][slot];
-        const Tensor g = m.residual_grad();
-        buffer.assign(g.data<float>(), g.data<float>() + g.numel());
-        ZT_ASSIGN_OR_RETURN(
-            CommHandle h, comms_.gradients_out->Send(Tensor(buffer.data(), DType::kF32,
-                                                            {static_cast<int64_t>(buffer.size())}),
-                                                     0, label));
+        std::vector<std::byte>& buffer = pipeline_grad_sends_[c][slot];
+        const Tensor g = m.residual_grad();  // in the compute dtype, as the activations are
+        const auto* bytes = static_cast<const std::byte*>(g.raw());
+        buffer.assign(bytes, bytes + g.size_bytes());
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.gradients_out->Send(
+                                              Tensor(buffer.data(), g.dtype(), {g.numel()}), 0, label));
         gradient_sends[c][slot] = h;
       }
     }

@@ -520,23 +520,12 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
 
 namespace {
 
-// What tensor and pipeline parallelism both train in so far: f32 throughout, the optimizer on
-// the rank. `needs` adds a line naming the layout's field.
-void NeedsFp32(const JobSpec& spec, const std::function<void(const std::string&)>& needs) {
-  using P = zerotrain::PrecisionConfig;
-  const P& precision = spec.precision();
-  if (precision.param_dtype() != P::FP32 || precision.compute_dtype() != P::FP32 ||
-      precision.grad_dtype() != P::FP32) {
-    needs("in precision param_dtype, compute_dtype and grad_dtype FP32");
-  }
-}
-
-// Optimizer offload (CPU or NVME) steps each stage's own units' shards on the host like any
-// flat shard; offload.params (stage-3 shards kept on the host or swapped) is not wired to a
-// stage's gathered units yet.
-void NeedsFp32WithoutOffload(const JobSpec& spec,
-                             const std::function<void(const std::string&)>& needs) {
-  NeedsFp32(spec, needs);
+// What pipeline parallelism trains with so far: f32 and 16-bit mixed precision, the optimizer
+// on the rank or offloaded (CPU or NVME: each stage's own units' shards step on the host like
+// any flat shard); offload.params (stage-3 shards kept on the host or swapped) is not wired to
+// a stage's gathered units yet. `needs` adds a line naming the layout's field.
+void NeedsParamsOnTheRank(const JobSpec& spec,
+                          const std::function<void(const std::string&)>& needs) {
   if (spec.offload().params() != zerotrain::OffloadConfig::NONE) {
     needs("without offload.params");
   }
@@ -560,9 +549,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
   // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
-  // ranks, in f32, with the GPIPE, ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage,
-  // each stage's units tensor-parallel when t > 1, its optimizer offloaded (CPU or NVME) or
-  // not; no sequence parallelism yet.
+  // ranks, in f32 or 16-bit mixed precision, with the GPIPE, ONE_F_ONE_B and INTERLEAVED
+  // schedules at every ZeRO stage, each stage's units tensor-parallel when t > 1, its optimizer
+  // offloaded (CPU or NVME) or not; no sequence parallelism yet.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
@@ -583,11 +572,10 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");
     }
-    NeedsFp32WithoutOffload(spec, needs);
+    NeedsParamsOnTheRank(spec, needs);
     if (UsesLora(spec.model())) needs("without model.lora");
-    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
-      needs("with optimizer.type ADAMW, ADAMW_8BIT or SGD");
-    }
+    // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
+    // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }
   if (const int tp = parallel.tensor_parallel(); tp > 1) {
     const auto needs = [&](const std::string& what) {

@@ -5,18 +5,21 @@
 namespace zt {
 
 std::vector<std::vector<Optimizer::TensorSplit>> AdafactorSplits(
-    const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank) {
+    const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank,
+    const std::vector<int>& held) {
   const ModelLayout whole = BuildModelLayout(model);
   // A replicated KV head's rows are held by tp / n_kv_head consecutive ranks; the first of them
   // counts the rows in the group's sums (as in the gradient norm, NormCountedRanges).
   const int kv_group = model.n_kv_head() <= 0 || model.n_kv_head() >= tp ? 1 : tp / model.n_kv_head();
   std::vector<std::vector<Optimizer::TensorSplit>> splits(local.units.size());
   for (size_t u = 0; u < local.units.size(); ++u) {
+    const UnitLayout& whole_unit = whole.units[held.empty() ? u : held[u]];
     for (const ParamSpec& p : local.units[u].params) {
       Optimizer::TensorSplit split;
-      const ParamSpec* w = whole.units[u].Find(p.name);
+      const ParamSpec* w = whole_unit.Find(p.name);
+      if (w == nullptr && p.name == "lm_head.weight") w = whole.units[0].Find("wte");
       const TensorParallelSlice s =
-          w == nullptr ? TensorParallelSlice{} : SliceOf(model, p.name, w->shape, tp, rank);
+          w == nullptr ? TensorParallelSlice{} : SliceOf(model, w->name, w->shape, tp, rank);
       if (s.split && p.shape.size() == 1) {
         split.logical_cols = s.global_rows;  // a vector's slice counts its elements as rows
       } else if (s.split && s.local_cols == s.global_cols) {

@@ -18,8 +18,11 @@
 namespace zt {
 
 // Per unit of `local` (the rank's TensorParallelModelLayout), per tensor, its split on rank
-// `rank` of `tp` (worker/model/tensor_parallel_slice.h's SliceOf).
+// `rank` of `tp` (worker/model/tensor_parallel_slice.h's SliceOf). A pipeline stage's unit u is
+// the whole model's held[u] (empty: every unit, in order), and a head stage's copy of a tied
+// wte ("lm_head.weight" where the whole head has none) is split as wte is.
 std::vector<std::vector<Optimizer::TensorSplit>> AdafactorSplits(
-    const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank);
+    const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank,
+    const std::vector<int>& held = {});
 
 }  // namespace zt

@@ -220,6 +220,15 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
     }
   }
   if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
+  if (const int p = layout.pipeline_size(); p > 1 && job.model().tie_embeddings()) {
+    const int s = layout.coordinates().pipeline;
+    if (s == 0 || s == p - 1) {
+      const ModelLayout local = RankModelLayout(job, layout);
+      const ParamSpec* wte =
+          s == 0 ? local.units.front().Find("wte") : local.units.back().Find("lm_head.weight");
+      if (wte != nullptr) sizes.tied = wte->numel;
+    }
+  }
   const ShardGeometry& g = layout.shard();
   const int stage = job.parallel().zero_stage();
   // A communicator of one rank reduces nothing, so it converts nothing.
@@ -360,7 +369,8 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   const std::pair<const char*, int64_t> converted[] = {{"gradients", conversion.gradients},
                                                        {"replicas", conversion.replicas},
                                                        {"tensor", conversion.tensor},
-                                                       {"tensor_kv", conversion.tensor_kv}};
+                                                       {"tensor_kv", conversion.tensor_kv},
+                                                       {"tied", conversion.tied}};
   for (int k = 0; k < 2; ++k) {
     for (const auto& [which, elements] : converted) {
       if (elements > 0) {

@@ -192,6 +192,9 @@ struct ConversionBufferSizes {
   int64_t replicas = 0;
   int64_t tensor = 0;
   int64_t tensor_kv = 0;
+  // A pipeline's tied-embedding communicator ("comm.convert.tied.0/1", first and last stage):
+  // with 16-bit gradients, the rank's share of wte, whose two copies' gradients it sums.
+  int64_t tied = 0;
 };
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
                                         const ParallelLayout& layout);

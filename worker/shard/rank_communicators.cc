@@ -36,6 +36,7 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
   ZT_ASSIGN_OR_RETURN(Conversion replicas, planned("replicas", conversion.replicas));
   ZT_ASSIGN_OR_RETURN(Conversion tensor_16bit, planned("tensor", conversion.tensor));
   ZT_ASSIGN_OR_RETURN(Conversion tensor_kv_16bit, planned("tensor_kv", conversion.tensor_kv));
+  ZT_ASSIGN_OR_RETURN(Conversion tied_16bit, planned("tied", conversion.tied));
   auto connect = [&](const std::string& prefix, int group_rank, int size,
                      const Conversion& c) -> absl::StatusOr<std::unique_ptr<Communicator>> {
     if (device.nccl) {
@@ -130,7 +131,7 @@ absl::StatusOr<RankCommunicators> ConnectRank(const zerotrain::JobSpec& job,
     }
     if (job.model().tie_embeddings() && (stage == 0 || stage == pp - 1)) {
       ZT_ASSIGN_OR_RETURN(
-          comms.tied, connect(absl::StrCat(pipe, ".tied"), stage == 0 ? 0 : 1, 2, Conversion{}));
+          comms.tied, connect(absl::StrCat(pipe, ".tied"), stage == 0 ? 0 : 1, 2, tied_16bit));
     }
   }
   return comms;

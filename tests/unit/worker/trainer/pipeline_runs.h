@@ -33,7 +33,13 @@ struct PipelineRankRun {
   // Categories whose arena high-water mark after the run differs from the rank's plan
   // (PlanMemory(job, its layout): what zt estimate plans), "<category> arena A plan P".
   std::vector<std::string> off_plan;
-  std::vector<std::vector<float>> params;  // per unit of the rank's stage, at the end
+  // Per unit of the rank's stage, at the end: its parameters, when they are f32 (a 16-bit run's
+  // f32 weights are its master weights: `whole`).
+  std::vector<std::vector<float>> params;
+  // FullWeights at the end: the whole model (BuildModelLayout's units) joined from the stages
+  // (and their tensor-parallel shares), what `zt train --export` writes.
+  std::vector<std::vector<float>> whole;
+  int64_t skipped = 0;  // steps the fp16 loss scaler skipped (StepRecord::skipped), at the end
   int64_t offloaded_bytes = 0;  // offload.optimizer: to the host and out to swap, over the run
   ModelLayout layout;                      // the stage's units (tensor-parallel shares)
   std::vector<int> held_units;             // the whole model's index of each
@@ -88,10 +94,13 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
       mine.bubbles.push_back(rec.pipeline_bubble);
       mine.offloaded_bytes += rec.offload_bytes_to_host + rec.swap_bytes_out;
       if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
+      mine.skipped = rec.skipped;
     }));
     for (const Tensor& p : t->model().unit_params()) {
+      if (p.dtype() != DType::kF32) break;
       mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
     }
+    ZT_ASSIGN_OR_RETURN(mine.whole, t->FullWeights());
     mine.layout = t->model().layout();
     mine.held_units = t->model().held_units();
     mine.tp_rank = t->model().tensor_parallel().rank;
@@ -126,6 +135,7 @@ inline void ExpectSameStageWeights(const PipelineOutcome& got, const PipelineOut
   std::vector<int> units_seen(ref.params.size(), 0);
   for (const PipelineRankRun& r : got.ranks) {
     for (size_t local = 0; local < r.params.size(); ++local) {
+      if (r.params.empty()) break;  // 16-bit parameters: compared whole (ExpectSameWholeWeights)
       const int u = r.held_units[local];
       ++units_seen[u];
       const UnitLayout& mine = r.layout.units[local];
@@ -150,6 +160,33 @@ inline void ExpectSameStageWeights(const PipelineOutcome& got, const PipelineOut
   }
   for (size_t u = 0; u < units_seen.size(); ++u) {
     EXPECT_GE(units_seen[u], 1) << what << " unit " << u;
+  }
+}
+
+// Every rank's FullWeights of `got` (the whole model joined from the stages and their shares)
+// against `want`'s rank 0 (one rank): the same on every rank, bit for bit, and within
+// `bound` of the reference element by element, within `rms_bound` in root mean square.
+inline void ExpectSameWholeWeights(const PipelineOutcome& got, const PipelineOutcome& want,
+                                   const std::string& what, double bound, double rms_bound) {
+  const std::vector<std::vector<float>>& ref = want.ranks[0].whole;
+  ASSERT_FALSE(ref.empty()) << what;
+  for (const PipelineRankRun& r : got.ranks) {
+    EXPECT_TRUE(r.whole == got.ranks[0].whole) << what << ": every rank exports the same model";
+    ASSERT_EQ(r.whole.size(), ref.size()) << what;
+    double worst = 0, sum_sq = 0;
+    int64_t n = 0;
+    for (size_t u = 0; u < ref.size(); ++u) {
+      ASSERT_EQ(r.whole[u].size(), ref[u].size()) << what << " unit " << u;
+      for (size_t i = 0; i < ref[u].size(); ++i) {
+        const double d = std::abs(double{r.whole[u][i]} - ref[u][i]);
+        worst = std::max(worst, d);
+        sum_sq += d * d;
+        ++n;
+      }
+    }
+    EXPECT_LT(worst, bound) << what << ": whole weights";
+    EXPECT_LT(std::sqrt(sum_sq / static_cast<double>(std::max<int64_t>(n, 1))), rms_bound)
+        << what << ": whole weights' RMS difference";
   }
 }
 
@@ -194,6 +231,8 @@ inline void ExpectSamePipelineTraining(const PipelineOutcome& got, const Pipelin
     }
   }
   ExpectSameStageWeights(got, want, what, weight_bound);
+  // The export (FullWeights) of the stages: the one-rank model's, to the same bound.
+  ExpectSameWholeWeights(got, want, what, weight_bound, weight_bound);
 }
 
 }  // namespace zt::testing

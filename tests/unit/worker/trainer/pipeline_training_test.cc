@@ -6,8 +6,8 @@
 // copy against wte); interleaved 1F1B (two chunks per stage) beside GPipe and 1F1B at p = 2, 4,
 // each against one rank, with every pipelined step's measured bubble reported; PP2 × DP2 under
 // ZeRO-1, 2 and 3 against one rank reading the same global batch; a
-// pipeline checkpoint resuming bit-identically at its own layout, and refused (by name) at
-// another pipeline layout and by checkpoint export.
+// pipeline checkpoint resuming bit-identically at its own layout, and exported whole (by
+// `zt export` of the checkpoint and by FullWeights, `zt train --export`, alike).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -387,6 +387,11 @@ TEST_F(PipelineTrainingTest, CheckpointExportsAndInitsTheWholeModel) {
     const absl::Status read_status =
         ReadCheckpointWeights(job.checkpoint().dir(), job.model(), units);
     ASSERT_TRUE(read_status.ok()) << read_status;
+    // `zt train --export` of the pipeline (FullWeights: each unit from its stage, the head
+    // stage's copy of wte left out) is `zt export` of its checkpoint, bit for bit, on every rank.
+    for (const RankRun& rank : trained.ranks) {
+      EXPECT_TRUE(rank.whole == read) << (llama ? "llama" : "gpt2") << ": zt train --export";
+    }
     int compared = 0;
     for (const RankRun& rank : trained.ranks) {
       for (size_t k = 0; k < rank.layout.units.size(); ++k) {

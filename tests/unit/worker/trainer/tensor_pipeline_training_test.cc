@@ -251,6 +251,14 @@ TEST_F(TensorPipelineTrainingTest, ExportOfTwoByTwoIsTheOneRankExport) {
         }
       }
     }
+    // `zt train --export` (FullWeights: the stages' units joined over the pipeline group, each
+    // from its TP shares) is `zt export` of the same step's checkpoint, bit for bit, on every
+    // rank.
+    for (const testing::PipelineRankRun& r : tp_pp.ranks) {
+      EXPECT_TRUE(r.whole == *joined) << name << ": zt train --export of TP2 x PP2 x DP2";
+    }
+    EXPECT_TRUE(one.ranks[0].whole == *read(one.job.checkpoint().dir(), false))
+        << name << ": zt train --export of one rank";
     absl::StatusOr<std::vector<std::vector<float>>> exported = read(tp_pp_dir, true);
     ASSERT_TRUE(exported.ok()) << exported.status();
     EXPECT_TRUE(*exported == *joined) << name << ": the export holds the joined weights";

@@ -1,0 +1,56 @@
+#include "worker/pipeline_full_weights.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/parallel_plan.h"
+
+namespace zt {
+
+std::vector<int> StageOfEachUnit(const zerotrain::JobSpec& job) {
+  const ParallelLayout mine = ParallelLayout::ForJob(job, 0);
+  std::vector<int> stage_of(BuildModelLayout(job.model()).units.size(), -1);
+  for (int s = 0; s < mine.pipeline_size(); ++s) {
+    const ParallelLayout at = ParallelLayout::ForJob(
+        job, mine.RankAt({.tensor = 0, .data = 0, .pipeline = s}));
+    for (const PipelineChunk& c : PipelineChunksOf(job, at)) {
+      for (int u = c.first; u < c.last; ++u) stage_of[u] = s;
+    }
+  }
+  return stage_of;
+}
+
+absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLayout& whole,
+                                const std::vector<int>& stage_of_unit, const std::vector<int>& held,
+                                std::vector<std::vector<float>>& units) {
+  if (held.size() != units.size() || stage_of_unit.size() != whole.units.size()) {
+    return absl::InternalError(absl::StrCat("JoinPipelineStages: ", units.size(),
+                                            " units for ", held.size(), " held, ",
+                                            stage_of_unit.size(), " stages for ",
+                                            whole.units.size(), " units of the model"));
+  }
+  std::vector<std::vector<float>> out(whole.units.size());
+  for (size_t k = 0; k < held.size(); ++k) out[held[k]] = std::move(units[k]);
+  for (size_t u = 0; u < whole.units.size(); ++u) {
+    const int root = stage_of_unit[u];
+    if (root < 0) return absl::InternalError(absl::StrCat("unit ", u, " is held by no stage"));
+    std::vector<float>& unit = out[u];
+    if (root == stage && unit.size() != static_cast<size_t>(whole.units[u].numel)) {
+      return absl::InternalError(absl::StrCat("JoinPipelineStages: stage ", stage, " holds ",
+                                              unit.size(), " of unit ", whole.units[u].name,
+                                              "'s ", whole.units[u].numel, " values"));
+    }
+    unit.resize(static_cast<size_t>(whole.units[u].numel));
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        pipeline.Broadcast(Tensor(unit.data(), DType::kF32,
+                                                  {static_cast<int64_t>(unit.size())}),
+                                           root, whole.units[u].name + " from its stage"));
+    ZT_RETURN_IF_ERROR(h.Wait());
+  }
+  units = std::move(out);
+  return absl::OkStatus();
+}
+
+}  // namespace zt
