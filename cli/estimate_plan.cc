@@ -131,12 +131,10 @@ absl::Status RunEstimatePlan(const EstimateFlags& flags) {
   std::cout << "why: " << plan.reason() << "\n";
   std::cout << "pinned by the job: "
             << (plan.pinned().empty() ? "nothing" : absl::StrJoin(plan.pinned(), ", ")) << "\n";
-  if (chosen.pipeline_parallel() > 1) {
-    std::cout << "note: this engine does not train pipeline parallel layouts yet "
-                 "(the coordinator plans only the job's own layout)\n";
-  } else if (chosen.tensor_parallel() > 1) {
-    std::cout << "note: this engine trains tensor parallel layouts on CPU ranks in fp32 only "
-                 "(docs/parallelism.md; the coordinator plans only the job's own layout)\n";
+  if (chosen.pipeline_parallel() > 1 || chosen.tensor_parallel() > 1) {
+    std::cout << "note: tensor and pipeline parallel layouts train on CPU ranks (what they "
+                 "compose with: docs/parallelism.md); the coordinator plans only the job's own "
+                 "layout\n";
   }
   for (const std::string& layout : plan.rejected_layouts()) {
     std::cout << "layout not planned: " << layout << "\n";
