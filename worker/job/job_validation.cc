@@ -561,7 +561,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
   // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
   // ranks, in f32, with the GPIPE, ONE_F_ONE_B and INTERLEAVED schedules at every ZeRO stage,
-  // each stage's units tensor-parallel when t > 1; no sequence parallelism yet.
+  // each stage's units tensor-parallel when t > 1; sequence parallelism with any of them.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
@@ -607,11 +607,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                          ": replicated KV heads' rows would count more than once in "
                          "Adafactor's statistics)"));
     }
-  }
-  if (parallel.sequence_parallel()) {
-    lines.push_back(
-        "parallel.sequence_parallel: true is planned by zt estimate but this engine does not "
-        "train with it yet; set it to false to train");
   }
   // Validation, zt estimate and the planner accept every offload; the step loop trains
   // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU
