@@ -156,6 +156,16 @@ class TensorParallelTrainingTest : public ::testing::Test {
     return out;
   }
 
+  // Two micro-batches a step, FULL activation checkpointing, data.val evaluated every 5 steps.
+  JobSpec AccumulatedCheckpointedEvaluated(JobSpec job) {
+    job.mutable_train()->set_grad_accum_steps(2);
+    job.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+    job.mutable_data()->add_val((dir_ / "train.bin").string());
+    job.mutable_train()->set_eval_interval(5);
+    job.mutable_train()->set_eval_steps(2);
+    return job;
+  }
+
   std::filesystem::path dir_;
 };
 
@@ -487,14 +497,7 @@ TEST_F(TensorParallelTrainingTest, AccumulationCheckpointingAndEvaluationMatchOn
   // Two micro-batches a step (the replicated KV heads' gradients summed once, on the last),
   // FULL activation checkpointing (the backward's recompute runs the attention all-reduce
   // again on every rank), and evaluation through the same parallel cross-entropy.
-  auto with = [&](JobSpec job) {
-    job.mutable_train()->set_grad_accum_steps(2);
-    job.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
-    job.mutable_data()->add_val((dir_ / "train.bin").string());
-    job.mutable_train()->set_eval_interval(5);
-    job.mutable_train()->set_eval_steps(2);
-    return job;
-  };
+  auto with = [&](JobSpec job) { return AccumulatedCheckpointedEvaluated(std::move(job)); };
   const Outcome reference = Run(with(Llama(1, 1, 0, 2)), 10, "", /*use_run=*/true);
   ASSERT_TRUE(reference.status.ok()) << reference.status;
   ASSERT_EQ(reference.ranks[0].val_losses.size(), 2u);
@@ -654,6 +657,27 @@ TEST_F(TensorParallelTrainingTest, SequenceParallelOnTwoAndFourRanksMatchesOneRa
       // The norms' gradients too: summed over the group, each rank holds the whole one.
       ExpectSlicedGradients(job, got, reference, what);
     }
+  }
+}
+
+TEST_F(TensorParallelTrainingTest, SequenceParallelAccumulationCheckpointingAndEvaluation) {
+  // Two micro-batches a step (the norms' partial gradients accumulate over both and are summed
+  // over the group once, on the last), FULL activation checkpointing (the recompute gathers and
+  // reduce-scatters again on every rank, into the shared set's token-row shards) and
+  // evaluation's forward through the shards.
+  auto with = [&](JobSpec job) { return AccumulatedCheckpointedEvaluated(std::move(job)); };
+  for (const bool llama : {false, true}) {
+    const Outcome reference = Run(with(llama ? Llama(1, 1, 0, 2) : Gpt2(1, 1, 0, 2)), 10, "",
+                                  /*use_run=*/true);
+    ASSERT_TRUE(reference.status.ok()) << reference.status;
+    ASSERT_EQ(reference.ranks[0].val_losses.size(), 2u);
+    const int tp = llama ? 4 : 2;
+    ExpectSameTraining(
+        Run(SequenceParallel(with(llama ? Llama(tp, 1, 0, 2) : Gpt2(tp, 1, 0, 2))), 10, "",
+            /*use_run=*/true),
+        reference,
+        (llama ? "llama" : "gpt2") + std::string(" sp tp ") + std::to_string(tp) +
+            ", accumulation 2, full checkpointing");
   }
 }
 
