@@ -121,7 +121,8 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
           "kv_all_reduce when n_kv_head < tensor_parallel)");
     }
     if (tp.sequence_parallel && !tp.reduce_scatter) {
-      return absl::InvalidArgumentError("a sequence-parallel model needs the group's reduce_scatter");
+      return absl::InvalidArgumentError(
+          "a sequence-parallel model needs the group's reduce_scatter");
     }
     if (tp.sequence_parallel && (batch * seq_len) % t != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1051,8 +1052,8 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                        .positions = positions_,
                                        .direction = RopeDirection::kInverse}));
   }
-  ZT_ASSIGN_OR_RETURN(const Tensor ln1_in, ColumnParallelInput(
-                                               a.ln1, absl::StrCat(u.name, " attention regather")));
+  ZT_ASSIGN_OR_RETURN(const Tensor ln1_in,
+                      ColumnParallelInput(a.ln1, absl::StrCat(u.name, " attention regather")));
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.qkv.weight", "attn.qkv.bias",
                                          grad_.qkv, ln1_in, grad_.ln));
   ZT_ASSIGN_OR_RETURN(const Tensor dln1, ColumnParallelInputGrad(absl::StrCat(

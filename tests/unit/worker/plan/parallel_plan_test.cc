@@ -278,17 +278,18 @@ TEST(PlanMemoryLayoutTest, SequenceParallelShrinksActivationsByTheNormAndResidua
     const MemoryPlan plain = PlanMemory(Completed(job), 0);
     job.mutable_parallel()->set_sequence_parallel(true);
     const MemoryPlan sequence = PlanMemory(Completed(job), 0);
-    EXPECT_EQ(bytes(plain, MemoryCategory::kActivations) -
-                  bytes(sequence, MemoryCategory::kActivations),
-              share - share / tp)
+    EXPECT_EQ(
+        bytes(plain, MemoryCategory::kActivations) - bytes(sequence, MemoryCategory::kActivations),
+        share - share / tp)
         << "tp " << tp;
     const BufferSpec* full = Find(sequence.buffers, "tp.sequence_full");
     ASSERT_NE(full, nullptr);
     EXPECT_EQ(full->numel(), BT * C);
     EXPECT_EQ(Find(plain.buffers, "tp.sequence_full"), nullptr);
     EXPECT_EQ(Find(sequence.buffers, "grad.residual")->numel(), BT * C / tp);
-    EXPECT_EQ(bytes(sequence, MemoryCategory::kWorkspace) - bytes(plain, MemoryCategory::kWorkspace),
-              4 * BT * C / tp);
+    EXPECT_EQ(
+        bytes(sequence, MemoryCategory::kWorkspace) - bytes(plain, MemoryCategory::kWorkspace),
+        4 * BT * C / tp);
   }
 }
 
