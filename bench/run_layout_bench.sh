@@ -27,6 +27,7 @@ rows=(
   "DP2 ZeRO-2|--world-size 2 --stage 2"
   "DP2 ZeRO-3|--world-size 2 --stage 3"
   "TP2|--world-size 2 --tensor-parallel 2 --stage 0"
+  "TP2 + SP|--world-size 2 --tensor-parallel 2 --sequence-parallel 1 --stage 0"
   "PP2 1F1B m4|--world-size 2 --pipeline-parallel 2 --micro-batches 4 --schedule 1f1b --stage 0"
   "DP4 ZeRO-1|--world-size 4 --stage 1"
   "TP2 x DP2 ZeRO-1|--world-size 4 --tensor-parallel 2 --stage 1"

@@ -3,7 +3,8 @@
 // (bench/run_sharding_bench.sh puts the ZeRO stages side by side).
 //
 //   sharding_bench --config gpt2-small|tiny|tiny-llama --world-size N --stage S
-//                  [--tensor-parallel t] [--prefetch K] [--reshard-after-forward 0|1]
+//                  [--tensor-parallel t [--sequence-parallel 0|1]] [--prefetch K]
+//                  [--reshard-after-forward 0|1]
 //                  [--steps N] [--warmup N] [--threads-per-rank T] [--gemm onednn|openblas]
 //                  [--pipeline-parallel p --micro-batches m [--schedule gpipe|1f1b|interleaved]
 //                   [--virtual-stages v] [--n-layer L]]
@@ -65,6 +66,7 @@ struct Flags {
   std::string config = "gpt2-small";
   int world_size = 2;
   int tensor_parallel = 1;
+  int sequence_parallel = 0;
   int stage = 0;
   int prefetch = 1;
   int reshard_after_forward = 1;
@@ -90,6 +92,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   };
   const IntFlag ints[] = {{"--world-size", &f.world_size, 1, 1024},
                           {"--tensor-parallel", &f.tensor_parallel, 1, 1024},
+                          {"--sequence-parallel", &f.sequence_parallel, 0, 1},
                           {"--stage", &f.stage, 0, 3},
                           {"--prefetch", &f.prefetch, 0, 1024},
                           {"--reshard-after-forward", &f.reshard_after_forward, 0, 1},
@@ -279,7 +282,17 @@ double TensorParallelBytes(const zerotrain::JobSpec& job, int t, int data_parall
   const double C = job.model().d_model(), L = job.model().n_layer();
   const double all_reduced = (2 + 4 * L) * B * T * C + 2 * B * T;
   const double gathered = B * T + 6.0 * data_parallel;
-  return 2.0 * (t - 1) / t * 4 * all_reduced + (t - 1) * 4 * gathered;
+  double bytes = 2.0 * (t - 1) / t * 4 * all_reduced + (t - 1) * 4 * gathered;
+  if (job.parallel().sequence_parallel()) {
+    // Sequence parallelism: each all-reduce above becomes an all-gather + reduce-scatter of the
+    // same ring bytes; on top, the backward gathers ln1's and ln2's token-row shards again
+    // (2L all-gathers of B·T·C/t), and the norms' gradients (GPT-2: 4C a block + 2C; Llama 2C
+    // a block + C) are all-reduced once a step.
+    const bool gpt2 = job.model().family() == zerotrain::ModelConfig::GPT2;
+    const double norms = gpt2 ? (4 * L + 2) * C : (2 * L + 1) * C;
+    bytes += 2 * L * (t - 1) * (B * T / t) * C * 4 + 2.0 * (t - 1) / t * 4 * norms;
+  }
+  return bytes;
 }
 
 // The JSON line: job-wide figures first, then one object per rank.
@@ -362,6 +375,7 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"config", flags.config},
       {"world_size", world},
       {"tensor_parallel", flags.tensor_parallel},
+      {"sequence_parallel", flags.sequence_parallel == 1},
       {"tp_comm_bytes_formula_per_step_per_rank",
        flags.tensor_parallel > 1 ? nlohmann::json(TensorParallelBytes(
                                        job, flags.tensor_parallel, world / flags.tensor_parallel))
@@ -423,6 +437,7 @@ int main(int argc, char** argv) {
   zerotrain::ParallelConfig* parallel = job.mutable_parallel();
   parallel->set_world_size(flags->world_size);
   parallel->set_tensor_parallel(flags->tensor_parallel);
+  parallel->set_sequence_parallel(flags->sequence_parallel == 1);
   if (flags->n_layer > 0) job.mutable_model()->set_n_layer(flags->n_layer);
   if (flags->pipeline_parallel > 1) {
     parallel->set_pipeline_parallel(flags->pipeline_parallel);

@@ -416,6 +416,10 @@ TensorParallelGroup Trainer::TensorParallelOf(const ParallelLayout& layout, Trai
   tp.kv_all_reduce = [t, wait](const Tensor& data, const std::string& label) {
     return wait(t->comms_.tensor_kv->AllReduce(data, ReduceOp::kSum, label));
   };
+  tp.sequence_parallel = t->job_.parallel().sequence_parallel();
+  tp.reduce_scatter = [t, wait](const Tensor& in, const Tensor& out, const std::string& label) {
+    return wait(t->comms_.tensor->ReduceScatter(in, out, ReduceOp::kSum, label));
+  };
   return tp;
 }
 

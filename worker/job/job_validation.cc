@@ -551,7 +551,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
   // ranks, in f32 or 16-bit mixed precision, with the GPIPE, ONE_F_ONE_B and INTERLEAVED
   // schedules at every ZeRO stage, each stage's units tensor-parallel when t > 1, its optimizer
-  // offloaded (CPU or NVME) or not; no sequence parallelism yet.
+  // offloaded (CPU or NVME) or not; sequence parallelism with any of them.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
@@ -587,11 +587,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard; 16-bit
     // precision keeps f32 master weights of each share, as one rank does; Adafactor counts a
     // replicated KV head's rows once in its summed statistics (worker/optim/adafactor_splits.h).
-  }
-  if (parallel.sequence_parallel()) {
-    lines.push_back(
-        "parallel.sequence_parallel: true is planned by zt estimate but this engine does not "
-        "train with it yet; set it to false to train");
   }
   // Validation, zt estimate and the planner accept every offload; the step loop trains
   // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU

@@ -78,6 +78,12 @@ void ValidateTensorParallel(const zerotrain::JobSpec& spec, int tp, Lines& v) {
     v.Add(absl::StrCat("parallel.sequence_parallel: needs parallel.tensor_parallel > 1 (got ", tp,
                        "): the sequence is split across the tensor-parallel group"));
   }
+  if (spec.parallel().sequence_parallel() && tp >= 2 && spec.data().seq_len() % tp != 0) {
+    v.Add(absl::StrCat("data.seq_len: ", spec.data().seq_len(),
+                       " is not divisible by parallel.tensor_parallel ", tp,
+                       " (parallel.sequence_parallel splits the sequence's tokens evenly over "
+                       "the tensor-parallel group)"));
+  }
 }
 
 void ValidatePipeline(const zerotrain::JobSpec& spec, int pp, Lines& v) {

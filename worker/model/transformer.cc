@@ -120,7 +120,16 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
           "a tensor-parallel model needs the group's all_reduce and all_gather (and "
           "kv_all_reduce when n_kv_head < tensor_parallel)");
     }
+    if (tp.sequence_parallel && !tp.reduce_scatter) {
+      return absl::InvalidArgumentError(
+          "a sequence-parallel model needs the group's reduce_scatter");
+    }
+    if (tp.sequence_parallel && (batch * seq_len) % t != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence parallelism: B·T = ", batch * seq_len, " token rows do not divide by ", t));
+    }
   }
+  if (t <= 1) tp.sequence_parallel = false;
   m.tp_ = std::move(tp);
   m.tp_.size = t;
   m.layout_ = t > 1 ? TensorParallelModelLayout(config, t) : BuildModelLayout(config);
@@ -376,6 +385,9 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     if (holds_head) {
       ZT_ASSIGN_OR_RETURN(m.ce_maxes_, work.Get("tp.ce_maxes"));
       ZT_ASSIGN_OR_RETURN(m.ce_sums_, work.Get("tp.ce_sums"));
+    }
+    if (m.tp_.sequence_parallel) {
+      ZT_ASSIGN_OR_RETURN(m.sequence_full_, work.Get("tp.sequence_full"));
     }
     for (int i = 0; i < config.n_layer(); ++i) {
       m.kv_ranges_.push_back(ReplicatedKvRanges(config, m.layout_.block(i), t, m.tp_.rank));
@@ -645,14 +657,15 @@ absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tenso
   if (tp_.size > 1) {
     // Each rank looks up the tokens of its vocabulary rows (zero elsewhere); rank 0 adds the
     // positions, so the group's sum is the whole table's embedding.
-    const Tensor out = residual_[0].Reshape({B_, T_, C_});
+    // With sequence parallelism the sum is reduce-scattered onto the rank's token rows.
+    const Tensor out = RowParallelOutput(residual_[0]).Reshape({B_, T_, C_});
     ZT_RETURN_IF_ERROR(
         VocabShardEmbeddingForward(ctx, {.tokens = tokens_,
                                          .wte = View(u, params, "wte"),
                                          .wpe = tp_.rank == 0 ? View(u, params, "wpe") : Tensor(),
                                          .vocab_begin = vocab_begin_,
                                          .out = out}));
-    return TpAllReduce(residual_[0], "embedding all-reduce");
+    return ReduceRowParallelOutput(residual_[0], "embedding all-reduce");
   }
   const Tensor wpe = View(u, params, "wpe");
   return zt::EmbeddingForward(ctx, {.tokens = tokens_,
@@ -702,7 +715,10 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
                                             .rstd = a.ln1_rstd,
                                             .eps = config_.norm_eps()}));
   }
-  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "attn.qkv.weight", "attn.qkv.bias", a.ln1,
+  // Sequence parallelism: ln1 is the rank's token rows; qkv reads the group's, gathered.
+  ZT_ASSIGN_OR_RETURN(const Tensor ln1_in,
+                      ColumnParallelInput(a.ln1, absl::StrCat(u.name, " attention gather")));
+  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "attn.qkv.weight", "attn.qkv.bias", ln1_in,
                                         a.qkv));  // (BT, Q)
   const Tensor qkv3 = a.qkv.Reshape({B_, T_, a.qkv.dim(1)});
   if (!gpt2_) {
@@ -716,10 +732,13 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
   // Row-parallel under tensor parallelism: the ranks' partial products are summed (Megatron's
   // g), then the bias is added once.
   const bool tp = tp_.size > 1;
+  // (Reduce-scattered onto the rank's token rows with sequence parallelism.)
   ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "attn.proj.weight",
-                                        tp ? "" : "attn.proj.bias", a.atty, a.res2));
+                                        tp ? "" : "attn.proj.bias", a.atty,
+                                        RowParallelOutput(a.res2)));
   if (tp) {
-    ZT_RETURN_IF_ERROR(TpAllReduce(a.res2, absl::StrCat(u.name, " attention all-reduce")));
+    ZT_RETURN_IF_ERROR(
+        ReduceRowParallelOutput(a.res2, absl::StrCat(u.name, " attention all-reduce")));
     if (gpt2_) {
       ZT_RETURN_IF_ERROR(
           AddRowBias(ctx, {.out = a.res2, .bias = View(u, params, "attn.proj.bias")}));
@@ -743,15 +762,18 @@ absl::Status Transformer::BlockForwardImpl(const DeviceContext& ctx, int i, cons
                                             .rstd = a.ln2_rstd,
                                             .eps = config_.norm_eps()}));
   }
-  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "mlp.fc.weight", "mlp.fc.bias", a.ln2,
+  ZT_ASSIGN_OR_RETURN(const Tensor ln2_in,
+                      ColumnParallelInput(a.ln2, absl::StrCat(u.name, " mlp gather")));
+  ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "mlp.fc.weight", "mlp.fc.bias", ln2_in,
                                         a.fch));  // (BT, F) | (BT, 2F)
   ZT_RETURN_IF_ERROR(MlpActivation(ctx, a));
   // A recompute for the backward stops here: the block's output is kept already.
   if (!write_output) return absl::OkStatus();
   ZT_RETURN_IF_ERROR(BlockLinearForward(ctx, i, params, "mlp.proj.weight",
-                                        tp ? "" : "mlp.proj.bias", a.fch_act, out));
+                                        tp ? "" : "mlp.proj.bias", a.fch_act,
+                                        RowParallelOutput(out)));
   if (tp) {
-    ZT_RETURN_IF_ERROR(TpAllReduce(out, absl::StrCat(u.name, " mlp all-reduce")));
+    ZT_RETURN_IF_ERROR(ReduceRowParallelOutput(out, absl::StrCat(u.name, " mlp all-reduce")));
     if (gpt2_) {
       ZT_RETURN_IF_ERROR(AddRowBias(ctx, {.out = out, .bias = View(u, params, "mlp.proj.bias")}));
     }
@@ -792,11 +814,13 @@ absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& param
   // The logits exist one chunk of rows at a time: project, fuse softmax + cross-entropy
   // (overwriting the chunk with dL/dlogits), then, when training, the projection's backward
   // for the chunk — so (B·T, V) logits are never held at once.
+  // Sequence parallelism: the final norm ran on the rank's token rows; the head reads them all.
+  ZT_ASSIGN_OR_RETURN(const Tensor lnf_all, ColumnParallelInput(lnf_, "head gather"));
   const int64_t chunk = logits_.dim(0);
   for (int64_t r0 = 0; r0 < B_ * T_; r0 += chunk) {
     const int64_t r1 = std::min(B_ * T_, r0 + chunk);
     const Tensor logits = logits_.Slice(0, r1 - r0);
-    const Tensor lnf = lnf_.Slice(r0, r1);
+    const Tensor lnf = lnf_all.Slice(r0, r1);
     ZT_RETURN_IF_ERROR(LinearForward(ctx, {.inp = lnf, .weight = w, .out = logits}));
     if (tp_.size > 1) {
       ZT_RETURN_IF_ERROR(ParallelCrossEntropy(ctx, logits, targets, r0, r1, options));
@@ -818,8 +842,11 @@ absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& param
                                               .dweight = dw}));
     }
   }
-  // The head's input gradient is the sum of the ranks' vocabulary shares' (Megatron's f).
-  if (options.write_grad) ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, "head all-reduce"));
+  // The head's input gradient is the sum of the ranks' vocabulary shares' (Megatron's f); with
+  // sequence parallelism HeadBackward reduce-scatters it onto the token rows instead.
+  if (options.write_grad && !sequence_parallel()) {
+    ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, "head all-reduce"));
+  }
   if (options.loss_sum.empty()) return absl::OkStatus();
   // Mean over the valid targets of this micro-batch, summed in double in a fixed order.
   return AccumulateMeanLoss(ctx, {.losses = losses_,
@@ -917,8 +944,14 @@ absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& p
   // The frozen norms' unused weight gradients add into the sink: emptied at the start of each
   // backward, so it holds one backward's sums and never grows into inf or NaN.
   if (!lora_.norm_sink.empty()) ZT_RETURN_IF_ERROR(Zero(ctx, lora_.norm_sink));
+  // With sequence parallelism the rank's token rows of it, summed over the group.
+  Tensor dout = grad_.ln;
+  if (sequence_parallel()) {
+    dout = SequenceShardScratch();
+    ZT_RETURN_IF_ERROR(ScatterSequence(grad_.ln, dout, "head backward reduce-scatter"));
+  }
   if (gpt2_) {
-    return LayerNormBackward(ctx, {.dout = grad_.ln,
+    return LayerNormBackward(ctx, {.dout = dout,
                                    .inp = x,
                                    .weight = View(u, params, "ln_f.weight"),
                                    .mean = lnf_mean_,
@@ -927,7 +960,7 @@ absl::Status Transformer::HeadBackward(const DeviceContext& ctx, const Tensor& p
                                    .dweight = NormGrad(u, grads, "ln_f.weight"),
                                    .dbias = NormGrad(u, grads, "ln_f.bias")});
   }
-  return RmsNormBackward(ctx, {.dout = grad_.ln,
+  return RmsNormBackward(ctx, {.dout = dout,
                                .inp = x,
                                .weight = View(u, params, "ln_f.weight"),
                                .rstd = lnf_rstd_,
@@ -954,20 +987,30 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
   // grad_.residual holds dL/d(block output) on entry and dL/d(block input) on exit: both
   // branches add their input gradient to it in place.
 
+  // With sequence parallelism grad_.residual and the norms' tensors are the rank's token rows:
+  // a row-parallel backward reads the group's rows of its output gradient gathered, a
+  // column-parallel one its input (ln1, ln2) gathered again, and its input gradient is
+  // reduce-scattered onto the rows (the conjugates of the forward's collectives).
+
   // MLP branch, reversed.
+  ZT_ASSIGN_OR_RETURN(const Tensor mlp_dout,
+                      RowParallelOutputGrad(absl::StrCat(u.name, " mlp backward gather")));
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "mlp.proj.weight", "mlp.proj.bias",
-                                         grad_.residual, a.fch_act, grad_.fch_act));
+                                         mlp_dout, a.fch_act, grad_.fch_act));
   if (gpt2_) {
     ZT_RETURN_IF_ERROR(GeluBackward(ctx, a.fch, grad_.fch_act, grad_.fch));
   } else {
     ZT_RETURN_IF_ERROR(SwigluBackward(ctx, a.fch, grad_.fch_act, grad_.fch));
   }
+  ZT_ASSIGN_OR_RETURN(const Tensor ln2_in,
+                      ColumnParallelInput(a.ln2, absl::StrCat(u.name, " mlp input regather")));
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "mlp.fc.weight", "mlp.fc.bias",
-                                         grad_.fch, a.ln2, grad_.ln));
+                                         grad_.fch, ln2_in, grad_.ln));
   // Column-parallel input: the ranks' shares of dL/d(ln2 output) sum (Megatron's f backward).
-  ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, absl::StrCat(u.name, " mlp backward all-reduce")));
+  ZT_ASSIGN_OR_RETURN(const Tensor dln2,
+                      ColumnParallelInputGrad(absl::StrCat(u.name, " mlp backward all-reduce")));
   if (gpt2_) {
-    ZT_RETURN_IF_ERROR(LayerNormBackward(ctx, {.dout = grad_.ln,
+    ZT_RETURN_IF_ERROR(LayerNormBackward(ctx, {.dout = dln2,
                                                .inp = a.res2,
                                                .weight = View(u, params, "ln2.weight"),
                                                .mean = a.ln2_mean,
@@ -977,7 +1020,7 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                                .dbias = NormGrad(u, grads, "ln2.bias"),
                                                .dinp_mode = Accumulate::kAdd}));
   } else {
-    ZT_RETURN_IF_ERROR(RmsNormBackward(ctx, {.dout = grad_.ln,
+    ZT_RETURN_IF_ERROR(RmsNormBackward(ctx, {.dout = dln2,
                                              .inp = a.res2,
                                              .weight = View(u, params, "ln2.weight"),
                                              .rstd = a.ln2_rstd,
@@ -987,8 +1030,10 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
   }
 
   // Attention branch, reversed.
+  ZT_ASSIGN_OR_RETURN(const Tensor attn_dout,
+                      RowParallelOutputGrad(absl::StrCat(u.name, " attention backward gather")));
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.proj.weight",
-                                         "attn.proj.bias", grad_.residual, a.atty, grad_.atty));
+                                         "attn.proj.bias", attn_dout, a.atty, grad_.atty));
   const int64_t Q = a.qkv.dim(1);
   ZT_RETURN_IF_ERROR(AttentionBackward(ctx, {.qkv = a.qkv.Reshape({B_, T_, Q}),
                                              .out = a.atty.Reshape({B_, T_, H_ * D_}),
@@ -1007,11 +1052,14 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                        .positions = positions_,
                                        .direction = RopeDirection::kInverse}));
   }
+  ZT_ASSIGN_OR_RETURN(const Tensor ln1_in,
+                      ColumnParallelInput(a.ln1, absl::StrCat(u.name, " attention regather")));
   ZT_RETURN_IF_ERROR(BlockLinearBackward(ctx, i, params, grads, "attn.qkv.weight", "attn.qkv.bias",
-                                         grad_.qkv, a.ln1, grad_.ln));
-  ZT_RETURN_IF_ERROR(TpAllReduce(grad_.ln, absl::StrCat(u.name, " attention backward all-reduce")));
+                                         grad_.qkv, ln1_in, grad_.ln));
+  ZT_ASSIGN_OR_RETURN(const Tensor dln1, ColumnParallelInputGrad(absl::StrCat(
+                                             u.name, " attention backward all-reduce")));
   if (gpt2_) {
-    return LayerNormBackward(ctx, {.dout = grad_.ln,
+    return LayerNormBackward(ctx, {.dout = dln1,
                                    .inp = x,
                                    .weight = View(u, params, "ln1.weight"),
                                    .mean = a.ln1_mean,
@@ -1021,7 +1069,7 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
                                    .dbias = NormGrad(u, grads, "ln1.bias"),
                                    .dinp_mode = Accumulate::kAdd});
   }
-  return RmsNormBackward(ctx, {.dout = grad_.ln,
+  return RmsNormBackward(ctx, {.dout = dln1,
                                .inp = x,
                                .weight = View(u, params, "ln1.weight"),
                                .rstd = a.ln1_rstd,
@@ -1034,10 +1082,12 @@ absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tens
   const UnitLayout& u = layout_.embedding();
   if (!u.trainable()) return absl::OkStatus();  // a frozen embedding has no gradient to take
   if (tp_.size > 1) {
-    // dL/d(embedding output) is whole on every rank: each takes its vocabulary rows, and every
-    // rank the positions' (replicated) gradient.
+    // dL/d(embedding output) is whole on every rank (gathered from the token rows' shards with
+    // sequence parallelism): each takes its vocabulary rows, and every rank the positions'
+    // (replicated) gradient.
+    ZT_ASSIGN_OR_RETURN(const Tensor dout, RowParallelOutputGrad("embedding backward gather"));
     return VocabShardEmbeddingBackward(ctx, {.tokens = tokens_,
-                                             .dout = grad_.residual.Reshape({B_, T_, C_}),
+                                             .dout = dout.Reshape({B_, T_, C_}),
                                              .dwte = View(u, grads, "wte"),
                                              .dwpe = View(u, grads, "wpe"),
                                              .vocab_begin = vocab_begin_});

@@ -54,6 +54,13 @@ struct TensorParallelGroup {
       all_gather;
   // Sum over the ranks that share this rank's KV head (n_kv_head < size only).
   std::function<absl::Status(const Tensor& data, const std::string& label)> kv_all_reduce;
+  // Sequence parallelism (Korthikanti et al. 2022, section 4.2.2; needs size > 1): the norms,
+  // residual adds and the residual stream hold rank k's 1/size of the B·T token rows, and
+  // reduce_scatter, in (size · n) on every rank → out (n) = the sum of every rank's chunk
+  // `rank`, replaces the all-reduce after each row-parallel linear (and the embedding).
+  bool sequence_parallel = false;
+  std::function<absl::Status(const Tensor& in, const Tensor& out, const std::string& label)>
+      reduce_scatter;
 };
 
 class Transformer {
@@ -80,6 +87,13 @@ class Transformer {
   // sharing each KV head, in `grads` (the block's accumulated gradient). Nothing otherwise.
   // The step loop calls it once per step, before the data-parallel reduction.
   absl::Status ReduceReplicatedKvGrads(int i, const Tensor& grads);
+  // Sequence parallelism: unit u's (whole-model index) norm weights and biases got the
+  // gradient of this rank's token rows only: sums them over the tensor-parallel group in
+  // `grads` (the unit's accumulated gradient), so every rank holds the whole gradient, as
+  // without sequence parallelism (Megatron's allreduce of the sequence-parallel grads). Nothing
+  // otherwise. The step loop calls it once per step and unit, before the data-parallel
+  // reduction.
+  absl::Status ReduceSequenceParallelNormGrads(int u, const Tensor& grads);
 
   // The units the model holds: the whole model's, or a pipeline stage's own (BindStage), in
   // order; unit_params(), unit_grads() and InitializeUnitRange index these.
@@ -353,6 +367,33 @@ class Transformer {
 
   // Sums `t` over the tensor-parallel group (nothing at size 1).
   absl::Status TpAllReduce(const Tensor& t, const std::string& label);
+  // Sequence parallelism (worker/model/transformer_sequence_parallel.cc): the rows this rank
+  // holds of the B·T token rows, and the collectives between them and the whole sequence.
+  bool sequence_parallel() const { return tp_.size > 1 && tp_.sequence_parallel; }
+  // The (B·T / t, C) head of the gather buffer: a reduce-scatter's landing place.
+  Tensor SequenceShardScratch() const;
+  // shard (B·T / t, C) from every rank → the gather buffer (B·T, C), which it returns.
+  absl::StatusOr<Tensor> GatherSequence(const Tensor& shard, const std::string& label);
+  // full (B·T, C) partial sums on every rank → shard (B·T / t, C), this rank's rows summed.
+  // `full` is scratch afterwards.
+  absl::Status ScatterSequence(const Tensor& full, const Tensor& shard, const std::string& label);
+  // Where a column-parallel linear reads its input from: `normed` whole (t = 1 or without
+  // sequence parallelism), else the gather buffer holding the group's shards of it.
+  absl::StatusOr<Tensor> ColumnParallelInput(const Tensor& normed, const std::string& label);
+  // After a column-parallel linear's backward wrote this rank's partial dL/d(input) into
+  // grad_.ln (whole rows): the gradient the norm's backward reads — grad_.ln summed over the
+  // group in place, or with sequence parallelism this rank's rows summed (the shard scratch).
+  absl::StatusOr<Tensor> ColumnParallelInputGrad(const std::string& label);
+  // A row-parallel linear's output buffer: `out` (t = 1, or all-reduced in place after), or
+  // with sequence parallelism the gather buffer (reduce-scattered into `out` after).
+  Tensor RowParallelOutput(const Tensor& out) const;
+  // Sums the row-parallel partial products (in RowParallelOutput(out)) into `out`: in place
+  // (all-reduce), or this rank's rows (reduce-scatter).
+  absl::Status ReduceRowParallelOutput(const Tensor& out, const std::string& label);
+  // dL/d(row-parallel output) over every row: grad_.residual, or with sequence parallelism
+  // the group's shards of it gathered.
+  absl::StatusOr<Tensor> RowParallelOutputGrad(const std::string& label);
+  Tensor sequence_full_;  // (B·T, C) the gather buffer, sequence parallelism only
   // The vocabulary-parallel head's loss for rows [r0, r1) whose logits are in `logits`.
   absl::Status ParallelCrossEntropy(const DeviceContext& ctx, const Tensor& logits,
                                     const Tensor& targets, int64_t r0, int64_t r1,

@@ -208,6 +208,11 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
       sizes.tensor =
           int64_t{job.train().micro_batch_size()} * job.data().seq_len() * job.model().d_model();
     }
+    if (job.parallel().sequence_parallel() &&
+        StorageDType(job.precision().grad_dtype()) != DType::kF32) {
+      // Sequence parallelism sums the norms' 16-bit gradients (C each) over the same group.
+      sizes.tensor = std::max<int64_t>(sizes.tensor, job.model().d_model());
+    }
     if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().n_kv_head() < t) {
       const ModelLayout local = RankModelLayout(job, layout);
       for (const UnitLayout& u : local.units) {

@@ -308,6 +308,13 @@ std::vector<BufferSpec> RankWorkspaceTable(const zerotrain::JobSpec& job,
     } else if (b.name == "grad.residual" && sequence) {
       b.shape[0] = CeilDiv(b.shape[0], tp);
     }
+    if (b.name == "grad.ln" && sequence) {
+      // The engine's one whole-sequence buffer (worker/model/transformer_sequence_parallel.cc):
+      // a gathered norm output or residual gradient, a row-parallel product before its
+      // reduce-scatter. The activations keep only the rank's rows; this holds the rest, one
+      // use at a time (B·T·C, as grad.ln, which the backward needs beside it).
+      mine.push_back({"tp.sequence_full", MemoryCategory::kWorkspace, b.dtype, b.shape});
+    }
     mine.push_back(std::move(b));
   }
   return mine;

@@ -82,7 +82,9 @@ std::vector<BufferSpec> RankActivationTable(const zerotrain::JobSpec& job,
 // WorkspaceTable for the rank: logits only on the head's stage (vocabulary-parallel width, and
 // with tp > 1 the parallel cross-entropy's "tp.ce_maxes" (tp, rows) and "tp.ce_sums" (rows, 2)),
 // the gradient scratch at its tensor-parallel width. "gemm_workspace" stays the whole model's
-// (an upper bound: a GEMM of a tensor-parallel share needs no more).
+// (an upper bound: a GEMM of a tensor-parallel share needs no more). With sequence_parallel,
+// "grad.residual" is the rank's B·T/tp token rows and "tp.sequence_full" (B·T, C) is the
+// engine's one whole-sequence buffer (worker/model/transformer_sequence_parallel.cc).
 std::vector<BufferSpec> RankWorkspaceTable(const zerotrain::JobSpec& job,
                                            const ParallelLayout& layout, int64_t batch,
                                            int64_t seq_len, const DeviceContext& ctx, DType compute,

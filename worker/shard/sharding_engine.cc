@@ -599,6 +599,11 @@ absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx) {
       ZT_RETURN_IF_ERROR(model_->ReduceReplicatedKvGrads(
           whole - 1, accumulate_full_ ? grad_accum_[t] : grads_[t]));
     }
+    // Sequence parallelism: the norms' partial gradients of the rank's token rows, summed.
+    if (t >= 0) {
+      ZT_RETURN_IF_ERROR(model_->ReduceSequenceParallelNormGrads(
+          whole, accumulate_full_ ? grad_accum_[t] : grads_[t]));
+    }
     ZT_RETURN_IF_ERROR(GradientReady(u));
   }
   return FinishReductions(ctx);
@@ -632,6 +637,7 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   ZT_ASSIGN_OR_RETURN(head_params, Acquire(head));
   ZT_RETURN_IF_ERROR(m.HeadBackward(ctx, head_params, head_grads));
   ZT_RETURN_IF_ERROR(FinishUse());
+  if (last) ZT_RETURN_IF_ERROR(m.ReduceSequenceParallelNormGrads(head, head_grads));
   if (last) ZT_RETURN_IF_ERROR(GradientReady(head));
   for (int i = L - 1; i >= 0; --i) {
     ZT_ASSIGN_OR_RETURN(Tensor p, Acquire(1 + i));
@@ -639,6 +645,7 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
     ZT_RETURN_IF_ERROR(m.BlockBackward(ctx, i, p, g));
     ZT_RETURN_IF_ERROR(FinishUse());
     if (last) ZT_RETURN_IF_ERROR(m.ReduceReplicatedKvGrads(i, g));
+    if (last) ZT_RETURN_IF_ERROR(m.ReduceSequenceParallelNormGrads(1 + i, g));
     if (last) ZT_RETURN_IF_ERROR(GradientReady(1 + i));
   }
   if (!tied_) {

@@ -252,18 +252,26 @@ TEST(ParallelValidationTest, UnsetFieldsAreNamed) {
                           "validation)"));
 }
 
+TEST(ParallelValidationTest, SequenceParallelNeedsTheSequenceToDivideByTensorParallel) {
+  JobSpec job = With(kGpt2Yaml, "world_size: 4, tensor_parallel: 4, sequence_parallel: true");
+  EXPECT_THAT(ParallelViolations(job), IsEmpty());  // seq_len 32
+  job.mutable_data()->set_seq_len(30);
+  EXPECT_THAT(ParallelViolations(job),
+              ElementsAre("data.seq_len: 30 is not divisible by parallel.tensor_parallel 4 "
+                          "(parallel.sequence_parallel splits the sequence's tokens evenly over "
+                          "the tensor-parallel group)"));
+  job.mutable_parallel()->set_sequence_parallel(false);
+  EXPECT_THAT(ParallelViolations(job), IsEmpty());  // only sequence parallelism needs it
+}
+
 TEST(CheckEngineSupportTest, RefusesTheLayoutsTheEngineDoesNotRunYet) {
   // Tensor parallelism trains, pipeline parallelism alone and the two together (3D with
-  // ZeRO); sequence parallelism keeps its line.
+  // ZeRO), and sequence parallelism with them.
   const JobSpec job = With(kGpt2Yaml,
                            "world_size: 8, tensor_parallel: 2, pipeline_parallel: 2, "
                            "sequence_parallel: true, micro_batches: 2");
   ASSERT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
-  const absl::Status status = CheckEngineSupport(job);
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.sequence_parallel: true is planned by zt estimate but this "
-                          "engine does not train with it yet; set it to false to train"));
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
   EXPECT_TRUE(CheckEngineSupport(With(kGpt2Yaml, "world_size: 8")).ok());
   for (const char* layout :
        {"world_size: 4, tensor_parallel: 2, pipeline_parallel: 2, micro_batches: 4",

@@ -258,6 +258,41 @@ TEST(RankActivationTableTest, TensorAndSequenceParallelDivideAsKorthikanti) {
   EXPECT_EQ(block_bytes(4, true), 4 * whole / 4);
 }
 
+// The whole plan with sequence parallelism against TP alone (GPT-2, 4 blocks, B·T 64, C 64,
+// f32): the activations smaller by exactly (1 − 1/t) of the norms' and residual stream's share
+// — every block's ln1, res2, ln2 (B·T·C) and their 4 statistics (B·T), residual.0…4, the final
+// norm's output and 2 statistics — and the workspace adding the engine's one whole-sequence
+// buffer tp.sequence_full (B·T·C) while grad.residual keeps only the rank's rows.
+TEST(PlanMemoryLayoutTest, SequenceParallelShrinksActivationsByTheNormAndResidualShare) {
+  auto bytes = [](const MemoryPlan& plan, MemoryCategory category) {
+    int64_t total = 0;
+    for (const BufferSpec& b : plan.buffers) {
+      if (b.category == category) total += b.bytes();
+    }
+    return total;
+  };
+  const int64_t BT = 64, C = 64, L = 4;
+  const int64_t share = 4 * (L * (3 * BT * C + 4 * BT) + (L + 1) * BT * C + BT * C + 2 * BT);
+  for (int tp : {2, 4}) {
+    JobSpec job = Gpt2(tp, tp, 1);
+    const MemoryPlan plain = PlanMemory(Completed(job), 0);
+    job.mutable_parallel()->set_sequence_parallel(true);
+    const MemoryPlan sequence = PlanMemory(Completed(job), 0);
+    EXPECT_EQ(
+        bytes(plain, MemoryCategory::kActivations) - bytes(sequence, MemoryCategory::kActivations),
+        share - share / tp)
+        << "tp " << tp;
+    const BufferSpec* full = Find(sequence.buffers, "tp.sequence_full");
+    ASSERT_NE(full, nullptr);
+    EXPECT_EQ(full->numel(), BT * C);
+    EXPECT_EQ(Find(plain.buffers, "tp.sequence_full"), nullptr);
+    EXPECT_EQ(Find(sequence.buffers, "grad.residual")->numel(), BT * C / tp);
+    EXPECT_EQ(
+        bytes(sequence, MemoryCategory::kWorkspace) - bytes(plain, MemoryCategory::kWorkspace),
+        4 * BT * C / tp);
+  }
+}
+
 TEST(RankActivationTableTest, PipelineStagesKeepTheirBlocksForTheirInFlightMicroBatches) {
   JobSpec job = Gpt2(2, 1, 2);
   job.mutable_parallel()->set_micro_batches(4);

@@ -42,6 +42,7 @@ struct RankRun {
   int tp_rank = 0;
   int64_t skipped = 0;          // steps the loss scaler skipped, by the end
   int64_t offloaded_bytes = 0;  // to the host and out to swap, over the run
+  std::vector<int64_t> comm_bytes;  // sent by this rank, per step
 };
 
 // A parameter or gradient buffer's values as f32, whatever its storage dtype (16-bit under
@@ -130,6 +131,7 @@ class TensorParallelTrainingTest : public ::testing::Test {
         mine.skipped = rec.skipped;
         mine.grad_norms.push_back(rec.grad_norm);
         mine.offloaded_bytes += rec.offload_bytes_to_host + rec.swap_bytes_out;
+        mine.comm_bytes.push_back(rec.comm_bytes);
         if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
         if (mine.first_grads.empty()) {
           for (const Tensor& g : (*t)->model().unit_grads()) mine.first_grads.push_back(Floats(g));
@@ -152,6 +154,16 @@ class TensorParallelTrainingTest : public ::testing::Test {
       return absl::OkStatus();
     });
     return out;
+  }
+
+  // Two micro-batches a step, FULL activation checkpointing, data.val evaluated every 5 steps.
+  JobSpec AccumulatedCheckpointedEvaluated(JobSpec job) {
+    job.mutable_train()->set_grad_accum_steps(2);
+    job.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+    job.mutable_data()->add_val((dir_ / "train.bin").string());
+    job.mutable_train()->set_eval_interval(5);
+    job.mutable_train()->set_eval_steps(2);
+    return job;
   }
 
   std::filesystem::path dir_;
@@ -510,14 +522,7 @@ TEST_F(TensorParallelTrainingTest, AccumulationCheckpointingAndEvaluationMatchOn
   // Two micro-batches a step (the replicated KV heads' gradients summed once, on the last),
   // FULL activation checkpointing (the backward's recompute runs the attention all-reduce
   // again on every rank), and evaluation through the same parallel cross-entropy.
-  auto with = [&](JobSpec job) {
-    job.mutable_train()->set_grad_accum_steps(2);
-    job.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
-    job.mutable_data()->add_val((dir_ / "train.bin").string());
-    job.mutable_train()->set_eval_interval(5);
-    job.mutable_train()->set_eval_steps(2);
-    return job;
-  };
+  auto with = [&](JobSpec job) { return AccumulatedCheckpointedEvaluated(std::move(job)); };
   const Outcome reference = Run(with(Llama(1, 1, 0, 2)), 10, "", /*use_run=*/true);
   ASSERT_TRUE(reference.status.ok()) << reference.status;
   ASSERT_EQ(reference.ranks[0].val_losses.size(), 2u);
@@ -650,6 +655,122 @@ TEST_F(TensorParallelTrainingTest, CheckpointsReshardAcrossTensorParallelLayouts
   const Outcome refused = Run(adam8_one, 6, adam8.checkpoint().dir(), /*use_run=*/true);
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnimplemented) << refused.status;
   EXPECT_NE(refused.status.message().find("adam8_m_codes"), std::string::npos) << refused.status;
+}
+
+// Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): the norms, residual adds and
+// residual stream on each rank's 1/t of the token rows, the all-reduces become reduce-scatter
+// and all-gather pairs, and the norms' partial gradients are summed over the TP group before
+// the data-parallel reduction. The same model as TP alone, so the same bounds against one rank
+// (the norms' weight gradients are summed in another order, well inside them), and every plan
+// buffer used: the activations are the plan's token-row shards (ExpectSameTraining).
+JobSpec SequenceParallel(JobSpec job) {
+  job.mutable_parallel()->set_sequence_parallel(true);
+  return job;
+}
+
+TEST_F(TensorParallelTrainingTest, SequenceParallelOnTwoAndFourRanksMatchesOneRank) {
+  // GPT-2 tied; Llama GQA untied with its KV heads split (t = 2) and replicated (t = 4).
+  for (const bool llama : {false, true}) {
+    const Outcome reference = Run(llama ? Llama(1, 1, 0, 2) : Gpt2(1, 1, 0, 2), 10);
+    for (int tp : {2, 4}) {
+      const JobSpec job = SequenceParallel(llama ? Llama(tp, 1, 0, 2) : Gpt2(tp, 1, 0, 2));
+      const std::string what =
+          (llama ? "llama" : "gpt2") + std::string(" sp tp ") + std::to_string(tp);
+      const Outcome got = Run(job, 10);
+      ExpectSameTraining(got, reference, what);
+      // The norms' gradients too: summed over the group, each rank holds the whole one.
+      ExpectSlicedGradients(job, got, reference, what);
+    }
+  }
+}
+
+TEST_F(TensorParallelTrainingTest, SequenceParallelAccumulationCheckpointingAndEvaluation) {
+  // Two micro-batches a step (the norms' partial gradients accumulate over both and are summed
+  // over the group once, on the last), FULL activation checkpointing (the recompute gathers and
+  // reduce-scatters again on every rank, into the shared set's token-row shards) and
+  // evaluation's forward through the shards.
+  auto with = [&](JobSpec job) { return AccumulatedCheckpointedEvaluated(std::move(job)); };
+  for (const bool llama : {false, true}) {
+    const Outcome reference = Run(with(llama ? Llama(1, 1, 0, 2) : Gpt2(1, 1, 0, 2)), 10, "",
+                                  /*use_run=*/true);
+    ASSERT_TRUE(reference.status.ok()) << reference.status;
+    ASSERT_EQ(reference.ranks[0].val_losses.size(), 2u);
+    const int tp = llama ? 4 : 2;
+    ExpectSameTraining(
+        Run(SequenceParallel(with(llama ? Llama(tp, 1, 0, 2) : Gpt2(tp, 1, 0, 2))), 10, "",
+            /*use_run=*/true),
+        reference,
+        (llama ? "llama" : "gpt2") + std::string(" sp tp ") + std::to_string(tp) +
+            ", accumulation 2, full checkpointing");
+  }
+}
+
+TEST_F(TensorParallelTrainingTest, SequenceParallelInsideEveryZeroStageMatchesOneRank) {
+  // TP2 × DP2: the norms' gradients summed over the TP group, then reduce-scattered over the
+  // data-parallel group (ZeRO-1), or reduced into the shards from the full buffers (ZeRO-2, 3).
+  for (const bool llama : {false, true}) {
+    const Outcome reference = Run(llama ? Llama(1, 1, 0, 4) : Gpt2(1, 1, 0, 4), 10);
+    for (int stage : {1, 2, 3}) {
+      const JobSpec job = SequenceParallel(llama ? Llama(2, 2, stage, 2) : Gpt2(2, 2, stage, 2));
+      ExpectSameTraining(
+          Run(job, 10), reference,
+          (llama ? "llama" : "gpt2") + std::string(" sp tp2 x dp2 zero-") + std::to_string(stage));
+    }
+  }
+}
+
+TEST_F(TensorParallelTrainingTest, SequenceParallelInBf16MatchesOneRankInBf16) {
+  // The reduce-scatters add in f32 and round once, as the all-reduces they replace; the norms'
+  // bf16 gradients are summed over the group the same way: Bf16Tolerance's bounds hold.
+  for (const bool llama : {false, true}) {
+    const Outcome reference = Run(Bf16(llama ? Llama(1, 1, 0, 2) : Gpt2(1, 1, 0, 2)), 10);
+    for (int tp : {2, 4}) {
+      const JobSpec job = SequenceParallel(Bf16(llama ? Llama(tp, 1, 0, 2) : Gpt2(tp, 1, 0, 2)));
+      ExpectSameTraining(
+          Run(job, 10), reference,
+          (llama ? "llama" : "gpt2") + std::string(" bf16 sp tp ") + std::to_string(tp),
+          Bf16Tolerance());
+    }
+  }
+}
+
+// Per step, each rank sends what TP alone sends: an all-gather plus a reduce-scatter of B·T·C
+// moves (t − 1)/t · B·T·C elements each way, a ring all-reduce 2 (t − 1)/t · B·T·C. On top,
+// exactly two things: the backward gathers ln1's and ln2's token-row shards again for qkv's
+// and mlp.fc's weight gradients (the plan keeps the norms' outputs as shards), and the norms'
+// partial weight (and bias) gradients are all-reduced once a step. Exact, in f32 (the
+// communicators count 4 bytes an element).
+TEST_F(TensorParallelTrainingTest, SequenceParallelSendsTensorParallelBytesPlusItsRegathers) {
+  for (const bool llama : {false, true}) {
+    for (int tp : {2, 4}) {
+      const JobSpec plain = llama ? Llama(tp, 1, 0, 2) : Gpt2(tp, 1, 0, 2);
+      const std::string what =
+          (llama ? "llama" : "gpt2") + std::string(" tp ") + std::to_string(tp);
+      const Outcome without = Run(plain, 3);
+      const Outcome with = Run(SequenceParallel(plain), 3);
+      ASSERT_TRUE(without.status.ok()) << what << ": " << without.status;
+      ASSERT_TRUE(with.status.ok()) << what << ": " << with.status;
+      const JobSpec job = ValidatedJob(plain).value();
+      const int64_t rows = int64_t{job.train().micro_batch_size()} * job.data().seq_len();
+      const int64_t C = job.model().d_model(), L = job.model().n_layer();
+      const int64_t regathers = 2 * L * (tp - 1) * (rows / tp) * C * 4;
+      int64_t norm_sums = 0;
+      for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+        for (const ParamSpec& p : u.params) {
+          if (p.name.starts_with("ln")) norm_sums += 2 * (tp - 1) * p.numel * 4 / tp;
+        }
+      }
+      EXPECT_GT(norm_sums, 0) << what;
+      for (size_t r = 0; r < with.ranks.size(); ++r) {
+        ASSERT_EQ(with.ranks[r].comm_bytes.size(), 3u) << what;
+        for (size_t s = 0; s < 3; ++s) {
+          EXPECT_EQ(with.ranks[r].comm_bytes[s] - without.ranks[r].comm_bytes[s],
+                    regathers + norm_sums)
+              << what << ", rank " << r << ", step " << s + 1;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -111,6 +111,37 @@ TEST_F(TensorPipelineTrainingTest, LlamaReplicatedKvHeadsOnFourByTwoMatchOneRank
                                       RunRanks(Llama(1, 1, 1, 0, 1), 10), "llama tp4 x pp2 1F1B");
 }
 
+// Sequence parallelism on TP × PP: the residual stream between stages is each TP rank's token
+// rows (B·T/t of them), so each of a TP group's t links carries its own shard, 1/t of what
+// TP × PP sends without it; the stage's norms, residual adds and the head's final norm run on
+// the shard as on one stage. Against one rank: GPT-2 and Llama at TP2 × PP2 (1F1B and
+// interleaved), Llama at TP4 × PP2 with its KV heads replicated.
+TEST_F(TensorPipelineTrainingTest, SequenceParallelStagesCarryTheirShardsAndMatchOneRank) {
+  for (const bool llama : {false, true}) {
+    auto job = [&](int tp, int pp, ParallelConfig::PipelineSchedule schedule) {
+      JobSpec j = Model(llama, tp, pp, 1, 0, 1, schedule);
+      j.mutable_model()->set_n_layer(4);
+      if (schedule == ParallelConfig::INTERLEAVED) j.mutable_parallel()->set_virtual_stages(2);
+      j.mutable_parallel()->set_sequence_parallel(tp > 1);
+      return j;
+    };
+    const PipelineOutcome reference = RunRanks(job(1, 1, ParallelConfig::ONE_F_ONE_B), 10);
+    for (auto schedule : {ParallelConfig::ONE_F_ONE_B, ParallelConfig::INTERLEAVED}) {
+      const std::string what = absl::StrCat(llama ? "llama" : "gpt2", " sp tp2 x pp2 ",
+                                            ParallelConfig::PipelineSchedule_Name(schedule));
+      const PipelineOutcome got = RunRanks(job(2, 2, schedule), 10);
+      // TwoByTwoMatchesOneRankUnderEverySchedule's bound (the same noise at this depth).
+      testing::ExpectSamePipelineTraining(got, reference, what, /*weight_bound=*/2e-4);
+      ExpectRankOrder(got, what);
+    }
+    if (llama) {
+      testing::ExpectSamePipelineTraining(RunRanks(job(4, 2, ParallelConfig::ONE_F_ONE_B), 10),
+                                          reference, "llama sp tp4 x pp2 1F1B",
+                                          /*weight_bound=*/2e-4);
+    }
+  }
+}
+
 TEST_F(TensorPipelineTrainingTest, TwoByTwoByTwoUnderZeroOneTwoAndThreeMatchesOneRank) {
   // TP2 × PP2 × DP2: ZeRO inside each data-parallel group (the ranks of equal tensor and
   // pipeline coordinates); the two replicas' micro-batches k are the global batch's sequences
