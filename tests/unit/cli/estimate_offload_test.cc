@@ -12,6 +12,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/plan/memory_plan.h"
 
 namespace zt::cli {
 namespace {
@@ -63,7 +66,14 @@ TEST_F(EstimateOffloadTest, TiersAddUpToTheTotal) {
   const nlohmann::json j = nlohmann::json::parse(Run({.job_file = path, .json = true}));
   const nlohmann::json& tiers = j["per_rank_by_tier"];
   EXPECT_EQ(j["offload"]["optimizer"], "NVME");
-  EXPECT_EQ(tiers["pinned_host"], 2 * 2097152);  // the ring alone: the states are on NVMe
+  // The ring and each unit's bf16 gradient shard's host copy (it comes down during the
+  // backward): the states are on NVMe.
+  const zerotrain::JobSpec spec = LoadJobSource(path).value();
+  int64_t host_grads = 0;
+  for (const UnitLayout& u : BuildModelLayout(spec.model()).units) {
+    host_grads += 2 * ShardOf(u.numel, {.world_size = 2, .group_size = 2, .rank = 0}).shard_numel;
+  }
+  EXPECT_EQ(tiers["pinned_host"], 2 * 2097152 + host_grads);
   EXPECT_EQ(tiers["nvme"], j["per_rank"]["nvme"]);
   EXPECT_GT(tiers["nvme"].get<int64_t>(), 0);
   EXPECT_EQ(j["per_rank"]["optimizer"], 0);
@@ -74,7 +84,8 @@ TEST_F(EstimateOffloadTest, TiersAddUpToTheTotal) {
 
   const std::string text = Run({.job_file = path});
   EXPECT_THAT(text, HasSubstr("where (offload.optimizer NVME, offload.params NONE):"));
-  EXPECT_THAT(text, HasSubstr(absl::StrFormat("  %-14s %18d", "pinned host", 2 * 2097152)));
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrFormat("  %-14s %18d", "pinned host", 2 * 2097152 + host_grads)));
   EXPECT_THAT(text, HasSubstr("device budget (resources.device_memory_bytes) 19.1 MiB: "));
 }
 

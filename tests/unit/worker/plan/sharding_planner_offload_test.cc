@@ -198,15 +198,27 @@ TEST(ShardingPlannerOffloadTest, AHostTooSmallForTheStatesSendsThemToNvme) {
   const int64_t none = SmallestDevice(job, OffloadConfig::NONE, OffloadConfig::NONE);
   const int64_t cpu = SmallestDevice(job, OffloadConfig::CPU, OffloadConfig::NONE);
   parsed.mutable_resources()->set_device_memory_bytes((none + cpu) / 2);
-  // Room for the ring (4 buffers of 2 MiB) but not for the states beside it.
-  const PlannerOptions options{
-      .device_memory_bytes = kHuge, .safety_margin = 0.0, .host_memory_bytes = 9 << 20};
+  // The gradient shards' host copies: what the host step reads at any stage ≥ 1 (each unit's
+  // shard, whatever the stage), planned beside the ring.
+  zerotrain::JobSpec nvme_job = job;
+  nvme_job.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+  nvme_job.mutable_parallel()->set_zero_stage(1);
+  int64_t host_grads = 0;
+  for (const BufferSpec& b : PlanMemory(nvme_job).buffers) {
+    if (b.name.ends_with(".grads.host")) host_grads += b.bytes();
+  }
+  EXPECT_GT(host_grads, 0);
+  // Room for the ring (4 buffers of 2 MiB) and the gradients but not for the states beside
+  // them.
+  const PlannerOptions options{.device_memory_bytes = kHuge,
+                               .safety_margin = 0.0,
+                               .host_memory_bytes = (9 << 20) + host_grads};
   const zerotrain::ShardingPlan plan = Plan(PlannerInput(parsed), options);
   ASSERT_TRUE(plan.chosen().fits()) << plan.reason();
   EXPECT_EQ(plan.chosen().offload_optimizer(), OffloadConfig::NVME);
   EXPECT_GT(plan.chosen().nvme_bytes_per_rank(), 0);
   EXPECT_GT(plan.chosen().nvme_transfer_bytes_per_step(), 0);
-  EXPECT_EQ(plan.chosen().pinned_host_bytes_per_rank(), 4 * (2 << 20));
+  EXPECT_EQ(plan.chosen().pinned_host_bytes_per_rank(), 4 * (2 << 20) + host_grads);
   for (const auto& c : plan.candidates()) {
     if (c.offload_optimizer() != OffloadConfig::CPU) continue;
     EXPECT_THAT(c.rejected_because(), HasSubstr("of pinned host memory per rank, hosts have"));

@@ -216,7 +216,7 @@ TEST_F(ParamOffloadTrainingTest, ParamsCpuCheckpointsResumeBitForBit) {
 // offload.params NVME beside offload.optimizer NVME (ZeRO-Infinity): each "<unit>.params" shard
 // is one more extent of the unit in the swap store, updated in the ring with the states and
 // committed in their generation; every gather reads the committed shard and uploads it. The
-// run is the same job without offload bit for bit; the host memory is the ring alone, the
+// run is the same job without offload bit for bit; the host memory is the ring (and the gradient shards' host copies), the
 // device the gather buffers; each step swaps the plan's NVMe bytes in and out once (the
 // optimizer's pass) and reads each shard once per gather besides.
 TEST_F(ParamOffloadTrainingTest, ParamsNvmeEqualsNoOffloadBitForBit) {
@@ -260,9 +260,14 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeEqualsNoOffloadBitForBit) {
                         states_only.plans[r].CategoryBytes(MemoryCategory::kParameters) +
                         plan.CategoryBytes(MemoryCategory::kParameters))
               << what;
+          int64_t host_grads = 0;  // the reduced gradient shards' host copies
+          for (const BufferSpec& b : plan.buffers) {
+            if (b.name.ends_with(".grads.host")) host_grads += b.bytes();
+          }
+          EXPECT_GT(host_grads, 0) << what;
           EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
-                    job.offload().buffer_count() * job.offload().buffer_size())
-              << what << ": the ring and nothing else";
+                    job.offload().buffer_count() * job.offload().buffer_size() + host_grads)
+              << what << ": the ring, the gradient shards' host copies and nothing else";
           for (int cat = 0; cat < kMemoryCategoryCount; ++cat) {
             const auto category = static_cast<MemoryCategory>(cat);
             EXPECT_EQ(swapped.arena_bytes[r][cat],
