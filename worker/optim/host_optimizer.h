@@ -6,6 +6,10 @@
 // device the result is bit for bit the device path's (the same arithmetic on the same values;
 // tests/unit/worker/optim/host_optimizer_test.cc).
 //
+// With Args::gradients (the trainer's, whenever the plan holds "<unit>.grads.host") the
+// gradient came down during the backward (gradient_downloads.h) and the step only waits for
+// that unit's copy; without, it copies it through grad_staging itself.
+//
 // When the parameters are their own master (fp32 without master weights) the parameter shard
 // also comes down before the update. Units go one at a time through two host buffers (the
 // plan's pinned ring), so host staging stays one unit's shard whatever the model's size.
