@@ -191,6 +191,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     trained_precision.set_split_master_weights(false);
   }
   const ModelLayout& trained = t->engine_->trainable_layout();
+  // ZeRO-Offload's overlap: each unit's reduced gradient comes down as soon as its reduction
+  // is issued, into the plan's "<unit>.grads.host", while the backward goes on.
+  ZT_ASSIGN_OR_RETURN(t->grad_downloads_,
+                      GradientDownloadsFromPlan(*t->arenas_, trained, t->engine_->grad_views(),
+                                                &t->device_->copies()));
   const bool nvme = job.offload().optimizer() == zerotrain::OffloadConfig::NVME;
   ZT_ASSIGN_OR_RETURN(Optimizer opt,
                       nvme ? Optimizer::CreateUnbound(job.optimizer(), trained_precision, trained,
@@ -243,10 +248,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                .buffer_size = size,
                                .params = param_home,
                                .param_numel = std::move(param_numel),
-                               .param_dtype = param_dtype}));
+                               .param_dtype = param_dtype,
+                               .gradients = t->grad_downloads_.get()}));
     NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();
-    // The first unit's states are read while the step's reductions finish.
-    t->engine_->SetBackwardEnded([nvme_opt] { nvme_opt->ReadFirstUnitAhead(); });
     if (param_home == ParamHome::kSwapped) {
       // The gathers read the committed shards from the store, through the optimizer's ring,
       // ahead of use. The optimizer's units are the model's here (no LoRA with offload).
@@ -305,7 +309,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                                .copies = &t->device_->copies(),
                                                .grad_staging = grad_staging,
                                                .param_staging = param_staging,
-                                               .params = param_home}));
+                                               .params = param_home,
+                                               .gradients = t->grad_downloads_.get()}));
     t->host_optimizer_.emplace(std::move(host));
     // A CPU rank's host threads are its own; a GPU rank's host step gets the job's CPU share.
     t->host_ctx_ = t->ctx_.device.kind == DeviceKind::kCpu
@@ -319,6 +324,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
           "the host shards in place)");
     }
     t->optimizer_.emplace(std::move(opt));
+  }
+  if (GradientDownloads* downloads = t->grad_downloads_.get()) {
+    t->engine_->SetGradientReduced([downloads](int u, std::vector<CommHandle> after) {
+      downloads->Enqueue(u, std::move(after));
+    });
+  }
+  if (t->nvme_optimizer_ || t->grad_downloads_) {
+    NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();
+    GradientDownloads* downloads = t->grad_downloads_.get();
+    // The first unit's states are read while the step's reductions finish.
+    t->engine_->SetBackwardEnded([nvme_opt, downloads] {
+      if (nvme_opt != nullptr) nvme_opt->ReadFirstUnitAhead();
+      if (downloads != nullptr) downloads->BackwardEnded();
+    });
   }
   ZT_RETURN_IF_ERROR(t->InitializeWeights());
   if (LossScalingEnabled(job.precision())) {
@@ -1095,6 +1114,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   // optimizer's pass.
   const NvmeOptimizer::Stats swap_before =
       nvme_optimizer_ ? nvme_optimizer_->stats() : NvmeOptimizer::Stats{};
+  const GradientDownloads::Stats downloads_before =
+      grad_downloads_ ? grad_downloads_->stats() : GradientDownloads::Stats{};
 
   ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
@@ -1214,6 +1235,13 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     }
     ZT_RETURN_IF_ERROR(engine_->FinishStep(ctx_));
     if (loss_scaler_) ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
+  }
+  if (grad_downloads_) {
+    // A skipped step's copies finish before the next backward writes the gradients again.
+    ZT_RETURN_IF_ERROR(grad_downloads_->Drain());
+    // The gradients' copies ran beside the backward: their seconds, outside optimizer_s.
+    r.offload_to_host_s +=
+        grad_downloads_->stats().copy_seconds - downloads_before.copy_seconds;
   }
   if (nvme_optimizer_) {
     const NvmeOptimizer::Stats after = nvme_optimizer_->stats();

@@ -53,6 +53,7 @@
 #include "worker/micro_batches.h"
 #include "worker/model/transformer.h"
 #include "worker/offload/nvme_optimizer.h"
+#include "worker/optim/gradient_downloads.h"
 #include "worker/optim/host_optimizer.h"
 #include "worker/optim/loss_scaler.h"
 #include "worker/optim/optimizer.h"
@@ -190,6 +191,7 @@ class Trainer {
   absl::StatusOr<const void*> BufferBytes(const BufferSpec& b);
   // offload.optimizer NVME: the rank's swap step (its stats, its store); null otherwise.
   const NvmeOptimizer* nvme_optimizer() const { return nvme_optimizer_.get(); }
+  const GradientDownloads* gradient_downloads() const { return grad_downloads_.get(); }
   Transformer& model() { return *model_; }
   // The whole model's weights in fp32, one vector per unit, on every rank: the master
   // weights when the parameters are 16-bit, else the parameters, gathered from the shards
@@ -330,6 +332,9 @@ class Trainer {
   Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)
   RankCommunicators comms_;
   std::unique_ptr<ShardingEngine> engine_;
+  // offload.optimizer CPU / NVME: the reduced gradients' copies to the host during the
+  // backward (after the engine and communicators whose handles its thread waits on).
+  std::unique_ptr<GradientDownloads> grad_downloads_;
   // Last: destroyed first, so a background save stops before the arenas it reads go.
   std::optional<CheckpointWriter> checkpoint_writer_;
   std::optional<LossScaler> loss_scaler_;

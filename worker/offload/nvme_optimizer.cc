@@ -180,6 +180,7 @@ NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units,
       unit_names_(std::move(args.unit_names)),
       copies_(args.copies),
       params_home_(args.params),
+      gradients_(args.gradients),
       param_numel_(std::move(args.param_numel)),
       params_dtype_(args.param_dtype),
       store_(args.store),
@@ -366,7 +367,8 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     const int64_t n = range.end - range.begin;
     const int64_t grad_bytes = n * DTypeSize(grads[u].dtype());
     const int64_t param_bytes = n * DTypeSize(params[u].dtype());
-    if (grad_bytes > static_cast<int64_t>(grad_staging_.size()) ||
+    const bool staged_grad = gradients_ == nullptr;
+    if ((staged_grad && grad_bytes > static_cast<int64_t>(grad_staging_.size())) ||
         param_bytes > static_cast<int64_t>(param_staging_.size())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "nvme optimizer: unit ", unit_names_[u], "'s range of ", n, " elements (", grad_bytes,
@@ -375,14 +377,31 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     }
     const auto down = Clock::now();
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
-    ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.data(), grads[u].raw(), grad_bytes));
+    Tensor grad(grad_staging_.data(), grads[u].dtype(), {n}, Device{});
+    double waited = 0;
+    if (staged_grad) {
+      ZT_RETURN_IF_ERROR(
+          copies_->CopyToHost(mark, grad_staging_.data(), grads[u].raw(), grad_bytes));
+    } else {
+      // Copied during the backward: wait for this unit's copy alone.
+      const auto wait = Clock::now();
+      ZT_ASSIGN_OR_RETURN(grad, gradients_->Take(u));
+      waited = SecondsSince(wait);
+      stats_.seconds_gradient_wait += waited;
+      if (grad.numel() != n) {
+        return absl::InternalError(absl::StrCat("nvme optimizer: unit ", unit_names_[u],
+                                                "'s gradient has ", grad.numel(),
+                                                " elements, its range ", n));
+      }
+    }
     stats_.bytes_to_host += grad_bytes;
     if (own_master && !on_host) {
       ZT_RETURN_IF_ERROR(
           copies_->CopyToHost(mark, param_staging_.data(), params[u].raw(), param_bytes));
       stats_.bytes_to_host += param_bytes;
     }
-    stats_.seconds_to_host += SecondsSince(down);
+    // A gradient copied during the backward is counted where it ran (GradientDownloads).
+    stats_.seconds_to_host += SecondsSince(down) - waited;
     for (const CopyHandle& r : cur->reads) {
       if (absl::Status s = r.Wait(); !s.ok()) {
         return absl::Status(
@@ -395,8 +414,7 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
                                    : Tensor(on_host ? params[u].raw() : param_staging_.data(),
                                             params[u].dtype(), {n}, Device{});
     ZT_RETURN_IF_ERROR(optimizer_.StepUnit(
-        host_ctx, u, updated, Tensor(grad_staging_.data(), grads[u].dtype(), {n}, Device{}), lr,
-        grad_scale, seed, ViewsOf(*cur)));
+        host_ctx, u, updated, grad, lr, grad_scale, seed, ViewsOf(*cur)));
     const auto up = Clock::now();
     stats_.seconds_update += std::chrono::duration<double>(up - update).count();
     if (!on_host) {

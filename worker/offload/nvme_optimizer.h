@@ -56,6 +56,7 @@
 #include "offload/swap_store.h"
 #include "worker/comm/device_copy_engine.h"
 #include "worker/model/param_layout.h"
+#include "worker/optim/gradient_downloads.h"
 #include "worker/optim/optimizer.h"
 #include "worker/plan/memory_plan.h"
 
@@ -95,6 +96,9 @@ class NvmeOptimizer {
     ParamHome params = ParamHome::kDevice;
     std::vector<int64_t> param_numel;
     DType param_dtype = DType::kF32;
+    // Not owned: the reduced gradients, copied down during the backward (ZeRO-Offload's
+    // overlap); Step takes unit u's from it instead of copying it into a ring buffer.
+    GradientDownloads* gradients = nullptr;
   };
   // FailedPrecondition naming offload.buffer_count / offload.buffer_size when the ring cannot
   // hold two staging buffers and a unit's states, or a state buffer exceeds a ring buffer;
@@ -166,6 +170,8 @@ class NvmeOptimizer {
     int64_t shard_reads_ahead = 0;
     int64_t shard_reads_at_gather = 0;
     int64_t first_unit_reads_ahead = 0;
+    // With Args::gradients: seconds Step waited for a gradient copy still in flight.
+    double seconds_gradient_wait = 0;
   };
   Stats stats() const;
 
@@ -232,6 +238,7 @@ class NvmeOptimizer {
   std::vector<std::string> unit_names_;
   DeviceCopyEngine* copies_;
   ParamHome params_home_;
+  GradientDownloads* gradients_;
   std::vector<int64_t> param_numel_;  // kSwapped: each unit's shard, as the plan holds it
   DType params_dtype_;
   offload::SwapStore* store_;

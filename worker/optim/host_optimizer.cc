@@ -40,7 +40,8 @@ HostOptimizer::HostOptimizer(Args args)
       copies_(args.copies),
       grad_staging_(args.grad_staging),
       param_staging_(args.param_staging),
-      params_home_(args.params) {}
+      params_home_(args.params),
+      gradients_(args.gradients) {}
 
 absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
                                  const std::vector<Tensor>& grads, float lr, float grad_scale,
@@ -52,7 +53,9 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     const int64_t n = range.end - range.begin;
     const int64_t grad_bytes = n * DTypeSize(grads[u].dtype());
     const int64_t param_bytes = n * DTypeSize(params[u].dtype());
-    if (grad_bytes > grad_staging_.size_bytes() || param_bytes > param_staging_.size_bytes()) {
+    const bool staged_grad = gradients_ == nullptr;
+    if ((staged_grad && grad_bytes > grad_staging_.size_bytes()) ||
+        param_bytes > param_staging_.size_bytes()) {
       return absl::FailedPreconditionError(
           absl::StrCat("host optimizer: unit ", u, "'s range of ", n, " elements (", grad_bytes,
                        " bytes of gradients, ", param_bytes,
@@ -64,7 +67,21 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     // Everything the step loop issued for this unit's gradient comes before the copy.
     const auto down = Clock::now();
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
-    ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.raw(), grads[u].raw(), grad_bytes));
+    Tensor grad = HostView(grad_staging_, grads[u].dtype(), n);
+    double waited = 0;
+    if (staged_grad) {
+      ZT_RETURN_IF_ERROR(copies_->CopyToHost(mark, grad_staging_.raw(), grads[u].raw(), grad_bytes));
+    } else {
+      // Copied during the backward: wait for this unit's copy alone.
+      const auto wait = Clock::now();
+      ZT_ASSIGN_OR_RETURN(grad, gradients_->Take(static_cast<int>(u)));
+      waited = SecondsSince(wait);
+      stats_.seconds_gradient_wait += waited;
+      if (grad.numel() != n) {
+        return absl::InternalError(absl::StrCat("host optimizer: unit ", u, "'s gradient has ",
+                                                grad.numel(), " elements, its range ", n));
+      }
+    }
     stats_.bytes_to_host += grad_bytes;
     if (own_master && !on_host) {
       // The parameters are what the update reads: they come down too.
@@ -73,12 +90,12 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
       stats_.bytes_to_host += param_bytes;
     }
     const auto update = Clock::now();
-    stats_.seconds_to_host += std::chrono::duration<double>(update - down).count();
+    // A gradient copied during the backward is counted where it ran (GradientDownloads).
+    stats_.seconds_to_host += std::chrono::duration<double>(update - down).count() - waited;
     const Tensor updated = on_host ? HostView(params[u], params[u].dtype(), n)
                                    : HostView(param_staging_, params[u].dtype(), n);
     ZT_RETURN_IF_ERROR(optimizer_.StepUnit(host_ctx, static_cast<int>(u), updated,
-                                           HostView(grad_staging_, grads[u].dtype(), n), lr,
-                                           grad_scale, seed));
+                                           grad, lr, grad_scale, seed));
     const auto up = Clock::now();
     stats_.seconds_update += std::chrono::duration<double>(up - update).count();
     if (on_host) continue;  // the host shard is the parameters: nothing goes up

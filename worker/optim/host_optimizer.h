@@ -6,6 +6,10 @@
 // device the result is bit for bit the device path's (the same arithmetic on the same values;
 // tests/unit/worker/optim/host_optimizer_test.cc).
 //
+// With Args::gradients (the trainer's, whenever the plan holds "<unit>.grads.host") the
+// gradient came down during the backward (gradient_downloads.h) and the step only waits for
+// that unit's copy; without, it copies it through grad_staging itself.
+//
 // When the parameters are their own master (fp32 without master weights) the parameter shard
 // also comes down before the update. Units go one at a time through two host buffers (the
 // plan's pinned ring), so host staging stays one unit's shard whatever the model's size.
@@ -22,6 +26,7 @@
 #include "kernels/device.h"
 #include "kernels/tensor.h"
 #include "worker/comm/device_copy_engine.h"
+#include "worker/optim/gradient_downloads.h"
 #include "worker/optim/optimizer.h"
 
 namespace zt {
@@ -41,6 +46,9 @@ class HostOptimizer {
     // kHost: params[u] of Step are host memory (offload.params CPU); the update reads and
     // writes them in place, and no parameter byte crosses the copy engine.
     ParamHome params = ParamHome::kDevice;
+    // Not owned: the reduced gradients, copied down during the backward (ZeRO-Offload's
+    // overlap). Step takes unit u's from it instead of copying it through grad_staging.
+    GradientDownloads* gradients = nullptr;
   };
   // InvalidArgument when `copies` is null or a staging buffer is not on the host.
   static absl::StatusOr<HostOptimizer> Create(Args args);
@@ -62,6 +70,9 @@ class HostOptimizer {
     double seconds_to_host = 0;
     double seconds_to_device = 0;
     double seconds_update = 0;
+    // With Args::gradients: the seconds Step waited for a gradient copy still in flight
+    // (the copies' own seconds are GradientDownloads::Stats').
+    double seconds_gradient_wait = 0;
   };
   const Stats& stats() const { return stats_; }
 
@@ -76,6 +87,7 @@ class HostOptimizer {
   Tensor grad_staging_;
   Tensor param_staging_;
   ParamHome params_home_;
+  GradientDownloads* gradients_;
   Stats stats_;
 };
 

@@ -288,6 +288,12 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
   const DType param_dtype = StorageDType(precision.param_dtype());
   const DType grad_dtype = StorageDType(precision.grad_dtype());
+  // The optimizer steps on the host from gradients copied down during the backward
+  // (offload.optimizer CPU; validation asks stage ≥ 1). With NVME the ring stages them a unit at
+  // a time at the step instead: host memory is what ZeRO-Infinity spends to fit, and a pinned
+  // copy of every unit's shard would cost grad_dtype × P / N of it (6 GB for a 3 B model at one
+  // rank) to hide a copy its swap traffic dwarfs.
+  const bool host_step = stage >= 1 && job.offload().optimizer() == zerotrain::OffloadConfig::CPU;
   MemoryPlan plan;
   auto add = [&](std::string name, MemoryCategory category, DType dtype, int64_t numel) {
     plan.buffers.push_back({std::move(name), category, dtype, {numel}});
@@ -326,6 +332,11 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
         stage >= 2 ? shard.shard_numel : full);
     if (accumulate_full) {
       add(u.name + ".grad_accum", MemoryCategory::kGradients, grad_dtype, shard.padded);
+    }
+    if (host_step) {
+      // ZeRO-Offload's overlap: the reduced shard comes down here during the backward
+      // (worker/optim/gradient_downloads.h), one buffer a unit, so no copy waits for another.
+      add(u.name + ".grads.host", MemoryCategory::kPinnedHost, grad_dtype, shard.shard_numel);
     }
     if (precision.master_weights()) {
       // A split master keeps only the low halves: the high halves are the bf16 parameters.

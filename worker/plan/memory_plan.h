@@ -166,6 +166,9 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      (kPinnedHost, first in the plan so each starts on a page), the ring
 //                      gradients go down and updated parameters come up through, and swap
 //                      reads and writes are staged in
+//   "<u>.grads.host"   offload.optimizer CPU (S ≥ 1): s in grad_dtype, kPinnedHost,
+//                      the rank's reduced gradient shard copied down during the backward
+//                      (worker/optim/gradient_downloads.h); the host step reads it there
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& layout);
 // The same for rank `rank`: ParallelLayout::ForJob(job, rank).
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank = 0);

@@ -475,6 +475,8 @@ absl::Status ShardingEngine::GradientReady(int model_unit) {
                             ReduceOp::kSum, Label(u, "reduce-scatter")));
     pending_[u].push_back(std::move(h));
   }
+  // The shard is final once these finish, unless stage 1 or the replicas reduce it further.
+  if (stage_ == 0 || (stage_ >= 2 && comms_.replicas == nullptr)) GradientReduced(u);
   return absl::OkStatus();
 }
 
@@ -504,7 +506,9 @@ absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
       ZT_RETURN_IF_ERROR(Cast(ctx, Flat(grad_shard_[slot], 0, s.shard_numel),
                               Flat(grads_[u], s.offset, s.shard_numel)));
       in_flight[slot] = -1;
-      return ReduceAcrossReplicas(u);
+      ZT_RETURN_IF_ERROR(ReduceAcrossReplicas(u));
+      GradientReduced(u);
+      return absl::OkStatus();
     };
     for (int u = n_units - 1, k = 0; u >= 0; --u, ++k) {
       const int slot = k % 2;
@@ -523,6 +527,7 @@ absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
     for (int u = n_units - 1; u >= 0; --u) {
       ZT_RETURN_IF_ERROR(WaitAll(pending_[u], &waited_s_));
       ZT_RETURN_IF_ERROR(ReduceAcrossReplicas(u));
+      if (comms_.replicas != nullptr) GradientReduced(u);
     }
   }
   absl::Status first;

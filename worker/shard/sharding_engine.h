@@ -221,6 +221,13 @@ class ShardingEngine {
   // its gradient reductions: the NVMe optimizer queues its first unit's reads there, so they
   // overlap the reductions' tail and the statistics (offload.optimizer NVME).
   void SetBackwardEnded(std::function<void()> hook) { backward_ended_ = std::move(hook); }
+  // Called on the compute thread as soon as trainable unit u's reduction of a step's last
+  // micro-batch is issued whole (in the backward at stages 0 and 2–3 without replicas; at
+  // stage 1 and across replicas in the reductions that follow the backward), with the handles
+  // that must finish before grad_views()[u] holds the reduced gradient: ZeRO-Offload's
+  // gradient copies to the host start there (worker/optim/gradient_downloads.h).
+  using GradientReducedHook = std::function<void(int u, std::vector<CommHandle> after)>;
+  void SetGradientReduced(GradientReducedHook hook) { gradient_reduced_ = std::move(hook); }
   // Parameter bytes copied host → device before gathers so far, and the seconds it took.
   int64_t param_upload_bytes() const { return param_upload_bytes_; }
   double param_upload_seconds() const { return param_upload_s_; }
@@ -294,6 +301,10 @@ class ShardingEngine {
   bool params_swapped_ = false;  // offload.params NVME
   SwappedShards swapped_;
   std::function<void()> backward_ended_;
+  GradientReducedHook gradient_reduced_;
+  void GradientReduced(int u) {  // u: a trainable unit
+    if (gradient_reduced_) gradient_reduced_(u, pending_[u]);
+  }
   DeviceCopyEngine* copies_ = nullptr;
   int64_t param_upload_bytes_ = 0;
   double param_upload_s_ = 0;

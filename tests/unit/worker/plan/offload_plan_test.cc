@@ -98,10 +98,20 @@ TEST(OffloadPlanTest, OptimizerOffloadToTheHostMovesMasterAndMomentsAndAddsTheRi
   // buffer_count of 4 is NVMe's read-ahead depth); nothing of the optimizer stays on the device.
   EXPECT_EQ(Bytes(none, MemoryCategory::kOptimizerState), 12 * kShards);
   EXPECT_EQ(Bytes(cpu, MemoryCategory::kOptimizerState), 0);
-  EXPECT_EQ(Bytes(cpu, MemoryCategory::kPinnedHost), 12 * kShards + 2 * kRingBuffer);
+  // Beside them, each unit's bf16 gradient shard (2/N bytes a parameter), which comes down
+  // during the backward (worker/optim/gradient_downloads.h).
+  EXPECT_EQ(Bytes(cpu, MemoryCategory::kPinnedHost),
+            12 * kShards + 2 * kRingBuffer + 2 * kShards);
   EXPECT_EQ(Bytes(cpu, MemoryCategory::kNvme), 0);
   EXPECT_EQ(cpu.DeviceBytes(), none.DeviceBytes() - 12 * kShards);
-  EXPECT_EQ(cpu.TotalBytes(), none.TotalBytes() + 2 * kRingBuffer);
+  EXPECT_EQ(cpu.TotalBytes(), none.TotalBytes() + 2 * kRingBuffer + 2 * kShards);
+  const BufferSpec* host_grads = Find(cpu, "block.0.grads.host");
+  ASSERT_NE(host_grads, nullptr);
+  EXPECT_EQ(host_grads->category, MemoryCategory::kPinnedHost);
+  EXPECT_EQ(host_grads->bytes(), 2 * 25024);
+  EXPECT_FALSE(host_grads->offloaded_from.has_value());
+  EXPECT_FALSE(IsCheckpointed(*host_grads));
+  EXPECT_EQ(Find(none, "block.0.grads.host"), nullptr);
 
   const BufferSpec* master = Find(cpu, "block.0.master");
   ASSERT_NE(master, nullptr) << "the block's master weights keep their name";
@@ -124,7 +134,9 @@ TEST(OffloadPlanTest, NvmeExtentsPadToTheSwapStoresPage) {
   //   head 4·64 = 256 → 4096.
   EXPECT_EQ(Bytes(nvme, MemoryCategory::kNvme), 3 * (40960 + 102400 + 4096));
   EXPECT_EQ(Bytes(nvme, MemoryCategory::kOptimizerState), 0);
+  // The ring alone: NVMe stages the gradients through it (no "<u>.grads.host").
   EXPECT_EQ(Bytes(nvme, MemoryCategory::kPinnedHost), 4 * kRingBuffer);
+  EXPECT_EQ(Find(nvme, "block.0.grads.host"), nullptr);
   // Stage 2: the gradients are the rank's shard (2 bytes each) plus the full-unit scratch
   // the backward alternates through; the device still holds whole bf16 parameters.
   EXPECT_EQ(Bytes(nvme, MemoryCategory::kParameters), 2 * kPadded);
@@ -133,8 +145,9 @@ TEST(OffloadPlanTest, NvmeExtentsPadToTheSwapStoresPage) {
 TEST(OffloadPlanTest, ParameterOffloadAtStageThreeMovesTheShardsNotTheGathers) {
   const MemoryPlan none = PlanMemory(Job(2, 3, OffloadConfig::NONE, OffloadConfig::NONE));
   const MemoryPlan both = PlanMemory(Job(2, 3, OffloadConfig::CPU, OffloadConfig::CPU));
-  // (12 + 2)/N bytes a parameter go to the host: states and the bf16 parameter shards.
-  EXPECT_EQ(Bytes(both, MemoryCategory::kPinnedHost), 14 * kShards + 2 * kRingBuffer);
+  // (12 + 2)/N bytes a parameter go to the host: states and the bf16 parameter shards; the
+  // gradient shards' host copies (2/N) are there too.
+  EXPECT_EQ(Bytes(both, MemoryCategory::kPinnedHost), 16 * kShards + 2 * kRingBuffer);
   EXPECT_EQ(Bytes(both, MemoryCategory::kParameters),
             Bytes(none, MemoryCategory::kParameters) - 2 * kShards);
   EXPECT_EQ(both.DeviceBytes(), none.DeviceBytes() - 14 * kShards);
