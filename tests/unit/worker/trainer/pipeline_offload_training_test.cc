@@ -144,7 +144,8 @@ std::set<std::string> Named(const MemoryPlan& plan, MemoryCategory category) {
 }
 
 // Each stage plans its own units' optimizer states off the device: CPU moves them whole into
-// the pinned host pool beside the two ring buffers host-only offload uses; NVME leaves the ring
+// the pinned host pool beside the two ring buffers host-only offload uses and its own units'
+// gradient shards' host copies; NVME leaves the ring
 // alone in the pool and the states on NVMe, a stage's NVMe bytes at least its device states'
 // (extents are rounded up to the swap store's alignment). The stages' states are different
 // buffers (their own units').
@@ -167,8 +168,21 @@ TEST_F(PipelineOffloadTrainingTest, EachStagePlansItsOwnUnitsStatesOffTheDevice)
         EXPECT_EQ(p->CategoryBytes(MemoryCategory::kOptimizerState), 0) << what;
         EXPECT_EQ(p->DeviceBytes(), device.DeviceBytes() - states) << what;
       }
-      EXPECT_EQ(host.CategoryBytes(MemoryCategory::kPinnedHost), states + 2 * kRingBytes) << what;
-      EXPECT_EQ(Named(host, MemoryCategory::kPinnedHost), names) << what;
+      // Beside the states, CPU offload's host copy of each of the stage's units' reduced
+      // gradient shards (it comes down during the backward: worker/optim/gradient_downloads.h).
+      std::set<std::string> host_names = names;
+      int64_t host_grads = 0;
+      for (const std::string& name : names) {
+        host_names.insert(name.substr(0, name.rfind('.')) + ".grads.host");
+      }
+      for (const BufferSpec& b : host.buffers) {
+        if (b.name.ends_with(".grads.host")) host_grads += b.bytes();
+      }
+      EXPECT_GT(host_grads, 0) << what;
+      EXPECT_EQ(host.CategoryBytes(MemoryCategory::kPinnedHost),
+                states + 2 * kRingBytes + host_grads)
+          << what;
+      EXPECT_EQ(Named(host, MemoryCategory::kPinnedHost), host_names) << what;
       EXPECT_EQ(host.CategoryBytes(MemoryCategory::kNvme), 0) << what;
       EXPECT_EQ(swapped.CategoryBytes(MemoryCategory::kPinnedHost), kRingBuffers * kRingBytes)
           << what;
