@@ -9,6 +9,8 @@
 #   STEPS      timed steps (default 10), WARMUP untimed steps before them (default 2)
 #   ROUNDS     rounds of the three (default 2); the fastest step of each mode is kept
 #   THREADS    threads (default 2)
+#   ZERO_STAGE the ZeRO stage of every mode (default 1; at 2 and 3 CPU offload's gradient copies
+#              are queued during the backward, at 1 as the reduce-scatters after it land)
 #   NVME_PATH  the swap store's directory (default: a temporary directory under the build
 #              directory, removed at the end: it should be on the disk being measured)
 #   BUFFER_COUNT  offload.buffer_count for nvme (default 6)
@@ -32,6 +34,7 @@ steps=${STEPS:-10}
 warmup=${WARMUP:-2}
 rounds=${ROUNDS:-2}
 threads=${THREADS:-2}
+zero_stage=${ZERO_STAGE:-1}
 buffer_count=${BUFFER_COUNT:-6}
 buffer_size=${BUFFER_SIZE:-0}
 if [[ -n ${NVME_PATH:-} ]]; then
@@ -47,7 +50,7 @@ for round in $(seq 1 "$rounds"); do
   for mode in none cpu nvme; do
     echo "[$(date +%T)] round $round $mode" >&2
     line=$("$bench_bin" --config "$config" --steps "$steps" --warmup "$warmup" \
-      --threads "$threads" --offload "$mode" --nvme-path "$swap" \
+      --threads "$threads" --offload "$mode" --nvme-path "$swap" --zero-stage "$zero_stage" \
       --buffer-count "$buffer_count" --buffer-size "$buffer_size" | grep -E '^\{.*\}$' | tail -n 1)
     if [[ -z $line ]]; then
       echo "  $mode failed" >&2
@@ -66,8 +69,8 @@ for line in open(sys.argv[1]):
     m = j["offload"]
     if m not in best or j["step_ms"] < best[m]["step_ms"]:
         best[m] = j
-print("| offload | step ms | vs none | optimizer ms | swap in / out per step | plan device / pinned host / nvme (MiB) | peak RSS (MiB) |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| offload | step ms | vs none | optimizer ms | gradient copies: ms (queued in backward) | swap in / out per step | plan device / pinned host / nvme (MiB) | peak RSS (MiB) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 base = best.get("none", {}).get("step_ms")
 for m in ("none", "cpu", "nvme"):
     if m not in best:
@@ -76,8 +79,10 @@ for m in ("none", "cpu", "nvme"):
     mib = lambda b: "%.1f" % (b / 2**20)
     swap = "%s / %s MiB in %.1f / %.1f ms" % (mib(j["swap_bytes_in_last"]), mib(j["swap_bytes_out_last"]),
                                             j["swap_in_ms_last"], j["swap_out_ms_last"]) if m == "nvme" else "—"
-    print("| %s | %.1f | %s | %.1f | %s | %s / %s / %s | %s |" % (
-        m, j["step_ms"], "%.2f×" % (j["step_ms"] / base) if base else "—", j["optimizer_ms"], swap,
+    copies = "%.1f (%d of %d)" % (j["gradient_copy_ms_last"], j["gradient_copies_queued_in_backward"],
+                                  j["gradient_copies"]) if j.get("gradient_copies") else "—"
+    print("| %s | %.1f | %s | %.1f | %s | %s | %s / %s / %s | %s |" % (
+        m, j["step_ms"], "%.2f×" % (j["step_ms"] / base) if base else "—", j["optimizer_ms"], copies, swap,
         mib(j["plan_device_bytes"]), mib(j["plan_pinned_host_bytes"]), mib(j["plan_nvme_bytes"]),
         mib(j["peak_rss_bytes"])))
 PY
