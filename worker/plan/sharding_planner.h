@@ -72,6 +72,10 @@
 //                    all-reduces of B·T·C activations forward and two backward (Megatron;
 //                    with sequence parallelism the same bytes as reduce-scatter + all-gather):
 //                    A·⌈L/p⌉·4·2·(t−1)/t·B·T·C·c, c the compute dtype's bytes
+//   sequence parallel adds the backward's regathers of a block's two norm outputs (kept as
+//                    shards), A·⌈L/p⌉·2·(t−1)/t·B·T·C·c, and once a step the sum of the
+//                    norms' partial gradients over the group, 2·(t−1)/t·N·g, N the norm
+//                    elements of ⌈L/p⌉ blocks and the final norm (the largest stage's at most)
 //   pipeline         each micro-batch's activations forward and gradient backward,
 //                    2·A·B·T·C·c, and the bubble (p − 1)/(v·m) (v virtual stages with
 //                    INTERLEAVED, else 1; m micro-batches), a fraction of the step's compute

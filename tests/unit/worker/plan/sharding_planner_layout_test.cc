@@ -158,5 +158,29 @@ TEST(PlannerLayoutTest, ModelParallelCommunicationAndBubbleFollowTheFormulas) {
   EXPECT_GE(pp2->cost(), pp2->bubble_fraction());
 }
 
+TEST(PlannerLayoutTest, SequenceParallelAddsItsNormRegathersAndNormGradientSums) {
+  // The engine's bytes (TensorParallelTrainingTest.SequenceParallelSendsTensorParallelBytes…):
+  // tensor parallelism's, plus per micro-batch and block two norm-output regathers, plus once a
+  // step the norms' gradient sums. GPT-2's norms: ln1 and ln2 per block and ln_f, each a
+  // weight and a bias of C = 64: 4 blocks · 256 + 128 = 1152 elements of 4 bytes.
+  for (const int accum : {1, 2}) {
+    zerotrain::JobSpec parsed = Parsed(2, accum);
+    parsed.mutable_parallel()->set_tensor_parallel(2);
+    const zerotrain::ShardingPlan plain = Plan(Input(parsed), kHuge, LayoutSearch::kJob);
+    parsed.mutable_parallel()->set_sequence_parallel(true);
+    const zerotrain::ShardingPlan sequence = Plan(Input(parsed), kHuge, LayoutSearch::kJob);
+    const zerotrain::PlanCandidate* tp = Find(plain, 2, 1, 0);
+    const zerotrain::PlanCandidate* sp = Find(sequence, 2, 1, 0);
+    ASSERT_NE(tp, nullptr);
+    ASSERT_NE(sp, nullptr);
+    EXPECT_EQ(tp->comm_bytes_per_step(), accum * 4 * 4 * 2 * 16384 / 2) << "accum " << accum;
+    // A·⌈L/p⌉·2·(t − 1)/t·B·T·C·c + 2·(t − 1)/t·N·g.
+    EXPECT_EQ(sp->comm_bytes_per_step() - tp->comm_bytes_per_step(),
+              accum * 4 * 2 * 16384 / 2 + 2 * 1152 * 4 / 2)
+        << "accum " << accum;
+    EXPECT_GT(sp->cost(), tp->cost()) << "accum " << accum;
+  }
+}
+
 }  // namespace
 }  // namespace zt
