@@ -224,11 +224,13 @@ TEST_F(PipelineOffloadTrainingTest, ParameterOffloadIsTheStagesDevicePathBitForB
     bool llama;
     zerotrain::ParallelConfig::PipelineSchedule schedule;
     bool reshard;
+    int tp = 1;
   };
   for (const Case& c : {Case{false, zerotrain::ParallelConfig::ONE_F_ONE_B, true},
                         Case{false, zerotrain::ParallelConfig::ONE_F_ONE_B, false},
-                        Case{true, zerotrain::ParallelConfig::INTERLEAVED, true}}) {
-    JobSpec plain = Job(c.llama, 1, 2, 2, /*zero=*/3);
+                        Case{true, zerotrain::ParallelConfig::INTERLEAVED, true},
+                        Case{true, zerotrain::ParallelConfig::ONE_F_ONE_B, true, /*tp=*/2}}) {
+    JobSpec plain = Job(c.llama, c.tp, 2, 2, /*zero=*/3);
     plain.mutable_parallel()->set_pipeline_schedule(c.schedule);
     plain.mutable_parallel()->set_reshard_after_forward(c.reshard);
     if (c.schedule == zerotrain::ParallelConfig::INTERLEAVED) {
@@ -236,7 +238,7 @@ TEST_F(PipelineOffloadTrainingTest, ParameterOffloadIsTheStagesDevicePathBitForB
       plain.mutable_model()->set_n_layer(4);
     }
     const std::string layout =
-        absl::StrCat(c.llama ? "llama" : "gpt2", " pp2 x dp2 zero-3 ",
+        absl::StrCat(c.llama ? "llama" : "gpt2", c.tp > 1 ? " tp2 x" : "", " pp2 x dp2 zero-3 ",
                      zerotrain::ParallelConfig::PipelineSchedule_Name(c.schedule),
                      c.reshard ? " reshard" : " kept");
     for (const auto where : {OffloadConfig::CPU, OffloadConfig::NVME}) {

@@ -3,7 +3,7 @@
 // backward gathers it again, while the gradients accumulate into the same full buffers as a
 // stage that keeps its units gathered for the step (reshard_after_forward false). Gathering is
 // exact, so the two are the same training bit for bit — losses, norms, validation losses, every
-// rank's shards and exported weights — under 1F1B, GPipe, interleaved 1F1B and with
+// rank's shards and exported weights — under 1F1B, GPipe, interleaved 1F1B, in bf16 and with
 // tensor-parallel stages; the extra gathers are counted exactly from the communicators'
 // counters; the stage plans a pool of prefetch_units + 1 gathered units (what the arenas use)
 // instead of every unit. (A checkpoint of such stages resuming bit for bit:
@@ -74,9 +74,9 @@ class PipelineReshardTest : public ::testing::Test {
 };
 
 // Bytes one all-gather of a unit of `numel` elements sends from this rank: Gloo's ring sends
-// its f32 shard to each of the G − 1 others (GlooCommunicator::AllGather's count).
-int64_t GatherBytes(int64_t numel, const ShardGeometry& g) {
-  return int64_t{g.group_size - 1} * ShardOf(numel, g).shard_numel * 4;
+// its shard (`bytes` per element) to each of the G − 1 others (GlooCommunicator::AllGather).
+int64_t GatherBytes(int64_t numel, const ShardGeometry& g, int64_t bytes) {
+  return int64_t{g.group_size - 1} * ShardOf(numel, g).shard_numel * bytes;
 }
 
 TEST_F(PipelineReshardTest, ReshardAfterForwardIsTheKeptGatheredTrainingBitForBit) {
@@ -85,18 +85,28 @@ TEST_F(PipelineReshardTest, ReshardAfterForwardIsTheKeptGatheredTrainingBitForBi
     int tp;
     ParallelConfig::PipelineSchedule schedule;
     bool against_one_rank;
+    bool bf16 = false;  // 16-bit parameters, gathered as 16 bits; master weights f32
   };
   for (const Case& c : {Case{false, 1, ParallelConfig::ONE_F_ONE_B, true},
                         Case{false, 1, ParallelConfig::GPIPE, false},
                         Case{true, 1, ParallelConfig::INTERLEAVED, true},
-                        Case{false, 2, ParallelConfig::ONE_F_ONE_B, false}}) {
+                        Case{false, 2, ParallelConfig::ONE_F_ONE_B, false},
+                        Case{true, 1, ParallelConfig::ONE_F_ONE_B, false, /*bf16=*/true}}) {
     const std::string what =
         absl::StrCat(c.llama ? "llama" : "gpt2", c.tp > 1 ? " tp2 x" : "", " pp2 x dp2 zero-3 ",
-                     ParallelConfig::PipelineSchedule_Name(c.schedule));
-    const PipelineOutcome kept =
-        testing::RunPipelineRanks(Job(c.llama, c.tp, 2, 2, c.schedule, /*reshard=*/false), 10);
-    PipelineOutcome per_use =
-        testing::RunPipelineRanks(Job(c.llama, c.tp, 2, 2, c.schedule, /*reshard=*/true), 10);
+                     ParallelConfig::PipelineSchedule_Name(c.schedule), c.bf16 ? " bf16" : "");
+    auto job_of = [&](bool reshard) {
+      JobSpec job = Job(c.llama, c.tp, 2, 2, c.schedule, reshard);
+      if (c.bf16) {
+        auto* p = job.mutable_precision();
+        p->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+        p->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+        p->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+      }
+      return job;
+    };
+    const PipelineOutcome kept = testing::RunPipelineRanks(job_of(/*reshard=*/false), 10);
+    PipelineOutcome per_use = testing::RunPipelineRanks(job_of(/*reshard=*/true), 10);
     ASSERT_TRUE(kept.status.ok()) << what << ": " << kept.status;
     ASSERT_TRUE(per_use.status.ok()) << what << ": " << per_use.status;
     ASSERT_EQ(kept.ranks.size(), per_use.ranks.size()) << what;
@@ -124,6 +134,7 @@ TEST_F(PipelineReshardTest, ReshardAfterForwardIsTheKeptGatheredTrainingBitForBi
       // step and once an evaluation. Everything else the ranks send is the same in both.
       const ParallelLayout place = ParallelLayout::ForJob(job, static_cast<int>(r));
       const ShardGeometry& g = place.shard();
+      const int64_t element = c.bf16 ? 2 : 4;  // bytes of a parameter
       int64_t extra_calls = 0, extra_bytes = 0;
       for (size_t u = 0; u < got.layout.units.size(); ++u) {
         const int whole = got.held_units[u];
@@ -132,7 +143,7 @@ TEST_F(PipelineReshardTest, ReshardAfterForwardIsTheKeptGatheredTrainingBitForBi
         const int64_t evaluation = val_batches - 1;
         const int64_t calls = steps * training + evals * evaluation;
         extra_calls += calls;
-        extra_bytes += calls * GatherBytes(got.layout.units[u].numel, g);
+        extra_bytes += calls * GatherBytes(got.layout.units[u].numel, g, element);
       }
       EXPECT_EQ(got.comm[CommKind::kAllGather].calls - want.comm[CommKind::kAllGather].calls,
                 extra_calls)
@@ -150,10 +161,10 @@ TEST_F(PipelineReshardTest, ReshardAfterForwardIsTheKeptGatheredTrainingBitForBi
       for (const UnitLayout& unit : got.layout.units) {
         const int64_t padded = ShardOf(unit.numel, g).padded;
         largest = std::max(largest, padded);
-        every_unit += AlignedBytes(padded * 4);
+        every_unit += AlignedBytes(padded * element);
       }
       EXPECT_EQ(GatheredUnitBytes(per_use_plan),
-                (job.parallel().prefetch_units() + 1) * AlignedBytes(largest * 4))
+                (job.parallel().prefetch_units() + 1) * AlignedBytes(largest * element))
           << rank;
       EXPECT_EQ(GatheredUnitBytes(kept_plan), every_unit) << rank;
       EXPECT_LT(GatheredUnitBytes(per_use_plan), GatheredUnitBytes(kept_plan)) << rank;
