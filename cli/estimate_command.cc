@@ -71,7 +71,6 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
       per_rank[MemoryCategoryName(category)] = plan.CategoryBytes(category);
     }
     per_rank["total"] = plan.TotalBytes();
-    per_rank["gathered_units"] = GatheredUnitBytes(plan);
     nlohmann::json out = {
         {"job", name},
         {"parameters", params},
@@ -81,6 +80,8 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
          {{"optimizer", zerotrain::OffloadConfig::Device_Name(job.offload().optimizer())},
           {"params", zerotrain::OffloadConfig::Device_Name(job.offload().params())}}},
         {"per_rank", per_rank},
+        // Of per_rank's parameters: the ZeRO-3 units gathered whole (not a category of its own).
+        {"gathered_units_per_rank", GatheredUnitBytes(plan)},
         {"per_rank_by_tier",
          {{"device", plan.DeviceBytes()},
           {"pinned_host", plan.CategoryBytes(MemoryCategory::kPinnedHost)},

@@ -61,7 +61,7 @@ TEST(EstimatePipelineTest, ShowsEachStagesGatheredUnits) {
       gathered[reshard][s] = GatheredUnitBytes(plan);
       EXPECT_GT(gathered[reshard][s], 0);
     }
-    EXPECT_EQ(j["per_rank"]["gathered_units"], gathered[reshard][0]);
+    EXPECT_EQ(j["gathered_units_per_rank"], gathered[reshard][0]);
     const std::string text = Estimate(path.string(), /*json=*/false);
     EXPECT_THAT(text, HasSubstr("per pipeline stage:"));
     EXPECT_THAT(text, HasSubstr("gathered units"));
