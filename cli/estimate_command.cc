@@ -5,6 +5,8 @@
 // it answers instantly for models far larger than this machine.
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
@@ -13,6 +15,8 @@
 #include "nlohmann/json.hpp"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/gathered_units.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/status_macros.h"
@@ -45,6 +49,20 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
   const ModelLayout layout = BuildModelLayout(job.model());
   const int64_t params = layout.total_numel;
   const std::string name = job.name().empty() ? "job" : job.name();
+  // A pipelined job's stages hold different units: each stage's plan (its first rank's; every
+  // rank of a stage plans the same bytes), with the ZeRO-3 gathered units apart, since a stage
+  // that reshards after each forward holds a pool of them rather than all its units.
+  struct StagePlan {
+    int64_t total = 0, gathered = 0;
+  };
+  std::vector<StagePlan> stages;
+  if (const int p = job.parallel().pipeline_parallel(); p > 1) {
+    const int per_stage = job.parallel().world_size() / p;
+    for (int s = 0; s < p; ++s) {
+      const MemoryPlan stage_plan = PlanMemory(job, ParallelLayout::ForJob(job, s * per_stage));
+      stages.push_back({stage_plan.TotalBytes(), GatheredUnitBytes(stage_plan)});
+    }
+  }
 
   if (flags.json) {
     nlohmann::json per_rank;
@@ -62,10 +80,19 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
          {{"optimizer", zerotrain::OffloadConfig::Device_Name(job.offload().optimizer())},
           {"params", zerotrain::OffloadConfig::Device_Name(job.offload().params())}}},
         {"per_rank", per_rank},
+        // Of per_rank's parameters: the ZeRO-3 units gathered whole (not a category of its own).
+        {"gathered_units_per_rank", GatheredUnitBytes(plan)},
         {"per_rank_by_tier",
          {{"device", plan.DeviceBytes()},
           {"pinned_host", plan.CategoryBytes(MemoryCategory::kPinnedHost)},
           {"nvme", plan.CategoryBytes(MemoryCategory::kNvme)}}}};
+    if (!stages.empty()) {
+      nlohmann::json per_stage = nlohmann::json::array();
+      for (const StagePlan& st : stages) {
+        per_stage.push_back({{"total", st.total}, {"gathered_units", st.gathered}});
+      }
+      out["per_pipeline_stage"] = per_stage;
+    }
     if (job.model().has_lora()) {
       const LoraMemoryBreakdown lora = LoraBreakdown(plan);
       out["lora"] = {
@@ -94,7 +121,7 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
                                job.parallel().zero_stage());
   std::cout << absl::StrFormat("  %-14s %18s %12s %14s\n", "category", "bytes", "GiB",
                                "bytes/param");
-  auto row = [&](const char* label, int64_t bytes) {
+  auto row = [&](const std::string& label, int64_t bytes) {
     std::cout << absl::StrFormat("  %-14s %18d %12.3f %14.3f\n", label, bytes,
                                  static_cast<double>(bytes) / (1ull << 30),
                                  static_cast<double>(bytes) / static_cast<double>(params));
@@ -104,6 +131,18 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
     row(MemoryCategoryName(category), plan.CategoryBytes(category));
   }
   row("total", plan.TotalBytes());
+  if (job.parallel().zero_stage() == 3) {
+    // Of the parameters: the whole units gathered from the shards (a pool of
+    // prefetch_units + 1 with reshard_after_forward, every unit without).
+    row("gathered units", GatheredUnitBytes(plan));
+  }
+  if (!stages.empty()) {
+    std::cout << "per pipeline stage:\n";
+    for (size_t s = 0; s < stages.size(); ++s) {
+      row(absl::StrFormat("stage %d", s), stages[s].total);
+      if (job.parallel().zero_stage() == 3) row("  gathered", stages[s].gathered);
+    }
+  }
   if (job.model().has_lora()) {
     // A LoRA job: the frozen base trains nothing; the adapters carry the gradients and states.
     const LoraMemoryBreakdown lora = LoraBreakdown(plan);

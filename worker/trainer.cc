@@ -1303,9 +1303,14 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
                                          .loss_divisor = static_cast<double>(accum)};
   const int virtual_stages =
       job_.parallel().pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED ? v : 1;
-  for (const PipelineOp& op :
-       PipelineStageOps(job_.parallel().pipeline_schedule(), pipeline_size_, pipeline_stage_,
-                        static_cast<int>(accum), virtual_stages)) {
+  const std::vector<PipelineOp> ops =
+      PipelineStageOps(job_.parallel().pipeline_schedule(), pipeline_size_, pipeline_stage_,
+                       static_cast<int>(accum), virtual_stages);
+  // A ZeRO-3 stage that reshards after each forward gathers its units per use, prefetched in
+  // this order across the ops.
+  ZT_RETURN_IF_ERROR(engine_->BeginStagePass(ops, /*training=*/true));
+  absl::Cleanup end_pass = [&] { engine_->EndStagePass().IgnoreError(); };
+  for (const PipelineOp& op : ops) {
     const int k = op.micro_batch, c = op.chunk, slot = k % m.in_flight(c);
     const std::string label = absl::StrCat("chunk ", c, " micro-batch ", k,
                                            op.forward ? " forward" : " backward");
@@ -1360,6 +1365,8 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
       }
     }
   }
+  std::move(end_pass).Cancel();
+  ZT_RETURN_IF_ERROR(engine_->EndStagePass());
   for (int c = 0; c < v; ++c) {
     for (int s = 0; s < m.in_flight(c); ++s) {
       ZT_RETURN_IF_ERROR(wait(activation_sends[c][s]));
@@ -1385,9 +1392,18 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
 
 absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {
   Transformer& m = *model_;
-  // A ZeRO-3 stage reads its units gathered whole: the optimizer stepped the shards since.
+  // A ZeRO-3 stage reads its units gathered again (the optimizer stepped the shards since):
+  // whole for the pass, or per use in the order below with reshard_after_forward.
   ZT_RETURN_IF_ERROR(engine_->GatherStageUnits());
   const int v = m.chunks();
+  std::vector<PipelineOp> ops;
+  for (int64_t k = 0; k < n; ++k) {
+    for (int c = 0; c < v; ++c) {
+      ops.push_back({.forward = true, .micro_batch = static_cast<int>(k), .chunk = c});
+    }
+  }
+  ZT_RETURN_IF_ERROR(engine_->BeginStagePass(ops, /*training=*/false));
+  absl::Cleanup end_pass = [&] { engine_->EndStagePass().IgnoreError(); };
   // As in the training schedule: a slot's output stays untouched until its send is done.
   std::vector<std::vector<std::optional<CommHandle>>> sends(v);
   for (int c = 0; c < v; ++c) sends[c].resize(m.in_flight(c));
@@ -1424,6 +1440,8 @@ absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {
       }
     }
   }
+  std::move(end_pass).Cancel();
+  ZT_RETURN_IF_ERROR(engine_->EndStagePass());
   for (auto& chunk : sends) {
     for (std::optional<CommHandle>& h : chunk) ZT_RETURN_IF_ERROR(wait(h));
   }

@@ -518,20 +518,6 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   return absl::InvalidArgumentError(message);
 }
 
-namespace {
-
-// What pipeline parallelism trains with so far: f32 and 16-bit mixed precision, the optimizer
-// on the rank or offloaded (CPU or NVME: each stage's own units' shards step on the host like
-// any flat shard); offload.params (stage-3 shards kept on the host or swapped) is not wired to
-// a stage's gathered units yet. `needs` adds a line naming the layout's field.
-void NeedsParamsOnTheRank(const JobSpec& spec,
-                          const std::function<void(const std::string&)>& needs) {
-  if (spec.offload().params() != zerotrain::OffloadConfig::NONE) {
-    needs("without offload.params");
-  }
-}
-
-}  // namespace
 
 // Each line below goes when its feature lands.
 absl::Status CheckEngineSupport(const JobSpec& spec) {
@@ -550,8 +536,10 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
   // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
   // ranks, in f32 or 16-bit mixed precision, with the GPIPE, ONE_F_ONE_B and INTERLEAVED
-  // schedules at every ZeRO stage, each stage's units tensor-parallel when t > 1, its optimizer
-  // offloaded (CPU or NVME) or not; sequence parallelism with any of them.
+  // schedules at every ZeRO stage (at 3 keeping each stage's units gathered for the step or
+  // gathering them per use), each stage's units tensor-parallel when t > 1, its optimizer
+  // offloaded (CPU or NVME) or not, at ZeRO 3 its parameter shards too (offload.params, with
+  // the rules below); sequence parallelism with any of them.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
@@ -564,15 +552,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                          " with parallel.micro_batches >= 2 (the stage accumulates into full "
                          "gradient buffers, planned only when micro-batches accumulate)"));
     }
-    if (parallel.zero_stage() == 3 && parallel.reshard_after_forward()) {
-      needs(
-          "at parallel.zero_stage 3 with parallel.reshard_after_forward false (a stage keeps its "
-          "units gathered for the step's schedule rather than gathering them per micro-batch)");
-    }
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");
     }
-    NeedsParamsOnTheRank(spec, needs);
     if (UsesLora(spec.model())) needs("without model.lora");
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).

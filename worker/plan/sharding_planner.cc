@@ -113,6 +113,20 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
   int64_t bytes = group_share * g;                   // gradient reduce-scatter
   if (stage <= 2) {
     bytes += group_share * p;  // the updated parameters, gathered after the optimizer step
+  } else if (job.parallel().pipeline_parallel() > 1) {
+    // A pipeline stage (`layout`: its units): kept gathered for the step, each unit once; per
+    // use, m times in the forwards and m in the backwards but the embedding's (no parameters)
+    // and the head's (kept from its forward) — ShardingEngine::BeginStagePass.
+    const int64_t m = job.train().grad_accum_steps();
+    int64_t gathered = 0;
+    for (const UnitLayout& u : layout.units) {
+      const int64_t uses = !job.parallel().reshard_after_forward()
+                               ? 1
+                               : m * (2 - (u.kind == UnitKind::kEmbedding) -
+                                      (u.kind == UnitKind::kHead));
+      gathered += uses * PaddedUnitNumel(u.numel, G);
+    }
+    bytes += (G - 1) * gathered / G * p;
   } else {
     const int64_t passes = job.parallel().reshard_after_forward() ? 2 : 1;
     bytes += job.train().grad_accum_steps() * passes * group_share * p;

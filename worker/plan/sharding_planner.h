@@ -36,6 +36,10 @@
 //                                     + A forward all-gathers       (G−1)/G·P·p each
 //                                     + A backward all-gathers      (G−1)/G·P·p each, only
 //                                       with reshard_after_forward
+//                          stage 3 on a pipeline stage (p > 1; P its units): the
+//                                     reduce-scatter + each unit gathered once a step, or
+//                                     with reshard_after_forward A times in the forwards and A
+//                                     in the backwards but the embedding's and the head's
 //                          hybrid (R > 1, stages 1–3) adds the replicas' all-reduce of the
 //                                     shard                         2·(R−1)/R·(P/G)·g
 //   recompute_fraction   the extra forward FLOPs of recomputation over one step's FLOPs

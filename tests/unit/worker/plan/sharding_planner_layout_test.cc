@@ -11,6 +11,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/plan/parallel_plan.h"
 #include "worker/plan/sharding_planner.h"
 
 namespace zt {
@@ -180,6 +184,36 @@ TEST(PlannerLayoutTest, SequenceParallelAddsItsNormRegathersAndNormGradientSums)
         << "accum " << accum;
     EXPECT_GT(sp->cost(), tp->cost()) << "accum " << accum;
   }
+}
+
+// A ZeRO-3 pipeline stage's gathers per step (ShardingEngine::BeginStagePass): each of its units
+// once with reshard_after_forward false, and with it m times in the forwards and m in the
+// backwards but the embedding's and the head's. PP2 × DP2 on 4 ranks (G = 2, f32): a gather of
+// a unit sends half its padded elements; everything else the candidate counts is the same at
+// both settings.
+TEST(PlannerLayoutTest, PipelineZeroThreeGathersFollowTheStagesUses) {
+  int64_t comm[2] = {};
+  zerotrain::JobSpec job;
+  for (const bool reshard : {false, true}) {
+    zerotrain::JobSpec parsed = Parsed(4, 4);
+    parsed.mutable_parallel()->set_reshard_after_forward(reshard);
+    job = Input(parsed);
+    const zerotrain::ShardingPlan plan = Plan(job, kHuge, LayoutSearch::kAll);
+    const zerotrain::PlanCandidate* pp2 = Find(plan, 1, 2, 3);
+    ASSERT_NE(pp2, nullptr);
+    comm[reshard] = pp2->comm_bytes_per_step();
+  }
+  // The planner counts rank 0's stage.
+  job.mutable_parallel()->set_pipeline_parallel(2);
+  job.mutable_parallel()->set_zero_stage(3);
+  const ModelLayout stage = RankModelLayout(job, ParallelLayout::ForJob(job, 0));
+  int64_t extra = 0;
+  for (const UnitLayout& u : stage.units) {
+    const int64_t uses = 4 * (2 - (u.kind == UnitKind::kEmbedding) - (u.kind == UnitKind::kHead));
+    extra += (uses - 1) * PaddedUnitNumel(u.numel, 2) / 2 * 4;
+  }
+  EXPECT_GT(extra, 0);
+  EXPECT_EQ(comm[1] - comm[0], extra);
 }
 
 }  // namespace
