@@ -337,6 +337,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
           "offload.delayed_update trains with offload.optimizer CPU only (its host step reads "
           "the gradients copied down during the backward)");
     }
+    if (LossScalingEnabled(job.precision()) || shard_group.has_value() ||
+        t->model_->layout().lora) {
+      return absl::UnimplementedError(
+          "offload.delayed_update trains without fp16 loss scaling, sharded Adafactor or LoRA "
+          "(CheckEngineSupport says why)");
+    }
     std::vector<Tensor> params_host;
     for (const UnitLayout& u : trained.units) {
       ZT_ASSIGN_OR_RETURN(Tensor p, t->arenas_->Get(u.name + ".params.host"));
