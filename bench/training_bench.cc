@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   std::string precision = "fp32", checkpointing = "none", optimizer = "adamw";
   std::string grad_dtype = "fp32", master = "fp32", offload, nvme_path, offload_params;
   int steps = 10, warmup = 2, threads = 2, buffer_count = 4, n_layer = 0, zero_stage = 0;
-  int delayed_after = -1;  // --delayed-update N: offload.delayed_update after N steps
+  int delayed_after = -1;   // --delayed-update N: offload.delayed_update after N steps
   int64_t buffer_size = 0;  // 0: the job's default
   double lr = 0;            // 0: the configuration's (nanoGPT's 6e-4)
   for (int i = 1; i + 1 < argc; i += 2) {

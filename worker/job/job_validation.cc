@@ -665,8 +665,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "computed on it; use BF16 or FP32)");
     }
     if (UsesLora(spec.model())) {
-      needs("without model.lora (the adapters' gradients are not copied down during the "
-            "backward, so the next step's backward would overwrite them)");
+      needs(
+          "without model.lora (the adapters' gradients are not copied down during the "
+          "backward, so the next step's backward would overwrite them)");
     }
     if (parallel.tensor_parallel() > 1 || parallel.pipeline_parallel() > 1) {
       needs(absl::StrCat("with parallel.tensor_parallel and parallel.pipeline_parallel 1 (got ",

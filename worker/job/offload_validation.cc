@@ -87,10 +87,10 @@ std::vector<std::string> OffloadViolations(const zerotrain::JobSpec& spec) {
       o.optimizer() != OffloadConfig::NVME) {
     // The delayed update overlaps the host step with the next step's compute: there must be a
     // host step.
-    lines.push_back(absl::StrCat("offload.delayed_update.enabled: true needs offload.optimizer "
-                                 "CPU or NVME (got ",
-                                 DeviceName(o.optimizer()),
-                                 "): it overlaps the host optimizer step with the next step"));
+    lines.push_back(absl::StrCat(
+        "offload.delayed_update.enabled: true needs offload.optimizer "
+        "CPU or NVME (got ",
+        DeviceName(o.optimizer()), "): it overlaps the host optimizer step with the next step"));
   }
   if (o.delayed_update().after_steps() < 0) {
     lines.push_back(absl::StrCat("offload.delayed_update.after_steps: must be >= 0 (got ",

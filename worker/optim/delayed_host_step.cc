@@ -34,9 +34,9 @@ absl::StatusOr<std::unique_ptr<DelayedHostStep>> DelayedHostStep::Create(Args ar
         "\"<unit>.grads.host.1\")");
   }
   if (static_cast<int>(args.params_host.size()) != args.host->optimizer().unit_count()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "delayed host step: ", args.params_host.size(), " \"<unit>.params.host\" buffers for ",
-        args.host->optimizer().unit_count(), " units"));
+    return absl::InvalidArgumentError(absl::StrCat("delayed host step: ", args.params_host.size(),
+                                                   " \"<unit>.params.host\" buffers for ",
+                                                   args.host->optimizer().unit_count(), " units"));
   }
   for (size_t u = 0; u < args.params_host.size(); ++u) {
     if (args.params_host[u].device().kind != DeviceKind::kCpu) {
@@ -95,9 +95,9 @@ void DelayedHostStep::WorkerLoop() {
 absl::Status DelayedHostStep::Launch(const std::vector<Tensor>& params, int64_t step, float lr,
                                      float grad_scale, uint64_t seed) {
   if (pending_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("delayed host step: step ", step, " launched while step ", job_.step,
-                     " is pending (Finish it first)"));
+    return absl::FailedPreconditionError(absl::StrCat("delayed host step: step ", step,
+                                                      " launched while step ", job_.step,
+                                                      " is pending (Finish it first)"));
   }
   if (params.size() != params_host_.size()) {
     return absl::InternalError(absl::StrCat("delayed host step: ", params.size(),
@@ -111,8 +111,8 @@ absl::Status DelayedHostStep::Launch(const std::vector<Tensor>& params, int64_t 
   for (size_t u = 0; u < params.size() && !uploaded_; ++u) {
     const int64_t bytes = RangeBytes(*host_, static_cast<int>(u), params[u]);
     if (bytes > params_host_[u].size_bytes()) {
-      return absl::InternalError(absl::StrCat("delayed host step: unit ", u, "'s range of ",
-                                              bytes, " bytes does not fit its params.host of ",
+      return absl::InternalError(absl::StrCat("delayed host step: unit ", u, "'s range of ", bytes,
+                                              " bytes does not fit its params.host of ",
                                               params_host_[u].size_bytes()));
     }
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
@@ -157,8 +157,8 @@ absl::StatusOr<DelayedHostStep::Finished> DelayedHostStep::Finish(
   }
   pending_ = false;
   if (!result.ok()) {
-    return absl::Status(result.code(), absl::StrCat("delayed host step of step ", f.step, ": ",
-                                                    result.message()));
+    return absl::Status(result.code(),
+                        absl::StrCat("delayed host step of step ", f.step, ": ", result.message()));
   }
   const auto up = Clock::now();
   for (size_t u = 0; u < params.size(); ++u) {

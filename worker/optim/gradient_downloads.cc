@@ -40,10 +40,10 @@ absl::StatusOr<std::unique_ptr<GradientDownloads>> GradientDownloads::Create(Arg
                                                        DeviceName(host[u].device())));
       }
       if (host[u].size_bytes() < args.device[u].size_bytes()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "gradient downloads: unit ", u, "'s host buffer (bank ", bank, ") of ",
-            host[u].size_bytes(), " bytes is smaller than its gradient of ",
-            args.device[u].size_bytes()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradient downloads: unit ", u, "'s host buffer (bank ", bank, ") of ",
+                         host[u].size_bytes(), " bytes is smaller than its gradient of ",
+                         args.device[u].size_bytes()));
       }
     }
   }
@@ -84,8 +84,7 @@ void GradientDownloads::Enqueue(int u, std::vector<CommHandle> after) {
     return;
   }
   if (!backward_ended_) ++stats_.enqueued_during_backward;
-  queue_.push_back(
-      {.unit = u, .mark = *std::move(mark), .after = std::move(after), .bank = bank_});
+  queue_.push_back({.unit = u, .mark = *std::move(mark), .after = std::move(after), .bank = bank_});
   cv_.notify_all();
 }
 
@@ -148,9 +147,9 @@ absl::StatusOr<Tensor> GradientDownloads::Take(int u) {
 absl::Status GradientDownloads::UseBank(int bank) {
   std::lock_guard<std::mutex> lock(mu_);
   if (bank != 0 && (bank != 1 || host_bank1_.empty())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("gradient downloads: no host bank ", bank, " (the plan holds ",
-                     host_bank1_.empty() ? 1 : 2, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("gradient downloads: no host bank ", bank,
+                                                      " (the plan holds ",
+                                                      host_bank1_.empty() ? 1 : 2, ")"));
   }
   if (!queue_.empty() || running_) {
     return absl::FailedPreconditionError(

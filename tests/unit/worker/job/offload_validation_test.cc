@@ -318,9 +318,9 @@ TEST(DelayedUpdateEngineSupportTest, RefusesByNameWhatItsThreadCannotRunBeside) 
     EXPECT_TRUE(ValidateJobSpec(j).ok()) << ValidateJobSpec(j);  // valid, not yet trained
     const absl::Status status = CheckEngineSupport(j);
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << rule;
-    EXPECT_THAT(testing::Lines(status),
-                ElementsAre(absl::StrCat("offload.delayed_update.enabled: true trains ", rule,
-                                         " so far")));
+    EXPECT_THAT(
+        testing::Lines(status),
+        ElementsAre(absl::StrCat("offload.delayed_update.enabled: true trains ", rule, " so far")));
   };
   JobSpec nvme = job;
   nvme.mutable_offload()->set_optimizer(OffloadConfig::NVME);

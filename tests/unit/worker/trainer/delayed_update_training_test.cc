@@ -8,10 +8,10 @@
 // ones back, so the device optimizer applies the gradient of the stale parameters to the
 // current ones: p_{t+1} = Opt(p_t, g(p_{t-1})). CPU offload is bit for bit the device optimizer
 // (offload_training_test.cc), so the delayed run must equal the reference bit for bit.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -59,26 +59,27 @@ Snapshot Take(const std::vector<Tensor>& buffers) {
 }
 
 void Put(const std::vector<Tensor>& buffers, const Snapshot& s) {
-  for (size_t i = 0; i < buffers.size(); ++i) std::memcpy(buffers[i].raw(), s[i].data(), s[i].size());
+  for (size_t i = 0; i < buffers.size(); ++i)
+    std::memcpy(buffers[i].raw(), s[i].data(), s[i].size());
 }
 
 // What the overlap probes saw on one rank.
 struct Overlap {
   std::mutex mu;
   std::condition_variable cv;
-  int64_t backward_ended = 0;      // the last step whose backward has ended
-  int64_t host_started = 0;        // the last host step that started
-  int64_t gates_passed = 0;        // host steps that waited for the next backward's end
-  int64_t gates_timed_out = 0;     // ... and never saw it: the step was not overlapped
+  int64_t backward_ended = 0;   // the last step whose backward has ended
+  int64_t host_started = 0;     // the last host step that started
+  int64_t gates_passed = 0;     // host steps that waited for the next backward's end
+  int64_t gates_timed_out = 0;  // ... and never saw it: the step was not overlapped
   // Per step s: the host steps the trainer had launched when step s's backward ended.
   std::map<int64_t, int64_t> launched_at_backward_end;
 };
 
 struct SteppedRun {
   absl::Status status;
-  std::vector<double> losses;              // rank 0's, per step
-  std::vector<std::vector<float>> weights;  // FullWeights at the end
-  int64_t delayed_host_steps = 0;          // rank 0's launches beside the next step
+  std::vector<double> losses;                     // rank 0's, per step
+  std::vector<std::vector<float>> weights;        // FullWeights at the end
+  int64_t delayed_host_steps = 0;                 // rank 0's launches beside the next step
   std::vector<std::unique_ptr<Overlap>> overlap;  // per rank, with `gate`
 };
 
@@ -176,13 +177,22 @@ class DelayedUpdateTest : public OffloadRunTest {
     return job;
   }
 
+  // `accum` micro-batches a step (the same 4 sequences a step in all): at ZeRO 2-3 the
+  // gradients then accumulate whole and are reduced once, on the last.
   void ExpectTheStaleRecurrence(int world, int stage, OptimizerConfig::Type type,
-                                PrecisionConfig::DType dtype) {
+                                PrecisionConfig::DType dtype, int accum = 1) {
     const std::string what =
         absl::StrCat(world, " ranks, ZeRO ", stage, ", ", OptimizerConfig::Type_Name(type), ", ",
-                     PrecisionConfig::DType_Name(dtype));
-    const SteppedRun delayed = TrainByHand(Delayed(world, stage, type, dtype), false, false);
-    const SteppedRun reference = TrainByHand(Reference(world, stage, type, dtype), true, false);
+                     PrecisionConfig::DType_Name(dtype), ", ", accum, " micro-batches");
+    const auto accumulating = [&](JobSpec job) {
+      job.mutable_train()->set_micro_batch_size(4 / world / accum);
+      job.mutable_train()->set_grad_accum_steps(accum);
+      return job;
+    };
+    const SteppedRun delayed =
+        TrainByHand(accumulating(Delayed(world, stage, type, dtype)), false, false);
+    const SteppedRun reference =
+        TrainByHand(accumulating(Reference(world, stage, type, dtype)), true, false);
     ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
     ASSERT_TRUE(reference.status.ok()) << what << ": " << reference.status;
     ASSERT_EQ(delayed.losses.size(), static_cast<size_t>(kSteps)) << what;
@@ -210,14 +220,20 @@ TEST_F(DelayedUpdateTest, EqualsTheReferenceInBf16AndWithEveryOptimizer) {
   ExpectTheStaleRecurrence(1, 2, OptimizerConfig::ADAFACTOR, PrecisionConfig::BF16);
 }
 
+TEST_F(DelayedUpdateTest, EqualsTheReferenceWithGradientAccumulation) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    ExpectTheStaleRecurrence(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::BF16, 2);
+  }
+}
+
 // Before the switch the delayed run is the serial offload run; after it, it is not (so a
 // delayed update silently off would fail here and the reference test above both).
 TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
   const SteppedRun delayed =
       TrainByHand(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false, false);
-  const SteppedRun serial = TrainByHand(
-      Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32, /*enabled=*/false), false,
-      false);
+  const SteppedRun serial =
+      TrainByHand(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32, /*enabled=*/false),
+                  false, false);
   ASSERT_TRUE(delayed.status.ok()) << delayed.status;
   ASSERT_TRUE(serial.status.ok()) << serial.status;
   EXPECT_EQ(serial.delayed_host_steps, 0);
@@ -239,6 +255,13 @@ TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
     const SteppedRun run = TrainByHand(
         Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false, /*gate=*/true);
     ASSERT_TRUE(run.status.ok()) << run.status;
+    // Held until the next backward has written its gradients and copied them down, each host
+    // step still read its own step's (the other bank): the run is the reference's.
+    const SteppedRun reference = TrainByHand(
+        Reference(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), true, false);
+    ASSERT_TRUE(reference.status.ok()) << reference.status;
+    EXPECT_EQ(run.losses, reference.losses) << "stage " << stage;
+    EXPECT_EQ(run.weights, reference.weights) << "stage " << stage;
     for (size_t r = 0; r < run.overlap.size(); ++r) {
       const Overlap& o = *run.overlap[r];
       // Host steps 3..7 each waited for backward 4..8 and saw it end.
