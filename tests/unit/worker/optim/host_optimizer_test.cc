@@ -106,6 +106,19 @@ void CopyBuffer(const Rank& from, const Rank& to, const std::string& name) {
   std::memcpy(b.raw(), a.raw(), a.size_bytes());
 }
 
+// Parameters, master weights and every optimizer state of the two ranks, byte for byte.
+void ExpectSameCheckpointedBuffers(const Rank& device, const Rank& host) {
+  int compared = 0;
+  for (const BufferSpec& b : device.plan.buffers) {
+    if (!IsCheckpointed(b)) continue;
+    const Tensor a = *device.arenas->Get(b.name), h = *host.arenas->Get(b.name);
+    ASSERT_EQ(a.size_bytes(), h.size_bytes()) << b.name;
+    EXPECT_EQ(std::memcmp(a.raw(), h.raw(), a.size_bytes()), 0) << b.name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 6);
+}
+
 Optimizer MakeOptimizer(const zerotrain::JobSpec& job, const Arenas& arenas) {
   const ModelLayout layout = BuildModelLayout(job.model());
   std::vector<FlatRange> ranges;
@@ -166,16 +179,7 @@ TEST_P(HostOptimizerTest, IsBitForBitTheDevicePathsStep) {
   EXPECT_EQ(offload->optimizer().steps_taken(), 3);
   // The update moved the block's parameters, so equality below is not equality of zeros.
   EXPECT_NE(std::memcmp(before.data(), device.params[1].raw(), before.size()), 0);
-  // Parameters, master weights and every optimizer state, byte for byte.
-  int compared = 0;
-  for (const BufferSpec& b : device.plan.buffers) {
-    if (!IsCheckpointed(b)) continue;
-    const Tensor a = *device.arenas->Get(b.name), h = *host.arenas->Get(b.name);
-    ASSERT_EQ(a.size_bytes(), h.size_bytes()) << b.name;
-    EXPECT_EQ(std::memcmp(a.raw(), h.raw(), a.size_bytes()), 0) << b.name;
-    ++compared;
-  }
-  EXPECT_GT(compared, 6);
+  ExpectSameCheckpointedBuffers(device, host);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -284,15 +288,7 @@ TEST(DelayedHostStepTest, IsTheDevicePathsStepOnItsOwnThread) {
   }
   EXPECT_EQ(d.launched(), 3);
   EXPECT_EQ(offload->optimizer().steps_taken(), 3);
-  int compared = 0;
-  for (const BufferSpec& b : device.plan.buffers) {
-    if (!IsCheckpointed(b)) continue;
-    const Tensor a = *device.arenas->Get(b.name), h = *host.arenas->Get(b.name);
-    ASSERT_EQ(a.size_bytes(), h.size_bytes()) << b.name;
-    EXPECT_EQ(std::memcmp(a.raw(), h.raw(), a.size_bytes()), 0) << b.name;
-    ++compared;
-  }
-  EXPECT_GT(compared, 6);
+  ExpectSameCheckpointedBuffers(device, host);
 }
 
 }  // namespace
