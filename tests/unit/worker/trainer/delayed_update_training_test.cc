@@ -85,9 +85,12 @@ struct SteppedRun {
 
 // Trains `spec` for kSteps by hand (Trainer::Step) on every rank. `stale_reference`: the
 // serial reference above, for a job without offload, the delayed update starting after
-// `kAfterSteps`; the last step drains (max_steps). `gate`: each host step t < kSteps holds its
-// thread until step t+1's backward has ended (which only an overlapped run reaches).
-SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate) {
+// `kAfterSteps`; the last step drains (max_steps), and so does every multiple of `drain_every`
+// (> 0: a checkpoint's steps), after which the next step computes on fresh parameters. `gate`:
+// each host step t < kSteps holds its thread until step t+1's backward has ended (which only an
+// overlapped run reaches).
+SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
+                       int64_t drain_every = 0) {
   SteppedRun run;
   absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
   if (!validated.ok()) {
@@ -136,9 +139,10 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate) {
     for (int64_t s = 1; s <= kSteps; ++s) {
       Snapshot current = Take(params);
       // Under the delayed update, step s computes on the parameters from before step s-1's
-      // update when step s-1's host step was launched beside it (s-1 past the warm-up; no
-      // step before the last drains here).
-      const bool stale = stale_reference && s - 1 > kAfterSteps;
+      // update when step s-1's host step was launched beside it: s-1 past the warm-up, and
+      // s-1 not a step that drained.
+      const bool drained = drain_every > 0 && (s - 1) % drain_every == 0;
+      const bool stale = stale_reference && s - 1 > kAfterSteps && !drained;
       if (stale) {
         Put(params, before_previous_update);
         restore = &current;
@@ -276,6 +280,28 @@ TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
       }
     }
   }
+}
+
+// A step at which a checkpoint is due drains (Step finishes its host update; Run would then
+// save): the step after it computes on fresh parameters, and the overlap starts again. Driven
+// by Step alone here (no save), against the reference with the drain at step 4 — and not
+// without it, so the drain is what the test sees.
+TEST_F(DelayedUpdateTest, ACheckpointStepDrainsAndTheNextStepComputesOnFreshParameters) {
+  JobSpec job = Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
+  job.mutable_checkpoint()->set_dir((dir_ / "unused").string());
+  job.mutable_checkpoint()->set_interval_steps(4);
+  const SteppedRun delayed = TrainByHand(job, false, false);
+  const JobSpec reference_job = Reference(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
+  const SteppedRun drained = TrainByHand(reference_job, true, false, /*drain_every=*/4);
+  const SteppedRun undrained = TrainByHand(reference_job, true, false);
+  ASSERT_TRUE(delayed.status.ok()) << delayed.status;
+  ASSERT_TRUE(drained.status.ok()) << drained.status;
+  ASSERT_TRUE(undrained.status.ok()) << undrained.status;
+  EXPECT_EQ(delayed.losses, drained.losses);
+  EXPECT_EQ(delayed.weights, drained.weights);
+  EXPECT_NE(delayed.losses[4], undrained.losses[4]) << "step 5 computes on step 4's update";
+  // Steps 3, 4 (drained at once), 5, 6, 7 and 8 launched a host step.
+  EXPECT_EQ(delayed.delayed_host_steps, kSteps - kAfterSteps);
 }
 
 // A checkpoint drains: the run stopped at it and resumed equals the run that never stopped,
