@@ -22,6 +22,19 @@
 #include "worker/status_macros.h"
 
 namespace zt::cli {
+namespace {
+
+// The pinned host bytes offload.delayed_update adds to the plan (memory_plan.cc): each unit's
+// second gradient bank and its updated parameter shard.
+int64_t DelayedUpdateBytes(const MemoryPlan& plan) {
+  int64_t bytes = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.name.ends_with(".grads.host.1") || b.name.ends_with(".params.host")) bytes += b.bytes();
+  }
+  return bytes;
+}
+
+}  // namespace
 
 absl::Status RunEstimate(const EstimateFlags& flags) {
   if (flags.plan) return RunEstimatePlan(flags);
@@ -78,7 +91,11 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
         {"zero_stage", job.parallel().zero_stage()},
         {"offload",
          {{"optimizer", zerotrain::OffloadConfig::Device_Name(job.offload().optimizer())},
-          {"params", zerotrain::OffloadConfig::Device_Name(job.offload().params())}}},
+          {"params", zerotrain::OffloadConfig::Device_Name(job.offload().params())},
+          {"delayed_update",
+           {{"enabled", job.offload().delayed_update().enabled()},
+            {"after_steps", job.offload().delayed_update().after_steps()},
+            {"pinned_host_bytes", DelayedUpdateBytes(plan)}}}}},
         {"per_rank", per_rank},
         // Of per_rank's parameters: the ZeRO-3 units gathered whole (not a category of its own).
         {"gathered_units_per_rank", GatheredUnitBytes(plan)},
@@ -164,6 +181,13 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
   row("device", plan.DeviceBytes());
   row("pinned host", plan.CategoryBytes(MemoryCategory::kPinnedHost));
   row("nvme", plan.CategoryBytes(MemoryCategory::kNvme));
+  if (const auto& delayed = job.offload().delayed_update(); delayed.enabled()) {
+    // ZeRO-Offload's delayed update (docs/memory.md): its extra host buffers are in pinned host.
+    std::cout << absl::StrFormat(
+        "delayed update (offload.delayed_update): after step %d, %s of pinned host for its "
+        "second gradient bank and parameter shards\n",
+        delayed.after_steps(), FormatBytes(DelayedUpdateBytes(plan)));
+  }
   if (const int64_t budget = job.resources().device_memory_bytes(); budget > 0) {
     std::cout << absl::StrFormat("device budget (resources.device_memory_bytes) %s: %s\n",
                                  FormatBytes(budget),

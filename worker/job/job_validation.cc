@@ -619,6 +619,52 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                 "out of the swap store; twice the states' to read the next unit ahead)"));
     }
   }
+  // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
+  // offload.optimizer CPU, ZeRO stages 1-3, AdamW, 8-bit AdamW and Adafactor, fp32 and bf16:
+  // its host step runs on a thread of its own beside the next step's compute, so nothing it
+  // does may touch what that compute uses.
+  if (offload.delayed_update().enabled()) {
+    const auto needs = [&](const std::string& what) {
+      lines.push_back(
+          absl::StrCat("offload.delayed_update.enabled: true trains ", what, " so far"));
+    };
+    if (offload.optimizer() == Offload::NVME) {
+      needs(
+          "with offload.optimizer CPU, not NVME (the NVMe step copies the gradients from the "
+          "device through the ring and commits a swap generation per step: beside the next "
+          "step's backward it would read gradients that backward overwrites)");
+    }
+    if (offload.params() != Offload::NONE) {
+      needs(absl::StrCat("without offload.params (", Offload::Device_Name(offload.params()),
+                         ": the host step updates the shards the next step's gathers read)"));
+    }
+    using P = zerotrain::PrecisionConfig;
+    if (precision.param_dtype() == P::FP16 || precision.compute_dtype() == P::FP16 ||
+        precision.grad_dtype() == P::FP16) {
+      needs(
+          "without FP16 in precision (fp16's dynamic loss scaling must skip an overflowing "
+          "step's update, which a delayed update learns of only after the next step has "
+          "computed on it; use BF16 or FP32)");
+    }
+    if (UsesLora(spec.model())) {
+      needs(
+          "without model.lora (the adapters' gradients are not copied down during the "
+          "backward, so the next step's backward would overwrite them)");
+    }
+    if (parallel.tensor_parallel() > 1 || parallel.pipeline_parallel() > 1) {
+      needs(absl::StrCat("with parallel.tensor_parallel and parallel.pipeline_parallel 1 (got ",
+                         parallel.tensor_parallel(), " and ", parallel.pipeline_parallel(),
+                         "; their host steps are not wired to the delayed thread)"));
+    }
+    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
+        parallel.zero_stage() >= 1 && parallel.shard_group_size() > 1) {
+      needs(absl::StrCat(
+          "with optimizer.type ADAFACTOR only when parallel.shard_group_size is 1 (got ",
+          parallel.shard_group_size(),
+          ": a sharded Adafactor sums its row statistics across the shard group inside the "
+          "host step, a collective that would interleave with the next step's)"));
+    }
+  }
   // LoRA: the step loop trains the adapters at every ZeRO stage on CPU ranks (docs/lora.md).
   if (UsesLora(spec.model())) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
