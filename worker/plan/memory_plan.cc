@@ -275,6 +275,13 @@ bool ShardedAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layou
          job.parallel().zero_stage() >= 1 && layout.shard().group_size > 1;
 }
 
+bool GradientSlotsInEmbeddingGather(const zerotrain::JobSpec& job, const ModelLayout& layout) {
+  const auto& parallel = job.parallel();
+  return parallel.zero_stage() == 3 && parallel.reshard_after_forward() &&
+         job.train().grad_accum_steps() <= 1 && layout.tied_embeddings && !layout.units.empty() &&
+         layout.embedding().trainable_numel() > 0;
+}
+
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
   return PlanMemory(job, ParallelLayout::ForJob(job, rank));
 }
@@ -361,18 +368,27 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   for (BufferSpec& b : LoraStateBuffers(job, layout, grad_dtype, geometry)) {
     plan.buffers.push_back(b);
   }
+  const bool slots_in_embedding = GradientSlotsInEmbeddingGather(job, layout);
   if (stage >= 3 && parallel.reshard_after_forward()) {
     for (int k = 0; k <= parallel.prefetch_units(); ++k) {
       add(absl::StrCat("gather.", k), MemoryCategory::kParameters, param_dtype, largest_gathered);
     }
     if (tied) {
-      add("gather.embedding", MemoryCategory::kParameters, param_dtype,
-          ShardOf(layout.embedding().numel, geometry).padded);
+      int64_t numel = ShardOf(layout.embedding().numel, geometry).padded;
+      if (slots_in_embedding) {
+        const int64_t slot_bytes = largest_rotating * DTypeSize(grad_dtype);
+        const int64_t both = GradientSlotOffset(1, slot_bytes) + slot_bytes;
+        const int64_t size = DTypeSize(param_dtype);
+        numel = std::max(numel, (both + size - 1) / size);
+      }
+      add("gather.embedding", MemoryCategory::kParameters, param_dtype, numel);
     }
   }
   if (stage >= 2 && !accumulate_full) {
-    add("grad.full.0", MemoryCategory::kGradients, grad_dtype, largest_rotating);
-    add("grad.full.1", MemoryCategory::kGradients, grad_dtype, largest_rotating);
+    if (!slots_in_embedding) {
+      add("grad.full.0", MemoryCategory::kGradients, grad_dtype, largest_rotating);
+      add("grad.full.1", MemoryCategory::kGradients, grad_dtype, largest_rotating);
+    }
     if (tied && layout.embedding().trainable_numel() > 0) {
       add("grad.full.embedding", MemoryCategory::kGradients, grad_dtype,
           ShardOf(layout.embedding().numel, geometry).padded);

@@ -237,10 +237,31 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   // A tied embedding's gradient has its own full buffer (the head writes into it too) only
   // where the embedding trains.
   e->tied_grad_ = e->tied_ && e->trainable_index_[0] >= 0;
+  e->slots_in_embedding_ = GradientSlotsInEmbeddingGather(job, layout);
   if (e->stage_ >= 2 && !e->accumulate_full_) {
-    for (int k = 0; k < 2; ++k) {
-      ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("grad.full.", k)));
-      e->grad_full_.push_back(t);
+    if (e->slots_in_embedding_) {
+      // The slots are bytes of the embedding's gather buffer (memory_plan.h), handed out only
+      // once the head's loss has released the embedding (GradTarget checks).
+      int64_t numel = 0;
+      for (int t = 1; t < n_trainable; ++t) numel = std::max(numel, e->shards_[t].padded);
+      const DType dtype = e->grads_[0].dtype();
+      const int64_t slot_bytes = numel * DTypeSize(dtype);
+      ZT_ASSIGN_OR_RETURN(Tensor gathered, arenas.Get("gather.embedding"));
+      if (gathered.size_bytes() < GradientSlotOffset(1, slot_bytes) + slot_bytes) {
+        return absl::InternalError(absl::StrCat(
+            "memory plan: gather.embedding has ", gathered.size_bytes(),
+            " bytes, too few for the two gradient slots of ", slot_bytes, " bytes it holds"));
+      }
+      for (int k = 0; k < 2; ++k) {
+        e->grad_full_.push_back(
+            Tensor(static_cast<char*>(gathered.raw()) + GradientSlotOffset(k, slot_bytes), dtype,
+                   {numel}, gathered.device()));
+      }
+    } else {
+      for (int k = 0; k < 2; ++k) {
+        ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("grad.full.", k)));
+        e->grad_full_.push_back(t);
+      }
     }
     e->slot_unit_ = {-1, -1};
     if (e->tied_grad_) {
@@ -488,6 +509,12 @@ absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int 
   if (tied_grad_ && model_unit == 0) {
     target = Flat(grad_full_embedding_, 0, padded);
   } else {
+    if (slots_in_embedding_ && registry_->state(0) != Residency::kSharded) {
+      return absl::InternalError(absl::StrCat(
+          "sharding engine: a gradient slot of ", model_->layout().units[model_unit].name,
+          " was asked for while the embedding, whose gather buffer holds the slots, is ",
+          ResidencyName(registry_->state(0))));
+    }
     // Two slots alternate: the slot's previous unit must have finished its reduce-scatter
     // (it reads the slot) before this unit's backward overwrites it.
     const int slot = next_slot_;
@@ -669,24 +696,35 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   const int L = m.layout().n_blocks();
   const int head = L + 1;
   const bool reshard = job_.parallel().reshard_after_forward();
+  // A tied embedding is kept gathered from its lookup to the head's loss (a use of its own,
+  // after the head's forward), which releases it: the backward never reads its weights.
   std::vector<UnitUse> uses = {{0, !tied_}};
   for (int i = 0; i < L; ++i) uses.push_back({1 + i, reshard});
   uses.push_back({head, false});  // the backward starts with it
+  if (tied_) uses.push_back({0, true});
   for (int u = head; u >= 1; --u) uses.push_back({u, true});
   BeginPass(std::move(uses));
   // On any error, stop the gathers still writing into the pool before it is reused.
   absl::Cleanup end_pass = [&] { EndPass().IgnoreError(); };
 
   ZT_ASSIGN_OR_RETURN(Tensor head_params, ForwardToHead(ctx));
-  ZT_ASSIGN_OR_RETURN(Tensor head_grads, GradTarget(ctx, head));
-  Tensor embedding_params, embedding_grads;
+  Tensor head_grads, embedding_params, embedding_grads;
   if (tied_) {
-    ZT_ASSIGN_OR_RETURN(embedding_params, Params(0));
+    // The head's use ends (it stays gathered for its backward); the embedding's begins. The
+    // tied head's loss writes the embedding's gradient only, so the head's gradient slot is
+    // taken after it, when the embedding's gather buffer may hold the slots.
+    ZT_RETURN_IF_ERROR(FinishUse());
+    ZT_ASSIGN_OR_RETURN(embedding_params, Acquire(0));
     ZT_ASSIGN_OR_RETURN(embedding_grads, GradTarget(ctx, 0));
+  } else {
+    ZT_ASSIGN_OR_RETURN(head_grads, GradTarget(ctx, head));
   }
   ZT_RETURN_IF_ERROR(
       m.HeadLoss(ctx, head_params, head_grads, embedding_params, embedding_grads, options));
   ZT_RETURN_IF_ERROR(FinishUse());
+  if (tied_) {
+    ZT_ASSIGN_OR_RETURN(head_grads, GradTarget(ctx, head));
+  }
 
   ZT_ASSIGN_OR_RETURN(head_params, Acquire(head));
   ZT_RETURN_IF_ERROR(m.HeadBackward(ctx, head_params, head_grads));

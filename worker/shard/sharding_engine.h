@@ -38,7 +38,10 @@
 //
 // The tied embedding: the head's projection reads the embedding's weight and writes its
 // gradient, so at stage 3 the embedding stays gathered (in its own buffer) from its forward
-// to its backward, and at stages 2–3 its full gradient has its own buffer for the backward.
+// to the head's loss, and at stages 2–3 its full gradient has its own buffer for the backward.
+// Nothing after the head's loss reads the embedding's weights, so with one micro-batch a step
+// the two rotating gradient slots are the embedding's gather buffer, reused once the loss has
+// released it (GradientSlotsInEmbeddingGather, worker/plan/memory_plan.h).
 //
 // Tensor parallelism (docs/parallelism.md): the engine works on the rank's TP shares of each
 // unit (the model's layout) inside its data-parallel group, exactly as above; the model runs
@@ -297,6 +300,8 @@ class ShardingEngine {
   std::vector<Tensor> grad_accum_;  // "<u>.grad_accum" / "<u>.lora_grad_accum" (accumulate_full_)
   std::vector<Tensor> grad_full_;   // "grad.full.0/1"
   Tensor grad_full_embedding_;      // "grad.full.embedding" (tied)
+  // grad_full_ are bytes of "gather.embedding" (GradientSlotsInEmbeddingGather).
+  bool slots_in_embedding_ = false;
   // A ZeRO-3 pipeline stage's "<unit>.gathered" buffers, filled by BeginStep.
   std::vector<Tensor> stage_gathered_;
   // A ZeRO-3 pipeline stage with reshard_after_forward: the current stage pass's uses, and per

@@ -3,6 +3,7 @@
 // and 6 bytes per parameter fewer with 8-bit AdamW. Nothing is allocated: GPT-2 1.5B plans
 // in an instant on any machine.
 #include <cmath>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "worker/job/job_defaults.h"
@@ -106,17 +107,81 @@ TEST(ModelStatesTest, ZeroStagesDivideAsThePaperSays) {
     // The full-size buffers a sharded rank adds, in fp16 (2 bytes): stage 2 the backward's
     // two alternating unit gradients plus the tied embedding's (the head's backward starts
     // it); stage 3 also two gathered units (the one computed and the one prefetched) plus the
-    // embedding, gathered for the whole step because the tied head reads it.
+    // embedding, gathered from its lookup to the tied head's loss. After the loss nothing
+    // reads the embedding's weights, so at stage 3 the two alternating gradients are its
+    // gather buffer's bytes (the embedding, 82 M elements, outweighs two 30.7 M blocks): the
+    // stage-2 term without its two blocks. At 8 ranks: 2.29 bytes a parameter (2.37 with the
+    // slots apart); ZeRO's 2.0 + one gathered unit needs the embedding sharded by vocabulary.
     const ModelLayout layout = BuildModelLayout(Gpt2Xl(OptimizerConfig::ADAMW, 1, 0).model());
     const double embedding = static_cast<double>(layout.embedding().numel) / params;
     const double block = static_cast<double>(layout.block(0).numel) / params;
     const double full_grads = 2 * (embedding + 2 * block);
     const double gathered = 2 * (embedding + 2 * block);
+    const double slots_in_gather = 2 * (2 * block);
     EXPECT_NEAR(per_param(0), full / params, 1e-3);
-    EXPECT_NEAR(per_param(1), 4.0 + 12.0 / n, 0.01);                    // Pos
-    EXPECT_NEAR(per_param(2), 2.0 + 14.0 / n + full_grads, 0.01);       // Pos+g
-    EXPECT_NEAR(per_param(3), 16.0 / n + full_grads + gathered, 0.01);  // Pos+g+p
+    EXPECT_NEAR(per_param(1), 4.0 + 12.0 / n, 0.01);               // Pos
+    EXPECT_NEAR(per_param(2), 2.0 + 14.0 / n + full_grads, 0.01);  // Pos+g
+    EXPECT_NEAR(per_param(3), 16.0 / n + full_grads + gathered - slots_in_gather,
+                0.01);  // Pos+g+p
+    if (n == 8) EXPECT_NEAR(per_param(3), 2.29, 0.005);
   }
+}
+
+const BufferSpec* Find(const MemoryPlan& plan, const std::string& name) {
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.name == name) return &b;
+  }
+  return nullptr;
+}
+
+TEST(ModelStatesTest, StageThreeGradientSlotsAreTheTiedEmbeddingsGatherBuffer) {
+  // Stage 3, one micro-batch a step, tied embedding: the embedding's gather buffer is free
+  // after the head's loss, when the backward's two alternating gradients begin, so they take
+  // its bytes instead of buffers of their own (GradientSlotsInEmbeddingGather).
+  const zerotrain::JobSpec job = Gpt2Xl(OptimizerConfig::ADAMW, 8, 3);
+  const ModelLayout layout = BuildModelLayout(job.model());
+  const MemoryPlan plan = PlanMemory(job);
+  EXPECT_TRUE(GradientSlotsInEmbeddingGather(job, layout));
+  EXPECT_EQ(Find(plan, "grad.full.0"), nullptr);
+  EXPECT_EQ(Find(plan, "grad.full.1"), nullptr);
+  ASSERT_NE(Find(plan, "grad.full.embedding"), nullptr);
+  const BufferSpec* gathered = Find(plan, "gather.embedding");
+  ASSERT_NE(gathered, nullptr);
+  // GPT-2 1.5B: the embedding (82 M elements) outweighs two blocks' gradients (2 × 30.7 M),
+  // so the buffer is the gathered embedding, exactly as before.
+  const int64_t embedding = PaddedUnitNumel(layout.embedding().numel, 8);
+  const int64_t slot_bytes = PaddedUnitNumel(layout.block(0).numel, 8) * 2;  // fp16
+  EXPECT_EQ(gathered->numel(), embedding);
+  EXPECT_GE(gathered->bytes(), GradientSlotOffset(1, slot_bytes) + slot_bytes);
+
+  // A small vocabulary: the two slots outweigh the embedding, and the buffer grows to hold
+  // them (second slot 64-byte aligned), which is still one embedding less than before.
+  zerotrain::JobSpec small_vocab = job;
+  small_vocab.mutable_model()->set_vocab_size(64);
+  const ModelLayout small_layout = BuildModelLayout(small_vocab.model());
+  const MemoryPlan small_plan = PlanMemory(small_vocab);
+  const BufferSpec* grown = Find(small_plan, "gather.embedding");
+  ASSERT_NE(grown, nullptr);
+  EXPECT_GT(GradientSlotOffset(1, slot_bytes) + slot_bytes,
+            PaddedUnitNumel(small_layout.embedding().numel, 8) * 2);
+  EXPECT_EQ(grown->bytes(), GradientSlotOffset(1, slot_bytes) + slot_bytes);
+
+  // Elsewhere the slots are buffers of their own: stage 2 (no gather buffer), stage 3 keeping
+  // units gathered (the embedding's buffer lives through the backward), with accumulation
+  // (no slots: every unit's gradient accumulates whole), and an untied head.
+  zerotrain::JobSpec stage2 = Gpt2Xl(OptimizerConfig::ADAMW, 8, 2);
+  zerotrain::JobSpec kept = job;
+  kept.mutable_parallel()->set_reshard_after_forward(false);
+  zerotrain::JobSpec untied = job;
+  untied.mutable_model()->set_tie_embeddings(false);
+  for (const zerotrain::JobSpec* other : {&stage2, &kept, &untied}) {
+    EXPECT_FALSE(GradientSlotsInEmbeddingGather(*other, BuildModelLayout(other->model())));
+    EXPECT_NE(Find(PlanMemory(*other), "grad.full.0"), nullptr);
+  }
+  zerotrain::JobSpec accumulated = job;
+  accumulated.mutable_train()->set_grad_accum_steps(2);
+  EXPECT_FALSE(GradientSlotsInEmbeddingGather(accumulated, layout));
+  EXPECT_EQ(Find(PlanMemory(accumulated), "grad.full.0"), nullptr);
 }
 
 TEST(ModelStatesTest, ShardsOfAllRanksCoverTheStateOnce) {

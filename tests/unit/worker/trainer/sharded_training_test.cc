@@ -13,6 +13,7 @@
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
+#include "worker/plan/memory_plan.h"
 #include "worker/trainer.h"
 
 namespace zt {
@@ -227,6 +228,39 @@ TEST_F(ShardedTrainingTest, MixedPrecisionCheckpointingAndUntiedHeadUnderStageTh
   llama_reference.mutable_parallel()->set_zero_stage(0);
   llama_reference.mutable_train()->set_micro_batch_size(8);
   ExpectMatches(Train(llama), Train(llama_reference), "llama stage 3");
+}
+
+TEST_F(ShardedTrainingTest, StageThreeGradientSlotsInTheGatheredEmbeddingMatchOneRank) {
+  // Stage 3 with the tied GPT-2 and one micro-batch a step: the backward's alternating
+  // gradients are the gathered embedding's bytes (GradientSlotsInEmbeddingGather), reused
+  // once the head's loss has released it. A slot written while the loss still reads the
+  // embedding would change the loss at step 1. On 4 ranks in bf16 (16-bit parameters, fp32
+  // gradients: slots of another dtype than the buffer) and in bf16 with bf16 gradients, with
+  // FULL checkpointing, each against one rank in the same precision: the bf16 bounds above.
+  for (const bool bf16_grads : {false, true}) {
+    JobSpec job = Job(4, 3, 2);
+    job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+    if (bf16_grads) job.mutable_precision()->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+    job.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+    const JobSpec validated = ValidatedJob(job).value();
+    ASSERT_TRUE(GradientSlotsInEmbeddingGather(validated, BuildModelLayout(validated.model())));
+    JobSpec reference = job;
+    reference.mutable_parallel()->set_world_size(1);
+    reference.mutable_parallel()->set_zero_stage(0);
+    reference.mutable_train()->set_micro_batch_size(8);
+    const std::string what = bf16_grads ? "bf16 gradients" : "fp32 gradients";
+    const RunResult got = Train(job), want = Train(reference);
+    EXPECT_LT(want.losses.back(), want.losses.front() - 0.5) << what;
+    for (size_t s = 0; s < want.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], want.losses[s], 1e-3 * want.losses[s])
+          << what << " step " << s + 1;
+    }
+    EXPECT_LT(RelativeL2Diff(got.weights, want.weights), 0.01) << what;
+    for (size_t r = 1; r < got.all_weights.size(); ++r) {
+      EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << what << " rank " << r;
+    }
+    EXPECT_TRUE(got.unclaimed.empty()) << what;
+  }
 }
 
 TEST_F(ShardedTrainingTest, SplitMasterWeightsUnderEveryStageMatchOneRank) {
