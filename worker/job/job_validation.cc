@@ -573,7 +573,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       needs("on resources.device CPU");
     }
     NeedsParamsOnTheRank(spec, needs);
-    if (UsesLora(spec.model())) needs("without model.lora");
+    // model.lora: each stage trains its own blocks' adapters over its frozen base.
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }

@@ -29,10 +29,12 @@ namespace zt {
 namespace {
 
 // A (rows, cols) view at `offset` elements into the f32 adapter buffer `flat`.
+// In the buffer's own dtype: the adapters are f32, their gradients precision.grad_dtype (a
+// bf16 gradient buffer viewed as f32 would be written twice its size).
 Tensor AdapterView(const Tensor& flat, const ParamSpec& p) {
   if (flat.empty()) return Tensor();
-  return Tensor(flat.data<float>() + p.offset, DType::kF32, {p.shape[0], p.shape[1]},
-                flat.device());
+  return Tensor(static_cast<char*>(flat.raw()) + p.offset * DTypeSize(flat.dtype()), flat.dtype(),
+                {p.shape[0], p.shape[1]}, flat.device());
 }
 
 // The first `cols` columns' worth of a (rows, widest) scratch buffer, as a dense (rows, cols).
@@ -48,6 +50,9 @@ uint64_t Transformer::LoraSiteSeed(int block, size_t site) const {
 
 void Transformer::InitializeLora(uint64_t seed) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
+    // A pipeline stage's own units; each matrix's stream is named by the whole model's unit
+    // index, so the stages together hold the one-rank model's adapters.
+    if (!HoldsUnit(static_cast<int>(u))) continue;
     const UnitLayout& unit = layout_.units[u];
     for (size_t k = 0; k < unit.lora.size(); ++k) {
       const LoraSite& site = unit.lora[k];
@@ -205,6 +210,7 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
 
 absl::Status Transformer::InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
+    if (!HoldsUnit(static_cast<int>(u))) continue;  // another pipeline stage's
     const UnitLayout& unit = layout_.units[u];
     for (const ParamSpec& p : unit.params) {
       if (!p.quantized) continue;

@@ -430,7 +430,22 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     }
     plan.buffers.push_back(std::move(b));
   }
-  for (BufferSpec& b : LoraActivationBuffers(layout, B * T, compute)) plan.buffers.push_back(b);
+  // A pipeline stage keeps each block's adapter activations (h = x·Aᵀ) for the micro-batches
+  // its chunk has in flight, as it keeps the block's other saved activations.
+  const std::vector<PipelineChunk> chunks =
+      place.pipeline_size() > 1 ? PipelineChunksOf(job, place) : std::vector<PipelineChunk>{};
+  for (BufferSpec& b : LoraActivationBuffers(layout, B * T, compute)) {
+    if (b.category == MemoryCategory::kActivations) {
+      for (const PipelineChunk& c : chunks) {
+        for (int u = c.first; u < c.last; ++u) {
+          if (c.in_flight > 1 && b.name.starts_with(absl::StrCat("block.", u - 1, ".lora."))) {
+            b.shape.insert(b.shape.begin(), c.in_flight);
+          }
+        }
+      }
+    }
+    plan.buffers.push_back(b);
+  }
   return plan;
 }
 

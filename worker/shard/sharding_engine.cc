@@ -191,7 +191,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
     const UnitLayout& head = layout.units.back();
     const ParamSpec* copy = head.Find("lm_head.weight");
-    if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0) {
+    // A LoRA stage's head is frozen (the copy with it): its trainable buffers are adapters.
+    if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0 && !layout.lora) {
       tied_copy_offset = copy->offset;  // the copy is the head unit's last tensor
       const FlatRange& owned = e->shards_.back().owned;
       const int64_t end = std::min(owned.end, copy->offset);
@@ -203,6 +204,14 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         e->norm_views_.pop_back();  // this rank's range is all copy
       }
     }
+  }
+  if (n_trainable == 0 && layout.lora && model->pipelined()) {
+    // The adapters live in the blocks; a stage of the embedding or the head alone would step
+    // nothing and its statistics would count nothing.
+    return absl::UnimplementedError(
+        "parallel.pipeline_parallel with model.lora: this pipeline stage holds no transformer "
+        "block (the plan's partition gave it only the embedding or the head), so it has no "
+        "adapters to train; use fewer stages or more model.n_layer");
   }
   if (n_trainable == 0) {
     return absl::InvalidArgumentError("sharding engine: the model has nothing to train");

@@ -220,5 +220,19 @@ TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
               HasSubstr("offload.optimizer: NVME with model.lora"));
 }
 
+// Pipeline stages train their own blocks' adapters (lora_pipeline_training_test.cc): a LoRA
+// job on PP2 (and PP2 × DP2 at ZeRO-1) passes, with no line naming model.lora.
+TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
+  JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+  spec.mutable_parallel()->set_world_size(2);
+  spec.mutable_parallel()->set_pipeline_parallel(2);
+  spec.mutable_parallel()->set_micro_batches(2);
+  spec.mutable_train()->set_grad_accum_steps(2);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_parallel()->set_world_size(4);
+  spec.mutable_parallel()->set_zero_stage(1);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+}
+
 }  // namespace
 }  // namespace zt
