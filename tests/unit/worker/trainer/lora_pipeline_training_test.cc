@@ -19,10 +19,13 @@
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/checkpoint/peft_adapter.h"
+#include "worker/checkpoint/safetensors.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/job/job_validation.h"
+#include "worker/lora_export.h"
 #include "worker/model/param_layout.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/lora_plan.h"
@@ -346,6 +349,70 @@ TEST_F(LoraPipelineTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
         const size_t n = std::min(bytes.size(), it->second.size());
         EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + n, it->second.begin()))
             << what << " " << name;
+      }
+    }
+  }
+}
+
+// `zt export` of a PP2 LoRA checkpoint: the PEFT adapters are each block's from the stage that
+// held it, bit for bit what the stages trained (FullAdapters); --merge-adapters joins the f32
+// base from the stages. Against one rank's checkpoint of the same 3 steps: every merged tensor
+// within the adapters' reduction noise (1e-4, ExpectSame's), the unadapted ones bit for bit.
+TEST_F(LoraPipelineTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapters) {
+  for (const bool llama : {false, true}) {
+    const std::string what = llama ? "llama" : "gpt2";
+    JobSpec pp = Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+    JobSpec one = Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+    pp.mutable_checkpoint()->set_dir((dir_ / ("export-pp-" + what)).string());
+    one.mutable_checkpoint()->set_dir((dir_ / ("export-one-" + what)).string());
+    pp.mutable_checkpoint()->set_interval_steps(3);
+    one.mutable_checkpoint()->set_interval_steps(3);
+    const Outcome staged = RunAll(pp, 3);
+    ASSERT_TRUE(staged.status.ok()) << what << ": " << staged.status;
+    ASSERT_TRUE(RunAll(one, 3).status.ok()) << what;
+
+    const std::string peft = (dir_ / ("peft-" + what)).string();
+    absl::StatusOr<LoraExportResult> exported =
+        ExportLoraCheckpoint(pp.checkpoint().dir(), peft, {});
+    ASSERT_TRUE(exported.ok()) << what << ": " << exported.status();
+    const ModelLayout layout = BuildModelLayout(staged.job.model());
+    std::vector<std::vector<float>> read(layout.units.size());
+    std::vector<Tensor> views(layout.units.size());
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      read[u].assign(static_cast<size_t>(layout.units[u].lora_numel), -7.0f);
+      if (!read[u].empty()) {
+        views[u] = Tensor(read[u].data(), DType::kF32, {layout.units[u].lora_numel});
+      }
+    }
+    ASSERT_TRUE(ReadPeftAdapter(staged.job.model(), layout, peft, views).ok()) << what;
+    EXPECT_TRUE(read == staged.ranks[0].adapters) << what << ": the PEFT adapters";
+
+    const std::string merged = (dir_ / ("merged-pp-" + what)).string();
+    const std::string merged_one = (dir_ / ("merged-one-" + what)).string();
+    exported = ExportLoraCheckpoint(pp.checkpoint().dir(), merged, {.merge_adapters = true});
+    ASSERT_TRUE(exported.ok()) << what << ": " << exported.status();
+    ASSERT_TRUE(
+        ExportLoraCheckpoint(one.checkpoint().dir(), merged_one, {.merge_adapters = true}).ok());
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> got =
+        SafetensorsFile::Open((std::filesystem::path(merged) / "model.safetensors").string());
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> want =
+        SafetensorsFile::Open((std::filesystem::path(merged_one) / "model.safetensors").string());
+    ASSERT_TRUE(got.ok() && want.ok()) << what;
+    ASSERT_EQ((*got)->tensors().size(), (*want)->tensors().size()) << what;
+    for (const SafetensorsTensorInfo& w : (*want)->tensors()) {
+      const SafetensorsTensorInfo* g = (*got)->Find(w.name);
+      ASSERT_NE(g, nullptr) << what << " " << w.name;
+      std::vector<float> a(static_cast<size_t>(w.numel())), b(a.size());
+      ASSERT_TRUE((*want)->ReadAsF32(w, absl::MakeSpan(a)).ok());
+      ASSERT_TRUE((*got)->ReadAsF32(*g, absl::MakeSpan(b)).ok());
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double{a[i]} - b[i]));
+      const bool adapted = w.name.find("attn") != std::string::npos ||
+                           w.name.find("mlp") != std::string::npos;
+      if (adapted) {
+        EXPECT_LT(worst, 1e-4) << what << " " << w.name;
+      } else {
+        EXPECT_EQ(worst, 0.0) << what << " " << w.name;
       }
     }
   }
