@@ -171,6 +171,22 @@ void ExpectSame(const Outcome& got, const Outcome& want, const std::string& what
         continue;  // the head stage's copy of the tied wte rides in its head (checked below)
       }
       ASSERT_NE(it, ref.base_after.end()) << rank << " " << name;
+      if (got.job.parallel().zero_stage() == 3) {
+        // The rank's shard of the unit: the one-rank unit's elements [offset, offset + n).
+        const UnitLayout* unit = nullptr;
+        for (const UnitLayout& u : whole.units) {
+          if (name == u.name + ".params") unit = &u;
+        }
+        ASSERT_NE(unit, nullptr) << rank << " " << name;
+        const UnitShard shard =
+            ShardOf(unit->numel, ParallelLayout::ForJob(got.job, static_cast<int>(r)).shard());
+        const size_t element = it->second.size() / static_cast<size_t>(unit->numel);
+        const size_t begin = static_cast<size_t>(shard.offset) * element;
+        const size_t n = std::min(bytes.size(), it->second.size() - std::min(begin, it->second.size()));
+        EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + n, it->second.begin() + begin))
+            << rank << " " << name << ": not the one-rank base's shard";
+        continue;
+      }
       // At ZeRO stage ≥ 1 a unit's buffer is padded to the shard quantum: its first bytes are
       // the unit's, the padding zero.
       ASSERT_GE(bytes.size(), it->second.size()) << rank << " " << name;
@@ -249,13 +265,18 @@ TEST_F(LoraPipelineTrainingTest, TwoStagesOneFOneBAndInterleavedMatchOneRank) {
   }
 }
 
-TEST_F(LoraPipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneMatchOneRank) {
+TEST_F(LoraPipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatchOneRank) {
   // The replicas' micro-batches k are the global batch's sequences 2k and 2k + 1, which one
-  // rank reads as micro-batch k of 2.
+  // rank reads as micro-batch k of 2. ZeRO-2: each stage accumulates its adapters' gradients
+  // into ".lora_grad_accum", reduce-scattered after the schedule; ZeRO-3 (reshard_after_forward
+  // false): the frozen base's shards are gathered for the step, the adapters as at ZeRO-2.
   for (const bool llama : {false, true}) {
-    ExpectSame(RunAll(Job(llama, 2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B), 10),
-               RunAll(Job(llama, 1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B), 10),
-               absl::StrCat(llama ? "llama" : "gpt2", " pp2 x dp2 zero-1"));
+    for (const int zero : {1, 2, 3}) {
+      JobSpec job = Job(llama, 2, 2, zero, 1, ParallelConfig::ONE_F_ONE_B);
+      if (zero == 3) job.mutable_parallel()->set_reshard_after_forward(false);
+      ExpectSame(RunAll(job, 10), RunAll(Job(llama, 1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B), 10),
+                 absl::StrCat(llama ? "llama" : "gpt2", " pp2 x dp2 zero-", zero));
+    }
   }
 }
 
