@@ -574,6 +574,14 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
     NeedsParamsOnTheRank(spec, needs);
     // model.lora: each stage trains its own blocks' adapters over its frozen base.
+    if (UsesLora(spec.model()) && !spec.model().init_from().empty() &&
+        (spec.model().base_dtype() == ModelConfig::NF4 ||
+         spec.model().base_dtype() == ModelConfig::INT8)) {
+      needs(
+          "without a quantized model.base_dtype streamed from model.init_from (the stream "
+          "quantizes into the whole model's units, not a stage's); use the seeded base or "
+          "pipeline_parallel 1");
+    }
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }

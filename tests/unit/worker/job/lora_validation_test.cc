@@ -232,6 +232,12 @@ TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
   spec.mutable_parallel()->set_world_size(4);
   spec.mutable_parallel()->set_zero_stage(1);
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  // A quantized base streamed from model.init_from fills the whole model's units: named.
+  spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
+  spec.mutable_model()->set_init_from("base.safetensors");
+  EXPECT_THAT(CheckEngineSupport(spec).message(),
+              HasSubstr("parallel.pipeline_parallel: 2 trains without a quantized "
+                        "model.base_dtype streamed from model.init_from"));
 }
 
 }  // namespace
