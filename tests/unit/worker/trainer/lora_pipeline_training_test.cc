@@ -1,8 +1,8 @@
 // LoRA and QLoRA on pipeline stages (threads of this process, Gloo over loopback): each stage
 // trains its own blocks' adapters over its frozen base. Against one rank's LoRA run from the
 // same seed over 10 steps: PP2 under 1F1B and interleaved 1F1B, PP2 × DP2 at ZeRO-1, GPT-2
-// (tied: the head stage's frozen copy of wte) and Llama (GQA, untied), in f32 and bf16, and
-// over an NF4 base — the losses and gradient norms, the adapters every rank exports
+// (tied: the head stage's frozen copy of wte) and Llama (GQA, untied), in f32 and bf16, with
+// adapter dropout, and over an NF4 base — the losses and gradient norms, the adapters every rank exports
 // (FullAdapters, what `zt train --export` writes) and the frozen base bit for bit; each stage's
 // arenas equal its plan (the adapters and base of its own blocks only).
 #include <algorithm>
@@ -262,6 +262,21 @@ TEST_F(LoraPipelineTrainingTest, TwoStagesOneFOneBAndInterleavedMatchOneRank) {
     JobSpec one = Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
     one.mutable_model()->set_n_layer(4);
     ExpectSame(RunAll(interleaved, 10), RunAll(one, 10), family + " pp2 interleaved");
+  }
+}
+
+// With lora.dropout each stage draws, for micro-batch k, the masks one rank draws for the same
+// global micro-batch (the seed is set per scheduled micro-batch, again before its backward), so
+// the f32 bounds hold; a stage drawing another micro-batch's masks parts by far more.
+TEST_F(LoraPipelineTrainingTest, DropoutMasksAreOneRanksOnEveryStage) {
+  for (const bool llama : {false, true}) {
+    auto dropout = [](JobSpec job) {
+      job.mutable_model()->mutable_lora()->set_dropout(0.1f);
+      return job;
+    };
+    ExpectSame(RunAll(dropout(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
+               RunAll(dropout(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
+               absl::StrCat(llama ? "llama" : "gpt2", " pp2 dropout"));
   }
 }
 
