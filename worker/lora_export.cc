@@ -218,6 +218,13 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
                      "' was not saved by a LoRA job (its model has no lora): "
                      "export it without --merge-adapters as a Hugging Face model"));
   }
+  if (saved.parallel().tensor_parallel() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "checkpoint '", ckpt->path(),
+        "': exporting a LoRA checkpoint saved with tensor_parallel > 1 (each rank file holds its "
+        "adapter shares) is not implemented yet; export from the run with zt train --export, "
+        "which joins the shares"));
+  }
   const ModelLayout layout = BuildModelLayout(saved.model());
   const bool quantized = layout.base_quantization != BaseQuantization::kNone;
   // The adapters: the copy of the first rank that holds them (every rank whole after a step;

@@ -28,6 +28,7 @@
 #include "worker/offload/node_swap_store.h"
 #include "worker/optim/adafactor_splits.h"
 #include "worker/optim/lr_schedule.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/pipeline_full_weights.h"
 #include "worker/plan/pipeline_schedule.h"
 #include "worker/rank_state.h"
@@ -689,6 +690,38 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
     // Whole on every rank after each step (stages 0–2 all-gather them).
     ZT_RETURN_IF_ERROR(device_->Download(
         out.back().data(), model_->unit_lora()[u].Slice(0, layout.units[u].lora_numel)));
+  }
+  if (comms_.tensor && comms_.tensor->size() > 1) {
+    // Each rank holds its shares (worker/model/lora_tensor_parallel.h): all-gathered over the
+    // tensor-parallel group and each matrix's slice put in its place; replicated matrices
+    // from TP rank 0 (the same on every rank).
+    const int t = comms_.tensor->size();
+    const ModelLayout whole = BuildModelLayout(job_.model());
+    for (size_t u = 0; u < out.size(); ++u) {
+      const int64_t n = layout.units[u].lora_numel;
+      if (n == 0) continue;
+      std::vector<float> all(static_cast<size_t>(n * t));
+      ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.tensor->AllGather(
+                                            Tensor(out[u].data(), DType::kF32, {n}),
+                                            Tensor(all.data(), DType::kF32, {n * t}),
+                                            layout.units[u].name + " adapters all-gather"));
+      ZT_RETURN_IF_ERROR(h.Wait());
+      const UnitLayout& whole_unit = whole.units[u];
+      std::vector<float> joined(static_cast<size_t>(whole_unit.lora_numel), 0.0f);
+      for (int k = 0; k < t; ++k) {
+        for (size_t s = 0; s < whole_unit.lora.size(); ++s) {
+          const LoraSite& local = layout.units[u].lora[s];
+          const LoraSite& site = whole_unit.lora[s];
+          for (const bool a : {true, false}) {
+            const TensorParallelSlice slice = LoraSliceOf(job_.model(), site, a, t, k);
+            if (!slice.split && k > 0) continue;
+            PlaceSlice(slice, all.data() + k * n + (a ? local.a.offset : local.b.offset),
+                       joined.data() + (a ? site.a.offset : site.b.offset));
+          }
+        }
+      }
+      out[u] = std::move(joined);
+    }
   }
   if (!model_->pipelined()) return out;
   // A pipeline stage holds its own blocks' adapters: each block's are broadcast over the

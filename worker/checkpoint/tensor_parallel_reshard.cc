@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/parallel/parallel_layout.h"
@@ -229,6 +230,116 @@ absl::Status ReshardLoraBuffer(const zerotrain::JobSpec& saved,
   return absl::OkStatus();
 }
 
+// For each element of `local`'s adapters (a rank's share of block `whole`'s at tp, tensor
+// coordinate r), its index in the whole block's adapters.
+std::vector<int64_t> AdapterGlobalIndex(const zerotrain::ModelConfig& m, const UnitLayout& local,
+                                        const UnitLayout& whole, int tp, int r) {
+  std::vector<int64_t> g(local.lora_numel, -1);
+  for (size_t k = 0; k < whole.lora.size(); ++k) {
+    for (const bool a : {true, false}) {
+      const TensorParallelSlice s = LoraSliceOf(m, whole.lora[k], a, tp, r);
+      const int64_t from = a ? local.lora[k].a.offset : local.lora[k].b.offset;
+      const int64_t to = a ? whole.lora[k].a.offset : whole.lora[k].b.offset;
+      for (const TensorParallelSlice::Rows& run : s.rows) {
+        for (int64_t i = 0; i < run.count; ++i) {
+          for (int64_t c = 0; c < s.local_cols; ++c) {
+            g[from + (run.local_begin + i) * s.local_cols + c] =
+                to + (run.global_begin + i) * s.global_cols + s.col_begin + c;
+          }
+        }
+      }
+    }
+  }
+  return g;
+}
+
+// A tensor-parallel LoRA job's adapters ("<block>.lora") or their elementwise optimizer state
+// ("<block>.lora.<state>") for rank `rank` of `job`: the whole block's values joined from every
+// saved rank's range of its share (AdapterGlobalIndex), this rank's share and range taken out.
+// Sets *done when `b` is such a buffer.
+absl::Status ReshardTensorParallelAdapters(
+    const zerotrain::JobSpec& saved, const std::vector<std::unique_ptr<SafetensorsFile>>& files,
+    const std::function<std::string(int)>& rank_file, const zerotrain::JobSpec& job, int rank,
+    const BufferSpec& b, const Arenas& into, bool* done) {
+  *done = false;
+  const zerotrain::ModelConfig& m = job.model();
+  const ModelLayout whole = BuildModelLayout(m);
+  const UnitLayout* unit = nullptr;
+  std::string role;
+  for (const UnitLayout& u : whole.units) {
+    if (u.lora.empty()) continue;
+    if (b.name == u.name + ".lora") unit = &u;
+    if (b.name.starts_with(u.name + ".lora.")) {
+      unit = &u;
+      role = b.name.substr(u.name.size() + 6);
+    }
+  }
+  if (unit == nullptr) return absl::OkStatus();
+  if (!role.empty() && (!Elementwise(role) || b.dtype != DType::kF32)) return absl::OkStatus();
+  // The share of `layout`'s copy of the block at `place`, as LoraAdapterLayout's unit (whose
+  // ZeRO ranges the states are split by).
+  const auto share_of = [&](const zerotrain::JobSpec& spec, int at, UnitLayout* local,
+                            UnitLayout* adapters) -> bool {
+    const ParallelLayout place = ParallelLayout::ForJob(spec, at);
+    const ModelLayout rank_layout = RankModelLayout(spec, place);
+    for (const UnitLayout& u : rank_layout.units) {
+      if (u.name != unit->name) continue;
+      *local = u;
+      ModelLayout one;
+      one.units = {u};
+      *adapters = LoraAdapterLayout(one).units.front();
+      return true;
+    }
+    return false;
+  };
+  std::vector<float> values(unit->lora_numel, 0.0f);
+  bool found = false;
+  for (size_t r = 0; r < files.size(); ++r) {
+    UnitLayout local, adapters;
+    if (!share_of(saved, static_cast<int>(r), &local, &adapters)) continue;  // another stage
+    const SafetensorsTensorInfo* info = files[r]->Find(b.name);
+    const Segment have = role.empty() ? Segment{0, local.lora_numel}
+                                      : SegmentOf(saved, static_cast<int>(r), adapters, role);
+    if (have.end <= have.begin) continue;
+    const int64_t need = (have.end - have.begin) * static_cast<int64_t>(sizeof(float));
+    if (info == nullptr || info->nbytes() < need || info->dtype != StDType::kF32) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", b.name,
+                       " is missing or not the f32 range its layout says"));
+    }
+    found = true;
+    std::vector<float> held(static_cast<size_t>(have.end - have.begin));
+    std::memcpy(held.data(), files[r]->Bytes(*info).data(), static_cast<size_t>(need));
+    files[r]->Release(*info);
+    const ParallelLayout place = ParallelLayout::ForJob(saved, static_cast<int>(r));
+    const std::vector<int64_t> index =
+        AdapterGlobalIndex(m, local, *unit, place.tensor_size(), place.coordinates().tensor);
+    for (int64_t i = have.begin; i < have.end; ++i) {
+      if (index[i] >= 0) values[index[i]] = held[i - have.begin];
+    }
+  }
+  if (!found) {
+    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds ", b.name));
+  }
+  UnitLayout local, adapters;
+  if (!share_of(job, rank, &local, &adapters)) {
+    return absl::InternalError(absl::StrCat("resharding: rank ", rank, " holds no ", b.name));
+  }
+  const ParallelLayout place = ParallelLayout::ForJob(job, rank);
+  const std::vector<int64_t> index =
+      AdapterGlobalIndex(m, local, *unit, place.tensor_size(), place.coordinates().tensor);
+  const Segment want =
+      role.empty() ? Segment{0, local.lora_numel} : SegmentOf(job, rank, adapters, role);
+  ZT_ASSIGN_OR_RETURN(Tensor dst, into.Get(b.name));
+  float* out = dst.data<float>();
+  std::fill(out, out + dst.numel(), 0.0f);
+  for (int64_t i = want.begin; i < want.end; ++i) {
+    if (index[i] >= 0) out[i - want.begin] = values[index[i]];
+  }
+  *done = true;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
@@ -274,6 +385,14 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
       bool done = false;
       ZT_RETURN_IF_ERROR(
           ReshardLoraBuffer(saved, files, rank_file, job, rank, *b, into, &done));
+      if (done) continue;
+    }
+    if (m.has_lora()) {
+      // With tensor parallelism on either side: the adapters and their states from the shares
+      // (the frozen base below, as any unit's parameters).
+      bool done = false;
+      ZT_RETURN_IF_ERROR(
+          ReshardTensorParallelAdapters(saved, files, rank_file, job, rank, *b, into, &done));
       if (done) continue;
     }
     int u = -1;

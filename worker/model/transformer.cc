@@ -17,6 +17,7 @@
 #include "kernels/status_macros.h"
 #include "kernels/tensor_parallel.h"
 #include "worker/model/tensor_parallel_slice.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/parallel_plan.h"
 
@@ -103,11 +104,10 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   m.config_ = config;
   const int t = std::max(1, tp.size);
   if (t > 1) {
-    if (config.has_lora() || config.base_dtype() == zerotrain::ModelConfig::NF4 ||
+    if (config.base_dtype() == zerotrain::ModelConfig::NF4 ||
         config.base_dtype() == zerotrain::ModelConfig::INT8) {
       return absl::UnimplementedError(
-          "tensor parallelism trains the whole model: no model.lora, no quantized "
-          "model.base_dtype");
+          "tensor parallelism splits unquantized weights: no quantized model.base_dtype");
     }
     if (!tp.all_reduce || !tp.all_gather || (config.n_kv_head() < t && !tp.kv_all_reduce)) {
       return absl::InvalidArgumentError(
@@ -669,6 +669,20 @@ absl::Status Transformer::TpAllReduce(const Tensor& t, const std::string& label)
 
 absl::Status Transformer::ReduceReplicatedKvGrads(int i, const Tensor& grads) {
   if (tp_.size <= 1) return absl::OkStatus();
+  if (layout_.lora && !grads.empty()) {
+    // A LoRA block's `grads` are its adapters': a column-parallel site's A is replicated and
+    // each rank's gradient of it is the partial dhᵀx of its own output rows (dh = Σ_k dy_k·B_k),
+    // summed here over the group so every rank steps the same A.
+    const int64_t size = DTypeSize(grads.dtype());
+    for (const LoraSite& site : layout_.block(i).lora) {
+      if (IsRowParallelLoraSite(site)) continue;
+      const Tensor a(static_cast<char*>(grads.raw()) + site.a.offset * size, grads.dtype(),
+                     {site.a.numel}, grads.device());
+      ZT_RETURN_IF_ERROR(tp_.all_reduce(
+          a, absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_A gradient all-reduce")));
+    }
+    return absl::OkStatus();
+  }
   for (const auto& [begin, end] : kv_ranges_[i]) {
     ZT_RETURN_IF_ERROR(tp_.kv_all_reduce(grads.Slice(begin, end),
                                          absl::StrCat(layout_.block(i).name, " kv all-reduce")));

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/plan/pipeline_schedule.h"
 
 namespace zt {
@@ -163,6 +164,14 @@ ModelLayout TensorParallelModelLayout(const zerotrain::ModelConfig& model, int t
       u.numel += p.numel;
     }
     layout.total_numel += u.numel;
+  }
+  if (layout.lora) {
+    // The adapters' shares (worker/model/lora_tensor_parallel.h).
+    layout.lora_numel = 0;
+    for (UnitLayout& u : layout.units) {
+      SplitLoraSites(tensor_parallel, u);
+      layout.lora_numel += u.lora_numel;
+    }
   }
   return layout;
 }

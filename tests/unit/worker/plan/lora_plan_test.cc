@@ -108,6 +108,31 @@ TEST(LoraPlanTest, PipelineStagesPlanTheirOwnBlocksAdaptersAndBase) {
   EXPECT_EQ(base, whole_base);
 }
 
+// On tensor-parallel ranks each block's adapters are planned at their shares: a
+// column-parallel site (q_proj, v_proj) keeps A (r, C) whole and B's rows / t, a row-parallel
+// one (down_proj) splits A's input columns and keeps B (C, r) whole; gradients and AdamW
+// moments alike.
+TEST(LoraPlanTest, TensorParallelRanksPlanTheirAdapterShares) {
+  zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_tensor_parallel(2);
+  const int64_t r = 4, C = 64, KV = 32, F = 128;
+  // q: A (4, 64), B (64/2, 4); v: A (4, 64), B (32/2, 4); down_proj: A (4, 128/2), B (64, 4).
+  const int64_t per_block = (r * C + C / 2 * r) + (r * C + KV / 2 * r) + (r * F / 2 + C * r);
+  for (int rank = 0; rank < 2; ++rank) {
+    const MemoryPlan plan = PlanMemory(job, rank);
+    int64_t adapters = 0, grads = 0, moments = 0;
+    for (const BufferSpec& b : plan.buffers) {
+      if (b.name.ends_with(".lora")) adapters += b.numel();
+      if (b.name.ends_with(".lora_grads")) grads += b.numel();
+      if (b.name.ends_with(".lora.adam_m")) moments += b.numel();
+    }
+    EXPECT_EQ(adapters, 3 * per_block) << "rank " << rank;
+    EXPECT_EQ(grads, 3 * per_block) << "rank " << rank;
+    EXPECT_EQ(moments, 3 * per_block) << "rank " << rank;
+  }
+}
+
 TEST(LoraPlanTest, AdaptersCarryTheGradientsAndStatesTheBaseDoesNot) {
   const zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
   const ModelLayout layout = BuildModelLayout(job.model());

@@ -1,10 +1,13 @@
-// LoRA and QLoRA on pipeline stages (threads of this process, Gloo over loopback): each stage
-// trains its own blocks' adapters over its frozen base. Against one rank's LoRA run from the
-// same seed over 10 steps: PP2 under 1F1B and interleaved 1F1B, PP2 × DP2 at ZeRO-1, GPT-2
-// (tied: the head stage's frozen copy of wte) and Llama (GQA, untied), in f32 and bf16, with
-// adapter dropout, and over an NF4 base — the losses and gradient norms, the adapters every rank exports
-// (FullAdapters, what `zt train --export` writes) and the frozen base bit for bit; each stage's
-// arenas equal its plan (the adapters and base of its own blocks only).
+// LoRA and QLoRA on pipeline stages and tensor-parallel ranks (threads of this process, Gloo
+// over loopback). Pipeline: each stage trains its own blocks' adapters over its frozen base —
+// PP2 under 1F1B and interleaved 1F1B, PP2 × DP2 at ZeRO 1–3, GPT-2 (tied: the head stage's
+// frozen copy of wte) and Llama (GQA, untied), in f32 and bf16, with adapter dropout, and over an
+// NF4 base. Tensor parallelism: the adapters split as their base weights (TP2, TP2 × DP2). Each
+// against one rank's LoRA run from the same seed over 10 steps: the losses and gradient norms,
+// the adapters every rank exports (FullAdapters, what `zt train --export` writes) and the
+// frozen base bit for bit; each rank's arenas equal its plan (the adapters and base of its own
+// blocks or shares only). Checkpoints resume between PP2 / TP2 and one rank; `zt export` of a
+// staged checkpoint is the whole model's adapters.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -164,7 +167,9 @@ void ExpectSame(const Outcome& got, const Outcome& want, const std::string& what
     EXPECT_LT(worst, bounds.adapter) << rank << ": adapters";
     // The frozen base: untouched by training, and each buffer the one-rank base's.
     EXPECT_TRUE(run.base_after == run.base_before) << rank << ": the base changed";
-    for (const auto& [name, bytes] : run.base_after) {
+    // (A tensor-parallel rank's base is its shares: checked unchanged above.)
+    const bool shares = got.job.parallel().tensor_parallel() > 1;
+    for (const auto& [name, bytes] : shares ? Bytes{} : run.base_after) {
       const auto it = ref.base_after.find(name);
       if (name == "head.params" && it != ref.base_after.end() &&
           it->second.size() != bytes.size()) {
@@ -214,7 +219,7 @@ void ExpectSame(const Outcome& got, const Outcome& want, const std::string& what
   }
 }
 
-class LoraPipelineTrainingTest : public ::testing::Test {
+class LoraParallelTrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::TestScratchDir("zt-lora-pp-test");
@@ -249,7 +254,7 @@ class LoraPipelineTrainingTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-TEST_F(LoraPipelineTrainingTest, TwoStagesOneFOneBAndInterleavedMatchOneRank) {
+TEST_F(LoraParallelTrainingTest, TwoStagesOneFOneBAndInterleavedMatchOneRank) {
   for (const bool llama : {false, true}) {
     const std::string family = llama ? "llama" : "gpt2";
     const Outcome reference = RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B), 10);
@@ -268,7 +273,7 @@ TEST_F(LoraPipelineTrainingTest, TwoStagesOneFOneBAndInterleavedMatchOneRank) {
 // With lora.dropout each stage draws, for micro-batch k, the masks one rank draws for the same
 // global micro-batch (the seed is set per scheduled micro-batch, again before its backward), so
 // the f32 bounds hold; a stage drawing another micro-batch's masks parts by far more.
-TEST_F(LoraPipelineTrainingTest, DropoutMasksAreOneRanksOnEveryStage) {
+TEST_F(LoraParallelTrainingTest, DropoutMasksAreOneRanksOnEveryStage) {
   for (const bool llama : {false, true}) {
     auto dropout = [](JobSpec job) {
       job.mutable_model()->mutable_lora()->set_dropout(0.1f);
@@ -280,7 +285,7 @@ TEST_F(LoraPipelineTrainingTest, DropoutMasksAreOneRanksOnEveryStage) {
   }
 }
 
-TEST_F(LoraPipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatchOneRank) {
+TEST_F(LoraParallelTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatchOneRank) {
   // The replicas' micro-batches k are the global batch's sequences 2k and 2k + 1, which one
   // rank reads as micro-batch k of 2. ZeRO-2: each stage accumulates its adapters' gradients
   // into ".lora_grad_accum", reduce-scattered after the schedule; ZeRO-3 (reshard_after_forward
@@ -295,7 +300,7 @@ TEST_F(LoraPipelineTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatch
   }
 }
 
-TEST_F(LoraPipelineTrainingTest, Bf16StagesMatchOneRankInBf16) {
+TEST_F(LoraParallelTrainingTest, Bf16StagesMatchOneRankInBf16) {
   // Bounds: bf16 parameters, activations and gradients with the adapters in f32. A stage rounds
   // what one rank rounds (the link carries the 16-bit activation itself); what differs is the
   // order of the norm's and DP's sums, as in the pipeline's own bf16 test, whose bounds these
@@ -320,7 +325,7 @@ TEST_F(LoraPipelineTrainingTest, Bf16StagesMatchOneRankInBf16) {
   }
 }
 
-TEST_F(LoraPipelineTrainingTest, QloraNf4BaseOnTwoStagesMatchesOneRank) {
+TEST_F(LoraParallelTrainingTest, QloraNf4BaseOnTwoStagesMatchesOneRank) {
   // Each stage quantizes its own blocks' weights from the seeded init, as one rank does: the
   // same NF4 bytes (checked bit for bit by name), so the f32 bounds hold.
   for (const bool llama : {false, true}) {
@@ -331,27 +336,36 @@ TEST_F(LoraPipelineTrainingTest, QloraNf4BaseOnTwoStagesMatchesOneRank) {
   }
 }
 
-// A LoRA checkpoint written on PP2 (1F1B, and PP2 × DP2 at ZeRO-1) after 5 steps resumes at one
-// rank, and one rank's at PP2: steps 6–10 are the uninterrupted run's, and the adapters at the
+// A LoRA checkpoint written on PP2 (1F1B, and PP2 × DP2 at ZeRO-1) or TP2 (and TP2 × DP2 at
+// ZeRO-1) after 5 steps resumes at one rank, and one rank's at PP2 and TP2: steps 6–10 are the uninterrupted run's, and the adapters at the
 // end agree. The adapters, the seeded frozen base (with the head stage's copy of the tied wte
 // taken from the embedding) and the AdamW moments are copied or placed element by element,
 // exactly, so what differs is the other layout's reduction order: the f32 bounds (ExpectSame).
-TEST_F(LoraPipelineTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
+TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
   struct Case {
     bool llama;
     int dp;  // of the pipelined side
     bool to_one_rank;
+    bool tensor = false;  // TP2 instead of PP2 (the adapters joined from and split into shares)
   };
   for (const Case& c : {Case{false, 1, true}, Case{true, 1, true}, Case{false, 1, false},
-                        Case{true, 2, true}}) {
+                        Case{true, 2, true}, Case{false, 1, true, true}, Case{true, 2, true, true},
+                        Case{true, 1, false, true}}) {
     // The global batch is the same on both sides: 4 micro-batches of dp sequences.
-    const JobSpec pp = Job(c.llama, 2, c.dp, c.dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B);
+    JobSpec pp = Job(c.llama, c.tensor ? 1 : 2, c.dp, c.dp > 1 ? 1 : 0, 1,
+                     ParallelConfig::ONE_F_ONE_B);
+    if (c.tensor) {
+      pp.mutable_parallel()->set_world_size(2 * c.dp);
+      pp.mutable_parallel()->set_tensor_parallel(2);
+    }
     const JobSpec one = Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B);
     JobSpec from = c.to_one_rank ? pp : one, to = c.to_one_rank ? one : pp;
+    const std::string staged = c.tensor ? "tp2" : "pp2";
     const std::string what =
-        absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? "pp2" : "one rank",
-                     c.dp > 1 ? " x dp2" : "", " -> ", c.to_one_rank ? "one rank" : "pp2");
-    const std::string dir = (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank)).string();
+        absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? staged : "one rank",
+                     c.dp > 1 ? " x dp2" : "", " -> ", c.to_one_rank ? "one rank" : staged);
+    const std::string dir =
+        (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor)).string();
     from.mutable_checkpoint()->set_interval_steps(5);
     from.mutable_checkpoint()->set_dir(dir);
     JobSpec straight = to;
@@ -363,7 +377,9 @@ TEST_F(LoraPipelineTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
     to.mutable_checkpoint()->set_interval_steps(5);
     const Outcome resumed = RunAll(to, 10, dir);
     ASSERT_TRUE(resumed.status.ok()) << what << ": " << resumed.status;
-    for (const RankRun& r : resumed.ranks) {
+    ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
+    for (size_t k = 0; k < resumed.ranks.size(); ++k) {
+      const RankRun& r = resumed.ranks[k];
       ASSERT_EQ(r.losses.size(), 5u) << what;
       for (int s = 0; s < 5; ++s) {
         const double want = whole.ranks[0].losses[5 + s];
@@ -378,10 +394,11 @@ TEST_F(LoraPipelineTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
         }
       }
       EXPECT_LT(worst, 1e-4) << what << ": adapters";
-      // The frozen base came back bit for bit: the uninterrupted run's buffers of the same name.
+      // The frozen base came back bit for bit: the uninterrupted run's same rank's buffers of
+      // the same name.
       for (const auto& [name, bytes] : r.base_after) {
-        const auto it = whole.ranks[0].base_after.find(name);
-        if (it == whole.ranks[0].base_after.end()) continue;
+        const auto it = whole.ranks[k].base_after.find(name);
+        if (it == whole.ranks[k].base_after.end()) continue;
         const size_t n = std::min(bytes.size(), it->second.size());
         EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + n, it->second.begin()))
             << what << " " << name;
@@ -394,7 +411,7 @@ TEST_F(LoraPipelineTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
 // held it, bit for bit what the stages trained (FullAdapters); --merge-adapters joins the f32
 // base from the stages. Against one rank's checkpoint of the same 3 steps: every merged tensor
 // within the adapters' reduction noise (1e-4, ExpectSame's), the unadapted ones bit for bit.
-TEST_F(LoraPipelineTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapters) {
+TEST_F(LoraParallelTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapters) {
   for (const bool llama : {false, true}) {
     const std::string what = llama ? "llama" : "gpt2";
     JobSpec pp = Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
@@ -450,6 +467,25 @@ TEST_F(LoraPipelineTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapte
       } else {
         EXPECT_EQ(worst, 0.0) << what << " " << w.name;
       }
+    }
+  }
+}
+
+// Tensor parallelism (Megatron's rule for adapters, worker/model/lora_tensor_parallel.h): TP2
+// and TP2 × DP2 at ZeRO-1 against one rank. The ranks run one rank's ops on shares; what
+// differs is the order of sums — the row-parallel partial products, h = Σ_k x_k·A_kᵀ, the
+// column-parallel A gradient's partials, the norm's per-rank sums — fp32 reduction noise:
+// ExpectSame's bounds, the tensor-parallel tests' for the same noise. The exported adapters
+// (FullAdapters, joined from the shares) are one rank's within them.
+TEST_F(LoraParallelTrainingTest, TensorParallelAdaptersMatchOneRank) {
+  for (const bool llama : {false, true}) {
+    for (const int dp : {1, 2}) {
+      JobSpec job = Job(llama, 1, dp, dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B);
+      job.mutable_parallel()->set_world_size(2 * dp);
+      job.mutable_parallel()->set_tensor_parallel(2);
+      ExpectSame(RunAll(job, 10),
+                 RunAll(Job(llama, 1, 1, 0, dp, ParallelConfig::ONE_F_ONE_B), 10),
+                 absl::StrCat(llama ? "llama" : "gpt2", " tp2", dp > 1 ? " x dp2 zero-1" : ""));
     }
   }
 }
