@@ -706,7 +706,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
                                             Tensor(all.data(), DType::kF32, {n * t}),
                                             layout.units[u].name + " adapters all-gather"));
       ZT_RETURN_IF_ERROR(h.Wait());
-      const UnitLayout& whole_unit = whole.units[u];
+      // A pipeline stage's unit u is the whole model's held_units()[u].
+      const UnitLayout& whole_unit =
+          whole.units[model_->pipelined() ? model_->held_units()[u] : u];
       std::vector<float> joined(static_cast<size_t>(whole_unit.lora_numel), 0.0f);
       for (int k = 0; k < t; ++k) {
         for (size_t s = 0; s < whole_unit.lora.size(); ++s) {

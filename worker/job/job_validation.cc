@@ -667,7 +667,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         needs("with model.lora.dropout 0 (a rank's masks would be drawn for its shares' indices)");
       }
       if (spec.parallel().sequence_parallel()) needs("without parallel.sequence_parallel");
-      if (spec.parallel().pipeline_parallel() > 1) needs("without parallel.pipeline_parallel");
       if (spec.model().base_dtype() == ModelConfig::NF4 ||
           spec.model().base_dtype() == ModelConfig::INT8) {
         needs("over an unquantized base (an NF4/INT8 base is not sliced along its blocks yet)");

@@ -347,25 +347,26 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
     int dp;  // of the pipelined side
     bool to_one_rank;
     bool tensor = false;  // TP2 instead of PP2 (the adapters joined from and split into shares)
+    bool both = false;    // with `tensor`: TP2 × PP2
   };
   for (const Case& c : {Case{false, 1, true}, Case{true, 1, true}, Case{false, 1, false},
                         Case{true, 2, true}, Case{false, 1, true, true}, Case{true, 2, true, true},
-                        Case{true, 1, false, true}}) {
+                        Case{true, 1, false, true}, Case{false, 1, true, true, true}}) {
     // The global batch is the same on both sides: 4 micro-batches of dp sequences.
-    JobSpec pp = Job(c.llama, c.tensor ? 1 : 2, c.dp, c.dp > 1 ? 1 : 0, 1,
+    JobSpec pp = Job(c.llama, c.tensor && !c.both ? 1 : 2, c.dp, c.dp > 1 ? 1 : 0, 1,
                      ParallelConfig::ONE_F_ONE_B);
     if (c.tensor) {
-      pp.mutable_parallel()->set_world_size(2 * c.dp);
+      pp.mutable_parallel()->set_world_size((c.both ? 4 : 2) * c.dp);
       pp.mutable_parallel()->set_tensor_parallel(2);
     }
     const JobSpec one = Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B);
     JobSpec from = c.to_one_rank ? pp : one, to = c.to_one_rank ? one : pp;
-    const std::string staged = c.tensor ? "tp2" : "pp2";
+    const std::string staged = c.both ? "tp2 x pp2" : c.tensor ? "tp2" : "pp2";
     const std::string what =
         absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? staged : "one rank",
                      c.dp > 1 ? " x dp2" : "", " -> ", c.to_one_rank ? "one rank" : staged);
     const std::string dir =
-        (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor)).string();
+        (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor, c.both)).string();
     from.mutable_checkpoint()->set_interval_steps(5);
     from.mutable_checkpoint()->set_dir(dir);
     JobSpec straight = to;
@@ -487,6 +488,12 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdaptersMatchOneRank) {
                  RunAll(Job(llama, 1, 1, 0, dp, ParallelConfig::ONE_F_ONE_B), 10),
                  absl::StrCat(llama ? "llama" : "gpt2", " tp2", dp > 1 ? " x dp2 zero-1" : ""));
     }
+    // TP2 × PP2: each stage's blocks' adapters at the stage's TP shares.
+    JobSpec both = Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+    both.mutable_parallel()->set_world_size(4);
+    both.mutable_parallel()->set_tensor_parallel(2);
+    ExpectSame(RunAll(both, 10), RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B), 10),
+               absl::StrCat(llama ? "llama" : "gpt2", " tp2 x pp2"));
   }
 }
 
