@@ -671,11 +671,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           spec.model().base_dtype() == ModelConfig::INT8) {
         needs("over an unquantized base (an NF4/INT8 base is not sliced along its blocks yet)");
       }
-      const zerotrain::PrecisionConfig::DType param = precision.param_dtype();
-      if (param != zerotrain::PrecisionConfig::FP32 &&
-          param != zerotrain::PrecisionConfig::DTYPE_UNSPECIFIED) {
-        needs("in fp32 (precision.param_dtype FP32)");
-      }
       if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
         needs("with AdamW, SGD or 8-bit AdamW (Adafactor's factored statistics are not summed "
               "over adapter shares yet)");

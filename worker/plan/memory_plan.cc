@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/plan/lora_plan.h"
@@ -212,6 +213,15 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
         StorageDType(job.precision().grad_dtype()) != DType::kF32) {
       // Sequence parallelism sums the norms' 16-bit gradients (C each) over the same group.
       sizes.tensor = std::max<int64_t>(sizes.tensor, job.model().d_model());
+    }
+    if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().has_lora()) {
+      // LoRA: each column-parallel site's A gradient (r × in) is summed over the group in the
+      // gradient dtype (Transformer::ReduceReplicatedKvGrads); h (B·T × r) fits the above.
+      for (const UnitLayout& u : RankModelLayout(job, layout).units) {
+        for (const LoraSite& site : u.lora) {
+          if (!IsRowParallelLoraSite(site)) sizes.tensor = std::max(sizes.tensor, site.a.numel);
+        }
+      }
     }
     if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().n_kv_head() < t) {
       const ModelLayout local = RankModelLayout(job, layout);
