@@ -219,6 +219,16 @@ void ExpectSame(const Outcome& got, const Outcome& want, const std::string& what
   }
 }
 
+// `job` in bf16 (parameters, activations, gradients, and so its base; the adapters stay f32).
+JobSpec Bf16(JobSpec job) {
+  auto* p = job.mutable_precision();
+  p->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  p->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+  p->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  job.mutable_model()->set_base_dtype(ModelConfig::BF16);
+  return job;
+}
+
 class LoraParallelTrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -310,16 +320,8 @@ TEST_F(LoraParallelTrainingTest, Bf16StagesMatchOneRankInBf16) {
   // The one-rank reference is itself the regression test of a bf16 gradient buffer that the
   // adapters' backward wrote as f32, twice its size (heap corruption; AdapterView).
   for (const bool llama : {false, true}) {
-    auto bf16 = [](JobSpec job) {
-      auto* p = job.mutable_precision();
-      p->set_param_dtype(zerotrain::PrecisionConfig::BF16);
-      p->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
-      p->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
-      job.mutable_model()->set_base_dtype(ModelConfig::BF16);
-      return job;
-    };
-    ExpectSame(RunAll(bf16(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
-               RunAll(bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
+    ExpectSame(RunAll(Bf16(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
+               RunAll(Bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
                absl::StrCat(llama ? "llama" : "gpt2", " bf16 pp2"),
                {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
   }
@@ -491,19 +493,11 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdaptersMatchOneRank) {
     // bf16 (parameters, activations, gradients; the adapters f32): the h and A-gradient sums
     // go through the TP group's 16-bit all-reduce (f32 adds, one rounding), where one rank
     // rounds its GEMM once: the pipeline bf16 test's bounds (Bf16StagesMatchOneRankInBf16).
-    auto bf16 = [](JobSpec job) {
-      auto* p = job.mutable_precision();
-      p->set_param_dtype(zerotrain::PrecisionConfig::BF16);
-      p->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
-      p->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
-      job.mutable_model()->set_base_dtype(ModelConfig::BF16);
-      return job;
-    };
-    JobSpec tp_bf16 = bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+    JobSpec tp_bf16 = Bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
     tp_bf16.mutable_parallel()->set_world_size(2);
     tp_bf16.mutable_parallel()->set_tensor_parallel(2);
     ExpectSame(RunAll(tp_bf16, 10),
-               RunAll(bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
+               RunAll(Bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
                absl::StrCat(llama ? "llama" : "gpt2", " bf16 tp2"),
                {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
     // TP2 × PP2: each stage's blocks' adapters at the stage's TP shares.
