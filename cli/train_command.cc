@@ -88,17 +88,18 @@ absl::Status RunRank(const zerotrain::JobSpec& job, const TrainFlags& flags, Tra
   }
   if (absl::Status s = trainer->Run(); !s.ok()) return s;
   if (!flags.export_path.empty() && job.model().has_lora()) {
-    // A LoRA job exports what it trained: its adapters, as a PEFT directory.
+    // A LoRA job exports what it trained: its adapters, as a PEFT directory. Every rank takes
+    // part (a pipeline's stages each hold their blocks' adapters); rank 0 writes.
+    absl::StatusOr<std::vector<std::vector<float>>> adapters = trainer->FullAdapters();
+    if (!adapters.ok()) return adapters.status();
     if (options.rank == 0) {
-      absl::StatusOr<std::vector<std::vector<float>>> adapters = trainer->FullAdapters();
-      if (!adapters.ok()) return adapters.status();
       std::vector<Tensor> units;
       for (std::vector<float>& a : *adapters) {
         units.push_back(
             a.empty() ? Tensor() : Tensor(a.data(), DType::kF32, {static_cast<int64_t>(a.size())}));
       }
       if (absl::Status s =
-              WritePeftAdapter(job.model(), trainer->model().layout(), units, flags.export_path,
+              WritePeftAdapter(job.model(), BuildModelLayout(job.model()), units, flags.export_path,
                                {.base_model_name_or_path = job.model().init_from()});
           !s.ok()) {
         return s;

@@ -17,6 +17,7 @@
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/safetensors.h"
+#include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/checkpoint_export.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/lora_plan.h"
@@ -49,8 +50,12 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadBase(const zerotrain::JobSpe
   }
   auto rank_file = [&](int r) { return RankFile(step_dir, r); };
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    ZT_RETURN_IF_ERROR(ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
-                                     layout.units[u].numel, units[u]));
+    // A pipeline checkpoint: each unit from the ranks of its stage (f32 bases only).
+    ZT_RETURN_IF_ERROR(
+        saved.parallel().pipeline_parallel() > 1
+            ? ReadWholeUnitFromShares(saved, rank_file, static_cast<int>(u), "params", units[u])
+            : ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
+                            layout.units[u].numel, units[u]));
   }
   return base;
 }
@@ -213,18 +218,35 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
                      "' was not saved by a LoRA job (its model has no lora): "
                      "export it without --merge-adapters as a Hugging Face model"));
   }
+  if (saved.parallel().tensor_parallel() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "checkpoint '", ckpt->path(),
+        "': exporting a LoRA checkpoint saved with tensor_parallel > 1 (each rank file holds its "
+        "adapter shares) is not implemented yet; export from the run with zt train --export, "
+        "which joins the shares"));
+  }
   const ModelLayout layout = BuildModelLayout(saved.model());
   const bool quantized = layout.base_quantization != BaseQuantization::kNone;
-  // The adapters: rank 0's copy (every rank holds them whole after a step).
-  ZT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                      SafetensorsFile::Open(RankFile(ckpt->path(), 0)));
+  // The adapters: the copy of the first rank that holds them (every rank whole after a step;
+  // with pipeline parallelism the ranks of the block's stage).
+  std::vector<std::unique_ptr<SafetensorsFile>> files(saved.parallel().world_size());
   std::vector<std::vector<float>> adapters(layout.units.size());
   std::vector<Tensor> unit_lora(layout.units.size());
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitLayout& unit = layout.units[u];
     if (unit.lora_numel == 0) continue;
     const std::string name = unit.name + ".lora";
-    const SafetensorsTensorInfo* info = file->Find(name);
+    const SafetensorsTensorInfo* info = nullptr;
+    SafetensorsFile* file = nullptr;
+    for (size_t r = 0; r < files.size() && info == nullptr; ++r) {
+      if (files[r] == nullptr) {
+        ZT_ASSIGN_OR_RETURN(files[r],
+                            SafetensorsFile::Open(RankFile(ckpt->path(), static_cast<int>(r))));
+      }
+      file = files[r].get();
+      info = file->Find(name);
+      if (saved.parallel().pipeline_parallel() <= 1) break;  // rank 0 holds every block's
+    }
     if (info == nullptr) {
       return absl::DataLossError(absl::StrCat("checkpoint '", ckpt->path(), "': ", file->path(),
                                               " has no tensor ", name, " (the unit's adapters)"));
@@ -261,6 +283,12 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
     }
   }
   std::vector<std::vector<float>> base;
+  if (quantized && saved.parallel().pipeline_parallel() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "checkpoint '", ckpt->path(),
+        "': --merge-adapters of a quantized (NF4/INT8) base saved with pipeline_parallel > 1 is "
+        "not implemented yet; export the PEFT adapters (without --merge-adapters)"));
+  }
   if (quantized) {
     ZT_ASSIGN_OR_RETURN(
         base, ReadDequantizedBase(saved, layout, merged_model, merged_layout, ckpt->path()));

@@ -28,6 +28,7 @@
 #include "worker/offload/node_swap_store.h"
 #include "worker/optim/adafactor_splits.h"
 #include "worker/optim/lr_schedule.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/pipeline_full_weights.h"
 #include "worker/plan/pipeline_schedule.h"
 #include "worker/rank_state.h"
@@ -718,7 +719,59 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
     ZT_RETURN_IF_ERROR(device_->Download(
         out.back().data(), model_->unit_lora()[u].Slice(0, layout.units[u].lora_numel)));
   }
-  return out;
+  if (comms_.tensor && comms_.tensor->size() > 1) {
+    // Each rank holds its shares (worker/model/lora_tensor_parallel.h): all-gathered over the
+    // tensor-parallel group and each matrix's slice put in its place; replicated matrices
+    // from TP rank 0 (the same on every rank).
+    const int t = comms_.tensor->size();
+    const ModelLayout whole = BuildModelLayout(job_.model());
+    for (size_t u = 0; u < out.size(); ++u) {
+      const int64_t n = layout.units[u].lora_numel;
+      if (n == 0) continue;
+      std::vector<float> all(static_cast<size_t>(n * t));
+      ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.tensor->AllGather(
+                                            Tensor(out[u].data(), DType::kF32, {n}),
+                                            Tensor(all.data(), DType::kF32, {n * t}),
+                                            layout.units[u].name + " adapters all-gather"));
+      ZT_RETURN_IF_ERROR(h.Wait());
+      // A pipeline stage's unit u is the whole model's held_units()[u].
+      const UnitLayout& whole_unit =
+          whole.units[model_->pipelined() ? model_->held_units()[u] : u];
+      std::vector<float> joined(static_cast<size_t>(whole_unit.lora_numel), 0.0f);
+      for (int k = 0; k < t; ++k) {
+        for (size_t s = 0; s < whole_unit.lora.size(); ++s) {
+          const LoraSite& local = layout.units[u].lora[s];
+          const LoraSite& site = whole_unit.lora[s];
+          for (const bool a : {true, false}) {
+            const TensorParallelSlice slice = LoraSliceOf(job_.model(), site, a, t, k);
+            if (!slice.split && k > 0) continue;
+            PlaceSlice(slice, all.data() + k * n + (a ? local.a.offset : local.b.offset),
+                       joined.data() + (a ? site.a.offset : site.b.offset));
+          }
+        }
+      }
+      out[u] = std::move(joined);
+    }
+  }
+  if (!model_->pipelined()) return out;
+  // A pipeline stage holds its own blocks' adapters: each block's are broadcast over the
+  // pipeline group from the stage the plan gave it, so every rank ends with the whole model's,
+  // the very values that stage trained (a broadcast copies bits).
+  const ModelLayout whole = BuildModelLayout(job_.model());
+  const std::vector<int> stage_of = StageOfEachUnit(job_);
+  std::vector<std::vector<float>> joined(whole.units.size());
+  for (size_t k = 0; k < out.size(); ++k) joined[model_->held_units()[k]] = std::move(out[k]);
+  for (size_t u = 0; u < whole.units.size(); ++u) {
+    const int64_t n = whole.units[u].lora_numel;
+    if (n == 0) continue;
+    joined[u].resize(static_cast<size_t>(n));
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        comms_.pipeline->Broadcast(Tensor(joined[u].data(), DType::kF32, {n}),
+                                                   stage_of[u],
+                                                   whole.units[u].name + " adapters from its stage"));
+    ZT_RETURN_IF_ERROR(h.Wait());
+  }
+  return joined;
 }
 
 namespace {
@@ -1405,6 +1458,12 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
                                            op.forward ? " forward" : " backward");
     ZT_RETURN_IF_ERROR(m.SelectMicroBatch(c, slot));
     const bool first = m.chunk_is_first(), last = m.chunk_is_last();
+    if (m.layout().lora) {
+      // The adapters' dropout masks of micro-batch k: the seed one rank draws for the same
+      // global micro-batch (TrainStep), set again before its backward re-applies them.
+      m.SetLoraDropoutSeed(job_.train().seed() * 0x9E3779B97F4A7C15ull +
+                           static_cast<uint64_t>((step_ * accum + k) * ranks + data_rank_));
+    }
     if (first || last) {
       const auto fill_start = Clock::now();
       // The model's first chunk's embedding reads the tokens in its forward and backward, the
@@ -1464,7 +1523,8 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
   }
   timing->busy_s = busy_s;
   timing->span_s = std::chrono::duration<double>(Clock::now() - schedule_start).count();
-  if (comms_.tied) {
+  if (comms_.tied && !m.layout().lora) {
+    // (A LoRA job's embedding and head are frozen: the copies have no gradient and stay equal.)
     // The tied embedding's two copies (wte on the first stage, the head's copy on the last)
     // get the sum of their gradients, as Megatron's embedding group all-reduce does.
     const bool first = m.is_first_stage();

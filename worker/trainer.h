@@ -217,8 +217,10 @@ class Trainer {
   // not model().layout()'s). A collective: every rank of the job calls it. What export writes.
   absl::StatusOr<std::vector<std::vector<float>>> FullWeights();
   // A LoRA job (model.lora): each unit's adapters ("<unit>.lora", f32, lora_numel elements;
-  // empty for units without adapters), whole on every rank — what a PEFT export writes. Not
-  // a collective. FullWeights refuses a LoRA job.
+  // empty for units without adapters), whole on every rank — what a PEFT export writes —
+  // indexed by BuildModelLayout's units. Not a collective without pipeline parallelism; with
+  // it every rank calls it (each block's adapters are broadcast from their stage). FullWeights
+  // refuses a LoRA job.
   absl::StatusOr<std::vector<std::vector<float>>> FullAdapters();
   // Bytes and seconds of this rank's collectives so far.
   // Every communicator of the rank: the sharding engine's, the tensor-parallel groups' and the

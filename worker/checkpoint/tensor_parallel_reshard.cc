@@ -9,9 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/parallel/parallel_layout.h"
+#include "worker/plan/lora_plan.h"
 #include "worker/plan/parallel_plan.h"
 
 namespace zt {
@@ -122,6 +124,222 @@ absl::Status JoinWholeUnit(const zerotrain::JobSpec& saved,
   return absl::OkStatus();
 }
 
+// A LoRA job's buffers across pipeline layouts (tensor_parallel 1 on both sides): each block's
+// adapters ("<block>.lora", whole on every rank of its stage) and, below ZeRO stage 3, its
+// frozen base ("<unit>.params", an NF4/INT8 base's per-tensor buffers) are copied from the first
+// saved rank whose stage holds them, bit for bit in their own dtype; the adapters' elementwise
+// optimizer states ("<block>.lora.<state>") are joined from the ranges of the saved ranks of the
+// block's stage (LoraAdapterLayout's units) and this rank's range taken. Sets *done when `b` is
+// such a buffer.
+absl::Status ReshardLoraBuffer(const zerotrain::JobSpec& saved,
+                               const std::vector<std::unique_ptr<SafetensorsFile>>& files,
+                               const std::function<std::string(int)>& rank_file,
+                               const zerotrain::JobSpec& job, int rank, const BufferSpec& b,
+                               const Arenas& into, bool* done) {
+  *done = false;
+  const ModelLayout whole = BuildModelLayout(job.model());
+  const bool whole_base = saved.parallel().zero_stage() < 3 && job.parallel().zero_stage() < 3;
+  const bool copied = b.name.ends_with(".lora") || IsQuantizedBaseBuffer(b.name) ||
+                      (b.name.ends_with(".params") && whole_base);
+  if (copied) {
+    ZT_ASSIGN_OR_RETURN(Tensor dst, into.Get(b.name));
+    // The unit's own elements: "<block>.lora" and a base's "<unit>.params" are padded to the
+    // shard quantum at ZeRO stages >= 1, on either side.
+    int64_t numel = b.numel();
+    for (const UnitLayout& u : whole.units) {
+      if (b.name == u.name + ".lora") numel = u.lora_numel;
+      if (b.name == u.name + ".params") numel = u.numel;
+    }
+    const int64_t bytes = numel * DTypeSize(b.dtype);
+    for (size_t r = 0; r < files.size(); ++r) {
+      const SafetensorsTensorInfo* info = files[r]->Find(b.name);
+      if (info == nullptr) continue;  // another stage's unit
+      if (info->nbytes() < bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", b.name,
+            " is shorter than its layout says"));
+      }
+      std::memset(dst.raw(), 0, static_cast<size_t>(dst.size_bytes()));
+      std::memcpy(dst.raw(), files[r]->Bytes(*info).data(), static_cast<size_t>(bytes));
+      files[r]->Release(*info);
+      *done = true;
+      // A pipeline head stage's frozen copy of the tied wte (after the head's own tensors):
+      // the embedding's wte, wherever it was saved.
+      const ModelLayout local = RankModelLayout(job, ParallelLayout::ForJob(job, rank));
+      const ParamSpec* copy = local.units.back().Find("lm_head.weight");
+      if (b.name != local.units.back().name + ".params" || copy == nullptr ||
+          whole.head().Find("lm_head.weight") != nullptr) {
+        return absl::OkStatus();
+      }
+      const ParamSpec& wte = *whole.embedding().Find("wte");
+      const std::string embedding = whole.embedding().name + ".params";
+      const int64_t size = DTypeSize(b.dtype);
+      for (size_t e = 0; e < files.size(); ++e) {
+        const SafetensorsTensorInfo* from = files[e]->Find(embedding);
+        if (from == nullptr) continue;
+        if (from->nbytes() < (wte.offset + wte.numel) * size) break;
+        std::memcpy(static_cast<char*>(dst.raw()) + copy->offset * size,
+                    files[e]->Bytes(*from).data() + wte.offset * size,
+                    static_cast<size_t>(wte.numel * size));
+        files[e]->Release(*from);
+        return absl::OkStatus();
+      }
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint: no saved rank holds ", embedding, " for the head stage's copy of wte"));
+    }
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: no saved rank holds ", b.name, " of this LoRA job"));
+  }
+  // "<block>.lora.<state>": an elementwise state of the block's adapters.
+  const ModelLayout adapters = LoraAdapterLayout(whole);
+  const UnitLayout* unit = nullptr;
+  for (const UnitLayout& u : adapters.units) {
+    if (b.name.starts_with(u.name + ".")) unit = &u;
+  }
+  if (unit == nullptr) return absl::OkStatus();
+  const std::string role = b.name.substr(unit->name.size() + 1);
+  if (!Elementwise(role) || b.dtype != DType::kF32) return absl::OkStatus();  // refused below
+  std::vector<float> values(unit->numel, 0.0f);
+  bool found = false;
+  for (size_t r = 0; r < files.size(); ++r) {
+    const SafetensorsTensorInfo* info = files[r]->Find(b.name);
+    if (info == nullptr) continue;  // another stage's block
+    found = true;
+    const Segment have = SegmentOf(saved, static_cast<int>(r), *unit, role);
+    const int64_t need = (have.end - have.begin) * static_cast<int64_t>(sizeof(float));
+    if (have.end <= have.begin) continue;
+    if (info->nbytes() < need || info->dtype != StDType::kF32) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", b.name,
+          " is not the f32 range its layout says"));
+    }
+    std::memcpy(values.data() + have.begin, files[r]->Bytes(*info).data(),
+                static_cast<size_t>(need));
+    files[r]->Release(*info);
+  }
+  if (!found) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: no saved rank holds ", b.name, " of this LoRA job"));
+  }
+  const Segment want = SegmentOf(job, rank, *unit, role);
+  ZT_ASSIGN_OR_RETURN(Tensor dst, into.Get(b.name));
+  float* out = dst.data<float>();
+  std::fill(out, out + dst.numel(), 0.0f);
+  std::copy(values.begin() + want.begin, values.begin() + want.end, out);
+  *done = true;
+  return absl::OkStatus();
+}
+
+// For each element of `local`'s adapters (a rank's share of block `whole`'s at tp, tensor
+// coordinate r), its index in the whole block's adapters.
+std::vector<int64_t> AdapterGlobalIndex(const zerotrain::ModelConfig& m, const UnitLayout& local,
+                                        const UnitLayout& whole, int tp, int r) {
+  std::vector<int64_t> g(local.lora_numel, -1);
+  for (size_t k = 0; k < whole.lora.size(); ++k) {
+    for (const bool a : {true, false}) {
+      const TensorParallelSlice s = LoraSliceOf(m, whole.lora[k], a, tp, r);
+      const int64_t from = a ? local.lora[k].a.offset : local.lora[k].b.offset;
+      const int64_t to = a ? whole.lora[k].a.offset : whole.lora[k].b.offset;
+      for (const TensorParallelSlice::Rows& run : s.rows) {
+        for (int64_t i = 0; i < run.count; ++i) {
+          for (int64_t c = 0; c < s.local_cols; ++c) {
+            g[from + (run.local_begin + i) * s.local_cols + c] =
+                to + (run.global_begin + i) * s.global_cols + s.col_begin + c;
+          }
+        }
+      }
+    }
+  }
+  return g;
+}
+
+// A tensor-parallel LoRA job's adapters ("<block>.lora") or their elementwise optimizer state
+// ("<block>.lora.<state>") for rank `rank` of `job`: the whole block's values joined from every
+// saved rank's range of its share (AdapterGlobalIndex), this rank's share and range taken out.
+// Sets *done when `b` is such a buffer.
+absl::Status ReshardTensorParallelAdapters(
+    const zerotrain::JobSpec& saved, const std::vector<std::unique_ptr<SafetensorsFile>>& files,
+    const std::function<std::string(int)>& rank_file, const zerotrain::JobSpec& job, int rank,
+    const BufferSpec& b, const Arenas& into, bool* done) {
+  *done = false;
+  const zerotrain::ModelConfig& m = job.model();
+  const ModelLayout whole = BuildModelLayout(m);
+  const UnitLayout* unit = nullptr;
+  std::string role;
+  for (const UnitLayout& u : whole.units) {
+    if (u.lora.empty()) continue;
+    if (b.name == u.name + ".lora") unit = &u;
+    if (b.name.starts_with(u.name + ".lora.")) {
+      unit = &u;
+      role = b.name.substr(u.name.size() + 6);
+    }
+  }
+  if (unit == nullptr) return absl::OkStatus();
+  if (!role.empty() && (!Elementwise(role) || b.dtype != DType::kF32)) return absl::OkStatus();
+  // The share of `layout`'s copy of the block at `place`, as LoraAdapterLayout's unit (whose
+  // ZeRO ranges the states are split by).
+  const auto share_of = [&](const zerotrain::JobSpec& spec, int at, UnitLayout* local,
+                            UnitLayout* adapters) -> bool {
+    const ParallelLayout place = ParallelLayout::ForJob(spec, at);
+    const ModelLayout rank_layout = RankModelLayout(spec, place);
+    for (const UnitLayout& u : rank_layout.units) {
+      if (u.name != unit->name) continue;
+      *local = u;
+      ModelLayout one;
+      one.units = {u};
+      *adapters = LoraAdapterLayout(one).units.front();
+      return true;
+    }
+    return false;
+  };
+  std::vector<float> values(unit->lora_numel, 0.0f);
+  bool found = false;
+  for (size_t r = 0; r < files.size(); ++r) {
+    UnitLayout local, adapters;
+    if (!share_of(saved, static_cast<int>(r), &local, &adapters)) continue;  // another stage
+    const SafetensorsTensorInfo* info = files[r]->Find(b.name);
+    const Segment have = role.empty() ? Segment{0, local.lora_numel}
+                                      : SegmentOf(saved, static_cast<int>(r), adapters, role);
+    if (have.end <= have.begin) continue;
+    const int64_t need = (have.end - have.begin) * static_cast<int64_t>(sizeof(float));
+    if (info == nullptr || info->nbytes() < need || info->dtype != StDType::kF32) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", b.name,
+                       " is missing or not the f32 range its layout says"));
+    }
+    found = true;
+    std::vector<float> held(static_cast<size_t>(have.end - have.begin));
+    std::memcpy(held.data(), files[r]->Bytes(*info).data(), static_cast<size_t>(need));
+    files[r]->Release(*info);
+    const ParallelLayout place = ParallelLayout::ForJob(saved, static_cast<int>(r));
+    const std::vector<int64_t> index =
+        AdapterGlobalIndex(m, local, *unit, place.tensor_size(), place.coordinates().tensor);
+    for (int64_t i = have.begin; i < have.end; ++i) {
+      if (index[i] >= 0) values[index[i]] = held[i - have.begin];
+    }
+  }
+  if (!found) {
+    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds ", b.name));
+  }
+  UnitLayout local, adapters;
+  if (!share_of(job, rank, &local, &adapters)) {
+    return absl::InternalError(absl::StrCat("resharding: rank ", rank, " holds no ", b.name));
+  }
+  const ParallelLayout place = ParallelLayout::ForJob(job, rank);
+  const std::vector<int64_t> index =
+      AdapterGlobalIndex(m, local, *unit, place.tensor_size(), place.coordinates().tensor);
+  const Segment want =
+      role.empty() ? Segment{0, local.lora_numel} : SegmentOf(job, rank, adapters, role);
+  ZT_ASSIGN_OR_RETURN(Tensor dst, into.Get(b.name));
+  float* out = dst.data<float>();
+  std::fill(out, out + dst.numel(), 0.0f);
+  for (int64_t i = want.begin; i < want.end; ++i) {
+    if (index[i] >= 0) out[i - want.begin] = values[index[i]];
+  }
+  *done = true;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
@@ -162,6 +380,21 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
   for (const BufferSpec& buffer : plan.buffers) {
     if (!IsCheckpointed(buffer, weights_only)) continue;
     const BufferSpec* b = &buffer;
+    if (m.has_lora() && std::max(1, saved.parallel().tensor_parallel()) == 1 &&
+        place.tensor_size() == 1) {
+      bool done = false;
+      ZT_RETURN_IF_ERROR(
+          ReshardLoraBuffer(saved, files, rank_file, job, rank, *b, into, &done));
+      if (done) continue;
+    }
+    if (m.has_lora()) {
+      // With tensor parallelism on either side: the adapters and their states from the shares
+      // (the frozen base below, as any unit's parameters).
+      bool done = false;
+      ZT_RETURN_IF_ERROR(
+          ReshardTensorParallelAdapters(saved, files, rank_file, job, rank, *b, into, &done));
+      if (done) continue;
+    }
     int u = -1;
     for (size_t k = 0; k < local.units.size(); ++k) {
       if (b->name.starts_with(local.units[k].name + ".")) u = static_cast<int>(k);

@@ -555,7 +555,21 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");
     }
-    if (UsesLora(spec.model())) needs("without model.lora");
+    // model.lora: each stage trains its own blocks' adapters over its frozen base.
+    if (UsesLora(spec.model()) && !spec.model().init_from().empty() &&
+        (spec.model().base_dtype() == ModelConfig::NF4 ||
+         spec.model().base_dtype() == ModelConfig::INT8)) {
+      needs(
+          "without a quantized model.base_dtype streamed from model.init_from (the stream "
+          "quantizes into the whole model's units, not a stage's); use the seeded base or "
+          "pipeline_parallel 1");
+    }
+    if (UsesLora(spec.model()) && parallel.zero_stage() == 3 &&
+        parallel.reshard_after_forward()) {
+      needs(
+          "model.lora at parallel.zero_stage 3 with parallel.reshard_after_forward false (the "
+          "stages' per-use gathers are not wired to a frozen base's shards yet)");
+    }
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }
@@ -672,11 +686,32 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "resources.device: CUDA with model.lora — kernels/lora.h has no CUDA twins yet; use "
           "CPU");
     }
-    if (spec.parallel().tensor_parallel() > 1) {
-      lines.push_back(absl::StrCat(
-          "parallel.tensor_parallel: ", spec.parallel().tensor_parallel(),
-          " with model.lora — the tensor-parallel model splits whole weights, not a frozen base "
-          "with adapters, so far; set it to 1 (data parallelism and ZeRO shard LoRA jobs)"));
+    if (const int tp = spec.parallel().tensor_parallel(); tp > 1) {
+      // The adapters split as their base weights do (worker/model/lora_tensor_parallel.h).
+      const auto needs = [&](const std::string& what) {
+        lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " with model.lora trains ",
+                                     what, " so far"));
+      };
+      if (spec.model().n_kv_head() < tp) {
+        needs(absl::StrCat("with model.n_kv_head (", spec.model().n_kv_head(),
+                           ") >= tensor_parallel (replicated KV heads' adapter rows are not "
+                           "summed yet)"));
+      }
+      if (spec.model().lora().dropout() > 0) {
+        needs("with model.lora.dropout 0 (a rank's masks would be drawn for its shares' indices)");
+      }
+      if (spec.parallel().sequence_parallel()) needs("without parallel.sequence_parallel");
+      if (spec.model().base_dtype() == ModelConfig::NF4 ||
+          spec.model().base_dtype() == ModelConfig::INT8) {
+        needs("over an unquantized base (an NF4/INT8 base is not sliced along its blocks yet)");
+      }
+      if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
+        needs("with AdamW, SGD or 8-bit AdamW (Adafactor's factored statistics are not summed "
+              "over adapter shares yet)");
+      }
+      if (!spec.model().init_from().empty() || !spec.model().lora().init_from().empty()) {
+        needs("from its own seeded base and fresh adapters (no model.init_from / lora.init_from)");
+      }
     }
     if (spec.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
       lines.push_back(

@@ -17,6 +17,7 @@
 #include "kernels/status_macros.h"
 #include "kernels/tensor_parallel.h"
 #include "worker/model/tensor_parallel_slice.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/parallel_plan.h"
 
@@ -88,12 +89,6 @@ absl::StatusOr<Transformer> Transformer::BindStage(const zerotrain::JobSpec& job
                      tp.rank, ") is not the layout's (size ", layout.tensor_size(), ", rank ",
                      layout.coordinates().tensor, ")"));
   }
-  if (config.has_lora() || config.base_dtype() == zerotrain::ModelConfig::NF4 ||
-      config.base_dtype() == zerotrain::ModelConfig::INT8) {
-    return absl::UnimplementedError(
-        "pipeline parallelism trains the whole model: no model.lora, no quantized "
-        "model.base_dtype");
-  }
   StageSpec stage{.layout = RankModelLayout(job, layout)};
   for (const PipelineChunk& c : PipelineChunksOf(job, layout)) {
     stage.chunks.push_back({.first_unit = c.first, .last_unit = c.last, .in_flight = c.in_flight});
@@ -109,11 +104,10 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   m.config_ = config;
   const int t = std::max(1, tp.size);
   if (t > 1) {
-    if (config.has_lora() || config.base_dtype() == zerotrain::ModelConfig::NF4 ||
+    if (config.base_dtype() == zerotrain::ModelConfig::NF4 ||
         config.base_dtype() == zerotrain::ModelConfig::INT8) {
       return absl::UnimplementedError(
-          "tensor parallelism trains the whole model: no model.lora, no quantized "
-          "model.base_dtype");
+          "tensor parallelism splits unquantized weights: no quantized model.base_dtype");
     }
     if (!tp.all_reduce || !tp.all_gather || (config.n_kv_head() < t && !tp.kv_all_reduce)) {
       return absl::InvalidArgumentError(
@@ -174,11 +168,20 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
 
   // Gradients are bound when both the state has them and the workspace has the backward's
   // scratch: an inference plan over trained parameters has neither need.
-  // A LoRA model's gradients are its adapters' (block 0 has adapters: validation requires a
-  // target module, and every block has every module).
-  const std::string grads_probe = m.layout_.lora ? m.layout_.block(0).name + ".lora_grads"
-                                                 : m.layout_.units[m.held_units_[0]].name + ".grads";
-  const bool with_grads = state.Get(grads_probe).ok() && work.Get("grad.residual").ok();
+  // A LoRA model's gradients are its adapters' (every block has adapters: validation requires
+  // a target module, and every block has every module), of the first block the model (or its
+  // pipeline stage) holds; a stage without blocks trains nothing but still runs its backward.
+  int probe_unit = -1;
+  for (int u : m.held_units_) {
+    if (probe_unit < 0 && (!m.layout_.lora || !m.layout_.units[u].lora.empty())) probe_unit = u;
+  }
+  const std::string grads_probe =
+      probe_unit < 0 ? std::string("grad.residual")
+      : m.layout_.lora ? m.layout_.units[probe_unit].name + ".lora_grads"
+                       : m.layout_.units[probe_unit].name + ".grads";
+  const bool with_grads =
+      (probe_unit < 0 ? work.Get(grads_probe).ok() : state.Get(grads_probe).ok()) &&
+      work.Get("grad.residual").ok();
   for (const UnitLayout& u : m.layout_.units) {
     if (!m.HoldsUnit(static_cast<int>(&u - m.layout_.units.data()))) {
       m.params_.emplace_back();  // another stage's unit
@@ -213,7 +216,11 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     if (!u.lora.empty()) {
       ZT_ASSIGN_OR_RETURN(lora, state.Get(u.name + ".lora"));
       if (with_grads) {
-        ZT_ASSIGN_OR_RETURN(lora_grads, state.Get(u.name + ".lora_grads"));
+        // As a trainable unit's: a pipeline stage accumulates into the full buffer where the
+        // plan has one (ZeRO stage 2).
+        absl::StatusOr<Tensor> accum =
+            m.pipelined_ ? state.Get(u.name + ".lora_grad_accum") : absl::NotFoundError("");
+        ZT_ASSIGN_OR_RETURN(lora_grads, accum.ok() ? accum : state.Get(u.name + ".lora_grads"));
       }
     }
     m.lora_params_.push_back(lora);
@@ -331,7 +338,16 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     ZT_ASSIGN_OR_RETURN(a.att_lse, block_tensor(p, "att_lse", &shared_core));
     ZT_ASSIGN_OR_RETURN(a.fch_act, block_tensor(p, "fch_act", &shared_core));
     for (const LoraSite& site : m.layout_.block(i).lora) {
-      ZT_ASSIGN_OR_RETURN(Tensor h, work.Get(absl::StrCat(p, "lora.", site.hf_path)));
+      const std::string name = absl::StrCat(p, "lora.", site.hf_path);
+      ZT_ASSIGN_OR_RETURN(Tensor h, work.Get(name));
+      if (slotted(chunk_of_unit(1 + i))) {
+        // The adapter's kept h, one per micro-batch in flight, as the block's own buffers.
+        ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(name, h, chunk_of_unit(1 + i)));
+        b.block = i;
+        b.lora_site = static_cast<int>(a.lora_h.size());
+        ZT_ASSIGN_OR_RETURN(h, SlotView(b, 0));
+        m.slots_.push_back(std::move(b));
+      }
       a.lora_h.push_back(h);
     }
     a.recompute = shared_input  ? Recompute::kFull
@@ -394,17 +410,21 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     }
   }
   if (m.layout_.lora) {
-    ZT_ASSIGN_OR_RETURN(m.lora_.out, work.Get("lora.out"));
-    ZT_ASSIGN_OR_RETURN(m.lora_.dout, work.Get("lora.dout"));
-    ZT_ASSIGN_OR_RETURN(m.lora_.dh, work.Get("lora.dh"));
-    ZT_ASSIGN_OR_RETURN(m.lora_.dinp, work.Get("lora.dinp"));
-    ZT_ASSIGN_OR_RETURN(m.lora_.norm_sink, work.Get("lora.norm_grad_sink"));
+    // A pipeline stage plans what its units use: the adapters' scratch where it holds blocks,
+    // the frozen norms' sink where it holds a norm.
+    m.lora_.out = optional("lora.out");
+    m.lora_.dout = optional("lora.dout");
+    m.lora_.dh = optional("lora.dh");
+    m.lora_.dinp = optional("lora.dinp");
+    m.lora_.norm_sink = optional("lora.norm_grad_sink");
     m.lora_.dropped = optional("lora.dropped");
   }
   if (m.pipelined_) {
     for (int u : m.held_units_) {
       m.stage_params_.push_back(m.params_[u]);
       if (with_grads) m.stage_grads_.push_back(m.grads_[u]);
+      m.stage_lora_.push_back(m.lora_params_[u]);
+      m.stage_lora_grads_.push_back(m.lora_grads_[u]);
     }
   }
   if (with_grads) {
@@ -494,7 +514,9 @@ absl::Status Transformer::SelectMicroBatch(int chunk, int slot) {
   for (const SlotBinding& b : slots_) {
     if (b.chunk != chunk) continue;
     ZT_ASSIGN_OR_RETURN(Tensor v, SlotView(b, slot));
-    if (b.block >= 0) {
+    if (b.block >= 0 && b.lora_site >= 0) {
+      blocks_[b.block].lora_h[b.lora_site] = v;
+    } else if (b.block >= 0) {
       blocks_[b.block].*(b.block_field) = v;
     } else if (b.residual >= 0) {
       residual_[b.residual] = v;
@@ -554,7 +576,8 @@ absl::Status Transformer::StageBackward(const DeviceContext& ctx) {
   }
   for (int u = std::min(last_unit_, head) - 1; u >= std::max(first_unit_, 1); --u) {
     ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(u));
-    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, p, grads_[u]));
+    // The gradient of the block's trainable buffer: its adapters' in a LoRA model.
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, p, layout_.lora ? lora_grads_[u] : grads_[u]));
     ZT_RETURN_IF_ERROR(FinishStageUnit(u));
   }
   if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, grads_.front()));
@@ -657,6 +680,20 @@ absl::Status Transformer::TpAllReduce(const Tensor& t, const std::string& label)
 
 absl::Status Transformer::ReduceReplicatedKvGrads(int i, const Tensor& grads) {
   if (tp_.size <= 1) return absl::OkStatus();
+  if (layout_.lora && !grads.empty()) {
+    // A LoRA block's `grads` are its adapters': a column-parallel site's A is replicated and
+    // each rank's gradient of it is the partial dhᵀx of its own output rows (dh = Σ_k dy_k·B_k),
+    // summed here over the group so every rank steps the same A.
+    const int64_t size = DTypeSize(grads.dtype());
+    for (const LoraSite& site : layout_.block(i).lora) {
+      if (IsRowParallelLoraSite(site)) continue;
+      const Tensor a(static_cast<char*>(grads.raw()) + site.a.offset * size, grads.dtype(),
+                     {site.a.numel}, grads.device());
+      ZT_RETURN_IF_ERROR(tp_.all_reduce(
+          a, absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_A gradient all-reduce")));
+    }
+    return absl::OkStatus();
+  }
   for (const auto& [begin, end] : kv_ranges_[i]) {
     ZT_RETURN_IF_ERROR(tp_.kv_all_reduce(grads.Slice(begin, end),
                                          absl::StrCat(layout_.block(i).name, " kv all-reduce")));

@@ -112,8 +112,11 @@ class Transformer {
   // empty for units without adapters (and for every unit without LoRA). The base buffers of a
   // LoRA model (unit_params) are frozen: unit_grads() holds empty tensors and nothing writes a
   // base gradient.
-  const std::vector<Tensor>& unit_lora() const { return lora_params_; }
-  const std::vector<Tensor>& unit_lora_grads() const { return lora_grads_; }
+  // Indexed as unit_params(): a pipeline stage's own units.
+  const std::vector<Tensor>& unit_lora() const { return pipelined_ ? stage_lora_ : lora_params_; }
+  const std::vector<Tensor>& unit_lora_grads() const {
+    return pipelined_ ? stage_lora_grads_ : lora_grads_;
+  }
   // PEFT's initialisation of every adapter: A (r, in) uniform in ±1/sqrt(in) (PyTorch's
   // kaiming_uniform_(a=sqrt(5))), B zero, so a fresh adapter changes nothing. Deterministic in
   // `seed`, each matrix its own stream.
@@ -364,6 +367,7 @@ class Transformer {
     int chunk = 0;
     int block = -1;
     Tensor BlockActs::*block_field = nullptr;
+    int lora_site = -1;  // with `block`: the block's adapter h of that site (BlockActs::lora_h)
     int residual = -1;
     Tensor Transformer::*field = nullptr;
     Tensor base;
@@ -459,7 +463,7 @@ class Transformer {
   bool pipelined_ = false;
   // A stage's own units and buffers (the members above stay indexed by the whole model's).
   ModelLayout stage_layout_;
-  std::vector<Tensor> stage_params_, stage_grads_;
+  std::vector<Tensor> stage_params_, stage_grads_, stage_lora_, stage_lora_grads_;
   std::vector<ChunkRange> chunk_ranges_;  // one (the whole model) unpipelined
   std::vector<Tensor> compute_params_;    // SetStageComputeParams', by whole-model unit
   const Tensor& ComputeParams(int u) const {

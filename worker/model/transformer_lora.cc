@@ -22,6 +22,7 @@
 #include "kernels/lora.h"
 #include "kernels/nf4_linear.h"
 #include "kernels/status_macros.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/lora_plan.h"
 
@@ -29,10 +30,12 @@ namespace zt {
 namespace {
 
 // A (rows, cols) view at `offset` elements into the f32 adapter buffer `flat`.
+// In the buffer's own dtype: the adapters are f32, their gradients precision.grad_dtype (a
+// bf16 gradient buffer viewed as f32 would be written twice its size).
 Tensor AdapterView(const Tensor& flat, const ParamSpec& p) {
   if (flat.empty()) return Tensor();
-  return Tensor(flat.data<float>() + p.offset, DType::kF32, {p.shape[0], p.shape[1]},
-                flat.device());
+  return Tensor(static_cast<char*>(flat.raw()) + p.offset * DTypeSize(flat.dtype()), flat.dtype(),
+                {p.shape[0], p.shape[1]}, flat.device());
 }
 
 // The first `cols` columns' worth of a (rows, widest) scratch buffer, as a dense (rows, cols).
@@ -48,20 +51,31 @@ uint64_t Transformer::LoraSiteSeed(int block, size_t site) const {
 
 void Transformer::InitializeLora(uint64_t seed) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
+    // A pipeline stage's own units; each matrix's stream is named by the whole model's unit
+    // index, so the stages together hold the one-rank model's adapters.
+    if (!HoldsUnit(static_cast<int>(u))) continue;
     const UnitLayout& unit = layout_.units[u];
     for (size_t k = 0; k < unit.lora.size(); ++k) {
       const LoraSite& site = unit.lora[k];
-      float* a = lora_params_[u].data<float>() + site.a.offset;
+      // A tensor-parallel rank draws the whole A's stream and keeps its share
+      // (LoraSliceOf), so the group starts as one rank does.
+      const LoraSite& whole = whole_layout_.units[u].lora[k];
+      std::vector<float> drawn(tp_.size > 1 ? whole.a.numel : 0);
+      float* a = tp_.size > 1 ? drawn.data() : lora_params_[u].data<float>() + site.a.offset;
       // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain·sqrt(3 / fan_in) =
       // 1 / sqrt(fan_in).
-      const double bound = 1.0 / std::sqrt(static_cast<double>(site.in));
+      const double bound = 1.0 / std::sqrt(static_cast<double>(whole.in));
       // seed_seq's mixing is specified by the standard: the same draws everywhere.
       std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
                         static_cast<uint32_t>(u), static_cast<uint32_t>(k)};
       std::mt19937_64 rng(seq);
-      for (int64_t i = 0; i < site.a.numel; ++i) {
+      for (int64_t i = 0; i < whole.a.numel; ++i) {
         const double unit_draw = static_cast<double>(rng() >> 11) * 0x1p-53;  // [0, 1)
         a[i] = static_cast<float>((2.0 * unit_draw - 1.0) * bound);
+      }
+      if (tp_.size > 1) {
+        ExtractSlice(LoraSliceOf(config_, whole, /*a=*/true, tp_.size, tp_.rank), drawn.data(),
+                     lora_params_[u].data<float>() + site.a.offset);
       }
       float* b = lora_params_[u].data<float>() + site.b.offset;
       std::fill(b, b + site.b.numel, 0.0f);
@@ -205,6 +219,7 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
 
 absl::Status Transformer::InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
+    if (!HoldsUnit(static_cast<int>(u))) continue;  // another pipeline stage's
     const UnitLayout& unit = layout_.units[u];
     for (const ParamSpec& p : unit.params) {
       if (!p.quantized) continue;
@@ -258,6 +273,15 @@ absl::Status Transformer::BlockLinearForward(const DeviceContext& ctx, int i, co
     ZT_RETURN_IF_ERROR(LinearForward(
         ctx, {.inp = x, .weight = AdapterView(lora_params_[1 + i], site.a), .out = h}));
     ZT_RETURN_IF_ERROR(Scale(ctx, h, layout_.lora_scale));
+    const bool row_parallel = tp_.size > 1 && IsRowParallelLoraSite(site);
+    if (row_parallel) {
+      // h = Σ_k x_k·A_kᵀ over the group (each rank holds its input columns of A); h·Bᵀ is then
+      // the same on every rank, so only rank 0 adds it to its partial product, which the
+      // row-parallel all-reduce after this sums.
+      ZT_RETURN_IF_ERROR(
+          tp_.all_reduce(h, absl::StrCat(u.name, " ", site.hf_path, ".lora h all-reduce")));
+      if (tp_.rank != 0) continue;
+    }
     const Tensor z = ScratchView(lora_.out, site.rows);
     ZT_RETURN_IF_ERROR(LinearForward(
         ctx, {.inp = h, .weight = AdapterView(lora_params_[1 + i], site.b), .out = z}));

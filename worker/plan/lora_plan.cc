@@ -174,17 +174,27 @@ std::vector<BufferSpec> LoraActivationBuffers(const ModelLayout& layout, int64_t
       widest_rows = std::max(widest_rows, s.rows);
     }
   }
-  if (widest_in == 0) return out;
-  out.push_back({"lora.out", MemoryCategory::kWorkspace, compute, {rows, widest_rows}});
-  out.push_back({"lora.dout", MemoryCategory::kWorkspace, compute, {rows, widest_rows}});
-  out.push_back({"lora.dh", MemoryCategory::kWorkspace, compute, {rows, layout.lora_rank}});
-  out.push_back({"lora.dinp", MemoryCategory::kWorkspace, compute, {rows, widest_in}});
+  if (widest_in > 0) {
+    out.push_back({"lora.out", MemoryCategory::kWorkspace, compute, {rows, widest_rows}});
+    out.push_back({"lora.dout", MemoryCategory::kWorkspace, compute, {rows, widest_rows}});
+    out.push_back({"lora.dh", MemoryCategory::kWorkspace, compute, {rows, layout.lora_rank}});
+    out.push_back({"lora.dinp", MemoryCategory::kWorkspace, compute, {rows, widest_in}});
+    if (layout.lora_dropout > 0) {
+      out.push_back({"lora.dropped", MemoryCategory::kWorkspace, compute, {rows, widest_in}});
+    }
+  }
   // A frozen norm's weight (and bias) gradient has nowhere to go: the norm ops always write
-  // one, so it lands here and is never read.
-  const int64_t C = layout.embedding().params.front().shape[1];
-  out.push_back({"lora.norm_grad_sink", MemoryCategory::kWorkspace, DType::kF32, {2 * C}});
-  if (layout.lora_dropout > 0) {
-    out.push_back({"lora.dropped", MemoryCategory::kWorkspace, compute, {rows, widest_in}});
+  // one, so it lands here and is never read. Its width is d_model, read from a block's (or
+  // the head's) first norm, whichever units a pipeline stage holds; a stage of the embedding
+  // alone has no norm.
+  int64_t C = 0;
+  for (const UnitLayout& u : layout.units) {
+    for (const char* norm : {"ln1.weight", "ln_f.weight"}) {
+      if (const ParamSpec* p = u.Find(norm); p != nullptr && C == 0) C = p->shape[0];
+    }
+  }
+  if (C > 0) {
+    out.push_back({"lora.norm_grad_sink", MemoryCategory::kWorkspace, DType::kF32, {2 * C}});
   }
   return out;
 }

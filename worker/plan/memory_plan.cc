@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/plan/lora_plan.h"
@@ -212,6 +213,15 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
         StorageDType(job.precision().grad_dtype()) != DType::kF32) {
       // Sequence parallelism sums the norms' 16-bit gradients (C each) over the same group.
       sizes.tensor = std::max<int64_t>(sizes.tensor, job.model().d_model());
+    }
+    if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().has_lora()) {
+      // LoRA: each column-parallel site's A gradient (r × in) is summed over the group in the
+      // gradient dtype (Transformer::ReduceReplicatedKvGrads); h (B·T × r) fits the above.
+      for (const UnitLayout& u : RankModelLayout(job, layout).units) {
+        for (const LoraSite& site : u.lora) {
+          if (!IsRowParallelLoraSite(site)) sizes.tensor = std::max(sizes.tensor, site.a.numel);
+        }
+      }
     }
     if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().n_kv_head() < t) {
       const ModelLayout local = RankModelLayout(job, layout);
@@ -454,7 +464,22 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     }
     plan.buffers.push_back(std::move(b));
   }
-  for (BufferSpec& b : LoraActivationBuffers(layout, B * T, compute)) plan.buffers.push_back(b);
+  // A pipeline stage keeps each block's adapter activations (h = x·Aᵀ) for the micro-batches
+  // its chunk has in flight, as it keeps the block's other saved activations.
+  const std::vector<PipelineChunk> chunks =
+      place.pipeline_size() > 1 ? PipelineChunksOf(job, place) : std::vector<PipelineChunk>{};
+  for (BufferSpec& b : LoraActivationBuffers(layout, B * T, compute)) {
+    if (b.category == MemoryCategory::kActivations) {
+      for (const PipelineChunk& c : chunks) {
+        for (int u = c.first; u < c.last; ++u) {
+          if (c.in_flight > 1 && b.name.starts_with(absl::StrCat("block.", u - 1, ".lora."))) {
+            b.shape.insert(b.shape.begin(), c.in_flight);
+          }
+        }
+      }
+    }
+    plan.buffers.push_back(b);
+  }
   return plan;
 }
 

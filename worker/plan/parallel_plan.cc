@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/model/activation_table.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/plan/pipeline_schedule.h"
 
 namespace zt {
@@ -164,6 +165,14 @@ ModelLayout TensorParallelModelLayout(const zerotrain::ModelConfig& model, int t
     }
     layout.total_numel += u.numel;
   }
+  if (layout.lora) {
+    // The adapters' shares (worker/model/lora_tensor_parallel.h).
+    layout.lora_numel = 0;
+    for (UnitLayout& u : layout.units) {
+      SplitLoraSites(tensor_parallel, u);
+      layout.lora_numel += u.lora_numel;
+    }
+  }
   return layout;
 }
 
@@ -178,7 +187,13 @@ std::vector<PipelineChunk> PipelineChunksOf(const zerotrain::JobSpec& job,
                     : 1;
   const ModelLayout tp_layout = TensorParallelModelLayout(job.model(), layout.tensor_size());
   std::vector<int64_t> costs;
-  for (const UnitLayout& u : tp_layout.units) costs.push_back(std::max<int64_t>(1, u.numel));
+  // A unit's cost is its parameters' count, quantized base weights included (they leave the
+  // flat buffer but not the work: a QLoRA block costs what the unquantized block does).
+  for (const UnitLayout& u : tp_layout.units) {
+    int64_t cost = 0;
+    for (const ParamSpec& p : u.params) cost += p.numel;
+    costs.push_back(std::max<int64_t>(1, cost));
+  }
   const int chunks = std::min(pp * v, n_units);
   const std::vector<int> starts = BalancedPartition(costs, chunks);
   const int p = layout.coordinates().pipeline;
@@ -197,7 +212,12 @@ ModelLayout RankModelLayout(const zerotrain::JobSpec& job, const ParallelLayout&
   ModelLayout whole = TensorParallelModelLayout(job.model(), tp);
   if (layout.pipeline_size() <= 1) return whole;
   const int head = static_cast<int>(whole.units.size()) - 1;
-  ModelLayout mine;
+  // The stage keeps the model's settings (LoRA's rank, scale and dropout, the base's
+  // quantization); its units and totals are its own.
+  ModelLayout mine = whole;
+  mine.units.clear();
+  mine.total_numel = 0;
+  mine.lora_numel = 0;
   bool has_embedding = false, has_head = false;
   for (const PipelineChunk& c : PipelineChunksOf(job, layout)) {
     for (int u = c.first; u < c.last; ++u) {
@@ -219,7 +239,10 @@ ModelLayout RankModelLayout(const zerotrain::JobSpec& job, const ParallelLayout&
     h.numel += copy.numel;
     h.params.push_back(std::move(copy));
   }
-  for (const UnitLayout& u : mine.units) mine.total_numel += u.numel;
+  for (const UnitLayout& u : mine.units) {
+    mine.total_numel += u.numel;
+    mine.lora_numel += u.lora_numel;
+  }
   return mine;
 }
 

@@ -11,6 +11,7 @@
 #include "kernels/reduce.h"
 #include "kernels/status_macros.h"
 #include "worker/model/tensor_parallel_slice.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/plan/lora_plan.h"
 
 namespace zt {
@@ -193,7 +194,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
     const UnitLayout& head = layout.units.back();
     const ParamSpec* copy = head.Find("lm_head.weight");
-    if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0) {
+    // A LoRA stage's head is frozen (the copy with it): its trainable buffers are adapters.
+    if (job.model().tie_embeddings() && copy != nullptr && n_trainable > 0 && !layout.lora) {
       tied_copy_offset = copy->offset;  // the copy is the head unit's last tensor
       const FlatRange& owned = e->shards_.back().owned;
       const int64_t end = std::min(owned.end, copy->offset);
@@ -206,17 +208,44 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       }
     }
   }
+  if (n_trainable == 0 && layout.lora && model->pipelined()) {
+    // The adapters live in the blocks; a stage of the embedding or the head alone would step
+    // nothing and its statistics would count nothing.
+    return absl::UnimplementedError(
+        "parallel.pipeline_parallel with model.lora: this pipeline stage holds no transformer "
+        "block (the plan's partition gave it only the embedding or the head), so it has no "
+        "adapters to train; use fewer stages or more model.n_layer");
+  }
   if (n_trainable == 0) {
     return absl::InvalidArgumentError("sharding engine: the model has nothing to train");
   }
   if (e->tp_size_ > 1) {
-    if (layout.lora) {
-      return absl::UnimplementedError(
-          "sharding engine: tensor parallelism trains whole models, not LoRA adapters, so far");
-    }
     // Each element of the model once over the TP group (replicated tensors on TP rank 0).
     std::vector<Tensor> counted;
-    for (int u = 0; u < n_trainable; ++u) {
+    for (int u = 0; u < n_trainable && layout.lora; ++u) {
+      // A LoRA model's trainable units are adapters: a site's replicated matrix (a
+      // column-parallel site's A, summed over the group; a row-parallel site's B, computed
+      // alike on every rank) counts on TP rank 0, its split one on every rank.
+      const UnitLayout& adapters = e->trainable_layout_.units[u];
+      const FlatRange norm = e->shards_[u].owned;
+      const int64_t base = e->stage_ >= 2 ? norm.begin : 0;
+      for (const ParamSpec& p : adapters.params) {
+        const bool a = p.name.ends_with(".lora_A");
+        const LoraSite* site = nullptr;
+        for (const UnitLayout& unit : layout.units) {
+          if (unit.name + ".lora" != adapters.name) continue;
+          for (const LoraSite& s : unit.lora) {
+            if (p.name == s.hf_path + (a ? ".lora_A" : ".lora_B")) site = &s;
+          }
+        }
+        const bool replicated = site == nullptr || a != IsRowParallelLoraSite(*site);
+        if (replicated && e->tp_rank_ != 0) continue;
+        const int64_t lo = std::max(p.offset, norm.begin),
+                      hi = std::min(p.offset + p.numel, norm.end);
+        if (lo < hi) counted.push_back(Flat(e->grads_[u], lo - base, hi - lo));
+      }
+    }
+    for (int u = 0; u < n_trainable && !layout.lora; ++u) {
       // As without tensor parallelism: each DP member counts its shard's range, which at
       // stages 2–3 is the whole of its gradient buffer (the shard starts at its offset 0).
       const FlatRange norm = e->shards_[u].owned;

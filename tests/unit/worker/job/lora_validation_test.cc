@@ -205,19 +205,57 @@ TEST(LoraDefaultsTest, Int8ThresholdDefaultsToTheLlmInt8Papers) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);  // +inf: decomposition off
 }
 
-// Tensor parallelism and NVMe optimizer offload each train whole models only.
+// Tensor parallelism trains adapters split as their base weights (f32, KV heads split, no
+// dropout, no sequence or pipeline parallelism, an unquantized seeded base); each other case
+// is named. NVMe optimizer offload trains whole models only.
 TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+  spec.mutable_model()->set_n_kv_head(2);
   spec.mutable_parallel()->set_world_size(2);
   spec.mutable_parallel()->set_tensor_parallel(2);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_parallel()->set_world_size(4);
+  spec.mutable_parallel()->set_tensor_parallel(4);
   EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.tensor_parallel: 2 with model.lora"));
+              HasSubstr("parallel.tensor_parallel: 4 with model.lora trains with model.n_kv_head "
+                        "(2) >= tensor_parallel"));
+  spec.mutable_parallel()->set_world_size(2);
+  spec.mutable_parallel()->set_tensor_parallel(2);
+  spec.mutable_model()->mutable_lora()->set_dropout(0.1f);
+  EXPECT_THAT(CheckEngineSupport(spec).message(),
+              HasSubstr("parallel.tensor_parallel: 2 with model.lora trains with "
+                        "model.lora.dropout 0"));
+  spec.mutable_model()->mutable_lora()->set_dropout(0.0f);
+  spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
+  EXPECT_THAT(CheckEngineSupport(spec).message(),
+              HasSubstr("parallel.tensor_parallel: 2 with model.lora trains over an unquantized "
+                        "base"));
   spec = testing::JobWithDefaults(kLlamaLora);
   spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
   spec.mutable_offload()->set_buffer_count(4);
   spec.mutable_parallel()->set_zero_stage(1);
   EXPECT_THAT(CheckEngineSupport(spec).message(),
               HasSubstr("offload.optimizer: NVME with model.lora"));
+}
+
+// Pipeline stages train their own blocks' adapters (lora_parallel_training_test.cc): a LoRA
+// job on PP2 (and PP2 × DP2 at ZeRO-1) passes, with no line naming model.lora.
+TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
+  JobSpec spec = testing::JobWithDefaults(kLlamaLora);
+  spec.mutable_parallel()->set_world_size(2);
+  spec.mutable_parallel()->set_pipeline_parallel(2);
+  spec.mutable_parallel()->set_micro_batches(2);
+  spec.mutable_train()->set_grad_accum_steps(2);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_parallel()->set_world_size(4);
+  spec.mutable_parallel()->set_zero_stage(1);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  // A quantized base streamed from model.init_from fills the whole model's units: named.
+  spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
+  spec.mutable_model()->set_init_from("base.safetensors");
+  EXPECT_THAT(CheckEngineSupport(spec).message(),
+              HasSubstr("parallel.pipeline_parallel: 2 trains without a quantized "
+                        "model.base_dtype streamed from model.init_from"));
 }
 
 }  // namespace

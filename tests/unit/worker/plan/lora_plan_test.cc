@@ -43,6 +43,96 @@ zerotrain::JobSpec LlamaLoraJob(zerotrain::OptimizerConfig::Type optimizer) {
   return job;
 }
 
+// On pipeline stages each stage plans the adapters, their gradients and states, and the frozen
+// base of its own units only: over the stages every block's adapters once, and each block's
+// kept adapter activations (h = x·Aᵀ) lead with its chunk's micro-batches in flight (1F1B:
+// p − s on stage s).
+TEST(LoraPlanTest, PipelineStagesPlanTheirOwnBlocksAdaptersAndBase) {
+  zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  job.mutable_model()->set_n_layer(4);
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_pipeline_parallel(2);
+  job.mutable_parallel()->set_pipeline_schedule(zerotrain::ParallelConfig::ONE_F_ONE_B);
+  job.mutable_parallel()->set_micro_batches(4);
+  job.mutable_train()->set_grad_accum_steps(4);
+  const ModelLayout whole = BuildModelLayout(job.model());
+  zerotrain::JobSpec one_rank = job;
+  one_rank.mutable_parallel()->set_world_size(1);
+  one_rank.mutable_parallel()->set_pipeline_parallel(1);
+  const MemoryPlan one = PlanMemory(one_rank);
+  const int64_t per_block = whole.block(0).lora_numel;
+  int64_t adapters = 0, adapter_grads = 0, base = 0;
+  std::vector<std::string> seen;
+  for (int stage = 0; stage < 2; ++stage) {
+    const MemoryPlan plan = PlanMemory(job, stage);
+    for (const BufferSpec& b : plan.buffers) {
+      if (b.name.ends_with(".lora")) {
+        adapters += b.numel();
+        seen.push_back(b.name);
+        EXPECT_EQ(b.numel(), per_block) << b.name;
+      }
+      if (b.name.ends_with(".lora_grads")) adapter_grads += b.numel();
+      if (b.name.ends_with(".params")) {
+        base += b.numel();
+        // The one-rank plan's buffer of the same name, element for element.
+        const auto it = std::find_if(one.buffers.begin(), one.buffers.end(),
+                                     [&](const BufferSpec& o) { return o.name == b.name; });
+        ASSERT_NE(it, one.buffers.end()) << b.name;
+        EXPECT_EQ(it->numel(), b.numel()) << b.name;
+      }
+      if (b.name.starts_with("block.") && b.name.find(".lora.self_attn") != std::string::npos) {
+        // 1F1B: stage 0 keeps 2 micro-batches in flight, stage 1 one (no leading dimension).
+        ASSERT_EQ(b.shape.size(), stage == 0 ? 3u : 2u) << b.name;
+        if (stage == 0) EXPECT_EQ(b.shape[0], 2) << b.name;
+      }
+    }
+    EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kGradients),
+              [&] {
+                int64_t bytes = 0;
+                for (const BufferSpec& b : plan.buffers) {
+                  if (b.name.ends_with(".lora_grads")) bytes += AlignedBytes(b.bytes());
+                }
+                return bytes;
+              }())
+        << "stage " << stage << ": the adapters' gradients are its only gradients";
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<std::string>{"block.0.lora", "block.1.lora", "block.2.lora",
+                                            "block.3.lora"}));
+  EXPECT_EQ(adapters, whole.lora_numel);
+  EXPECT_EQ(adapter_grads, whole.lora_numel);
+  int64_t whole_base = 0;
+  for (const BufferSpec& b : one.buffers) {
+    if (b.name.ends_with(".params")) whole_base += b.numel();
+  }
+  EXPECT_EQ(base, whole_base);
+}
+
+// On tensor-parallel ranks each block's adapters are planned at their shares: a
+// column-parallel site (q_proj, v_proj) keeps A (r, C) whole and B's rows / t, a row-parallel
+// one (down_proj) splits A's input columns and keeps B (C, r) whole; gradients and AdamW
+// moments alike.
+TEST(LoraPlanTest, TensorParallelRanksPlanTheirAdapterShares) {
+  zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_tensor_parallel(2);
+  const int64_t r = 4, C = 64, KV = 32, F = 128;
+  // q: A (4, 64), B (64/2, 4); v: A (4, 64), B (32/2, 4); down_proj: A (4, 128/2), B (64, 4).
+  const int64_t per_block = (r * C + C / 2 * r) + (r * C + KV / 2 * r) + (r * F / 2 + C * r);
+  for (int rank = 0; rank < 2; ++rank) {
+    const MemoryPlan plan = PlanMemory(job, rank);
+    int64_t adapters = 0, grads = 0, moments = 0;
+    for (const BufferSpec& b : plan.buffers) {
+      if (b.name.ends_with(".lora")) adapters += b.numel();
+      if (b.name.ends_with(".lora_grads")) grads += b.numel();
+      if (b.name.ends_with(".lora.adam_m")) moments += b.numel();
+    }
+    EXPECT_EQ(adapters, 3 * per_block) << "rank " << rank;
+    EXPECT_EQ(grads, 3 * per_block) << "rank " << rank;
+    EXPECT_EQ(moments, 3 * per_block) << "rank " << rank;
+  }
+}
+
 TEST(LoraPlanTest, AdaptersCarryTheGradientsAndStatesTheBaseDoesNot) {
   const zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
   const ModelLayout layout = BuildModelLayout(job.model());
