@@ -256,6 +256,16 @@ TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
   EXPECT_THAT(CheckEngineSupport(spec).message(),
               HasSubstr("parallel.pipeline_parallel: 2 trains without a quantized "
                         "model.base_dtype streamed from model.init_from"));
+  // ZeRO-3 stages: the base gathered for the step trains; gathered per use, named.
+  spec.mutable_model()->set_base_dtype(ModelConfig::BASE_DTYPE_UNSPECIFIED);
+  spec.mutable_model()->clear_init_from();
+  spec.mutable_parallel()->set_zero_stage(3);
+  spec.mutable_parallel()->set_reshard_after_forward(false);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_parallel()->set_reshard_after_forward(true);
+  EXPECT_THAT(CheckEngineSupport(spec).message(),
+              HasSubstr("parallel.pipeline_parallel: 2 trains model.lora at parallel.zero_stage 3 "
+                        "with parallel.reshard_after_forward false"));
 }
 
 }  // namespace
