@@ -227,7 +227,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         param_numel.push_back(spec->numel());
         param_dtype = spec->dtype;
       }
-      if (!job.precision().master_weights()) continue;
+      if (!trained_precision.master_weights()) continue;  // a LoRA job's adapters: none
       ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
                           t->arenas_->Spec(t->MasterName(static_cast<int>(unit_names.size()) - 1)));
       master_numel.push_back(spec->numel());
@@ -533,9 +533,10 @@ absl::Status Trainer::InitializeWeights() {
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
   if (stream_quantized) {
     ZT_RETURN_IF_ERROR(StreamQuantizedBase(values, chunk.tensor));
-    return InitializeAdapters();
+    ZT_RETURN_IF_ERROR(InitializeAdapters());
+    return InitializeSwappedAdapterStates();
   }
-  if (nvme_optimizer_) {
+  if (nvme_optimizer_ && !layout.lora) {
     // The master weights go straight into the unit's ring buffer, and on to the store.
     return nvme_optimizer_->Initialize([&](int u, const Tensor& master, const Tensor& params) {
       return InitializeUnit(u, master, imported, values, chunk.tensor, params);
@@ -546,8 +547,19 @@ absl::Status Trainer::InitializeWeights() {
     ZT_RETURN_IF_ERROR(InitializeUnit(static_cast<int>(u), master.empty() ? Tensor() : master[u],
                                       imported, values, chunk.tensor));
   }
-  if (layout.lora) ZT_RETURN_IF_ERROR(InitializeAdapters());
+  if (layout.lora) {
+    ZT_RETURN_IF_ERROR(InitializeAdapters());
+    return InitializeSwappedAdapterStates();
+  }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::InitializeSwappedAdapterStates() {
+  if (!nvme_optimizer_) return absl::OkStatus();
+  // The adapters are their own master (f32) and stay on the rank: the store's first
+  // generation is their zeroed states alone.
+  return nvme_optimizer_->Initialize(
+      [](int, const Tensor&, const Tensor&) { return absl::OkStatus(); });
 }
 
 absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
@@ -602,7 +614,7 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
 absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tensor& chunk) {
   const ModelLayout& layout = model_->layout();
   // A LoRA job's base has no master copy; its optimizer is the adapters' (f32, no master).
-  if (nvme_optimizer_ || optimizer().has_master()) {
+  if (optimizer().has_master()) {
     return absl::InternalError(
         "a quantized model.base_dtype: the base streams into parameters without a master copy, but "
         "this job's optimizer keeps one");

@@ -650,11 +650,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           " with model.lora — the tensor-parallel model splits whole weights, not a frozen base "
           "with adapters, so far; set it to 1 (data parallelism and ZeRO shard LoRA jobs)"));
     }
-    if (spec.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
-      lines.push_back(
-          "offload.optimizer: NVME with model.lora — the swap store streams whole units' "
-          "states, not adapters', so far; use CPU (the adapters' states are small) or NONE");
-    }
   }
   if (UsesLora(spec.model())) {
     // An unquantized base is stored as the parameters are (precision.param_dtype): a different

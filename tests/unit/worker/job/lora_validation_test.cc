@@ -205,7 +205,8 @@ TEST(LoraDefaultsTest, Int8ThresholdDefaultsToTheLlmInt8Papers) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);  // +inf: decomposition off
 }
 
-// Tensor parallelism and NVMe optimizer offload each train whole models only.
+// Tensor parallelism trains whole models only; NVMe optimizer offload swaps the adapters'
+// states (lora_offload_training_test.cc).
 TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
   spec.mutable_parallel()->set_world_size(2);
@@ -216,8 +217,7 @@ TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
   spec.mutable_offload()->set_buffer_count(4);
   spec.mutable_parallel()->set_zero_stage(1);
-  EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("offload.optimizer: NVME with model.lora"));
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
 }
 
 }  // namespace
