@@ -4,11 +4,13 @@
 // without offload bit for bit.
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "worker/optim/gradient_downloads.h"
 #include "tests/unit/worker/trainer/lora_training_fixture.h"
 
 namespace zt {
@@ -135,6 +137,45 @@ TEST_F(LoraOffloadTrainingTest, NvmeAdapterStatesResumeBitForBit) {
       LoraRun resumed = second;
       resumed.losses = device.losses;  // compared step by step above
       ExpectSameAdapterRun(resumed, device, what);
+    }
+  }
+}
+
+// offload.optimizer CPU: each adapter unit's reduced gradient shard comes down into the plan's
+// "<block>.lora.grads.host" during the backward, as a full model's units' do (ZeRO-Offload's
+// overlap): at stages 2 and 3 every copy of a step is queued before its backward ends (at
+// stage 1 the reduce-scatters themselves run after it). The runs stay the device path bit for
+// bit (NvmeAdapterStatesAreTheDeviceAndHostPathBitForBit, and LoraTrainingTest's
+// OffloadedAdapterOptimizerIsTheDevicePathBitForBit).
+TEST_F(LoraOffloadTrainingTest, AdapterGradientsComeDownDuringTheBackward) {
+  for (int stage : {1, 2, 3}) {
+    for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+      const std::string what = absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage);
+      JobSpec spec = OffloadedJob(stage, base, OffloadConfig::CPU);
+      spec.mutable_parallel()->set_world_size(1);
+      spec.mutable_train()->set_micro_batch_size(4);
+      const JobSpec job = ValidatedJob(spec).value();
+      std::unique_ptr<Trainer> trainer = Trainer::Create(job, TrainOptions{}).value();
+      int64_t steps = 0;
+      ASSERT_TRUE(trainer->Run([&](const StepRecord&) { ++steps; }).ok()) << what;
+      ASSERT_EQ(steps, 4) << what;
+      const ModelLayout adapters = LoraAdapterLayout(BuildModelLayout(job.model()));
+      ASSERT_FALSE(adapters.units.empty()) << what;
+      int64_t grad_bytes = 0;
+      for (const UnitLayout& u : adapters.units) {
+        // One rank: its shard is the adapters, padded to the shard alignment; f32 gradients.
+        const BufferSpec* host = trainer->arenas().Spec(u.name + ".grads.host").value();
+        EXPECT_EQ(host->category, MemoryCategory::kPinnedHost) << what << " " << u.name;
+        EXPECT_GE(host->numel(), u.numel) << what << " " << u.name;
+        grad_bytes += 4 * u.numel;
+      }
+      const GradientDownloads* downloads = trainer->gradient_downloads();
+      ASSERT_NE(downloads, nullptr) << what;
+      const GradientDownloads::Stats s = downloads->stats();
+      const int64_t units = static_cast<int64_t>(adapters.units.size());
+      EXPECT_EQ(s.copies, 4 * units) << what;
+      EXPECT_EQ(s.bytes, 4 * grad_bytes) << what;
+      EXPECT_EQ(s.enqueued_during_backward, stage >= 2 ? 4 * units : 0) << what;
     }
   }
 }
