@@ -159,10 +159,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view(),
                                          &t->device_->copies()));
   // Where the plan keeps the parameter shards the optimizer updates (offload.params CPU: the
-  // pinned host pool, which the host step then writes in place).
-  const ParamHome param_home = t->engine_->params_swapped()   ? ParamHome::kSwapped
-                               : t->engine_->params_on_host() ? ParamHome::kHost
-                                                              : ParamHome::kDevice;
+  // pinned host pool, which the host step then writes in place). A LoRA job's offloaded shards
+  // are its frozen base: the adapters it steps stay on the device.
+  const ParamHome param_home = t->model_->layout().lora        ? ParamHome::kDevice
+                               : t->engine_->params_swapped()   ? ParamHome::kSwapped
+                               : t->engine_->params_on_host()   ? ParamHome::kHost
+                                                                : ParamHome::kDevice;
   std::optional<Optimizer::ShardGroup> shard_group;
   if (ShardedAdafactor(job, layout)) {
     ShardingEngine* engine = t->engine_.get();
@@ -300,10 +302,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         "offload.params: NVME trains with offload.optimizer NVME only (the shards are swapped "
         "with the states)");
   } else if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
-    // Gradients come down through one ring buffer, parameters go up through the next
-    // (CheckEngineSupport asks for two).
-    ZT_ASSIGN_OR_RETURN(Tensor grad_staging, t->arenas_->Get("offload.ring.0"));
-    ZT_ASSIGN_OR_RETURN(Tensor param_staging, t->arenas_->Get("offload.ring.1"));
+    // The plan's ring (memory_plan.cc): parameters go up through its first buffer unless they
+    // live on the host; gradients come down through the next unless they came down during the
+    // backward (grad_downloads_).
+    Tensor grad_staging, param_staging;
+    int ring = 0;
+    if (param_home == ParamHome::kDevice) {
+      ZT_ASSIGN_OR_RETURN(param_staging, t->arenas_->Get(absl::StrCat("offload.ring.", ring++)));
+    }
+    if (!t->grad_downloads_) {
+      ZT_ASSIGN_OR_RETURN(grad_staging, t->arenas_->Get(absl::StrCat("offload.ring.", ring++)));
+    }
     ZT_ASSIGN_OR_RETURN(HostOptimizer host,
                         HostOptimizer::Create({.optimizer = std::move(opt),
                                                .copies = &t->device_->copies(),

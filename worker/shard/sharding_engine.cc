@@ -293,6 +293,14 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       quantized = true;
       e->qbase_unit_shards_[u] =
           ShardOf(QuantizedBytesOf(layout, layout.units[u]).words(), e->geometry_);
+      // offload.params CPU moves the quantized shards to the host with the others.
+      ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
+                          arenas.Spec(QuantizedShardName(layout.units[u])));
+      e->qbase_on_host_ = spec->category == MemoryCategory::kPinnedHost;
+      if (e->qbase_on_host_ != e->params_on_host_) {
+        return absl::InternalError(absl::StrCat("memory plan: ", spec->name,
+                                                " is not in the tier of the units' params"));
+      }
     }
     if (quantized) {
       if (model->pipelined()) {
@@ -341,13 +349,24 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
   const UnitShard& s = param_shards_[u];
   const std::string label = absl::StrCat(model_->layout().units[u].name, " all-gather");
   if (!qbase_shards_.empty() && !qbase_shards_[u].empty()) {
-    // The block's quantized bytes first, into the twin of `full`; Acquire waits for it.
+    // The block's quantized bytes first, into the twin of `full`; Acquire waits for it. A host
+    // shard (offload.params CPU) goes up into this rank's slot first, as the parameters' below.
     const UnitShard& q = qbase_unit_shards_[u];
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(full));
+    Tensor source = Flat(qbase_shards_[u], 0, q.shard_numel);
+    if (qbase_on_host_) {
+      const auto start = Clock::now();
+      const Tensor slot = Flat(twin, q.offset, q.shard_numel);
+      ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
+      ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), source.raw(), slot.size_bytes()));
+      param_upload_bytes_ += slot.size_bytes();
+      param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+      source = slot;
+    }
     ZT_ASSIGN_OR_RETURN(
         CommHandle h,
         comms_.shard_group->AllGather(
-            Flat(qbase_shards_[u], 0, q.shard_numel), Flat(twin, 0, q.padded),
+            source, Flat(twin, 0, q.padded),
             absl::StrCat(model_->layout().units[u].name, " quantized base all-gather")));
     qbase_pending_[u].push_back(std::move(h));
   }

@@ -316,6 +316,7 @@ class ShardingEngine {
   std::vector<Tensor> qbase_shards_;
   std::vector<UnitShard> qbase_unit_shards_;
   std::vector<std::vector<CommHandle>> qbase_pending_;
+  bool qbase_on_host_ = false;  // offload.params CPU: the "<unit>.qbase" shards are host memory
   std::vector<std::pair<const void*, Tensor>> qbase_companion_;
   absl::StatusOr<Tensor> QuantizedCompanion(const Tensor& full) const;
 

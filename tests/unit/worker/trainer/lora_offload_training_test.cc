@@ -180,5 +180,71 @@ TEST_F(LoraOffloadTrainingTest, AdapterGradientsComeDownDuringTheBackward) {
   }
 }
 
+// offload.params CPU at ZeRO stage 3: a LoRA job's frozen base shards ("<unit>.params", and an
+// NF4 base's "<block>.qbase") live in the pinned host pool and go up into their gather buffers'
+// slots at each gather; the adapters stay on the device. With the optimizer on the device or on
+// the host, the run is the run without offload bit for bit, and a checkpoint of it resumes bit
+// for bit.
+TEST_F(LoraOffloadTrainingTest, BaseShardsOnTheHostAreTheDevicePathBitForBit) {
+  for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+    const std::string name = ModelConfig::BaseDType_Name(base);
+    const LoraRun device = Train(OffloadedJob(3, base, OffloadConfig::NONE), 4);
+    ASSERT_EQ(device.losses.size(), 4u) << name;
+    for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::CPU}) {
+      const std::string what = name + " optimizer " + OffloadConfig::Device_Name(optimizer);
+      JobSpec job = OffloadedJob(3, base, optimizer);
+      job.mutable_offload()->set_params(OffloadConfig::CPU);
+      const LoraRun host = Train(job, 4);
+      ExpectSameAdapterRun(host, device, what);
+      EXPECT_TRUE(host.base_after == device.base_after) << what;
+      // The plan: the base's shards in the pinned host pool, the adapters and the gather
+      // buffers on the device; the arenas are the plan's categories (checked per category).
+      const MemoryPlan plan = PlanMemory(ValidatedJob(job).value(), 0);
+      const MemoryPlan plain = PlanMemory(ValidatedJob(OffloadedJob(3, base, optimizer)).value(), 0);
+      int64_t shards = 0, qbase = 0;
+      for (const BufferSpec& b : plan.buffers) {
+        if (b.name.ends_with(".params") || b.name.ends_with(".qbase")) {
+          EXPECT_EQ(b.category, MemoryCategory::kPinnedHost) << what << " " << b.name;
+          EXPECT_EQ(b.offloaded_from, MemoryCategory::kParameters) << what << " " << b.name;
+          shards += PlacedBytes(b);
+          qbase += b.name.ends_with(".qbase");
+        }
+        if (b.name.ends_with(".lora")) {
+          EXPECT_EQ(b.category, MemoryCategory::kParameters) << what << " " << b.name;
+        }
+      }
+      EXPECT_EQ(qbase > 0, base == ModelConfig::NF4) << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters),
+                plain.CategoryBytes(MemoryCategory::kParameters) - shards)
+          << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+                plain.CategoryBytes(MemoryCategory::kPinnedHost) + shards)
+          << what << ": the adapters' parameters still go up through the ring";
+      for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < kMemoryCategoryCount; ++c) {
+          const auto& [arena, planned] = host.arena_and_plan_bytes[r][c];
+          EXPECT_EQ(arena, planned) << what << " rank " << r << " category " << c;
+        }
+      }
+    }
+    // Saved from the host shards (the seeded base is checkpointed) and resumed into them.
+    JobSpec job = OffloadedJob(3, base, OffloadConfig::CPU);
+    job.mutable_offload()->set_params(OffloadConfig::CPU);
+    const std::filesystem::path ckpt = dir_ / ("params-cpu-" + name);
+    job.mutable_checkpoint()->set_dir(ckpt.string());
+    job.mutable_checkpoint()->set_interval_steps(2);
+    ASSERT_EQ(Train(job, 2).losses.size(), 2u) << name;
+    TrainOptions resume;
+    resume.resume_dir = ckpt.string();
+    LoraRun second = Train(job, 4, resume);
+    ASSERT_EQ(second.losses.size(), 2u) << name;
+    EXPECT_EQ(second.losses[0], device.losses[2]) << name;
+    EXPECT_EQ(second.losses[1], device.losses[3]) << name;
+    second.losses = device.losses;  // compared step by step above
+    ExpectSameAdapterRun(second, device, name + " resumed");
+    EXPECT_TRUE(second.base_after == device.base_after) << name;
+  }
+}
+
 }  // namespace
 }  // namespace zt
