@@ -404,11 +404,18 @@ void ShardingEngine::SetSwappedParams(SwappedShards shards) {
   if (prefetch_ != nullptr && swapped_.read_ahead) prefetch_->SetReadAhead(swapped_.read_ahead);
 }
 
+void ShardingEngine::ReadFirstGathersAhead() {
+  if (stage_ != 3 || prefetch_ == nullptr || !swapped_.read_ahead || model_->pipelined()) return;
+  const int last = std::min(prefetch_->prefetch(), static_cast<int>(params_.size()) - 1);
+  for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
+}
+
 std::string ShardingEngine::Label(int t, const char* what) const {
   return absl::StrCat(trainable_layout_.units[t].name, " ", what);
 }
 
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
+  ReadFirstGathersAhead();
   ZT_RETURN_IF_ERROR(GatherStageUnits());
   if (stage_ <= 1) {
     for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
@@ -679,6 +686,8 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   if (last) ZT_RETURN_IF_ERROR(GradientReady(0));
   std::move(end_pass).Cancel();
   ZT_RETURN_IF_ERROR(EndPass());
+  // The next micro-batch's pass reads the same shards: its first ones come in now.
+  if (!last) ReadFirstGathersAhead();
   if (last && backward_ended_) backward_ended_();
   if (last) ZT_RETURN_IF_ERROR(FinishReductions(ctx));
   return absl::OkStatus();
