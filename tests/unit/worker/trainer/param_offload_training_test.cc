@@ -299,6 +299,31 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeEqualsNoOffloadBitForBit) {
   }
 }
 
+// With gradient accumulation a step makes several passes over the same committed shards: the
+// reads of each later pass's first gathers are queued as the previous pass ends
+// (ShardingEngine::ReadFirstGathersAhead between micro-batches), so no gather of any pass reads
+// its shard itself, and the run is the job without offload bit for bit.
+TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsEachMicroBatchsFirstGathersAhead) {
+  auto job = [&](OffloadConfig::Device device) {
+    JobSpec j = Job(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, device, device);
+    j.mutable_train()->set_micro_batch_size(1);
+    j.mutable_train()->set_grad_accum_steps(2);
+    return j;
+  };
+  const RunResult swapped = Train(job(OffloadConfig::NVME), 3);
+  const RunResult plain = Train(job(OffloadConfig::NONE), 3);
+  ExpectSameRun(swapped, plain, "2 micro-batches a step");
+  const JobSpec validated = ValidatedJob(job(OffloadConfig::NVME)).value();
+  const int n_units = static_cast<int>(BuildModelLayout(validated.model()).units.size());
+  // Gathers a pass: the tied embedding and the head once, each block twice; two passes a step.
+  const int64_t gathers = 2 + 2 * (n_units - 2);
+  for (int r = 0; r < 2; ++r) {
+    const NvmeOptimizer::Stats& stats = swapped.nvme_stats[r];
+    EXPECT_EQ(stats.shard_reads_at_gather, 0) << r;
+    EXPECT_EQ(stats.shard_reads_ahead, 3 * 2 * gathers) << r;
+  }
+}
+
 // The ring's room changes when a shard is read, never what is read: with one buffer free
 // beside the optimizer's two staging buffers and prefetch_units 2, the step's start queues the
 // first gather's read and finds the ring full for the next two, and a pass announces two
