@@ -16,6 +16,9 @@
 #   BUFFER_COUNT  offload.buffer_count for nvme (default 6)
 #   BUFFER_SIZE   offload.buffer_size in bytes for cpu and nvme (default: the job's, 200 MB:
 #                 DeepSpeed's default, far more than a small model's unit needs)
+#   DELAYED    1: a fourth mode, cpu+dpu: cpu with ZeRO-Offload's one-step delayed parameter
+#              update (offload.delayed_update) from the first timed step on (after WARMUP
+#              serial steps), its host step beside the next step's compute (default 0)
 # Raw JSON lines go to stderr; the table to stdout.
 set -uo pipefail
 
@@ -45,13 +48,24 @@ else
   trap 'rm -rf "$swap"' EXIT
 fi
 raw=$(mktemp -t zt_offload_bench_raw.XXXXXX)
+modes="none cpu nvme"
+if [[ ${DELAYED:-0} == 1 ]]; then
+  modes="$modes cpu+dpu"
+fi
 
 for round in $(seq 1 "$rounds"); do
-  for mode in none cpu nvme; do
+  for mode in $modes; do
     echo "[$(date +%T)] round $round $mode" >&2
+    extra=()
+    offload=$mode
+    if [[ $mode == cpu+dpu ]]; then
+      offload=cpu
+      extra=(--delayed-update "$warmup")
+    fi
     line=$("$bench_bin" --config "$config" --steps "$steps" --warmup "$warmup" \
-      --threads "$threads" --offload "$mode" --nvme-path "$swap" --zero-stage "$zero_stage" \
-      --buffer-count "$buffer_count" --buffer-size "$buffer_size" | grep -E '^\{.*\}$' | tail -n 1)
+      --threads "$threads" --offload "$offload" --nvme-path "$swap" --zero-stage "$zero_stage" \
+      --buffer-count "$buffer_count" --buffer-size "$buffer_size" "${extra[@]}" |
+      grep -E '^\{.*\}$' | tail -n 1)
     if [[ -z $line ]]; then
       echo "  $mode failed" >&2
       continue
@@ -66,13 +80,13 @@ import json, sys
 best = {}
 for line in open(sys.argv[1]):
     j = json.loads(line)
-    m = j["offload"]
+    m = j["offload"] + ("+dpu" if "delayed_update_after_steps" in j else "")
     if m not in best or j["step_ms"] < best[m]["step_ms"]:
         best[m] = j
 print("| offload | step ms | vs none | optimizer ms | gradient copies: ms (queued in backward) | swap in / out per step | plan device / pinned host / nvme (MiB) | peak RSS (MiB) |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 base = best.get("none", {}).get("step_ms")
-for m in ("none", "cpu", "nvme"):
+for m in ("none", "cpu", "nvme", "cpu+dpu"):
     if m not in best:
         continue
     j = best[m]

@@ -6,6 +6,7 @@
 //                  [--tensor-parallel t [--sequence-parallel 0|1]] [--prefetch K]
 //                  [--reshard-after-forward 0|1]
 //                  [--steps N] [--warmup N] [--threads-per-rank T] [--gemm onednn|openblas]
+//                  [--precision fp32|bf16]
 //                  [--pipeline-parallel p --micro-batches m [--schedule gpipe|1f1b|interleaved]
 //                   [--virtual-stages v] [--n-layer L]]
 //
@@ -79,6 +80,9 @@ struct Flags {
   int virtual_stages = 1;
   int n_layer = 0;  // 0: the configuration's
   std::string schedule = "1f1b";
+  // bf16: parameters, compute and gradients in bf16 with f32 master weights (the plan's
+  // layout tables' precision); fp32: the configuration's.
+  std::string precision = "fp32";
 };
 
 // Parses "--flag value" pairs; errors name the flag and the rule it broke.
@@ -121,6 +125,14 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
             absl::StrCat("--schedule is '", value, "'; it must be gpipe, 1f1b or interleaved"));
       }
       f.schedule = value;
+      continue;
+    }
+    if (flag == "--precision") {
+      if (value != "fp32" && value != "bf16") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--precision is '", value, "'; it must be fp32 or bf16"));
+      }
+      f.precision = value;
       continue;
     }
     if (flag == "--gemm") {
@@ -385,6 +397,7 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"reshard_after_forward", flags.reshard_after_forward == 1},
       {"threads_per_rank", results[0].threads},
       {"gemm", results[0].gemm},
+      {"precision", flags.precision},
       {"micro_batch_per_rank", job.train().micro_batch_size()},
       {"seq_len", job.data().seq_len()},
       {"warmup_steps", flags.warmup},
@@ -449,6 +462,12 @@ int main(int argc, char** argv) {
     if (flags->schedule == "interleaved") parallel->set_virtual_stages(flags->virtual_stages);
   }
   if (flags->micro_batches > 1) job.mutable_train()->set_grad_accum_steps(flags->micro_batches);
+  if (flags->precision == "bf16") {
+    zerotrain::PrecisionConfig* precision = job.mutable_precision();
+    precision->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+    precision->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+    precision->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  }
   parallel->set_zero_stage(flags->stage);
   parallel->set_prefetch_units(flags->prefetch);
   parallel->set_reshard_after_forward(flags->reshard_after_forward == 1);

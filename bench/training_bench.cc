@@ -8,7 +8,7 @@
 //                  [--optimizer adamw|adamw8bit|adafactor] [--grad-dtype fp32|bf16]
 //                  [--master fp32|split] [--offload none|cpu|nvme] [--nvme-path DIR]
 //                  [--buffer-count N] [--buffer-size BYTES] [--offload-params cpu|nvme]
-//                  [--n-layer N] [--lr LR] [--zero-stage 1|2|3]
+//                  [--n-layer N] [--lr LR] [--zero-stage 1|2|3] [--delayed-update N]
 // The memory techniques (bench/RESULTS.md's second table) are the last five flags:
 // --precision bf16 means bf16 parameters and activations with fp32 master weights and fp32
 // gradient accumulation; --grad-dtype bf16 accumulates gradients in bf16 instead, and
@@ -23,6 +23,9 @@
 // (--offload's 1 or --offload-params' 3: at 2–3 the gradients' copies to the host are queued
 // during the backward, gradient_copies_queued_in_backward); --lr its learning rate
 // (a few steps of a large model from its random init fall at a smaller one than 6e-4).
+// --delayed-update N (with --offload cpu) turns on ZeRO-Offload's one-step delayed parameter
+// update after N steps (offload.delayed_update): the host step of a step then runs beside the
+// next step's forward and backward; the line adds delayed_update_after_steps.
 //
 // The data are random tokens (throughput does not depend on them). Peak RSS is the kernel's
 // VmHWM; the baseline is VmRSS after the libraries and the OpenMP pool are up, before the
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
   std::string precision = "fp32", checkpointing = "none", optimizer = "adamw";
   std::string grad_dtype = "fp32", master = "fp32", offload, nvme_path, offload_params;
   int steps = 10, warmup = 2, threads = 2, buffer_count = 4, n_layer = 0, zero_stage = 0;
+  int delayed_after = -1;   // --delayed-update N: offload.delayed_update after N steps
   int64_t buffer_size = 0;  // 0: the job's default
   double lr = 0;            // 0: the configuration's (nanoGPT's 6e-4)
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -87,6 +91,8 @@ int main(int argc, char** argv) {
       lr = std::atof(value.c_str());
     else if (flag == "--zero-stage")
       zero_stage = std::atoi(value.c_str());
+    else if (flag == "--delayed-update")
+      delayed_after = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "training_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -157,6 +163,11 @@ int main(int argc, char** argv) {
   } else if (!offload_params.empty()) {
     std::fprintf(stderr, "training_bench: --offload-params needs --offload\n");
     return 2;
+  }
+  if (delayed_after >= 0) {
+    // ZeRO-Offload's delayed update (validation refuses it without a host step).
+    job.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+    job.mutable_offload()->mutable_delayed_update()->set_after_steps(delayed_after);
   }
   // After the offload's own stage: the job's validation refuses what the offload forbids.
   if (zero_stage > 0) job.mutable_parallel()->set_zero_stage(zero_stage);
@@ -237,6 +248,7 @@ int main(int argc, char** argv) {
     const zt::MemoryPlan& plan = (*trainer)->plan();
     out["offload"] = offload;
     out["offload_params"] = offload_params.empty() ? "none" : offload_params;
+    if (delayed_after >= 0) out["delayed_update_after_steps"] = delayed_after;
     out["optimizer_ms"] = optimizer_ms[optimizer_ms.size() / 2];
     out["host_optimizer_ms_last"] = last.host_optimizer_s * 1e3;
     // ZeRO-Offload's overlap: the gradients' copies run beside the backward; what the host

@@ -5,6 +5,8 @@
 // it answers instantly for models far larger than this machine.
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
@@ -13,11 +15,26 @@
 #include "nlohmann/json.hpp"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/gathered_units.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/status_macros.h"
 
 namespace zt::cli {
+namespace {
+
+// The pinned host bytes offload.delayed_update adds to the plan (memory_plan.cc): each unit's
+// second gradient bank and its updated parameter shard.
+int64_t DelayedUpdateBytes(const MemoryPlan& plan) {
+  int64_t bytes = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.name.ends_with(".grads.host.1") || b.name.ends_with(".params.host")) bytes += b.bytes();
+  }
+  return bytes;
+}
+
+}  // namespace
 
 absl::Status RunEstimate(const EstimateFlags& flags) {
   if (flags.plan) return RunEstimatePlan(flags);
@@ -45,6 +62,20 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
   const ModelLayout layout = BuildModelLayout(job.model());
   const int64_t params = layout.total_numel;
   const std::string name = job.name().empty() ? "job" : job.name();
+  // A pipelined job's stages hold different units: each stage's plan (its first rank's; every
+  // rank of a stage plans the same bytes), with the ZeRO-3 gathered units apart, since a stage
+  // that reshards after each forward holds a pool of them rather than all its units.
+  struct StagePlan {
+    int64_t total = 0, gathered = 0;
+  };
+  std::vector<StagePlan> stages;
+  if (const int p = job.parallel().pipeline_parallel(); p > 1) {
+    const int per_stage = job.parallel().world_size() / p;
+    for (int s = 0; s < p; ++s) {
+      const MemoryPlan stage_plan = PlanMemory(job, ParallelLayout::ForJob(job, s * per_stage));
+      stages.push_back({stage_plan.TotalBytes(), GatheredUnitBytes(stage_plan)});
+    }
+  }
 
   if (flags.json) {
     nlohmann::json per_rank;
@@ -60,12 +91,25 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
         {"zero_stage", job.parallel().zero_stage()},
         {"offload",
          {{"optimizer", zerotrain::OffloadConfig::Device_Name(job.offload().optimizer())},
-          {"params", zerotrain::OffloadConfig::Device_Name(job.offload().params())}}},
+          {"params", zerotrain::OffloadConfig::Device_Name(job.offload().params())},
+          {"delayed_update",
+           {{"enabled", job.offload().delayed_update().enabled()},
+            {"after_steps", job.offload().delayed_update().after_steps()},
+            {"pinned_host_bytes", DelayedUpdateBytes(plan)}}}}},
         {"per_rank", per_rank},
+        // Of per_rank's parameters: the ZeRO-3 units gathered whole (not a category of its own).
+        {"gathered_units_per_rank", GatheredUnitBytes(plan)},
         {"per_rank_by_tier",
          {{"device", plan.DeviceBytes()},
           {"pinned_host", plan.CategoryBytes(MemoryCategory::kPinnedHost)},
           {"nvme", plan.CategoryBytes(MemoryCategory::kNvme)}}}};
+    if (!stages.empty()) {
+      nlohmann::json per_stage = nlohmann::json::array();
+      for (const StagePlan& st : stages) {
+        per_stage.push_back({{"total", st.total}, {"gathered_units", st.gathered}});
+      }
+      out["per_pipeline_stage"] = per_stage;
+    }
     if (job.model().has_lora()) {
       const LoraMemoryBreakdown lora = LoraBreakdown(plan);
       out["lora"] = {
@@ -94,7 +138,7 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
                                job.parallel().zero_stage());
   std::cout << absl::StrFormat("  %-14s %18s %12s %14s\n", "category", "bytes", "GiB",
                                "bytes/param");
-  auto row = [&](const char* label, int64_t bytes) {
+  auto row = [&](const std::string& label, int64_t bytes) {
     std::cout << absl::StrFormat("  %-14s %18d %12.3f %14.3f\n", label, bytes,
                                  static_cast<double>(bytes) / (1ull << 30),
                                  static_cast<double>(bytes) / static_cast<double>(params));
@@ -104,6 +148,18 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
     row(MemoryCategoryName(category), plan.CategoryBytes(category));
   }
   row("total", plan.TotalBytes());
+  if (job.parallel().zero_stage() == 3) {
+    // Of the parameters: the whole units gathered from the shards (a pool of
+    // prefetch_units + 1 with reshard_after_forward, every unit without).
+    row("gathered units", GatheredUnitBytes(plan));
+  }
+  if (!stages.empty()) {
+    std::cout << "per pipeline stage:\n";
+    for (size_t s = 0; s < stages.size(); ++s) {
+      row(absl::StrFormat("stage %d", s), stages[s].total);
+      if (job.parallel().zero_stage() == 3) row("  gathered", stages[s].gathered);
+    }
+  }
   if (job.model().has_lora()) {
     // A LoRA job: the frozen base trains nothing; the adapters carry the gradients and states.
     const LoraMemoryBreakdown lora = LoraBreakdown(plan);
@@ -125,6 +181,13 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
   row("device", plan.DeviceBytes());
   row("pinned host", plan.CategoryBytes(MemoryCategory::kPinnedHost));
   row("nvme", plan.CategoryBytes(MemoryCategory::kNvme));
+  if (const auto& delayed = job.offload().delayed_update(); delayed.enabled()) {
+    // ZeRO-Offload's delayed update (docs/memory.md): its extra host buffers are in pinned host.
+    std::cout << absl::StrFormat(
+        "delayed update (offload.delayed_update): after step %d, %s of pinned host for its "
+        "second gradient bank and parameter shards\n",
+        delayed.after_steps(), FormatBytes(DelayedUpdateBytes(plan)));
+  }
   if (const int64_t budget = job.resources().device_memory_bytes(); budget > 0) {
     std::cout << absl::StrFormat("device budget (resources.device_memory_bytes) %s: %s\n",
                                  FormatBytes(budget),

@@ -116,7 +116,11 @@ absl::StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(SwapStoreOptions opti
   SwapOpenReport report;
   {
     absl::MutexLock lock(&store->mu_);
-    ZT_RETURN_IF_ERROR(store->OpenLocked(report));
+    if (absl::Status s = store->OpenLocked(report); !s.ok()) {
+      store->made_by_failed_open_ = std::move(store->made_by_this_open_);
+      return s;
+    }
+    store->made_by_this_open_.clear();
   }
   store->report_ = report;
   return store;
@@ -160,6 +164,7 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
   s = db_->Get(rocksdb::ReadOptions(), swap_format::kMetaKey, &value);
   if (s.IsNotFound()) {
     report.created = true;
+    made_by_this_open_.push_back(index_path);
     s = db_->Put(rocksdb::WriteOptions(), swap_format::kMetaKey,
                  swap_format::EncodeMeta(options_.file_size, options_.file_count));
     if (!s.ok()) return RocksStatus(s, "cannot write swap store index", index_path);
@@ -184,8 +189,10 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
   bool file_was_missing = false;
   for (uint32_t i = 0; i < options_.file_count; ++i) {
     File file{.path = swap_format::SwapFilePath(path, i)};
-    if (access(file.path.c_str(), F_OK) != 0) file_was_missing = true;
+    const bool missing = access(file.path.c_str(), F_OK) != 0;
+    file_was_missing = file_was_missing || missing;
     ZT_ASSIGN_OR_RETURN(const OpenedFile opened, env_->Open(file.path, options_.direct_io));
+    if (missing) made_by_this_open_.push_back(file.path);
     file.fd = opened.fd;
     file.direct = opened.direct;
     files_.push_back(file);
@@ -343,6 +350,8 @@ SwapStore::~SwapStore() {
   if (bounce_ != nullptr) munmap(bounce_, bounce_size_);
   // A store a failed commit stopped stays, as a crashed one does, for the next open to verify.
   if (options_.remove_when_closed && opened_ && broken_.ok()) RemoveFilesLocked();
+  std::error_code ec;
+  for (const std::string& made : made_by_failed_open_) std::filesystem::remove_all(made, ec);
 }
 
 void SwapStore::RemoveFilesLocked() {

@@ -224,6 +224,11 @@ class SwapStore {
   std::byte* bounce_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t bounce_size_ = 0;
   bool opened_ ABSL_GUARDED_BY(mu_) = false;  // Open finished: the store was judged sound
+  // What an open that failed made on disk, deleted with the store: the swap files it created
+  // (a full disk stops the preallocation part-way, and the files before it would hold the space
+  // the checkpoints need) and the index when it created it. Only set when Open fails.
+  std::vector<std::string> made_by_failed_open_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> made_by_this_open_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // a failed commit: the store refuses all calls
   uint64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_read_ ABSL_GUARDED_BY(mu_) = 0;

@@ -339,13 +339,41 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       downloads->Enqueue(u, std::move(after));
     });
   }
-  if (t->nvme_optimizer_ || t->grad_downloads_) {
+  if (job.offload().delayed_update().enabled()) {
+    // CheckEngineSupport refuses the rest; an engine reached another way says why too.
+    if (!t->host_optimizer_ || !t->grad_downloads_) {
+      return absl::UnimplementedError(
+          "offload.delayed_update trains with offload.optimizer CPU only (its host step reads "
+          "the gradients copied down during the backward)");
+    }
+    if (LossScalingEnabled(job.precision()) || shard_group.has_value() ||
+        t->model_->layout().lora) {
+      return absl::UnimplementedError(
+          "offload.delayed_update trains without fp16 loss scaling, sharded Adafactor or LoRA "
+          "(CheckEngineSupport says why)");
+    }
+    std::vector<Tensor> params_host;
+    for (const UnitLayout& u : trained.units) {
+      ZT_ASSIGN_OR_RETURN(Tensor p, t->arenas_->Get(u.name + ".params.host"));
+      params_host.push_back(p);
+    }
+    ZT_ASSIGN_OR_RETURN(t->delayed_,
+                        DelayedHostStep::Create({.host = &*t->host_optimizer_,
+                                                 .gradients = t->grad_downloads_.get(),
+                                                 .copies = &t->device_->copies(),
+                                                 .params_host = std::move(params_host),
+                                                 .host_ctx = t->host_ctx_,
+                                                 .on_start = options.on_host_step_start}));
+  }
+  if (t->nvme_optimizer_ || t->grad_downloads_ || options.on_backward_ended) {
     NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();
     GradientDownloads* downloads = t->grad_downloads_.get();
+    Trainer* self = t.get();
     // The first unit's states are read while the step's reductions finish.
-    t->engine_->SetBackwardEnded([nvme_opt, downloads] {
+    t->engine_->SetBackwardEnded([nvme_opt, downloads, self] {
       if (nvme_opt != nullptr) nvme_opt->ReadFirstUnitAhead();
       if (downloads != nullptr) downloads->BackwardEnded();
+      if (self->options_.on_backward_ended) self->options_.on_backward_ended(self->step_ + 1);
     });
   }
   ZT_RETURN_IF_ERROR(t->InitializeWeights());
@@ -738,6 +766,8 @@ std::string ProtoJson(const google::protobuf::Message& m) {
 }  // namespace
 
 absl::Status Trainer::SaveCheckpoint(bool final) {
+  // A consistent state: no host update half done (Step drains at checkpoint steps already).
+  ZT_RETURN_IF_ERROR(FinishDelayedUpdate());
   nlohmann::json state = {{"step", step_},
                           {"optimizer_steps", optimizer().steps_taken()},
                           {"world_size", job_.parallel().world_size()},
@@ -988,6 +1018,7 @@ absl::Status Trainer::RestoreSwapped(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
+  ZT_RETURN_IF_ERROR(FinishDelayedUpdate());  // the master weights are being written
   if (model_->layout().lora) {
     return absl::FailedPreconditionError(
         "FullWeights: a LoRA job trains its adapters (FullAdapters); its base is frozen");
@@ -1122,6 +1153,50 @@ absl::Status Trainer::JoinTensorParallelShares(std::vector<std::vector<float>>& 
   return absl::OkStatus();
 }
 
+bool Trainer::DelayedUpdateDrains(int64_t step, StopKind stop) const {
+  const auto& train = job_.train();
+  const auto& ckpt = job_.checkpoint();
+  return step >= train.max_steps() ||
+         (options_.stop_after_step && step >= *options_.stop_after_step) ||
+         stop != StopKind::kNone ||
+         (!ckpt.dir().empty() && ckpt.interval_steps() > 0 && step % ckpt.interval_steps() == 0) ||
+         (val_batches_ && train.eval_interval() > 0 && step % train.eval_interval() == 0);
+}
+
+absl::Status Trainer::LandDelayedUpdate(StepRecord* r) {
+  ZT_ASSIGN_OR_RETURN(const DelayedHostStep::Finished f, delayed_->Finish(engine_->param_views()));
+  if (f.step == 0) return absl::OkStatus();
+  if (r != nullptr) {
+    r->host_optimizer_s += f.update_seconds;
+    r->offload_bytes_to_device += f.bytes_to_device;
+    r->offload_to_device_s += f.upload_seconds;
+    r->offload_bytes_to_host += f.bytes_to_host;
+    r->offload_to_host_s += f.download_seconds;
+  }
+  // ZeRO stages 1-2: every rank's updated range into everyone's parameters.
+  return engine_->FinishStep(ctx_);
+}
+
+absl::Status Trainer::DelayedHostUpdate(const DelayedUpdateArgs& args, StepRecord& r) {
+  // This step's gradients are all in the downloads' current bank once they drain; the bank
+  // changes at Launch, so the next backward's copies never touch what this host step reads.
+  ZT_RETURN_IF_ERROR(grad_downloads_->Drain());
+  // The previous step's host update ran beside this step's forward and backward, which read
+  // the parameters from before it; they land now, before anything reads them again.
+  ZT_RETURN_IF_ERROR(LandDelayedUpdate(&r));
+  ZT_RETURN_IF_ERROR(
+      delayed_->Launch(engine_->param_views(), step_ + 1, args.lr, args.grad_scale, args.seed));
+  if (!args.drain) return absl::OkStatus();
+  // Something reads the weights after this step: its own update lands too, and the next step
+  // starts the overlap again from fresh parameters.
+  return LandDelayedUpdate(&r);
+}
+
+absl::Status Trainer::FinishDelayedUpdate() {
+  if (delayed_ == nullptr || !delayed_->pending()) return absl::OkStatus();
+  return LandDelayedUpdate(nullptr);
+}
+
 absl::StatusOr<StepRecord> Trainer::Step() {
   const auto start = Clock::now();
   const auto& train = job_.train();
@@ -1209,6 +1284,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   r.loss_scale = loss_scale;
   const auto optimizer_start = Clock::now();
   const double waited_in_step_before_optimizer = engine_->waited_seconds();
+  // ZeRO-Offload's delayed update, past its warm-up (steps 1..after_steps are serial).
+  const bool delayed =
+      delayed_ != nullptr && step_ + 1 > job_.offload().delayed_update().after_steps();
   if (totals.nonfinite) {
     // A scaled gradient overflowed: skip the update, let the scaler back off. The step still
     // counts (data and schedule move on), as DeepSpeed counts it.
@@ -1228,7 +1306,14 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     // Stochastic rounding draws a new stream every step, reproducibly from the job's seed.
     const uint64_t rounding_seed = job_.train().seed() * 0x9E3779B97F4A7C15ull + step_;
     const float grad_scale_step = static_cast<float>(clip_scale / loss_scale);
-    if (host_optimizer_) {
+    if (delayed) {
+      ZT_RETURN_IF_ERROR(DelayedHostUpdate(
+          {.lr = r.lr,
+           .grad_scale = grad_scale_step,
+           .seed = rounding_seed,
+           .drain = DelayedUpdateDrains(step_ + 1, static_cast<StopKind>(totals.stop_request))},
+          r));
+    } else if (host_optimizer_) {
       const HostOptimizer::Stats before = host_optimizer_->stats();
       ZT_RETURN_IF_ERROR(host_optimizer_->Step(host_ctx_, engine_->param_views(),
                                                engine_->grad_views(), r.lr, grad_scale_step,
@@ -1254,12 +1339,16 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       ZT_RETURN_IF_ERROR(optimizer_->Step(ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
                                           grad_scale_step, rounding_seed));
     }
-    ZT_RETURN_IF_ERROR(engine_->FinishStep(ctx_));
+    // The delayed update gathers the parameters when it uploads them.
+    if (!delayed) ZT_RETURN_IF_ERROR(engine_->FinishStep(ctx_));
     if (loss_scaler_) ZT_RETURN_IF_ERROR(loss_scaler_->Update(/*overflow=*/false));
   }
   if (grad_downloads_) {
     // A skipped step's copies finish before the next backward writes the gradients again.
     ZT_RETURN_IF_ERROR(grad_downloads_->Drain());
+    if (delayed) {
+      r.offload_bytes_to_host += grad_downloads_->stats().bytes - downloads_before.bytes;
+    }
     // The gradients' copies ran beside the backward: their seconds, outside optimizer_s.
     r.offload_to_host_s +=
         grad_downloads_->stats().copy_seconds - downloads_before.copy_seconds;
@@ -1324,9 +1413,14 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
                                          .loss_divisor = static_cast<double>(accum)};
   const int virtual_stages =
       job_.parallel().pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED ? v : 1;
-  for (const PipelineOp& op :
-       PipelineStageOps(job_.parallel().pipeline_schedule(), pipeline_size_, pipeline_stage_,
-                        static_cast<int>(accum), virtual_stages)) {
+  const std::vector<PipelineOp> ops =
+      PipelineStageOps(job_.parallel().pipeline_schedule(), pipeline_size_, pipeline_stage_,
+                       static_cast<int>(accum), virtual_stages);
+  // A ZeRO-3 stage that reshards after each forward gathers its units per use, prefetched in
+  // this order across the ops.
+  ZT_RETURN_IF_ERROR(engine_->BeginStagePass(ops, /*training=*/true));
+  absl::Cleanup end_pass = [&] { engine_->EndStagePass().IgnoreError(); };
+  for (const PipelineOp& op : ops) {
     const int k = op.micro_batch, c = op.chunk, slot = k % m.in_flight(c);
     const std::string label = absl::StrCat("chunk ", c, " micro-batch ", k,
                                            op.forward ? " forward" : " backward");
@@ -1381,6 +1475,8 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
       }
     }
   }
+  std::move(end_pass).Cancel();
+  ZT_RETURN_IF_ERROR(engine_->EndStagePass());
   for (int c = 0; c < v; ++c) {
     for (int s = 0; s < m.in_flight(c); ++s) {
       ZT_RETURN_IF_ERROR(wait(activation_sends[c][s]));
@@ -1406,9 +1502,18 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
 
 absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {
   Transformer& m = *model_;
-  // A ZeRO-3 stage reads its units gathered whole: the optimizer stepped the shards since.
+  // A ZeRO-3 stage reads its units gathered again (the optimizer stepped the shards since):
+  // whole for the pass, or per use in the order below with reshard_after_forward.
   ZT_RETURN_IF_ERROR(engine_->GatherStageUnits());
   const int v = m.chunks();
+  std::vector<PipelineOp> ops;
+  for (int64_t k = 0; k < n; ++k) {
+    for (int c = 0; c < v; ++c) {
+      ops.push_back({.forward = true, .micro_batch = static_cast<int>(k), .chunk = c});
+    }
+  }
+  ZT_RETURN_IF_ERROR(engine_->BeginStagePass(ops, /*training=*/false));
+  absl::Cleanup end_pass = [&] { engine_->EndStagePass().IgnoreError(); };
   // As in the training schedule: a slot's output stays untouched until its send is done.
   std::vector<std::vector<std::optional<CommHandle>>> sends(v);
   for (int c = 0; c < v; ++c) sends[c].resize(m.in_flight(c));
@@ -1445,6 +1550,8 @@ absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {
       }
     }
   }
+  std::move(end_pass).Cancel();
+  ZT_RETURN_IF_ERROR(engine_->EndStagePass());
   for (auto& chunk : sends) {
     for (std::optional<CommHandle>& h : chunk) ZT_RETURN_IF_ERROR(wait(h));
   }
@@ -1474,6 +1581,7 @@ absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_batches_) return absl::FailedPreconditionError("no data.val to evaluate on");
+  ZT_RETURN_IF_ERROR(FinishDelayedUpdate());  // evaluate the updated weights
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();
   // The validation loss is the mean over every target the n · ranks micro-batches count, as

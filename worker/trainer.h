@@ -53,6 +53,7 @@
 #include "worker/micro_batches.h"
 #include "worker/model/transformer.h"
 #include "worker/offload/nvme_optimizer.h"
+#include "worker/optim/delayed_host_step.h"
 #include "worker/optim/gradient_downloads.h"
 #include "worker/optim/host_optimizer.h"
 #include "worker/optim/loss_scaler.h"
@@ -108,6 +109,11 @@ struct TrainOptions {
   std::function<absl::StatusOr<std::unique_ptr<RankDevice>>(const zerotrain::JobSpec& job,
                                                             int rank)>
       make_device;
+  // Probes of offload.delayed_update for tests (worker/optim/delayed_host_step.h), or null:
+  // called on the host step's thread as the host update of step `step` starts, and on the
+  // rank's thread when step `step`'s last backward has ended.
+  std::function<void(int64_t step)> on_host_step_start;
+  std::function<void(int64_t step)> on_backward_ended;
 };
 
 // What one optimizer step measured.
@@ -142,7 +148,10 @@ struct StepRecord {
   double pipeline_span_s = 0;
   // offload.optimizer CPU: this step's host optimizer (part of optimizer_s) — bytes its copy
   // engine moved device → host (gradients) and host → device (parameters), the seconds
-  // those copies took, and the seconds of the host updates. Zero without offload.
+  // those copies took, and the seconds of the host updates. Zero without offload. With
+  // offload.delayed_update, once it has started: the host updates that finished in this step
+  // (the previous step's, ran beside this step's compute; and this step's own when it
+  // drains), the uploads of their parameters and this step's gradients' copies.
   int64_t offload_bytes_to_host = 0;
   int64_t offload_bytes_to_device = 0;
   double offload_to_host_s = 0;
@@ -175,8 +184,17 @@ class Trainer {
   // until a stop request (TrainOptions::stop) ends it early: then stopped_early() is true.
   absl::Status Run(const std::function<void(const StepRecord&)>& on_step = nullptr);
 
-  // One optimizer step (the unit Run() is made of).
+  // One optimizer step (the unit Run() is made of). With offload.delayed_update past its
+  // warm-up, the step's host update still runs when Step returns, unless the step drains
+  // (a checkpoint, evaluation, max_steps, stop_after_step or a stop request is due at it).
   absl::StatusOr<StepRecord> Step();
+  // offload.delayed_update: waits for a host update still running and uploads its parameters
+  // (a collective at ZeRO stages 1-2: the parameters' all-gather). Evaluate, SaveCheckpoint and
+  // FullWeights call it first; so must anything else that reads the weights or the optimizer's
+  // state after a Step that did not drain. OK at once when nothing is pending.
+  absl::Status FinishDelayedUpdate();
+  // Host updates launched beside the next step's compute so far (0 without the delayed update).
+  int64_t delayed_host_steps() const { return delayed_ ? delayed_->launched() : 0; }
   // Validation loss: the mean over every target counted (DocumentSampler::CountedTargets) in
   // the eval_steps micro-batches of each data-parallel rank from the start of data.val, as
   // the training loss is a token-level mean over the step (each rank evaluates its share; a
@@ -244,6 +262,24 @@ class Trainer {
   // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
   // `final`: the save at max_steps or of a stop (see SaveOutcome).
   absl::Status SaveCheckpoint(bool final);
+  // offload.delayed_update: whether step `step` (1-based) finishes its own host update before
+  // it returns, because something reads the weights after it (Run's checkpoint or evaluation,
+  // the run's last step, a stop the ranks agreed on). A function of the job, the options and
+  // the agreed stop alone, so every rank drains at the same steps.
+  bool DelayedUpdateDrains(int64_t step, StopKind stop) const;
+  // The delayed update at the end of a step's backward and statistics: the previous step's
+  // host update is waited for and its parameters uploaded and gathered, then this step's
+  // starts beside the next step's compute (and is finished at once when `drain`). Adds what
+  // finished to `r`.
+  struct DelayedUpdateArgs {
+    float lr = 0;
+    float grad_scale = 1;
+    uint64_t seed = 0;
+    bool drain = false;
+  };
+  absl::Status DelayedHostUpdate(const DelayedUpdateArgs& args, StepRecord& r);
+  // Finish's outcome into `r` and the parameters' all-gather (ZeRO stages 1-2).
+  absl::Status LandDelayedUpdate(StepRecord* r);
   // `saved` as the run's outcome: with on_save_error CONTINUE a failed save is reported and
   // training goes on, unless it is the `final` one (at max_steps, or the checkpoint of a
   // stop): a run whose last state is not saved never succeeds.
@@ -338,6 +374,9 @@ class Trainer {
   // offload.optimizer CPU / NVME: the reduced gradients' copies to the host during the
   // backward (after the engine and communicators whose handles its thread waits on).
   std::unique_ptr<GradientDownloads> grad_downloads_;
+  // offload.delayed_update: the host update's own thread (after what it reads: destroyed
+  // first, waiting for a pending update).
+  std::unique_ptr<DelayedHostStep> delayed_;
   // Last: destroyed first, so a background save stops before the arenas it reads go.
   std::optional<CheckpointWriter> checkpoint_writer_;
   std::optional<LossScaler> loss_scaler_;

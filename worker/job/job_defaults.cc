@@ -165,6 +165,8 @@ void ApplyJobDefaults(zerotrain::JobSpec* spec) {
   zerotrain::AioConfig& aio = *offload.mutable_aio();
   if (!aio.has_block_size()) aio.set_block_size(kDeepSpeedAioBlockSize);
   if (!aio.has_queue_depth()) aio.set_queue_depth(kDeepSpeedAioQueueDepth);
+  zerotrain::DelayedUpdateConfig& delayed = *offload.mutable_delayed_update();
+  if (!delayed.has_after_steps()) delayed.set_after_steps(kDelayedUpdateAfterSteps);
 
   ResourceConfig& resources = *spec->mutable_resources();
   if (resources.device() == ResourceConfig::DEVICE_KIND_UNSPECIFIED) {

@@ -17,6 +17,10 @@ inline constexpr int32_t kDeepSpeedOptimizerBufferCount = 4;
 inline constexpr int64_t kDefaultOffloadBufferSize = (int64_t{200'000'000} + 4095) / 4096 * 4096;
 inline constexpr int64_t kDeepSpeedAioBlockSize = 1 << 20;
 inline constexpr int32_t kDeepSpeedAioQueueDepth = 8;
+// Serial steps before ZeRO-Offload's delayed parameter update starts (offload.delayed_update.
+// after_steps): the paper turns it on after a warm-up of a few dozen steps, when the
+// gradients no longer change fast; DeepSpeed has no setting to copy.
+inline constexpr int32_t kDelayedUpdateAfterSteps = 40;
 
 // Default MLP width for `family` and d_model `c`: 4·C for GPT2, 8·C/3 rounded up to a multiple
 // of 64 for LLAMA. Returns 0 for FAMILY_UNSPECIFIED and for widths that do not fit in int32;

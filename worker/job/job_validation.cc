@@ -518,20 +518,6 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   return absl::InvalidArgumentError(message);
 }
 
-namespace {
-
-// What pipeline parallelism trains with so far: f32 and 16-bit mixed precision, the optimizer
-// on the rank or offloaded (CPU or NVME: each stage's own units' shards step on the host like
-// any flat shard); offload.params (stage-3 shards kept on the host or swapped) is not wired to
-// a stage's gathered units yet. `needs` adds a line naming the layout's field.
-void NeedsParamsOnTheRank(const JobSpec& spec,
-                          const std::function<void(const std::string&)>& needs) {
-  if (spec.offload().params() != zerotrain::OffloadConfig::NONE) {
-    needs("without offload.params");
-  }
-}
-
-}  // namespace
 
 // Each line below goes when its feature lands.
 absl::Status CheckEngineSupport(const JobSpec& spec) {
@@ -550,8 +536,10 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
   // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
   // ranks, in f32 or 16-bit mixed precision, with the GPIPE, ONE_F_ONE_B and INTERLEAVED
-  // schedules at every ZeRO stage, each stage's units tensor-parallel when t > 1, its optimizer
-  // offloaded (CPU or NVME) or not; sequence parallelism with any of them.
+  // schedules at every ZeRO stage (at 3 keeping each stage's units gathered for the step or
+  // gathering them per use), each stage's units tensor-parallel when t > 1, its optimizer
+  // offloaded (CPU or NVME) or not, at ZeRO 3 its parameter shards too (offload.params, with
+  // the rules below); sequence parallelism with any of them.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
   if (const int pp = parallel.pipeline_parallel(); pp > 1) {
     const auto needs = [&](const std::string& what) {
@@ -564,15 +552,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                          " with parallel.micro_batches >= 2 (the stage accumulates into full "
                          "gradient buffers, planned only when micro-batches accumulate)"));
     }
-    if (parallel.zero_stage() == 3 && parallel.reshard_after_forward()) {
-      needs(
-          "at parallel.zero_stage 3 with parallel.reshard_after_forward false (a stage keeps its "
-          "units gathered for the step's schedule rather than gathering them per micro-batch)");
-    }
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");
     }
-    NeedsParamsOnTheRank(spec, needs);
     if (UsesLora(spec.model())) needs("without model.lora");
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
@@ -636,6 +618,52 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           " — the host optimizer step needs 3 ring buffers or more (gradients down, parameters "
           "up, a unit's states in and out of the swap store; twice the states' to read the next "
           "unit ahead)"));
+    }
+  }
+  // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
+  // offload.optimizer CPU, ZeRO stages 1-3, AdamW, 8-bit AdamW and Adafactor, fp32 and bf16:
+  // its host step runs on a thread of its own beside the next step's compute, so nothing it
+  // does may touch what that compute uses.
+  if (offload.delayed_update().enabled()) {
+    const auto needs = [&](const std::string& what) {
+      lines.push_back(
+          absl::StrCat("offload.delayed_update.enabled: true trains ", what, " so far"));
+    };
+    if (offload.optimizer() == Offload::NVME) {
+      needs(
+          "with offload.optimizer CPU, not NVME (the NVMe step copies the gradients from the "
+          "device through the ring and commits a swap generation per step: beside the next "
+          "step's backward it would read gradients that backward overwrites)");
+    }
+    if (offload.params() != Offload::NONE) {
+      needs(absl::StrCat("without offload.params (", Offload::Device_Name(offload.params()),
+                         ": the host step updates the shards the next step's gathers read)"));
+    }
+    using P = zerotrain::PrecisionConfig;
+    if (precision.param_dtype() == P::FP16 || precision.compute_dtype() == P::FP16 ||
+        precision.grad_dtype() == P::FP16) {
+      needs(
+          "without FP16 in precision (fp16's dynamic loss scaling must skip an overflowing "
+          "step's update, which a delayed update learns of only after the next step has "
+          "computed on it; use BF16 or FP32)");
+    }
+    if (UsesLora(spec.model())) {
+      needs(
+          "without model.lora (the adapters' gradients are not copied down during the "
+          "backward, so the next step's backward would overwrite them)");
+    }
+    if (parallel.tensor_parallel() > 1 || parallel.pipeline_parallel() > 1) {
+      needs(absl::StrCat("with parallel.tensor_parallel and parallel.pipeline_parallel 1 (got ",
+                         parallel.tensor_parallel(), " and ", parallel.pipeline_parallel(),
+                         "; their host steps are not wired to the delayed thread)"));
+    }
+    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
+        parallel.zero_stage() >= 1 && parallel.shard_group_size() > 1) {
+      needs(absl::StrCat(
+          "with optimizer.type ADAFACTOR only when parallel.shard_group_size is 1 (got ",
+          parallel.shard_group_size(),
+          ": a sharded Adafactor sums its row statistics across the shard group inside the "
+          "host step, a collective that would interleave with the next step's)"));
     }
   }
   // LoRA: the step loop trains the adapters at every ZeRO stage on CPU ranks (docs/lora.md).

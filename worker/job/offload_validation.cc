@@ -83,6 +83,19 @@ std::vector<std::string> OffloadViolations(const zerotrain::JobSpec& spec) {
                                  " cannot be combined with precision.split_master_weights (the "
                                  "master weights' high halves are the device's parameters)"));
   }
+  if (o.delayed_update().enabled() && o.optimizer() != OffloadConfig::CPU &&
+      o.optimizer() != OffloadConfig::NVME) {
+    // The delayed update overlaps the host step with the next step's compute: there must be a
+    // host step.
+    lines.push_back(absl::StrCat(
+        "offload.delayed_update.enabled: true needs offload.optimizer "
+        "CPU or NVME (got ",
+        DeviceName(o.optimizer()), "): it overlaps the host optimizer step with the next step"));
+  }
+  if (o.delayed_update().after_steps() < 0) {
+    lines.push_back(absl::StrCat("offload.delayed_update.after_steps: must be >= 0 (got ",
+                                 o.delayed_update().after_steps(), ")"));
+  }
   if (UsesNvme(o) && o.nvme_path().empty()) {
     lines.push_back(absl::StrCat("offload.nvme_path: required when offload.optimizer (",
                                  DeviceName(o.optimizer()), ") or offload.params (",

@@ -515,16 +515,24 @@ absl::Status Transformer::StageForward(const DeviceContext& ctx, const LossOptio
         "gradient scratch holds one)");
   }
   const int head = static_cast<int>(layout_.units.size()) - 1;
-  if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, ComputeParams(0)));
+  if (chunk_is_first()) {
+    ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(0));
+    ZT_RETURN_IF_ERROR(EmbeddingForward(ctx, p));
+    ZT_RETURN_IF_ERROR(FinishStageUnit(0));
+  }
   for (int u = std::max(first_unit_, 1); u < std::min(last_unit_, head); ++u) {
-    ZT_RETURN_IF_ERROR(BlockForward(ctx, u - 1, ComputeParams(u)));
+    ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(u));
+    ZT_RETURN_IF_ERROR(BlockForward(ctx, u - 1, p));
+    ZT_RETURN_IF_ERROR(FinishStageUnit(u));
   }
   if (!chunk_is_last()) return absl::OkStatus();
-  ZT_RETURN_IF_ERROR(HeadForward(ctx, ComputeParams(head)));
-  ZT_RETURN_IF_ERROR(
-      HeadLoss(ctx, ComputeParams(head), options.write_grad ? grads_.back() : Tensor(),
-               ComputeParams(0),
-               options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(), options));
+  ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(head));
+  ZT_RETURN_IF_ERROR(HeadForward(ctx, p));
+  ZT_RETURN_IF_ERROR(HeadLoss(ctx, p, options.write_grad ? grads_.back() : Tensor(),
+                              ComputeParams(0),
+                              options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(),
+                              options));
+  ZT_RETURN_IF_ERROR(FinishStageUnit(head));
   head_backward_due_ = options.write_grad;
   return absl::OkStatus();
 }
@@ -540,10 +548,14 @@ absl::Status Transformer::StageBackward(const DeviceContext& ctx) {
           "the last stage's backward without the forward (with write_grad) of its micro-batch");
     }
     head_backward_due_ = false;
-    ZT_RETURN_IF_ERROR(HeadBackward(ctx, ComputeParams(head), grads_.back()));
+    ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(head));
+    ZT_RETURN_IF_ERROR(HeadBackward(ctx, p, grads_.back()));
+    ZT_RETURN_IF_ERROR(FinishStageUnit(head));
   }
   for (int u = std::min(last_unit_, head) - 1; u >= std::max(first_unit_, 1); --u) {
-    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, ComputeParams(u), grads_[u]));
+    ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(u));
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, p, grads_[u]));
+    ZT_RETURN_IF_ERROR(FinishStageUnit(u));
   }
   if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, grads_.front()));
   return absl::OkStatus();

@@ -27,6 +27,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -283,6 +284,23 @@ class Transformer {
   // the rank's shards, and the engine gathers the whole units into these for the step.
   // Unset: unit_params().
   absl::Status SetStageComputeParams(const std::vector<Tensor>& units);
+  // Where StageForward / StageBackward take each unit's parameters from instead, one use at a
+  // time (ZeRO stage 3 with reshard_after_forward: the engine gathers a unit for the use and
+  // frees it after, FSDP's per-use gather on a pipeline stage). `acquire(u)` (u: the whole
+  // model's unit) runs before the unit's compute and returns its whole parameters; `finish(u)`
+  // right after the compute that read them. The forward uses each unit of the selected chunk in
+  // model order (the head once, for HeadForward and HeadLoss); the backward uses them in
+  // reverse, except the embedding, whose backward reads no parameters. Unset (both empty):
+  // SetStageComputeParams' buffers or unit_params().
+  struct StageUnitSource {
+    std::function<absl::StatusOr<Tensor>(int unit)> acquire;
+    std::function<absl::Status(int unit)> finish;
+  };
+  void SetStageUnitSource(StageUnitSource source) { unit_source_ = std::move(source); }
+  // Chunk c's units [first, last) of the whole model, in model order.
+  std::pair<int, int> ChunkUnits(int c) const {
+    return {chunk_ranges_[c].first_unit, chunk_ranges_[c].last_unit};
+  }
   // The selected micro-batch's forward through the stage: the embedding of tokens() on the
   // first stage, the stage's blocks, and on the last the final norm and the loss over
   // targets() (options as ForwardLoss; with write_grad the projection's backward too, as
@@ -446,6 +464,15 @@ class Transformer {
   std::vector<Tensor> compute_params_;    // SetStageComputeParams', by whole-model unit
   const Tensor& ComputeParams(int u) const {
     return compute_params_.empty() ? params_[u] : compute_params_[u];
+  }
+  StageUnitSource unit_source_;
+  // Unit u's parameters for one use of StageForward / StageBackward, and the end of that use.
+  absl::StatusOr<Tensor> AcquireStageUnit(int u) const {
+    if (unit_source_.acquire) return unit_source_.acquire(u);
+    return ComputeParams(u);
+  }
+  absl::Status FinishStageUnit(int u) const {
+    return unit_source_.finish ? unit_source_.finish(u) : absl::OkStatus();
   }
   std::vector<int> held_units_;
   int first_unit_ = 0, last_unit_ = 0;  // the selected chunk's

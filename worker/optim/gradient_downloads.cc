@@ -26,16 +26,25 @@ absl::StatusOr<std::unique_ptr<GradientDownloads>> GradientDownloads::Create(Arg
                                                    " gradients but ", args.host.size(),
                                                    " host buffers"));
   }
-  for (size_t u = 0; u < args.host.size(); ++u) {
-    if (args.host[u].device().kind != DeviceKind::kCpu) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient downloads: unit ", u,
-                                                     "'s host buffer is on ",
-                                                     DeviceName(args.host[u].device())));
-    }
-    if (args.host[u].size_bytes() < args.device[u].size_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient downloads: unit ", u, "'s host buffer of ", args.host[u].size_bytes(),
-          " bytes is smaller than its gradient of ", args.device[u].size_bytes()));
+  if (!args.host_bank1.empty() && args.host_bank1.size() != args.host.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient downloads: ", args.host.size(),
+                                                   " host buffers but ", args.host_bank1.size(),
+                                                   " in bank 1"));
+  }
+  for (int bank = 0; bank < 2; ++bank) {
+    const std::vector<Tensor>& host = bank == 0 ? args.host : args.host_bank1;
+    for (size_t u = 0; u < host.size(); ++u) {
+      if (host[u].device().kind != DeviceKind::kCpu) {
+        return absl::InvalidArgumentError(absl::StrCat("gradient downloads: unit ", u,
+                                                       "'s host buffer (bank ", bank, ") is on ",
+                                                       DeviceName(host[u].device())));
+      }
+      if (host[u].size_bytes() < args.device[u].size_bytes()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradient downloads: unit ", u, "'s host buffer (bank ", bank, ") of ",
+                         host[u].size_bytes(), " bytes is smaller than its gradient of ",
+                         args.device[u].size_bytes()));
+      }
     }
   }
   return std::unique_ptr<GradientDownloads>(new GradientDownloads(std::move(args)));
@@ -45,6 +54,7 @@ GradientDownloads::GradientDownloads(Args args)
     : copies_(args.copies),
       device_(std::move(args.device)),
       host_(std::move(args.host)),
+      host_bank1_(std::move(args.host_bank1)),
       enqueued_(device_.size(), 0),
       finished_(device_.size(), 0),
       taken_(device_.size(), 0),
@@ -74,7 +84,7 @@ void GradientDownloads::Enqueue(int u, std::vector<CommHandle> after) {
     return;
   }
   if (!backward_ended_) ++stats_.enqueued_during_backward;
-  queue_.push_back({.unit = u, .mark = *std::move(mark), .after = std::move(after)});
+  queue_.push_back({.unit = u, .mark = *std::move(mark), .after = std::move(after), .bank = bank_});
   cv_.notify_all();
 }
 
@@ -98,9 +108,10 @@ void GradientDownloads::WorkerLoop() {
       if (status.ok()) status = s;
     }
     const Tensor& src = device_[task.unit];
+    const Tensor& dst = task.bank == 0 ? host_[task.unit] : host_bank1_[task.unit];
     const auto start = Clock::now();
     if (status.ok()) {
-      status = copies_->CopyToHost(task.mark, host_[task.unit].raw(), src.raw(), src.size_bytes());
+      status = copies_->CopyToHost(task.mark, dst.raw(), src.raw(), src.size_bytes());
     }
     const double seconds = SecondsSince(start);
     lock.lock();
@@ -130,7 +141,36 @@ absl::StatusOr<Tensor> GradientDownloads::Take(int u) {
   stats_.wait_seconds += SecondsSince(start);
   if (!unit_status_[u].ok()) return unit_status_[u];
   const Tensor& g = device_[u];
-  return Tensor(host_[u].raw(), g.dtype(), {g.numel()}, Device{});
+  return Tensor((bank_ == 0 ? host_ : host_bank1_)[u].raw(), g.dtype(), {g.numel()}, Device{});
+}
+
+absl::Status GradientDownloads::UseBank(int bank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bank != 0 && (bank != 1 || host_bank1_.empty())) {
+    return absl::FailedPreconditionError(absl::StrCat("gradient downloads: no host bank ", bank,
+                                                      " (the plan holds ",
+                                                      host_bank1_.empty() ? 1 : 2, ")"));
+  }
+  if (!queue_.empty() || running_) {
+    return absl::FailedPreconditionError(
+        "gradient downloads: the bank changes while copies are in flight (Drain first)");
+  }
+  bank_ = bank;
+  return absl::OkStatus();
+}
+
+int GradientDownloads::bank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bank_;
+}
+
+std::vector<Tensor> GradientDownloads::HostGradients(int bank) const {
+  const std::vector<Tensor>& host = bank == 0 ? host_ : host_bank1_;
+  std::vector<Tensor> out;
+  for (size_t u = 0; u < host.size(); ++u) {
+    out.push_back(Tensor(host[u].raw(), device_[u].dtype(), {device_[u].numel()}, Device{}));
+  }
+  return out;
 }
 
 absl::Status GradientDownloads::Drain() {
@@ -154,6 +194,13 @@ absl::StatusOr<std::unique_ptr<GradientDownloads>> GradientDownloadsFromPlan(
     if (!arenas.Spec(name).ok()) break;
     ZT_ASSIGN_OR_RETURN(Tensor host, arenas.Get(name));
     args.host.push_back(host);
+    if (arenas.Spec(name + ".1").ok()) {
+      ZT_ASSIGN_OR_RETURN(Tensor spare, arenas.Get(name + ".1"));
+      args.host_bank1.push_back(spare);
+    }
+  }
+  if (!args.host_bank1.empty() && args.host_bank1.size() != args.host.size()) {
+    return absl::InternalError("memory plan: some units have .grads.host.1 and others not");
   }
   if (args.host.empty()) return nullptr;
   if (args.host.size() != trained.units.size()) {

@@ -45,9 +45,12 @@ class GradientDownloads {
     // engine's grad_views()[u]) and its pinned host buffer (at least as many bytes).
     std::vector<Tensor> device;
     std::vector<Tensor> host;
+    // A second bank of host buffers (the plan's "<unit>.grads.host.1", offload.delayed_update)
+    // or empty: the delayed host step reads one bank while the next backward fills the other.
+    std::vector<Tensor> host_bank1;
   };
   // InvalidArgument when `copies` is null, the lists differ in length, a host buffer is not
-  // host memory or is smaller than its gradient (naming the unit).
+  // host memory or is smaller than its gradient (naming the unit and the bank).
   static absl::StatusOr<std::unique_ptr<GradientDownloads>> Create(Args args);
   ~GradientDownloads();
   GradientDownloads(const GradientDownloads&) = delete;
@@ -67,6 +70,15 @@ class GradientDownloads {
   // at the end of every step: what is enqueued after it belongs to the next step.
   absl::Status Drain();
 
+  // The delayed update's double buffering. Copies enqueued from now on go to bank `bank`
+  // (0: Args::host, 1: Args::host_bank1). FailedPrecondition when there is no bank 1 or a copy
+  // is still queued or running (call after Drain, on the compute thread).
+  absl::Status UseBank(int bank);
+  int bank() const;
+  // Host views of bank `bank`'s gradients (each its device view's dtype and element count):
+  // what a host step reads without Take once Drain has returned.
+  std::vector<Tensor> HostGradients(int bank) const;
+
   struct Stats {
     int64_t bytes = 0;        // copied device → host
     double copy_seconds = 0;  // the copy thread's time in copies (overlapped with compute)
@@ -84,6 +96,7 @@ class GradientDownloads {
     int unit = 0;
     DeviceCopyEngine::IssueMark mark;
     std::vector<CommHandle> after;
+    int bank = 0;
   };
   explicit GradientDownloads(Args args);
   void WorkerLoop();
@@ -91,6 +104,7 @@ class GradientDownloads {
   DeviceCopyEngine* const copies_;
   const std::vector<Tensor> device_;
   const std::vector<Tensor> host_;
+  const std::vector<Tensor> host_bank1_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -102,12 +116,14 @@ class GradientDownloads {
   std::vector<absl::Status> unit_status_;     // per unit, its last copy's status
   absl::Status first_error_;                  // since the last Drain
   bool backward_ended_ = false;  // this step's (BackwardEnded; Drain starts the next step)
+  int bank_ = 0;                 // where Enqueue's copies go
   Stats stats_;
   std::thread worker_;  // last: starts after the members it reads
 };
 
 // The downloads of a rank whose plan holds "<unit>.grads.host" for every unit of `trained`
-// (PlanMemory with offload.optimizer CPU or NVME), into those buffers from `grads` (the
+// (PlanMemory with offload.optimizer CPU), into those buffers (and "<unit>.grads.host.1", the
+// second bank, when the plan holds them: offload.delayed_update) from `grads` (the
 // engine's grad_views(), parallel to trained.units); nullptr when the plan holds none (the
 // host step then copies each gradient itself). Internal when it holds some but not all.
 absl::StatusOr<std::unique_ptr<GradientDownloads>> GradientDownloadsFromPlan(

@@ -117,4 +117,31 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
   return absl::OkStatus();
 }
 
+absl::Status HostOptimizer::StepOnHost(const DeviceContext& host_ctx,
+                                       const std::vector<Tensor>& host_params,
+                                       const std::vector<Tensor>& host_grads, float lr,
+                                       float grad_scale, uint64_t seed) {
+  if (host_params.size() != host_grads.size() ||
+      static_cast<int>(host_params.size()) != optimizer_.unit_count()) {
+    return absl::InternalError(
+        absl::StrCat("host optimizer: ", host_params.size(), " parameter and ", host_grads.size(),
+                     " gradient buffers for ", optimizer_.unit_count(), " units"));
+  }
+  for (size_t u = 0; u < host_params.size(); ++u) {
+    const FlatRange& range = optimizer_.range(static_cast<int>(u));
+    const int64_t n = range.end - range.begin;
+    if (host_params[u].numel() < n || host_grads[u].numel() < n) {
+      return absl::InternalError(absl::StrCat("host optimizer: unit ", u, "'s range of ", n,
+                                              " elements does not fit its host buffers (",
+                                              host_params[u].numel(), " parameters, ",
+                                              host_grads[u].numel(), " gradients)"));
+    }
+    ZT_RETURN_IF_ERROR(optimizer_.StepUnit(
+        host_ctx, static_cast<int>(u), HostView(host_params[u], host_params[u].dtype(), n),
+        HostView(host_grads[u], host_grads[u].dtype(), n), lr, grad_scale, seed));
+  }
+  optimizer_.CountStep();
+  return absl::OkStatus();
+}
+
 }  // namespace zt

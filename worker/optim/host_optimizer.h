@@ -63,6 +63,16 @@ class HostOptimizer {
                     const std::vector<Tensor>& grads, float lr, float grad_scale,
                     uint64_t seed = 0);
 
+  // The delayed update's host step (delayed_host_step.h): the update alone, in host memory,
+  // no copy. host_params[u] holds unit u's range of parameters (read when they are their own
+  // master) and receives the updated ones; host_grads[u] its reduced gradient. The same
+  // StepUnit calls in the same order as Step, then CountStep, so the arithmetic is Step's.
+  // Touches no Stats (it runs beside the rank's thread, which reads them): the caller times
+  // it. May run on another thread than Step, never beside it.
+  absl::Status StepOnHost(const DeviceContext& host_ctx, const std::vector<Tensor>& host_params,
+                          const std::vector<Tensor>& host_grads, float lr, float grad_scale,
+                          uint64_t seed = 0);
+
   // What the steps so far moved and spent, cumulative: the bytes copied device → host
   // (gradients, and parameters that are their own master) and host → device (updated
   // parameters), the seconds those copies took, and the seconds of the host updates.

@@ -307,6 +307,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // copy of every unit's shard would cost grad_dtype × P / N of it (6 GB for a 3 B model at one
   // rank) to hide a copy its swap traffic dwarfs.
   const bool host_step = stage >= 1 && job.offload().optimizer() == zerotrain::OffloadConfig::CPU;
+  const bool delayed_update = host_step && job.offload().delayed_update().enabled();
   MemoryPlan plan;
   auto add = [&](std::string name, MemoryCategory category, DType dtype, int64_t numel) {
     plan.buffers.push_back({std::move(name), category, dtype, {numel}});
@@ -350,6 +351,13 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
       // ZeRO-Offload's overlap: the reduced shard comes down here during the backward
       // (worker/optim/gradient_downloads.h), one buffer a unit, so no copy waits for another.
       add(u.name + ".grads.host", MemoryCategory::kPinnedHost, grad_dtype, shard.shard_numel);
+      if (delayed_update) {
+        // The delayed update (worker/optim/delayed_host_step.h): step t's host step reads one
+        // bank of gradients while step t+1's backward copies into the other, and writes the
+        // updated parameter shard here, uploaded only once step t+1's backward has ended.
+        add(u.name + ".grads.host.1", MemoryCategory::kPinnedHost, grad_dtype, shard.shard_numel);
+        add(u.name + ".params.host", MemoryCategory::kPinnedHost, param_dtype, shard.shard_numel);
+      }
     }
     if (precision.master_weights()) {
       // A split master keeps only the low halves: the high halves are the bf16 parameters.

@@ -113,12 +113,41 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
   int64_t bytes = group_share * g;                   // gradient reduce-scatter
   if (stage <= 2) {
     bytes += group_share * p;  // the updated parameters, gathered after the optimizer step
+  } else if (job.parallel().pipeline_parallel() > 1) {
+    // A pipeline stage (`layout`: its units): kept gathered for the step, each unit once; per
+    // use, m times in the forwards and m in the backwards but the embedding's (no parameters)
+    // and the head's (kept from its forward) — ShardingEngine::BeginStagePass.
+    const int64_t m = job.train().grad_accum_steps();
+    int64_t gathered = 0;
+    for (const UnitLayout& u : layout.units) {
+      const int64_t uses = !job.parallel().reshard_after_forward()
+                               ? 1
+                               : m * (2 - (u.kind == UnitKind::kEmbedding) -
+                                      (u.kind == UnitKind::kHead));
+      gathered += uses * PaddedUnitNumel(u.numel, G);
+    }
+    bytes += (G - 1) * gathered / G * p;
   } else {
     const int64_t passes = job.parallel().reshard_after_forward() ? 2 : 1;
     bytes += job.train().grad_accum_steps() * passes * group_share * p;
   }
   if (R > 1) bytes += 2 * (R - 1) * (padded / G) * g / R;
   return bytes;
+}
+
+// The norm weights (and biases) of `blocks` blocks and the final norm: what sequence
+// parallelism sums over the tensor-parallel group once a step (every rank's norms saw only its
+// token rows).
+int64_t SequenceParallelNormElements(const zerotrain::ModelConfig& model, int64_t blocks) {
+  const ModelLayout layout = BuildModelLayout(model);
+  const auto norms = [](const UnitLayout& unit) {
+    int64_t n = 0;
+    for (const ParamSpec& p : unit.params) {
+      if (p.name.starts_with("ln")) n += p.numel;  // ln1, ln2, ln_f: weights and biases
+    }
+    return n;
+  };
+  return blocks * norms(layout.block(0)) + norms(layout.head());
 }
 
 // Tensor- and pipeline-parallel bytes a rank sends per step, and the pipeline's bubble (the
@@ -139,6 +168,13 @@ ModelParallelCost ModelParallelCostOf(const zerotrain::JobSpec& job) {
   if (t > 1) {
     const int64_t blocks = (job.model().n_layer() + p - 1) / p;
     cost.comm_bytes += A * blocks * 4 * 2 * (t - 1) * activation / t;
+    if (parallel.sequence_parallel()) {
+      // The backward gathers each of a block's two norm outputs again (they are kept as
+      // shards), and once a step the norms' partial gradients are summed over the group.
+      cost.comm_bytes += A * blocks * 2 * (t - 1) * activation / t;
+      cost.comm_bytes += 2 * (t - 1) * SequenceParallelNormElements(job.model(), blocks) *
+                         ElementBytes(job.precision().grad_dtype()) / t;
+    }
   }
   if (p > 1) {
     cost.comm_bytes += 2 * A * activation;

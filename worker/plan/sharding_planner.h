@@ -36,6 +36,10 @@
 //                                     + A forward all-gathers       (G−1)/G·P·p each
 //                                     + A backward all-gathers      (G−1)/G·P·p each, only
 //                                       with reshard_after_forward
+//                          stage 3 on a pipeline stage (p > 1; P its units): the
+//                                     reduce-scatter + each unit gathered once a step, or
+//                                     with reshard_after_forward A times in the forwards and A
+//                                     in the backwards but the embedding's and the head's
 //                          hybrid (R > 1, stages 1–3) adds the replicas' all-reduce of the
 //                                     shard                         2·(R−1)/R·(P/G)·g
 //   recompute_fraction   the extra forward FLOPs of recomputation over one step's FLOPs
@@ -72,6 +76,10 @@
 //                    all-reduces of B·T·C activations forward and two backward (Megatron;
 //                    with sequence parallelism the same bytes as reduce-scatter + all-gather):
 //                    A·⌈L/p⌉·4·2·(t−1)/t·B·T·C·c, c the compute dtype's bytes
+//   sequence parallel adds the backward's regathers of a block's two norm outputs (kept as
+//                    shards), A·⌈L/p⌉·2·(t−1)/t·B·T·C·c, and once a step the sum of the
+//                    norms' partial gradients over the group, 2·(t−1)/t·N·g, N the norm
+//                    elements of ⌈L/p⌉ blocks and the final norm (the largest stage's at most)
 //   pipeline         each micro-batch's activations forward and gradient backward,
 //                    2·A·B·T·C·c, and the bubble (p − 1)/(v·m) (v virtual stages with
 //                    INTERLEAVED, else 1; m micro-batches), a fraction of the step's compute

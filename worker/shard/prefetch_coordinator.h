@@ -1,8 +1,9 @@
 // The prefetch coordinator: which unit's all-gather is issued when, and into which buffer.
 //
 // A pass is a fixed sequence of unit uses — the forward order, then the backward order (or
-// the forward alone for evaluation) — each marked with whether the unit is released when the
-// use ends. The ordering, which every rank follows identically because collectives must be
+// the forward alone for evaluation; on a pipeline stage, every use of the step's schedule in
+// the order its ops run, ShardingEngine::BeginStagePass) — each marked with whether the unit is
+// released when the use ends. The ordering, which every rank follows identically because collectives must be
 // issued in the same order on every rank:
 //   1. Before use i is computed, the gathers of the units of uses i … i+k (k = prefetch
 //      depth) that are sharded are issued, in sequence order. A unit already gathered or

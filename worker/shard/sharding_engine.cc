@@ -181,12 +181,14 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     // Stage 3 gathers the stage's units whole for the step (BeginStep: FSDP's
     // reshard_after_forward false), so that each micro-batch's forward and backward reads them
     // without a gather per op.
-    if ((e->stage_ >= 2 && !e->accumulate_full_) ||
-        (e->stage_ == 3 && job.parallel().reshard_after_forward())) {
+    // With reshard_after_forward it gathers each unit per use instead (BeginStagePass); the
+    // gradients accumulate into the same full buffers either way, so the two are bit for bit
+    // the same training.
+    if (e->stage_ >= 2 && !e->accumulate_full_) {
       return absl::UnimplementedError(absl::StrCat(
           "parallel.zero_stage ", e->stage_,
           " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1, "
-          "and 2 and 3 with parallel.micro_batches > 1 (3 with reshard_after_forward false)"));
+          "and 2 and 3 with parallel.micro_batches > 1"));
     }
     // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
     const UnitLayout& head = layout.units.back();
@@ -324,12 +326,20 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         }
       }
     }
-    if (model->pipelined()) {
+    ShardingEngine* self = e.get();
+    if (model->pipelined() && parallel.reshard_after_forward()) {
+      // The stage gathers each unit per use, in its schedule's order (BeginStagePass).
+      e->stage_per_use_ = true;
+      e->local_unit_.assign(job.model().n_layer() + 2, -1);
+      for (int u = 0; u < n_units; ++u) e->local_unit_[model->held_units()[u]] = u;
+      model->SetStageUnitSource(
+          {.acquire = [self](int unit) { return self->AcquireStageUnit(unit); },
+           .finish = [self](int) { return self->FinishUse(); }});
+    } else if (model->pipelined()) {
       // The stage computes from its units gathered whole for the step (BeginStep).
       e->stage_gathered_ = dedicated;
       ZT_RETURN_IF_ERROR(model->SetStageComputeParams(dedicated));
     }
-    ShardingEngine* self = e.get();
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
         [self](int u, const Tensor& full) { return self->GatherUnit(u, full); });
@@ -429,20 +439,59 @@ absl::Status ShardingEngine::GatherStageUnits() {
   if (!stage_gathered_.empty()) {
     // A ZeRO-3 pipeline stage: every unit's shard (stepped by the last optimizer step, or
     // initialised or loaded) all-gathered into its whole buffer for this step's schedule.
+    // GatherUnit takes each shard from wherever the plan keeps it (the device, or the pinned
+    // host pool / swap store with offload.params).
     std::vector<CommHandle> handles;
     for (size_t u = 0; u < stage_gathered_.size(); ++u) {
-      const UnitShard& s = param_shards_[u];
-      ZT_ASSIGN_OR_RETURN(
-          CommHandle h,
-          comms_.shard_group->AllGather(Flat(params_[u], 0, s.shard_numel),
-                                        Flat(stage_gathered_[u], 0, s.padded),
-                                        absl::StrCat(model_->layout().units[u].name,
-                                                     " stage all-gather")));
+      ZT_ASSIGN_OR_RETURN(CommHandle h, GatherUnit(static_cast<int>(u), stage_gathered_[u]));
       handles.push_back(std::move(h));
     }
     ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
   }
   return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::BeginStagePass(const std::vector<PipelineOp>& ops, bool training) {
+  if (!stage_per_use_) return absl::OkStatus();
+  const int head = job_.model().n_layer() + 1;
+  std::vector<UnitUse> uses;
+  for (const PipelineOp& op : ops) {
+    const auto [first, last] = model_->ChunkUnits(op.chunk);
+    if (op.forward) {
+      for (int u = first; u < last; ++u) {
+        uses.push_back({local_unit_[u], !(training && u == head)});
+      }
+    } else {
+      for (int u = last - 1; u >= std::max(first, 1); --u) uses.push_back({local_unit_[u], true});
+    }
+  }
+  stage_uses_ = uses;
+  BeginPass(std::move(uses));
+  return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::EndStagePass() {
+  if (!stage_per_use_) return absl::OkStatus();
+  const bool complete = use_ == static_cast<int>(stage_uses_.size());
+  stage_uses_.clear();
+  ZT_RETURN_IF_ERROR(EndPass());
+  if (!complete) {
+    return absl::InternalError(
+        "pipeline stage pass: the schedule ended before every planned use of its units");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ShardingEngine::AcquireStageUnit(int whole_unit) {
+  const int local = whole_unit >= 0 && whole_unit < static_cast<int>(local_unit_.size())
+                        ? local_unit_[whole_unit]
+                        : -1;
+  if (use_ >= static_cast<int>(stage_uses_.size()) || stage_uses_[use_].unit != local) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pipeline stage pass: unit ", whole_unit, " used outside its place in the schedule (use ",
+        use_, " of ", stage_uses_.size(), ")"));
+  }
+  return Acquire(local);
 }
 
 absl::StatusOr<Tensor> ShardingEngine::Params(int u) const {

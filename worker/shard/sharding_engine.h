@@ -81,6 +81,7 @@
 #include "worker/model/transformer.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/plan/pipeline_schedule.h"
 #include "worker/shard/prefetch_coordinator.h"
 #include "worker/shard/unit_registry.h"
 
@@ -126,6 +127,20 @@ class ShardingEngine {
   // first, and a pipelined evaluation between steps (the optimizer stepped the shards since).
   // Nothing for any other model.
   absl::Status GatherStageUnits();
+  // A ZeRO-3 pipeline stage with reshard_after_forward (FSDP's per-use gather on a stage):
+  // every use of a unit by `ops` (the stage's schedule, PipelineStageOps, or an evaluation's
+  // forward-only ops with `training` false) in the order the ops run them becomes one pass of
+  // the prefetch coordinator, so each use gathers its unit (prefetch_units uses ahead, across
+  // the ops' boundaries) into the pool and frees it after. A forward uses each unit of its
+  // chunk in model order, a backward in reverse without the embedding (its backward reads no
+  // parameters); in training the head stays gathered from its forward to its backward, which
+  // every schedule runs next on the last stage. The model's StageForward / StageBackward take
+  // the units through Transformer::SetStageUnitSource. EndStagePass after the ops (also after
+  // an error). Nothing for any other model.
+  absl::Status BeginStagePass(const std::vector<PipelineOp>& ops, bool training);
+  absl::Status EndStagePass();
+  // Whether this is such a stage (units gathered per use, not for the whole step).
+  bool gathers_stage_per_use() const { return stage_per_use_; }
   // Forward and backward of the micro-batch in model->tokens()/targets(). On a step's last
   // micro-batch (`last`) the gradients are reduced; when this returns they are final in
   // grad_views(). The micro-batch's mean loss goes where options.loss_sum says (usually
@@ -293,6 +308,12 @@ class ShardingEngine {
   Tensor grad_full_embedding_;      // "grad.full.embedding" (tied)
   // A ZeRO-3 pipeline stage's "<unit>.gathered" buffers, filled by BeginStep.
   std::vector<Tensor> stage_gathered_;
+  // A ZeRO-3 pipeline stage with reshard_after_forward: the current stage pass's uses, and per
+  // whole-model unit its index among the stage's units (−1: not held).
+  bool stage_per_use_ = false;
+  std::vector<UnitUse> stage_uses_;
+  std::vector<int> local_unit_;
+  absl::StatusOr<Tensor> AcquireStageUnit(int whole_unit);
   std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)
   Tensor scalars_;                  // "comm.scalars"
   std::vector<FlatRange> ranges_;

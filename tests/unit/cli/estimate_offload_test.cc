@@ -91,6 +91,33 @@ TEST_F(EstimateOffloadTest, ZeroStageFlagIsTheStageValidationSees) {
   EXPECT_EQ(j["offload"]["optimizer"], "CPU");
 }
 
+// offload.delayed_update: the estimate says it is on, from which step, and the pinned host
+// its buffers add (the plan's difference, exactly).
+TEST_F(EstimateOffloadTest, ShowsTheDelayedUpdateAndItsHostBuffers) {
+  std::string job = kJob;
+  job.replace(job.find("parallel: {world_size: 2}"),
+              std::string("parallel: {world_size: 2}").size(),
+              "parallel: {world_size: 2, zero_stage: 1}");
+  const nlohmann::json serial = nlohmann::json::parse(
+      Run({.job_file = Write(job + "offload: {optimizer: CPU, buffer_size: 2097152}\n"),
+           .json = true}));
+  EXPECT_EQ(serial["offload"]["delayed_update"]["enabled"], false);
+  EXPECT_EQ(serial["offload"]["delayed_update"]["pinned_host_bytes"], 0);
+  const std::string path = Write(job +
+                                 "offload: {optimizer: CPU, buffer_size: 2097152, "
+                                 "delayed_update: {enabled: true, after_steps: 5}}\n");
+  const nlohmann::json j = nlohmann::json::parse(Run({.job_file = path, .json = true}));
+  EXPECT_EQ(j["offload"]["delayed_update"]["enabled"], true);
+  EXPECT_EQ(j["offload"]["delayed_update"]["after_steps"], 5);
+  const int64_t added = j["offload"]["delayed_update"]["pinned_host_bytes"].get<int64_t>();
+  EXPECT_GT(added, 0);
+  EXPECT_EQ(j["per_rank_by_tier"]["pinned_host"].get<int64_t>(),
+            serial["per_rank_by_tier"]["pinned_host"].get<int64_t>() + added);
+  EXPECT_EQ(j["per_rank_by_tier"]["device"], serial["per_rank_by_tier"]["device"]);
+  EXPECT_THAT(Run({.job_file = path}),
+              HasSubstr("delayed update (offload.delayed_update): after step 5, "));
+}
+
 // The layout is pinned to one tensor and one pipeline rank: this test is about the offload
 // ladder, which --plan climbs only when no layout fits without offload (layouts:
 // tests/unit/worker/plan/sharding_planner_layout_test.cc).

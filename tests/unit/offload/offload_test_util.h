@@ -55,6 +55,20 @@ class FaultInjectionEnv : public SwapEnv {
   std::optional<CommitStage> crash_at;
   // Bytes the filesystem still takes; a write past them fails with ENOSPC, writing nothing.
   std::optional<uint64_t> write_budget;
+  // The same for preallocating swap files: one past them fails as posix_fallocate's ENOSPC.
+  std::optional<uint64_t> preallocate_budget;
+
+  absl::Status Preallocate(int fd, const std::string& path, uint64_t size) override {
+    if (preallocate_budget) {
+      if (size > *preallocate_budget) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "cannot preallocate swap file '", path, "': No space left on device (needs ", size,
+            " bytes)"));
+      }
+      *preallocate_budget -= size;
+    }
+    return SwapEnv::Preallocate(fd, path, size);
+  }
 
   absl::StatusOr<OpenedFile> Open(const std::string& path, bool want_direct) override {
     auto opened = SwapEnv::Open(path, want_direct);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -417,8 +418,57 @@ TEST(SwapStoreTest, FullDiskAtOpenNamesPathAndBytes) {
   EXPECT_EQ(store.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(store.status().message(), HasSubstr(dir.path() + "/swap-000.zts"));
   EXPECT_THAT(store.status().message(), HasSubstr("needs 8388608 bytes"));
+  // Nothing of the failed store is left on the small disk.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
   store = absl::StatusOr<std::unique_ptr<SwapStore>>();
   EXPECT_EQ(umount(dir.path().c_str()), 0) << std::strerror(errno);
+}
+
+// The names in `dir`, sorted.
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A disk that fills while the store preallocates its files: the open fails naming the file and
+// the bytes, and what it made (the files before, the index) is gone with it, so a failed open
+// holds none of the space the checkpoints share; what was there before stays.
+TEST(SwapStoreTest, AFailedOpenRemovesWhatItMadeAndNothingElse) {
+  TempDir dir;
+  const std::string foreign = dir.path() + "/checkpoint-0001";
+  close(open(foreign.c_str(), O_CREAT | O_WRONLY, 0600));
+  FaultInjectionEnv env;
+  SwapStoreOptions options = SmallStore(dir.path());
+  options.file_count = 3;
+  options.env = &env;
+  env.preallocate_budget = 2 * options.file_size;  // the third file does not fit
+  auto store = SwapStore::Open(options);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(store.status().message(), HasSubstr(dir.path() + "/swap-002.zts"));
+  EXPECT_THAT(store.status().message(), HasSubstr("needs 4194304 bytes"));
+  EXPECT_THAT(Entries(dir.path()), ::testing::ElementsAre("checkpoint-0001"));
+
+  // A store that exists keeps its files and index when a reopen fails: only the file the
+  // reopen made again (removed by hand) goes.
+  env.preallocate_budget.reset();
+  {
+    auto made = SwapStore::Open(options);
+    ASSERT_TRUE(made.ok()) << made.status();
+  }
+  const std::vector<std::string> whole = Entries(dir.path());
+  ASSERT_EQ(whole.size(), 5u);  // the foreign file, the index, three swap files
+  std::filesystem::remove(dir.path() + "/swap-001.zts");
+  env.preallocate_budget = options.file_size;  // swap-000 (already there) fits, swap-001 not
+  store = SwapStore::Open(options);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(store.status().message(), HasSubstr(dir.path() + "/swap-001.zts"));
+  std::vector<std::string> left = whole;
+  std::erase(left, "swap-001.zts");
+  EXPECT_EQ(Entries(dir.path()), left);
 }
 
 TEST(SwapStoreTest, BadPathsAreRefusedByName) {

@@ -31,25 +31,30 @@ JobSpec With(const std::string& extra) {
   return testing::JobWithDefaults(yaml.c_str());
 }
 
-TEST(ComposedParallelSupportTest, PipelinesTrainWithOptimizerOffloadCpuAndNvme) {
+TEST(ComposedParallelSupportTest, PipelinesTrainWithOptimizerAndParameterOffloadCpuAndNvme) {
   for (const char* layout : {"world_size: 4, pipeline_parallel: 2, zero_stage: 1",
                              "world_size: 4, tensor_parallel: 2, pipeline_parallel: 2, "
                              "zero_stage: 2, micro_batches: 4"}) {
     for (const char* offload : {"optimizer: CPU", "optimizer: NVME, nvme_path: /tmp"}) {
-      const JobSpec job = With(absl::StrCat("parallel: {", layout, "}\noffload: {", offload,
-                                            ", buffer_count: 4}\n"));
+      const JobSpec job = With(
+          absl::StrCat("parallel: {", layout, "}\noffload: {", offload, ", buffer_count: 4}\n"));
       EXPECT_TRUE(CheckEngineSupport(job).ok())
           << layout << ", " << offload << ": " << CheckEngineSupport(job);
     }
   }
-  // Parameter offload (stage-3 shards on the host) is not wired to a stage's gathered units.
-  const JobSpec params = With(
-      "parallel: {world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
-      "reshard_after_forward: false}\noffload: {optimizer: CPU, params: CPU}\n");
-  const absl::Status status = CheckEngineSupport(params);
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.pipeline_parallel: 2 trains without offload.params so far"));
+  // Parameter offload (stage-3 shards in the pinned host pool or the swap store) on stages
+  // that keep their units gathered for the step or gather them per use.
+  for (const char* reshard : {"true", "false"}) {
+    for (const char* offload :
+         {"optimizer: CPU, params: CPU", "optimizer: NVME, params: NVME, nvme_path: /tmp"}) {
+      const JobSpec params = With(absl::StrCat(
+          "parallel: {world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
+          "reshard_after_forward: ",
+          reshard, "}\noffload: {", offload, ", buffer_count: 4}\n"));
+      EXPECT_TRUE(CheckEngineSupport(params).ok())
+          << reshard << ", " << offload << ": " << CheckEngineSupport(params);
+    }
+  }
 }
 
 }  // namespace

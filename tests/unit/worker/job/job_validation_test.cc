@@ -364,7 +364,14 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "are swapped with the states, in their generation) so far",
                           "offload.optimizer: CPU trains on resources.device CPU only so far "
                           "(the host step of a CUDA rank is not wired to its copy stream yet); "
-                          "set it to NONE on CUDA"));
+                          "set it to NONE on CUDA",
+                          "offload.delayed_update.enabled: true trains without offload.params "
+                          "(NVME: the host step updates the shards the next step's gathers "
+                          "read) so far",
+                          "offload.delayed_update.enabled: true trains without FP16 in precision "
+                          "(fp16's dynamic loss scaling must skip an overflowing step's update, "
+                          "which a delayed update learns of only after the next step has "
+                          "computed on it; use BF16 or FP32) so far"));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/job/test_jobs.h"
@@ -287,6 +288,95 @@ TEST(OffloadEngineSupportTest, LoraBaseShardsTrainOnTheHostNotSwapped) {
   EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
               ElementsAre("offload.params: NVME trains without model.lora (a LoRA job's frozen "
                           "base shards are not swapped; use CPU) so far"));
+}
+
+// offload.delayed_update (ZeRO-Offload's DPU): off by default, 40 serial steps before it
+// starts; validation asks for a host step, the engine for what its thread can run beside.
+TEST(DelayedUpdateValidationTest, DefaultsOffAfterFortySteps) {
+  const JobSpec job = Valid();
+  EXPECT_FALSE(job.offload().delayed_update().enabled());
+  EXPECT_EQ(job.offload().delayed_update().after_steps(), 40);
+  const JobSpec set = testing::JobWithDefaults(
+      (std::string(testing::kMinimalYaml) +
+       "parallel: {zero_stage: 1}\noffload: {optimizer: CPU, delayed_update: {enabled: true, "
+       "after_steps: 0}}\n")
+          .c_str());
+  EXPECT_TRUE(set.offload().delayed_update().enabled());
+  EXPECT_EQ(set.offload().delayed_update().after_steps(), 0);  // a value the job sets stands
+  EXPECT_TRUE(OffloadViolations(set).empty());
+  EXPECT_TRUE(CheckEngineSupport(set).ok()) << CheckEngineSupport(set);
+}
+
+TEST(DelayedUpdateValidationTest, NeedsAHostStepAndANonNegativeWarmUp) {
+  JobSpec job = Valid();
+  job.mutable_parallel()->set_zero_stage(1);
+  job.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+  EXPECT_THAT(OffloadViolations(job),
+              ElementsAre("offload.delayed_update.enabled: true needs offload.optimizer CPU or "
+                          "NVME (got NONE): it overlaps the host optimizer step with the next "
+                          "step"));
+  EXPECT_THAT(testing::Lines(ValidateJobSpec(job)),
+              ::testing::Contains(HasSubstr("offload.delayed_update.enabled")));
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  job.mutable_offload()->mutable_delayed_update()->set_after_steps(-1);
+  EXPECT_THAT(OffloadViolations(job),
+              ElementsAre("offload.delayed_update.after_steps: must be >= 0 (got -1)"));
+  // Off, its fields are not the job's business beyond their range.
+  job.mutable_offload()->mutable_delayed_update()->set_after_steps(3);
+  job.mutable_offload()->set_optimizer(OffloadConfig::NONE);
+  job.mutable_offload()->mutable_delayed_update()->set_enabled(false);
+  EXPECT_TRUE(OffloadViolations(job).empty());
+}
+
+TEST(DelayedUpdateEngineSupportTest, RefusesByNameWhatItsThreadCannotRunBeside) {
+  JobSpec job = Valid();
+  job.mutable_parallel()->set_zero_stage(2);
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_shard_group_size(2);
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  job.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+  ASSERT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+  const auto refused = [&](const JobSpec& j, const std::string& rule) {
+    EXPECT_TRUE(ValidateJobSpec(j).ok()) << ValidateJobSpec(j);  // valid, not yet trained
+    const absl::Status status = CheckEngineSupport(j);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << rule;
+    EXPECT_THAT(
+        testing::Lines(status),
+        ElementsAre(absl::StrCat("offload.delayed_update.enabled: true trains ", rule, " so far")));
+  };
+  JobSpec nvme = job;
+  nvme.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+  nvme.mutable_offload()->set_nvme_path("/swap");
+  refused(nvme,
+          "with offload.optimizer CPU, not NVME (the NVMe step copies the gradients from the "
+          "device through the ring and commits a swap generation per step: beside the next "
+          "step's backward it would read gradients that backward overwrites)");
+  JobSpec params = job;
+  params.mutable_parallel()->set_zero_stage(3);
+  params.mutable_offload()->set_params(OffloadConfig::CPU);
+  refused(params,
+          "without offload.params (CPU: the host step updates the shards the next step's "
+          "gathers read)");
+  JobSpec fp16 = job;
+  fp16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::FP16);
+  fp16.mutable_precision()->set_compute_dtype(zerotrain::PrecisionConfig::FP16);
+  fp16.mutable_precision()->set_grad_dtype(zerotrain::PrecisionConfig::FP16);
+  fp16.mutable_precision()->set_reduce_dtype(zerotrain::PrecisionConfig::FP16);
+  fp16.mutable_precision()->set_master_weights(true);
+  refused(fp16,
+          "without FP16 in precision (fp16's dynamic loss scaling must skip an overflowing "
+          "step's update, which a delayed update learns of only after the next step has "
+          "computed on it; use BF16 or FP32)");
+  JobSpec adafactor = job;
+  adafactor.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+  refused(adafactor,
+          "with optimizer.type ADAFACTOR only when parallel.shard_group_size is 1 (got 2: a "
+          "sharded Adafactor sums its row statistics across the shard group inside the host "
+          "step, a collective that would interleave with the next step's)");
+  // One rank's Adafactor sums nothing across ranks: it trains.
+  adafactor.mutable_parallel()->set_world_size(1);
+  adafactor.mutable_parallel()->set_shard_group_size(1);
+  EXPECT_TRUE(CheckEngineSupport(adafactor).ok()) << CheckEngineSupport(adafactor);
 }
 
 }  // namespace

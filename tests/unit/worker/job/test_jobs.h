@@ -124,6 +124,9 @@ offload:
   aio:
     block_size: 262144
     queue_depth: 16
+  delayed_update:
+    enabled: true
+    after_steps: 10
 )";
 
 // The same job in JSON; 64-bit integers are strings, as protobuf's JSON mapping writes them.
@@ -162,7 +165,8 @@ inline constexpr char kFullJson[] = R"({
   "resources": {"device": "CUDA", "cpu_threads": 3, "device_memory_bytes": "1073741824"},
   "offload": {"optimizer": "CPU", "params": "NVME", "nvme_path": "/nvme", "pin_memory": true,
               "buffer_count": 6, "buffer_size": "8388608",
-              "aio": {"block_size": "262144", "queue_depth": 16}}
+              "aio": {"block_size": "262144", "queue_depth": 16},
+              "delayed_update": {"enabled": true, "after_steps": 10}}
 })";
 
 // The smallest job that validates once defaults are applied.

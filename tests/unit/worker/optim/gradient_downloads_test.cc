@@ -3,6 +3,7 @@
 // unit's copy alone; copies queued before BackwardEnded count as the backward's.
 #include "worker/optim/gradient_downloads.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -93,6 +94,53 @@ TEST(GradientDownloadsTest, RefusesAHostBufferSmallerThanTheGradient) {
                                  .host = {Tensor(host.data(), DType::kF32, {4})}});
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(d.status().message().find("unit 0"), std::string::npos) << d.status();
+}
+
+// The delayed update's double buffering: copies go to the bank chosen when they are enqueued,
+// so the next step's copies never overwrite the bank a delayed host step reads.
+TEST(GradientDownloadsTest, TwoBanksKeepOneStepsGradientsWhileTheNextLandsInTheOther) {
+  std::vector<float> device(8), bank0(8, -1.0f), bank1(8, -1.0f);
+  std::unique_ptr<DeviceCopyEngine> copies = MakeHostCopyEngine(Device{});
+  std::unique_ptr<GradientDownloads> downloads =
+      GradientDownloads::Create({.copies = copies.get(),
+                                 .device = {Tensor(device.data(), DType::kF32, {8})},
+                                 .host = {Tensor(bank0.data(), DType::kF32, {8})},
+                                 .host_bank1 = {Tensor(bank1.data(), DType::kF32, {8})}})
+          .value();
+  EXPECT_EQ(downloads->bank(), 0);
+  std::fill(device.begin(), device.end(), 1.0f);  // step t's gradient
+  downloads->Enqueue(0, {});
+  ASSERT_TRUE(downloads->Drain().ok());
+  ASSERT_TRUE(downloads->UseBank(1).ok());
+  std::fill(device.begin(), device.end(), 2.0f);  // step t+1's, while step t's is read
+  downloads->Enqueue(0, {});
+  // The bank cannot change under a copy that may still be in flight.
+  const absl::Status busy = downloads->UseBank(0);
+  ASSERT_TRUE(downloads->Drain().ok());
+  if (!busy.ok()) EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(bank0, std::vector<float>(8, 1.0f));
+  EXPECT_EQ(bank1, std::vector<float>(8, 2.0f));
+  const std::vector<Tensor> views = downloads->HostGradients(1);
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_EQ(views[0].raw(), bank1.data());
+  EXPECT_EQ(views[0].numel(), 8);
+  // A single bank has no bank 1.
+  std::unique_ptr<GradientDownloads> single =
+      GradientDownloads::Create({.copies = copies.get(),
+                                 .device = {Tensor(device.data(), DType::kF32, {8})},
+                                 .host = {Tensor(bank0.data(), DType::kF32, {8})}})
+          .value();
+  EXPECT_EQ(single->UseBank(1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(single->HostGradients(1).empty());
+  // Bank 1 must match bank 0's units.
+  EXPECT_EQ(GradientDownloads::Create({.copies = copies.get(),
+                                       .device = {Tensor(device.data(), DType::kF32, {8})},
+                                       .host = {Tensor(bank0.data(), DType::kF32, {8})},
+                                       .host_bank1 = {Tensor(bank1.data(), DType::kF32, {8}),
+                                                      Tensor(bank1.data(), DType::kF32, {8})}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include "worker/comm/device_copy_engine.h"
 #include "worker/job/job_defaults.h"
 #include "worker/model/param_layout.h"
+#include "worker/optim/delayed_host_step.h"
+#include "worker/optim/gradient_downloads.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
 
@@ -104,6 +106,19 @@ void CopyBuffer(const Rank& from, const Rank& to, const std::string& name) {
   std::memcpy(b.raw(), a.raw(), a.size_bytes());
 }
 
+// Parameters, master weights and every optimizer state of the two ranks, byte for byte.
+void ExpectSameCheckpointedBuffers(const Rank& device, const Rank& host) {
+  int compared = 0;
+  for (const BufferSpec& b : device.plan.buffers) {
+    if (!IsCheckpointed(b)) continue;
+    const Tensor a = *device.arenas->Get(b.name), h = *host.arenas->Get(b.name);
+    ASSERT_EQ(a.size_bytes(), h.size_bytes()) << b.name;
+    EXPECT_EQ(std::memcmp(a.raw(), h.raw(), a.size_bytes()), 0) << b.name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 6);
+}
+
 Optimizer MakeOptimizer(const zerotrain::JobSpec& job, const Arenas& arenas) {
   const ModelLayout layout = BuildModelLayout(job.model());
   std::vector<FlatRange> ranges;
@@ -171,16 +186,7 @@ TEST_P(HostOptimizerTest, IsBitForBitTheDevicePathsStep) {
   EXPECT_EQ(offload->optimizer().steps_taken(), 3);
   // The update moved the block's parameters, so equality below is not equality of zeros.
   EXPECT_NE(std::memcmp(before.data(), device.params[1].raw(), before.size()), 0);
-  // Parameters, master weights and every optimizer state, byte for byte.
-  int compared = 0;
-  for (const BufferSpec& b : device.plan.buffers) {
-    if (!IsCheckpointed(b)) continue;
-    const Tensor a = *device.arenas->Get(b.name), h = *host.arenas->Get(b.name);
-    ASSERT_EQ(a.size_bytes(), h.size_bytes()) << b.name;
-    EXPECT_EQ(std::memcmp(a.raw(), h.raw(), a.size_bytes()), 0) << b.name;
-    ++compared;
-  }
-  EXPECT_GT(compared, 6);
+  ExpectSameCheckpointedBuffers(device, host);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -225,6 +231,79 @@ TEST(HostOptimizerCreateTest, RefusesAMissingCopyEngineAndShortStaging) {
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(status.message().find("unit 0's range of 20480 elements"), std::string::npos)
       << status.message();
+}
+
+// The delayed update's host step (delayed_host_step.h): launched on its own thread from the
+// bank of gradients the downloads just drained, finished by uploading params.host, it is the
+// device path's step bit for bit; a second launch before the first is finished is refused, and
+// the banks alternate.
+TEST(DelayedHostStepTest, IsTheDevicePathsStepOnItsOwnThread) {
+  const Case c{"adamw_bf16_sr", OptimizerConfig::ADAMW, PrecisionConfig::BF16, true};
+  const zerotrain::JobSpec device_job = Job(c, OffloadConfig::NONE);
+  zerotrain::JobSpec host_job = Job(c, OffloadConfig::CPU);
+  host_job.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+  Rank device = MakeRank(device_job), host = MakeRank(host_job);
+  std::mt19937 rng(11);
+  for (const BufferSpec& b : device.plan.buffers) {
+    if (IsCheckpointed(b) && (b.name.ends_with(".params") || b.name.ends_with(".master"))) {
+      Fill(*device.arenas->Get(b.name), rng);
+      CopyBuffer(device, host, b.name);
+    }
+  }
+  Optimizer reference = MakeOptimizer(device_job, *device.arenas);
+  std::unique_ptr<DeviceCopyEngine> copies = MakeHostCopyEngine(Device{});
+  const ModelLayout layout = BuildModelLayout(host_job.model());
+  absl::StatusOr<std::unique_ptr<GradientDownloads>> downloads =
+      GradientDownloadsFromPlan(*host.arenas, layout, host.grads, copies.get());
+  ASSERT_TRUE(downloads.ok()) << downloads.status();
+  ASSERT_NE(*downloads, nullptr);
+  absl::StatusOr<HostOptimizer> offload =
+      HostOptimizer::Create({.optimizer = MakeOptimizer(host_job, *host.arenas),
+                             .copies = copies.get(),
+                             .param_staging = *host.arenas->Get("offload.ring.0"),
+                             .gradients = downloads->get()});
+  ASSERT_TRUE(offload.ok()) << offload.status();
+  std::vector<Tensor> params_host;
+  for (const UnitLayout& u : layout.units) {
+    params_host.push_back(*host.arenas->Get(u.name + ".params.host"));
+  }
+  const DeviceContext ctx = JobDeviceContext(device_job);
+  absl::StatusOr<std::unique_ptr<DelayedHostStep>> delayed =
+      DelayedHostStep::Create({.host = &*offload,
+                               .gradients = downloads->get(),
+                               .copies = copies.get(),
+                               .params_host = params_host,
+                               .host_ctx = ctx});
+  ASSERT_TRUE(delayed.ok()) << delayed.status();
+  DelayedHostStep& d = **delayed;
+  absl::StatusOr<DelayedHostStep::Finished> idle = d.Finish(host.params);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_EQ(idle->step, 0) << "nothing was pending";
+  for (int step = 0; step < 3; ++step) {
+    for (size_t u = 0; u < device.grads.size(); ++u) {
+      Fill(device.grads[u], rng);
+      std::memcpy(host.grads[u].raw(), device.grads[u].raw(), device.grads[u].size_bytes());
+      (*downloads)->Enqueue(static_cast<int>(u), {});
+    }
+    ASSERT_TRUE((*downloads)->Drain().ok());
+    EXPECT_EQ((*downloads)->bank(), step % 2);
+    const float lr = 1e-2f * static_cast<float>(step + 1), scale = 0.5f;
+    ASSERT_TRUE(reference.Step(ctx, device.params, device.grads, lr, scale, 100 + step).ok());
+    ASSERT_TRUE(d.Launch(host.params, step + 1, lr, scale, 100 + step).ok());
+    EXPECT_TRUE(d.pending());
+    EXPECT_EQ((*downloads)->bank(), (step + 1) % 2) << "the next backward fills the other bank";
+    EXPECT_EQ(d.Launch(host.params, step + 2, lr, scale, 0).code(),
+              absl::StatusCode::kFailedPrecondition);
+    absl::StatusOr<DelayedHostStep::Finished> f = d.Finish(host.params);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->step, step + 1);
+    EXPECT_GT(f->bytes_to_device, 0);
+    // Only a chain's first launch reads the device's shard: later ones follow an upload.
+    EXPECT_EQ(f->bytes_to_host > 0, step == 0);
+  }
+  EXPECT_EQ(d.launched(), 3);
+  EXPECT_EQ(offload->optimizer().steps_taken(), 3);
+  ExpectSameCheckpointedBuffers(device, host);
 }
 
 }  // namespace

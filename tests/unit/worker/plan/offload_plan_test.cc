@@ -197,3 +197,41 @@ TEST(OffloadPlanTest, ParameterOffloadBelowStageThreeMovesNothing) {
 
 }  // namespace
 }  // namespace zt
+
+namespace zt {
+namespace {
+
+// offload.delayed_update (worker/optim/delayed_host_step.h): a second bank of host gradient
+// shards (the next backward's copies land there while the host step reads the first) and a
+// host copy of each updated parameter shard (uploaded after the next backward), both bf16 here:
+// 2 + 2 bytes a parameter of the rank's shards, in pinned_host; the device is untouched.
+TEST(OffloadPlanTest, TheDelayedUpdateAddsAGradientBankAndTheParameterShardsOnTheHost) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    const MemoryPlan cpu = PlanMemory(Job(2, stage, OffloadConfig::CPU, OffloadConfig::NONE));
+    zerotrain::JobSpec job = Job(2, stage, OffloadConfig::CPU, OffloadConfig::NONE);
+    job.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+    const MemoryPlan dpu = PlanMemory(job);
+    EXPECT_EQ(Bytes(dpu, MemoryCategory::kPinnedHost),
+              Bytes(cpu, MemoryCategory::kPinnedHost) + 2 * kShards + 2 * kShards)
+        << "stage " << stage;
+    EXPECT_EQ(dpu.DeviceBytes(), cpu.DeviceBytes()) << "stage " << stage;
+    EXPECT_EQ(dpu.TotalBytes(), cpu.TotalBytes() + 4 * kShards) << "stage " << stage;
+    for (const char* name : {"block.0.grads.host.1", "block.0.params.host"}) {
+      const BufferSpec* b = Find(dpu, name);
+      ASSERT_NE(b, nullptr) << name;
+      EXPECT_EQ(b->category, MemoryCategory::kPinnedHost) << name;
+      EXPECT_EQ(b->bytes(), 2 * 25024) << name;
+      EXPECT_FALSE(IsCheckpointed(*b)) << name;
+      EXPECT_EQ(Find(cpu, name), nullptr) << name;
+    }
+  }
+  // Without a host step (NVMe stages its gradients through the ring) nothing is added: the
+  // validation refuses the delayed update there.
+  zerotrain::JobSpec nvme = Job(2, 1, OffloadConfig::NVME, OffloadConfig::NONE);
+  const MemoryPlan plain_nvme = PlanMemory(nvme);
+  nvme.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+  EXPECT_EQ(PlanMemory(nvme).TotalBytes(), plain_nvme.TotalBytes());
+}
+
+}  // namespace
+}  // namespace zt

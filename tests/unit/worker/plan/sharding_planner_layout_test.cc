@@ -11,6 +11,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/job/job_loading.h"
+#include "worker/model/param_layout.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/plan/parallel_plan.h"
 #include "worker/plan/sharding_planner.h"
 
 namespace zt {
@@ -156,6 +160,60 @@ TEST(PlannerLayoutTest, ModelParallelCommunicationAndBubbleFollowTheFormulas) {
   EXPECT_DOUBLE_EQ(pp2->bubble_fraction(), 1.0 / 2.0);   // (p − 1)/(v·m)
   // The cost carries the bubble.
   EXPECT_GE(pp2->cost(), pp2->bubble_fraction());
+}
+
+TEST(PlannerLayoutTest, SequenceParallelAddsItsNormRegathersAndNormGradientSums) {
+  // The engine's bytes (TensorParallelTrainingTest.SequenceParallelSendsTensorParallelBytes…):
+  // tensor parallelism's, plus per micro-batch and block two norm-output regathers, plus once a
+  // step the norms' gradient sums. GPT-2's norms: ln1 and ln2 per block and ln_f, each a
+  // weight and a bias of C = 64: 4 blocks · 256 + 128 = 1152 elements of 4 bytes.
+  for (const int accum : {1, 2}) {
+    zerotrain::JobSpec parsed = Parsed(2, accum);
+    parsed.mutable_parallel()->set_tensor_parallel(2);
+    const zerotrain::ShardingPlan plain = Plan(Input(parsed), kHuge, LayoutSearch::kJob);
+    parsed.mutable_parallel()->set_sequence_parallel(true);
+    const zerotrain::ShardingPlan sequence = Plan(Input(parsed), kHuge, LayoutSearch::kJob);
+    const zerotrain::PlanCandidate* tp = Find(plain, 2, 1, 0);
+    const zerotrain::PlanCandidate* sp = Find(sequence, 2, 1, 0);
+    ASSERT_NE(tp, nullptr);
+    ASSERT_NE(sp, nullptr);
+    EXPECT_EQ(tp->comm_bytes_per_step(), accum * 4 * 4 * 2 * 16384 / 2) << "accum " << accum;
+    // A·⌈L/p⌉·2·(t − 1)/t·B·T·C·c + 2·(t − 1)/t·N·g.
+    EXPECT_EQ(sp->comm_bytes_per_step() - tp->comm_bytes_per_step(),
+              accum * 4 * 2 * 16384 / 2 + 2 * 1152 * 4 / 2)
+        << "accum " << accum;
+    EXPECT_GT(sp->cost(), tp->cost()) << "accum " << accum;
+  }
+}
+
+// A ZeRO-3 pipeline stage's gathers per step (ShardingEngine::BeginStagePass): each of its units
+// once with reshard_after_forward false, and with it m times in the forwards and m in the
+// backwards but the embedding's and the head's. PP2 × DP2 on 4 ranks (G = 2, f32): a gather of
+// a unit sends half its padded elements; everything else the candidate counts is the same at
+// both settings.
+TEST(PlannerLayoutTest, PipelineZeroThreeGathersFollowTheStagesUses) {
+  int64_t comm[2] = {};
+  zerotrain::JobSpec job;
+  for (const bool reshard : {false, true}) {
+    zerotrain::JobSpec parsed = Parsed(4, 4);
+    parsed.mutable_parallel()->set_reshard_after_forward(reshard);
+    job = Input(parsed);
+    const zerotrain::ShardingPlan plan = Plan(job, kHuge, LayoutSearch::kAll);
+    const zerotrain::PlanCandidate* pp2 = Find(plan, 1, 2, 3);
+    ASSERT_NE(pp2, nullptr);
+    comm[reshard] = pp2->comm_bytes_per_step();
+  }
+  // The planner counts rank 0's stage.
+  job.mutable_parallel()->set_pipeline_parallel(2);
+  job.mutable_parallel()->set_zero_stage(3);
+  const ModelLayout stage = RankModelLayout(job, ParallelLayout::ForJob(job, 0));
+  int64_t extra = 0;
+  for (const UnitLayout& u : stage.units) {
+    const int64_t uses = 4 * (2 - (u.kind == UnitKind::kEmbedding) - (u.kind == UnitKind::kHead));
+    extra += (uses - 1) * PaddedUnitNumel(u.numel, 2) / 2 * 4;
+  }
+  EXPECT_GT(extra, 0);
+  EXPECT_EQ(comm[1] - comm[0], extra);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // same layout without offload: the same losses, gradient norms and final stage weights bit for
 // bit, every rank's arenas equal to its plan, each stage's plan holding its own units' states in
 // the pinned host pool or on NVMe, and a stopped run resuming from its checkpoint bit for bit.
+// At ZeRO-3 the stages' parameter shards offloaded too (offload.params CPU and NVME), the same
+// checks against the layout with the shards on the device.
 #include <filesystem>
 #include <set>
 #include <string>
@@ -105,31 +107,38 @@ TEST_F(PipelineOffloadTrainingTest, OptimizerOffloadIsTheStagesDevicePathBitForB
 
 // A stage's offloaded states are checkpointed through the store that holds them (the host
 // pool, or the swap store for NVME) and read back into it: PP2 × DP2 stopped after step 3 and
-// resumed continues as the run that never stopped, bit for bit.
+// resumed continues as the run that never stopped, bit for bit — at ZeRO-1 with the optimizer
+// offloaded, and at ZeRO-3 (units gathered per use) with the parameter shards offloaded too.
 TEST_F(PipelineOffloadTrainingTest, OffloadedStagesResumeBitForBit) {
   for (const auto where : {OffloadConfig::CPU, OffloadConfig::NVME}) {
-    const std::string what = absl::StrCat("offload ", OffloadConfig::Device_Name(where));
-    auto job = [&](const std::string& dir) {
-      JobSpec j = Offloaded(Job(/*llama=*/true, 1, 2, 2, 1), where);
-      j.mutable_checkpoint()->set_dir((dir_ / dir).string());
-      j.mutable_checkpoint()->set_interval_steps(3);
-      return j;
-    };
-    const PipelineOutcome straight =
-        testing::RunPipelineRanks(job(absl::StrCat("straight-", where)), 6);
-    ASSERT_TRUE(straight.status.ok()) << what << ": " << straight.status;
-    const JobSpec stopped = job(absl::StrCat("stopped-", where));
-    const PipelineOutcome first = testing::RunPipelineRanks(stopped, 3);
-    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
-    const PipelineOutcome second =
-        testing::RunPipelineRanks(stopped, 6, stopped.checkpoint().dir());
-    ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
-    for (size_t r = 0; r < second.ranks.size(); ++r) {
-      ASSERT_EQ(second.ranks[r].losses.size(), 3u) << what << ", rank " << r;
-      const std::vector<double> tail(straight.ranks[r].losses.begin() + 3,
-                                     straight.ranks[r].losses.end());
-      EXPECT_EQ(second.ranks[r].losses, tail) << what << ", rank " << r;
-      EXPECT_TRUE(second.ranks[r].params == straight.ranks[r].params) << what << ", rank " << r;
+    for (const bool params : {false, true}) {
+      const std::string what =
+          absl::StrCat("offload ", OffloadConfig::Device_Name(where), params ? " with params" : "");
+      auto job = [&](const std::string& dir) {
+        JobSpec j = Offloaded(Job(/*llama=*/true, 1, 2, 2, params ? 3 : 1), where);
+        if (params) j.mutable_offload()->set_params(where);
+        j.mutable_checkpoint()->set_dir((dir_ / dir).string());
+        j.mutable_checkpoint()->set_interval_steps(3);
+        return j;
+      };
+      const PipelineOutcome straight =
+          testing::RunPipelineRanks(job(absl::StrCat("straight-", where, "-", params)), 6);
+      ASSERT_TRUE(straight.status.ok()) << what << ": " << straight.status;
+      const JobSpec stopped = job(absl::StrCat("stopped-", where, "-", params));
+      const PipelineOutcome first = testing::RunPipelineRanks(stopped, 3);
+      ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
+      const PipelineOutcome second =
+          testing::RunPipelineRanks(stopped, 6, stopped.checkpoint().dir());
+      ASSERT_TRUE(second.status.ok()) << what << ": " << second.status;
+      for (size_t r = 0; r < second.ranks.size(); ++r) {
+        ASSERT_EQ(second.ranks[r].losses.size(), 3u) << what << ", rank " << r;
+        const std::vector<double> tail(straight.ranks[r].losses.begin() + 3,
+                                       straight.ranks[r].losses.end());
+        EXPECT_EQ(second.ranks[r].losses, tail) << what << ", rank " << r;
+        EXPECT_TRUE(second.ranks[r].params == straight.ranks[r].params) << what << ", rank " << r;
+        // Swapped shards (params NVME) have no memory to compare: the exported model instead.
+        EXPECT_TRUE(second.ranks[r].whole == straight.ranks[r].whole) << what << ", rank " << r;
+      }
     }
   }
 }
@@ -193,6 +202,91 @@ TEST_F(PipelineOffloadTrainingTest, EachStagePlansItsOwnUnitsStatesOffTheDevice)
     }
     for (const std::string& name : stage_states[0]) {
       EXPECT_FALSE(stage_states[1].contains(name)) << l.Name() << ": " << name << " on both stages";
+    }
+  }
+}
+
+// Parameter offload on ZeRO-3 stages (offload.params CPU beside optimizer CPU, NVME beside
+// optimizer NVME): each stage's own units' parameter shards live in the pinned host pool or
+// the swap store and every gather — of the whole stage for the step (reshard_after_forward
+// false) or of each unit per use (true) — first uploads the rank's shard from there into its
+// slot of the gather buffer. The gathered units are the same bytes, so the training is the
+// same layout's with the shards on the device, bit for bit: losses, norms and every rank's
+// exported weights; each stage plans its own units' shards off the device (device bytes lower
+// by exactly those), its arenas equal to the plan. (Resumed: OffloadedStagesResumeBitForBit.)
+JobSpec WithParamOffload(JobSpec job, OffloadConfig::Device where) {
+  job.mutable_offload()->set_params(where);
+  return job;
+}
+
+TEST_F(PipelineOffloadTrainingTest, ParameterOffloadIsTheStagesDevicePathBitForBit) {
+  struct Case {
+    bool llama;
+    zerotrain::ParallelConfig::PipelineSchedule schedule;
+    bool reshard;
+    int tp = 1;
+  };
+  for (const Case& c : {Case{false, zerotrain::ParallelConfig::ONE_F_ONE_B, true},
+                        Case{false, zerotrain::ParallelConfig::ONE_F_ONE_B, false},
+                        Case{true, zerotrain::ParallelConfig::INTERLEAVED, true},
+                        Case{true, zerotrain::ParallelConfig::ONE_F_ONE_B, true, /*tp=*/2}}) {
+    JobSpec plain = Job(c.llama, c.tp, 2, 2, /*zero=*/3);
+    plain.mutable_parallel()->set_pipeline_schedule(c.schedule);
+    plain.mutable_parallel()->set_reshard_after_forward(c.reshard);
+    if (c.schedule == zerotrain::ParallelConfig::INTERLEAVED) {
+      plain.mutable_parallel()->set_virtual_stages(2);
+      plain.mutable_model()->set_n_layer(4);
+    }
+    const std::string layout =
+        absl::StrCat(c.llama ? "llama" : "gpt2", c.tp > 1 ? " tp2 x" : "", " pp2 x dp2 zero-3 ",
+                     zerotrain::ParallelConfig::PipelineSchedule_Name(c.schedule),
+                     c.reshard ? " reshard" : " kept");
+    for (const auto where : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+      const std::string what = absl::StrCat(layout, " params ", OffloadConfig::Device_Name(where));
+      // The same optimizer offload on both sides: only where the parameters live differs.
+      const JobSpec device = Offloaded(plain, where);
+      const JobSpec offloaded = WithParamOffload(device, where);
+      const PipelineOutcome reference = testing::RunPipelineRanks(device, 6);
+      ASSERT_TRUE(reference.status.ok()) << what << ": " << reference.status;
+      const PipelineOutcome got = testing::RunPipelineRanks(offloaded, 6);
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+      ASSERT_EQ(got.ranks.size(), reference.ranks.size()) << what;
+      for (size_t r = 0; r < got.ranks.size(); ++r) {
+        const testing::PipelineRankRun& mine = got.ranks[r];
+        const std::string rank = absl::StrCat(what, ", rank ", r);
+        ASSERT_EQ(mine.losses.size(), 6u) << rank;
+        EXPECT_EQ(mine.losses, reference.ranks[r].losses) << rank;
+        EXPECT_EQ(mine.grad_norms, reference.ranks[r].grad_norms) << rank;
+        EXPECT_TRUE(mine.whole == reference.ranks[r].whole) << rank;
+        if (where == OffloadConfig::CPU) {
+          EXPECT_TRUE(mine.params == reference.ranks[r].params) << rank;  // the host shards
+        }
+        EXPECT_TRUE(mine.unclaimed.empty())
+            << rank << ": unused plan buffer " << mine.unclaimed.front();
+        EXPECT_TRUE(mine.off_plan.empty()) << rank << ": " << mine.off_plan.front();
+
+        // The stage's plan: its own units' "<u>.params" shards moved off the device whole.
+        const JobSpec& job = got.job;
+        const MemoryPlan on_device = PlanMemory(reference.job, static_cast<int>(r));
+        const MemoryPlan off_device = PlanMemory(job, static_cast<int>(r));
+        const MemoryCategory tier =
+            where == OffloadConfig::CPU ? MemoryCategory::kPinnedHost : MemoryCategory::kNvme;
+        std::set<std::string> shards, moved;
+        int64_t shard_bytes = 0;
+        for (const BufferSpec& b : on_device.buffers) {
+          if (!b.name.ends_with(".params")) continue;
+          shards.insert(b.name);
+          shard_bytes += PlacedBytes(b);
+        }
+        for (const BufferSpec& b : off_device.buffers) {
+          if (b.name.ends_with(".params") && b.category == tier) moved.insert(b.name);
+        }
+        std::set<std::string> own;
+        for (const UnitLayout& u : mine.layout.units) own.insert(u.name + ".params");
+        EXPECT_EQ(shards, own) << rank;
+        EXPECT_EQ(moved, own) << rank;
+        EXPECT_EQ(off_device.DeviceBytes(), on_device.DeviceBytes() - shard_bytes) << rank;
+      }
     }
   }
 }

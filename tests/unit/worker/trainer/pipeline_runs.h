@@ -33,12 +33,14 @@ struct PipelineRankRun {
   // Categories whose arena high-water mark after the run differs from the rank's plan
   // (PlanMemory(job, its layout): what zt estimate plans), "<category> arena A plan P".
   std::vector<std::string> off_plan;
-  // Per unit of the rank's stage, at the end: its parameters, when they are f32 (a 16-bit run's
-  // f32 weights are its master weights: `whole`).
+  // Per unit of the rank's stage, at the end: its parameters, when they are f32 and in memory
+  // (a 16-bit run's f32 weights are its master weights, a swapped run's in the store: `whole`).
   std::vector<std::vector<float>> params;
   // FullWeights at the end: the whole model (BuildModelLayout's units) joined from the stages
   // (and their tensor-parallel shares), what `zt train --export` writes.
   std::vector<std::vector<float>> whole;
+  // The rank's communicators' counters after the last step (before FullWeights' gathers).
+  CommStats comm;
   int64_t skipped = 0;  // steps the fp16 loss scaler skipped (StepRecord::skipped), at the end
   int64_t offloaded_bytes = 0;  // offload.optimizer: to the host and out to swap, over the run
   ModelLayout layout;                      // the stage's units (tensor-parallel shares)
@@ -96,8 +98,10 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
       if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
       mine.skipped = rec.skipped;
     }));
+    mine.comm = t->comm_stats();
     for (const Tensor& p : t->model().unit_params()) {
-      if (p.dtype() != DType::kF32) break;
+      // 16-bit parameters, or shards in the swap store (offload.params NVME): `whole` only.
+      if (p.dtype() != DType::kF32 || p.raw() == nullptr) break;
       mine.params.emplace_back(p.data<float>(), p.data<float>() + p.numel());
     }
     ZT_ASSIGN_OR_RETURN(mine.whole, t->FullWeights());

@@ -256,7 +256,8 @@ TEST_F(PipelineTrainingTest, EvaluationRunsForwardOnlyThroughTheStagesAndMatches
 }
 
 // At its own layout a pipeline checkpoint resumes bit for bit: PP2 at ZeRO-1, and PP2 × DP2
-// at ZeRO-2 (1F1B) and ZeRO-3 (interleaved), whose shards are what the files hold.
+// at ZeRO-2 (1F1B) and ZeRO-3 (interleaved with the units kept gathered for the step, and
+// interleaved and 1F1B gathering them per use), whose shards are what the files hold.
 // A step's comm_bytes count the stage links: stage 0 sends each micro-batch's activations
 // (B·T·C f32) forward, stage 1 each one's gradient back, besides the tied wte's all-reduce
 // between them (V·C f32: Gloo's ring on two ranks sends it once) and the step statistics.
@@ -281,6 +282,9 @@ TEST_F(PipelineTrainingTest, CheckpointResumesBitIdenticallyAtItsOwnLayout) {
       Gpt2(2, 1, 1, 1, ParallelConfig::ONE_F_ONE_B),
       Gpt2(2, 2, 2, 1, ParallelConfig::ONE_F_ONE_B),
       ZeroThree(Interleaved(Llama(2, 2, 3, 1, ParallelConfig::INTERLEAVED))),
+      // ZeRO-3 stages gathering each unit per use (reshard_after_forward, the default).
+      Interleaved(Llama(2, 2, 3, 1, ParallelConfig::INTERLEAVED)),
+      Gpt2(2, 2, 3, 1, ParallelConfig::ONE_F_ONE_B),
   };
   for (JobSpec job : layouts) {
     const std::string what = absl::StrCat("pp2 x dp", job.parallel().world_size() / 2, " zero-",
