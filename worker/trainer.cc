@@ -160,10 +160,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view(),
                                          &t->device_->copies()));
   // Where the plan keeps the parameter shards the optimizer updates (offload.params CPU: the
-  // pinned host pool, which the host step then writes in place).
-  const ParamHome param_home = t->engine_->params_swapped()   ? ParamHome::kSwapped
-                               : t->engine_->params_on_host() ? ParamHome::kHost
-                                                              : ParamHome::kDevice;
+  // pinned host pool, which the host step then writes in place). A LoRA job's offloaded shards
+  // are its frozen base: the adapters it steps stay on the device.
+  const ParamHome param_home = t->model_->layout().lora        ? ParamHome::kDevice
+                               : t->engine_->params_swapped()   ? ParamHome::kSwapped
+                               : t->engine_->params_on_host()   ? ParamHome::kHost
+                                                                : ParamHome::kDevice;
   std::optional<Optimizer::ShardGroup> shard_group;
   if (ShardedAdafactor(job, layout)) {
     ShardingEngine* engine = t->engine_.get();
@@ -228,7 +230,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         param_numel.push_back(spec->numel());
         param_dtype = spec->dtype;
       }
-      if (!job.precision().master_weights()) continue;
+      if (!trained_precision.master_weights()) continue;  // a LoRA job's adapters: none
       ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
                           t->arenas_->Spec(t->MasterName(static_cast<int>(unit_names.size()) - 1)));
       master_numel.push_back(spec->numel());
@@ -301,10 +303,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         "offload.params: NVME trains with offload.optimizer NVME only (the shards are swapped "
         "with the states)");
   } else if (job.offload().optimizer() == zerotrain::OffloadConfig::CPU) {
-    // Gradients come down through one ring buffer, parameters go up through the next
-    // (CheckEngineSupport asks for two).
-    ZT_ASSIGN_OR_RETURN(Tensor grad_staging, t->arenas_->Get("offload.ring.0"));
-    ZT_ASSIGN_OR_RETURN(Tensor param_staging, t->arenas_->Get("offload.ring.1"));
+    // The plan's ring (memory_plan.cc): parameters go up through its first buffer unless they
+    // live on the host; gradients come down through the next unless they came down during the
+    // backward (grad_downloads_).
+    Tensor grad_staging, param_staging;
+    int ring = 0;
+    if (param_home == ParamHome::kDevice) {
+      ZT_ASSIGN_OR_RETURN(param_staging, t->arenas_->Get(absl::StrCat("offload.ring.", ring++)));
+    }
+    if (!t->grad_downloads_) {
+      ZT_ASSIGN_OR_RETURN(grad_staging, t->arenas_->Get(absl::StrCat("offload.ring.", ring++)));
+    }
     ZT_ASSIGN_OR_RETURN(HostOptimizer host,
                         HostOptimizer::Create({.optimizer = std::move(opt),
                                                .copies = &t->device_->copies(),
@@ -562,9 +571,10 @@ absl::Status Trainer::InitializeWeights() {
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
   if (stream_quantized) {
     ZT_RETURN_IF_ERROR(StreamQuantizedBase(values, chunk.tensor));
-    return InitializeAdapters();
+    ZT_RETURN_IF_ERROR(InitializeAdapters());
+    return InitializeSwappedAdapterStates();
   }
-  if (nvme_optimizer_) {
+  if (nvme_optimizer_ && !layout.lora) {
     // The master weights go straight into the unit's ring buffer, and on to the store.
     return nvme_optimizer_->Initialize([&](int u, const Tensor& master, const Tensor& params) {
       return InitializeUnit(u, master, imported, values, chunk.tensor, params);
@@ -575,8 +585,19 @@ absl::Status Trainer::InitializeWeights() {
     ZT_RETURN_IF_ERROR(InitializeUnit(static_cast<int>(u), master.empty() ? Tensor() : master[u],
                                       imported, values, chunk.tensor));
   }
-  if (layout.lora) ZT_RETURN_IF_ERROR(InitializeAdapters());
+  if (layout.lora) {
+    ZT_RETURN_IF_ERROR(InitializeAdapters());
+    return InitializeSwappedAdapterStates();
+  }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::InitializeSwappedAdapterStates() {
+  if (!nvme_optimizer_) return absl::OkStatus();
+  // The adapters are their own master (f32) and stay on the rank: the store's first
+  // generation is their zeroed states alone.
+  return nvme_optimizer_->Initialize(
+      [](int, const Tensor&, const Tensor&) { return absl::OkStatus(); });
 }
 
 absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
@@ -631,7 +652,7 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
 absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tensor& chunk) {
   const ModelLayout& layout = model_->layout();
   // A LoRA job's base has no master copy; its optimizer is the adapters' (f32, no master).
-  if (nvme_optimizer_ || optimizer().has_master()) {
+  if (optimizer().has_master()) {
     return absl::InternalError(
         "a quantized model.base_dtype: the base streams into parameters without a master copy, but "
         "this job's optimizer keeps one");

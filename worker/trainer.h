@@ -257,6 +257,9 @@ class Trainer {
   // A LoRA job's adapters (PEFT's init from train.seed, then model.lora.init_from when set)
   // and its NF4 or INT8 base weights (the seeded init, quantized one tensor at a time).
   absl::Status InitializeAdapters();
+  // offload.optimizer NVME of a LoRA job: the store's first generation of the adapters'
+  // optimizer states (zeros). Nothing without an NVMe optimizer.
+  absl::Status InitializeSwappedAdapterStates();
   // Saves the step just taken into checkpoint.dir (every rank takes part; worker/
   // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
   // `final`: the save at max_steps or of a stop (see SaveOutcome).

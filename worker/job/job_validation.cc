@@ -599,8 +599,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       needs("on resources.device CPU (a CUDA rank's gathers are not wired to its copy stream)");
     }
     if (offload.params() == Offload::CPU && offload.optimizer() != Offload::CPU &&
-        offload.optimizer() != Offload::NVME) {
-      // The update then runs where the parameters are: the host.
+        offload.optimizer() != Offload::NVME && !UsesLora(spec.model())) {
+      // The update then runs where the parameters are: the host (a LoRA job's offloaded
+      // shards are its frozen base, which nothing updates).
       needs("with offload.optimizer CPU or NVME (the step updates the host shards in place)");
     }
     if (offload.params() == Offload::NVME && offload.optimizer() != Offload::NVME) {
@@ -608,7 +609,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "with offload.optimizer NVME (the shards are swapped with the states, in their "
           "generation)");
     }
-    if (UsesLora(spec.model())) needs("without model.lora");
+    if (UsesLora(spec.model()) && offload.params() == Offload::NVME) {
+      needs("without model.lora (a LoRA job's frozen base shards are not swapped; use CPU)");
+    }
   }
   const bool optimizer_offload =
       offload.optimizer() == Offload::CPU || offload.optimizer() == Offload::NVME;
@@ -620,17 +623,15 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           " trains on resources.device CPU only so far (the host step of a CUDA rank is not "
           "wired to its copy stream yet); set it to NONE on CUDA"));
     }
-    // CPU: gradients down, parameters up. NVME: those two and at least one for a unit's
-    // states (the trainer checks the exact count for the model and says it).
-    const int needed = offload.optimizer() == Offload::CPU ? 2 : 3;
-    if (offload.buffer_count() < needed) {
+    // NVME: gradients down, parameters up and at least one for a unit's states (the trainer
+    // checks the exact count for the model and says it). CPU stages one buffer at most (the
+    // parameters up; memory_plan.cc), which offload validation's buffer_count ≥ 1 gives.
+    if (offload.optimizer() == Offload::NVME && offload.buffer_count() < 3) {
       lines.push_back(absl::StrCat(
-          "offload.buffer_count: ", offload.buffer_count(), " — the host optimizer step needs ",
-          needed,
-          offload.optimizer() == Offload::CPU
-              ? " ring buffers (gradients down, parameters up)"
-              : " ring buffers or more (gradients down, parameters up, a unit's states in and "
-                "out of the swap store; twice the states' to read the next unit ahead)"));
+          "offload.buffer_count: ", offload.buffer_count(),
+          " — the host optimizer step needs 3 ring buffers or more (gradients down, parameters "
+          "up, a unit's states in and out of the swap store; twice the states' to read the next "
+          "unit ahead)"));
     }
   }
   // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
@@ -712,11 +713,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       if (!spec.model().init_from().empty() || !spec.model().lora().init_from().empty()) {
         needs("from its own seeded base and fresh adapters (no model.init_from / lora.init_from)");
       }
-    }
-    if (spec.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
-      lines.push_back(
-          "offload.optimizer: NVME with model.lora — the swap store streams whole units' "
-          "states, not adapters', so far; use CPU (the adapters' states are small) or NONE");
     }
   }
   if (UsesLora(spec.model())) {

@@ -26,7 +26,15 @@ absl::StatusOr<HostOptimizer> HostOptimizer::Create(Args args) {
   if (args.copies == nullptr) {
     return absl::InvalidArgumentError("host optimizer: no copy engine");
   }
-  for (const Tensor* t : {&args.grad_staging, &args.param_staging}) {
+  const bool grads_staged = args.gradients == nullptr;
+  const bool params_staged = args.params != ParamHome::kHost;
+  for (const Tensor* t : {grads_staged ? &args.grad_staging : nullptr,
+                          params_staged ? &args.param_staging : nullptr}) {
+    if (t == nullptr) continue;
+    if (t->raw() == nullptr) {
+      return absl::InvalidArgumentError(
+          "host optimizer: a staging buffer the step uses is missing (the plan's offload.ring)");
+    }
     if (t->device().kind != DeviceKind::kCpu) {
       return absl::InvalidArgumentError(absl::StrCat("host optimizer: a staging buffer is on ",
                                                      DeviceName(t->device()), ", not the host"));
@@ -55,7 +63,7 @@ absl::Status HostOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     const int64_t param_bytes = n * DTypeSize(params[u].dtype());
     const bool staged_grad = gradients_ == nullptr;
     if ((staged_grad && grad_bytes > grad_staging_.size_bytes()) ||
-        param_bytes > param_staging_.size_bytes()) {
+        (!on_host && param_bytes > param_staging_.size_bytes())) {
       return absl::FailedPreconditionError(
           absl::StrCat("host optimizer: unit ", u, "'s range of ", n, " elements (", grad_bytes,
                        " bytes of gradients, ", param_bytes,

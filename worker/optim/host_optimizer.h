@@ -40,7 +40,9 @@ class HostOptimizer {
     // Moves bytes between the device the parameters and gradients are on and host memory.
     DeviceCopyEngine* copies = nullptr;
     // Host buffers (any dtype; their bytes count), each at least the largest unit range of
-    // gradients / parameters in bytes: two buffers of the plan's "offload.ring.<k>".
+    // gradients / parameters in bytes: buffers of the plan's "offload.ring.<k>". Only those the
+    // step uses: no grad_staging with `gradients`, no param_staging with params kHost (empty
+    // tensors then).
     Tensor grad_staging;
     Tensor param_staging;
     // kHost: params[u] of Step are host memory (offload.params CPU); the update reads and
@@ -50,7 +52,7 @@ class HostOptimizer {
     // overlap). Step takes unit u's from it instead of copying it through grad_staging.
     GradientDownloads* gradients = nullptr;
   };
-  // InvalidArgument when `copies` is null or a staging buffer is not on the host.
+  // InvalidArgument when `copies` is null or a staging buffer the step uses is not on the host.
   static absl::StatusOr<HostOptimizer> Create(Args args);
 
   // Optimizer::Step's contract, unit by unit through host memory: params[u] and grads[u] are

@@ -95,6 +95,9 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
   std::vector<BufferSpec> out;
   const int stage = job.parallel().zero_stage();
   const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
+  // The host step's gradients come down during the backward (offload.optimizer CPU), as
+  // PlanMemory plans them for a full unit.
+  const bool host_step = stage >= 1 && job.offload().optimizer() == zerotrain::OffloadConfig::CPU;
   // A model loaded from model.init_from reloads its frozen base there at every start: the
   // checkpoints leave it out (docs/lora.md, "Checkpoints").
   const bool base_reloaded = !job.model().init_from().empty();
@@ -137,6 +140,14 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
     if (accumulate_full) {
       out.push_back(
           {u.name + ".lora_grad_accum", MemoryCategory::kGradients, grad, {shard.padded}});
+    }
+    if (host_step) {
+      // ZeRO-Offload's overlap, as for a full unit (memory_plan.cc): the adapters' reduced
+      // shard comes down here during the backward ("<trainable unit>.grads.host").
+      out.push_back({u.name + ".lora.grads.host",
+                     MemoryCategory::kPinnedHost,
+                     grad,
+                     {shard.shard_numel}});
     }
   }
   if (largest_gathered > 0 && job.parallel().reshard_after_forward()) {

@@ -148,8 +148,10 @@ std::optional<MemoryCategory> OffloadCategory(zerotrain::OffloadConfig::Device d
 
 // Moves the model states job.offload names off the device (see the header) and adds the ring.
 // Parameters move only at stage 3, where "<u>.params" is the rank's shard: below it the
-// parameters are whole on every rank, and validation refuses offload.params there.
-void MoveOffloadedStates(const zerotrain::JobSpec& job, MemoryPlan& plan) {
+// parameters are whole on every rank, and validation refuses offload.params there. A LoRA
+// job's (`lora`) are its frozen base: its "<u>.params" and quantized "<u>.qbase" shards move,
+// while the adapters the optimizer steps stay on the device.
+void MoveOffloadedStates(const zerotrain::JobSpec& job, bool lora, MemoryPlan& plan) {
   const std::optional<MemoryCategory> optimizer = OffloadCategory(job.offload().optimizer());
   const std::optional<MemoryCategory> params =
       job.parallel().zero_stage() >= 3 ? OffloadCategory(job.offload().params()) : std::nullopt;
@@ -157,16 +159,27 @@ void MoveOffloadedStates(const zerotrain::JobSpec& job, MemoryPlan& plan) {
   for (BufferSpec& b : plan.buffers) {
     std::optional<MemoryCategory> to;
     if (b.category == MemoryCategory::kOptimizerState) to = optimizer;
-    if (b.category == MemoryCategory::kParameters && b.name.ends_with(".params")) to = params;
+    if (b.category == MemoryCategory::kParameters &&
+        (b.name.ends_with(".params") || b.name.ends_with(".qbase"))) {
+      to = params;
+    }
     if (!to) continue;
     b.offloaded_from = b.category;
     b.category = *to;
   }
   // buffer_count is the depth of NVMe's read-ahead and write-behind (DeepSpeed's aio buffer
-  // pool); host-only offload moves one unit at a time, gradients down through one buffer and
-  // parameters up through another (worker/optim/host_optimizer.h), so it plans two.
+  // pool). Host-only offload moves one unit at a time through what the host step stages
+  // (worker/optim/host_optimizer.h): a unit's parameters going up, unless they live on the host
+  // (offload.params CPU: the update writes them in place), then its gradients coming down,
+  // unless they came down during the backward into "<unit>.grads.host" (stage ≥ 1, PlanMemory).
   const bool nvme = optimizer == MemoryCategory::kNvme || params == MemoryCategory::kNvme;
-  const int ring = nvme ? job.offload().buffer_count() : std::min(job.offload().buffer_count(), 2);
+  int ring = job.offload().buffer_count();
+  if (!nvme) {
+    const bool host_step = optimizer == MemoryCategory::kPinnedHost;
+    const bool stepped_on_host = params == MemoryCategory::kPinnedHost && !lora;
+    ring = (host_step && !stepped_on_host ? 1 : 0) +
+           (host_step && job.parallel().zero_stage() < 1 ? 1 : 0);
+  }
   // The ring goes first in the pinned_host arena, whose region starts on a page: each buffer
   // then starts on one too (buffer_size is a multiple of 4096), as the swap store's O_DIRECT
   // transfers need, whatever else the category holds (offloaded parameter shards).
@@ -438,7 +451,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     }
     add("optimizer.reduce_scratch", MemoryCategory::kCommunication, DType::kF32, scratch);
   }
-  MoveOffloadedStates(job, plan);
+  MoveOffloadedStates(job, layout.lora, plan);
   if (!job.checkpoint().dir().empty() && (job.checkpoint().async() || OnCuda(job))) {
     // The rank's checkpointed state (worker/rank_state.h: parameters and optimizer state),
     // copied at the save point and written from here while training goes on (and on a GPU,

@@ -345,6 +345,14 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       quantized = true;
       e->qbase_unit_shards_[u] =
           ShardOf(QuantizedBytesOf(layout, layout.units[u]).words(), e->geometry_);
+      // offload.params CPU moves the quantized shards to the host with the others.
+      ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
+                          arenas.Spec(QuantizedShardName(layout.units[u])));
+      e->qbase_on_host_ = spec->category == MemoryCategory::kPinnedHost;
+      if (e->qbase_on_host_ != e->params_on_host_) {
+        return absl::InternalError(absl::StrCat("memory plan: ", spec->name,
+                                                " is not in the tier of the units' params"));
+      }
     }
     if (quantized) {
       if (model->pipelined()) {
@@ -401,13 +409,24 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
   const UnitShard& s = param_shards_[u];
   const std::string label = absl::StrCat(model_->layout().units[u].name, " all-gather");
   if (!qbase_shards_.empty() && !qbase_shards_[u].empty()) {
-    // The block's quantized bytes first, into the twin of `full`; Acquire waits for it.
+    // The block's quantized bytes first, into the twin of `full`; Acquire waits for it. A host
+    // shard (offload.params CPU) goes up into this rank's slot first, as the parameters' below.
     const UnitShard& q = qbase_unit_shards_[u];
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(full));
+    Tensor source = Flat(qbase_shards_[u], 0, q.shard_numel);
+    if (qbase_on_host_) {
+      const auto start = Clock::now();
+      const Tensor slot = Flat(twin, q.offset, q.shard_numel);
+      ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
+      ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), source.raw(), slot.size_bytes()));
+      param_upload_bytes_ += slot.size_bytes();
+      param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+      source = slot;
+    }
     ZT_ASSIGN_OR_RETURN(
         CommHandle h,
         comms_.shard_group->AllGather(
-            Flat(qbase_shards_[u], 0, q.shard_numel), Flat(twin, 0, q.padded),
+            source, Flat(twin, 0, q.padded),
             absl::StrCat(model_->layout().units[u].name, " quantized base all-gather")));
     qbase_pending_[u].push_back(std::move(h));
   }
@@ -445,11 +464,18 @@ void ShardingEngine::SetSwappedParams(SwappedShards shards) {
   if (prefetch_ != nullptr && swapped_.read_ahead) prefetch_->SetReadAhead(swapped_.read_ahead);
 }
 
+void ShardingEngine::ReadFirstGathersAhead() {
+  if (stage_ != 3 || prefetch_ == nullptr || !swapped_.read_ahead || model_->pipelined()) return;
+  const int last = std::min(prefetch_->prefetch(), static_cast<int>(params_.size()) - 1);
+  for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
+}
+
 std::string ShardingEngine::Label(int t, const char* what) const {
   return absl::StrCat(trainable_layout_.units[t].name, " ", what);
 }
 
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
+  ReadFirstGathersAhead();
   ZT_RETURN_IF_ERROR(GatherStageUnits());
   if (stage_ <= 1) {
     for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
@@ -776,6 +802,8 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   if (last) ZT_RETURN_IF_ERROR(GradientReady(0));
   std::move(end_pass).Cancel();
   ZT_RETURN_IF_ERROR(EndPass());
+  // The next micro-batch's pass reads the same shards: its first ones come in now.
+  if (!last) ReadFirstGathersAhead();
   if (last && backward_ended_) backward_ended_();
   if (last) ZT_RETURN_IF_ERROR(FinishReductions(ctx));
   return absl::OkStatus();

@@ -120,7 +120,10 @@ class ShardingEngine {
       const zerotrain::JobSpec& job, const ParallelLayout& layout, Transformer* model,
       const Arenas& arenas, ShardComms comms, DeviceCopyEngine* copies = nullptr);
 
-  // Zeroes the gradients a step accumulates into (after GatherStageUnits).
+  // Zeroes the gradients a step accumulates into (after GatherStageUnits). With swapped
+  // shards (offload.params NVME), first queues the reads of the step's first pass's first
+  // gathers (ReadFirstGathersAhead), so they run while the gradients are zeroed and the batch
+  // is uploaded.
   absl::Status BeginStep(const DeviceContext& ctx);
   // A ZeRO-3 pipeline stage: all-gathers each of its unit shards into the whole buffer its
   // StageForward / StageBackward read (SetStageComputeParams), and waits. What BeginStep does
@@ -235,6 +238,12 @@ class ShardingEngine {
     std::function<void()> drop_read_ahead;
   };
   void SetSwappedParams(SwappedShards shards);
+  // Queues, through SwappedShards::read_ahead, the shard reads of the gathers a training pass
+  // issues at once at its start (the forward's uses 0 … prefetch_units: units 0 … k), which
+  // PrefetchCoordinator's rule 4 does not announce; the pass's first Acquire then finds them
+  // read. Called where the shards are final until that pass: at BeginStep (after the previous
+  // step's commit) and between a step's micro-batches. Nothing without swapped shards.
+  void ReadFirstGathersAhead();
   // Called once the backward of a step's last micro-batch has ended, before the step waits for
   // its gradient reductions: the NVMe optimizer queues its first unit's reads there, so they
   // overlap the reductions' tail and the statistics (offload.optimizer NVME).
@@ -342,6 +351,7 @@ class ShardingEngine {
   std::vector<Tensor> qbase_shards_;
   std::vector<UnitShard> qbase_unit_shards_;
   std::vector<std::vector<CommHandle>> qbase_pending_;
+  bool qbase_on_host_ = false;  // offload.params CPU: the "<unit>.qbase" shards are host memory
   std::vector<std::pair<const void*, Tensor>> qbase_companion_;
   absl::StatusOr<Tensor> QuantizedCompanion(const Tensor& full) const;
 

@@ -254,7 +254,7 @@ TEST(OffloadEngineSupportTest, TrainsEveryOffloadWhereTheEngineRunsIt) {
   job.mutable_offload()->set_params(OffloadConfig::NONE);
   job.mutable_offload()->set_optimizer(OffloadConfig::NVME);
   EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
-  // ... with at least three ring buffers; the host step of CPU offload with two.
+  // ... with at least three ring buffers; the host step of CPU offload with one.
   job.mutable_offload()->set_buffer_count(2);
   EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
               ElementsAre("offload.buffer_count: 2 — the host optimizer step needs 3 ring "
@@ -263,9 +263,31 @@ TEST(OffloadEngineSupportTest, TrainsEveryOffloadWhereTheEngineRunsIt) {
                           "ahead)"));
   job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
   job.mutable_offload()->set_buffer_count(1);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+}
+
+}  // namespace
+}  // namespace zt
+
+namespace zt {
+namespace {
+
+// A LoRA job's frozen base shards train in the pinned host pool (offload.params CPU), beside
+// any optimizer offload or none (nothing updates the base); swapped (NVME) they do not yet.
+TEST(OffloadEngineSupportTest, LoraBaseShardsTrainOnTheHostNotSwapped) {
+  JobSpec job = Valid();
+  job.mutable_parallel()->set_zero_stage(3);
+  job.mutable_model()->mutable_lora()->set_rank(4);
+  job.mutable_offload()->set_params(OffloadConfig::CPU);
+  for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::CPU, OffloadConfig::NVME}) {
+    job.mutable_offload()->set_optimizer(optimizer);
+    EXPECT_TRUE(CheckEngineSupport(job).ok())
+        << OffloadConfig::Device_Name(optimizer) << ": " << CheckEngineSupport(job);
+  }
+  job.mutable_offload()->set_params(OffloadConfig::NVME);
   EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
-              ElementsAre("offload.buffer_count: 1 — the host optimizer step needs 2 ring "
-                          "buffers (gradients down, parameters up)"));
+              ElementsAre("offload.params: NVME trains without model.lora (a LoRA job's frozen "
+                          "base shards are not swapped; use CPU) so far"));
 }
 
 // offload.delayed_update (ZeRO-Offload's DPU): off by default, 40 serial steps before it

@@ -157,11 +157,18 @@ TEST_P(HostOptimizerTest, IsBitForBitTheDevicePathsStep) {
   }
   Optimizer reference = MakeOptimizer(device_job, *device.arenas);
   std::unique_ptr<DeviceCopyEngine> copies = MakeHostCopyEngine(Device{});
+  // The plan's one ring buffer stages the parameters; the gradients, which the trainer copies
+  // down during the backward into "<unit>.grads.host", this step copies itself, through a
+  // buffer of the ring's size.
+  const Tensor param_staging = *host.arenas->Get("offload.ring.0");
+  EXPECT_FALSE(host.arenas->Spec("offload.ring.1").ok()) << "host-only offload stages one buffer";
+  std::vector<std::byte> grad_bytes(param_staging.size_bytes());
+  const Tensor grad_staging(grad_bytes.data(), DType::kU8, {param_staging.numel()});
   absl::StatusOr<HostOptimizer> offload =
       HostOptimizer::Create({.optimizer = MakeOptimizer(host_job, *host.arenas),
                              .copies = copies.get(),
-                             .grad_staging = *host.arenas->Get("offload.ring.0"),
-                             .param_staging = *host.arenas->Get("offload.ring.1")});
+                             .grad_staging = grad_staging,
+                             .param_staging = param_staging});
   ASSERT_TRUE(offload.ok()) << offload.status();
 
   const DeviceContext ctx = JobDeviceContext(device_job);
@@ -200,6 +207,15 @@ TEST(HostOptimizerCreateTest, RefusesAMissingCopyEngineAndShortStaging) {
   absl::StatusOr<HostOptimizer> none =
       HostOptimizer::Create({.optimizer = MakeOptimizer(job, *rank.arenas)});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  // A staging buffer the step needs (no gradient downloads, parameters on the device) missing.
+  std::unique_ptr<DeviceCopyEngine> engine = MakeHostCopyEngine(Device{});
+  absl::StatusOr<HostOptimizer> unstaged = HostOptimizer::Create(
+      {.optimizer = MakeOptimizer(job, *rank.arenas),
+       .copies = engine.get(),
+       .param_staging = *rank.arenas->Get("offload.ring.0")});
+  EXPECT_EQ(unstaged.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unstaged.status().message().find("offload.ring"), std::string::npos)
+      << unstaged.status().message();
 
   std::unique_ptr<DeviceCopyEngine> copies = MakeHostCopyEngine(Device{});
   std::vector<float> small(16);
@@ -244,8 +260,7 @@ TEST(DelayedHostStepTest, IsTheDevicePathsStepOnItsOwnThread) {
   absl::StatusOr<HostOptimizer> offload =
       HostOptimizer::Create({.optimizer = MakeOptimizer(host_job, *host.arenas),
                              .copies = copies.get(),
-                             .grad_staging = *host.arenas->Get("offload.ring.0"),
-                             .param_staging = *host.arenas->Get("offload.ring.1"),
+                             .param_staging = *host.arenas->Get("offload.ring.0"),
                              .gradients = downloads->get()});
   ASSERT_TRUE(offload.ok()) << offload.status();
   std::vector<Tensor> params_host;

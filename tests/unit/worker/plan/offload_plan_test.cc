@@ -94,17 +94,18 @@ TEST(OffloadPlanTest, OptimizerOffloadToTheHostMovesMasterAndMomentsAndAddsTheRi
   EXPECT_EQ(Bytes(cpu, MemoryCategory::kParameters), 2 * kPadded);
   EXPECT_EQ(Bytes(cpu, MemoryCategory::kGradients), 2 * kPadded);
   // Master, m and v of the rank's shards (12 bytes a parameter divided by 2 ranks) are on
-  // the host, with 2 ring buffers (one unit's gradients down, its parameters up: the job's
-  // buffer_count of 4 is NVMe's read-ahead depth); nothing of the optimizer stays on the device.
+  // the host, with 1 ring buffer (one unit's parameters up; the gradients come down during the
+  // backward into their own buffers below; the job's buffer_count of 4 is NVMe's read-ahead
+  // depth); nothing of the optimizer stays on the device.
   EXPECT_EQ(Bytes(none, MemoryCategory::kOptimizerState), 12 * kShards);
   EXPECT_EQ(Bytes(cpu, MemoryCategory::kOptimizerState), 0);
   // Beside them, each unit's bf16 gradient shard (2/N bytes a parameter), which comes down
   // during the backward (worker/optim/gradient_downloads.h).
   EXPECT_EQ(Bytes(cpu, MemoryCategory::kPinnedHost),
-            12 * kShards + 2 * kRingBuffer + 2 * kShards);
+            12 * kShards + kRingBuffer + 2 * kShards);
   EXPECT_EQ(Bytes(cpu, MemoryCategory::kNvme), 0);
   EXPECT_EQ(cpu.DeviceBytes(), none.DeviceBytes() - 12 * kShards);
-  EXPECT_EQ(cpu.TotalBytes(), none.TotalBytes() + 2 * kRingBuffer + 2 * kShards);
+  EXPECT_EQ(cpu.TotalBytes(), none.TotalBytes() + kRingBuffer + 2 * kShards);
   const BufferSpec* host_grads = Find(cpu, "block.0.grads.host");
   ASSERT_NE(host_grads, nullptr);
   EXPECT_EQ(host_grads->category, MemoryCategory::kPinnedHost);
@@ -119,12 +120,12 @@ TEST(OffloadPlanTest, OptimizerOffloadToTheHostMovesMasterAndMomentsAndAddsTheRi
   EXPECT_EQ(master->offloaded_from, MemoryCategory::kOptimizerState);
   EXPECT_EQ(master->bytes(), 4 * 25024);
   EXPECT_TRUE(IsCheckpointed(*master, /*weights_only=*/true));
-  const BufferSpec* ring = Find(cpu, "offload.ring.1");
+  const BufferSpec* ring = Find(cpu, "offload.ring.0");
   ASSERT_NE(ring, nullptr);
   EXPECT_EQ(ring->category, MemoryCategory::kPinnedHost);
   EXPECT_FALSE(ring->offloaded_from.has_value());
   EXPECT_FALSE(IsCheckpointed(*ring));
-  EXPECT_EQ(Find(cpu, "offload.ring.2"), nullptr);
+  EXPECT_EQ(Find(cpu, "offload.ring.1"), nullptr);
 }
 
 TEST(OffloadPlanTest, NvmeExtentsPadToTheSwapStoresPage) {
@@ -146,8 +147,10 @@ TEST(OffloadPlanTest, ParameterOffloadAtStageThreeMovesTheShardsNotTheGathers) {
   const MemoryPlan none = PlanMemory(Job(2, 3, OffloadConfig::NONE, OffloadConfig::NONE));
   const MemoryPlan both = PlanMemory(Job(2, 3, OffloadConfig::CPU, OffloadConfig::CPU));
   // (12 + 2)/N bytes a parameter go to the host: states and the bf16 parameter shards; the
-  // gradient shards' host copies (2/N) are there too.
-  EXPECT_EQ(Bytes(both, MemoryCategory::kPinnedHost), 16 * kShards + 2 * kRingBuffer);
+  // gradient shards' host copies (2/N) are there too. No ring: the gradients came down during
+  // the backward and the update writes the host shards in place.
+  EXPECT_EQ(Bytes(both, MemoryCategory::kPinnedHost), 16 * kShards);
+  EXPECT_EQ(Find(both, "offload.ring.0"), nullptr);
   EXPECT_EQ(Bytes(both, MemoryCategory::kParameters),
             Bytes(none, MemoryCategory::kParameters) - 2 * kShards);
   EXPECT_EQ(both.DeviceBytes(), none.DeviceBytes() - 14 * kShards);

@@ -24,6 +24,7 @@
 #include "worker/job/job_loading.h"
 #include "worker/job/job_validation.h"
 #include "worker/model/param_layout.h"
+#include "worker/offload/node_swap_store.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/trainer.h"
@@ -51,6 +52,9 @@ struct LoraRun {
   std::vector<std::map<std::string, std::vector<char>>> rank_base_after;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> arena_and_plan_bytes;
   std::vector<std::string> unclaimed;
+  // Per rank, its checkpointed adapter buffers and their optimizer states (read through the
+  // store when swapped), by name.
+  std::vector<std::map<std::string, std::vector<char>>> adapter_states;
 };
 
 inline std::map<std::string, std::vector<char>> BaseBytes(const Trainer& t) {
@@ -110,7 +114,20 @@ class LoraTrainingTest : public ::testing::Test {
     EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
     const int n = job.parallel().world_size();
     InProcessStore store;
+    // offload.optimizer NVME: one swap store for the process's ranks, as `zt train` opens it.
+    std::shared_ptr<offload::SwapStore> swap;
+    if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME &&
+        base_options.swap_store == nullptr) {
+      std::vector<int> ranks(n);
+      for (int r = 0; r < n; ++r) ranks[r] = r;
+      absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, ranks);
+      EXPECT_TRUE(opened.ok()) << opened.status();
+      if (!opened.ok()) return {};
+      swap = *opened;
+      base_options.swap_store = swap.get();
+    }
     LoraRun run;
+    run.adapter_states.resize(n);
     run.adapters.resize(n);
     run.rank_base_after.resize(n);
     run.arena_and_plan_bytes.resize(n);
@@ -158,6 +175,15 @@ class LoraTrainingTest : public ::testing::Test {
                                                      (*t)->plan().CategoryBytes(category));
           }
           unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
+          for (const BufferSpec* b : CheckpointedBuffers((*t)->plan())) {
+            if (!b->name.ends_with(".lora") && b->name.find(".lora.") == std::string::npos) {
+              continue;
+            }
+            absl::StatusOr<const void*> bytes = (*t)->BufferBytes(*b);
+            if (!bytes.ok()) return bytes.status();
+            const char* p = static_cast<const char*>(*bytes);
+            run.adapter_states[r][b->name].assign(p, p + b->bytes());
+          }
           return absl::OkStatus();
         }();
       });

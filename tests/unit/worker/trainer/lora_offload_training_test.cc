@@ -1,0 +1,252 @@
+// A LoRA job's adapters with the offload tier (docs/lora.md, docs/memory.md "Offload"): their
+// optimizer states in the pinned host pool (offload.optimizer CPU) or swapped through the
+// NVMe store (NVME), unit by unit like a full model's; on CPU ranks every such run is the run
+// without offload bit for bit.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/optim/gradient_downloads.h"
+#include "tests/unit/worker/trainer/lora_training_fixture.h"
+
+namespace zt {
+namespace {
+
+using testing::LoraRun;
+using testing::LoraTrainingTest;
+using testing::MaxAbsDiff;
+using zerotrain::JobSpec;
+using zerotrain::ModelConfig;
+using zerotrain::OffloadConfig;
+
+constexpr int64_t kPage = 4096;
+
+class LoraOffloadTrainingTest : public LoraTrainingTest {
+ protected:
+  // Job(...) with `optimizer` offload; NVME swaps into dir_/swap through 4 ring buffers of 16
+  // pages (an adapter unit's states are well under one).
+  JobSpec OffloadedJob(int stage, ModelConfig::BaseDType base, OffloadConfig::Device optimizer,
+                       int accum = 1) {
+    const auto family = base == ModelConfig::FP32 ? ModelConfig::GPT2 : ModelConfig::LLAMA;
+    JobSpec job = Job(2, stage, 2, accum, family, base);
+    job.mutable_train()->set_max_steps(4);
+    job.mutable_offload()->set_optimizer(optimizer);
+    if (optimizer == OffloadConfig::NVME) {
+      std::filesystem::create_directories(dir_ / "swap");
+      job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+      job.mutable_offload()->set_buffer_count(4);
+      job.mutable_offload()->set_buffer_size(16 * kPage);
+    }
+    return job;
+  }
+};
+
+void ExpectSameAdapterRun(const LoraRun& got, const LoraRun& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  EXPECT_EQ(got.losses, want.losses) << what;
+  ASSERT_EQ(got.adapters.size(), want.adapters.size()) << what;
+  for (size_t r = 0; r < want.adapters.size(); ++r) {
+    EXPECT_EQ(MaxAbsDiff(got.adapters[r], want.adapters[r]), 0.0) << what << " rank " << r;
+  }
+  ASSERT_EQ(got.adapter_states.size(), want.adapter_states.size()) << what;
+  for (size_t r = 0; r < want.adapter_states.size(); ++r) {
+    ASSERT_EQ(got.adapter_states[r].size(), want.adapter_states[r].size()) << what;
+    for (const auto& [name, bytes] : want.adapter_states[r]) {
+      auto it = got.adapter_states[r].find(name);
+      ASSERT_NE(it, got.adapter_states[r].end()) << what << " rank " << r << ": " << name;
+      EXPECT_TRUE(it->second == bytes) << what << " rank " << r << ": " << name;
+    }
+  }
+  EXPECT_TRUE(got.base_before == got.base_after) << what << ": the frozen base changed";
+  EXPECT_TRUE(got.unclaimed.empty()) << what << ": unused plan buffer " << got.unclaimed.front();
+}
+
+// offload.optimizer NVME: each adapter unit's AdamW moments are extents of the swap store, read
+// into the ring, updated there and written behind, as a full model's unit's states are. Two
+// ranks at ZeRO 1–3, over an FP32 GPT-2 base and an NF4 Llama base (QLoRA): the run with the
+// states on the device, in pinned host memory and on NVMe are the same run bit for bit —
+// losses, adapters on every rank, and every adapter state read back (from the store for NVME).
+TEST_F(LoraOffloadTrainingTest, NvmeAdapterStatesAreTheDeviceAndHostPathBitForBit) {
+  for (int stage : {1, 2, 3}) {
+    for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+      const std::string what = absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage);
+      const LoraRun device = Train(OffloadedJob(stage, base, OffloadConfig::NONE), 4);
+      const LoraRun host = Train(OffloadedJob(stage, base, OffloadConfig::CPU), 4);
+      const JobSpec nvme_job = OffloadedJob(stage, base, OffloadConfig::NVME);
+      const LoraRun nvme = Train(nvme_job, 4);
+      ASSERT_EQ(device.losses.size(), 4u) << what;
+      ExpectSameAdapterRun(host, device, what + " CPU");
+      ExpectSameAdapterRun(nvme, device, what + " NVME");
+      // The plan: every adapter state is swapped (page-padded extents, the store's footprint);
+      // host memory is the ring alone (the adapters' gradients are staged through it).
+      const MemoryPlan plan = PlanMemory(ValidatedJob(nvme_job).value(), 0);
+      int64_t swapped = 0, states = 0;
+      for (const BufferSpec& b : plan.buffers) {
+        if (b.name.find(".lora.adam_") != std::string::npos) {
+          ++states;
+          EXPECT_EQ(b.category, MemoryCategory::kNvme) << what << " " << b.name;
+          swapped += (b.bytes() + kPage - 1) / kPage * kPage;
+        }
+        if (b.category == MemoryCategory::kPinnedHost) {
+          EXPECT_TRUE(b.name.starts_with("offload.ring.")) << what << " " << b.name;
+        }
+      }
+      EXPECT_GT(states, 0) << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kNvme), swapped) << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost), 4 * 16 * kPage) << what;
+      // The arenas carve the plan's categories exactly, and nothing of the swapped states.
+      for (int c = 0; c < kMemoryCategoryCount; ++c) {
+        const auto& [arena, planned] = nvme.arena_and_plan_bytes[0][c];
+        if (static_cast<MemoryCategory>(c) == MemoryCategory::kNvme) {
+          EXPECT_EQ(arena, 0) << what;
+        } else {
+          EXPECT_EQ(arena, planned) << what << " category " << c;
+        }
+      }
+    }
+  }
+}
+
+// A LoRA job with its adapters' states on NVMe saves them from the store and, resumed, writes
+// them back as the store's next generation: 2 + 2 steps are 4 steps bit for bit, with the
+// run without offload as the reference of both.
+TEST_F(LoraOffloadTrainingTest, NvmeAdapterStatesResumeBitForBit) {
+  for (int stage : {1, 3}) {
+    for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+      const std::string what = absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage);
+      const LoraRun device = Train(OffloadedJob(stage, base, OffloadConfig::NONE), 4);
+      JobSpec job = OffloadedJob(stage, base, OffloadConfig::NVME);
+      const std::filesystem::path ckpt =
+          dir_ / absl::StrCat("ckpt-", stage, "-", ModelConfig::BaseDType_Name(base));
+      job.mutable_checkpoint()->set_dir(ckpt.string());
+      job.mutable_checkpoint()->set_interval_steps(2);
+      const LoraRun first = Train(job, 2);
+      ASSERT_EQ(first.losses.size(), 2u) << what;
+      TrainOptions resume;
+      resume.resume_dir = ckpt.string();
+      const LoraRun second = Train(job, 4, resume);
+      ASSERT_EQ(second.losses.size(), 2u) << what;
+      EXPECT_EQ(first.losses[0], device.losses[0]) << what;
+      EXPECT_EQ(first.losses[1], device.losses[1]) << what;
+      EXPECT_EQ(second.losses[0], device.losses[2]) << what;
+      EXPECT_EQ(second.losses[1], device.losses[3]) << what;
+      LoraRun resumed = second;
+      resumed.losses = device.losses;  // compared step by step above
+      ExpectSameAdapterRun(resumed, device, what);
+    }
+  }
+}
+
+// offload.optimizer CPU: each adapter unit's reduced gradient shard comes down into the plan's
+// "<block>.lora.grads.host" during the backward, as a full model's units' do (ZeRO-Offload's
+// overlap): at stages 2 and 3 every copy of a step is queued before its backward ends (at
+// stage 1 the reduce-scatters themselves run after it). The runs stay the device path bit for
+// bit (NvmeAdapterStatesAreTheDeviceAndHostPathBitForBit, and LoraTrainingTest's
+// OffloadedAdapterOptimizerIsTheDevicePathBitForBit).
+TEST_F(LoraOffloadTrainingTest, AdapterGradientsComeDownDuringTheBackward) {
+  for (int stage : {1, 2, 3}) {
+    for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+      const std::string what = absl::StrCat(ModelConfig::BaseDType_Name(base), " stage ", stage);
+      JobSpec spec = OffloadedJob(stage, base, OffloadConfig::CPU);
+      spec.mutable_parallel()->set_world_size(1);
+      spec.mutable_train()->set_micro_batch_size(4);
+      const JobSpec job = ValidatedJob(spec).value();
+      std::unique_ptr<Trainer> trainer = Trainer::Create(job, TrainOptions{}).value();
+      int64_t steps = 0;
+      ASSERT_TRUE(trainer->Run([&](const StepRecord&) { ++steps; }).ok()) << what;
+      ASSERT_EQ(steps, 4) << what;
+      const ModelLayout adapters = LoraAdapterLayout(BuildModelLayout(job.model()));
+      ASSERT_FALSE(adapters.units.empty()) << what;
+      int64_t grad_bytes = 0;
+      for (const UnitLayout& u : adapters.units) {
+        // One rank: its shard is the adapters, padded to the shard alignment; f32 gradients.
+        const BufferSpec* host = trainer->arenas().Spec(u.name + ".grads.host").value();
+        EXPECT_EQ(host->category, MemoryCategory::kPinnedHost) << what << " " << u.name;
+        EXPECT_GE(host->numel(), u.numel) << what << " " << u.name;
+        grad_bytes += 4 * u.numel;
+      }
+      const GradientDownloads* downloads = trainer->gradient_downloads();
+      ASSERT_NE(downloads, nullptr) << what;
+      const GradientDownloads::Stats s = downloads->stats();
+      const int64_t units = static_cast<int64_t>(adapters.units.size());
+      EXPECT_EQ(s.copies, 4 * units) << what;
+      EXPECT_EQ(s.bytes, 4 * grad_bytes) << what;
+      EXPECT_EQ(s.enqueued_during_backward, stage >= 2 ? 4 * units : 0) << what;
+    }
+  }
+}
+
+// offload.params CPU at ZeRO stage 3: a LoRA job's frozen base shards ("<unit>.params", and an
+// NF4 base's "<block>.qbase") live in the pinned host pool and go up into their gather buffers'
+// slots at each gather; the adapters stay on the device. With the optimizer on the device or on
+// the host or on NVMe, the run is the run without offload bit for bit, and a checkpoint of it
+// resumes bit for bit.
+TEST_F(LoraOffloadTrainingTest, BaseShardsOnTheHostAreTheDevicePathBitForBit) {
+  for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
+    const std::string name = ModelConfig::BaseDType_Name(base);
+    const LoraRun device = Train(OffloadedJob(3, base, OffloadConfig::NONE), 4);
+    ASSERT_EQ(device.losses.size(), 4u) << name;
+    for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::CPU, OffloadConfig::NVME}) {
+      const std::string what = name + " optimizer " + OffloadConfig::Device_Name(optimizer);
+      JobSpec job = OffloadedJob(3, base, optimizer);
+      job.mutable_offload()->set_params(OffloadConfig::CPU);
+      const LoraRun host = Train(job, 4);
+      ExpectSameAdapterRun(host, device, what);
+      EXPECT_TRUE(host.base_after == device.base_after) << what;
+      // The plan: the base's shards in the pinned host pool, the adapters and the gather
+      // buffers on the device; the arenas are the plan's categories (checked per category).
+      const MemoryPlan plan = PlanMemory(ValidatedJob(job).value(), 0);
+      const MemoryPlan plain = PlanMemory(ValidatedJob(OffloadedJob(3, base, optimizer)).value(), 0);
+      int64_t shards = 0, qbase = 0;
+      for (const BufferSpec& b : plan.buffers) {
+        if (b.name.ends_with(".params") || b.name.ends_with(".qbase")) {
+          EXPECT_EQ(b.category, MemoryCategory::kPinnedHost) << what << " " << b.name;
+          EXPECT_EQ(b.offloaded_from, MemoryCategory::kParameters) << what << " " << b.name;
+          shards += PlacedBytes(b);
+          qbase += b.name.ends_with(".qbase");
+        }
+        if (b.name.ends_with(".lora")) {
+          EXPECT_EQ(b.category, MemoryCategory::kParameters) << what << " " << b.name;
+        }
+      }
+      EXPECT_EQ(qbase > 0, base == ModelConfig::NF4) << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters),
+                plain.CategoryBytes(MemoryCategory::kParameters) - shards)
+          << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+                plain.CategoryBytes(MemoryCategory::kPinnedHost) + shards)
+          << what << ": the ring is the optimizer's as without the shards";
+      for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < kMemoryCategoryCount; ++c) {
+          const auto& [arena, planned] = host.arena_and_plan_bytes[r][c];
+          // Swapped states (optimizer NVME) are the store's, never arena memory.
+          const bool swapped = static_cast<MemoryCategory>(c) == MemoryCategory::kNvme;
+          EXPECT_EQ(arena, swapped ? 0 : planned) << what << " rank " << r << " category " << c;
+        }
+      }
+    }
+    // Saved from the host shards (the seeded base is checkpointed) and resumed into them.
+    JobSpec job = OffloadedJob(3, base, OffloadConfig::CPU);
+    job.mutable_offload()->set_params(OffloadConfig::CPU);
+    const std::filesystem::path ckpt = dir_ / ("params-cpu-" + name);
+    job.mutable_checkpoint()->set_dir(ckpt.string());
+    job.mutable_checkpoint()->set_interval_steps(2);
+    ASSERT_EQ(Train(job, 2).losses.size(), 2u) << name;
+    TrainOptions resume;
+    resume.resume_dir = ckpt.string();
+    LoraRun second = Train(job, 4, resume);
+    ASSERT_EQ(second.losses.size(), 2u) << name;
+    EXPECT_EQ(second.losses[0], device.losses[2]) << name;
+    EXPECT_EQ(second.losses[1], device.losses[3]) << name;
+    second.losses = device.losses;  // compared step by step above
+    ExpectSameAdapterRun(second, device, name + " resumed");
+    EXPECT_TRUE(second.base_after == device.base_after) << name;
+  }
+}
+
+}  // namespace
+}  // namespace zt
