@@ -663,8 +663,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
     if (UsesLora(spec.model())) {
       needs(
-          "without model.lora (the adapters' gradients are not copied down during the "
-          "backward, so the next step's backward would overwrite them)");
+          "without model.lora (the adapters' gradient host copies have one bank, so the "
+          "next step's backward would overwrite what the delayed step reads)");
     }
     if (parallel.tensor_parallel() > 1 || parallel.pipeline_parallel() > 1) {
       needs(absl::StrCat("with parallel.tensor_parallel and parallel.pipeline_parallel 1 (got ",
