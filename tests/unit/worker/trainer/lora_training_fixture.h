@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/comm/store.h"
@@ -116,14 +117,11 @@ class LoraTrainingTest : public ::testing::Test {
     InProcessStore store;
     // offload.optimizer NVME: one swap store for the process's ranks, as `zt train` opens it.
     std::shared_ptr<offload::SwapStore> swap;
-    if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME &&
-        base_options.swap_store == nullptr) {
-      std::vector<int> ranks(n);
-      for (int r = 0; r < n; ++r) ranks[r] = r;
-      absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, ranks);
+    if (base_options.swap_store == nullptr) {
+      absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = testing::OpenTestSwapStore(job);
       EXPECT_TRUE(opened.ok()) << opened.status();
       if (!opened.ok()) return {};
-      swap = *opened;
+      swap = *std::move(opened);
       base_options.swap_store = swap.get();
     }
     LoraRun run;

@@ -19,6 +19,7 @@
 #include "tests/unit/offload/offload_test_util.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
@@ -186,18 +187,14 @@ class OffloadRunTest : public ::testing::Test {
     const JobSpec job = *validated;
     const int n = job.parallel().world_size();
     InProcessStore store;
-    std::shared_ptr<offload::SwapStore> swap;
-    if (job.offload().optimizer() == OffloadConfig::NVME) {
-      std::vector<int> ranks(n);
-      for (int r = 0; r < n; ++r) ranks[r] = r;
-      absl::StatusOr<std::shared_ptr<offload::SwapStore>> s = OpenSwapStore(job, ranks, swap_env);
-      if (!s.ok()) {
-        result.status = s.status();
-        return result;
-      }
-      swap = *s;
-      if (opened != nullptr) *opened = swap->open_report();
+    absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened_store =
+        testing::OpenTestSwapStore(job, swap_env);
+    if (!opened_store.ok()) {
+      result.status = opened_store.status();
+      return result;
     }
+    const std::shared_ptr<offload::SwapStore> swap = *std::move(opened_store);
+    if (swap != nullptr && opened != nullptr) *opened = swap->open_report();
     result.state.resize(n);
     result.plans.resize(n);
     result.arena_bytes.resize(n);

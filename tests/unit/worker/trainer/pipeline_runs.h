@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
+#include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/comm/store.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/tensor_parallel_slice.h"
@@ -67,24 +68,17 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
   const zerotrain::JobSpec& job = out.job;
   const int n = job.parallel().world_size();
   InProcessStore store;
-  // offload.optimizer NVME: one swap store for the ranks, as `zt train` opens it.
-  std::shared_ptr<offload::SwapStore> swap;
-  if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
-    std::vector<int> ranks(n);
-    for (int r = 0; r < n; ++r) ranks[r] = r;
-    absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, ranks);
-    if (!opened.ok()) {
-      out.status = opened.status();
-      return out;
-    }
-    swap = *opened;
+  const absl::StatusOr<std::shared_ptr<offload::SwapStore>> swap = OpenTestSwapStore(job);
+  if (!swap.ok()) {
+    out.status = swap.status();
+    return out;
   }
   out.ranks.resize(n);
   out.status = RunRankThreads(n, [&](int r) -> absl::Status {
     TrainOptions options;
     options.rank = r;
     options.store = &store;
-    options.swap_store = swap.get();
+    options.swap_store = swap->get();
     options.resume_dir = resume;
     options.stop_after_step = steps;
     ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
@@ -210,14 +204,18 @@ inline void ExpectSameWholeWeights(const PipelineOutcome& got, const PipelineOut
 // < 1.3e-5 there) and far below a lost micro-batch, an unsummed tied copy (half of wte's
 // gradient), a stage or a replicated tensor counted twice in the norm (≥ 1e-3) or a wrong
 // slice (~lr = 3e-3 in one step). A caller whose model is deeper may pass a larger
-// `weight_bound`, saying why.
+// `weight_bound`, saying why; one whose optimizer moves the weights too little for the loss to
+// fall by 0.1 in 10 steps (Adafactor's relative step) passes `expect_learning` false.
 inline void ExpectSamePipelineTraining(const PipelineOutcome& got, const PipelineOutcome& want,
-                                       const std::string& what, double weight_bound = 1e-4) {
+                                       const std::string& what, double weight_bound = 1e-4,
+                                       bool expect_learning = true) {
   ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
   ASSERT_TRUE(want.status.ok()) << what << ": " << want.status;
   const PipelineRankRun& ref = want.ranks[0];
   ASSERT_EQ(ref.losses.size(), 10u) << what;
-  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1) << what << ": the model learns";
+  if (expect_learning) {
+    EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1) << what << ": the model learns";
+  }
   for (const PipelineRankRun& r : got.ranks) {
     EXPECT_TRUE(r.unclaimed.empty()) << what << ": unused plan buffer " << r.unclaimed.front();
     EXPECT_TRUE(r.off_plan.empty()) << what << ": " << r.off_plan.front();

@@ -18,6 +18,7 @@
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint_export.h"
 #include "worker/comm/store.h"
@@ -102,24 +103,18 @@ class TensorParallelTrainingTest : public ::testing::Test {
     const JobSpec job = *validated;
     const int n = job.parallel().world_size();
     InProcessStore store;
-    // offload.optimizer NVME: one swap store for the ranks, as `zt train` opens it.
-    std::shared_ptr<offload::SwapStore> swap;
-    if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
-      std::vector<int> ranks(n);
-      for (int r = 0; r < n; ++r) ranks[r] = r;
-      absl::StatusOr<std::shared_ptr<offload::SwapStore>> opened = OpenSwapStore(job, ranks);
-      if (!opened.ok()) {
-        out.status = opened.status();
-        return out;
-      }
-      swap = *opened;
+    const absl::StatusOr<std::shared_ptr<offload::SwapStore>> swap =
+        testing::OpenTestSwapStore(job);
+    if (!swap.ok()) {
+      out.status = swap.status();
+      return out;
     }
     out.ranks.resize(n);
     out.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
       TrainOptions options;
       options.rank = r;
       options.store = &store;
-      options.swap_store = swap.get();
+      options.swap_store = swap->get();
       options.resume_dir = resume;
       if (use_run) options.stop_after_step = steps;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
