@@ -295,9 +295,18 @@ class Transformer {
   // model order (the head once, for HeadForward and HeadLoss); the backward uses them in
   // reverse, except the embedding, whose backward reads no parameters. Unset (both empty):
   // SetStageComputeParams' buffers or unit_params().
+  // `gradient` and `gradient_done`, where set (the engine reduces each micro-batch's gradients
+  // as they end: StageGradientsPerMicroBatch), take the place of unit_grads(): `gradient(u)`
+  // returns the zeroed buffer unit u's gradient of this micro-batch goes into (its trainable
+  // buffer's: a LoRA block's adapters; empty for a frozen unit), asked for right before the
+  // first write — the head's in its StageForward (the projection's backward in HeadLoss), the
+  // others' in StageBackward — and `gradient_done(u)` runs after the last write (the head's
+  // after HeadBackward).
   struct StageUnitSource {
     std::function<absl::StatusOr<Tensor>(int unit)> acquire;
     std::function<absl::Status(int unit)> finish;
+    std::function<absl::StatusOr<Tensor>(const DeviceContext& ctx, int unit)> gradient;
+    std::function<absl::Status(const DeviceContext& ctx, int unit)> gradient_done;
   };
   void SetStageUnitSource(StageUnitSource source) { unit_source_ = std::move(source); }
   // Chunk c's units [first, last) of the whole model, in model order.
@@ -478,6 +487,18 @@ class Transformer {
   absl::Status FinishStageUnit(int u) const {
     return unit_source_.finish ? unit_source_.finish(u) : absl::OkStatus();
   }
+  // Unit u's gradient buffer for this micro-batch (StageUnitSource::gradient, else the bound
+  // trainable buffer), and the end of its writes.
+  absl::StatusOr<Tensor> StageGradient(const DeviceContext& ctx, int u) const {
+    if (unit_source_.gradient) return unit_source_.gradient(ctx, u);
+    return layout_.lora && u > 0 && u < static_cast<int>(layout_.units.size()) - 1
+               ? lora_grads_[u]
+               : grads_[u];
+  }
+  absl::Status StageGradientDone(const DeviceContext& ctx, int u) const {
+    return unit_source_.gradient_done ? unit_source_.gradient_done(ctx, u) : absl::OkStatus();
+  }
+  Tensor head_grad_;  // the last stage's head gradient, from its StageForward to StageBackward
   std::vector<int> held_units_;
   int first_unit_ = 0, last_unit_ = 0;  // the selected chunk's
   std::vector<SlotBinding> slots_;
