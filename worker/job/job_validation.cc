@@ -568,12 +568,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "quantizes into the whole model's units, not a stage's); use the seeded base or "
           "pipeline_parallel 1");
     }
-    if (UsesLora(spec.model()) && parallel.zero_stage() == 3 &&
-        parallel.reshard_after_forward()) {
-      needs(
-          "model.lora at parallel.zero_stage 3 with parallel.reshard_after_forward false (the "
-          "stages' per-use gathers are not wired to a frozen base's shards yet)");
-    }
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }

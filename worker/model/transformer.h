@@ -86,14 +86,15 @@ class Transformer {
   // With KV heads replicated over the group (n_kv_head < tp.size), block i's K and V rows of
   // attn.qkv hold the gradient of this rank's query heads only: sums them over the ranks
   // sharing each KV head, in `grads` (the block's accumulated gradient). Nothing otherwise.
-  // The step loop calls it once per step, before the data-parallel reduction.
+  // The step loop calls it before each data-parallel reduction: once per step, or per
+  // micro-batch on a pipeline stage that reduces per micro-batch.
   absl::Status ReduceReplicatedKvGrads(int i, const Tensor& grads);
   // Sequence parallelism: unit u's (whole-model index) norm weights and biases got the
   // gradient of this rank's token rows only: sums them over the tensor-parallel group in
   // `grads` (the unit's accumulated gradient), so every rank holds the whole gradient, as
   // without sequence parallelism (Megatron's allreduce of the sequence-parallel grads). Nothing
-  // otherwise. The step loop calls it once per step and unit, before the data-parallel
-  // reduction.
+  // otherwise. The step loop calls it per unit before each data-parallel reduction (once per
+  // step, or per micro-batch on a pipeline stage that reduces per micro-batch).
   absl::Status ReduceSequenceParallelNormGrads(int u, const Tensor& grads);
 
   // The units the model holds: the whole model's, or a pipeline stage's own (BindStage), in
@@ -238,8 +239,8 @@ class Transformer {
   // Chunk c's saved activations hold in_flight(c) micro-batches; the schedule picks a chunk and
   // slot with SelectMicroBatch before its forward and again before its backward. Its backward
   // accumulates into unit_grads(): a unit's ".grad_accum" buffer where the plan has one (ZeRO
-  // stage 2, reduce-scattered by the engine afterwards), else its ".grads". Needs f32, no
-  // LoRA, no quantized base.
+  // stages 2–3, reduce-scattered by the engine afterwards), else its ".grads"; or, where the
+  // engine reduces per micro-batch, into the buffers StageUnitSource::gradient hands out.
   // With tensor_parallel t > 1 (`tp`, the layout's TP group: size t and its tensor
   // coordinate; InvalidArgument otherwise) each of the stage's units is the rank's
   // tensor-parallel share and runs Megatron's split as Bind's does; the activations between

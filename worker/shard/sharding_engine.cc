@@ -341,7 +341,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         ZT_ASSIGN_OR_RETURN(dedicated[u], arenas.Get(layout.units[u].name + ".gathered"));
       }
     }
-    e->qbase_shards_ = model->unit_quantized_shards();
+    // The model's quantized shards are by whole-model unit (a pipeline stage's among them).
+    for (int u = 0; u < n_units; ++u) {
+      e->qbase_shards_.push_back(model->unit_quantized_shards()[model->held_units()[u]]);
+    }
     e->qbase_unit_shards_.resize(n_units);
     e->qbase_pending_.resize(n_units);
     bool quantized = false;
@@ -360,11 +363,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       }
     }
     if (quantized) {
-      if (model->pipelined()) {
-        return absl::UnimplementedError(
-            "ZeRO stage 3 with a quantized model.base_dtype and pipeline_parallel > 1: a "
-            "stage's sharded quantized base is not gathered for the schedule");
-      }
+      // A pipeline stage gathers a block's quantized bytes with its parameters as one rank
+      // does: per use into the pool's twins, or for the step into "<unit>.qbase.gathered"
+      // (GatherStageUnits binds them).
       model->SetQuantizedShardRank(e->geometry_.group_rank());
       // Each parameter gather buffer has its quantized twin, found by the buffer's address.
       if (parallel.reshard_after_forward()) {
@@ -509,6 +510,13 @@ absl::Status ShardingEngine::GatherStageUnits() {
       handles.push_back(std::move(h));
     }
     ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+    // A quantized base's blocks: their bytes gathered beside them, bound for the step.
+    for (size_t u = 0; u < stage_gathered_.size(); ++u) {
+      if (qbase_shards_.empty() || qbase_shards_[u].empty()) continue;
+      ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
+      ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(stage_gathered_[u]));
+      ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(model_->held_units()[u], twin));
+    }
   }
   return absl::OkStatus();
 }
@@ -768,7 +776,7 @@ absl::StatusOr<Tensor> ShardingEngine::Acquire(int u) {
   if (p.ok() && !qbase_shards_[u].empty()) {
     ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(*p));
-    ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(u, twin));
+    ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(model_->held_units()[u], twin));
   }
   return p;
 }

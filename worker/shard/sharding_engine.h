@@ -63,7 +63,8 @@
 // flat quantized bytes ("<unit>.qbase", the rank's shard): gathered (as f32 words) beside the
 // block's parameters, into "qbase.gather.<k>" beside "gather.<k>" (or "<unit>.qbase.gathered"
 // beside "<unit>.gathered"), waited for and bound to the model (BindQuantizedBase) when the use
-// acquires the unit. They have no gradient and no optimizer range.
+// acquires the unit (on a pipeline stage: per use, or for the step in GatherStageUnits). They
+// have no gradient and no optimizer range.
 //
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
