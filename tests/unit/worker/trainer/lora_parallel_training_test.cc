@@ -1,6 +1,7 @@
 // LoRA and QLoRA on pipeline stages and tensor-parallel ranks (threads of this process, Gloo
 // over loopback). Pipeline: each stage trains its own blocks' adapters over its frozen base —
-// PP2 under 1F1B and interleaved 1F1B, PP2 × DP2 at ZeRO 1–3, GPT-2 (tied: the head stage's
+// PP2 under 1F1B and interleaved 1F1B, PP2 × DP2 at ZeRO 1–3 (at 3 gathering the base per use
+// or for the step, an NF4 base's byte shards too), GPT-2 (tied: the head stage's
 // frozen copy of wte) and Llama (GQA, untied), in f32 and bf16, with adapter dropout, and over an
 // NF4 base. Tensor parallelism: the adapters split as their base weights (TP2, TP2 × DP2). Each
 // against one rank's LoRA run from the same seed over 10 steps: the losses and gradient norms,

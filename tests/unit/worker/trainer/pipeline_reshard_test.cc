@@ -270,5 +270,40 @@ TEST_F(PipelineReshardTest, OneMicroBatchTrainsAgainstOneRank) {
   }
 }
 
+// Hybrid sharding on stages (PP2 × DP4, shard groups of 2 replicated twice): each micro-batch's
+// reduce-scatter runs in the shard group and the accumulated shard is all-reduced across the
+// replicas once, after the schedule — so the replicas' sum is taken once a step, not once a
+// micro-batch, and the tied wte's copies are summed on the group's shards before it. GPT-2
+// (tied) against one rank reading the same global batch (4 sequences a micro-batch), to fp32
+// noise: the losses, norms and the exported model (ExpectSamePipelineTraining's bounds).
+TEST_F(PipelineReshardTest, HybridShardedStagesReduceInTheGroupThenOnceAcrossReplicas) {
+  JobSpec job = Job(/*llama=*/false, 1, 2, 4, ParallelConfig::ONE_F_ONE_B, /*reshard=*/true);
+  job.mutable_parallel()->set_shard_group_size(2);
+  const PipelineOutcome per_use = testing::RunPipelineRanks(job, 10);
+  ASSERT_TRUE(per_use.status.ok()) << per_use.status;
+  const PipelineOutcome one = testing::RunPipelineRanks(OneRank(false, 4), 10);
+  ASSERT_TRUE(one.status.ok()) << one.status;
+  const testing::PipelineRankRun& ref = one.ranks[0];
+  const int64_t m = per_use.job.train().grad_accum_steps();
+  for (size_t r = 0; r < per_use.ranks.size(); ++r) {
+    const testing::PipelineRankRun& got = per_use.ranks[r];
+    const std::string rank = absl::StrCat("pp2 x dp4 hybrid, rank ", r);
+    EXPECT_TRUE(got.unclaimed.empty()) << rank << ": unused plan buffer " << got.unclaimed[0];
+    EXPECT_TRUE(got.off_plan.empty()) << rank << ": " << got.off_plan[0];
+    ASSERT_EQ(got.losses.size(), ref.losses.size()) << rank;
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-6 * ref.losses[s]) << rank << " step " << s + 1;
+      EXPECT_NEAR(got.grad_norms[s], ref.grad_norms[s], 2e-5 * ref.grad_norms[s])
+          << rank << " gradient norm, step " << s + 1;
+    }
+    const int64_t units = static_cast<int64_t>(got.layout.units.size());
+    EXPECT_EQ(got.comm[CommKind::kReduceScatter].calls, 10 * m * units) << rank;
+    // All-reduces: each unit's shard across the replicas once a step, and the tied wte's sum
+    // (both stages hold a copy at p = 2) once a step.
+    EXPECT_EQ(got.comm[CommKind::kAllReduce].calls, 10 * (units + 1)) << rank;
+  }
+  testing::ExpectSameWholeWeights(per_use, one, "pp2 x dp4 hybrid", 1e-4, 1e-4);
+}
+
 }  // namespace
 }  // namespace zt
