@@ -253,6 +253,63 @@ std::vector<int64_t> AdapterGlobalIndex(const zerotrain::ModelConfig& m, const U
   return g;
 }
 
+// The share of `spec`'s rank `at`'s copy of block `unit` (`local`) and LoraAdapterLayout's unit
+// of it (`adapters`, whose ZeRO ranges the optimizer states are split by); false when the rank's
+// pipeline stage does not hold the block.
+bool AdapterShareOf(const zerotrain::JobSpec& spec, int at, const UnitLayout& unit,
+                    UnitLayout* local, UnitLayout* adapters) {
+  const ModelLayout rank_layout = RankModelLayout(spec, ParallelLayout::ForJob(spec, at));
+  for (const UnitLayout& u : rank_layout.units) {
+    if (u.name != unit.name) continue;
+    *local = u;
+    ModelLayout one;
+    one.units = {u};
+    *adapters = LoraAdapterLayout(one).units.front();
+    return true;
+  }
+  return false;
+}
+
+// Block `unit`'s (of the whole model) adapters (role "") or their elementwise optimizer state
+// `role`, saved as `buffer`, in *values (unit.lora_numel): every saved rank's range of its share
+// placed by AdapterGlobalIndex (ranks of other stages skipped; replicas write the same values).
+absl::Status JoinWholeAdapters(const zerotrain::JobSpec& saved,
+                               const std::vector<std::unique_ptr<SafetensorsFile>>& files,
+                               const std::function<std::string(int)>& rank_file,
+                               const UnitLayout& unit, const std::string& buffer,
+                               const std::string& role, std::vector<float>* values) {
+  values->assign(static_cast<size_t>(unit.lora_numel), 0.0f);
+  bool found = false;
+  for (size_t r = 0; r < files.size(); ++r) {
+    UnitLayout local, adapters;
+    if (!AdapterShareOf(saved, static_cast<int>(r), unit, &local, &adapters)) continue;
+    const SafetensorsTensorInfo* info = files[r]->Find(buffer);
+    const Segment have = role.empty() ? Segment{0, local.lora_numel}
+                                      : SegmentOf(saved, static_cast<int>(r), adapters, role);
+    if (have.end <= have.begin) continue;
+    const int64_t need = (have.end - have.begin) * static_cast<int64_t>(sizeof(float));
+    if (info == nullptr || info->nbytes() < need || info->dtype != StDType::kF32) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", buffer,
+                       " is missing or not the f32 range its layout says"));
+    }
+    found = true;
+    std::vector<float> held(static_cast<size_t>(have.end - have.begin));
+    std::memcpy(held.data(), files[r]->Bytes(*info).data(), static_cast<size_t>(need));
+    files[r]->Release(*info);
+    const ParallelLayout place = ParallelLayout::ForJob(saved, static_cast<int>(r));
+    const std::vector<int64_t> index = AdapterGlobalIndex(
+        saved.model(), local, unit, place.tensor_size(), place.coordinates().tensor);
+    for (int64_t i = have.begin; i < have.end; ++i) {
+      if (index[i] >= 0) (*values)[index[i]] = held[i - have.begin];
+    }
+  }
+  if (!found) {
+    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds ", buffer));
+  }
+  return absl::OkStatus();
+}
+
 // A tensor-parallel LoRA job's adapters ("<block>.lora") or their elementwise optimizer state
 // ("<block>.lora.<state>") for rank `rank` of `job`: the whole block's values joined from every
 // saved rank's range of its share (AdapterGlobalIndex), this rank's share and range taken out.
@@ -276,53 +333,10 @@ absl::Status ReshardTensorParallelAdapters(
   }
   if (unit == nullptr) return absl::OkStatus();
   if (!role.empty() && (!Elementwise(role) || b.dtype != DType::kF32)) return absl::OkStatus();
-  // The share of `layout`'s copy of the block at `place`, as LoraAdapterLayout's unit (whose
-  // ZeRO ranges the states are split by).
-  const auto share_of = [&](const zerotrain::JobSpec& spec, int at, UnitLayout* local,
-                            UnitLayout* adapters) -> bool {
-    const ParallelLayout place = ParallelLayout::ForJob(spec, at);
-    const ModelLayout rank_layout = RankModelLayout(spec, place);
-    for (const UnitLayout& u : rank_layout.units) {
-      if (u.name != unit->name) continue;
-      *local = u;
-      ModelLayout one;
-      one.units = {u};
-      *adapters = LoraAdapterLayout(one).units.front();
-      return true;
-    }
-    return false;
-  };
-  std::vector<float> values(unit->lora_numel, 0.0f);
-  bool found = false;
-  for (size_t r = 0; r < files.size(); ++r) {
-    UnitLayout local, adapters;
-    if (!share_of(saved, static_cast<int>(r), &local, &adapters)) continue;  // another stage
-    const SafetensorsTensorInfo* info = files[r]->Find(b.name);
-    const Segment have = role.empty() ? Segment{0, local.lora_numel}
-                                      : SegmentOf(saved, static_cast<int>(r), adapters, role);
-    if (have.end <= have.begin) continue;
-    const int64_t need = (have.end - have.begin) * static_cast<int64_t>(sizeof(float));
-    if (info == nullptr || info->nbytes() < need || info->dtype != StDType::kF32) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", b.name,
-                       " is missing or not the f32 range its layout says"));
-    }
-    found = true;
-    std::vector<float> held(static_cast<size_t>(have.end - have.begin));
-    std::memcpy(held.data(), files[r]->Bytes(*info).data(), static_cast<size_t>(need));
-    files[r]->Release(*info);
-    const ParallelLayout place = ParallelLayout::ForJob(saved, static_cast<int>(r));
-    const std::vector<int64_t> index =
-        AdapterGlobalIndex(m, local, *unit, place.tensor_size(), place.coordinates().tensor);
-    for (int64_t i = have.begin; i < have.end; ++i) {
-      if (index[i] >= 0) values[index[i]] = held[i - have.begin];
-    }
-  }
-  if (!found) {
-    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds ", b.name));
-  }
+  std::vector<float> values;
+  ZT_RETURN_IF_ERROR(JoinWholeAdapters(saved, files, rank_file, *unit, b.name, role, &values));
   UnitLayout local, adapters;
-  if (!share_of(job, rank, &local, &adapters)) {
+  if (!AdapterShareOf(job, rank, *unit, &local, &adapters)) {
     return absl::InternalError(absl::StrCat("resharding: rank ", rank, " holds no ", b.name));
   }
   const ParallelLayout place = ParallelLayout::ForJob(job, rank);
@@ -355,6 +369,23 @@ absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
   std::vector<float> values;
   ZT_RETURN_IF_ERROR(JoinWholeUnit(saved, files, rank_file, unit,
                                    whole.units[unit].name + "." + role, role, &values));
+  std::copy(values.begin(), values.end(), out);
+  return absl::OkStatus();
+}
+
+absl::Status ReadWholeAdaptersFromShares(const zerotrain::JobSpec& saved,
+                                         const std::function<std::string(int)>& rank_file,
+                                         int unit, float* out) {
+  const ModelLayout whole = BuildModelLayout(saved.model());
+  if (unit < 0 || unit >= static_cast<int>(whole.units.size()) ||
+      whole.units[unit].lora_numel == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadWholeAdaptersFromShares: unit ", unit, " has no adapters"));
+  }
+  ZT_ASSIGN_OR_RETURN(const auto files, OpenSavedRanks(saved, rank_file));
+  std::vector<float> values;
+  ZT_RETURN_IF_ERROR(JoinWholeAdapters(saved, files, rank_file, whole.units[unit],
+                                       whole.units[unit].name + ".lora", "", &values));
   std::copy(values.begin(), values.end(), out);
   return absl::OkStatus();
 }

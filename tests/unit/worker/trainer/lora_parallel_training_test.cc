@@ -410,24 +410,38 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
   }
 }
 
-// `zt export` of a PP2 LoRA checkpoint: the PEFT adapters are each block's from the stage that
-// held it, bit for bit what the stages trained (FullAdapters); --merge-adapters joins the f32
-// base from the stages. Against one rank's checkpoint of the same 3 steps: every merged tensor
-// within the adapters' reduction noise (1e-4, ExpectSame's), the unadapted ones bit for bit.
+// `zt export` of a PP2, TP2 or TP2 × PP2 LoRA checkpoint: the PEFT adapters are each block's
+// from the stage that held it, its TP shares joined (ReadWholeAdaptersFromShares), bit for bit
+// what the run's `zt train --export` writes (FullAdapters, gathered from the live ranks);
+// --merge-adapters joins the f32 base from the stages' shares. Against one rank's checkpoint
+// of the same 3 steps: every merged tensor within the adapters' reduction noise (1e-4,
+// ExpectSame's), the unadapted ones bit for bit.
 TEST_F(LoraParallelTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapters) {
-  for (const bool llama : {false, true}) {
-    const std::string what = llama ? "llama" : "gpt2";
-    JobSpec pp = Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+  struct Case {
+    bool llama;
+    int pp, tp;
+  };
+  for (const Case& c : {Case{false, 2, 1}, Case{true, 2, 1}, Case{false, 1, 2}, Case{true, 1, 2},
+                        Case{true, 2, 2}}) {
+    const bool llama = c.llama;
+    const std::string what =
+        absl::StrCat(llama ? "llama" : "gpt2", " pp", c.pp, " tp", c.tp);
+    JobSpec pp = Job(llama, c.pp, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+    if (c.tp > 1) {
+      pp.mutable_parallel()->set_world_size(c.pp * c.tp);
+      pp.mutable_parallel()->set_tensor_parallel(c.tp);
+    }
     JobSpec one = Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
-    pp.mutable_checkpoint()->set_dir((dir_ / ("export-pp-" + what)).string());
-    one.mutable_checkpoint()->set_dir((dir_ / ("export-one-" + what)).string());
+    const std::string tag = absl::StrCat(llama, c.pp, c.tp);
+    pp.mutable_checkpoint()->set_dir((dir_ / ("export-pp-" + tag)).string());
+    one.mutable_checkpoint()->set_dir((dir_ / ("export-one-" + tag)).string());
     pp.mutable_checkpoint()->set_interval_steps(3);
     one.mutable_checkpoint()->set_interval_steps(3);
     const Outcome staged = RunAll(pp, 3);
     ASSERT_TRUE(staged.status.ok()) << what << ": " << staged.status;
     ASSERT_TRUE(RunAll(one, 3).status.ok()) << what;
 
-    const std::string peft = (dir_ / ("peft-" + what)).string();
+    const std::string peft = (dir_ / ("peft-" + tag)).string();
     absl::StatusOr<LoraExportResult> exported =
         ExportLoraCheckpoint(pp.checkpoint().dir(), peft, {});
     ASSERT_TRUE(exported.ok()) << what << ": " << exported.status();
@@ -443,8 +457,8 @@ TEST_F(LoraParallelTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapte
     ASSERT_TRUE(ReadPeftAdapter(staged.job.model(), layout, peft, views).ok()) << what;
     EXPECT_TRUE(read == staged.ranks[0].adapters) << what << ": the PEFT adapters";
 
-    const std::string merged = (dir_ / ("merged-pp-" + what)).string();
-    const std::string merged_one = (dir_ / ("merged-one-" + what)).string();
+    const std::string merged = (dir_ / ("merged-pp-" + tag)).string();
+    const std::string merged_one = (dir_ / ("merged-one-" + tag)).string();
     exported = ExportLoraCheckpoint(pp.checkpoint().dir(), merged, {.merge_adapters = true});
     ASSERT_TRUE(exported.ok()) << what << ": " << exported.status();
     ASSERT_TRUE(
