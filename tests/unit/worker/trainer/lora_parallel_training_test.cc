@@ -411,7 +411,7 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
 }
 
 // 8-bit AdamW's adapter states across layouts (QuantizedAdapterMoments): TP2 → one rank, one
-// rank → TP2 and PP2 → one rank, steps 6–10 against the uninterrupted run at the resuming
+// rank → TP2, PP2 → one rank and TP2 × DP2 at ZeRO-1 → one rank, steps 6–10 against the uninterrupted run at the resuming
 // layout. A TP share's A or B is another tensor than the whole one, so every block is
 // dequantized and requantized on the new layout's blocks; blocks of 128 over adapters of
 // 256–768 elements (a row-parallel A's 128-element share keeps f32 moments under
@@ -427,23 +427,29 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
     bool llama;
     int tp, pp;
     bool to_one_rank;
+    int dp = 1;  // TP2 × DP2 at ZeRO-1: each share's states split by range too
   };
   for (const Case& c : {Case{false, 2, 1, true}, Case{true, 2, 1, true}, Case{false, 2, 1, false},
-                        Case{true, 2, 1, false}, Case{false, 1, 2, true}}) {
+                        Case{true, 2, 1, false}, Case{false, 1, 2, true},
+                        Case{true, 2, 1, true, 2}}) {
     auto eight_bit = [](JobSpec job) {
       job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
       job.mutable_optimizer()->set_min_quantized_numel(256);
       job.mutable_optimizer()->set_quant_block_size(128);
       return job;
     };
-    JobSpec split = eight_bit(Job(c.llama, c.pp, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
-    split.mutable_parallel()->set_world_size(c.tp * c.pp);
+    // The global batch is the same on both sides: 4 micro-batches of dp sequences.
+    JobSpec split = eight_bit(
+        Job(c.llama, c.pp, c.dp, c.dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B));
+    split.mutable_parallel()->set_world_size(c.tp * c.pp * c.dp);
     split.mutable_parallel()->set_tensor_parallel(c.tp);
-    const JobSpec one = eight_bit(Job(c.llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+    const JobSpec one = eight_bit(Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B));
     JobSpec from = c.to_one_rank ? split : one, to = c.to_one_rank ? one : split;
     const std::string what = absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? "" : "1 -> ",
-                                          "tp", c.tp, " pp", c.pp, c.to_one_rank ? " -> 1" : "");
-    const std::string dir = (dir_ / absl::StrCat("adam8-", c.llama, c.tp, c.pp, c.to_one_rank)).string();
+                                          "tp", c.tp, " pp", c.pp, " dp", c.dp,
+                                          c.to_one_rank ? " -> 1" : "");
+    const std::string dir =
+        (dir_ / absl::StrCat("adam8-", c.llama, c.tp, c.pp, c.dp, c.to_one_rank)).string();
     from.mutable_checkpoint()->set_interval_steps(5);
     from.mutable_checkpoint()->set_dir(dir);
     const Outcome whole = RunAll(to, 10);
@@ -473,7 +479,7 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
   }
 }
 
-// `zt export` of a PP2, TP2 or TP2 × PP2 LoRA checkpoint: the PEFT adapters are each block's
+// `zt export` of a PP2, TP2, TP2 × PP2 or TP2 × DP2 (ZeRO-3) LoRA checkpoint: the PEFT adapters are each block's
 // from the stage that held it, its TP shares joined (ReadWholeAdaptersFromShares), bit for bit
 // what the run's `zt train --export` writes (FullAdapters, gathered from the live ranks);
 // --merge-adapters joins the f32 base from the stages' shares. Against one rank's checkpoint
@@ -483,19 +489,20 @@ TEST_F(LoraParallelTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapte
   struct Case {
     bool llama;
     int pp, tp;
+    int dp = 1;  // TP2 × DP2 at ZeRO-3: the f32 base's shares split by range too
   };
   for (const Case& c : {Case{false, 2, 1}, Case{true, 2, 1}, Case{false, 1, 2}, Case{true, 1, 2},
-                        Case{true, 2, 2}}) {
+                        Case{true, 2, 2}, Case{false, 1, 2, 2}}) {
     const bool llama = c.llama;
     const std::string what =
-        absl::StrCat(llama ? "llama" : "gpt2", " pp", c.pp, " tp", c.tp);
-    JobSpec pp = Job(llama, c.pp, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+        absl::StrCat(llama ? "llama" : "gpt2", " pp", c.pp, " tp", c.tp, " dp", c.dp);
+    JobSpec pp = Job(llama, c.pp, c.dp, c.dp > 1 ? 3 : 0, 1, ParallelConfig::ONE_F_ONE_B);
     if (c.tp > 1) {
-      pp.mutable_parallel()->set_world_size(c.pp * c.tp);
+      pp.mutable_parallel()->set_world_size(c.pp * c.tp * c.dp);
       pp.mutable_parallel()->set_tensor_parallel(c.tp);
     }
-    JobSpec one = Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
-    const std::string tag = absl::StrCat(llama, c.pp, c.tp);
+    JobSpec one = Job(llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B);
+    const std::string tag = absl::StrCat(llama, c.pp, c.tp, c.dp);
     pp.mutable_checkpoint()->set_dir((dir_ / ("export-pp-" + tag)).string());
     one.mutable_checkpoint()->set_dir((dir_ / ("export-one-" + tag)).string());
     pp.mutable_checkpoint()->set_interval_steps(3);
