@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <tuple>
-#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -398,8 +398,8 @@ class QuantizedAdapterMoments {
         if (info == nullptr || info->dtype != ToStDType(b.dtype) ||
             info->nbytes() < b.numel * DTypeSize(b.dtype)) {
           return absl::FailedPreconditionError(
-              absl::StrCat("checkpoint file '", rank_file_(static_cast<int>(r)), "': buffer ",
-                           name, " is missing or not what 8-bit AdamW's layout says"));
+              absl::StrCat("checkpoint file '", rank_file_(static_cast<int>(r)), "': buffer ", name,
+                           " is missing or not what 8-bit AdamW's layout says"));
         }
         buffers.push_back(files_[r]->Bytes(*info).data());
       }
@@ -441,8 +441,8 @@ class QuantizedAdapterMoments {
       dst.push_back(t);
     }
     const ParallelLayout place = ParallelLayout::ForJob(job, rank);
-    const std::vector<int64_t> index =
-        AdapterGlobalIndex(job.model(), local, unit, place.tensor_size(), place.coordinates().tensor);
+    const std::vector<int64_t> index = AdapterGlobalIndex(
+        job.model(), local, unit, place.tensor_size(), place.coordinates().tensor);
     for (size_t i = 0; i < want.tensors.size(); ++i) {
       const TensorState& t = want.tensors[i];
       if (t.kind == TensorState::Kind::kNone) continue;
@@ -487,12 +487,12 @@ class QuantizedAdapterMoments {
               std::tuple{size_t{1}, size_t{3}, DynamicMap::kUnsigned, v}}) {
           std::memcpy(codes.data(), bytes(c), codes.size());
           std::memcpy(absmax.data(), bytes(a), absmax.size() * sizeof(float));
-          ZT_RETURN_IF_ERROR(BlockDequantize(
-              ctx, {.codes = Tensor(codes.data(), DType::kU8, {n}),
-                    .absmax = Tensor(absmax.data(), DType::kF32, {blocks}),
-                    .dst = Tensor(out->data(), DType::kF32, {n}),
-                    .block = block,
-                    .map = map}));
+          ZT_RETURN_IF_ERROR(
+              BlockDequantize(ctx, {.codes = Tensor(codes.data(), DType::kU8, {n}),
+                                    .absmax = Tensor(absmax.data(), DType::kF32, {blocks}),
+                                    .dst = Tensor(out->data(), DType::kF32, {n}),
+                                    .block = block,
+                                    .map = map}));
         }
         return absl::OkStatus();
       }
@@ -507,7 +507,8 @@ class QuantizedAdapterMoments {
     const int64_t n = t.end - t.begin;
     const auto at = [&](size_t k) {
       const TensorState::Slice& s = t.slices[k];
-      return static_cast<uint8_t*>(dst[s.buffer].raw()) + s.offset * DTypeSize(dst[s.buffer].dtype());
+      return static_cast<uint8_t*>(dst[s.buffer].raw()) +
+             s.offset * DTypeSize(dst[s.buffer].dtype());
     };
     if (t.kind == TensorState::Kind::kFp32Moments) {
       std::memcpy(at(0), m.data(), static_cast<size_t>(n) * sizeof(float));
@@ -557,8 +558,8 @@ absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
 }
 
 absl::Status ReadWholeAdaptersFromShares(const zerotrain::JobSpec& saved,
-                                         const std::function<std::string(int)>& rank_file,
-                                         int unit, float* out) {
+                                         const std::function<std::string(int)>& rank_file, int unit,
+                                         float* out) {
   const ModelLayout whole = BuildModelLayout(saved.model());
   if (unit < 0 || unit >= static_cast<int>(whole.units.size()) ||
       whole.units[unit].lora_numel == 0) {

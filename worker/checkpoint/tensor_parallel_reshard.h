@@ -47,7 +47,7 @@ absl::Status ReadWholeUnitFromShares(
 // export` reads from such a checkpoint. FailedPrecondition naming the file when a saved share
 // is missing or not f32; DataLoss when no saved rank holds the block.
 absl::Status ReadWholeAdaptersFromShares(const zerotrain::JobSpec& saved,
-                                         const std::function<std::string(int)>& rank_file,
-                                         int unit, float* out);
+                                         const std::function<std::string(int)>& rank_file, int unit,
+                                         float* out);
 
 }  // namespace zt

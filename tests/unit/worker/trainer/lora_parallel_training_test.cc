@@ -411,10 +411,10 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
 }
 
 // 8-bit AdamW's adapter states across layouts (QuantizedAdapterMoments): TP2 → one rank, one
-// rank → TP2, PP2 → one rank and TP2 × DP2 at ZeRO-1 → one rank, steps 6–10 against the uninterrupted run at the resuming
-// layout. A TP share's A or B is another tensor than the whole one, so every block is
-// dequantized and requantized on the new layout's blocks; blocks of 128 over adapters of
-// 256–768 elements (a row-parallel A's 128-element share keeps f32 moments under
+// rank → TP2, PP2 → one rank and TP2 × DP2 at ZeRO-1 → one rank, steps 6–10 against the
+// uninterrupted run at the resuming layout. A TP share's A or B is another tensor than the whole
+// one, so every block is dequantized and requantized on the new layout's blocks; blocks of 128 over
+// adapters of 256–768 elements (a row-parallel A's 128-element share keeps f32 moments under
 // min_quantized_numel 256, its whole A quantized ones: both kinds cross). The bound is
 // ResumeTest.ReshardsEightBitAdamWStatesWithinOneQuantizationStep's 1e-3 relative on the loss,
 // for the same reason: each layout quantizes its own blocks, so the runs differ by the
@@ -429,9 +429,9 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
     bool to_one_rank;
     int dp = 1;  // TP2 × DP2 at ZeRO-1: each share's states split by range too
   };
-  for (const Case& c : {Case{false, 2, 1, true}, Case{true, 2, 1, true}, Case{false, 2, 1, false},
-                        Case{true, 2, 1, false}, Case{false, 1, 2, true},
-                        Case{true, 2, 1, true, 2}}) {
+  for (const Case& c :
+       {Case{false, 2, 1, true}, Case{true, 2, 1, true}, Case{false, 2, 1, false},
+        Case{true, 2, 1, false}, Case{false, 1, 2, true}, Case{true, 2, 1, true, 2}}) {
     auto eight_bit = [](JobSpec job) {
       job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW_8BIT);
       job.mutable_optimizer()->set_min_quantized_numel(256);
@@ -439,15 +439,15 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
       return job;
     };
     // The global batch is the same on both sides: 4 micro-batches of dp sequences.
-    JobSpec split = eight_bit(
-        Job(c.llama, c.pp, c.dp, c.dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B));
+    JobSpec split =
+        eight_bit(Job(c.llama, c.pp, c.dp, c.dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B));
     split.mutable_parallel()->set_world_size(c.tp * c.pp * c.dp);
     split.mutable_parallel()->set_tensor_parallel(c.tp);
     const JobSpec one = eight_bit(Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B));
     JobSpec from = c.to_one_rank ? split : one, to = c.to_one_rank ? one : split;
-    const std::string what = absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? "" : "1 -> ",
-                                          "tp", c.tp, " pp", c.pp, " dp", c.dp,
-                                          c.to_one_rank ? " -> 1" : "");
+    const std::string what =
+        absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? "" : "1 -> ", "tp", c.tp, " pp",
+                     c.pp, " dp", c.dp, c.to_one_rank ? " -> 1" : "");
     const std::string dir =
         (dir_ / absl::StrCat("adam8-", c.llama, c.tp, c.pp, c.dp, c.to_one_rank)).string();
     from.mutable_checkpoint()->set_interval_steps(5);
@@ -471,7 +471,8 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
       ASSERT_EQ(r.adapters.size(), whole.ranks[0].adapters.size()) << what;
       for (size_t u = 0; u < r.adapters.size(); ++u) {
         for (size_t i = 0; i < r.adapters[u].size(); ++i) {
-          worst = std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
+          worst =
+              std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
         }
       }
       EXPECT_LT(worst, 3e-3) << what << ": adapters";
@@ -479,9 +480,10 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
   }
 }
 
-// `zt export` of a PP2, TP2, TP2 × PP2 or TP2 × DP2 (ZeRO-3) LoRA checkpoint: the PEFT adapters are each block's
-// from the stage that held it, its TP shares joined (ReadWholeAdaptersFromShares), bit for bit
-// what the run's `zt train --export` writes (FullAdapters, gathered from the live ranks);
+// `zt export` of a PP2, TP2, TP2 × PP2 or TP2 × DP2 (ZeRO-3) LoRA checkpoint: the PEFT
+// adapters are each block's from the stage that held it, its TP shares joined
+// (ReadWholeAdaptersFromShares), bit for bit what the run's `zt train --export` writes
+// (FullAdapters, gathered from the live ranks);
 // --merge-adapters joins the f32 base from the stages' shares. Against one rank's checkpoint
 // of the same 3 steps: every merged tensor within the adapters' reduction noise (1e-4,
 // ExpectSame's), the unadapted ones bit for bit.
