@@ -546,6 +546,15 @@ TEST_F(LoraParallelTrainingTest, ReplicatedKvHeadsAdaptersMatchOneRank) {
     ExpectSame(RunAll(job, 10), RunAll(one, 10),
                absl::StrCat("llama tp", c.tp, ", n_kv_head ", c.kv_heads));
   }
+  // bf16: the head's B gradient summed through the 16-bit KV all-reduce (the plan's
+  // comm.convert.tensor_kv, B's rows × r): the bf16 TP bounds of TensorParallelAdaptersMatchOneRank.
+  JobSpec one = Bf16(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+  one.mutable_model()->set_n_kv_head(1);
+  JobSpec job = one;
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_tensor_parallel(2);
+  ExpectSame(RunAll(job, 10), RunAll(one, 10), "llama bf16 tp2, n_kv_head 1",
+             {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
 }
 
 // Adafactor on adapter shares: a row-parallel site's A split by columns and a column-parallel
