@@ -562,7 +562,8 @@ TEST_F(LoraParallelTrainingTest, ReplicatedKvHeadsAdaptersMatchOneRank) {
 // weights do (LoraAdafactorSplits; a replicated KV head's rows counted once), so TP2 (GPT-2,
 // Llama) and TP4 with one KV head step one rank's logical matrices: the f32 bounds, where a
 // share's local statistics alone move C and mean(R) by the share factor. A TP2 checkpoint of
-// the share-shaped factored states resumes on TP2 bit for bit.
+// the share-shaped factored states resumes on TP2 bit for bit, and is refused by name on one
+// rank (the TP reshard places elementwise states only).
 TEST_F(LoraParallelTrainingTest, TensorParallelAdafactorMatchesOneRank) {
   auto adafactor = [](JobSpec job) {
     job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
@@ -608,6 +609,16 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdafactorMatchesOneRank) {
     }
     EXPECT_TRUE(resumed.ranks[r].adapters == whole.ranks[r].adapters) << "rank " << r;
   }
+  // At another TP degree the factored states are not resharded yet: refused, the buffer named.
+  JobSpec one = adafactor(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+  one.mutable_checkpoint()->set_dir(dir);
+  one.mutable_checkpoint()->set_interval_steps(5);
+  const Outcome elsewhere = RunAll(one, 10, dir);
+  EXPECT_EQ(elsewhere.status.code(), absl::StatusCode::kUnimplemented) << elsewhere.status;
+  EXPECT_NE(elsewhere.status.message().find(
+                "resuming at another tensor- or pipeline-parallel layout: buffer block.0.lora."),
+            std::string::npos)
+      << elsewhere.status;
 }
 
 // Sequence parallelism with adapters: the column-parallel sites read the gathered input (x
