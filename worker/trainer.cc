@@ -1563,20 +1563,11 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
   }
   timing->busy_s = busy_s;
   timing->span_s = std::chrono::duration<double>(Clock::now() - schedule_start).count();
-  if (comms_.tied && !m.layout().lora) {
-    // (A LoRA job's embedding and head are frozen: the copies have no gradient and stay equal.)
-    // The tied embedding's two copies (wte on the first stage, the head's copy on the last)
-    // get the sum of their gradients, as Megatron's embedding group all-reduce does.
-    const bool first = m.is_first_stage();
-    const UnitLayout& unit = first ? m.layout().units.front() : m.layout().units.back();
-    const ParamSpec& spec = *unit.Find(first ? "wte" : "lm_head.weight");
-    const Tensor& grads = first ? m.unit_grads().front() : m.unit_grads().back();
-    ZT_ASSIGN_OR_RETURN(CommHandle h,
-                        comms_.tied->AllReduce(grads.Slice(spec.offset, spec.offset + spec.numel),
-                                               ReduceOp::kSum, "tied embedding gradient"));
-    ZT_RETURN_IF_ERROR(h.Wait());
-  }
-  return engine_->ReduceStageGradients(ctx_);
+  // The tied embedding's two copies (wte on the first stage, the head's copy on the last) get
+  // the sum of their gradients in the reduction. (A LoRA job's embedding and head are frozen:
+  // the copies have no gradient and stay equal.)
+  return engine_->ReduceStageGradients(
+      ctx_, comms_.tied && !m.layout().lora ? comms_.tied.get() : nullptr);
 }
 
 absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {

@@ -546,11 +546,15 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       lines.push_back(
           absl::StrCat("parallel.pipeline_parallel: ", pp, " trains ", what, " so far"));
     };
-    if (parallel.zero_stage() >= 2 && std::max(parallel.micro_batches(),
-                                               spec.train().grad_accum_steps()) < 2) {
+    // At stage 3 with reshard_after_forward a stage reduce-scatters each micro-batch's
+    // gradients as they end (StageGradientsPerMicroBatch): one micro-batch is a schedule too.
+    if (parallel.zero_stage() >= 2 &&
+        !(parallel.zero_stage() == 3 && parallel.reshard_after_forward()) &&
+        std::max(parallel.micro_batches(), spec.train().grad_accum_steps()) < 2) {
       needs(absl::StrCat("at parallel.zero_stage ", parallel.zero_stage(),
                          " with parallel.micro_batches >= 2 (the stage accumulates into full "
-                         "gradient buffers, planned only when micro-batches accumulate)"));
+                         "gradient buffers, planned only when micro-batches accumulate; at "
+                         "stage 3 parallel.reshard_after_forward true reduces per micro-batch)"));
     }
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");
@@ -563,12 +567,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "without a quantized model.base_dtype streamed from model.init_from (the stream "
           "quantizes into the whole model's units, not a stage's); use the seeded base or "
           "pipeline_parallel 1");
-    }
-    if (UsesLora(spec.model()) && parallel.zero_stage() == 3 &&
-        parallel.reshard_after_forward()) {
-      needs(
-          "model.lora at parallel.zero_stage 3 with parallel.reshard_after_forward false (the "
-          "stages' per-use gathers are not wired to a frozen base's shards yet)");
     }
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).

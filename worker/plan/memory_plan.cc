@@ -310,6 +310,12 @@ bool GradientSlotsInEmbeddingGather(const zerotrain::JobSpec& job, const ModelLa
          layout.embedding().trainable_numel() > 0;
 }
 
+bool StageGradientsPerMicroBatch(const zerotrain::JobSpec& job) {
+  const auto& parallel = job.parallel();
+  return parallel.pipeline_parallel() > 1 && parallel.zero_stage() == 3 &&
+         parallel.reshard_after_forward();
+}
+
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
   return PlanMemory(job, ParallelLayout::ForJob(job, rank));
 }
@@ -320,7 +326,8 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   const auto& parallel = job.parallel();
   const ShardGeometry& geometry = place.shard();
   const int stage = parallel.zero_stage();
-  const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
+  const bool accumulate_full =
+      stage >= 2 && job.train().grad_accum_steps() > 1 && !StageGradientsPerMicroBatch(job);
   const DType param_dtype = StorageDType(precision.param_dtype());
   const DType grad_dtype = StorageDType(precision.grad_dtype());
   // The optimizer steps on the host from gradients copied down during the backward

@@ -127,6 +127,19 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
       gathered += uses * PaddedUnitNumel(u.numel, G);
     }
     bytes += (G - 1) * gathered / G * p;
+    if (job.parallel().reshard_after_forward()) {
+      // ... and reduces per use (StageGradientsPerMicroBatch): every micro-batch's gradients
+      // reduce-scattered, not the step's once; a tied wte's unit (the stage's embedding or its
+      // head) gathers its reduced gradient once to sum the wte's two copies.
+      bytes += (m - 1) * group_share * g;
+      if (job.model().tie_embeddings()) {
+        for (const UnitLayout& u : layout.units) {
+          const bool copy = u.kind == UnitKind::kEmbedding ||
+                            (u.kind == UnitKind::kHead && u.Find("lm_head.weight") != nullptr);
+          if (copy) bytes += (G - 1) * PaddedUnitNumel(u.numel, G) / G * g;
+        }
+      }
+    }
   } else {
     const int64_t passes = job.parallel().reshard_after_forward() ? 2 : 1;
     bytes += job.train().grad_accum_steps() * passes * group_share * p;

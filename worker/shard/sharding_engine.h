@@ -34,7 +34,10 @@
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
-// "grad_accum" buffer (the memory plan reserves it only when grad_accum_steps > 1).
+// "grad_accum" buffer (the memory plan reserves it only when grad_accum_steps > 1). A
+// pipeline stage at ZeRO-3 with reshard_after_forward is the exception (FSDP's rule): it
+// reduce-scatters each micro-batch's gradient of a unit as the unit's backward ends, from one
+// of two rotating full slots into the rank's shard, which accumulates.
 //
 // The tied embedding: the head's projection reads the embedding's weight and writes its
 // gradient, so at stage 3 the embedding stays gathered (in its own buffer) from its forward
@@ -60,7 +63,8 @@
 // flat quantized bytes ("<unit>.qbase", the rank's shard): gathered (as f32 words) beside the
 // block's parameters, into "qbase.gather.<k>" beside "gather.<k>" (or "<unit>.qbase.gathered"
 // beside "<unit>.gathered"), waited for and bound to the model (BindQuantizedBase) when the use
-// acquires the unit. They have no gradient and no optimizer range.
+// acquires the unit (on a pipeline stage: per use, or for the step in GatherStageUnits). They
+// have no gradient and no optimizer range.
 //
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
@@ -150,15 +154,19 @@ class ShardingEngine {
   // loss_accumulator()).
   absl::Status ForwardBackward(const DeviceContext& ctx, const Transformer::LossOptions& options,
                                bool last);
-  // A pipeline stage (model->pipelined(); at stages 2–3 with micro-batches that accumulate,
-  // at 3 with the units gathered whole for the step by BeginStep): the schedule ran the
-  // model's StageForward/StageBackward itself, accumulating into the full gradient buffers
-  // (".grads" at stages 0–1, ".grad_accum" at 2–3); this
-  // starts every unit's reduction and waits for them, as ForwardBackward does after a step's
-  // last micro-batch (a tensor-parallel stage's replicated KV heads summed over their ranks
-  // first). The last stage's copy of a tied embedding is left out of the norm statistics (the
-  // first stage counts wte; with tensor parallelism each TP rank its shard of it).
-  absl::Status ReduceStageGradients(const DeviceContext& ctx);
+  // A pipeline stage (model->pipelined(); at stage 2 with micro-batches that accumulate, at 3
+  // with them or with reshard_after_forward): the schedule ran the model's StageForward /
+  // StageBackward itself, accumulating into the full gradient buffers (".grads" at stages 0–1,
+  // ".grad_accum" at 2–3); this starts every unit's reduction and waits for them, as
+  // ForwardBackward does after a step's last micro-batch (a tensor-parallel stage's replicated
+  // KV heads summed over their ranks first). At stage 3 with reshard_after_forward the
+  // schedule reduced each micro-batch already (StageGradientsPerMicroBatch): this waits for
+  // those reduce-scatters. `tied`, on the first and the last stage of a model whose embedding
+  // is tied to its head (the two stages' communicator), sums the two copies' gradients first,
+  // as Megatron's embedding group all-reduce does. The last stage's copy of a tied embedding
+  // is left out of the norm statistics (the first stage counts wte; with tensor parallelism
+  // each TP rank its shard of it).
+  absl::Status ReduceStageGradients(const DeviceContext& ctx, Communicator* tied = nullptr);
   // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
   absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);
 
@@ -319,6 +327,15 @@ class ShardingEngine {
   std::vector<UnitUse> stage_uses_;
   std::vector<int> local_unit_;
   absl::StatusOr<Tensor> AcquireStageUnit(int whole_unit);
+  // Such a stage reduces per use too (StageGradientsPerMicroBatch): a unit's gradient of one
+  // micro-batch goes into a "grad.full" slot (GradTarget) and is reduce-scattered into the
+  // rank's shard as soon as its backward ends (StageGradientDone); the shards accumulate the
+  // step's micro-batches.
+  bool stage_grads_per_use_ = false;
+  absl::StatusOr<Tensor> StageGradient(const DeviceContext& ctx, int whole_unit);
+  absl::Status StageGradientDone(const DeviceContext& ctx, int whole_unit);
+  // After the schedule, the sum of a tied wte's two copies in the reduced shards.
+  absl::Status SumTiedStageGradient(const DeviceContext& ctx, Communicator* tied);
   std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)
   Tensor scalars_;                  // "comm.scalars"
   std::vector<FlatRange> ranges_;

@@ -269,16 +269,16 @@ TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
   EXPECT_THAT(CheckEngineSupport(spec).message(),
               HasSubstr("parallel.pipeline_parallel: 2 trains without a quantized "
                         "model.base_dtype streamed from model.init_from"));
-  // ZeRO-3 stages: the base gathered for the step trains; gathered per use, named.
-  spec.mutable_model()->set_base_dtype(ModelConfig::BASE_DTYPE_UNSPECIFIED);
+  // ZeRO-3 stages: the base gathered for the step or per use, fp32 or NF4 (seeded).
   spec.mutable_model()->clear_init_from();
   spec.mutable_parallel()->set_zero_stage(3);
-  spec.mutable_parallel()->set_reshard_after_forward(false);
-  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
-  spec.mutable_parallel()->set_reshard_after_forward(true);
-  EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.pipeline_parallel: 2 trains model.lora at parallel.zero_stage 3 "
-                        "with parallel.reshard_after_forward false"));
+  for (const auto base : {ModelConfig::BASE_DTYPE_UNSPECIFIED, ModelConfig::NF4}) {
+    spec.mutable_model()->set_base_dtype(base);
+    for (const bool reshard : {false, true}) {
+      spec.mutable_parallel()->set_reshard_after_forward(reshard);
+      EXPECT_TRUE(CheckEngineSupport(spec).ok()) << reshard << ": " << CheckEngineSupport(spec);
+    }
+  }
 }
 
 }  // namespace

@@ -188,9 +188,11 @@ TEST(PlannerLayoutTest, SequenceParallelAddsItsNormRegathersAndNormGradientSums)
 
 // A ZeRO-3 pipeline stage's gathers per step (ShardingEngine::BeginStagePass): each of its units
 // once with reshard_after_forward false, and with it m times in the forwards and m in the
-// backwards but the embedding's and the head's. PP2 × DP2 on 4 ranks (G = 2, f32): a gather of
-// a unit sends half its padded elements; everything else the candidate counts is the same at
-// both settings.
+// backwards but the embedding's and the head's; with it the stage also reduce-scatters every
+// micro-batch's gradients (m times a step, not once) and gathers the tied embedding's reduced
+// gradient once to sum its two copies. PP2 × DP2 on 4 ranks (G = 2, f32): a gather or a
+// reduce-scatter of a unit sends half its padded elements; everything else the candidate counts
+// is the same at both settings.
 TEST(PlannerLayoutTest, PipelineZeroThreeGathersFollowTheStagesUses) {
   int64_t comm[2] = {};
   zerotrain::JobSpec job;
@@ -211,6 +213,9 @@ TEST(PlannerLayoutTest, PipelineZeroThreeGathersFollowTheStagesUses) {
   for (const UnitLayout& u : stage.units) {
     const int64_t uses = 4 * (2 - (u.kind == UnitKind::kEmbedding) - (u.kind == UnitKind::kHead));
     extra += (uses - 1) * PaddedUnitNumel(u.numel, 2) / 2 * 4;
+    extra += (4 - 1) * PaddedUnitNumel(u.numel, 2) / 2 * 4;  // reduce-scatters
+    // Rank 0's stage holds the tied embedding: its gradient's all-gather.
+    if (u.kind == UnitKind::kEmbedding) extra += PaddedUnitNumel(u.numel, 2) / 2 * 4;
   }
   EXPECT_GT(extra, 0);
   EXPECT_EQ(comm[1] - comm[0], extra);

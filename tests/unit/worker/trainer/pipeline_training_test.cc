@@ -242,14 +242,7 @@ TEST_F(PipelineTrainingTest, EvaluationRunsForwardOnlyThroughTheStagesAndMatches
     Outcome got = Run(with_val(c.job), 10);
     if (c.job.parallel().zero_stage() == 3 && got.status.ok()) {
       // Each stage's two DP shards joined are its units (as in the ZeRO-3 case above).
-      for (int first : {0, 2}) {
-        for (size_t u = 0; u < got.ranks[first].params.size(); ++u) {
-          const std::vector<float>& second = got.ranks[first + 1].params[u];
-          got.ranks[first].params[u].insert(got.ranks[first].params[u].end(), second.begin(),
-                                            second.end());
-        }
-        got.ranks[first + 1].params = got.ranks[first].params;
-      }
+      testing::JoinDataParallelShards(got);
     }
     ExpectSameTraining(got, reference, c.what);
   }
