@@ -184,8 +184,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                             "optimizer statistics all-reduce (tensor-parallel)"));
       return h.Wait();
     };
-    shard_group->splits = AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
-                                          layout.coordinates().tensor, t->model_->held_units());
+    // A LoRA job steps its adapters: their shares' splits (LoraAdafactorSplits).
+    shard_group->splits =
+        t->model_->layout().lora
+            ? LoraAdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
+                                  layout.coordinates().tensor, t->model_->held_units())
+            : AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
+                              layout.coordinates().tensor, t->model_->held_units());
   }
   // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
   zerotrain::PrecisionConfig trained_precision = job.precision();
@@ -724,8 +729,22 @@ absl::Status Trainer::InitializeAdapters() {
   }
   model_->InitializeLora(job_.train().seed());
   if (!model.lora().init_from().empty()) {
-    ZT_RETURN_IF_ERROR(
-        ReadPeftAdapter(model, model_->layout(), model.lora().init_from(), model_->unit_lora()));
+    if (model_->tensor_parallel().size <= 1) {
+      return ReadPeftAdapter(model, model_->layout(), model.lora().init_from(),
+                             model_->unit_lora());
+    }
+    // A tensor-parallel rank reads the whole model's adapters and keeps its shares.
+    const ModelLayout whole = BuildModelLayout(model);
+    std::vector<std::vector<float>> adapters(whole.units.size());
+    std::vector<Tensor> buffers;
+    for (size_t u = 0; u < whole.units.size(); ++u) {
+      adapters[u].resize(static_cast<size_t>(whole.units[u].lora_numel));
+      buffers.push_back(adapters[u].empty()
+                            ? Tensor()
+                            : Tensor(adapters[u].data(), DType::kF32, {whole.units[u].lora_numel}));
+    }
+    ZT_RETURN_IF_ERROR(ReadPeftAdapter(model, whole, model.lora().init_from(), buffers));
+    model_->SetLoraFromWhole(adapters);
   }
   return absl::OkStatus();
 }

@@ -691,25 +691,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " with model.lora trains ",
                                      what, " so far"));
       };
-      if (spec.model().n_kv_head() < tp) {
-        needs(absl::StrCat("with model.n_kv_head (", spec.model().n_kv_head(),
-                           ") >= tensor_parallel (replicated KV heads' adapter rows are not "
-                           "summed yet)"));
-      }
-      if (spec.model().lora().dropout() > 0) {
-        needs("with model.lora.dropout 0 (a rank's masks would be drawn for its shares' indices)");
-      }
-      if (spec.parallel().sequence_parallel()) needs("without parallel.sequence_parallel");
       if (spec.model().base_dtype() == ModelConfig::NF4 ||
           spec.model().base_dtype() == ModelConfig::INT8) {
         needs("over an unquantized base (an NF4/INT8 base is not sliced along its blocks yet)");
-      }
-      if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
-        needs("with AdamW, SGD or 8-bit AdamW (Adafactor's factored statistics are not summed "
-              "over adapter shares yet)");
-      }
-      if (!spec.model().init_from().empty() || !spec.model().lora().init_from().empty()) {
-        needs("from its own seeded base and fresh adapters (no model.init_from / lora.init_from)");
       }
     }
   }

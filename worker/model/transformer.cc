@@ -694,13 +694,24 @@ absl::Status Transformer::ReduceReplicatedKvGrads(int i, const Tensor& grads) {
     // A LoRA block's `grads` are its adapters': a column-parallel site's A is replicated and
     // each rank's gradient of it is the partial dhᵀx of its own output rows (dh = Σ_k dy_k·B_k),
     // summed here over the group so every rank steps the same A.
+    // A replicated KV head's B rows (n_kv_head < tp) have, on each rank, the gradient of its own
+    // query heads' share of dK / dV only: summed over the ranks sharing the head, as the base's
+    // replicated KV rows are below.
     const int64_t size = DTypeSize(grads.dtype());
+    const auto flat = [&](const ParamSpec& p) {
+      return Tensor(static_cast<char*>(grads.raw()) + p.offset * size, grads.dtype(), {p.numel},
+                    grads.device());
+    };
     for (const LoraSite& site : layout_.block(i).lora) {
       if (IsRowParallelLoraSite(site)) continue;
-      const Tensor a(static_cast<char*>(grads.raw()) + site.a.offset * size, grads.dtype(),
-                     {site.a.numel}, grads.device());
       ZT_RETURN_IF_ERROR(tp_.all_reduce(
-          a, absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_A gradient all-reduce")));
+          flat(site.a),
+          absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_A gradient all-reduce")));
+      if (IsKvLoraSite(site) && config_.n_kv_head() < tp_.size) {
+        ZT_RETURN_IF_ERROR(tp_.kv_all_reduce(
+            flat(site.b),
+            absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_B kv all-reduce")));
+      }
     }
     return absl::OkStatus();
   }

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
 #include "kernels/int8_linear.h"
+#include "kernels/lora.h"
 #include "kernels/nf4.h"
 #include "kernels/tensor.h"
 #include "proto/job.pb.h"
@@ -122,6 +123,11 @@ class Transformer {
   // kaiming_uniform_(a=sqrt(5))), B zero, so a fresh adapter changes nothing. Deterministic in
   // `seed`, each matrix its own stream.
   void InitializeLora(uint64_t seed);
+  // Sets the held units' adapters from the one-rank model's: `whole[u]` is unit u's adapter
+  // buffer in BuildModelLayout's layout (f32, its lora_numel elements; units without adapters
+  // are not read). A tensor-parallel rank keeps its shares (LoraSliceOf), so a PEFT directory
+  // read whole starts every layout where one rank starts.
+  void SetLoraFromWhole(const std::vector<std::vector<float>>& whole);
   // The seed of the adapters' dropout masks for the next forward and its backward (the mask of
   // each adapter is a function of this seed, the block and the adapter); the step loop sets a
   // new one per micro-batch. Unused when model.lora.dropout is 0.
@@ -349,6 +355,10 @@ class Transformer {
   // sink (which nothing reads).
   Tensor NormGrad(const UnitLayout& unit, const Tensor& grads, const char* name) const;
   uint64_t LoraSiteSeed(int block, size_t site) const;
+  // LoraDropout's arguments for `site` of `block` applied to inp → out: the site's seed, and on
+  // a tensor-parallel rank's row-parallel site the rank's columns of the logical input.
+  LoraDropoutArgs LoraDropoutOf(int block, size_t site, const Tensor& inp,
+                                const Tensor& out) const;
   // Elements [begin, end) of matrix p's initial values (N(0, init_std), residual projections
   // scaled) to out[0, end − begin).
   void FillInitialMatrix(uint64_t seed, const UnitLayout& unit, const ParamSpec& p, int64_t begin,

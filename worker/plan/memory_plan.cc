@@ -239,7 +239,12 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
     if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().n_kv_head() < t) {
       const ModelLayout local = RankModelLayout(job, layout);
       for (const UnitLayout& u : local.units) {
-        if (!u.Find("attn.qkv.weight")) continue;
+        // LoRA: the frozen base has no gradient; a replicated KV head's k_proj / v_proj B
+        // gradient is what the head's ranks sum (Transformer::ReduceReplicatedKvGrads).
+        for (const LoraSite& site : u.lora) {
+          if (IsKvLoraSite(site)) sizes.tensor_kv = std::max(sizes.tensor_kv, site.b.numel);
+        }
+        if (local.lora || !u.Find("attn.qkv.weight")) continue;
         for (const auto& [begin, end] :
              ReplicatedKvRanges(job.model(), u, t, layout.coordinates().tensor)) {
           sizes.tensor_kv = std::max(sizes.tensor_kv, end - begin);

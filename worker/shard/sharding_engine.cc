@@ -230,7 +230,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     for (int u = 0; u < n_trainable && layout.lora; ++u) {
       // A LoRA model's trainable units are adapters: a site's replicated matrix (a
       // column-parallel site's A, summed over the group; a row-parallel site's B, computed
-      // alike on every rank) counts on TP rank 0, its split one on every rank.
+      // alike on every rank) counts on TP rank 0, a replicated KV head's B rows on the head's
+      // first rank, a split one on every rank (CountsLoraShareInNorm).
       const UnitLayout& adapters = e->trainable_layout_.units[u];
       const FlatRange norm = e->shards_[u].owned;
       const int64_t base = e->stage_ >= 2 ? norm.begin : 0;
@@ -243,8 +244,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
             if (p.name == s.hf_path + (a ? ".lora_A" : ".lora_B")) site = &s;
           }
         }
-        const bool replicated = site == nullptr || a != IsRowParallelLoraSite(*site);
-        if (replicated && e->tp_rank_ != 0) continue;
+        const bool counts = site == nullptr ? e->tp_rank_ == 0
+                                            : CountsLoraShareInNorm(job.model(), *site, a,
+                                                                    e->tp_size_, e->tp_rank_);
+        if (!counts) continue;
         const int64_t lo = std::max(p.offset, norm.begin),
                       hi = std::min(p.offset + p.numel, norm.end);
         if (lo < hi) counted.push_back(Flat(e->grads_[u], lo - base, hi - lo));

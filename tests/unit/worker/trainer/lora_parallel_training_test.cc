@@ -11,6 +11,7 @@
 // staged checkpoint is the whole model's adapters.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -20,9 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
+#include "tests/unit/worker/trainer/pattern_adapters.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
+#include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/comm/store.h"
@@ -426,7 +429,8 @@ TEST_F(LoraParallelTrainingTest, QloraNf4BaseOnTwoStagesMatchesOneRank) {
 }
 
 // A LoRA checkpoint written on PP2 (1F1B, and PP2 × DP2 at ZeRO-1) or TP2 (and TP2 × DP2 at
-// ZeRO-1) after 5 steps resumes at one rank, and one rank's at PP2 and TP2: steps 6–10 are the uninterrupted run's, and the adapters at the
+// ZeRO-1; TP4 with one KV head replicated on every rank) after 5 steps resumes at one rank, and
+// one rank's at PP2, TP2 and TP2 with a replicated KV head: steps 6–10 are the uninterrupted run's, and the adapters at the
 // end agree. The adapters, the seeded frozen base (with the head stage's copy of the tied wte
 // taken from the embedding) and the AdamW moments are copied or placed element by element,
 // exactly, so what differs is the other layout's reduction order: the f32 bounds (ExpectSame).
@@ -437,25 +441,38 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
     bool to_one_rank;
     bool tensor = false;  // TP2 instead of PP2 (the adapters joined from and split into shares)
     bool both = false;    // with `tensor`: TP2 × PP2
+    int tp = 2;           // with `tensor`
+    int kv_heads = 0;     // Llama's n_kv_head when set (below tp: replicated KV heads)
   };
   for (const Case& c : {Case{false, 1, true}, Case{true, 1, true}, Case{false, 1, false},
                         Case{true, 2, true}, Case{false, 1, true, true}, Case{true, 2, true, true},
-                        Case{true, 1, false, true}, Case{false, 1, true, true, true}}) {
+                        Case{true, 1, false, true}, Case{false, 1, true, true, true},
+                        Case{true, 1, true, true, false, 4, 1}, Case{true, 1, false, true, false, 2, 1}}) {
     // The global batch is the same on both sides: 4 micro-batches of dp sequences.
     JobSpec pp = Job(c.llama, c.tensor && !c.both ? 1 : 2, c.dp, c.dp > 1 ? 1 : 0, 1,
                      ParallelConfig::ONE_F_ONE_B);
     if (c.tensor) {
-      pp.mutable_parallel()->set_world_size((c.both ? 4 : 2) * c.dp);
-      pp.mutable_parallel()->set_tensor_parallel(2);
+      pp.mutable_parallel()->set_world_size((c.both ? 2 : 1) * c.tp * c.dp);
+      pp.mutable_parallel()->set_tensor_parallel(c.tp);
     }
-    const JobSpec one = Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B);
+    JobSpec one = Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B);
+    if (c.kv_heads > 0) {
+      pp.mutable_model()->set_n_kv_head(c.kv_heads);
+      one.mutable_model()->set_n_kv_head(c.kv_heads);
+    }
     JobSpec from = c.to_one_rank ? pp : one, to = c.to_one_rank ? one : pp;
-    const std::string staged = c.both ? "tp2 x pp2" : c.tensor ? "tp2" : "pp2";
+    const std::string staged =
+        c.both ? "tp2 x pp2"
+        : c.tensor
+            ? absl::StrCat("tp", c.tp, c.kv_heads > 0 ? absl::StrCat(" n_kv_head ", c.kv_heads) : "")
+            : "pp2";
     const std::string what =
         absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? staged : "one rank",
                      c.dp > 1 ? " x dp2" : "", " -> ", c.to_one_rank ? "one rank" : staged);
     const std::string dir =
-        (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor, c.both)).string();
+        (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor, c.both, c.tp,
+                             c.kv_heads))
+            .string();
     from.mutable_checkpoint()->set_interval_steps(5);
     from.mutable_checkpoint()->set_dir(dir);
     JobSpec straight = to;
@@ -679,6 +696,194 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdaptersMatchOneRank) {
     both.mutable_parallel()->set_tensor_parallel(2);
     ExpectSame(RunAll(both, 10), RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B), 10),
                absl::StrCat(llama ? "llama" : "gpt2", " tp2 x pp2"));
+  }
+}
+
+// Replicated KV heads (n_kv_head < t): each rank's k_proj / v_proj B is its one KV head's
+// rows, held alike by the t / n_kv_head ranks sharing the head; each of them computes the
+// gradient of its own query heads' share of dK / dV, summed over those ranks before the step
+// (Transformer::ReduceReplicatedKvGrads), and the norm counts the rows once per head
+// (CountsLoraShareInNorm). Llama at TP2 with one KV head and TP4 with two and one, against one
+// rank at the f32 bounds: an unsummed head's B moves at half (or a quarter) of its gradient,
+// a head counted twice in the norm moves it by far more than 2e-5.
+TEST_F(LoraParallelTrainingTest, ReplicatedKvHeadsAdaptersMatchOneRank) {
+  struct Case {
+    int tp, kv_heads;
+  };
+  for (const Case& c : {Case{2, 1}, Case{4, 2}, Case{4, 1}}) {
+    JobSpec one = Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+    one.mutable_model()->set_n_kv_head(c.kv_heads);
+    JobSpec job = one;
+    job.mutable_parallel()->set_world_size(c.tp);
+    job.mutable_parallel()->set_tensor_parallel(c.tp);
+    ExpectSame(RunAll(job, 10), RunAll(one, 10),
+               absl::StrCat("llama tp", c.tp, ", n_kv_head ", c.kv_heads));
+  }
+  // bf16: the head's B gradient summed through the 16-bit KV all-reduce (the plan's
+  // comm.convert.tensor_kv, B's rows × r): the bf16 TP bounds of TensorParallelAdaptersMatchOneRank.
+  JobSpec one = Bf16(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+  one.mutable_model()->set_n_kv_head(1);
+  JobSpec job = one;
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_tensor_parallel(2);
+  ExpectSame(RunAll(job, 10), RunAll(one, 10), "llama bf16 tp2, n_kv_head 1",
+             {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
+}
+
+// Adafactor on adapter shares: a row-parallel site's A split by columns and a column-parallel
+// site's B by rows have their factored statistics summed over the TP group as the base's split
+// weights do (LoraAdafactorSplits; a replicated KV head's rows counted once), so TP2 (GPT-2,
+// Llama) and TP4 with one KV head step one rank's logical matrices: the f32 bounds, where a
+// share's local statistics alone move C and mean(R) by the share factor. A TP2 checkpoint of
+// the share-shaped factored states resumes on TP2 bit for bit, and is refused by name on one
+// rank (the TP reshard places elementwise states only).
+TEST_F(LoraParallelTrainingTest, TensorParallelAdafactorMatchesOneRank) {
+  auto adafactor = [](JobSpec job) {
+    job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+    job.mutable_optimizer()->mutable_adafactor()->set_beta1(0.9f);
+    // The step is optimizer.lr, not lr · RMS(param): B starts at zero, where the parameter
+    // scale (eps2 = 1e-3) would leave the adapters nearly still over 10 steps; and Adafactor's
+    // RMS-normalised update at the small job's AdamW rate moves the loss less than the 0.05
+    // that ExpectSame asks of learning adapters.
+    job.mutable_optimizer()->mutable_adafactor()->set_scale_parameter(false);
+    job.mutable_optimizer()->set_lr(1e-2f);
+    return job;
+  };
+  struct Case {
+    bool llama;
+    int tp, kv_heads;
+  };
+  for (const Case& c : {Case{false, 2, 0}, Case{true, 2, 0}, Case{true, 4, 1}}) {
+    JobSpec one = adafactor(Job(c.llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+    if (c.kv_heads > 0) one.mutable_model()->set_n_kv_head(c.kv_heads);
+    JobSpec job = one;
+    job.mutable_parallel()->set_world_size(c.tp);
+    job.mutable_parallel()->set_tensor_parallel(c.tp);
+    ExpectSame(RunAll(job, 10), RunAll(one, 10),
+               absl::StrCat(c.llama ? "llama" : "gpt2", " adafactor tp", c.tp,
+                            c.kv_heads > 0 ? absl::StrCat(", n_kv_head ", c.kv_heads) : ""));
+  }
+  JobSpec tp2 = adafactor(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+  tp2.mutable_parallel()->set_world_size(2);
+  tp2.mutable_parallel()->set_tensor_parallel(2);
+  const Outcome whole = RunAll(tp2, 10);
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  const std::string dir = (dir_ / "adafactor-tp2").string();
+  JobSpec first = tp2;
+  first.mutable_checkpoint()->set_dir(dir);
+  first.mutable_checkpoint()->set_interval_steps(5);
+  ASSERT_TRUE(RunAll(first, 5).status.ok());
+  const Outcome resumed = RunAll(first, 10, dir);
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  for (size_t r = 0; r < resumed.ranks.size(); ++r) {
+    ASSERT_EQ(resumed.ranks[r].losses.size(), 5u);
+    for (int s = 0; s < 5; ++s) {
+      EXPECT_EQ(resumed.ranks[r].losses[s], whole.ranks[r].losses[5 + s]) << "rank " << r;
+    }
+    EXPECT_TRUE(resumed.ranks[r].adapters == whole.ranks[r].adapters) << "rank " << r;
+  }
+  // At another TP degree the factored states are not resharded yet: refused, the buffer named.
+  JobSpec one = adafactor(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+  one.mutable_checkpoint()->set_dir(dir);
+  one.mutable_checkpoint()->set_interval_steps(5);
+  const Outcome elsewhere = RunAll(one, 10, dir);
+  EXPECT_EQ(elsewhere.status.code(), absl::StatusCode::kUnimplemented) << elsewhere.status;
+  EXPECT_NE(elsewhere.status.message().find(
+                "resuming at another tensor- or pipeline-parallel layout: buffer block.0.lora."),
+            std::string::npos)
+      << elsewhere.status;
+}
+
+// Sequence parallelism with adapters: the column-parallel sites read the gathered input (x
+// whole, as without it), the row-parallel sites add h·Bᵀ on rank 0 into the partial product the
+// reduce-scatter sums, and the frozen norms' partial gradients are not summed into the adapter
+// gradients (ReduceSequenceParallelNormGrads skips a frozen unit). TP2 + SP, with dropout (a
+// column-parallel site's mask over the gathered rows is one rank's), against one rank at the
+// f32 bounds: a norm sum landing in the adapters' gradient moves them far outside.
+TEST_F(LoraParallelTrainingTest, SequenceParallelAdaptersMatchOneRank) {
+  for (const bool llama : {false, true}) {
+    for (const float dropout : {0.0f, 0.1f}) {
+      JobSpec one = Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+      one.mutable_model()->mutable_lora()->set_dropout(dropout);
+      JobSpec job = one;
+      job.mutable_parallel()->set_world_size(2);
+      job.mutable_parallel()->set_tensor_parallel(2);
+      job.mutable_parallel()->set_sequence_parallel(true);
+      ExpectSame(RunAll(job, 10), RunAll(one, 10),
+                 absl::StrCat(llama ? "llama" : "gpt2", " tp2 + sp", dropout > 0 ? " dropout" : ""));
+    }
+  }
+}
+
+// model.init_from and model.lora.init_from on TP ranks: the whole base (a Hugging Face file)
+// and the whole adapters (a PEFT directory) are read on every rank and each keeps its shares
+// (the base as any TP job's, the adapters by LoraSliceOf: Transformer::SetLoraFromWhole). The
+// base is another seed's and the adapters are not PEFT's init (B nonzero), so a rank that
+// ignored either, or kept another rank's share, starts elsewhere than one rank and parts from
+// it at once; against one rank from the same files at the f32 bounds. GPT-2 and Llama at TP2,
+// Llama with one KV head at TP2 (a replicated k_proj / v_proj B).
+TEST_F(LoraParallelTrainingTest, InitFromFilesStartTensorParallelRanksWhereOneRankStarts) {
+  struct Case {
+    bool llama;
+    int kv_heads;
+  };
+  for (const Case& c : {Case{false, 0}, Case{true, 0}, Case{true, 1}}) {
+    const std::string what =
+        absl::StrCat(c.llama ? "llama" : "gpt2", c.kv_heads > 0 ? " n_kv_head 1" : "", " tp2");
+    JobSpec one = Job(c.llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+    if (c.kv_heads > 0) one.mutable_model()->set_n_kv_head(c.kv_heads);
+    const JobSpec validated = ValidatedJob(one).value();
+    // The base: one rank's seeded init under another seed, exported as a Hugging Face file.
+    JobSpec other_seed = one;
+    other_seed.mutable_train()->set_seed(one.train().seed() + 17);
+    const Outcome source = RunAll(other_seed, 1);
+    ASSERT_TRUE(source.status.ok()) << what << ": " << source.status;
+    zerotrain::ModelConfig plain = validated.model();
+    plain.clear_lora();
+    const ModelLayout plain_layout = BuildModelLayout(plain);
+    std::vector<std::vector<float>> base(plain_layout.units.size());
+    std::vector<const float*> units;
+    for (size_t u = 0; u < plain_layout.units.size(); ++u) {
+      const std::vector<char>& bytes =
+          source.ranks[0].base_before.at(plain_layout.units[u].name + ".params");
+      base[u].resize(static_cast<size_t>(plain_layout.units[u].numel));
+      ASSERT_GE(bytes.size(), base[u].size() * sizeof(float)) << what;
+      std::memcpy(base[u].data(), bytes.data(), base[u].size() * sizeof(float));
+      units.push_back(base[u].data());
+    }
+    const std::string hf = (dir_ / absl::StrCat("base-", c.llama, c.kv_heads, ".safetensors")).string();
+    ASSERT_TRUE(ExportHuggingFace(hf, plain, plain_layout, units).ok()) << what;
+    // The adapters: a pattern, B included.
+    const std::string peft = (dir_ / absl::StrCat("peft-", c.llama, c.kv_heads)).string();
+    ASSERT_TRUE(testing::WritePatternPeftAdapter(validated.model(),
+                                                 BuildModelLayout(validated.model()), peft)
+                    .ok())
+        << what;
+    one.mutable_model()->set_init_from(hf);
+    one.mutable_model()->mutable_lora()->set_init_from(peft);
+    JobSpec tp = one;
+    tp.mutable_parallel()->set_world_size(2);
+    tp.mutable_parallel()->set_tensor_parallel(2);
+    ExpectSame(RunAll(tp, 10), RunAll(one, 10), what);
+  }
+}
+
+// With lora.dropout on TP2 each rank draws the masks of the logical elements it holds (a
+// row-parallel site's input columns by their place in the whole input, LoraDropoutOf), so
+// the group drops exactly what one rank drops: the f32 bounds hold, where masks drawn by share
+// index part the runs by far more (the pipeline dropout test's ≥ 5e-2).
+TEST_F(LoraParallelTrainingTest, TensorParallelDropoutMasksAreOneRanks) {
+  for (const bool llama : {false, true}) {
+    auto dropout = [](JobSpec job) {
+      job.mutable_model()->mutable_lora()->set_dropout(0.1f);
+      return job;
+    };
+    JobSpec job = dropout(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+    job.mutable_parallel()->set_world_size(2);
+    job.mutable_parallel()->set_tensor_parallel(2);
+    ExpectSame(RunAll(job, 10),
+               RunAll(dropout(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
+               absl::StrCat(llama ? "llama" : "gpt2", " tp2 dropout"));
   }
 }
 
