@@ -166,9 +166,11 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
 
 class DelayedUpdateTest : public OffloadRunTest {
  protected:
+  // `params`: offload.params (stage 3), whose host shards the host step must leave alone
+  // until the next backward has ended.
   JobSpec Delayed(int world, int stage, OptimizerConfig::Type type, PrecisionConfig::DType dtype,
-                  bool enabled = true) {
-    JobSpec job = Job(world, stage, type, dtype, OffloadConfig::CPU);
+                  bool enabled = true, OffloadConfig::Device params = OffloadConfig::NONE) {
+    JobSpec job = Job(world, stage, type, dtype, OffloadConfig::CPU, params);
     job.mutable_train()->set_max_steps(kSteps);
     job.mutable_offload()->mutable_delayed_update()->set_enabled(enabled);
     job.mutable_offload()->mutable_delayed_update()->set_after_steps(kAfterSteps);
@@ -181,20 +183,25 @@ class DelayedUpdateTest : public OffloadRunTest {
     return job;
   }
 
+  // Stopped at the checkpoint of step 4 and resumed, `job` equals its run that never stopped.
+  void ExpectResumesBitForBit(const JobSpec& job, const std::string& what);
+
   // `accum` micro-batches a step (the same 4 sequences a step in all): at ZeRO 2-3 the
   // gradients then accumulate whole and are reduced once, on the last.
   void ExpectTheStaleRecurrence(int world, int stage, OptimizerConfig::Type type,
-                                PrecisionConfig::DType dtype, int accum = 1) {
+                                PrecisionConfig::DType dtype, int accum = 1,
+                                OffloadConfig::Device params = OffloadConfig::NONE) {
     const std::string what =
         absl::StrCat(world, " ranks, ZeRO ", stage, ", ", OptimizerConfig::Type_Name(type), ", ",
-                     PrecisionConfig::DType_Name(dtype), ", ", accum, " micro-batches");
+                     PrecisionConfig::DType_Name(dtype), ", ", accum, " micro-batches, params ",
+                     OffloadConfig::Device_Name(params));
     const auto accumulating = [&](JobSpec job) {
       job.mutable_train()->set_micro_batch_size(4 / world / accum);
       job.mutable_train()->set_grad_accum_steps(accum);
       return job;
     };
     const SteppedRun delayed =
-        TrainByHand(accumulating(Delayed(world, stage, type, dtype)), false, false);
+        TrainByHand(accumulating(Delayed(world, stage, type, dtype, true, params)), false, false);
     const SteppedRun reference =
         TrainByHand(accumulating(Reference(world, stage, type, dtype)), true, false);
     ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
@@ -230,6 +237,20 @@ TEST_F(DelayedUpdateTest, EqualsTheReferenceWithGradientAccumulation) {
   }
 }
 
+// offload.params CPU: the gathers read the rank's host shards, which the host step must not
+// write while the next step's forward and backward gather them. It writes the second bank
+// ("<unit>.params.host") and the shards take it once the backward has ended: the stale
+// recurrence bit for bit, with 1 and 2 micro-batches (the first gathers of each pass upload
+// ahead, ShardingEngine::ReadFirstGathersAhead), fp32 and bf16 with 8-bit AdamW.
+TEST_F(DelayedUpdateTest, ParamsOnTheHostEqualTheStaleReference) {
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                           OffloadConfig::CPU);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 2,
+                           OffloadConfig::CPU);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, 1,
+                           OffloadConfig::CPU);
+}
+
 // Before the switch the delayed run is the serial offload run; after it, it is not (so a
 // delayed update silently off would fail here and the reference test above both).
 TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
@@ -255,9 +276,13 @@ TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
 // backward has ended, which a run that waited for host step t before step t+1 could never
 // reach; each such backward ended with host step t already started.
 TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
-  for (int stage = 1; stage <= 3; ++stage) {
+  // Stage 4 here: stage 3 with the parameter shards on the host (offload.params CPU).
+  for (int variant = 1; variant <= 4; ++variant) {
+    const int stage = std::min(variant, 3);
     const SteppedRun run = TrainByHand(
-        Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false, /*gate=*/true);
+        Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
+                variant == 4 ? OffloadConfig::CPU : OffloadConfig::NONE),
+        false, /*gate=*/true);
     ASSERT_TRUE(run.status.ok()) << run.status;
     // Held until the next backward has written its gradients and copied them down, each host
     // step still read its own step's (the other bank): the run is the reference's.
@@ -287,27 +312,41 @@ TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
 // by Step alone here (no save), against the reference with the drain at step 4 — and not
 // without it, so the drain is what the test sees.
 TEST_F(DelayedUpdateTest, ACheckpointStepDrainsAndTheNextStepComputesOnFreshParameters) {
-  JobSpec job = Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
-  job.mutable_checkpoint()->set_dir((dir_ / "unused").string());
-  job.mutable_checkpoint()->set_interval_steps(4);
-  const SteppedRun delayed = TrainByHand(job, false, false);
   const JobSpec reference_job = Reference(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
   const SteppedRun drained = TrainByHand(reference_job, true, false, /*drain_every=*/4);
   const SteppedRun undrained = TrainByHand(reference_job, true, false);
-  ASSERT_TRUE(delayed.status.ok()) << delayed.status;
   ASSERT_TRUE(drained.status.ok()) << drained.status;
   ASSERT_TRUE(undrained.status.ok()) << undrained.status;
-  EXPECT_EQ(delayed.losses, drained.losses);
-  EXPECT_EQ(delayed.weights, drained.weights);
-  EXPECT_NE(delayed.losses[4], undrained.losses[4]) << "step 5 computes on step 4's update";
-  // Steps 3, 4 (drained at once), 5, 6, 7 and 8 launched a host step.
-  EXPECT_EQ(delayed.delayed_host_steps, kSteps - kAfterSteps);
+  for (OffloadConfig::Device params : {OffloadConfig::NONE, OffloadConfig::CPU}) {
+    const std::string what = absl::StrCat("params ", OffloadConfig::Device_Name(params));
+    JobSpec job = Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params);
+    job.mutable_checkpoint()->set_dir((dir_ / "unused").string());
+    job.mutable_checkpoint()->set_interval_steps(4);
+    const SteppedRun delayed = TrainByHand(job, false, false);
+    ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
+    EXPECT_EQ(delayed.losses, drained.losses) << what;
+    EXPECT_EQ(delayed.weights, drained.weights) << what;
+    EXPECT_NE(delayed.losses[4], undrained.losses[4])
+        << what << ": step 5 computes on step 4's update";
+    // Steps 3, 4 (drained at once), 5, 6, 7 and 8 launched a host step.
+    EXPECT_EQ(delayed.delayed_host_steps, kSteps - kAfterSteps) << what;
+  }
 }
 
 // A checkpoint drains: the run stopped at it and resumed equals the run that never stopped,
 // bit for bit (both drain at step 4, so step 5 computes on fresh parameters in both).
 TEST_F(DelayedUpdateTest, ResumesFromACheckpointBitForBit) {
-  JobSpec job = Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16);
+  ExpectResumesBitForBit(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16), "ZeRO 2");
+}
+
+TEST_F(DelayedUpdateTest, ParamsOnTheHostResumeFromACheckpointBitForBit) {
+  ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, true,
+                                 OffloadConfig::CPU),
+                         "ZeRO 3, params CPU");
+}
+
+void DelayedUpdateTest::ExpectResumesBitForBit(const JobSpec& job, const std::string& what) {
+  SCOPED_TRACE(what);
   const auto with_dir = [&](const std::string& name) {
     JobSpec j = job;
     j.mutable_checkpoint()->set_dir((dir_ / name).string());
