@@ -635,7 +635,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
   }
   // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
-  // offload.optimizer CPU, ZeRO stages 1-3 (at 3 with offload.params NONE or CPU), AdamW,
+  // offload.optimizer CPU or NVME, ZeRO stages 1-3 (at 3 with offload.params NONE or CPU), AdamW,
   // 8-bit AdamW and Adafactor, fp32 and bf16:
   // its host step runs on a thread of its own beside the next step's compute, so nothing it
   // does may touch what that compute uses.
@@ -644,12 +644,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       lines.push_back(
           absl::StrCat("offload.delayed_update.enabled: true trains ", what, " so far"));
     };
-    if (offload.optimizer() == Offload::NVME) {
-      needs(
-          "with offload.optimizer CPU, not NVME (the NVMe step copies the gradients from the "
-          "device through the ring and commits a swap generation per step: beside the next "
-          "step's backward it would read gradients that backward overwrites)");
-    }
     // offload.params CPU trains: the host step writes "<unit>.params.host", a second bank
     // the gathers never read, and Finish copies it into the shards once the next backward
     // has ended (worker/optim/delayed_host_step.h).

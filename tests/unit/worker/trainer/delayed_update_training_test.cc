@@ -12,14 +12,17 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/unit/worker/trainer/offload_runs.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
+#include "tests/unit/worker/trainer/test_swap_store.h"
 
 namespace zt {
 namespace {
@@ -101,6 +104,12 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
   const int n = job.parallel().world_size();
   for (int r = 0; r < n; ++r) run.overlap.push_back(std::make_unique<Overlap>());
   InProcessStore store;
+  // offload.optimizer NVME: the node's one swap store, shared by the ranks.
+  absl::StatusOr<std::shared_ptr<offload::SwapStore>> swap = testing::OpenTestSwapStore(job);
+  if (!swap.ok()) {
+    run.status = swap.status();
+    return run;
+  }
   run.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
     Overlap& o = *run.overlap[r];
     // The reference's restore once the backward has ended (null: nothing to restore).
@@ -110,6 +119,7 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
     TrainOptions options;
     options.rank = r;
     options.store = &store;
+    options.swap_store = swap->get();
     options.on_backward_ended = [&](int64_t step) {
       if (restore != nullptr) Put(params, *restore);
       std::lock_guard<std::mutex> lock(o.mu);
@@ -168,9 +178,12 @@ class DelayedUpdateTest : public OffloadRunTest {
  protected:
   // `params`: offload.params (stage 3), whose host shards the host step must leave alone
   // until the next backward has ended.
+  // `optimizer`: offload.optimizer, CPU or NVME (the states streamed through the swap store on
+  // the delayed thread).
   JobSpec Delayed(int world, int stage, OptimizerConfig::Type type, PrecisionConfig::DType dtype,
-                  bool enabled = true, OffloadConfig::Device params = OffloadConfig::NONE) {
-    JobSpec job = Job(world, stage, type, dtype, OffloadConfig::CPU, params);
+                  bool enabled = true, OffloadConfig::Device params = OffloadConfig::NONE,
+                  OffloadConfig::Device optimizer = OffloadConfig::CPU) {
+    JobSpec job = Job(world, stage, type, dtype, optimizer, params);
     job.mutable_train()->set_max_steps(kSteps);
     job.mutable_offload()->mutable_delayed_update()->set_enabled(enabled);
     job.mutable_offload()->mutable_delayed_update()->set_after_steps(kAfterSteps);
@@ -190,18 +203,21 @@ class DelayedUpdateTest : public OffloadRunTest {
   // gradients then accumulate whole and are reduced once, on the last.
   void ExpectTheStaleRecurrence(int world, int stage, OptimizerConfig::Type type,
                                 PrecisionConfig::DType dtype, int accum = 1,
-                                OffloadConfig::Device params = OffloadConfig::NONE) {
+                                OffloadConfig::Device params = OffloadConfig::NONE,
+                                OffloadConfig::Device optimizer = OffloadConfig::CPU) {
     const std::string what =
         absl::StrCat(world, " ranks, ZeRO ", stage, ", ", OptimizerConfig::Type_Name(type), ", ",
                      PrecisionConfig::DType_Name(dtype), ", ", accum, " micro-batches, params ",
-                     OffloadConfig::Device_Name(params));
+                     OffloadConfig::Device_Name(params), ", optimizer ",
+                     OffloadConfig::Device_Name(optimizer));
     const auto accumulating = [&](JobSpec job) {
       job.mutable_train()->set_micro_batch_size(4 / world / accum);
       job.mutable_train()->set_grad_accum_steps(accum);
       return job;
     };
     const SteppedRun delayed =
-        TrainByHand(accumulating(Delayed(world, stage, type, dtype, true, params)), false, false);
+        TrainByHand(accumulating(Delayed(world, stage, type, dtype, true, params, optimizer)),
+                    false, false);
     const SteppedRun reference =
         TrainByHand(accumulating(Reference(world, stage, type, dtype)), true, false);
     ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
@@ -251,6 +267,24 @@ TEST_F(DelayedUpdateTest, ParamsOnTheHostEqualTheStaleReference) {
                            OffloadConfig::CPU);
 }
 
+// offload.optimizer NVME: the delayed thread takes its step's gradients from the drained bank
+// of host copies (the plan's two banks, as with CPU; the serial NVMe step stages them through
+// the ring instead) and streams each unit's master weights and states through the swap store,
+// committing the step's generation there. The stale recurrence bit for bit at ZeRO 1-3, with
+// 2 micro-batches, in bf16 with 8-bit AdamW, and at 3 with the parameter shards on the host.
+TEST_F(DelayedUpdateTest, NvmeOptimizerEqualsTheStaleReferenceAtEveryStage) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    ExpectTheStaleRecurrence(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                             OffloadConfig::NONE, OffloadConfig::NVME);
+  }
+  ExpectTheStaleRecurrence(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 2,
+                           OffloadConfig::NONE, OffloadConfig::NVME);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, 1,
+                           OffloadConfig::NONE, OffloadConfig::NVME);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                           OffloadConfig::CPU, OffloadConfig::NVME);
+}
+
 // Before the switch the delayed run is the serial offload run; after it, it is not (so a
 // delayed update silently off would fail here and the reference test above both).
 TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
@@ -276,12 +310,14 @@ TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
 // backward has ended, which a run that waited for host step t before step t+1 could never
 // reach; each such backward ended with host step t already started.
 TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
-  // Stage 4 here: stage 3 with the parameter shards on the host (offload.params CPU).
-  for (int variant = 1; variant <= 4; ++variant) {
-    const int stage = std::min(variant, 3);
+  // Variant 4: stage 3 with the parameter shards on the host (offload.params CPU); 5: stage 2
+  // with the optimizer on NVMe, whose delayed thread swaps the states meanwhile.
+  for (int variant = 1; variant <= 5; ++variant) {
+    const int stage = variant == 5 ? 2 : std::min(variant, 3);
     const SteppedRun run = TrainByHand(
         Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
-                variant == 4 ? OffloadConfig::CPU : OffloadConfig::NONE),
+                variant == 4 ? OffloadConfig::CPU : OffloadConfig::NONE,
+                variant == 5 ? OffloadConfig::NVME : OffloadConfig::CPU),
         false, /*gate=*/true);
     ASSERT_TRUE(run.status.ok()) << run.status;
     // Held until the next backward has written its gradients and copied them down, each host
@@ -317,9 +353,15 @@ TEST_F(DelayedUpdateTest, ACheckpointStepDrainsAndTheNextStepComputesOnFreshPara
   const SteppedRun undrained = TrainByHand(reference_job, true, false);
   ASSERT_TRUE(drained.status.ok()) << drained.status;
   ASSERT_TRUE(undrained.status.ok()) << undrained.status;
-  for (OffloadConfig::Device params : {OffloadConfig::NONE, OffloadConfig::CPU}) {
-    const std::string what = absl::StrCat("params ", OffloadConfig::Device_Name(params));
-    JobSpec job = Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params);
+  const std::vector<std::pair<OffloadConfig::Device, OffloadConfig::Device>> variants = {
+      {OffloadConfig::NONE, OffloadConfig::CPU},
+      {OffloadConfig::CPU, OffloadConfig::CPU},
+      {OffloadConfig::NONE, OffloadConfig::NVME}};
+  for (const auto& [params, optimizer] : variants) {
+    const std::string what = absl::StrCat("params ", OffloadConfig::Device_Name(params),
+                                          ", optimizer ", OffloadConfig::Device_Name(optimizer));
+    JobSpec job =
+        Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params, optimizer);
     job.mutable_checkpoint()->set_dir((dir_ / "unused").string());
     job.mutable_checkpoint()->set_interval_steps(4);
     const SteppedRun delayed = TrainByHand(job, false, false);
@@ -339,6 +381,17 @@ TEST_F(DelayedUpdateTest, ResumesFromACheckpointBitForBit) {
   ExpectResumesBitForBit(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16), "ZeRO 2");
 }
 
+// The checkpoint reads the states through the swap store once the drain has committed the
+// step's generation, and the resumed run writes them back as its first generation.
+TEST_F(DelayedUpdateTest, NvmeOptimizerResumesFromACheckpointBitForBit) {
+  ExpectResumesBitForBit(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16, true,
+                                 OffloadConfig::NONE, OffloadConfig::NVME),
+                         "ZeRO 2, optimizer NVME");
+  ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
+                                 OffloadConfig::CPU, OffloadConfig::NVME),
+                         "ZeRO 3, params CPU, optimizer NVME");
+}
+
 TEST_F(DelayedUpdateTest, ParamsOnTheHostResumeFromACheckpointBitForBit) {
   ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, true,
                                  OffloadConfig::CPU),
@@ -349,7 +402,9 @@ void DelayedUpdateTest::ExpectResumesBitForBit(const JobSpec& job, const std::st
   SCOPED_TRACE(what);
   const auto with_dir = [&](const std::string& name) {
     JobSpec j = job;
-    j.mutable_checkpoint()->set_dir((dir_ / name).string());
+    // One test may resume several jobs: each its own directories.
+    j.mutable_checkpoint()->set_dir(
+        (dir_ / absl::StrCat(name, "-", std::hash<std::string>{}(what))).string());
     j.mutable_checkpoint()->set_interval_steps(4);
     return j;
   };
