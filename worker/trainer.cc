@@ -347,10 +347,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   }
   if (job.offload().delayed_update().enabled()) {
     // CheckEngineSupport refuses the rest; an engine reached another way says why too.
-    if (!t->host_optimizer_ || !t->grad_downloads_) {
+    if ((!t->host_optimizer_ && !t->nvme_optimizer_) || !t->grad_downloads_) {
       return absl::UnimplementedError(
-          "offload.delayed_update trains with offload.optimizer CPU only (its host step reads "
-          "the gradients copied down during the backward)");
+          "offload.delayed_update trains with offload.optimizer CPU or NVME at ZeRO 1-3 only "
+          "(its host step reads the gradients copied down during the backward)");
     }
     if (LossScalingEnabled(job.precision()) || shard_group.has_value() ||
         t->model_->layout().lora) {
@@ -363,8 +363,25 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       ZT_ASSIGN_OR_RETURN(Tensor p, t->arenas_->Get(u.name + ".params.host"));
       params_host.push_back(p);
     }
+    DelayedHostStep::Args delayed{.gradients = t->grad_downloads_.get()};
+    if (t->host_optimizer_) {
+      delayed.host = &*t->host_optimizer_;
+    } else {
+      // ZeRO-Infinity's optimizer: the delayed thread streams each unit's states through the
+      // swap store and commits the step's generation (NvmeOptimizer::StepOnHost).
+      NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();
+      delayed.optimizer = &nvme_opt->optimizer();
+      delayed.step_on_host = [nvme_opt](const DeviceContext& ctx,
+                                        const std::vector<Tensor>& params,
+                                        const std::vector<Tensor>& grads, float lr,
+                                        float grad_scale, uint64_t seed) {
+        return nvme_opt->StepOnHost(ctx, params, grads, lr, grad_scale, seed);
+      };
+    }
     ZT_ASSIGN_OR_RETURN(t->delayed_,
-                        DelayedHostStep::Create({.host = &*t->host_optimizer_,
+                        DelayedHostStep::Create({.host = delayed.host,
+                                                 .optimizer = delayed.optimizer,
+                                                 .step_on_host = std::move(delayed.step_on_host),
                                                  .gradients = t->grad_downloads_.get(),
                                                  .copies = &t->device_->copies(),
                                                  .params_host = std::move(params_host),
@@ -377,7 +394,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     Trainer* self = t.get();
     // The first unit's states are read while the step's reductions finish.
     t->engine_->SetBackwardEnded([nvme_opt, downloads, self] {
-      if (nvme_opt != nullptr) nvme_opt->ReadFirstUnitAhead();
+      // Not while a delayed host step streams the states on its thread: the ring and the
+      // store's generation are its own until it is finished.
+      if (nvme_opt != nullptr && (self->delayed_ == nullptr || !self->delayed_->pending())) {
+        nvme_opt->ReadFirstUnitAhead();
+      }
       if (downloads != nullptr) downloads->BackwardEnded();
       if (self->options_.on_backward_ended) self->options_.on_backward_ended(self->step_ + 1);
     });

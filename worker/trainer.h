@@ -209,6 +209,8 @@ class Trainer {
   absl::StatusOr<const void*> BufferBytes(const BufferSpec& b);
   // offload.optimizer NVME: the rank's swap step (its stats, its store); null otherwise.
   const NvmeOptimizer* nvme_optimizer() const { return nvme_optimizer_.get(); }
+  // The rank's sharding engine (its counters, for tests); null before Create finished.
+  const ShardingEngine* sharding_engine() const { return engine_.get(); }
   const GradientDownloads* gradient_downloads() const { return grad_downloads_.get(); }
   Transformer& model() { return *model_; }
   // The whole model's weights in fp32, one vector per unit, on every rank: the master

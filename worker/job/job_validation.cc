@@ -633,7 +633,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
   }
   // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
-  // offload.optimizer CPU, ZeRO stages 1-3, AdamW, 8-bit AdamW and Adafactor, fp32 and bf16:
+  // offload.optimizer CPU or NVME, ZeRO stages 1-3 (at 3 with offload.params NONE or CPU), AdamW,
+  // 8-bit AdamW and Adafactor, fp32 and bf16:
   // its host step runs on a thread of its own beside the next step's compute, so nothing it
   // does may touch what that compute uses.
   if (offload.delayed_update().enabled()) {
@@ -641,15 +642,13 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       lines.push_back(
           absl::StrCat("offload.delayed_update.enabled: true trains ", what, " so far"));
     };
-    if (offload.optimizer() == Offload::NVME) {
+    // offload.params CPU trains: the host step writes "<unit>.params.host", a second bank
+    // the gathers never read, and Finish copies it into the shards once the next backward
+    // has ended (worker/optim/delayed_host_step.h).
+    if (offload.params() == Offload::NVME) {
       needs(
-          "with offload.optimizer CPU, not NVME (the NVMe step copies the gradients from the "
-          "device through the ring and commits a swap generation per step: beside the next "
-          "step's backward it would read gradients that backward overwrites)");
-    }
-    if (offload.params() != Offload::NONE) {
-      needs(absl::StrCat("without offload.params (", Offload::Device_Name(offload.params()),
-                         ": the host step updates the shards the next step's gathers read)"));
+          "without offload.params NVME (the NVMe step updates the swapped shards the next "
+          "step's gathers read, in the generation it commits)");
     }
     using P = zerotrain::PrecisionConfig;
     if (precision.param_dtype() == P::FP16 || precision.compute_dtype() == P::FP16 ||

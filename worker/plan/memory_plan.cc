@@ -335,7 +335,12 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // a time at the step instead: host memory is what ZeRO-Infinity spends to fit, and a pinned
   // copy of every unit's shard would cost grad_dtype × P / N of it (6 GB for a 3 B model at one
   // rank) to hide a copy its swap traffic dwarfs.
-  const bool host_step = stage >= 1 && job.offload().optimizer() == zerotrain::OffloadConfig::CPU;
+  // The delayed update's host step runs beside the next backward, so it cannot stage that
+  // backward's gradients through the ring: with it, NVME keeps the host copies (two banks) too.
+  const bool host_step =
+      stage >= 1 && (job.offload().optimizer() == zerotrain::OffloadConfig::CPU ||
+                     (job.offload().optimizer() == zerotrain::OffloadConfig::NVME &&
+                      job.offload().delayed_update().enabled()));
   const bool delayed_update = host_step && job.offload().delayed_update().enabled();
   MemoryPlan plan;
   auto add = [&](std::string name, MemoryCategory category, DType dtype, int64_t numel) {

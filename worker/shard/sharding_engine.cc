@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <future>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -120,6 +121,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->param_shards_.push_back(ShardOf(layout.units[u].numel, g));
     e->trainable_index_.push_back(-1);
   }
+  e->uploaded_ahead_.assign(n_units, nullptr);
   const char* param_suffix = layout.lora ? "" : ".params";
   const char* grad_suffix = layout.lora ? "_grads" : ".grads";
   const char* accum_suffix = layout.lora ? "_grad_accum" : ".grad_accum";
@@ -459,6 +461,17 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
     param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
     return absl::OkStatus();
   };
+  if (params_on_host_) {
+    ZT_RETURN_IF_ERROR(AwaitUploadsAhead());
+    if (uploaded_ahead_[u] == slot.raw()) {
+      // Its shard went up at the step's start or between micro-batches; the shard is final
+      // until the pass ends, which drops the mark.
+      uploaded_ahead_[u] = nullptr;
+      ++param_uploads_ahead_;
+      return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);
+    }
+    ++param_uploads_at_gather_;
+  }
   if (params_swapped_) {
     if (!swapped_.with_shard) {
       return absl::FailedPreconditionError(
@@ -478,9 +491,68 @@ void ShardingEngine::SetSwappedParams(SwappedShards shards) {
 }
 
 void ShardingEngine::ReadFirstGathersAhead() {
-  if (stage_ != 3 || prefetch_ == nullptr || !swapped_.read_ahead || model_->pipelined()) return;
+  if (stage_ != 3 || prefetch_ == nullptr || model_->pipelined()) return;
   const int last = std::min(prefetch_->prefetch(), static_cast<int>(params_.size()) - 1);
-  for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
+  if (swapped_.read_ahead) {
+    for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
+    return;
+  }
+  if (!params_on_host_ || copies_ == nullptr) return;
+  // Every pass ends by waiting for the uploads (EndPass), so some still pending means no pass
+  // ran since they started, nor any optimizer step: they still stand for the next pass, whose
+  // first gather waits for them and reports their error.
+  if (uploads_ahead_.valid()) return;
+  std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+  std::vector<int> units;
+  for (int u = 0; u <= last; ++u) units.push_back(u);
+  const std::vector<Tensor> buffers = prefetch_->FirstGatherBuffers(units);
+  struct Copy {
+    void* device;
+    const void* host;
+    int64_t bytes;
+  };
+  std::vector<Copy> copies;
+  for (int u = 0; u <= last; ++u) {
+    if (buffers[u].empty()) continue;
+    const UnitShard& s = param_shards_[u];
+    const Tensor slot = Flat(buffers[u], s.offset, s.shard_numel);
+    copies.push_back({slot.raw(), params_[u].raw(), slot.size_bytes()});
+    uploaded_ahead_[u] = slot.raw();
+  }
+  if (copies.empty()) return;
+  // The mark on the compute thread: the uploads come after whatever was issued before (the
+  // previous pass's reads of these buffers).
+  absl::StatusOr<DeviceCopyEngine::IssueMark> mark = copies_->MarkIssue();
+  if (!mark.ok()) {
+    std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+    return;
+  }
+  uploads_ahead_ = std::async(std::launch::async, [engine = copies_, mark = *std::move(mark),
+                                                   copies = std::move(copies)] {
+    UploadsAhead done;
+    const auto start = Clock::now();
+    for (const Copy& c : copies) {
+      done.status = engine->CopyToDevice(mark, c.device, c.host, c.bytes);
+      if (!done.status.ok()) break;
+      done.bytes += c.bytes;
+    }
+    done.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return done;
+  });
+}
+
+absl::Status ShardingEngine::AwaitUploadsAhead() {
+  if (!uploads_ahead_.valid()) return absl::OkStatus();
+  const UploadsAhead done = uploads_ahead_.get();
+  param_upload_bytes_ += done.bytes;
+  param_upload_s_ += done.seconds;
+  if (!done.status.ok()) {
+    std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+    return absl::Status(done.status.code(),
+                        absl::StrCat("sharding engine: uploading the first gathers' host shards "
+                                     "ahead: ", done.status.message()));
+  }
+  return absl::OkStatus();
 }
 
 std::string ShardingEngine::Label(int t, const char* what) const {
@@ -797,6 +869,11 @@ absl::Status ShardingEngine::EndPass() {
     if (s.ok()) s = waited;
   }
   if (swapped_.drop_read_ahead) swapped_.drop_read_ahead();
+  // Uploads ahead that no gather of this pass took stand for nothing after it: the optimizer
+  // may change the shards before the next pass.
+  absl::Status uploads = AwaitUploadsAhead();
+  if (s.ok()) s = uploads;
+  std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
   return s;
 }
 

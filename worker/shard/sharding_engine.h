@@ -31,6 +31,13 @@
 // then waits for it (or reads it itself when the ring had no buffer free), uploads it into its
 // slot and all-gathers in place as above. param_views() then have the shards' dtype and size
 // and no memory.
+// The gathers a pass issues together at its start (units 0 … prefetch_units, at its first
+// Acquire) would find no use before them to hide behind: with offload.params CPU their host
+// shards go up ahead instead, at the step's start and between micro-batches
+// (ReadFirstGathersAhead), on an upload thread of their own, into the slots the coordinator
+// will hand those gathers (PrefetchCoordinator::FirstGatherBuffers); the gather then waits for
+// that upload rather than copying. On a CPU rank the copy is a memcpy, so without this it ran
+// on the compute thread.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
@@ -75,6 +82,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -250,7 +258,9 @@ class ShardingEngine {
   // issues at once at its start (the forward's uses 0 … prefetch_units: units 0 … k), which
   // PrefetchCoordinator's rule 4 does not announce; the pass's first Acquire then finds them
   // read. Called where the shards are final until that pass: at BeginStep (after the previous
-  // step's commit) and between a step's micro-batches. Nothing without swapped shards.
+  // step's commit) and between a step's micro-batches. With host shards (offload.params CPU)
+  // it starts their uploads instead, into the slots those gathers will take. Nothing at other
+  // stages, on a pipeline stage, or with the shards on the device.
   void ReadFirstGathersAhead();
   // Called once the backward of a step's last micro-batch has ended, before the step waits for
   // its gradient reductions: the NVMe optimizer queues its first unit's reads there, so they
@@ -266,6 +276,10 @@ class ShardingEngine {
   // Parameter bytes copied host → device before gathers so far, and the seconds it took.
   int64_t param_upload_bytes() const { return param_upload_bytes_; }
   double param_upload_seconds() const { return param_upload_s_; }
+  // offload.params CPU: host-shard uploads a gather found already made by
+  // ReadFirstGathersAhead, and those it made itself when it was issued.
+  int64_t param_uploads_ahead() const { return param_uploads_ahead_; }
+  int64_t param_uploads_at_gather() const { return param_uploads_at_gather_; }
 
  private:
   ShardingEngine() = default;
@@ -360,6 +374,12 @@ class ShardingEngine {
   DeviceCopyEngine* copies_ = nullptr;
   int64_t param_upload_bytes_ = 0;
   double param_upload_s_ = 0;
+  int64_t param_uploads_ahead_ = 0;
+  int64_t param_uploads_at_gather_ = 0;
+  // Waits for the uploads ReadFirstGathersAhead started (if any) and adds their bytes and
+  // seconds; their error. Every gather calls it first: no all-gather may write a buffer the
+  // upload thread is still copying into.
+  absl::Status AwaitUploadsAhead();
   // The gather of model unit u's shard into `full`, from wherever the plan keeps the shard.
   absl::StatusOr<CommHandle> GatherUnit(int u, const Tensor& full);
   // Stage 3 with a quantized base, per model unit: its "<unit>.qbase" shard (empty without
@@ -376,6 +396,17 @@ class ShardingEngine {
   int use_ = 0;  // the current pass's next use
   std::unique_ptr<UnitRegistry> registry_;
   std::unique_ptr<PrefetchCoordinator> prefetch_;
+  // offload.params CPU, the uploads ahead of a pass's first gathers: per model unit, the
+  // device address its shard was put at (null: none), valid until that pass ends; and the
+  // upload thread's outcome (bytes, seconds), pending until AwaitUploadsAhead. Last, so the
+  // destructor waits for the thread before the members it reads go.
+  struct UploadsAhead {
+    absl::Status status;
+    int64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::vector<const void*> uploaded_ahead_;
+  std::future<UploadsAhead> uploads_ahead_;
 };
 
 }  // namespace zt
