@@ -52,6 +52,31 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
+// Per chunk of `m`'s stage, the plan's "comm.pipeline.grad_send.<c>" for a chunk that sends
+// gradients back (it does not hold the embedding), checked against what it copies: one slot per
+// micro-batch in flight, each the residual gradient's size and dtype. Empty for the chunk
+// holding the embedding. A plan without it, or of another size, is an error: the sends would
+// otherwise reach past the buffer or live outside the plan.
+absl::StatusOr<std::vector<Tensor>> PipelineGradSendsFromPlan(Transformer& m,
+                                                              const Arenas& arenas) {
+  std::vector<Tensor> sends(m.chunks());
+  for (int c = 0; c < m.chunks(); ++c) {
+    ZT_RETURN_IF_ERROR(m.SelectMicroBatch(c, 0));
+    if (m.chunk_is_first()) continue;
+    const std::string name = PipelineGradSendBuffer(c);
+    ZT_ASSIGN_OR_RETURN(sends[c], arenas.Get(name));
+    const Tensor& g = m.residual_grad();
+    if (sends[c].dtype() != g.dtype() || sends[c].ndim() != 2 ||
+        sends[c].dim(0) != m.in_flight(c) || sends[c].dim(1) != g.numel()) {
+      return absl::InternalError(absl::StrCat(
+          "memory plan: \"", name, "\" is ", sends[c].DebugString(), ", the pipeline chunk sends ",
+          m.in_flight(c), " micro-batches in flight of its residual gradient ", g.DebugString()));
+    }
+  }
+  ZT_RETURN_IF_ERROR(m.SelectMicroBatch(0, 0));
+  return sends;
+}
+
 }  // namespace
 
 bool LossScalingEnabled(const zerotrain::PrecisionConfig& precision) {
@@ -144,10 +169,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     // over stages), and the gradients in flight to the previous stage (one per micro-batch
     // slot: the model's gradient scratch is reused by the next backward while they go).
     t->pipeline_scalars_.resize(int64_t{ShardingEngine::kScalarSlots} * world);
-    t->pipeline_grad_sends_.resize(t->model_->chunks());
-    for (int c = 0; c < t->model_->chunks(); ++c) {
-      t->pipeline_grad_sends_[c].resize(t->model_->in_flight(c));
-    }
+    ZT_ASSIGN_OR_RETURN(t->pipeline_grad_sends_, PipelineGradSendsFromPlan(*t->model_, *t->arenas_));
   }
   Store* store = options.store;
   if (store == nullptr) {
@@ -1564,12 +1586,12 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
       busy_s += std::chrono::duration<double>(Clock::now() - compute_start).count();
       if (!first) {
         ZT_RETURN_IF_ERROR(wait(gradient_sends[c][slot]));
-        std::vector<std::byte>& buffer = pipeline_grad_sends_[c][slot];
-        const Tensor g = m.residual_grad();  // in the compute dtype, as the activations are
-        const auto* bytes = static_cast<const std::byte*>(g.raw());
-        buffer.assign(bytes, bytes + g.size_bytes());
-        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.gradients_out->Send(
-                                              Tensor(buffer.data(), g.dtype(), {g.numel()}), 0, label));
+        // The slot's planned copy (in the compute dtype, as the activations are): the next
+        // backward overwrites the residual gradient while this send goes.
+        const Tensor buffer = pipeline_grad_sends_[c].Slice(slot, slot + 1).Reshape(
+            {m.residual_grad().numel()});
+        ZT_RETURN_IF_ERROR(Cast(ctx_, m.residual_grad(), buffer));
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.gradients_out->Send(buffer, 0, label));
         gradient_sends[c][slot] = h;
       }
     }

@@ -510,7 +510,26 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     }
     plan.buffers.push_back(b);
   }
+  // A pipeline chunk after the model's first sends dL/d(its input) back from grad.residual,
+  // which the next backward overwrites while the send may still be going: each micro-batch
+  // slot it keeps in flight sends from a copy of its own (Trainer::RunPipelineSchedule), the
+  // residual gradient's size and dtype. Communication buffers, taken from the arena.
+  const auto residual_grad =
+      std::find_if(plan.buffers.begin(), plan.buffers.end(),
+                   [](const BufferSpec& b) { return b.name == "grad.residual"; });
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (chunks[c].first == 0 || residual_grad == plan.buffers.end()) continue;
+    const BufferSpec send{.name = PipelineGradSendBuffer(static_cast<int>(c)),
+                          .category = MemoryCategory::kCommunication,
+                          .dtype = residual_grad->dtype,
+                          .shape = {chunks[c].in_flight, residual_grad->numel()}};
+    plan.buffers.push_back(send);
+  }
   return plan;
+}
+
+std::string PipelineGradSendBuffer(int chunk) {
+  return absl::StrCat("comm.pipeline.grad_send.", chunk);
 }
 
 MemoryPlan PlanInference(const zerotrain::JobSpec& job, const DeviceContext& ctx, int64_t batch,

@@ -156,6 +156,13 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      forward to its backward
 //   "comm.scalars"     6·N·tp f32: each rank's loss, gradient norm and overflow flag, gathered
 //                      once per step
+//   "comm.pipeline.grad_send.<c>"  a pipeline rank's chunk c (PipelineChunksOf order) that
+//                      does not hold the embedding: [in_flight, numel of "grad.residual"] in
+//                      its dtype, one copy per micro-batch slot of the gradient it sends back
+//                      to the previous stage (the send outlives the next backward, which
+//                      overwrites "grad.residual"). Activations go out of and come into the
+//                      planned "residual.<i>" slots and gradients into "grad.residual": no
+//                      other pipeline send or receive buffer exists
 //   "checkpoint.staging"  checkpoint.async (pinned_host): the checkpointed buffers, each
 //                      aligned, copied at a save point and written in the background
 //   "optimizer.reduce_scratch"  sharded or tensor-parallel Adafactor (ShardedAdafactor,
@@ -175,6 +182,8 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      the rank's reduced gradient shard copied down during the backward
 //                      (worker/optim/gradient_downloads.h); the host step reads it there
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& layout);
+// The name of chunk `chunk`'s "comm.pipeline.grad_send.<c>" (above).
+std::string PipelineGradSendBuffer(int chunk);
 
 // ZeRO-3 with reshard_after_forward, a tied embedding that trains and one micro-batch a step:
 // the gathered embedding is read last by the head's loss, at the top of the backward, and the

@@ -175,18 +175,36 @@ ModelParallelCost ModelParallelCostOf(const zerotrain::JobSpec& job) {
   const int64_t t = std::max(1, parallel.tensor_parallel());
   const int64_t p = std::max(1, parallel.pipeline_parallel());
   const int64_t A = job.train().grad_accum_steps();
-  const int64_t activation = int64_t{job.train().micro_batch_size()} * job.data().seq_len() *
-                             job.model().d_model() * ElementBytes(job.precision().compute_dtype());
+  const int64_t elements =
+      int64_t{job.train().micro_batch_size()} * job.data().seq_len() * job.model().d_model();
+  const int64_t compute = ElementBytes(job.precision().compute_dtype());
+  const int64_t activation = elements * compute;
+  // What a reduction sends per element of 16-bit data is the communicator's width, not the
+  // data's: Gloo (CPU ranks) widens 16-bit data to f32 and reduces in f32 (4 bytes an element,
+  // GlooCommunicator::AllReduce / ReduceScatter), NCCL (CUDA ranks) reduces in the dtype. An
+  // all-gather moves the data's own bytes on both.
+  const bool native_16bit = job.resources().device() == zerotrain::ResourceConfig::CUDA;
+  const int64_t reduced = native_16bit ? compute : 4;
+  const int64_t reduced_grad = native_16bit ? ElementBytes(job.precision().grad_dtype()) : 4;
   ModelParallelCost cost;
   if (t > 1) {
     const int64_t blocks = (job.model().n_layer() + p - 1) / p;
-    cost.comm_bytes += A * blocks * 4 * 2 * (t - 1) * activation / t;
-    if (parallel.sequence_parallel()) {
-      // The backward gathers each of a block's two norm outputs again (they are kept as
+    // Four all-reduces a block and micro-batch (attention's and the MLP's, forward and
+    // backward), and the vocabulary-parallel ends' one each: the embedding's forward sum and
+    // the head's input gradient in the backward, both on one stage without a pipeline and one
+    // of them on the largest stage's rank at most with one (the first stage or the last).
+    const int64_t reductions = A * (blocks * 4 + (p == 1 ? 2 : 1));
+    if (!parallel.sequence_parallel()) {
+      // Ring all-reduces, 2 (t − 1)/t of the activations each.
+      cost.comm_bytes += reductions * 2 * (t - 1) * elements * reduced / t;
+    } else {
+      // Each all-reduce becomes a reduce-scatter and an all-gather, (t − 1)/t each; the
+      // backward also gathers each of a block's two norm outputs again (they are kept as
       // shards), and once a step the norms' partial gradients are summed over the group.
+      cost.comm_bytes += reductions * (t - 1) * elements * (reduced + compute) / t;
       cost.comm_bytes += A * blocks * 2 * (t - 1) * activation / t;
-      cost.comm_bytes += 2 * (t - 1) * SequenceParallelNormElements(job.model(), blocks) *
-                         ElementBytes(job.precision().grad_dtype()) / t;
+      cost.comm_bytes +=
+          2 * (t - 1) * SequenceParallelNormElements(job.model(), blocks) * reduced_grad / t;
     }
   }
   if (p > 1) {

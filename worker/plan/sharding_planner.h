@@ -73,13 +73,20 @@
 // candidate of a layout plans every pipeline stage and reports its largest; its ZeRO state
 // divides inside the data-parallel group (world / (t · p) ranks). Its cost adds
 //   tensor parallel  per micro-batch and block of the largest stage (⌈L/p⌉ blocks), two
-//                    all-reduces of B·T·C activations forward and two backward (Megatron;
-//                    with sequence parallelism the same bytes as reduce-scatter + all-gather):
-//                    A·⌈L/p⌉·4·2·(t−1)/t·B·T·C·c, c the compute dtype's bytes
+//                    all-reduces of B·T·C activations forward and two backward (Megatron),
+//                    and e = 2 more per micro-batch for the vocabulary-parallel embedding's
+//                    forward and the head's input gradient (e = 1 with p > 1: one end on the
+//                    largest stage at most): A·(4·⌈L/p⌉ + e)·2·(t−1)/t·B·T·C·r; with sequence
+//                    parallelism each is a reduce-scatter + an all-gather,
+//                    A·(4·⌈L/p⌉ + e)·(t−1)/t·B·T·C·(r + c). c is
+//                    the compute dtype's bytes, r what a reduction sends an element: the
+//                    communicator's width, which is what the engine sends (Gloo, CPU ranks,
+//                    reduces 16-bit data in f32: r = 4; NCCL, CUDA ranks, in the dtype: r = c)
 //   sequence parallel adds the backward's regathers of a block's two norm outputs (kept as
 //                    shards), A·⌈L/p⌉·2·(t−1)/t·B·T·C·c, and once a step the sum of the
-//                    norms' partial gradients over the group, 2·(t−1)/t·N·g, N the norm
-//                    elements of ⌈L/p⌉ blocks and the final norm (the largest stage's at most)
+//                    norms' partial gradients over the group, 2·(t−1)/t·N·r_g (r_g: 4 on
+//                    Gloo, g on NCCL), N the norm elements of ⌈L/p⌉ blocks and the final norm
+//                    (the largest stage's at most)
 //   pipeline         each micro-batch's activations forward and gradient backward,
 //                    2·A·B·T·C·c, and the bubble (p − 1)/(v·m) (v virtual stages with
 //                    INTERLEAVED, else 1; m micro-batches), a fraction of the step's compute

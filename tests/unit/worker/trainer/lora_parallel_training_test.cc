@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -346,8 +347,10 @@ TEST_F(LoraParallelTrainingTest, ZeroThreeStagesGatheringPerUseMatchTheKeptStage
       const Outcome want = RunAll(kept, 10);
       // An INT8 base on PP2 × DP2 parts from one rank by slightly more than the f32 bounds at
       // any ZeRO stage (2.2e-6 relative in the loss at step 10, the Llama norm past 2e-5 at
-      // step 9, measured at ZeRO-1 too: not the ZeRO-3 gathers'), so it is held to the kept
-      // stage only, below.
+      // step 9, measured at ZeRO-1 too: not the ZeRO-3 gathers'): the per-token int8 rounding
+      // of the layers' inputs turns DP's reduction-order noise into a flipped code
+      // (Int8BaseStagesQuantizeAsOneRankBitForBit shows the base is one rank's
+      // bit for bit and bounds that gap), so here it is held to the kept stage only, below.
       if (base != ModelConfig::INT8) {
         ExpectSame(got, one, what + " per use");
         ExpectSame(want, one, what + " kept");
@@ -425,6 +428,75 @@ TEST_F(LoraParallelTrainingTest, QloraNf4BaseOnTwoStagesMatchesOneRank) {
         RunAll(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::NF4), 10),
         RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::NF4), 10),
         absl::StrCat(llama ? "llama" : "gpt2", " nf4 pp2"));
+  }
+}
+
+// An INT8 (LLM.int8()) base on stages. Each stage quantizes its own blocks' weights from the
+// seeded init with per-output-row absmax scales, as one rank does: every quantized buffer of
+// every rank (codes and scales, PP2 and PP2 × DP2 at ZeRO-1) is the one-rank buffer of the same
+// name bit for bit, so no quantization block or scale spans a stage's units differently. PP2
+// alone is within the f32 bounds of one rank. PP2 × DP2's gap to one rank (reading the same
+// global batch as micro-batches of two) is not in the base: step 1, which reads the base with
+// the adapters' B still zero, has the same loss (measured 0 difference, GPT-2 and Llama), and
+// the runs then stay at reduction noise (~1e-9 relative in the loss, ~1e-8 in the norm: DP's
+// gradient sums in another order leave the adapters a few ulps apart) until one step jumps by
+// three orders (GPT-2 step 7: 1e-6; Llama step 9: 6.7e-7 in the loss, 3.4e-5 in the norm;
+// 2026-11-28). A jump, not a drift: LLM.int8() rounds each layer's input to int8 per token
+// (kernels/int8_linear.h), and an input a few ulps off a rounding boundary flips its code,
+// moving the activation by one code, a 127th of its row's absmax — f32 noise made a quantization
+// step. The same happens with the outlier decomposition off (int8_threshold Infinity, seen
+// 7.4e-6 at step 10: more columns quantized), so it is not the batch's outlier columns either.
+// NF4 quantizes weights only, so NF4 stages keep the f32 bounds. Bounds for PP2 × DP2 here:
+// step 1 at 1e-8 (the base and the forward are one rank's), every step at 1e-5 in the loss and
+// 1e-4 in the norm (3–4× the largest seen), still far below a lost micro-batch or an adapter
+// stepped twice (≥ 1e-3).
+TEST_F(LoraParallelTrainingTest, Int8BaseStagesQuantizeAsOneRankBitForBit) {
+  for (const bool llama : {false, true}) {
+    const std::string family = llama ? "llama" : "gpt2";
+    // Every quantized buffer of the run's ranks against one rank's of the same name.
+    auto expect_one_rank_quantized_base = [](const Outcome& got, const Outcome& one,
+                                             const std::string& what) {
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+      ASSERT_TRUE(one.status.ok()) << what << ": " << one.status;
+      int compared = 0;
+      for (size_t r = 0; r < got.ranks.size(); ++r) {
+        for (const auto& [name, bytes] : got.ranks[r].base_before) {
+          if (!IsQuantizedBaseBuffer(name)) continue;
+          const auto it = one.ranks[0].base_before.find(name);
+          ASSERT_NE(it, one.ranks[0].base_before.end()) << what << " rank " << r << " " << name;
+          EXPECT_TRUE(bytes == it->second) << what << " rank " << r << " " << name;
+          ++compared;
+        }
+      }
+      EXPECT_GT(compared, 0) << what << ": int8 codes and scales compared";
+    };
+    const Outcome one = RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B,
+                                   ModelConfig::INT8), 10);
+    const Outcome pp2 = RunAll(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B,
+                                   ModelConfig::INT8), 10);
+    expect_one_rank_quantized_base(pp2, one, family + " int8 pp2");
+    ExpectSame(pp2, one, family + " int8 pp2");
+
+    const JobSpec dp = Job(llama, 2, 2, 1, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::INT8);
+    const JobSpec one_dp = Job(llama, 1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B, ModelConfig::INT8);
+    const Outcome one_two = RunAll(one_dp, 10);
+    const Outcome staged = RunAll(dp, 10);
+    const std::string what = family + " int8 pp2 x dp2 zero-1";
+    expect_one_rank_quantized_base(staged, one_two, what);
+    ASSERT_EQ(one_two.ranks[0].losses.size(), 10u) << what;
+    for (size_t k = 0; k < staged.ranks.size(); ++k) {
+      const RankRun& r = staged.ranks[k];
+      ASSERT_EQ(r.losses.size(), 10u) << what;
+      EXPECT_TRUE(r.off_plan.empty()) << what << " rank " << k << ": " << r.off_plan.front();
+      for (size_t s = 0; s < 10; ++s) {
+        const double want = one_two.ranks[0].losses[s];
+        const double norm = one_two.ranks[0].grad_norms[s];
+        EXPECT_NEAR(r.losses[s], want, (s == 0 ? 1e-8 : 1e-5) * want)
+            << what << " rank " << k << " step " << s + 1;
+        EXPECT_NEAR(r.grad_norms[s], norm, 1e-4 * norm)
+            << what << " rank " << k << " gradient norm, step " << s + 1;
+      }
+    }
   }
 }
 
