@@ -129,6 +129,29 @@ Outcome RunAll(const JobSpec& spec, int steps, const std::string& resume = "") {
   return out;
 }
 
+// A run of `to` straight through 10 steps, and the same 10 steps resumed at step 5 from the
+// checkpoint `from` writes into `dir`: what every reshard-on-read check compares.
+struct StraightAndResumed {
+  Outcome whole;
+  Outcome resumed;
+};
+
+StraightAndResumed RunStraightAndResumed(JobSpec from, JobSpec to, const std::string& dir,
+                                         const std::string& what) {
+  StraightAndResumed out;
+  from.mutable_checkpoint()->set_interval_steps(5);
+  from.mutable_checkpoint()->set_dir(dir);
+  out.whole = RunAll(to, 10);
+  EXPECT_TRUE(out.whole.status.ok()) << what << ": " << out.whole.status;
+  const Outcome first = RunAll(from, 5);
+  EXPECT_TRUE(first.status.ok()) << what << ": " << first.status;
+  to.mutable_checkpoint()->set_dir(dir);
+  to.mutable_checkpoint()->set_interval_steps(5);
+  out.resumed = RunAll(to, 10, dir);
+  EXPECT_TRUE(out.resumed.status.ok()) << what << ": " << out.resumed.status;
+  return out;
+}
+
 struct Bounds {
   double loss = 1e-6, norm = 2e-5, adapter = 1e-4;
 };
@@ -545,17 +568,8 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
         (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor, c.both, c.tp,
                              c.kv_heads))
             .string();
-    from.mutable_checkpoint()->set_interval_steps(5);
-    from.mutable_checkpoint()->set_dir(dir);
-    JobSpec straight = to;
-    const Outcome whole = RunAll(straight, 10);
-    ASSERT_TRUE(whole.status.ok()) << what << ": " << whole.status;
-    const Outcome first = RunAll(from, 5);
-    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
-    to.mutable_checkpoint()->set_dir(dir);
-    to.mutable_checkpoint()->set_interval_steps(5);
-    const Outcome resumed = RunAll(to, 10, dir);
-    ASSERT_TRUE(resumed.status.ok()) << what << ": " << resumed.status;
+    const auto [whole, resumed] = RunStraightAndResumed(from, to, dir, what);
+    ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
     ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
     for (size_t k = 0; k < resumed.ranks.size(); ++k) {
       const RankRun& r = resumed.ranks[k];
@@ -626,16 +640,8 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
                      c.pp, " dp", c.dp, c.to_one_rank ? " -> 1" : "");
     const std::string dir =
         (dir_ / absl::StrCat("adam8-", c.llama, c.tp, c.pp, c.dp, c.to_one_rank)).string();
-    from.mutable_checkpoint()->set_interval_steps(5);
-    from.mutable_checkpoint()->set_dir(dir);
-    const Outcome whole = RunAll(to, 10);
-    ASSERT_TRUE(whole.status.ok()) << what << ": " << whole.status;
-    const Outcome first = RunAll(from, 5);
-    ASSERT_TRUE(first.status.ok()) << what << ": " << first.status;
-    to.mutable_checkpoint()->set_dir(dir);
-    to.mutable_checkpoint()->set_interval_steps(5);
-    const Outcome resumed = RunAll(to, 10, dir);
-    ASSERT_TRUE(resumed.status.ok()) << what << ": " << resumed.status;
+    const auto [whole, resumed] = RunStraightAndResumed(from, to, dir, what);
+    ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
     ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
     for (const RankRun& r : resumed.ranks) {
       ASSERT_EQ(r.losses.size(), 5u) << what;
