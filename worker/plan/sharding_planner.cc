@@ -104,13 +104,18 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
   if (N <= 1) return 0;
   const int64_t p = ElementBytes(job.precision().param_dtype());
   const int64_t g = ElementBytes(job.precision().grad_dtype());
+  // What a gradient reduction sends an element is the communicator's width, not the
+  // gradient's: Gloo (CPU ranks) widens 16-bit data to f32 and reduces in f32
+  // (GlooCommunicator::AllReduce / ReduceScatter), NCCL (CUDA ranks) reduces in the dtype. An
+  // all-gather moves the data's own bytes on both.
+  const int64_t r = job.resources().device() == zerotrain::ResourceConfig::CUDA ? g : int64_t{4};
   if (stage == 0) {
-    return 2 * (N - 1) * layout.total_numel * g / N;
+    return 2 * (N - 1) * layout.total_numel * r / N;
   }
   int64_t padded = 0;
   for (const UnitLayout& u : layout.units) padded += PaddedUnitNumel(u.numel, G);
   const int64_t group_share = (G - 1) * padded / G;  // one ring pass over the group
-  int64_t bytes = group_share * g;                   // gradient reduce-scatter
+  int64_t bytes = group_share * r;                   // gradient reduce-scatter
   if (stage <= 2) {
     bytes += group_share * p;  // the updated parameters, gathered after the optimizer step
   } else if (job.parallel().pipeline_parallel() > 1) {
@@ -131,7 +136,7 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
       // ... and reduces per use (StageGradientsPerMicroBatch): every micro-batch's gradients
       // reduce-scattered, not the step's once; a tied wte's unit (the stage's embedding or its
       // head) gathers its reduced gradient once to sum the wte's two copies.
-      bytes += (m - 1) * group_share * g;
+      bytes += (m - 1) * group_share * r;
       if (job.model().tie_embeddings()) {
         for (const UnitLayout& u : layout.units) {
           const bool copy = u.kind == UnitKind::kEmbedding ||
@@ -141,10 +146,19 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
       }
     }
   } else {
-    const int64_t passes = job.parallel().reshard_after_forward() ? 2 : 1;
-    bytes += job.train().grad_accum_steps() * passes * group_share * p;
+    // Each micro-batch's pass (ShardingEngine::ForwardBackward) gathers every unit for its
+    // forward and, with reshard_after_forward, the blocks again for their backward; the
+    // embedding's backward reads no parameters (a tied one stays gathered to the head's loss)
+    // and the head stays gathered from its forward to its backward, so those two once.
+    int64_t gathered = 0;
+    for (const UnitLayout& u : layout.units) {
+      const bool once = !job.parallel().reshard_after_forward() || u.kind == UnitKind::kEmbedding ||
+                        u.kind == UnitKind::kHead;
+      gathered += (once ? 1 : 2) * PaddedUnitNumel(u.numel, G);
+    }
+    bytes += job.train().grad_accum_steps() * ((G - 1) * gathered / G) * p;
   }
-  if (R > 1) bytes += 2 * (R - 1) * (padded / G) * g / R;
+  if (R > 1) bytes += 2 * (R - 1) * (padded / G) * r / R;  // the replicas' all-reduce
   return bytes;
 }
 

@@ -29,19 +29,25 @@
 //                        and written once a step); parameters NVME: A·passes·ΣS·p
 //   comm_bytes_per_step  what each rank sends per optimizer step in ring collectives, as
 //                        worker/shard/sharding_engine.cc issues them: 0 at one rank;
-//                          stage 0    all-reduce of the gradients   2·(N−1)/N·Ψ·g
-//                          stage 1–2  reduce-scatter in the group   (G−1)/G·P·g
+//                          stage 0    all-reduce of the gradients   2·(N−1)/N·Ψ·r
+//                          stage 1–2  reduce-scatter in the group   (G−1)/G·P·r
 //                                     + parameter all-gather        (G−1)/G·P·p
-//                          stage 3    reduce-scatter                (G−1)/G·P·g
+//                          stage 3    reduce-scatter                (G−1)/G·P·r
 //                                     + A forward all-gathers       (G−1)/G·P·p each
-//                                     + A backward all-gathers      (G−1)/G·P·p each, only
-//                                       with reshard_after_forward
+//                                     + A backward all-gathers      (G−1)/G·P_b·p each, only
+//                                       with reshard_after_forward; P_b: P less the
+//                                       embedding and the head (the embedding's backward
+//                                       reads no parameters, the head stays gathered)
 //                          stage 3 on a pipeline stage (p > 1; P its units): the
 //                                     reduce-scatter + each unit gathered once a step, or
 //                                     with reshard_after_forward A times in the forwards and A
 //                                     in the backwards but the embedding's and the head's
 //                          hybrid (R > 1, stages 1–3) adds the replicas' all-reduce of the
-//                                     shard                         2·(R−1)/R·(P/G)·g
+//                                     shard                         2·(R−1)/R·(P/G)·r
+//                        r is what a gradient reduction sends an element: the
+//                        communicator's width (Gloo, CPU ranks, reduces 16-bit data in f32:
+//                        r = 4; NCCL, CUDA ranks, in the dtype: r = g); all-gathers send
+//                        their own width (p, or g for a gradient's)
 //   recompute_fraction   the extra forward FLOPs of recomputation over one step's FLOPs
 //                        (forward 1, backward 2, so a step is 3 forwards): FULL recomputes
 //                        every block, SELECTIVE the attention core and activation function
