@@ -214,6 +214,12 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
   return largest;
 }
 
+int64_t TiedSumPieceElements(const zerotrain::JobSpec& job, int64_t numel) {
+  const DType grad = StorageDType(job.precision().grad_dtype());
+  if (grad == DType::kF32 || job.parallel().bucket_bytes() <= 0) return numel;
+  return std::min(numel, std::max<int64_t>(1, job.parallel().bucket_bytes() / DTypeSize(grad)));
+}
+
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
                                         const ParallelLayout& layout) {
   ConversionBufferSizes sizes;
@@ -259,7 +265,7 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
       const ModelLayout local = RankModelLayout(job, layout);
       const ParamSpec* wte =
           s == 0 ? local.units.front().Find("wte") : local.units.back().Find("lm_head.weight");
-      if (wte != nullptr) sizes.tied = wte->numel;
+      if (wte != nullptr) sizes.tied = TiedSumPieceElements(job, wte->numel);
     }
   }
   const ShardGeometry& g = layout.shard();

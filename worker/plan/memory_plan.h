@@ -232,11 +232,20 @@ struct ConversionBufferSizes {
   int64_t tensor = 0;
   int64_t tensor_kv = 0;
   // A pipeline's tied-embedding communicator ("comm.convert.tied.0/1", first and last stage):
-  // with 16-bit gradients, the rank's share of wte, whose two copies' gradients it sums.
+  // with 16-bit gradients, one piece of the rank's share of wte, whose two copies' gradients
+  // it sums piece by piece (TiedSumPieceElements).
   int64_t tied = 0;
 };
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
                                         const ParallelLayout& layout);
+
+// Elements of the tied wte's gradient (`numel` on this rank) that one all-reduce of a
+// pipeline's tied communicator sums. With 16-bit gradients at most parallel.bucket_bytes'
+// worth: Gloo widens each piece to f32 in the "comm.convert.tied" buffers, so the piece sizes
+// them (the whole share cost GPT-2 1.5B's tied stages two 0.30 GiB buffers). With f32
+// gradients, or bucket_bytes 0, the whole share (f32 converts nothing). Two ranks' sum is the
+// same in any order, so the pieces change no bit.
+int64_t TiedSumPieceElements(const zerotrain::JobSpec& job, int64_t numel);
 
 // Whether a checkpoint holds buffer `b`: the model states — "<unit>.params" and every
 // optimizer-state buffer (master weights included), or with `weights_only` (checkpoint.

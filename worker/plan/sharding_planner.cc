@@ -222,10 +222,22 @@ ModelParallelCost ModelParallelCostOf(const zerotrain::JobSpec& job) {
     }
   }
   if (p > 1) {
-    cost.comm_bytes += 2 * A * activation;
     const int v = parallel.pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED
                       ? std::max(1, parallel.virtual_stages())
                       : 1;
+    // The busiest rank's stage links. A rank holds v chunks; each sends its micro-batches'
+    // activations forward and their gradients back, but the model's first chunk (on the first
+    // stage) sends no gradient and its last (on the last stage) no activation. So the first
+    // and last stage send 2v − 1 micro-batch tensors each per micro-batch, a middle one 2v.
+    int64_t ends = (2 * v - 1) * A * activation;
+    const int64_t middle = p > 2 ? 2 * v * A * activation : 0;
+    if (job.model().tie_embeddings() && !job.model().has_lora()) {
+      // The first stage's wte and the last stage's head copy sum their gradients once a step:
+      // an all-reduce of two ranks sends the rank's vocabulary share once, ⌈V/t⌉·C.
+      const int64_t rows = (job.model().vocab_size() + t - 1) / t;
+      ends += rows * job.model().d_model() * reduced_grad;
+    }
+    cost.comm_bytes += std::max(ends, middle);
     cost.bubble = static_cast<double>(p - 1) /
                   (static_cast<double>(v) * std::max(1, parallel.micro_batches()));
   }

@@ -93,8 +93,13 @@
 //                    norms' partial gradients over the group, 2·(t−1)/t·N·r_g (r_g: 4 on
 //                    Gloo, g on NCCL), N the norm elements of ⌈L/p⌉ blocks and the final norm
 //                    (the largest stage's at most)
-//   pipeline         each micro-batch's activations forward and gradient backward,
-//                    2·A·B·T·C·c, and the bubble (p − 1)/(v·m) (v virtual stages with
+//   pipeline         the busiest stage's links: each of its v chunks sends each
+//                    micro-batch's activations forward and gradient back, but the model's
+//                    first chunk no gradient and its last no activation — (2v − 1)·A·B·T·C·c
+//                    on the first and last stage, 2v·A·B·T·C·c on a middle one (p > 2) —
+//                    the first and last stage adding, with a tied embedding (not LoRA's
+//                    frozen one), the sum of its two copies' gradients, ⌈V/t⌉·C·r a step
+//                    (an all-reduce of two ranks sends the share once); and the bubble (p − 1)/(v·m) (v virtual stages with
 //                    INTERLEAVED, else 1; m micro-batches), a fraction of the step's compute
 // to comm_bytes_per_step and cost. With kJob (the coordinator's default) only the job's own
 // layout is planned: the engine trains no other yet (worker/job/job_validation.h,

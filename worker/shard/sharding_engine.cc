@@ -677,6 +677,18 @@ absl::Status ShardingEngine::StageGradientDone(const DeviceContext& ctx, int who
   return absl::OkStatus();
 }
 
+absl::Status ShardingEngine::AllReduceTied(Communicator* tied, const Tensor& grads) {
+  const int64_t n = grads.numel();
+  const int64_t piece = TiedSumPieceElements(job_, n);
+  std::vector<CommHandle> handles;
+  for (int64_t begin = 0; begin < n; begin += piece) {
+    ZT_ASSIGN_OR_RETURN(CommHandle h, tied->AllReduce(grads.Slice(begin, std::min(n, begin + piece)),
+                                                      ReduceOp::kSum, "tied embedding gradient"));
+    handles.push_back(std::move(h));
+  }
+  return WaitAll(handles, &waited_s_);
+}
+
 absl::Status ShardingEngine::SumTiedStageGradient(const DeviceContext& ctx, Communicator* tied) {
   // The stage's copy of the tied wte: the first stage's "wte" in its embedding, the last
   // stage's "lm_head.weight" in its head. Each rank holds only its shard of the unit's
@@ -705,10 +717,7 @@ absl::Status ShardingEngine::SumTiedStageGradient(const DeviceContext& ctx, Comm
                                                     Label(t, "tied gradient all-gather")));
   handles.push_back(std::move(h));
   ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
-  ZT_ASSIGN_OR_RETURN(h, tied->AllReduce(Flat(full, wte->offset, wte->numel), ReduceOp::kSum,
-                                         "tied embedding gradient"));
-  handles.push_back(std::move(h));
-  ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  ZT_RETURN_IF_ERROR(AllReduceTied(tied, Flat(full, wte->offset, wte->numel)));
   return Cast(ctx, Flat(full, s.offset, s.shard_numel), Flat(grads_[t], 0, s.shard_numel));
 }
 
@@ -916,11 +925,7 @@ absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx, Comm
       const UnitLayout& unit = model_->layout().units[local];
       const ParamSpec& spec = *unit.Find(first ? "wte" : "lm_head.weight");
       const Tensor& grads = accumulate_full_ ? grad_accum_[t] : grads_[t];
-      ZT_ASSIGN_OR_RETURN(CommHandle h, tied->AllReduce(
-                                            grads.Slice(spec.offset, spec.offset + spec.numel),
-                                            ReduceOp::kSum, "tied embedding gradient"));
-      std::vector<CommHandle> handles = {h};
-      ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+      ZT_RETURN_IF_ERROR(AllReduceTied(tied, grads.Slice(spec.offset, spec.offset + spec.numel)));
     }
   }
   // Blocks' replicated KV heads (tensor parallelism, n_kv_head < tp) sum their partial

@@ -350,6 +350,9 @@ class ShardingEngine {
   absl::Status StageGradientDone(const DeviceContext& ctx, int whole_unit);
   // After the schedule, the sum of a tied wte's two copies in the reduced shards.
   absl::Status SumTiedStageGradient(const DeviceContext& ctx, Communicator* tied);
+  // Sums `grads` (one copy of the tied wte's gradient) with the other stage's copy over
+  // `tied`, in TiedSumPieceElements pieces (the plan's conversion buffers hold one piece).
+  absl::Status AllReduceTied(Communicator* tied, const Tensor& grads);
   std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)
   Tensor scalars_;                  // "comm.scalars"
   std::vector<FlatRange> ranges_;

@@ -158,7 +158,9 @@ TEST(PlannerLayoutTest, ModelParallelCommunicationAndBubbleFollowTheFormulas) {
   const zerotrain::ShardingPlan accum2 = Plan(Input(Parsed(2, 2)), kHuge, LayoutSearch::kAll);
   const zerotrain::PlanCandidate* pp2 = Find(accum2, 1, 2, 0);
   ASSERT_NE(pp2, nullptr);
-  EXPECT_EQ(pp2->comm_bytes_per_step(), 2 * 2 * 16384);  // 2·A·B·T·C·c
+  // Each stage of two sends one direction, A·B·T·C·c, and the tied wte's sum between them,
+  // V·C·4 (f32).
+  EXPECT_EQ(pp2->comm_bytes_per_step(), 2 * 16384 + 256 * 64 * 4);
   EXPECT_DOUBLE_EQ(pp2->bubble_fraction(), 1.0 / 2.0);   // (p − 1)/(v·m)
   // The cost carries the bubble.
   EXPECT_GE(pp2->cost(), pp2->bubble_fraction());

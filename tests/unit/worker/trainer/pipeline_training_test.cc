@@ -25,6 +25,7 @@
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/plan/parallel_plan.h"
+#include "worker/plan/sharding_planner.h"
 #include "worker/trainer.h"
 
 namespace zt {
@@ -270,6 +271,93 @@ TEST_F(PipelineTrainingTest, CommBytesCountTheStageLinks) {
       EXPECT_GE(bytes, links + tied);
       EXPECT_LE(bytes, links + tied + 1024);  // the statistics: a few scalars
     }
+  }
+}
+
+// zt estimate --plan's comm_bytes_per_step is what the busiest rank sends a step: its stage
+// links (2v − 1 micro-batch tensors per micro-batch on the first and last stage, 2v on a middle
+// one) and, on the first and last, the tied wte's sum. The planner counted 2·A·B·T·C on every
+// layout and left the tied sum out: short at PP2 by the sum, long by a direction.
+TEST_F(PipelineTrainingTest, PlannedPipelineBytesAreTheBusiestRanks) {
+  struct Case {
+    int pp;
+    ParallelConfig::PipelineSchedule schedule;
+  };
+  for (const Case& c : {Case{2, ParallelConfig::ONE_F_ONE_B}, Case{4, ParallelConfig::GPIPE},
+                        Case{2, ParallelConfig::INTERLEAVED}}) {
+    JobSpec spec = Gpt2(c.pp, 1, 0, 1, c.schedule);
+    if (c.schedule == ParallelConfig::INTERLEAVED) {
+      spec.mutable_model()->set_n_layer(4);
+      spec.mutable_parallel()->set_virtual_stages(2);
+    }
+    const std::string what =
+        absl::StrCat("pp ", c.pp, " ", ParallelConfig::PipelineSchedule_Name(c.schedule));
+    const JobSpec job = ValidatedJob(spec).value();
+    const Outcome got = Run(job, 2);
+    ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+    int64_t busiest = 0;
+    for (const RankRun& r : got.ranks) {
+      for (const int64_t bytes : r.comm_bytes) busiest = std::max(busiest, bytes);
+    }
+    const absl::StatusOr<JobSpec> planning = JobForPlanning(job, {.check_paths = false});
+    ASSERT_TRUE(planning.ok()) << what << ": " << planning.status();
+    const absl::StatusOr<zerotrain::ShardingPlan> plan = PlanSharding(
+        *planning, {.device_memory_bytes = int64_t{1} << 40, .layouts = LayoutSearch::kJob});
+    ASSERT_TRUE(plan.ok()) << what << ": " << plan.status();
+    int found = 0;
+    for (const zerotrain::PlanCandidate& cand : plan->candidates()) {
+      if (cand.pipeline_parallel() != c.pp || cand.zero_stage() != 0) continue;
+      ++found;
+      // The engine's step adds the step statistics, a few f32 scalars.
+      EXPECT_GE(busiest, cand.comm_bytes_per_step()) << what;
+      EXPECT_LE(busiest, cand.comm_bytes_per_step() + 1024) << what;
+    }
+    EXPECT_GT(found, 0) << what << ": no candidate of the job's layout";
+  }
+}
+
+// With 16-bit gradients Gloo sums the tied wte's two copies in f32 conversion buffers
+// ("comm.convert.tied.0/1"). They hold one piece of parallel.bucket_bytes, not the whole
+// share (two 0.30 GiB buffers a tied stage for GPT-2 1.5B before), and the engine sums the
+// share piece by piece: a sum of two is the same in any order, so the pieces change no bit.
+// An engine that summed the share whole would be refused by the communicator (more elements
+// than its conversion buffer) and the run fails.
+TEST_F(PipelineTrainingTest, Bf16TiedSumRunsInPiecesThePlanSizes) {
+  JobSpec whole = Gpt2(2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+  zerotrain::PrecisionConfig* precision = whole.mutable_precision();
+  precision->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  precision->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+  precision->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  whole.mutable_train()->set_max_steps(3);
+  whole.mutable_parallel()->set_bucket_bytes(0);  // one piece: the whole share
+  JobSpec pieces = whole;
+  const int64_t share = int64_t{whole.model().vocab_size()} * whole.model().d_model();
+  // Not a divisor of the share, so the last piece is short.
+  const int64_t piece = share / 3 + 5;
+  pieces.mutable_parallel()->set_bucket_bytes(piece * 2);
+  for (const auto& [spec, expected] : {std::pair{whole, share}, std::pair{pieces, piece}}) {
+    const JobSpec job = ValidatedJob(spec).value();
+    for (int r = 0; r < 2; ++r) {
+      const MemoryPlan plan = PlanMemory(job, ParallelLayout::ForJob(job, r));
+      int found = 0;
+      for (const BufferSpec& b : plan.buffers) {
+        if (!b.name.starts_with("comm.convert.tied.")) continue;
+        ++found;
+        EXPECT_EQ(b.numel(), expected) << b.name << " rank " << r;
+        EXPECT_EQ(b.dtype, DType::kF32) << b.name;
+      }
+      EXPECT_EQ(found, 2) << "rank " << r << ": comm.convert.tied.0/1";
+    }
+  }
+  const Outcome a = Run(whole, 3), b = Run(pieces, 3);
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(b.ranks[r].losses, a.ranks[r].losses) << "rank " << r;
+    EXPECT_EQ(b.ranks[r].grad_norms, a.ranks[r].grad_norms) << "rank " << r;
+    EXPECT_EQ(b.ranks[r].whole, a.ranks[r].whole) << "rank " << r;
+    EXPECT_EQ(b.ranks[r].comm_bytes, a.ranks[r].comm_bytes) << "rank " << r;
+    EXPECT_TRUE(b.ranks[r].off_plan.empty()) << "rank " << r << ": " << b.ranks[r].off_plan.front();
   }
 }
 
