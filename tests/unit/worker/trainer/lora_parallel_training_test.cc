@@ -455,6 +455,27 @@ TEST_F(LoraParallelTrainingTest, Bf16StagesMatchOneRankInBf16) {
   }
 }
 
+// bf16 adapters' jobs at ZeRO-3 with reshard_after_forward (the default): a block's bf16 base
+// shard gathered before each use and released after it (the forward's and the backward's),
+// the adapters' gradients reduce-scattered after each micro-batch. DP2 and PP2 × DP2 against
+// one rank in bf16, at the bf16 bounds of Bf16StagesMatchOneRankInBf16 (the gathers copy the
+// bf16 bits one rank holds; what differs is the order of DP's and the norm's sums over 16-bit
+// gradients). A gather that bound another block's shard, or a micro-batch's gradient left out
+// of the reduce-scatter, moves the loss by far more than 1e-3.
+TEST_F(LoraParallelTrainingTest, Bf16ZeroThreeGatheringPerUseMatchesOneRankInBf16) {
+  for (const bool llama : {false, true}) {
+    const Outcome one = RunAll(Bf16(Job(llama, 1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)), 10);
+    for (const int pp : {1, 2}) {
+      JobSpec job = Bf16(Job(llama, pp, 2, 3, 1, ParallelConfig::ONE_F_ONE_B));
+      job.mutable_parallel()->set_reshard_after_forward(true);
+      ExpectSame(RunAll(job, 10), one,
+                 absl::StrCat(llama ? "llama" : "gpt2", " bf16 ", pp > 1 ? "pp2 x " : "",
+                              "dp2 zero-3 per use"),
+                 {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
+    }
+  }
+}
+
 TEST_F(LoraParallelTrainingTest, QloraNf4BaseOnTwoStagesMatchesOneRank) {
   // Each stage quantizes its own blocks' weights from the seeded init, as one rank does: the
   // same NF4 bytes (checked bit for bit by name), so the f32 bounds hold.
@@ -944,6 +965,27 @@ TEST_F(LoraParallelTrainingTest, SequenceParallelAdaptersMatchOneRank) {
       ExpectSame(RunAll(job, 10), RunAll(one, 10),
                  absl::StrCat(llama ? "llama" : "gpt2", " tp2 + sp", dropout > 0 ? " dropout" : ""));
     }
+  }
+}
+
+// Sequence parallelism in bf16 with adapters: the gathered and reduce-scattered activations
+// are bf16 (the TP group's 16-bit collectives, f32 adds and one rounding), the adapters' h and
+// A-gradient sums go through the 16-bit all-reduce, and the frozen norms' partial gradients
+// stay out of the adapters' gradient buffer. TP2 + SP (with dropout on Llama) against one rank
+// in bf16 at the bf16 TP bounds of TensorParallelAdaptersMatchOneRank; a norm gradient summed
+// into the adapters' buffer, or a reduce-scatter that summed the wrong token rows, moves the
+// loss far past 1e-3.
+TEST_F(LoraParallelTrainingTest, SequenceParallelBf16AdaptersMatchOneRankInBf16) {
+  for (const bool llama : {false, true}) {
+    JobSpec one = Bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+    if (llama) one.mutable_model()->mutable_lora()->set_dropout(0.1f);
+    JobSpec job = one;
+    job.mutable_parallel()->set_world_size(2);
+    job.mutable_parallel()->set_tensor_parallel(2);
+    job.mutable_parallel()->set_sequence_parallel(true);
+    ExpectSame(RunAll(job, 10), RunAll(one, 10),
+               absl::StrCat(llama ? "llama" : "gpt2", " bf16 tp2 + sp", llama ? " dropout" : ""),
+               {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
   }
 }
 
