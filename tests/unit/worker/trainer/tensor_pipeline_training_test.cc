@@ -267,11 +267,11 @@ TEST_F(TensorPipelineTrainingTest, EightBitAdamWAndAdafactorStatesReshardAcrossL
   };
   using Opt = zerotrain::OptimizerConfig;
   const Case cases[] = {
-      {Opt::ADAMW_8BIT, true, kTp2, kOne},      {Opt::ADAMW_8BIT, false, kOne, kTp2},
-      {Opt::ADAMW_8BIT, false, kTp2Pp2, kDp4},  {Opt::ADAMW_8BIT, true, kTp2Pp2, kDp4},
-      {Opt::ADAMW_8BIT, true, kDp4, kTp2Pp2},   {Opt::ADAFACTOR, true, kTp2, kOne},
-      {Opt::ADAFACTOR, true, kOne, kTp2},       {Opt::ADAFACTOR, false, kOne, kTp2},
-      {Opt::ADAFACTOR, false, kTp2Pp2, kDp4},   {Opt::ADAFACTOR, true, kDp4, kTp2Pp2},
+      {Opt::ADAMW_8BIT, true, kTp2, kOne},     {Opt::ADAMW_8BIT, false, kOne, kTp2},
+      {Opt::ADAMW_8BIT, false, kTp2Pp2, kDp4}, {Opt::ADAMW_8BIT, true, kTp2Pp2, kDp4},
+      {Opt::ADAMW_8BIT, true, kDp4, kTp2Pp2},  {Opt::ADAFACTOR, true, kTp2, kOne},
+      {Opt::ADAFACTOR, true, kOne, kTp2},      {Opt::ADAFACTOR, false, kOne, kTp2},
+      {Opt::ADAFACTOR, false, kTp2Pp2, kDp4},  {Opt::ADAFACTOR, true, kDp4, kTp2Pp2},
   };
   int n = 0;
   for (const Case& c : cases) {
@@ -300,9 +300,9 @@ TEST_F(TensorPipelineTrainingTest, EightBitAdamWAndAdafactorStatesReshardAcrossL
       return absl::StrCat("tp", l.tp, " pp", l.pp, " dp", l.dp);
     };
     const bool adam8 = c.optimizer == Opt::ADAMW_8BIT;
-    const std::string what = absl::StrCat(adam8 ? "8-bit adamw " : "adafactor ",
-                                          c.llama ? "llama " : "gpt2 ", name(c.from), " -> ",
-                                          name(c.to));
+    const std::string what =
+        absl::StrCat(adam8 ? "8-bit adamw " : "adafactor ", c.llama ? "llama " : "gpt2 ",
+                     name(c.from), " -> ", name(c.to));
     const std::string dir = (dir_ / absl::StrCat("states-", n++)).string();
     const PipelineOutcome whole = RunRanks(job(c.to), 6);
     ASSERT_TRUE(whole.status.ok()) << what << ": " << whole.status;
