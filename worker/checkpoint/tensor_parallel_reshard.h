@@ -18,11 +18,15 @@ namespace zt {
 
 // Fills rank `rank` of `job`'s checkpointed buffers (those of its `plan`, in `into`) from the
 // checkpoint `saved` wrote (its world_size, tensor_parallel, zero_stage, shard_group_size
-// set; pipeline_parallel 1), whose rank r's file is rank_file(r). Elementwise state only:
-// parameters, master weights, AdamW's moments and SGD's momentum, all f32. Unimplemented naming the
-// buffer for any other (8-bit Adam's blocks, Adafactor's factored statistics, 16-bit weights);
-// FailedPrecondition naming the file when a saved buffer is missing or shorter than its
-// layout says.
+// set; with pipeline_parallel, its schedule and virtual_stages), whose rank r's file is
+// rank_file(r). f32 parameters, master weights, AdamW's moments and SGD's momentum are placed
+// element by element; 8-bit AdamW's and Adafactor's states (a full model's units and a LoRA
+// job's adapters) through each unit's logical state (worker/checkpoint/
+// logical_optimizer_state.h: 8-bit blocks dequantized and requantized, Adafactor's factored
+// statistics sliced exactly). The caller has checked that the optimizer configuration is the
+// saved one's. Unimplemented naming the buffer for any other (16-bit weights);
+// FailedPrecondition naming the file when a saved buffer is missing or shorter than its layout
+// says.
 absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
                                         const std::function<std::string(int)>& rank_file,
                                         const zerotrain::JobSpec& job, int rank,
@@ -37,9 +41,9 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
 // time. Unimplemented for a saved buffer that is not f32; FailedPrecondition naming the file
 // when a saved buffer is missing or shorter than its layout says; DataLoss when no saved rank
 // holds the unit.
-absl::Status ReadWholeUnitFromShares(
-    const zerotrain::JobSpec& saved, const std::function<std::string(int)>& rank_file, int unit,
-    const std::string& role, float* out);
+absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
+                                     const std::function<std::string(int)>& rank_file, int unit,
+                                     const std::string& role, float* out);
 
 // The whole block `unit`'s adapters ("<block>.lora", its lora_numel values in the one-rank
 // order) as the LoRA checkpoint `saved` wrote them at its tensor- and pipeline-parallel layout:

@@ -265,6 +265,18 @@ JobSpec Bf16(JobSpec job) {
   return job;
 }
 
+// Adafactor with a first moment (beta1 0.9). The step is optimizer.lr = 1e-2, not lr ·
+// RMS(param): B starts at zero, where the parameter scale (eps2 = 1e-3) would leave the adapters
+// nearly still over 10 steps; and Adafactor's RMS-normalised update at the small job's AdamW
+// rate moves the loss less than the 0.05 that ExpectSame asks of learning adapters.
+JobSpec Adafactor(JobSpec job) {
+  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+  job.mutable_optimizer()->mutable_adafactor()->set_beta1(0.9f);
+  job.mutable_optimizer()->mutable_adafactor()->set_scale_parameter(false);
+  job.mutable_optimizer()->set_lr(1e-2f);
+  return job;
+}
+
 class LoraParallelTrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -440,6 +452,27 @@ TEST_F(LoraParallelTrainingTest, Bf16StagesMatchOneRankInBf16) {
                RunAll(Bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B)), 10),
                absl::StrCat(llama ? "llama" : "gpt2", " bf16 pp2"),
                {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
+  }
+}
+
+// bf16 adapters' jobs at ZeRO-3 with reshard_after_forward (the default): a block's bf16 base
+// shard gathered before each use and released after it (the forward's and the backward's),
+// the adapters' gradients reduce-scattered after each micro-batch. DP2 and PP2 × DP2 against
+// one rank in bf16, at the bf16 bounds of Bf16StagesMatchOneRankInBf16 (the gathers copy the
+// bf16 bits one rank holds; what differs is the order of DP's and the norm's sums over 16-bit
+// gradients). A gather that bound another block's shard, or a micro-batch's gradient left out
+// of the reduce-scatter, moves the loss by far more than 1e-3.
+TEST_F(LoraParallelTrainingTest, Bf16ZeroThreeGatheringPerUseMatchesOneRankInBf16) {
+  for (const bool llama : {false, true}) {
+    const Outcome one = RunAll(Bf16(Job(llama, 1, 1, 0, 2, ParallelConfig::ONE_F_ONE_B)), 10);
+    for (const int pp : {1, 2}) {
+      JobSpec job = Bf16(Job(llama, pp, 2, 3, 1, ParallelConfig::ONE_F_ONE_B));
+      job.mutable_parallel()->set_reshard_after_forward(true);
+      ExpectSame(RunAll(job, 10), one,
+                 absl::StrCat(llama ? "llama" : "gpt2", " bf16 ", pp > 1 ? "pp2 x " : "",
+                              "dp2 zero-3 per use"),
+                 {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
+    }
   }
 }
 
@@ -811,37 +844,30 @@ TEST_F(LoraParallelTrainingTest, ReplicatedKvHeadsAdaptersMatchOneRank) {
 // Adafactor on adapter shares: a row-parallel site's A split by columns and a column-parallel
 // site's B by rows have their factored statistics summed over the TP group as the base's split
 // weights do (LoraAdafactorSplits; a replicated KV head's rows counted once), so TP2 (GPT-2,
-// Llama) and TP4 with one KV head step one rank's logical matrices: the f32 bounds, where a
-// share's local statistics alone move C and mean(R) by the share factor. A TP2 checkpoint of
-// the share-shaped factored states resumes on TP2 bit for bit, and is refused by name on one
-// rank (the TP reshard places elementwise states only).
+// Llama), TP4 with one KV head and TP2 × DP2 (ZeRO-1 and 2: the shard group's sums first, then
+// the TP group's) step one rank's logical matrices: the f32 bounds, where a share's local
+// statistics alone move C and mean(R) by the share factor. A TP2 checkpoint resumes on TP2 bit
+// for bit.
 TEST_F(LoraParallelTrainingTest, TensorParallelAdafactorMatchesOneRank) {
-  auto adafactor = [](JobSpec job) {
-    job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
-    job.mutable_optimizer()->mutable_adafactor()->set_beta1(0.9f);
-    // The step is optimizer.lr, not lr · RMS(param): B starts at zero, where the parameter
-    // scale (eps2 = 1e-3) would leave the adapters nearly still over 10 steps; and Adafactor's
-    // RMS-normalised update at the small job's AdamW rate moves the loss less than the 0.05
-    // that ExpectSame asks of learning adapters.
-    job.mutable_optimizer()->mutable_adafactor()->set_scale_parameter(false);
-    job.mutable_optimizer()->set_lr(1e-2f);
-    return job;
-  };
   struct Case {
     bool llama;
     int tp, kv_heads;
+    int dp = 1, zero = 0;
   };
-  for (const Case& c : {Case{false, 2, 0}, Case{true, 2, 0}, Case{true, 4, 1}}) {
-    JobSpec one = adafactor(Job(c.llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+  for (const Case& c : {Case{false, 2, 0}, Case{true, 2, 0}, Case{true, 4, 1},
+                        Case{false, 2, 0, 2, 1}, Case{true, 2, 0, 2, 2}}) {
+    JobSpec one = Adafactor(Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B));
     if (c.kv_heads > 0) one.mutable_model()->set_n_kv_head(c.kv_heads);
-    JobSpec job = one;
-    job.mutable_parallel()->set_world_size(c.tp);
+    JobSpec job = Adafactor(Job(c.llama, 1, c.dp, c.zero, 1, ParallelConfig::ONE_F_ONE_B));
+    if (c.kv_heads > 0) job.mutable_model()->set_n_kv_head(c.kv_heads);
+    job.mutable_parallel()->set_world_size(c.tp * c.dp);
     job.mutable_parallel()->set_tensor_parallel(c.tp);
     ExpectSame(RunAll(job, 10), RunAll(one, 10),
                absl::StrCat(c.llama ? "llama" : "gpt2", " adafactor tp", c.tp,
-                            c.kv_heads > 0 ? absl::StrCat(", n_kv_head ", c.kv_heads) : ""));
+                            c.kv_heads > 0 ? absl::StrCat(", n_kv_head ", c.kv_heads) : "",
+                            c.dp > 1 ? absl::StrCat(" x dp", c.dp, " zero-", c.zero) : ""));
   }
-  JobSpec tp2 = adafactor(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+  JobSpec tp2 = Adafactor(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
   tp2.mutable_parallel()->set_world_size(2);
   tp2.mutable_parallel()->set_tensor_parallel(2);
   const Outcome whole = RunAll(tp2, 10);
@@ -860,16 +886,65 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdafactorMatchesOneRank) {
     }
     EXPECT_TRUE(resumed.ranks[r].adapters == whole.ranks[r].adapters) << "rank " << r;
   }
-  // At another TP degree the factored states are not resharded yet: refused, the buffer named.
-  JobSpec one = adafactor(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
-  one.mutable_checkpoint()->set_dir(dir);
-  one.mutable_checkpoint()->set_interval_steps(5);
-  const Outcome elsewhere = RunAll(one, 10, dir);
-  EXPECT_EQ(elsewhere.status.code(), absl::StatusCode::kUnimplemented) << elsewhere.status;
-  EXPECT_NE(elsewhere.status.message().find(
-                "resuming at another tensor- or pipeline-parallel layout: buffer block.0.lora."),
-            std::string::npos)
-      << elsewhere.status;
+}
+
+// Adafactor's adapter states across layouts (LogicalOptimizerState): TP2 → one rank, one rank →
+// TP2 (GPT-2 and Llama), Llama with one KV head TP2 → one rank (a replicated head's B rows),
+// TP2 × DP2 at ZeRO-1 → one rank (each share's m split by range, its statistics whole on every
+// rank of the shard group) and PP2 → one rank, steps 6–10 against the uninterrupted run at the
+// resuming layout. The shares' factored statistics are the logical matrix's (the TP group's sums),
+// so the logical R and C are joined from them and the new shares' sliced out bit for bit, m
+// placed per element: the runs differ only by the layouts' reduction order, so the f32 bounds
+// of CheckpointsResumeBetweenStagesAndOneRank (1e-6 relative per loss, 1e-4 per adapter
+// element). A column-parallel B's column statistic read from one share without the group's
+// sum, or a row statistic placed at the share's own row index, fails them from step 6.
+TEST_F(LoraParallelTrainingTest, AdafactorAdapterStatesReshardAcrossLayouts) {
+  struct Case {
+    bool llama;
+    int tp, pp;
+    bool to_one_rank;
+    int dp = 1, kv_heads = 0;
+  };
+  for (const Case& c :
+       {Case{false, 2, 1, true}, Case{true, 2, 1, true}, Case{false, 2, 1, false},
+        Case{true, 2, 1, false}, Case{true, 2, 1, true, 1, 1}, Case{false, 2, 1, true, 2},
+        Case{true, 1, 2, true}}) {
+    JobSpec split =
+        Adafactor(Job(c.llama, c.pp, c.dp, c.dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B));
+    split.mutable_parallel()->set_world_size(c.tp * c.pp * c.dp);
+    split.mutable_parallel()->set_tensor_parallel(c.tp);
+    JobSpec one = Adafactor(Job(c.llama, 1, 1, 0, c.dp, ParallelConfig::ONE_F_ONE_B));
+    if (c.kv_heads > 0) {
+      split.mutable_model()->set_n_kv_head(c.kv_heads);
+      one.mutable_model()->set_n_kv_head(c.kv_heads);
+    }
+    JobSpec from = c.to_one_rank ? split : one, to = c.to_one_rank ? one : split;
+    const std::string what = absl::StrCat(
+        c.llama ? "llama " : "gpt2 ", c.to_one_rank ? "" : "1 -> ", "tp", c.tp, " pp", c.pp, " dp",
+        c.dp, c.kv_heads > 0 ? " n_kv_head 1" : "", c.to_one_rank ? " -> 1" : "");
+    const std::string dir =
+        (dir_ / absl::StrCat("adafactor-", c.llama, c.tp, c.pp, c.dp, c.to_one_rank, c.kv_heads))
+            .string();
+    const auto [whole, resumed] = RunStraightAndResumed(from, to, dir, what);
+    ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
+    ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
+    for (const RankRun& r : resumed.ranks) {
+      ASSERT_EQ(r.losses.size(), 5u) << what;
+      for (int s = 0; s < 5; ++s) {
+        const double want = whole.ranks[0].losses[5 + s];
+        EXPECT_NEAR(r.losses[s], want, 1e-6 * want) << what << ", step " << 6 + s;
+      }
+      double worst = 0;
+      ASSERT_EQ(r.adapters.size(), whole.ranks[0].adapters.size()) << what;
+      for (size_t u = 0; u < r.adapters.size(); ++u) {
+        for (size_t i = 0; i < r.adapters[u].size(); ++i) {
+          worst =
+              std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
+        }
+      }
+      EXPECT_LT(worst, 1e-4) << what << ": adapters";
+    }
+  }
 }
 
 // Sequence parallelism with adapters: the column-parallel sites read the gathered input (x
@@ -890,6 +965,27 @@ TEST_F(LoraParallelTrainingTest, SequenceParallelAdaptersMatchOneRank) {
       ExpectSame(RunAll(job, 10), RunAll(one, 10),
                  absl::StrCat(llama ? "llama" : "gpt2", " tp2 + sp", dropout > 0 ? " dropout" : ""));
     }
+  }
+}
+
+// Sequence parallelism in bf16 with adapters: the gathered and reduce-scattered activations
+// are bf16 (the TP group's 16-bit collectives, f32 adds and one rounding), the adapters' h and
+// A-gradient sums go through the 16-bit all-reduce, and the frozen norms' partial gradients
+// stay out of the adapters' gradient buffer. TP2 + SP (with dropout on Llama) against one rank
+// in bf16 at the bf16 TP bounds of TensorParallelAdaptersMatchOneRank; a norm gradient summed
+// into the adapters' buffer, or a reduce-scatter that summed the wrong token rows, moves the
+// loss far past 1e-3.
+TEST_F(LoraParallelTrainingTest, SequenceParallelBf16AdaptersMatchOneRankInBf16) {
+  for (const bool llama : {false, true}) {
+    JobSpec one = Bf16(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
+    if (llama) one.mutable_model()->mutable_lora()->set_dropout(0.1f);
+    JobSpec job = one;
+    job.mutable_parallel()->set_world_size(2);
+    job.mutable_parallel()->set_tensor_parallel(2);
+    job.mutable_parallel()->set_sequence_parallel(true);
+    ExpectSame(RunAll(job, 10), RunAll(one, 10),
+               absl::StrCat(llama ? "llama" : "gpt2", " bf16 tp2 + sp", llama ? " dropout" : ""),
+               {.loss = 1e-3, .norm = 4e-2, .adapter = 2e-2});
   }
 }
 
