@@ -20,6 +20,7 @@
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/text_generation.h"
+#include "worker/job/offload_validation.h"
 #include "worker/offload/node_swap_store.h"
 #include "worker/trainer.h"
 
@@ -188,10 +189,10 @@ absl::Status RunTrain(const TrainFlags& flags) {
   }
 
   const int local = ranks->last - ranks->first + 1;
-  // offload.optimizer NVME: one swap store for the process, shared by its ranks (RocksDB
-  // admits one process per index).
+  // offload.optimizer or offload.params NVME: one swap store for the process, shared by its
+  // ranks (RocksDB admits one process per index).
   std::shared_ptr<offload::SwapStore> swap_store;
-  if (job.offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+  if (UsesNvme(job.offload())) {
     std::vector<int> local_ranks;
     for (int r = ranks->first; r <= ranks->last; ++r) local_ranks.push_back(r);
     // A process running part of the ranks (--ranks) may share the node with the job's other

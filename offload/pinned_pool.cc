@@ -60,6 +60,14 @@ void MlockAllocator::Free(const HostRegion& region) {
   munmap(region.data, region.size);
 }
 
+absl::StatusOr<HostRegion> BorrowedRegionAllocator::Allocate(size_t size, const WarningSink&) {
+  if (size > size_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host pool: asks ", size, " bytes of a borrowed region of ", size_));
+  }
+  return HostRegion{.data = data_, .size = size, .pinned = false};
+}
+
 absl::StatusOr<HostRegion> PageableAllocator::Allocate(size_t size, const WarningSink&) {
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {

@@ -75,6 +75,20 @@ class PageableAllocator : public HostAllocator {
   void Free(const HostRegion& region) override;
 };
 
+// A region the caller owns and keeps alive (an arena's pinned buffers the memory plan holds),
+// handed to the pool as it is: Allocate asks no memory of the system and Free frees nothing.
+// ResourceExhausted when the pool asks more than the region.
+class BorrowedRegionAllocator : public HostAllocator {
+ public:
+  BorrowedRegionAllocator(std::byte* data, size_t size) : data_(data), size_(size) {}
+  absl::StatusOr<HostRegion> Allocate(size_t size, const WarningSink& warn) override;
+  void Free(const HostRegion&) override {}
+
+ private:
+  std::byte* const data_;
+  const size_t size_;
+};
+
 struct PinnedPoolOptions {
   size_t buffer_count = 0;  // > 0
   size_t buffer_size = 0;   // > 0; rounded up to kHostBufferAlignment

@@ -99,7 +99,7 @@ absl::StatusOr<SwapKey> DecodeExtentKey(absl::string_view encoded) {
   key.role = static_cast<SwapRole>(role);
   key.generation = r.Int(8);
   if (!r.done() || prefix != kExtentPrefix || role < 1 ||
-      role > static_cast<uint64_t>(SwapRole::kFactorFull)) {
+      role > static_cast<uint64_t>(SwapRole::kQuantizedBase)) {
     return absl::DataLossError("the index holds an extent key it cannot decode");
   }
   return key;

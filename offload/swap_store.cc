@@ -44,6 +44,8 @@ absl::string_view SwapRoleName(SwapRole role) {
       return "factor_col";
     case SwapRole::kFactorFull:
       return "factor_full";
+    case SwapRole::kQuantizedBase:
+      return "qbase";
   }
   return "unknown";
 }

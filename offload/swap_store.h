@@ -63,6 +63,7 @@ enum class SwapRole : uint8_t {
   kFactorRow = 9,       // Adafactor's row statistics of factored matrices
   kFactorCol = 10,      // ... its column statistics
   kFactorFull = 11,     // ... its full second moment of vectors
+  kQuantizedBase = 12,  // a LoRA block's NF4 / INT8 base bytes ("<unit>.qbase"), at ZeRO stage 3
 };
 absl::string_view SwapRoleName(SwapRole role);
 

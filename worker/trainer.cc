@@ -30,11 +30,17 @@
 #include "worker/optim/lr_schedule.h"
 #include "worker/model/lora_tensor_parallel.h"
 #include "worker/pipeline_full_weights.h"
+#include "worker/plan/lora_plan.h"
 #include "worker/plan/pipeline_schedule.h"
 #include "worker/rank_state.h"
 
 namespace zt {
 namespace {
+
+// A LoRA job's frozen base shard at ZeRO stage 3: what offload.params moves for it.
+bool IsFrozenBaseShard(const std::string& name) {
+  return name.ends_with(".params") || name.ends_with(".qbase");
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -308,6 +314,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     std::map<std::string, int64_t> swapped = t->nvme_optimizer_->SwappedBuffers();
     for (const BufferSpec& b : t->plan_.buffers) {
       if (b.category != MemoryCategory::kNvme) continue;
+      // A LoRA job's frozen base is the swapped base's (CreateSwappedBase checks it).
+      if (t->model_->layout().lora && IsFrozenBaseShard(b.name)) continue;
       ZT_RETURN_IF_ERROR(t->arenas_->Spec(b.name).status());
       auto it = swapped.find(b.name);
       if (b.bytes() > 0 && (it == swapped.end() || it->second != b.bytes())) {
@@ -361,6 +369,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
           "the host shards in place)");
     }
     t->optimizer_.emplace(std::move(opt));
+  }
+  if (t->model_->layout().lora && t->engine_->params_swapped()) {
+    // offload.params NVME: the swapped shards are the frozen base, written once and read by
+    // the gathers alone; the optimizer steps the adapters wherever offload.optimizer says.
+    ZT_RETURN_IF_ERROR(t->CreateSwappedBase());
   }
   if (GradientDownloads* downloads = t->grad_downloads_.get()) {
     t->engine_->SetGradientReduced([downloads](int u, std::vector<CommHandle> after) {
@@ -458,9 +471,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       download = [device](void* host, const Tensor& src) { return device->Download(host, src); };
     }
     BufferSource swapped;
-    if (t->nvme_optimizer_) {
-      NvmeOptimizer* nvme = t->nvme_optimizer_.get();
-      swapped = [nvme](const BufferSpec& b) { return nvme->ReadBuffer(b.name); };
+    if (t->nvme_optimizer_ || t->swapped_base_) {
+      Trainer* self = t.get();
+      swapped = [self](const BufferSpec& b) { return self->BufferBytes(b); };
     }
     t->checkpoint_writer_.emplace(job, rank, store, t->plan_, *t->arenas_,
                                   /*replace_existing=*/!options.resume_dir.empty(), owner,
@@ -618,7 +631,32 @@ absl::Status Trainer::InitializeWeights() {
   std::vector<float> values(kChunk);
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
   if (stream_quantized) {
+    if (swapped_base_) {
+      // CheckEngineSupport refuses this job; an engine reached another way says why too.
+      return absl::UnimplementedError(
+          "offload.params: NVME with model.lora trains over a quantized base from the seeded "
+          "init only (a streamed base lands in the shards piece by piece, the store takes whole "
+          "shards)");
+    }
     ZT_RETURN_IF_ERROR(StreamQuantizedBase(values, chunk.tensor));
+    ZT_RETURN_IF_ERROR(InitializeAdapters());
+    return InitializeSwappedAdapterStates();
+  }
+  if (swapped_base_) {
+    // The frozen base's shards go through the base ring's staging buffer into the store, one
+    // at a time: the seeded (or imported) parameters and the seeded quantized bytes.
+    ZT_RETURN_IF_ERROR(swapped_base_->Initialize(
+        [&](int u, SwappedBase::Part part, std::byte* data) -> absl::Status {
+          if (part == SwappedBase::Part::kQuantized) {
+            ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
+                                arenas_->Spec(QuantizedShardName(layout.units[u])));
+            return model_->InitializeQuantizedShard(ctx_, job_.train().seed(), u,
+                                                    Tensor(data, spec->dtype, {spec->numel()}));
+          }
+          const Tensor shard = model_->unit_params()[u];
+          return InitializeUnit(u, Tensor(), imported, values, chunk.tensor,
+                                Tensor(data, shard.dtype(), {shard.numel()}));
+        }));
     ZT_RETURN_IF_ERROR(InitializeAdapters());
     return InitializeSwappedAdapterStates();
   }
@@ -637,6 +675,84 @@ absl::Status Trainer::InitializeWeights() {
     ZT_RETURN_IF_ERROR(InitializeAdapters());
     return InitializeSwappedAdapterStates();
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CreateSwappedBase() {
+  offload::SwapStore* swap = options_.swap_store;
+  if (swap == nullptr) {
+    if (!own_swap_store_) {
+      ZT_ASSIGN_OR_RETURN(own_swap_store_, OpenSwapStore(job_, {options_.rank}));
+    }
+    swap = own_swap_store_.get();
+  }
+  // The base's ring: the plan's buffers, one after the other in the pinned_host arena.
+  const int64_t count = job_.offload().buffer_count(), size = job_.offload().buffer_size();
+  ZT_ASSIGN_OR_RETURN(Tensor ring, arenas_->Get("offload.base_ring.0"));
+  for (int64_t k = 1; k < count; ++k) {
+    ZT_ASSIGN_OR_RETURN(Tensor next, arenas_->Get(absl::StrCat("offload.base_ring.", k)));
+    if (static_cast<char*>(next.raw()) != static_cast<char*>(ring.raw()) + k * size) {
+      return absl::InternalError("memory plan: the base ring's buffers are not contiguous");
+    }
+  }
+  const ModelLayout& layout = model_->layout();
+  std::vector<SwappedBase::Unit> units;
+  for (const UnitLayout& unit : layout.units) {
+    SwappedBase::Unit& out = units.emplace_back();
+    out.name = unit.name;
+    const auto part = [&](SwappedBase::Part p, const std::string& name, int64_t numel) {
+      absl::StatusOr<const BufferSpec*> spec = arenas_->Spec(name);
+      if (!spec.ok() || (*spec)->category != MemoryCategory::kNvme) return;
+      // The key's range: the rank's shard of the unit's flat buffer (f32 words of the
+      // quantized bytes).
+      const UnitShard shard = ShardOf(numel, engine_->geometry());
+      out.bytes[static_cast<int>(p)] = (*spec)->bytes();
+      out.range[static_cast<int>(p)] = {shard.offset, shard.offset + shard.shard_numel};
+    };
+    part(SwappedBase::Part::kParams, unit.name + ".params", unit.numel);
+    part(SwappedBase::Part::kQuantized, QuantizedShardName(unit),
+         QuantizedBytesOf(layout, unit).words());
+  }
+  const std::string owner = options_.checkpoint_owner.empty() ? LocalRunOwner(job_.name()).job_id
+                                                              : options_.checkpoint_owner;
+  ZT_ASSIGN_OR_RETURN(
+      swapped_base_,
+      SwappedBase::Create({.units = std::move(units),
+                           .store = swap,
+                           .store_job = absl::StrCat(owner, "/rank-", options_.rank, "/base"),
+                           .home_file = static_cast<uint32_t>(options_.rank) % swap->file_count(),
+                           .ring = static_cast<std::byte*>(ring.raw()),
+                           .buffer_count = count,
+                           .buffer_size = size}));
+  // The plan's swapped base shards are the swapped base's, byte for byte.
+  std::map<std::string, int64_t> held = swapped_base_->SwappedBuffers();
+  for (const BufferSpec& b : plan_.buffers) {
+    if (b.category != MemoryCategory::kNvme || !IsFrozenBaseShard(b.name) || b.bytes() == 0) {
+      continue;
+    }
+    auto it = held.find(b.name);
+    if (it == held.end() || it->second != b.bytes()) {
+      return absl::InternalError(absl::StrCat("memory plan: swapped buffer ", b.name, " of ",
+                                              b.bytes(), " bytes is not what the base swaps"));
+    }
+    held.erase(it);
+  }
+  if (!held.empty()) {
+    return absl::InternalError(absl::StrCat("memory plan: the base swaps ", held.begin()->first,
+                                            ", which the plan does not hold"));
+  }
+  SwappedBase* base = swapped_base_.get();
+  engine_->SetSwappedParams(
+      {.read_ahead = [base](int u) { base->ReadAhead(u); },
+       .with_shard =
+           [base](int u, const std::function<absl::Status(const void*)>& use) {
+             return base->WithShard(u, SwappedBase::Part::kParams, use);
+           },
+       .drop_read_ahead = [base] { base->DropReads(); },
+       .with_quantized =
+           [base](int u, const std::function<absl::Status(const void*)>& use) {
+             return base->WithShard(u, SwappedBase::Part::kQuantized, use);
+           }});
   return absl::OkStatus();
 }
 
@@ -767,7 +883,7 @@ absl::Status Trainer::InitializeAdapters() {
   }
   // NF4 or INT8: the quantized weights come from the same seeded init as the rest of the base,
   // one tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase).
-  if (model.init_from().empty()) {
+  if (model.init_from().empty() && !swapped_base_) {  // a swapped one is written with its shards
     ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
   }
   model_->InitializeLora(job_.train().seed());
@@ -1046,7 +1162,7 @@ absl::Status Trainer::Resume() {
   const MemoryPlan arena_plan = ArenaPlan();
   ZT_RETURN_IF_ERROR(
       RestoreThroughHost(weights_only, [&](const Arenas& into) { return read(arena_plan, into); }));
-  if (nvme_optimizer_) ZT_RETURN_IF_ERROR(RestoreSwapped(weights_only, read));
+  if (nvme_optimizer_ || swapped_base_) ZT_RETURN_IF_ERROR(RestoreSwapped(weights_only, read));
   step_ = state.value("step", int64_t{0});
   optimizer().RestoreStepsTaken(weights_only ? 0 : state.value("optimizer_steps", int64_t{0}));
   if (loss_scaler_ && state.contains("loss_scaler")) {
@@ -1082,6 +1198,7 @@ absl::Status Trainer::RestoreThroughHost(
 
 absl::StatusOr<const void*> Trainer::BufferBytes(const BufferSpec& b) {
   if (b.category == MemoryCategory::kNvme) {
+    if (swapped_base_ && swapped_base_->Holds(b.name)) return swapped_base_->ReadBuffer(b.name);
     if (!nvme_optimizer_) {
       return absl::FailedPreconditionError(
           absl::StrCat("buffer ", b.name, " is swapped but the rank has no NVMe optimizer"));
@@ -1110,7 +1227,8 @@ absl::Status Trainer::RestoreSwapped(
     const std::function<absl::Status(const MemoryPlan& plan, const Arenas& into)>& read) {
   // One unit's swapped buffers at a time, as host (optimizer-state) buffers: set-up holds
   // one unit's states beside the ring, not the rank's.
-  nvme_optimizer_->BeginRestore();
+  if (nvme_optimizer_) nvme_optimizer_->BeginRestore();
+  if (swapped_base_) swapped_base_->BeginRestore();
   for (const UnitLayout& u : model_->layout().units) {
     MemoryPlan unit_plan;
     for (const BufferSpec& b : plan_.buffers) {
@@ -1126,10 +1244,18 @@ absl::Status Trainer::RestoreSwapped(
     for (const BufferSpec* b : CheckpointedBuffers(unit_plan, weights_only)) {
       if (b->bytes() == 0) continue;
       ZT_ASSIGN_OR_RETURN(Tensor t, host->Get(b->name));
+      if (swapped_base_ && swapped_base_->Holds(b->name)) {
+        ZT_RETURN_IF_ERROR(swapped_base_->WriteBuffer(b->name, t.raw(), b->bytes()));
+        continue;
+      }
+      if (!nvme_optimizer_) {
+        return absl::InternalError(absl::StrCat("restore: ", b->name, " is swapped by nothing"));
+      }
       ZT_RETURN_IF_ERROR(nvme_optimizer_->WriteBuffer(b->name, t.raw(), b->bytes()));
     }
   }
-  return nvme_optimizer_->FinishRestore();
+  if (swapped_base_) ZT_RETURN_IF_ERROR(swapped_base_->FinishRestore());
+  return nvme_optimizer_ ? nvme_optimizer_->FinishRestore() : absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
@@ -1325,6 +1451,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   // optimizer's pass.
   const NvmeOptimizer::Stats swap_before =
       nvme_optimizer_ ? nvme_optimizer_->stats() : NvmeOptimizer::Stats{};
+  const SwappedBase::Stats base_before =
+      swapped_base_ ? swapped_base_->stats() : SwappedBase::Stats{};
   const GradientDownloads::Stats downloads_before =
       grad_downloads_ ? grad_downloads_->stats() : GradientDownloads::Stats{};
 
@@ -1474,6 +1602,12 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     r.swap_bytes_out = after.swap_bytes_out - swap_before.swap_bytes_out;
     r.swap_in_s = after.swap_seconds_in - swap_before.swap_seconds_in;
     r.swap_out_s = after.swap_seconds_out - swap_before.swap_seconds_out;
+  }
+  if (swapped_base_) {
+    // The gathers' reads of the frozen base (written once: nothing goes out in a step).
+    const SwappedBase::Stats after = swapped_base_->stats();
+    r.swap_bytes_in += after.swap_bytes_in - base_before.swap_bytes_in;
+    r.swap_in_s += after.swap_seconds_in - base_before.swap_seconds_in;
   }
   if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
   ++step_;
@@ -1780,7 +1914,7 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
     line["pipeline_span_s"] = r.pipeline_span_s;
   }
   if (r.val_loss) line["val_loss"] = *r.val_loss;
-  if (nvme_optimizer_) {
+  if (nvme_optimizer_ || swapped_base_) {
     line["swap_bytes_in"] = r.swap_bytes_in;
     line["swap_bytes_out"] = r.swap_bytes_out;
     line["swap_in_s"] = r.swap_in_s;

@@ -53,6 +53,7 @@
 #include "worker/micro_batches.h"
 #include "worker/model/transformer.h"
 #include "worker/offload/nvme_optimizer.h"
+#include "worker/offload/swapped_base.h"
 #include "worker/optim/delayed_host_step.h"
 #include "worker/optim/gradient_downloads.h"
 #include "worker/optim/host_optimizer.h"
@@ -209,6 +210,7 @@ class Trainer {
   absl::StatusOr<const void*> BufferBytes(const BufferSpec& b);
   // offload.optimizer NVME: the rank's swap step (its stats, its store); null otherwise.
   const NvmeOptimizer* nvme_optimizer() const { return nvme_optimizer_.get(); }
+  const SwappedBase* swapped_base() const { return swapped_base_.get(); }
   // The rank's sharding engine (its counters, for tests); null before Create finished.
   const ShardingEngine* sharding_engine() const { return engine_.get(); }
   const GradientDownloads* gradient_downloads() const { return grad_downloads_.get(); }
@@ -262,6 +264,9 @@ class Trainer {
   // offload.optimizer NVME of a LoRA job: the store's first generation of the adapters'
   // optimizer states (zeros). Nothing without an NVMe optimizer.
   absl::Status InitializeSwappedAdapterStates();
+  // A LoRA job with offload.params NVME: its frozen base in the swap store, read by the gathers
+  // (worker/offload/swapped_base.h).
+  absl::Status CreateSwappedBase();
   // Saves the step just taken into checkpoint.dir (every rank takes part; worker/
   // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
   // `final`: the save at max_steps or of a stop (see SaveOutcome).
@@ -370,6 +375,8 @@ class Trainer {
   // opened its own (destroyed after the optimizer, declared before it).
   std::shared_ptr<offload::SwapStore> own_swap_store_;
   std::unique_ptr<NvmeOptimizer> nvme_optimizer_;
+  // A LoRA job's offload.params NVME: its frozen base's shards in the store.
+  std::unique_ptr<SwappedBase> swapped_base_;
   DeviceContext host_ctx_;
   std::unique_ptr<Store> own_store_;  // a one-rank job's, when no store was given
   Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)

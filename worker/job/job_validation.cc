@@ -585,7 +585,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // Validation, zt estimate and the planner accept every offload; the step loop trains
   // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU
   // devices; offload.params CPU (the stage-3 shards in the pinned host pool) beside either of
-  // them, and offload.params NVME (the shards swapped with the states) beside optimizer NVME.
+  // them, and offload.params NVME (the shards swapped with the states) beside optimizer NVME —
+  // or, for a LoRA job, its frozen base swapped beside any optimizer offload.
   using Offload = zerotrain::OffloadConfig;
   const Offload& offload = spec.offload();
   if (offload.params() == Offload::CPU || offload.params() == Offload::NVME) {
@@ -602,13 +603,28 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       // shards are its frozen base, which nothing updates).
       needs("with offload.optimizer CPU or NVME (the step updates the host shards in place)");
     }
-    if (offload.params() == Offload::NVME && offload.optimizer() != Offload::NVME) {
+    if (offload.params() == Offload::NVME && offload.optimizer() != Offload::NVME &&
+        !UsesLora(spec.model())) {
+      // A LoRA job's swapped shards are its frozen base, written once and only read
+      // (worker/offload/swapped_base.h): any optimizer offload trains beside it.
       needs(
           "with offload.optimizer NVME (the shards are swapped with the states, in their "
           "generation)");
     }
     if (UsesLora(spec.model()) && offload.params() == Offload::NVME) {
-      needs("without model.lora (a LoRA job's frozen base shards are not swapped; use CPU)");
+      if (!spec.model().init_from().empty() &&
+          (spec.model().base_dtype() == ModelConfig::NF4 ||
+           spec.model().base_dtype() == ModelConfig::INT8)) {
+        needs(
+            "with model.lora over a quantized base from the seeded init only (a base streamed "
+            "from model.init_from lands in the shards piece by piece; the store takes whole "
+            "shards); use offload.params CPU");
+      }
+      if (parallel.pipeline_parallel() > 1) {
+        needs(
+            "with model.lora at parallel.pipeline_parallel 1 only (a stage's frozen base is not "
+            "swapped yet); use offload.params CPU");
+      }
     }
   }
   const bool optimizer_offload =

@@ -226,11 +226,17 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
     m.lora_params_.push_back(lora);
     m.lora_grads_.push_back(lora_grads);
     std::vector<QuantizedWeightBuffers> quantized;
-    // Stage 3: the rank's shard of the block's quantized bytes; its weights bind per use.
-    absl::StatusOr<Tensor> qbase = state.Get(QuantizedShardName(u));
-    m.qbase_shards_.push_back(qbase.ok() ? *qbase : Tensor());
+    // Stage 3: the rank's shard of the block's quantized bytes; its weights bind per use. A
+    // swapped shard (offload.params NVME) is the store's: no view here, as for its params.
+    absl::StatusOr<const BufferSpec*> qspec = state.Spec(QuantizedShardName(u));
+    const bool sharded = qspec.ok();
+    absl::StatusOr<Tensor> qbase = sharded && (*qspec)->category != MemoryCategory::kNvme
+                                       ? state.Get(QuantizedShardName(u))
+                                       : absl::StatusOr<Tensor>(Tensor());
+    ZT_RETURN_IF_ERROR(qbase.status());
+    m.qbase_shards_.push_back(*qbase);
     for (const ParamSpec& p : u.params) {
-      if (p.quantized && qbase.ok()) {
+      if (p.quantized && sharded) {
         quantized.push_back({.name = p.name});
         continue;
       }

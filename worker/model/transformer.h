@@ -155,7 +155,12 @@ class Transformer {
   // `group_rank` (SetQuantizedShardRank, set before the base is filled); QuantizedWeight's
   // views are empty until the sharding engine gathers the block's bytes and binds them
   // (BindQuantizedBase) for a use.
+  // A shard the plan keeps in the swap store (offload.params NVME) has no view here (empty):
+  // InitializeQuantizedShard writes unit u's seeded quantized weights into `shard` (host
+  // memory of the shard's size, on its way to the store) instead.
   const std::vector<Tensor>& unit_quantized_shards() const { return qbase_shards_; }
+  absl::Status InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
+                                        const Tensor& shard);
   void SetQuantizedShardRank(int group_rank) { qbase_rank_ = group_rank; }
   // Points unit u's quantized weights at `gathered`, the unit's whole quantized bytes (at
   // least QuantizedBytesOf(...).bytes), which must stay valid while they are used.
@@ -472,6 +477,9 @@ class Transformer {
   std::vector<QuantizedWeightBuffers> QuantizedViews(int u, uint8_t* base, int64_t base_offset,
                                                      Device device) const;
   std::vector<Tensor> qbase_shards_;  // per unit, stage 3: "<unit>.qbase"
+  // QuantizeBaseWeight at stage 3, into `shard` (the rank's bytes of unit u's quantized bytes).
+  absl::Status QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
+                                 const Tensor& values, const Tensor& shard);
   int qbase_rank_ = 0;
   LoraScratch lora_;
   uint64_t lora_seed_ = 0;

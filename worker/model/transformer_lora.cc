@@ -208,6 +208,12 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
   if (qbase_shards_.empty() || qbase_shards_[u].empty()) {
     return QuantizeInto(ctx, what, values, QuantizedWeight(u, name), Int8QuantizedWeight(u, name));
   }
+  return QuantizeIntoShard(ctx, u, name, values, qbase_shards_[u]);
+}
+
+absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
+                                            const Tensor& values, const Tensor& shard) {
+  const std::string what = absl::StrCat(layout_.units[u].name, ".", std::string(name));
   // Stage 3: the weight's pieces are bytes [lo, hi) of the unit's quantized bytes; quantize
   // into scratch of that size and keep the part inside this rank's shard.
   const UnitLayout& unit = layout_.units[u];
@@ -236,13 +242,25 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
     ZT_RETURN_IF_ERROR(
         QuantizeInto(ctx, what, values, int8 ? nullptr : &q.nf4, int8 ? &q.int8 : nullptr));
   }
-  const Tensor& shard = qbase_shards_[u];
   const int64_t shard_begin = static_cast<int64_t>(qbase_rank_) * shard.size_bytes();
   const int64_t from = std::max(lo, shard_begin);
   const int64_t to = std::min(hi, shard_begin + shard.size_bytes());
   if (from < to) {
     std::memcpy(static_cast<uint8_t*>(shard.raw()) + (from - shard_begin), base + (from - lo),
                 static_cast<size_t>(to - from));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
+                                                   const Tensor& shard) {
+  const UnitLayout& unit = layout_.units[u];
+  for (const ParamSpec& p : unit.params) {
+    if (!p.quantized) continue;
+    std::vector<float> values(p.numel);
+    FillInitialMatrix(seed, unit, p, 0, p.numel, values.data());
+    ZT_RETURN_IF_ERROR(
+        QuantizeIntoShard(ctx, u, p.name, Tensor(values.data(), DType::kF32, {p.numel}), shard));
   }
   return absl::OkStatus();
 }

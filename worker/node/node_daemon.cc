@@ -12,6 +12,7 @@
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/checkpoint_directory.h"
 #include "worker/job/job_loading.h"
+#include "worker/job/offload_validation.h"
 #include "worker/node/job_inputs_check.h"
 #include "worker/node/remote_store.h"
 #include "worker/stop_request.h"
@@ -243,7 +244,7 @@ void NodeDaemon::HandleStart(const zerotrain::StartRanks& start) {
                                                        .token = options_.token,
                                                        .scope = start.store_scope(),
                                                        .retry = options_.retry}));
-    if (attempt->start.spec().offload().optimizer() == zerotrain::OffloadConfig::NVME) {
+    if (UsesNvme(attempt->start.spec().offload())) {
       std::vector<int> ranks;
       for (const zerotrain::RankPlacement& p : start.ranks()) ranks.push_back(p.rank());
       ZT_ASSIGN_OR_RETURN(attempt->swap_store, swap_stores_.Acquire(attempt->start.spec(), ranks));

@@ -7,6 +7,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "worker/offload/plan_ring_queue.h"
 #include "worker/status_macros.h"
 
 namespace zt {
@@ -52,25 +53,6 @@ absl::StatusOr<SwapRole> SwapRoleFor(const std::string& name) {
   return absl::InvalidArgumentError(
       absl::StrCat("offload: no swap store role for optimizer state '", name, "'"));
 }
-
-// The plan's ring as the copy queue's pool region: memory the rank's arenas own, so the pool
-// allocates nothing and frees nothing.
-class NvmeOptimizer::RingAllocator : public offload::HostAllocator {
- public:
-  RingAllocator(std::byte* data, size_t size) : data_(data), size_(size) {}
-  absl::StatusOr<offload::HostRegion> Allocate(size_t size, const offload::WarningSink&) override {
-    if (size > size_) {
-      return absl::ResourceExhaustedError(absl::StrCat("offload ring: the pool asks ", size,
-                                                       " bytes of the plan's ring of ", size_));
-    }
-    return offload::HostRegion{.data = data_, .size = size, .pinned = false};
-  }
-  void Free(const offload::HostRegion&) override {}
-
- private:
-  std::byte* data_;
-  size_t size_;
-};
 
 absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) {
   if (args.copies == nullptr || args.store == nullptr || args.store_job.empty()) {
@@ -159,22 +141,15 @@ absl::StatusOr<std::unique_ptr<NvmeOptimizer>> NvmeOptimizer::Create(Args args) 
         " for a unit's master weights and states), and ", 2 + 2 * most_bins,
         " to read the next unit ahead"));
   }
-  ZT_RETURN_IF_ERROR(args.store->DropJob(args.store_job));
-  ZT_RETURN_IF_ERROR(args.store->SetPlacement(args.store_job, args.home_file));
-  // The copy queue's pool is the plan's ring: it allocates nothing.
-  auto ring = std::make_unique<RingAllocator>(
-      args.ring, static_cast<size_t>(args.buffer_count * args.buffer_size));
-  ZT_ASSIGN_OR_RETURN(std::unique_ptr<offload::CopyQueue> queue,
-                      offload::CopyQueue::Create(
-                          args.store, {.buffer_count = static_cast<size_t>(args.buffer_count),
-                                       .buffer_size = static_cast<size_t>(args.buffer_size),
-                                       .allocator = ring.get()}));
+  ZT_ASSIGN_OR_RETURN(PlanRingQueue q,
+                      OpenPlanRingQueue(args.store, args.store_job, args.home_file, args.ring,
+                                        args.buffer_count, args.buffer_size));
   return std::unique_ptr<NvmeOptimizer>(
-      new NvmeOptimizer(std::move(args), std::move(units), std::move(ring), std::move(queue)));
+      new NvmeOptimizer(std::move(args), std::move(units), std::move(q.ring), std::move(q.queue)));
 }
 
 NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units,
-                             std::unique_ptr<RingAllocator> ring,
+                             std::unique_ptr<offload::BorrowedRegionAllocator> ring,
                              std::unique_ptr<offload::CopyQueue> queue)
     : optimizer_(std::move(args.optimizer)),
       unit_names_(std::move(args.unit_names)),

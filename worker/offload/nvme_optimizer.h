@@ -218,9 +218,9 @@ class NvmeOptimizer {
     std::vector<offload::PinnedLease> bins;
     std::vector<offload::CopyHandle> reads;
   };
-  class RingAllocator;
 
-  NvmeOptimizer(Args args, std::vector<UnitSlots> units, std::unique_ptr<RingAllocator> ring,
+  NvmeOptimizer(Args args, std::vector<UnitSlots> units,
+                std::unique_ptr<offload::BorrowedRegionAllocator> ring,
                 std::unique_ptr<offload::CopyQueue> queue);
   offload::SwapKey KeyOf(int u, const Slot& slot, uint64_t generation) const;
   std::vector<offload::CopyQueue::BufferExtent> ExtentsOf(int u, int bin,
@@ -262,7 +262,7 @@ class NvmeOptimizer {
   offload::SwapStore* store_;
   std::string job_;
   std::vector<UnitSlots> units_;
-  std::unique_ptr<RingAllocator> ring_;  // before the queue: its pool's region
+  std::unique_ptr<offload::BorrowedRegionAllocator> ring_;  // before the queue: its pool's region
   std::unique_ptr<offload::CopyQueue> queue_;
   offload::PinnedLease grad_staging_, param_staging_;
   uint64_t committed_ = 0;

@@ -172,7 +172,12 @@ void MoveOffloadedStates(const zerotrain::JobSpec& job, bool lora, MemoryPlan& p
   // (worker/optim/host_optimizer.h): a unit's parameters going up, unless they live on the host
   // (offload.params CPU: the update writes them in place), then its gradients coming down,
   // unless they came down during the backward into "<unit>.grads.host" (stage ≥ 1, PlanMemory).
-  const bool nvme = optimizer == MemoryCategory::kNvme || params == MemoryCategory::kNvme;
+  // A LoRA job's swapped shards are its frozen base, read by the gathers alone through a ring
+  // of their own (worker/offload/swapped_base.h): the optimizer's ring is what the optimizer's
+  // offload alone plans.
+  const bool swapped_base = lora && params == MemoryCategory::kNvme;
+  const bool nvme = optimizer == MemoryCategory::kNvme ||
+                    (params == MemoryCategory::kNvme && !swapped_base);
   int ring = job.offload().buffer_count();
   if (!nvme) {
     const bool host_step = optimizer == MemoryCategory::kPinnedHost;
@@ -186,6 +191,12 @@ void MoveOffloadedStates(const zerotrain::JobSpec& job, bool lora, MemoryPlan& p
   std::vector<BufferSpec> ring_buffers;
   for (int k = 0; k < ring; ++k) {
     ring_buffers.push_back({.name = absl::StrCat("offload.ring.", k),
+                            .category = MemoryCategory::kPinnedHost,
+                            .dtype = DType::kU8,
+                            .shape = {job.offload().buffer_size()}});
+  }
+  for (int k = 0; swapped_base && k < job.offload().buffer_count(); ++k) {
+    ring_buffers.push_back({.name = absl::StrCat("offload.base_ring.", k),
                             .category = MemoryCategory::kPinnedHost,
                             .dtype = DType::kU8,
                             .shape = {job.offload().buffer_size()}});

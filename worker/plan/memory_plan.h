@@ -178,6 +178,11 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 //                      (kPinnedHost, first in the plan so each starts on a page), the ring
 //                      gradients go down and updated parameters come up through, and swap
 //                      reads and writes are staged in
+//   "offload.base_ring.<k>"  a LoRA job's offload.params NVME (its frozen base swapped),
+//                      k < offload.buffer_count: buffer_size bytes each (kPinnedHost, after the
+//                      optimizer's ring), the ring the gathers' base shard reads go through
+//                      (worker/offload/swapped_base.h); the optimizer's ring is then the one
+//                      its own offload plans
 //   "<u>.grads.host"   offload.optimizer CPU (S ≥ 1): s in grad_dtype, kPinnedHost,
 //                      the rank's reduced gradient shard copied down during the backward
 //                      (worker/optim/gradient_downloads.h); the host step reads it there

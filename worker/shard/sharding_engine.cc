@@ -354,15 +354,18 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->qbase_pending_.resize(n_units);
     bool quantized = false;
     for (int u = 0; u < n_units; ++u) {
-      if (e->qbase_shards_[u].empty()) continue;
+      // The plan's "<unit>.qbase" says which units have quantized bytes (a swapped one has no
+      // view in the model).
+      absl::StatusOr<const BufferSpec*> found = arenas.Spec(QuantizedShardName(layout.units[u]));
+      if (!found.ok() || (*found)->numel() == 0) continue;
+      const BufferSpec* spec = *found;
       quantized = true;
       e->qbase_unit_shards_[u] =
           ShardOf(QuantizedBytesOf(layout, layout.units[u]).words(), e->geometry_);
-      // offload.params CPU moves the quantized shards to the host with the others.
-      ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
-                          arenas.Spec(QuantizedShardName(layout.units[u])));
+      // offload.params CPU and NVME move the quantized shards with the others.
       e->qbase_on_host_ = spec->category == MemoryCategory::kPinnedHost;
-      if (e->qbase_on_host_ != e->params_on_host_) {
+      e->qbase_swapped_ = spec->category == MemoryCategory::kNvme;
+      if (e->qbase_on_host_ != e->params_on_host_ || e->qbase_swapped_ != e->params_swapped_) {
         return absl::InternalError(absl::StrCat("memory plan: ", spec->name,
                                                 " is not in the tier of the units' params"));
       }
@@ -380,7 +383,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         }
       } else {
         for (int u = 0; u < n_units; ++u) {
-          if (e->qbase_shards_[u].empty()) continue;
+          if (!e->HasQuantizedBase(u)) continue;
           ZT_ASSIGN_OR_RETURN(Tensor q,
                               arenas.Get(QuantizedShardName(layout.units[u]) + ".gathered"));
           e->qbase_companion_.emplace_back(dedicated[u].raw(), q);
@@ -419,23 +422,39 @@ absl::StatusOr<Tensor> ShardingEngine::QuantizedCompanion(const Tensor& full) co
   return absl::InternalError("sharding engine: a gather buffer without its quantized twin");
 }
 
+absl::Status ShardingEngine::UploadIntoSlot(const Tensor& slot, const void* host) {
+  const auto start = Clock::now();
+  ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
+  ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), host, slot.size_bytes()));
+  param_upload_bytes_ += slot.size_bytes();
+  param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full) {
   // u is a model unit (Label names trainable units).
   const UnitShard& s = param_shards_[u];
   const std::string label = absl::StrCat(model_->layout().units[u].name, " all-gather");
-  if (!qbase_shards_.empty() && !qbase_shards_[u].empty()) {
+  if (HasQuantizedBase(u)) {
     // The block's quantized bytes first, into the twin of `full`; Acquire waits for it. A host
-    // shard (offload.params CPU) goes up into this rank's slot first, as the parameters' below.
+    // shard (offload.params CPU) goes up into this rank's slot first, as the parameters' below;
+    // a swapped one (NVME) from the read of it, as the parameters' below.
     const UnitShard& q = qbase_unit_shards_[u];
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(full));
-    Tensor source = Flat(qbase_shards_[u], 0, q.shard_numel);
-    if (qbase_on_host_) {
-      const auto start = Clock::now();
+    Tensor source = qbase_swapped_ ? Tensor() : Flat(qbase_shards_[u], 0, q.shard_numel);
+    if (qbase_on_host_ || qbase_swapped_) {
       const Tensor slot = Flat(twin, q.offset, q.shard_numel);
-      ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
-      ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), source.raw(), slot.size_bytes()));
-      param_upload_bytes_ += slot.size_bytes();
-      param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+      auto upload_quantized = [&](const void* host) { return UploadIntoSlot(slot, host); };
+      if (qbase_swapped_) {
+        if (!swapped_.with_quantized) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "sharding engine: ", model_->layout().units[u].name,
+              "'s quantized base shard is swapped (offload.params NVME) and no reader was set"));
+        }
+        ZT_RETURN_IF_ERROR(swapped_.with_quantized(u, upload_quantized));
+      } else {
+        ZT_RETURN_IF_ERROR(upload_quantized(source.raw()));
+      }
       source = slot;
     }
     ZT_ASSIGN_OR_RETURN(
@@ -453,14 +472,7 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
   // compute was issued before (the buffer's previous unit may still be read there), and the
   // all-gather fills the other slots around it: no staging beyond the buffer the plan holds.
   const Tensor slot = Flat(full, s.offset, s.shard_numel);
-  auto upload = [&](const void* host) -> absl::Status {
-    const auto start = Clock::now();
-    ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
-    ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, slot.raw(), host, slot.size_bytes()));
-    param_upload_bytes_ += slot.size_bytes();
-    param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
-    return absl::OkStatus();
-  };
+  auto upload = [&](const void* host) { return UploadIntoSlot(slot, host); };
   if (params_on_host_) {
     ZT_RETURN_IF_ERROR(AwaitUploadsAhead());
     if (uploaded_ahead_[u] == slot.raw()) {
@@ -587,7 +599,7 @@ absl::Status ShardingEngine::GatherStageUnits() {
     ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
     // A quantized base's blocks: their bytes gathered beside them, bound for the step.
     for (size_t u = 0; u < stage_gathered_.size(); ++u) {
-      if (qbase_shards_.empty() || qbase_shards_[u].empty()) continue;
+      if (!HasQuantizedBase(static_cast<int>(u))) continue;
       ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
       ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(stage_gathered_[u]));
       ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(model_->held_units()[u], twin));
@@ -857,7 +869,7 @@ absl::StatusOr<Tensor> ShardingEngine::Acquire(int u) {
   const auto start = Clock::now();
   absl::StatusOr<Tensor> p = prefetch_->Acquire(use_);
   waited_s_ += std::chrono::duration<double>(Clock::now() - start).count();
-  if (p.ok() && !qbase_shards_[u].empty()) {
+  if (p.ok() && HasQuantizedBase(u)) {
     ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(*p));
     ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(model_->held_units()[u], twin));

@@ -26,6 +26,9 @@
 // are extents of the node's swap store, owned by the rank's NVMe optimizer (which updates them
 // with the states and commits them in its generation): SetSwappedParams gives the engine the
 // reads of the committed shards (into pinned ring buffers, on the swap store's copy queue).
+// A LoRA job's swapped shards are its frozen base instead, written once and never updated
+// (worker/offload/swapped_base.h), and a block's quantized bytes are read beside its parameters
+// (SwappedShards::with_quantized).
 // The prefetch coordinator announces each gather max(prefetch_units, 1) uses before it issues
 // it, and the shard's read is queued then, so it runs while those uses compute; the gather
 // then waits for it (or reads it itself when the ring had no buffer free), uploads it into its
@@ -240,7 +243,7 @@ class ShardingEngine {
   bool params_on_host() const { return params_on_host_; }
   bool params_swapped() const { return params_swapped_; }
   // Swapped shards (offload.params NVME): where a gather's shard comes from, model unit u's
-  // committed "<unit>.params" bytes. Set before the first pass; a gather without it fails with
+  // committed "<unit>.params" bytes (and a LoRA block's "<unit>.qbase"). Set before the first pass; a gather without it fails with
   // FailedPrecondition.
   struct SwappedShards {
     // Queues the read of unit u's shard ahead of its gather (PrefetchCoordinator's rule 4),
@@ -252,6 +255,10 @@ class ShardingEngine {
         with_shard;
     // Waits for the reads no gather took (a pass that ended early) and frees their buffers.
     std::function<void()> drop_read_ahead;
+    // A LoRA job's NF4 / INT8 base (worker/offload/swapped_base.h): as with_shard, for unit u's
+    // quantized bytes ("<unit>.qbase"), which read_ahead reads beside its parameters.
+    std::function<absl::Status(int u, const std::function<absl::Status(const void*)>& use)>
+        with_quantized;
   };
   void SetSwappedParams(SwappedShards shards);
   // Queues, through SwappedShards::read_ahead, the shard reads of the gathers a training pass
@@ -385,6 +392,9 @@ class ShardingEngine {
   absl::Status AwaitUploadsAhead();
   // The gather of model unit u's shard into `full`, from wherever the plan keeps the shard.
   absl::StatusOr<CommHandle> GatherUnit(int u, const Tensor& full);
+  // Copies a host shard (`host`, slot's bytes) up into its slot of a gather buffer, after the
+  // compute issued before, counting it in the parameter uploads.
+  absl::Status UploadIntoSlot(const Tensor& slot, const void* host);
   // Stage 3 with a quantized base, per model unit: its "<unit>.qbase" shard (empty without
   // quantized weights), that shard's geometry in f32 words, and its gather in flight; and per
   // parameter gather buffer (by address), the buffer its quantized bytes gather into.
@@ -392,6 +402,10 @@ class ShardingEngine {
   std::vector<UnitShard> qbase_unit_shards_;
   std::vector<std::vector<CommHandle>> qbase_pending_;
   bool qbase_on_host_ = false;  // offload.params CPU: the "<unit>.qbase" shards are host memory
+  bool qbase_swapped_ = false;  // offload.params NVME: ... extents of the swap store
+  bool HasQuantizedBase(int u) const {
+    return u < static_cast<int>(qbase_unit_shards_.size()) && qbase_unit_shards_[u].padded > 0;
+  }
   std::vector<std::pair<const void*, Tensor>> qbase_companion_;
   absl::StatusOr<Tensor> QuantizedCompanion(const Tensor& full) const;
 

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -45,6 +46,26 @@ TEST(PinnedPoolTest, HandsOutAlignedDistinctBuffersUntilExhausted) {
   leases.pop_back();  // the lease's destructor returns its buffer
   EXPECT_EQ((*pool)->leased(), 2u);
   EXPECT_TRUE((*pool)->TryAcquire().ok());
+}
+
+// A pool over memory the caller owns (the memory plan's rings): its buffers are that memory,
+// and a pool larger than it is refused.
+TEST(PinnedPoolTest, BorrowedRegionIsThePoolsMemory) {
+  alignas(kHostBufferAlignment) static std::byte region[2 * kHostBufferAlignment];
+  BorrowedRegionAllocator borrowed(region, sizeof(region));
+  auto pool = PinnedPool::Create(
+      {.buffer_count = 2, .buffer_size = kHostBufferAlignment, .allocator = &borrowed});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto first = (*pool)->TryAcquire();
+  auto second = (*pool)->TryAcquire();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_GE(std::min(first->data(), second->data()), region);
+  EXPECT_LE(std::max(first->data(), second->data()) + kHostBufferAlignment,
+            region + sizeof(region));
+  BorrowedRegionAllocator small(region, kHostBufferAlignment);
+  auto too_big = PinnedPool::Create(
+      {.buffer_count = 2, .buffer_size = kHostBufferAlignment, .allocator = &small});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(PinnedPoolTest, RefusesZeroSizes) {

@@ -24,6 +24,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using zerotrain::JobSpec;
+using zerotrain::ModelConfig;
 using zerotrain::OffloadConfig;
 
 JobSpec Valid() { return testing::JobWithDefaults(testing::kMinimalYaml); }
@@ -272,22 +273,49 @@ TEST(OffloadEngineSupportTest, TrainsEveryOffloadWhereTheEngineRunsIt) {
 namespace zt {
 namespace {
 
-// A LoRA job's frozen base shards train in the pinned host pool (offload.params CPU), beside
-// any optimizer offload or none (nothing updates the base); swapped (NVME) they do not yet.
-TEST(OffloadEngineSupportTest, LoraBaseShardsTrainOnTheHostNotSwapped) {
+// A LoRA job's frozen base shards train in the pinned host pool (offload.params CPU) and
+// swapped (NVME, worker/offload/swapped_base.h), beside any optimizer offload or none (nothing
+// updates the base). Swapped, not yet: a quantized base streamed from model.init_from, and
+// pipeline stages.
+TEST(OffloadEngineSupportTest, LoraBaseShardsTrainOnTheHostAndSwapped) {
   JobSpec job = Valid();
   job.mutable_parallel()->set_zero_stage(3);
   job.mutable_model()->mutable_lora()->set_rank(4);
-  job.mutable_offload()->set_params(OffloadConfig::CPU);
-  for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::CPU, OffloadConfig::NVME}) {
-    job.mutable_offload()->set_optimizer(optimizer);
-    EXPECT_TRUE(CheckEngineSupport(job).ok())
-        << OffloadConfig::Device_Name(optimizer) << ": " << CheckEngineSupport(job);
+  for (const auto params : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+    job.mutable_offload()->set_params(params);
+    for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::CPU, OffloadConfig::NVME}) {
+      job.mutable_offload()->set_optimizer(optimizer);
+      EXPECT_TRUE(CheckEngineSupport(job).ok())
+          << OffloadConfig::Device_Name(params) << " " << OffloadConfig::Device_Name(optimizer)
+          << ": " << CheckEngineSupport(job);
+    }
   }
-  job.mutable_offload()->set_params(OffloadConfig::NVME);
+  JobSpec streamed = job;
+  streamed.mutable_model()->set_base_dtype(ModelConfig::NF4);
+  streamed.mutable_model()->set_init_from("/models/base");
+  EXPECT_THAT(testing::Lines(CheckEngineSupport(streamed)),
+              ElementsAre("offload.params: NVME trains with model.lora over a quantized base "
+                          "from the seeded init only (a base streamed from model.init_from lands "
+                          "in the shards piece by piece; the store takes whole shards); use "
+                          "offload.params CPU so far"));
+  streamed.mutable_offload()->set_params(OffloadConfig::CPU);
+  EXPECT_TRUE(CheckEngineSupport(streamed).ok()) << CheckEngineSupport(streamed);
+  JobSpec staged = job;
+  staged.mutable_parallel()->set_world_size(2);
+  staged.mutable_parallel()->set_pipeline_parallel(2);
+  staged.mutable_parallel()->set_micro_batches(2);
+  EXPECT_THAT(CheckEngineSupport(staged).message(),
+              HasSubstr("offload.params: NVME trains with model.lora at "
+                        "parallel.pipeline_parallel 1 only"));
+  staged.mutable_offload()->set_params(OffloadConfig::CPU);
+  EXPECT_TRUE(CheckEngineSupport(staged).ok()) << CheckEngineSupport(staged);
+  // Without model.lora, swapped shards still go with the optimizer's states.
+  job.clear_model();
+  job.mutable_model()->CopyFrom(Valid().model());
+  job.mutable_offload()->set_optimizer(OffloadConfig::CPU);
   EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
-              ElementsAre("offload.params: NVME trains without model.lora (a LoRA job's frozen "
-                          "base shards are not swapped; use CPU) so far"));
+              ElementsAre("offload.params: NVME trains with offload.optimizer NVME (the shards are "
+                          "swapped with the states, in their generation) so far"));
 }
 
 // offload.delayed_update (ZeRO-Offload's DPU): off by default, 40 serial steps before it

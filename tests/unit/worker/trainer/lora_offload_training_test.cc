@@ -1,7 +1,8 @@
 // A LoRA job's adapters with the offload tier (docs/lora.md, docs/memory.md "Offload"): their
 // optimizer states in the pinned host pool (offload.optimizer CPU) or swapped through the
-// NVMe store (NVME), unit by unit like a full model's; on CPU ranks every such run is the run
-// without offload bit for bit.
+// NVMe store (NVME), unit by unit like a full model's, and at ZeRO 3 the frozen base's shards
+// in the pinned host pool or the store (offload.params CPU / NVME); on CPU ranks every such run
+// is the run without offload bit for bit.
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -41,6 +42,17 @@ class LoraOffloadTrainingTest : public LoraTrainingTest {
       job.mutable_offload()->set_buffer_count(4);
       job.mutable_offload()->set_buffer_size(16 * kPage);
     }
+    return job;
+  }
+  // ZeRO 3 with the frozen base's shards swapped (offload.params NVME) into dir_/swap through a
+  // base ring of 4 buffers of 16 pages (a block's shard is well under one), and `optimizer`.
+  JobSpec SwappedBaseJob(ModelConfig::BaseDType base, OffloadConfig::Device optimizer) {
+    JobSpec job = OffloadedJob(3, base, optimizer);
+    std::filesystem::create_directories(dir_ / "swap");
+    job.mutable_offload()->set_params(OffloadConfig::NVME);
+    job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+    job.mutable_offload()->set_buffer_count(4);
+    job.mutable_offload()->set_buffer_size(16 * kPage);
     return job;
   }
 };
@@ -245,6 +257,122 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsOnTheHostAreTheDevicePathBitForBit) {
     second.losses = device.losses;  // compared step by step above
     ExpectSameAdapterRun(second, device, name + " resumed");
     EXPECT_TRUE(second.base_after == device.base_after) << name;
+  }
+}
+
+// offload.params NVME at ZeRO stage 3 (worker/offload/swapped_base.h): a LoRA job's frozen base
+// shards ("<unit>.params", and an NF4 or INT8 base's "<block>.qbase") are extents of the swap
+// store, written once at the start under a key of their own and read ahead of each gather
+// through the plan's base ring; the adapters stay on the device and their optimizer wherever
+// offload.optimizer says. FP32, NF4 and INT8 bases on 2 ranks, with the optimizer on the device,
+// the host and NVMe: the run is the run without offload bit for bit (losses, adapters, every
+// adapter state, the base read back from the store on every rank); the plan's nvme category is
+// the optimizer's plus the base shards' page-padded extents, its pinned host the optimizer's plus
+// the base ring; the arenas are the plan; and every gather found both parts of its shard read
+// ahead (a gather that reads its own, e.g. with the quantized read-ahead skipped, fails it).
+TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedAreTheDevicePathBitForBit) {
+  for (const auto base : {ModelConfig::FP32, ModelConfig::NF4, ModelConfig::INT8}) {
+    const std::string name = ModelConfig::BaseDType_Name(base);
+    const LoraRun device = Train(OffloadedJob(3, base, OffloadConfig::NONE), 4);
+    ASSERT_EQ(device.losses.size(), 4u) << name;
+    for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::CPU, OffloadConfig::NVME}) {
+      const std::string what = name + " optimizer " + OffloadConfig::Device_Name(optimizer);
+      const JobSpec job = SwappedBaseJob(base, optimizer);
+      const LoraRun swapped = Train(job, 4);
+      ExpectSameAdapterRun(swapped, device, what);
+      ASSERT_EQ(swapped.rank_base_after.size(), 2u) << what;
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(swapped.rank_base_after[r] == device.rank_base_after[r])
+            << what << " rank " << r << ": the store's base is not the device path's";
+        // Written once: the first generation, read by every step.
+        EXPECT_EQ(swapped.base_generation[r], 1u) << what << " rank " << r;
+      }
+      // The plan: the base shards in the store, page-padded; the adapters and the gather
+      // buffers on the device; host memory the optimizer's plus the base ring.
+      const JobSpec validated = ValidatedJob(job).value();
+      const MemoryPlan plan = PlanMemory(validated, 0);
+      JobSpec plain_job = job;  // the same ring geometry, the base on the device
+      plain_job.mutable_offload()->set_params(OffloadConfig::NONE);
+      const MemoryPlan plain = PlanMemory(ValidatedJob(plain_job).value(), 0);
+      int64_t extents = 0, device_bytes = 0, qbase = 0;
+      for (const BufferSpec& b : plan.buffers) {
+        if (b.name.ends_with(".params") || b.name.ends_with(".qbase")) {
+          EXPECT_EQ(b.category, MemoryCategory::kNvme) << what << " " << b.name;
+          EXPECT_EQ(b.offloaded_from, MemoryCategory::kParameters) << what << " " << b.name;
+          extents += (b.bytes() + kPage - 1) / kPage * kPage;
+          device_bytes += AlignedBytes(b.bytes());
+          qbase += b.name.ends_with(".qbase");
+        }
+        if (b.name.ends_with(".lora")) {
+          EXPECT_EQ(b.category, MemoryCategory::kParameters) << what << " " << b.name;
+        }
+      }
+      EXPECT_EQ(qbase > 0, base != ModelConfig::FP32) << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kNvme),
+                plain.CategoryBytes(MemoryCategory::kNvme) + extents)
+          << what;
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters),
+                plain.CategoryBytes(MemoryCategory::kParameters) - device_bytes)
+          << what;
+      const int64_t base_ring = validated.offload().buffer_count() * validated.offload().buffer_size();
+      EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+                plain.CategoryBytes(MemoryCategory::kPinnedHost) + base_ring)
+          << what << ": the optimizer's ring as without the shards, and the base ring";
+      const ModelLayout layout = BuildModelLayout(validated.model());
+      const int64_t n_blocks = static_cast<int64_t>(layout.units.size()) - 2;
+      for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < kMemoryCategoryCount; ++c) {
+          const auto& [arena, planned] = swapped.arena_and_plan_bytes[r][c];
+          const bool in_store = static_cast<MemoryCategory>(c) == MemoryCategory::kNvme;
+          EXPECT_EQ(arena, in_store ? 0 : planned) << what << " rank " << r << " category " << c;
+        }
+        // Every gather's shard was read ahead: each block's twice a step (forward and
+        // backward), both its parameters and its quantized bytes; the embedding and the head
+        // have parameters only.
+        const SwappedBase::Stats& stats = swapped.base_swap[r];
+        const int params = static_cast<int>(SwappedBase::Part::kParams);
+        const int quantized = static_cast<int>(SwappedBase::Part::kQuantized);
+        EXPECT_EQ(stats.reads_at_gather[params], 0) << what << " rank " << r;
+        EXPECT_EQ(stats.reads_at_gather[quantized], 0) << what << " rank " << r;
+        EXPECT_EQ(stats.reads_ahead[quantized], base == ModelConfig::FP32 ? 0 : 4 * 2 * n_blocks)
+            << what << " rank " << r;
+        EXPECT_GT(stats.reads_ahead[params], 4 * 2 * n_blocks) << what << " rank " << r;
+        EXPECT_GT(stats.swap_bytes_in, 0) << what << " rank " << r;
+      }
+    }
+  }
+}
+
+// A checkpoint of a swapped base (seeded: saved) reads the shards from the store, and a resume
+// writes them back as the base key's next generation (with the adapter states, optimizer NVME,
+// through the optimizer's store key): 2 + 2 steps are the 4 steps without offload bit for bit.
+TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedResumeBitForBit) {
+  for (const auto base : {ModelConfig::FP32, ModelConfig::NF4, ModelConfig::INT8}) {
+    const std::string name = ModelConfig::BaseDType_Name(base);
+    const LoraRun device = Train(OffloadedJob(3, base, OffloadConfig::NONE), 4);
+    ASSERT_EQ(device.losses.size(), 4u) << name;
+    for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::NVME}) {
+      const std::string what = name + " optimizer " + OffloadConfig::Device_Name(optimizer);
+      JobSpec job = SwappedBaseJob(base, optimizer);
+      const std::filesystem::path ckpt =
+          dir_ / absl::StrCat("params-nvme-", name, "-", OffloadConfig::Device_Name(optimizer));
+      job.mutable_checkpoint()->set_dir(ckpt.string());
+      job.mutable_checkpoint()->set_interval_steps(2);
+      ASSERT_EQ(Train(job, 2).losses.size(), 2u) << what;
+      TrainOptions resume;
+      resume.resume_dir = ckpt.string();
+      LoraRun second = Train(job, 4, resume);
+      ASSERT_EQ(second.losses.size(), 2u) << what;
+      EXPECT_EQ(second.losses[0], device.losses[2]) << what;
+      EXPECT_EQ(second.losses[1], device.losses[3]) << what;
+      second.losses = device.losses;  // compared step by step above
+      ExpectSameAdapterRun(second, device, what + " resumed");
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(second.rank_base_after[r] == device.rank_base_after[r]) << what << " rank " << r;
+        // The seeded init, then the checkpoint's shards.
+        EXPECT_EQ(second.base_generation[r], 2u) << what << " rank " << r;
+      }
+    }
   }
 }
 

@@ -56,18 +56,21 @@ struct LoraRun {
   // Per rank, its checkpointed adapter buffers and their optimizer states (read through the
   // store when swapped), by name.
   std::vector<std::map<std::string, std::vector<char>>> adapter_states;
+  // offload.params NVME: per rank, its swapped base's gather reads and committed generation.
+  std::vector<SwappedBase::Stats> base_swap;
+  std::vector<uint64_t> base_generation;
 };
 
-inline std::map<std::string, std::vector<char>> BaseBytes(const Trainer& t) {
+// Swapped shards (offload.params NVME) are read back from the store.
+inline std::map<std::string, std::vector<char>> BaseBytes(Trainer& t) {
   std::map<std::string, std::vector<char>> out;
   for (const BufferSpec& b : t.plan().buffers) {
     if (!b.name.ends_with(".params") && !b.name.ends_with(".qbase") &&
         !IsQuantizedBaseBuffer(b.name)) {
       continue;
     }
-    const Tensor buffer = t.arenas().Get(b.name).value();
-    const char* p = static_cast<const char*>(buffer.raw());
-    out[b.name].assign(p, p + buffer.size_bytes());
+    const char* p = static_cast<const char*>(t.BufferBytes(b).value());
+    out[b.name].assign(p, p + b.bytes());
   }
   return out;
 }
@@ -129,6 +132,8 @@ class LoraTrainingTest : public ::testing::Test {
     run.adapters.resize(n);
     run.rank_base_after.resize(n);
     run.arena_and_plan_bytes.resize(n);
+    run.base_swap.resize(n);
+    run.base_generation.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::vector<std::string>> unclaimed(n);
     std::vector<std::thread> threads;
@@ -173,6 +178,10 @@ class LoraTrainingTest : public ::testing::Test {
                                                      (*t)->plan().CategoryBytes(category));
           }
           unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
+          if (const SwappedBase* base = (*t)->swapped_base()) {
+            run.base_swap[r] = base->stats();
+            run.base_generation[r] = base->generation();
+          }
           for (const BufferSpec* b : CheckpointedBuffers((*t)->plan())) {
             if (!b->name.ends_with(".lora") && b->name.find(".lora.") == std::string::npos) {
               continue;

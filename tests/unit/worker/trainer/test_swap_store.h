@@ -14,11 +14,12 @@
 
 namespace zt::testing {
 
-// The store for every rank of `job` (validated) when its optimizer states are on NVMe, null
-// when they are not. `env`: the store's operating-system seam (null: the real one).
+// The store for every rank of `job` (validated) when its optimizer states or its parameters
+// are on NVMe, null when neither is. `env`: the store's operating-system seam (null: the real one).
 inline absl::StatusOr<std::shared_ptr<offload::SwapStore>> OpenTestSwapStore(
     const zerotrain::JobSpec& job, offload::SwapEnv* env = nullptr) {
-  if (job.offload().optimizer() != zerotrain::OffloadConfig::NVME) {
+  if (job.offload().optimizer() != zerotrain::OffloadConfig::NVME &&
+      job.offload().params() != zerotrain::OffloadConfig::NVME) {
     return std::shared_ptr<offload::SwapStore>();
   }
   std::vector<int> ranks(job.parallel().world_size());
