@@ -32,6 +32,7 @@ std::vector<int64_t> GlobalIndex(const zerotrain::ModelConfig& m, const UnitLayo
     // A pipeline head stage's copy of the tied embedding ("lm_head.weight" appended to the
     // head unit) is not a parameter of the whole unit: it is wte's, read from the embedding.
     if (whole.Find(p.name) == nullptr) continue;
+    if (p.quantized) continue;  // a QLoRA base's frozen weight, not in the flat buffer
     const ParamSpec& w = *whole.Find(p.name);
     const TensorParallelSlice s = SliceOf(m, p.name, w.shape, tp, r);
     for (const TensorParallelSlice::Rows& run : s.rows) {
@@ -612,6 +613,22 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
         }
         continue;
       }
+    }
+    if (m.has_lora() && (IsQuantizedBaseBuffer(b->name) || b->name.ends_with(".qbase")) &&
+        (std::max(1, saved.parallel().tensor_parallel()) > 1 || place.tensor_size() > 1)) {
+      // A quantized base with tensor parallelism on either side: a saved share is not this
+      // rank's (nor, at one rank, the whole weight's bytes: an NF4 share keeps f32 absmax
+      // values). The base is frozen and seeded (CheckEngineSupport refuses one streamed from
+      // model.init_from on TP ranks), so the rank's own, quantized from the job's seed at
+      // start-up (Transformer::QuantizeBaseWeight), is the checkpoint's: kept when the seeds
+      // agree.
+      if (saved.train().seed() != job.train().seed()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "resuming at another tensor-parallel layout: the quantized base ", b->name,
+            " is rebuilt from train.seed, but the checkpoint was trained with seed ",
+            saved.train().seed(), " and this job has ", job.train().seed()));
+      }
+      continue;
     }
     if (m.has_lora() && std::max(1, saved.parallel().tensor_parallel()) == 1 &&
         place.tensor_size() == 1) {
