@@ -623,10 +623,10 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
       // start-up (Transformer::QuantizeBaseWeight), is the checkpoint's: kept when the seeds
       // agree.
       if (saved.train().seed() != job.train().seed()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "resuming at another tensor-parallel layout: the quantized base ", b->name,
-            " is rebuilt from train.seed, but the checkpoint was trained with seed ",
-            saved.train().seed(), " and this job has ", job.train().seed()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("resuming at another tensor-parallel layout: the quantized base ", b->name,
+                         " is rebuilt from train.seed, but the checkpoint was trained with seed ",
+                         saved.train().seed(), " and this job has ", job.train().seed()));
       }
       continue;
     }

@@ -151,10 +151,10 @@ absl::Status QuantizeInt8Share(const DeviceContext& ctx, const std::string& what
   const int64_t rows = share.global_rows, cols = share.global_cols, lc = share.local_cols;
   if (values.numel() != rows * cols || dst.codes.dim(0) != share.local_rows ||
       dst.codes.dim(1) != lc) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "QuantizeBaseWeight: ", what, " takes the whole ", rows, " x ", cols,
-        " weight for its share of ", share.local_rows, " x ", lc, ", got ", values.numel(),
-        " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeight: ", what, " takes the whole ", rows, " x ", cols,
+                     " weight for its share of ", share.local_rows, " x ", lc, ", got ",
+                     values.numel(), " elements"));
   }
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
   std::vector<float> scales(static_cast<size_t>(rows));
@@ -190,15 +190,14 @@ absl::Status QuantizeNf4Share(const DeviceContext& ctx, const std::string& what,
                               const Tensor& values, const TensorParallelSlice& share,
                               const Nf4Tensor& dst) {
   const int64_t n = share.global_rows * share.global_cols, lc = share.local_cols;
-  if (values.numel() != n || dst.numel != share.local_rows * lc ||
-      dst.format != Nf4Absmax::kF32) {
+  if (values.numel() != n || dst.numel != share.local_rows * lc || dst.format != Nf4Absmax::kF32) {
     return absl::InvalidArgumentError(absl::StrCat(
         "QuantizeBaseWeight: ", what, " takes the whole weight of ", n,
-        " elements for an f32-absmax share of ", share.local_rows * lc, ", got ",
-        values.numel()));
+        " elements for an f32-absmax share of ", share.local_rows * lc, ", got ", values.numel()));
   }
   const Nf4Layout l = Nf4LayoutFor(n, Nf4Absmax::kDoubleQuantized);
-  std::vector<uint8_t> codes(static_cast<size_t>(l.code_bytes)), absmax(static_cast<size_t>(l.blocks));
+  std::vector<uint8_t> codes(static_cast<size_t>(l.code_bytes)),
+      absmax(static_cast<size_t>(l.blocks));
   std::vector<float> group_scale(static_cast<size_t>(l.absmax_groups)), offset(1);
   const Nf4Tensor whole{.numel = n,
                         .format = Nf4Absmax::kDoubleQuantized,
@@ -230,8 +229,8 @@ absl::Status QuantizeNf4Share(const DeviceContext& ctx, const std::string& what,
         const int64_t block = local / kNf4Block, from = global / kNf4Block;
         if (source[block] < 0) {
           source[block] = from;
-          out_absmax[block] = std::fma(map[absmax[from]], group_scale[from / kNf4AbsmaxGroup],
-                                       offset[0]);
+          out_absmax[block] =
+              std::fma(map[absmax[from]], group_scale[from / kNf4AbsmaxGroup], offset[0]);
         } else if (source[block] != from) {
           return absl::InternalError(absl::StrCat(
               "QuantizeBaseWeight: ", what, "'s share block ", block, " holds elements of blocks ",
@@ -359,8 +358,8 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
   for (const QuantizedWeightBuffers& q : views) {
     if (q.name != name) continue;
     const bool int8 = layout_.base_quantization == BaseQuantization::kInt8;
-    ZT_RETURN_IF_ERROR(QuantizeInto(ctx, what, values, int8 ? nullptr : &q.nf4,
-                                    int8 ? &q.int8 : nullptr, slice));
+    ZT_RETURN_IF_ERROR(
+        QuantizeInto(ctx, what, values, int8 ? nullptr : &q.nf4, int8 ? &q.int8 : nullptr, slice));
   }
   const Tensor& shard = qbase_shards_[u];
   const int64_t shard_begin = static_cast<int64_t>(qbase_rank_) * shard.size_bytes();

@@ -41,9 +41,8 @@ std::vector<BufferSpec> QuantizedBuffersOf(const ModelLayout& layout, const Unit
   const std::string prefix = Nf4BufferPrefix(u, p);
   if (layout.nf4_absmax == Nf4Absmax::kF32) {
     // A tensor-parallel share: the one-rank weight's read-back absmax of each of its blocks.
-    return {
-        BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
-        BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kF32, {nf4.blocks}}};
+    return {BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
+            BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kF32, {nf4.blocks}}};
   }
   return {
       BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},

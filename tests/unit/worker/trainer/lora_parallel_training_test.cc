@@ -3,7 +3,8 @@
 // PP2 under 1F1B and interleaved 1F1B, PP2 × DP2 at ZeRO 1–3 (at 3 gathering the base per use
 // or for the step, an NF4 base's byte shards too), GPT-2 (tied: the head stage's
 // frozen copy of wte) and Llama (GQA, untied), in f32 and bf16, with adapter dropout, and over an
-// NF4 base. Tensor parallelism: the adapters split as their base weights (TP2, TP2 × DP2). Each
+// NF4 base. Tensor parallelism: the adapters split as their base weights (TP2, TP2 × DP2), over
+// an f32 base or a seeded NF4 / INT8 one each rank quantizes whole and keeps its share of. Each
 // against one rank's LoRA run from the same seed over 10 steps: the losses and gradient norms,
 // the adapters every rank exports (FullAdapters, what `zt train --export` writes) and the
 // frozen base bit for bit; each rank's arenas equal its plan (the adapters and base of its own
@@ -850,7 +851,7 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdaptersMatchOneRank) {
 // Checked: each rank's dequantized share of every quantized weight is the one-rank dequantized
 // weight's slice bit for bit (TP2 and TP4; NF4 with double quantization on the one-rank side,
 // INT8; GPT-2 and Llama with GQA); NF4 trains within the f32 bounds of
-// TensorParallelAdaptersMatchOneRank (TP2, TP4, TP2 × DP2 ZeRO-1, TP2 × PP2), the arenas equal
+// TensorParallelAdaptersMatchOneRank (TP2, TP4, TP2 × DP2 ZeRO-1 and 3, TP2 × PP2), the arenas equal
 // the plan (ExpectSame). INT8 is LLM.int8() (kernels/int8_linear.h): every row-parallel layer
 // (attn.proj / o_proj, mlp.proj / down_proj) quantizes its input per token over the columns the
 // rank holds, so a share's activation scale x_m is the max over d/t columns, not over all d:
@@ -914,8 +915,8 @@ TEST_F(LoraParallelTrainingTest, QloraBaseOnTensorParallelRanksIsOneRanksSlice) 
     EXPECT_GT(compared, 0) << what;
   };
   const auto tp_job = [&](bool llama, int tp, int pp, int dp, ModelConfig::BaseDType base) {
-    JobSpec job = wide(Job(llama, pp, dp, dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B, base),
-                       tp);
+    JobSpec job =
+        wide(Job(llama, pp, dp, dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B, base), tp);
     job.mutable_parallel()->set_world_size(tp * pp * dp);
     job.mutable_parallel()->set_tensor_parallel(tp);
     return job;
@@ -945,18 +946,29 @@ TEST_F(LoraParallelTrainingTest, QloraBaseOnTensorParallelRanksIsOneRanksSlice) 
       expect_one_rank_slices(got, one, family + " nf4 tp2 x pp2");
       ExpectSame(got, one, family + " nf4 tp2 x pp2");
     }
+    // TP2 × DP2 at ZeRO-3: each rank's share's quantized bytes split by range ("<unit>.qbase",
+    // QuantizeBaseWeight keeping its range of the share it built) and gathered per step; no
+    // per-tensor buffers to dequantize, so the run against one rank's at the f32 bounds.
+    {
+      JobSpec job = tp_job(llama, 2, 1, 2, ModelConfig::NF4);
+      job.mutable_parallel()->set_zero_stage(3);
+      ExpectSame(RunAll(job, 10), RunAll(one_job(llama, 2, 2, ModelConfig::NF4), 10),
+                 family + " nf4 tp2 x dp2 zero-3");
+    }
     // INT8: the base bit for bit, the run within the activation-rounding bound.
     for (const int tp : {2, 4}) {
       const Outcome one = RunAll(one_job(llama, tp, 1, ModelConfig::INT8), 10);
       const Outcome got = RunAll(tp_job(llama, tp, 1, 1, ModelConfig::INT8), 10);
       const std::string what = absl::StrCat(family, " int8 tp", tp);
       expect_one_rank_slices(got, one, what);
-      ExpectSame(got, one, what,
-                 {.loss = kInt8TpLossBound, .norm = kInt8TpNormBound, .adapter = kInt8TpAdapterBound});
+      ExpectSame(
+          got, one, what,
+          {.loss = kInt8TpLossBound, .norm = kInt8TpNormBound, .adapter = kInt8TpAdapterBound});
       ASSERT_FALSE(got.ranks.empty()) << what;
       ASSERT_FALSE(got.ranks[0].losses.empty()) << what;
       const double first = one.ranks[0].losses[0];
-      EXPECT_NEAR(got.ranks[0].losses[0], first, kInt8TpFirstLossBound * first) << what << " step 1";
+      EXPECT_NEAR(got.ranks[0].losses[0], first, kInt8TpFirstLossBound * first)
+          << what << " step 1";
     }
   }
 }
@@ -984,8 +996,8 @@ TEST_F(LoraParallelTrainingTest, QloraCheckpointsResumeBetweenTensorParallelAndO
                          to_one_rank ? "tp2 -> one rank" : "one rank -> tp2");
         const std::string dir =
             (dir_ / absl::StrCat("qresume-", llama, static_cast<int>(base), to_one_rank)).string();
-        const auto [whole, resumed] = RunStraightAndResumed(to_one_rank ? tp : one,
-                                                            to_one_rank ? one : tp, dir, what);
+        const auto [whole, resumed] =
+            RunStraightAndResumed(to_one_rank ? tp : one, to_one_rank ? one : tp, dir, what);
         ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
         const double bound = base == ModelConfig::NF4 ? 1e-6 : kInt8TpLossBound;
         for (size_t k = 0; k < resumed.ranks.size(); ++k) {
