@@ -692,15 +692,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                                      what, " so far"));
       };
       const ModelConfig& m = spec.model();
-      const bool quantized =
-          m.base_dtype() == ModelConfig::NF4 || m.base_dtype() == ModelConfig::INT8;
-      if (quantized && !m.init_from().empty()) {
-        // Each rank quantizes the whole weight and keeps its share (Transformer::
-        // QuantizeBaseWeight); the streamed import hands weights over at the rank's shares.
-        needs(
-            "over an NF4/INT8 base from the seed (model.init_from streams the base in at the "
-            "rank's shares, not as whole weights to quantize as one rank does)");
-      }
       if (m.base_dtype() == ModelConfig::NF4 &&
           (m.d_model() % (kNf4Block * tp) != 0 || m.d_ff() % (kNf4Block * tp) != 0)) {
         // A share matches one rank only if each of its 64-element NF4 blocks is a block of the

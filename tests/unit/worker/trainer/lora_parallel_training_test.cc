@@ -177,6 +177,32 @@ Outcome RunAll(const JobSpec& spec, int steps, const std::string& resume = "") {
   return out;
 }
 
+// The f32 base of `job` (LoRA, any base_dtype: its model without base_dtype) as one rank's
+// seeded init under another seed (seed + 17), exported as a Hugging Face file at `path`: a
+// base to start from with model.init_from that is not the job's own seeded one.
+absl::Status ExportOtherSeedBase(JobSpec job, const std::string& path) {
+  job.mutable_model()->set_base_dtype(ModelConfig::FP32);
+  job.mutable_train()->set_seed(job.train().seed() + 17);
+  const Outcome source = RunAll(job, 1);
+  ZT_RETURN_IF_ERROR(source.status);
+  zerotrain::ModelConfig plain = source.job.model();
+  plain.clear_lora();
+  const ModelLayout plain_layout = BuildModelLayout(plain);
+  std::vector<std::vector<float>> base(plain_layout.units.size());
+  std::vector<const float*> units;
+  for (size_t u = 0; u < plain_layout.units.size(); ++u) {
+    const std::vector<char>& bytes =
+        source.ranks[0].base_before.at(plain_layout.units[u].name + ".params");
+    base[u].resize(static_cast<size_t>(plain_layout.units[u].numel));
+    if (bytes.size() < base[u].size() * sizeof(float)) {
+      return absl::InternalError(absl::StrCat(plain_layout.units[u].name, ".params is short"));
+    }
+    std::memcpy(base[u].data(), bytes.data(), base[u].size() * sizeof(float));
+    units.push_back(base[u].data());
+  }
+  return ExportHuggingFace(path, plain, plain_layout, units);
+}
+
 // A run of `to` straight through 10 steps, and the same 10 steps resumed at step 5 from the
 // checkpoint `from` writes into `dir`: what every reshard-on-read check compares.
 struct StraightAndResumed {
@@ -318,6 +344,51 @@ void ExpectSame(const Outcome& got, const Outcome& want, const std::string& what
   for (size_t u = 0; u < whole.units.size(); ++u) {
     if (!whole.units[u].lora.empty()) EXPECT_GE(blocks_seen[u], 1) << what << " unit " << u;
   }
+}
+
+// Every quantized weight of every rank of `got`, dequantized, against the slice of the
+// one-rank dequantized weight (`one`'s rank 0) the rank holds: bit for bit.
+void ExpectOneRankSlices(const Outcome& got, const Outcome& one, const std::string& what) {
+  ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+  ASSERT_TRUE(one.status.ok()) << what << ": " << one.status;
+  const ModelLayout whole = BuildModelLayout(got.job.model());
+  const int tp = got.job.parallel().tensor_parallel();
+  int compared = 0;
+  for (size_t r = 0; r < got.ranks.size(); ++r) {
+    const ParallelLayout place = ParallelLayout::ForJob(got.job, static_cast<int>(r));
+    const ModelLayout mine = RankModelLayout(got.job, place);
+    for (const UnitLayout& unit : mine.units) {
+      // The quantized weights stay out of the rank's flat "<unit>.params" (f32 shares of
+      // them there would undo the quantization's memory saving).
+      int64_t flat = 0;
+      for (const ParamSpec& p : unit.params) flat += p.quantized ? 0 : p.numel;
+      EXPECT_EQ(unit.numel, flat) << what << " rank " << r << " " << unit.name;
+      const UnitLayout* w = nullptr;
+      for (const UnitLayout& c : whole.units) {
+        if (c.name == unit.name) w = &c;
+      }
+      ASSERT_NE(w, nullptr) << what << " " << unit.name;
+      for (const ParamSpec& p : unit.params) {
+        if (!p.quantized) continue;
+        const ParamSpec& wp = *w->Find(p.name);
+        absl::StatusOr<std::vector<float>> full =
+            DequantizedBase(one.ranks[0].base_before, whole, *w, wp);
+        ASSERT_TRUE(full.ok()) << what << " " << unit.name << " " << p.name << ": "
+                               << full.status();
+        absl::StatusOr<std::vector<float>> share =
+            DequantizedBase(got.ranks[r].base_before, mine, unit, p);
+        ASSERT_TRUE(share.ok()) << what << " rank " << r << " " << p.name << ": " << share.status();
+        std::vector<float> want(p.numel);
+        ExtractSlice(SliceOf(got.job.model(), wp.name, wp.shape, tp, place.coordinates().tensor),
+                     full->data(), want.data());
+        EXPECT_EQ(std::memcmp(want.data(), share->data(), want.size() * sizeof(float)), 0)
+            << what << " rank " << r << " " << unit.name << "." << p.name
+            << ": not the one-rank dequantized weight's slice";
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0) << what;
 }
 
 // `job` in bf16 (parameters, activations, gradients, and so its base; the adapters stay f32).
@@ -868,52 +939,6 @@ TEST_F(LoraParallelTrainingTest, QloraBaseOnTensorParallelRanksIsOneRanksSlice) 
     job.mutable_model()->set_d_ff(128 * tp);
     return job;
   };
-  // Every quantized weight of every rank of `got`, dequantized, against the slice of the
-  // one-rank dequantized weight (`one`'s rank 0) the rank holds: bit for bit.
-  const auto expect_one_rank_slices = [](const Outcome& got, const Outcome& one,
-                                         const std::string& what) {
-    ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
-    ASSERT_TRUE(one.status.ok()) << what << ": " << one.status;
-    const ModelLayout whole = BuildModelLayout(got.job.model());
-    const int tp = got.job.parallel().tensor_parallel();
-    int compared = 0;
-    for (size_t r = 0; r < got.ranks.size(); ++r) {
-      const ParallelLayout place = ParallelLayout::ForJob(got.job, static_cast<int>(r));
-      const ModelLayout mine = RankModelLayout(got.job, place);
-      for (const UnitLayout& unit : mine.units) {
-        // The quantized weights stay out of the rank's flat "<unit>.params" (f32 shares of
-        // them there would undo the quantization's memory saving).
-        int64_t flat = 0;
-        for (const ParamSpec& p : unit.params) flat += p.quantized ? 0 : p.numel;
-        EXPECT_EQ(unit.numel, flat) << what << " rank " << r << " " << unit.name;
-        const UnitLayout* w = nullptr;
-        for (const UnitLayout& c : whole.units) {
-          if (c.name == unit.name) w = &c;
-        }
-        ASSERT_NE(w, nullptr) << what << " " << unit.name;
-        for (const ParamSpec& p : unit.params) {
-          if (!p.quantized) continue;
-          const ParamSpec& wp = *w->Find(p.name);
-          absl::StatusOr<std::vector<float>> full =
-              DequantizedBase(one.ranks[0].base_before, whole, *w, wp);
-          ASSERT_TRUE(full.ok()) << what << " " << unit.name << " " << p.name << ": "
-                                 << full.status();
-          absl::StatusOr<std::vector<float>> share =
-              DequantizedBase(got.ranks[r].base_before, mine, unit, p);
-          ASSERT_TRUE(share.ok()) << what << " rank " << r << " " << p.name << ": "
-                                  << share.status();
-          std::vector<float> want(p.numel);
-          ExtractSlice(SliceOf(got.job.model(), wp.name, wp.shape, tp, place.coordinates().tensor),
-                       full->data(), want.data());
-          EXPECT_EQ(std::memcmp(want.data(), share->data(), want.size() * sizeof(float)), 0)
-              << what << " rank " << r << " " << unit.name << "." << p.name
-              << ": not the one-rank dequantized weight's slice";
-          ++compared;
-        }
-      }
-    }
-    EXPECT_GT(compared, 0) << what;
-  };
   const auto tp_job = [&](bool llama, int tp, int pp, int dp, ModelConfig::BaseDType base) {
     JobSpec job =
         wide(Job(llama, pp, dp, dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B, base), tp);
@@ -930,20 +955,20 @@ TEST_F(LoraParallelTrainingTest, QloraBaseOnTensorParallelRanksIsOneRanksSlice) 
       const Outcome one = RunAll(one_job(llama, tp, 1, ModelConfig::NF4), 10);
       const Outcome got = RunAll(tp_job(llama, tp, 1, 1, ModelConfig::NF4), 10);
       const std::string what = absl::StrCat(family, " nf4 tp", tp);
-      expect_one_rank_slices(got, one, what);
+      ExpectOneRankSlices(got, one, what);
       ExpectSame(got, one, what);
     }
     // TP2 × DP2 at ZeRO-1 (one rank reading the same global batch) and TP2 × PP2.
     {
       const Outcome one = RunAll(one_job(llama, 2, 2, ModelConfig::NF4), 10);
       const Outcome got = RunAll(tp_job(llama, 2, 1, 2, ModelConfig::NF4), 10);
-      expect_one_rank_slices(got, one, family + " nf4 tp2 x dp2 zero-1");
+      ExpectOneRankSlices(got, one, family + " nf4 tp2 x dp2 zero-1");
       ExpectSame(got, one, family + " nf4 tp2 x dp2 zero-1");
     }
     {
       const Outcome one = RunAll(one_job(llama, 2, 1, ModelConfig::NF4), 10);
       const Outcome got = RunAll(tp_job(llama, 2, 2, 1, ModelConfig::NF4), 10);
-      expect_one_rank_slices(got, one, family + " nf4 tp2 x pp2");
+      ExpectOneRankSlices(got, one, family + " nf4 tp2 x pp2");
       ExpectSame(got, one, family + " nf4 tp2 x pp2");
     }
     // TP2 × DP2 at ZeRO-3: each rank's share's quantized bytes split by range ("<unit>.qbase",
@@ -960,13 +985,57 @@ TEST_F(LoraParallelTrainingTest, QloraBaseOnTensorParallelRanksIsOneRanksSlice) 
       const Outcome one = RunAll(one_job(llama, tp, 1, ModelConfig::INT8), 10);
       const Outcome got = RunAll(tp_job(llama, tp, 1, 1, ModelConfig::INT8), 10);
       const std::string what = absl::StrCat(family, " int8 tp", tp);
-      expect_one_rank_slices(got, one, what);
+      ExpectOneRankSlices(got, one, what);
       ExpectSame(
           got, one, what,
           {.loss = kInt8TpLossBound, .norm = kInt8TpNormBound, .adapter = kInt8TpAdapterBound});
       ASSERT_FALSE(got.ranks.empty()) << what;
       ASSERT_FALSE(got.ranks[0].losses.empty()) << what;
       const double first = one.ranks[0].losses[0];
+      EXPECT_NEAR(got.ranks[0].losses[0], first, kInt8TpFirstLossBound * first)
+          << what << " step 1";
+    }
+  }
+}
+
+// QLoRA from model.init_from on TP ranks: each rank streams the whole Hugging Face weights,
+// quantizes each as one rank does and keeps its share (Trainer::StreamQuantizedBase), and
+// takes its shares of the unquantized rest (embeddings, norms, biases, head). NF4 and INT8,
+// GPT-2 and Llama at TP2: every rank's dequantized share is one rank's slice bit for bit, and
+// the runs are one rank's within the bounds of the seeded case
+// (QloraBaseOnTensorParallelRanksIsOneRanksSlice), which a wrong share of an unquantized
+// tensor would break at step 1.
+TEST_F(LoraParallelTrainingTest, QloraBaseFromInitFromOnTensorParallelRanksIsOneRanksSlice) {
+  for (const bool llama : {false, true}) {
+    const std::string family = llama ? "llama" : "gpt2";
+    JobSpec plain_job = Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B);
+    plain_job.mutable_model()->set_d_model(128);
+    plain_job.mutable_model()->set_d_ff(256);
+    const std::string hf = (dir_ / absl::StrCat("qbase-", llama, ".safetensors")).string();
+    ASSERT_TRUE(ExportOtherSeedBase(plain_job, hf).ok()) << family;
+    for (const auto dtype : {ModelConfig::NF4, ModelConfig::INT8}) {
+      const bool nf4 = dtype == ModelConfig::NF4;
+      const std::string what = absl::StrCat(family, nf4 ? " nf4" : " int8", " init_from tp2");
+      JobSpec one = Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, dtype);
+      one.mutable_model()->set_d_model(128);
+      one.mutable_model()->set_d_ff(256);
+      one.mutable_model()->set_init_from(hf);
+      JobSpec tp = one;
+      tp.mutable_parallel()->set_world_size(2);
+      tp.mutable_parallel()->set_tensor_parallel(2);
+      const Outcome want = RunAll(one, 10);
+      const Outcome got = RunAll(tp, 10);
+      ExpectOneRankSlices(got, want, what);
+      if (nf4) {
+        ExpectSame(got, want, what);
+        continue;
+      }
+      ExpectSame(
+          got, want, what,
+          {.loss = kInt8TpLossBound, .norm = kInt8TpNormBound, .adapter = kInt8TpAdapterBound});
+      ASSERT_FALSE(got.ranks.empty()) << what;
+      ASSERT_FALSE(got.ranks[0].losses.empty()) << what;
+      const double first = want.ranks[0].losses[0];
       EXPECT_NEAR(got.ranks[0].losses[0], first, kInt8TpFirstLossBound * first)
           << what << " step 1";
     }
@@ -1151,25 +1220,8 @@ TEST_F(LoraParallelTrainingTest, InitFromFilesStartTensorParallelRanksWhereOneRa
     if (c.kv_heads > 0) one.mutable_model()->set_n_kv_head(c.kv_heads);
     const JobSpec validated = ValidatedJob(one).value();
     // The base: one rank's seeded init under another seed, exported as a Hugging Face file.
-    JobSpec other_seed = one;
-    other_seed.mutable_train()->set_seed(one.train().seed() + 17);
-    const Outcome source = RunAll(other_seed, 1);
-    ASSERT_TRUE(source.status.ok()) << what << ": " << source.status;
-    zerotrain::ModelConfig plain = validated.model();
-    plain.clear_lora();
-    const ModelLayout plain_layout = BuildModelLayout(plain);
-    std::vector<std::vector<float>> base(plain_layout.units.size());
-    std::vector<const float*> units;
-    for (size_t u = 0; u < plain_layout.units.size(); ++u) {
-      const std::vector<char>& bytes =
-          source.ranks[0].base_before.at(plain_layout.units[u].name + ".params");
-      base[u].resize(static_cast<size_t>(plain_layout.units[u].numel));
-      ASSERT_GE(bytes.size(), base[u].size() * sizeof(float)) << what;
-      std::memcpy(base[u].data(), bytes.data(), base[u].size() * sizeof(float));
-      units.push_back(base[u].data());
-    }
     const std::string hf = (dir_ / absl::StrCat("base-", c.llama, c.kv_heads, ".safetensors")).string();
-    ASSERT_TRUE(ExportHuggingFace(hf, plain, plain_layout, units).ok()) << what;
+    ASSERT_TRUE(ExportOtherSeedBase(one, hf).ok()) << what;
     // The adapters: a pattern, B included.
     const std::string peft = (dir_ / absl::StrCat("peft-", c.llama, c.kv_heads)).string();
     ASSERT_TRUE(testing::WritePatternPeftAdapter(validated.model(),
