@@ -828,6 +828,30 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
   }
   const int stage = engine_->stage();
   const int64_t kChunk = static_cast<int64_t>(values.size());
+  // A tensor-parallel rank reads the whole model's tensors (`read_layout`): each quantized
+  // weight whole, to quantize as one rank does and keep its share (QuantizeBaseWeight), and
+  // the unquantized rest into whole units (`whole_units`), whose shares are uploaded at the end.
+  const TensorParallelGroup& tp = model_->tensor_parallel();
+  const ModelLayout whole = tp.size > 1 ? BuildModelLayout(job_.model()) : ModelLayout{};
+  const ModelLayout& read_layout = tp.size > 1 ? whole : layout;
+  std::vector<std::vector<float>> whole_units(tp.size > 1 ? whole.units.size() : 0);
+  for (size_t u = 0; u < whole_units.size(); ++u) whole_units[u].resize(whole.units[u].numel);
+  // Elements [b, b + n) of unit u's flat buffer from `from`: the rank stores all of it at
+  // stages 0–2, its shard at stage 3 ("<unit>.params" is then the shard).
+  const auto upload = [&](int u, int64_t b, const float* from, int64_t n) -> absl::Status {
+    const int64_t numel = layout.units[u].numel;
+    const FlatRange mine =
+        stage == 3 ? ShardOf(numel, engine_->geometry()).owned : FlatRange{0, numel};
+    const Tensor params = model_->unit_params()[u];
+    for (int64_t lo = std::max(b, mine.begin); lo < std::min(b + n, mine.end); lo += kChunk) {
+      const int64_t hi = std::min({b + n, mine.end, lo + kChunk});
+      std::copy(from + (lo - b), from + (hi - b), values.begin());
+      const Tensor v = chunk.Slice(0, hi - lo);
+      ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
+      ZT_RETURN_IF_ERROR(Cast(ctx_, v, params.Slice(lo - mine.begin, hi - mine.begin)));
+    }
+    return absl::OkStatus();
+  };
   // The f32 weight being assembled, per (unit, name); a weight is quantized and dropped once
   // all its rows arrived (Llama's fused q/k/v and gate/up arrive as consecutive tensors, so
   // one is in flight at a time).
@@ -854,23 +878,27 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
       pending.erase({t.unit, p.name});
       return quantized;
     }
-    // Elements [b, b + n) of the unit's flat buffer; the rank stores all of it at stages 0–2,
-    // its shard at stage 3 ("<unit>.params" is then the shard).
-    const int64_t numel = layout.units[t.unit].numel;
     const int64_t b = t.unit_begin() + row * cols, n = static_cast<int64_t>(piece.size());
-    const FlatRange mine =
-        stage == 3 ? ShardOf(numel, engine_->geometry()).owned : FlatRange{0, numel};
-    const Tensor params = model_->unit_params()[t.unit];
-    for (int64_t lo = std::max(b, mine.begin); lo < std::min(b + n, mine.end); lo += kChunk) {
-      const int64_t hi = std::min({b + n, mine.end, lo + kChunk});
-      std::copy(piece.begin() + (lo - b), piece.begin() + (hi - b), values.begin());
-      const Tensor v = chunk.Slice(0, hi - lo);
-      ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
-      ZT_RETURN_IF_ERROR(Cast(ctx_, v, params.Slice(lo - mine.begin, hi - mine.begin)));
+    if (tp.size > 1) {
+      std::copy(piece.begin(), piece.end(), whole_units[t.unit].begin() + b);
+      return absl::OkStatus();
     }
-    return absl::OkStatus();
+    return upload(t.unit, b, piece.data(), n);
   };
-  return StreamHuggingFace(job_.model().init_from(), job_.model(), layout, sink);
+  ZT_RETURN_IF_ERROR(StreamHuggingFace(job_.model().init_from(), job_.model(), read_layout, sink));
+  // A tensor-parallel rank's shares of the unquantized tensors (pipeline stages do not stream a
+  // quantized base, CheckEngineSupport; so the rank holds every unit).
+  for (size_t u = 0; u < whole_units.size(); ++u) {
+    std::vector<float> share(static_cast<size_t>(layout.units[u].numel), 0.0f);
+    for (const ParamSpec& p : layout.units[u].params) {
+      if (p.quantized) continue;
+      const ParamSpec& w = *whole.units[u].Find(p.name);
+      ExtractSlice(SliceOf(job_.model(), w.name, w.shape, tp.size, tp.rank),
+                   whole_units[u].data() + w.offset, share.data() + p.offset);
+    }
+    ZT_RETURN_IF_ERROR(upload(static_cast<int>(u), 0, share.data(), layout.units[u].numel));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::InitializeAdapters() {

@@ -334,7 +334,10 @@ class Trainer {
   // in: each quantized weight is assembled in f32 from its tensors (q/k/v, gate/up fill rows
   // of one fused weight) and quantized as soon as it is whole; every other tensor goes,
   // a piece at a time, into the rank's part of its unit's parameters. The host holds the
-  // quantized base, one f32 weight and one piece, never the file.
+  // quantized base, one f32 weight and one piece, never the file. A tensor-parallel rank
+  // reads the whole model's tensors: each quantized weight whole (it keeps its share,
+  // Transformer::QuantizeBaseWeight), the rest into whole f32 units whose shares it uploads
+  // after the stream.
   absl::Status StreamQuantizedBase(std::vector<float>& values, const Tensor& chunk);
   // The sets of the initialisation for unit u: its parameters (the model's, or
   // `swapped_params` when set: a swapped shard's ring buffer), and `master` (the rank's range

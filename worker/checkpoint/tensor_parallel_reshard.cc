@@ -31,6 +31,7 @@ std::vector<int64_t> GlobalIndex(const zerotrain::ModelConfig& m, const UnitLayo
     // A pipeline head stage's copy of the tied embedding ("lm_head.weight" appended to the
     // head unit) is not a parameter of the whole unit: it is wte's, read from the embedding.
     if (whole.Find(p.name) == nullptr) continue;
+    if (p.quantized) continue;  // a QLoRA base's frozen weight, not in the flat buffer
     const ParamSpec& w = *whole.Find(p.name);
     const TensorParallelSlice s = SliceOf(m, p.name, w.shape, tp, r);
     for (const TensorParallelSlice::Rows& run : s.rows) {
@@ -437,6 +438,21 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
         state = b->name.substr(u.name.size() + 1);
         break;
       }
+    }
+    if (m.has_lora() && (IsQuantizedBaseBuffer(b->name) || b->name.ends_with(".qbase")) &&
+        (std::max(1, saved.parallel().tensor_parallel()) > 1 || place.tensor_size() > 1)) {
+      // A quantized base with tensor parallelism on either side: a saved share is not this
+      // rank's (nor, at one rank, the whole weight's bytes: an NF4 share keeps f32 absmax
+      // values). The base is frozen: the rank's own, quantized at start-up from the job's seed
+      // (Transformer::QuantizeBaseWeight; one read from model.init_from is not checkpointed,
+      // reloaded_at_start), is the checkpoint's: kept when the seeds agree.
+      if (saved.train().seed() != job.train().seed()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("resuming at another tensor-parallel layout: the quantized base ", b->name,
+                         " is rebuilt from train.seed, but the checkpoint was trained with seed ",
+                         saved.train().seed(), " and this job has ", job.train().seed()));
+      }
+      continue;
     }
     if (owner != nullptr && IsLogicalOptimizerStateRole(saved, job, state)) {
       if (logical_done.insert(absl::StrCat(owner->name, adapters ? ".lora" : "")).second) {

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "kernels/nf4.h"
 #include "worker/job/data_paths.h"
 #include "worker/job/lora_validation.h"
 #include "worker/job/offload_validation.h"
@@ -706,9 +707,18 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " with model.lora trains ",
                                      what, " so far"));
       };
-      if (spec.model().base_dtype() == ModelConfig::NF4 ||
-          spec.model().base_dtype() == ModelConfig::INT8) {
-        needs("over an unquantized base (an NF4/INT8 base is not sliced along its blocks yet)");
+      const ModelConfig& m = spec.model();
+      if (m.base_dtype() == ModelConfig::NF4 &&
+          (m.d_model() % (kNf4Block * tp) != 0 || m.d_ff() % (kNf4Block * tp) != 0)) {
+        // A share matches one rank only if each of its 64-element NF4 blocks is a block of the
+        // one-rank weight: column-parallel shares hold whole rows of d_model inputs,
+        // row-parallel ones (attn.proj / o_proj, mlp.proj / down_proj) d_model / t and d_ff / t
+        // input columns of each row (docs/lora.md, "QLoRA on tensor-parallel ranks").
+        needs(absl::StrCat("over an NF4 base only when model.d_model (", m.d_model(),
+                           ") and model.d_ff (", m.d_ff(), ") are multiples of ", kNf4Block,
+                           " x tensor_parallel = ", kNf4Block * tp,
+                           ": each rank's share of a row-parallel weight must hold whole ",
+                           kNf4Block, "-element NF4 blocks of the one-rank weight"));
       }
     }
   }

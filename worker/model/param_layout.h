@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/nf4.h"
 #include "proto/job.pb.h"
 
 namespace zt {
@@ -106,6 +107,13 @@ struct ModelLayout {
   int64_t total_numel = 0;
   // The storage of the quantized weights; kNone when no ParamSpec is quantized.
   BaseQuantization base_quantization = BaseQuantization::kNone;
+  // base_dtype NF4: how each quantized weight keeps its block absmax values. One rank
+  // double-quantizes (the paper's layout); a tensor-parallel share keeps the one-rank weight's
+  // read-back absmax per block in f32 (kF32), because the double quantization's 256-block groups
+  // run along the whole weight's flat elements and a share's blocks (a row-parallel share's
+  // columns above all) fall into other groups than its own 256-block groups would
+  // (docs/lora.md, "QLoRA on tensor-parallel ranks").
+  Nf4Absmax nf4_absmax = Nf4Absmax::kDoubleQuantized;
   // base_dtype INT8: the outlier threshold of every quantized layer (model.int8_threshold).
   float int8_threshold = 0.0f;
   bool tied_embeddings = false;

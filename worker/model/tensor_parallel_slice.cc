@@ -108,6 +108,7 @@ std::vector<std::pair<int64_t, int64_t>> NormCountedRanges(const zerotrain::Mode
   // consecutive, tp / n_kv_head of them.
   const int kv_group = m.n_kv_head() >= tp ? 1 : tp / m.n_kv_head();
   for (const ParamSpec& p : local.params) {
+    if (p.quantized) continue;  // not in the flat buffer (a QLoRA base's frozen weight)
     const ParamSpec* g = w != nullptr ? w->Find(p.name) : nullptr;
     const TensorParallelSlice s =
         g != nullptr ? SliceOf(m, p.name, g->shape, tp, rank) : TensorParallelSlice{};

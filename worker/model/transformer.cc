@@ -104,10 +104,13 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   m.config_ = config;
   const int t = std::max(1, tp.size);
   if (t > 1) {
-    if (config.base_dtype() == zerotrain::ModelConfig::NF4 ||
-        config.base_dtype() == zerotrain::ModelConfig::INT8) {
+    // A quantized base is a LoRA job's (its shares: QuantizeBaseWeight); without adapters the
+    // base would be trained, and quantized weights are frozen.
+    if (!config.has_lora() && (config.base_dtype() == zerotrain::ModelConfig::NF4 ||
+                               config.base_dtype() == zerotrain::ModelConfig::INT8)) {
       return absl::UnimplementedError(
-          "tensor parallelism splits unquantized weights: no quantized model.base_dtype");
+          "tensor parallelism splits unquantized weights: a quantized model.base_dtype needs "
+          "model.lora");
     }
     if (!tp.all_reduce || !tp.all_gather || (config.n_kv_head() < t && !tp.kv_all_reduce)) {
       return absl::InvalidArgumentError(
@@ -249,11 +252,13 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
       } else {
         const std::string prefix = Nf4BufferPrefix(u, p);
         q.nf4.numel = p.numel;
-        q.nf4.format = Nf4Absmax::kDoubleQuantized;
+        q.nf4.format = m.layout_.nf4_absmax;
         ZT_ASSIGN_OR_RETURN(q.nf4.codes, state.Get(prefix + "codes"));
         ZT_ASSIGN_OR_RETURN(q.nf4.absmax, state.Get(prefix + "absmax"));
-        ZT_ASSIGN_OR_RETURN(q.nf4.absmax_scale, state.Get(prefix + "absmax_scale"));
-        ZT_ASSIGN_OR_RETURN(q.nf4.absmax_offset, state.Get(prefix + "absmax_offset"));
+        if (q.nf4.format == Nf4Absmax::kDoubleQuantized) {
+          ZT_ASSIGN_OR_RETURN(q.nf4.absmax_scale, state.Get(prefix + "absmax_scale"));
+          ZT_ASSIGN_OR_RETURN(q.nf4.absmax_offset, state.Get(prefix + "absmax_offset"));
+        }
       }
       quantized.push_back(std::move(q));
     }

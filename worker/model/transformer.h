@@ -141,8 +141,11 @@ class Transformer {
   const Int8Weight* Int8QuantizedWeight(int u, std::string_view name) const;
   // Quantizes `values` ((numel) f32, finite) into unit u's quantized weight `name` (NF4 or
   // INT8, as the base is): how a base streams in, one tensor at a time, so only one tensor is
-  // ever held in f32. InvalidArgument when the weight is not quantized, the sizes differ or a
-  // value is not finite.
+  // ever held in f32. On a tensor-parallel rank `values` is the whole (one-rank) weight: it is
+  // quantized as one rank quantizes it and the rank keeps its share, which dequantizes to the
+  // one-rank dequantized weight's slice bit for bit (an NF4 share in f32-absmax form,
+  // ModelLayout::nf4_absmax). InvalidArgument when the weight is not quantized, the sizes
+  // differ or a value is not finite.
   absl::Status QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
                                   const Tensor& values);
   // InitializeWeights' values for every quantized weight, each generated in f32 in turn and

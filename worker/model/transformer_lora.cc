@@ -10,8 +10,10 @@
 // Folding the scale into h makes B's gradient and the merged weight W + scale·B·A follow
 // without a second scaling pass.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -21,8 +23,10 @@
 #include "kernels/linear.h"
 #include "kernels/lora.h"
 #include "kernels/nf4_linear.h"
+#include "kernels/quantization.h"
 #include "kernels/status_macros.h"
 #include "worker/model/lora_tensor_parallel.h"
+#include "worker/model/tensor_parallel_slice.h"
 #include "worker/model/transformer.h"
 #include "worker/plan/lora_plan.h"
 
@@ -137,9 +141,117 @@ Tensor PieceView(uint8_t* data, DType dtype, const std::vector<int64_t>& shape, 
   return Tensor(data, dtype, {shape[0]}, device);
 }
 
-// Quantizes `values` into `q` (NF4 or INT8, whichever `q` holds).
+// INT8 on a tensor-parallel rank: the whole (one-rank) weight `values` quantized as one rank
+// quantizes it, and the share's codes and row scales taken from it. A row's scale is its whole
+// row's absmax (a row-parallel share holds some of its columns), so every code reads back as
+// one rank's W̃ (Int8DequantizeWeight: the code times w_n / 127, both the one rank's).
+absl::Status QuantizeInt8Share(const DeviceContext& ctx, const std::string& what,
+                               const Tensor& values, const TensorParallelSlice& share,
+                               const Int8Weight& dst) {
+  const int64_t rows = share.global_rows, cols = share.global_cols, lc = share.local_cols;
+  if (values.numel() != rows * cols || dst.codes.dim(0) != share.local_rows ||
+      dst.codes.dim(1) != lc) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeight: ", what, " takes the whole ", rows, " x ", cols,
+                     " weight for its share of ", share.local_rows, " x ", lc, ", got ",
+                     values.numel(), " elements"));
+  }
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+  std::vector<float> scales(static_cast<size_t>(rows));
+  const Int8Weight whole{.codes = Tensor(codes.data(), DType::kU8, {rows, cols}),
+                         .scales = Tensor(scales.data(), DType::kF32, {rows})};
+  ZT_RETURN_IF_ERROR(Int8QuantizeWeight(
+      ctx, {.src = Tensor(values.raw(), DType::kF32, {rows, cols}), .dst = whole}));
+  auto* out_codes = static_cast<uint8_t*>(dst.codes.raw());
+  auto* out_scales = static_cast<float*>(dst.scales.raw());
+  // Padding rows (none for the block linears today) read back as 0.
+  std::fill(out_codes, out_codes + dst.codes.numel(), uint8_t{0});
+  std::fill(out_scales, out_scales + dst.scales.numel(), 0.0f);
+  for (const TensorParallelSlice::Rows& run : share.rows) {
+    for (int64_t i = 0; i < run.count; ++i) {
+      const int64_t g = run.global_begin + i, l = run.local_begin + i;
+      std::memcpy(out_codes + l * lc, codes.data() + g * cols + share.col_begin,
+                  static_cast<size_t>(lc));
+      out_scales[l] = scales[g];
+    }
+  }
+  return absl::OkStatus();
+}
+
+// NF4 on a tensor-parallel rank: the whole (one-rank) weight `values` quantized as one rank
+// quantizes it (double-quantized), and the share's elements given their one-rank codes and
+// their block's one-rank absmax as it reads back, fma(map[k_b], s_g, μ) in f32 as
+// Nf4Dequantize computes it, stored in f32 (dst.format kF32, ModelLayout::nf4_absmax). So the
+// share dequantizes to the one-rank dequantized weight's slice bit for bit, provided every
+// 64-element block of the share lies in one block of the whole weight: CheckEngineSupport
+// refuses the shapes where it would not (d_model / t and d_ff / t multiples of 64); a share
+// block that straddles two is an InternalError here.
+absl::Status QuantizeNf4Share(const DeviceContext& ctx, const std::string& what,
+                              const Tensor& values, const TensorParallelSlice& share,
+                              const Nf4Tensor& dst) {
+  const int64_t n = share.global_rows * share.global_cols, lc = share.local_cols;
+  if (values.numel() != n || dst.numel != share.local_rows * lc || dst.format != Nf4Absmax::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QuantizeBaseWeight: ", what, " takes the whole weight of ", n,
+        " elements for an f32-absmax share of ", share.local_rows * lc, ", got ", values.numel()));
+  }
+  const Nf4Layout l = Nf4LayoutFor(n, Nf4Absmax::kDoubleQuantized);
+  std::vector<uint8_t> codes(static_cast<size_t>(l.code_bytes)),
+      absmax(static_cast<size_t>(l.blocks));
+  std::vector<float> group_scale(static_cast<size_t>(l.absmax_groups)), offset(1);
+  const Nf4Tensor whole{.numel = n,
+                        .format = Nf4Absmax::kDoubleQuantized,
+                        .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
+                        .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
+                        .absmax_scale = Tensor(group_scale.data(), DType::kF32, {l.absmax_groups}),
+                        .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+  ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = whole}));
+  const std::array<float, 256>& map = DynamicMapSigned();
+  auto* out_codes = static_cast<uint8_t*>(dst.codes.raw());
+  auto* out_absmax = static_cast<float*>(dst.absmax.raw());
+  // Padding elements (none for the block linears today): the zero level with absmax 0.
+  std::fill(out_codes, out_codes + dst.codes.numel(), uint8_t{kNf4ZeroCode * 17});
+  std::fill(out_absmax, out_absmax + dst.absmax.numel(), 0.0f);
+  // The whole block each share block reads its absmax from (-1: none yet).
+  std::vector<int64_t> source(static_cast<size_t>(dst.absmax.numel()), -1);
+  const auto nibble = [](const uint8_t* packed, int64_t i) -> uint8_t {
+    return i % 2 == 0 ? packed[i / 2] >> 4 : packed[i / 2] & 0xF;
+  };
+  for (const TensorParallelSlice::Rows& run : share.rows) {
+    for (int64_t i = 0; i < run.count; ++i) {
+      for (int64_t c = 0; c < lc; ++c) {
+        const int64_t local = (run.local_begin + i) * lc + c;
+        const int64_t global = (run.global_begin + i) * share.global_cols + share.col_begin + c;
+        const uint8_t code = nibble(codes.data(), global);
+        uint8_t& byte = out_codes[local / 2];
+        byte = local % 2 == 0 ? static_cast<uint8_t>((byte & 0x0F) | (code << 4))
+                              : static_cast<uint8_t>((byte & 0xF0) | code);
+        const int64_t block = local / kNf4Block, from = global / kNf4Block;
+        if (source[block] < 0) {
+          source[block] = from;
+          out_absmax[block] =
+              std::fma(map[absmax[from]], group_scale[from / kNf4AbsmaxGroup], offset[0]);
+        } else if (source[block] != from) {
+          return absl::InternalError(absl::StrCat(
+              "QuantizeBaseWeight: ", what, "'s share block ", block, " holds elements of blocks ",
+              source[block], " and ", from, " of the whole weight; the share must hold whole ",
+              kNf4Block, "-element NF4 blocks (CheckEngineSupport refuses such shapes)"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Quantizes `values` into `q` (NF4 or INT8, whichever `q` holds). On a tensor-parallel rank
+// (`share` set) `values` is the whole weight and `q` the rank's share of it.
 absl::Status QuantizeInto(const DeviceContext& ctx, const std::string& what, const Tensor& values,
-                          const Nf4Tensor* nf4, const Int8Weight* int8) {
+                          const Nf4Tensor* nf4, const Int8Weight* int8,
+                          const TensorParallelSlice* share) {
+  if (share != nullptr && int8 != nullptr) {
+    return QuantizeInt8Share(ctx, what, values, *share, *int8);
+  }
+  if (share != nullptr && nf4 != nullptr) return QuantizeNf4Share(ctx, what, values, *share, *nf4);
   if (int8 != nullptr) {
     // The flat values as the (out, in) matrix whose rows get one scale each.
     if (values.numel() != int8->codes.numel()) {
@@ -184,7 +296,7 @@ std::vector<Transformer::QuantizedWeightBuffers> Transformer::QuantizedViews(int
     }
     if (!int8) {
       q.nf4.numel = p.numel;
-      q.nf4.format = Nf4Absmax::kDoubleQuantized;
+      q.nf4.format = layout_.nf4_absmax;
     }
     out.push_back(std::move(q));
   }
@@ -205,8 +317,21 @@ absl::Status Transformer::BindQuantizedBase(int u, const Tensor& gathered) {
 absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
                                              const Tensor& values) {
   const std::string what = absl::StrCat(layout_.units[u].name, ".", std::string(name));
+  // A tensor-parallel rank: `values` is the whole weight, quantized as one rank quantizes it,
+  // and this rank keeps its share (QuantizeNf4Share / QuantizeInt8Share).
+  std::optional<TensorParallelSlice> share;
+  if (tp_.size > 1) {
+    const ParamSpec* whole = whole_layout_.units[u].Find(std::string(name));
+    if (whole == nullptr || !whole->quantized) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("QuantizeBaseWeight: ", what, " is not a quantized weight"));
+    }
+    share = SliceOf(config_, whole->name, whole->shape, tp_.size, tp_.rank);
+  }
+  const TensorParallelSlice* slice = share ? &*share : nullptr;
   if (qbase_shards_.empty() || qbase_shards_[u].empty()) {
-    return QuantizeInto(ctx, what, values, QuantizedWeight(u, name), Int8QuantizedWeight(u, name));
+    return QuantizeInto(ctx, what, values, QuantizedWeight(u, name), Int8QuantizedWeight(u, name),
+                        slice);
   }
   return QuantizeIntoShard(ctx, u, name, values, qbase_shards_[u]);
 }
@@ -240,7 +365,7 @@ absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std
     if (q.name != name) continue;
     const bool int8 = layout_.base_quantization == BaseQuantization::kInt8;
     ZT_RETURN_IF_ERROR(
-        QuantizeInto(ctx, what, values, int8 ? nullptr : &q.nf4, int8 ? &q.int8 : nullptr));
+        QuantizeInto(ctx, what, values, int8 ? nullptr : &q.nf4, int8 ? &q.int8 : nullptr, slice));
   }
   const int64_t shard_begin = static_cast<int64_t>(qbase_rank_) * shard.size_bytes();
   const int64_t from = std::max(lo, shard_begin);
@@ -268,11 +393,13 @@ absl::Status Transformer::InitializeQuantizedShard(const DeviceContext& ctx, uin
 absl::Status Transformer::InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     if (!HoldsUnit(static_cast<int>(u))) continue;  // another pipeline stage's
-    const UnitLayout& unit = layout_.units[u];
-    for (const ParamSpec& p : unit.params) {
+    // The whole (one-rank) weight's values: a tensor-parallel rank quantizes it whole and keeps
+    // its share (QuantizeBaseWeight).
+    const UnitLayout& whole_unit = whole_layout_.units[u];
+    for (const ParamSpec& p : whole_unit.params) {
       if (!p.quantized) continue;
       std::vector<float> values(p.numel);
-      FillInitialMatrix(seed, unit, p, 0, p.numel, values.data());
+      FillInitialMatrix(seed, whole_unit, p, 0, p.numel, values.data());
       ZT_RETURN_IF_ERROR(QuantizeBaseWeight(ctx, static_cast<int>(u), p.name,
                                             Tensor(values.data(), DType::kF32, {p.numel})));
     }

@@ -37,8 +37,13 @@ std::vector<BufferSpec> QuantizedBuffersOf(const ModelLayout& layout, const Unit
             prefix + "codes", MemoryCategory::kParameters, DType::kU8, {p.shape[0], p.shape[1]}},
         BufferSpec{prefix + "scales", MemoryCategory::kParameters, DType::kF32, {p.shape[0]}}};
   }
-  const Nf4Layout nf4 = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
+  const Nf4Layout nf4 = Nf4LayoutFor(p.numel, layout.nf4_absmax);
   const std::string prefix = Nf4BufferPrefix(u, p);
+  if (layout.nf4_absmax == Nf4Absmax::kF32) {
+    // A tensor-parallel share: the one-rank weight's read-back absmax of each of its blocks.
+    return {BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
+            BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kF32, {nf4.blocks}}};
+  }
   return {
       BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
       BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}},

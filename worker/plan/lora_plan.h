@@ -7,7 +7,9 @@
 //   parameters:  "<block>.lora"             f32, the block's adapters (UnitLayout::lora_numel;
 //                                           padded to the shard quantum at ZeRO stages ≥ 1)
 //                "<block>.nf4.<tensor>.codes|absmax|absmax_scale|absmax_offset"  base_dtype
-//                NF4: each quantized base weight, double-quantized (kernels/nf4.h)
+//                NF4: each quantized base weight, double-quantized (kernels/nf4.h); a
+//                tensor-parallel share "codes|absmax" only, its absmax f32
+//                (ModelLayout::nf4_absmax)
 //                "<block>.int8.<tensor>.codes" u8 (out, in) and ".scales" f32 (out)  base_dtype
 //                INT8: each quantized base weight, LLM.int8()'s (kernels/int8_linear.h)
 //   gradients:   "<block>.lora_grads"       grad_dtype, same size; the rank's shard at stage 2

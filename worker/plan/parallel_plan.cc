@@ -153,6 +153,9 @@ std::vector<int> BalancedPartition(const std::vector<int64_t>& costs, int chunks
 ModelLayout TensorParallelModelLayout(const zerotrain::ModelConfig& model, int tensor_parallel) {
   ModelLayout layout = BuildModelLayout(model);
   if (tensor_parallel <= 1) return layout;
+  // An NF4 share holds the one-rank weight's blocks with their read-back absmax in f32
+  // (ModelLayout::nf4_absmax; Transformer::QuantizeBaseWeight builds it).
+  layout.nf4_absmax = Nf4Absmax::kF32;
   layout.total_numel = 0;
   for (UnitLayout& u : layout.units) {
     u.numel = 0;
@@ -160,10 +163,13 @@ ModelLayout TensorParallelModelLayout(const zerotrain::ModelConfig& model, int t
       p.shape = LocalShape(p, model, tensor_parallel);
       p.numel = 1;
       for (int64_t s : p.shape) p.numel *= s;
+      layout.total_numel += p.numel;
+      // A quantized base weight stays out of the flat buffer, as in BuildModelLayout: its
+      // share lives in its NF4 / INT8 buffers (QuantizedBytesOf).
+      if (p.quantized) continue;
       p.offset = u.numel;
       u.numel += p.numel;
     }
-    layout.total_numel += u.numel;
   }
   if (layout.lora) {
     // The adapters' shares (worker/model/lora_tensor_parallel.h).

@@ -206,8 +206,8 @@ TEST(LoraDefaultsTest, Int8ThresholdDefaultsToTheLlmInt8Papers) {
 }
 
 // Tensor parallelism trains adapters split as their base weights (f32, KV heads split or
-// replicated, dropout, sequence parallelism, Adafactor, init_from) over an unquantized base;
-// each other case is named.
+// replicated, dropout, sequence parallelism, Adafactor, init_from), over a seeded NF4 base of
+// block-aligned shares or an INT8 base too; each other case is named.
 // NVMe optimizer offload swaps the adapters' states (lora_offload_training_test.cc).
 TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
@@ -240,10 +240,25 @@ TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   spec.mutable_model()->clear_init_from();
   spec.mutable_model()->mutable_lora()->clear_init_from();
+  // An NF4 or INT8 base: each rank quantizes the whole weight and keeps its share
+  // (LoraParallelTrainingTest.QloraBaseOnTensorParallelRanksIsOneRanksSlice). NF4 only where
+  // each share holds whole 64-element blocks: d_model 64 leaves a row-parallel share 32 columns.
   spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
   EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.tensor_parallel: 2 with model.lora trains over an unquantized "
-                        "base"));
+              HasSubstr("parallel.tensor_parallel: 2 with model.lora trains over an NF4 base only "
+                        "when model.d_model (64) and model.d_ff"));
+  spec.mutable_model()->set_d_model(128);
+  spec.mutable_model()->set_d_ff(256);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_model()->set_d_ff(192);  // 96 columns a share: one block and a half
+  EXPECT_THAT(CheckEngineSupport(spec).message(), HasSubstr("model.d_ff (192)"));
+  spec.mutable_model()->set_d_model(64);
+  spec.mutable_model()->set_base_dtype(ModelConfig::INT8);  // per-row scales slice exactly
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  // Streamed from model.init_from: each rank reads the whole weights and keeps its shares
+  // (LoraParallelTrainingTest.QloraBaseFromInitFromOnTensorParallelRanksIsOneRanksSlice).
+  spec.mutable_model()->set_init_from("/models/base.safetensors");
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   spec = testing::JobWithDefaults(kLlamaLora);
   spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
   spec.mutable_offload()->set_buffer_count(4);
