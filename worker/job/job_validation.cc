@@ -626,6 +626,11 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
             "with model.lora at parallel.pipeline_parallel 1 only (a stage's frozen base is not "
             "swapped yet); use offload.params CPU");
       }
+      if (parallel.tensor_parallel() > 1) {
+        needs(
+            "with model.lora at parallel.tensor_parallel 1 only (a tensor-parallel rank's share "
+            "of the frozen base is not swapped yet); use offload.params CPU");
+      }
     }
   }
   const bool optimizer_offload =

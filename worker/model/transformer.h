@@ -43,6 +43,8 @@
 
 namespace zt {
 
+struct TensorParallelSlice;  // worker/model/tensor_parallel_slice.h
+
 // The model's place in a tensor-parallel group (Megatron-LM, Shoeybi et al. 2019) and the
 // group's blocking collectives, which the caller builds from its communicators (size 1: none
 // are called). Each returns once the operation has finished, and labels name the unit.
@@ -480,9 +482,11 @@ class Transformer {
   std::vector<QuantizedWeightBuffers> QuantizedViews(int u, uint8_t* base, int64_t base_offset,
                                                      Device device) const;
   std::vector<Tensor> qbase_shards_;  // per unit, stage 3: "<unit>.qbase"
-  // QuantizeBaseWeight at stage 3, into `shard` (the rank's bytes of unit u's quantized bytes).
+  // QuantizeBaseWeight at stage 3, into `shard` (the rank's bytes of unit u's quantized bytes);
+  // `slice`: a tensor-parallel rank's share of the whole weight `values`, else null.
   absl::Status QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
-                                 const Tensor& values, const Tensor& shard);
+                                 const Tensor& values, const Tensor& shard,
+                                 const TensorParallelSlice* slice);
   int qbase_rank_ = 0;
   LoraScratch lora_;
   uint64_t lora_seed_ = 0;

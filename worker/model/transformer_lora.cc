@@ -333,11 +333,12 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
     return QuantizeInto(ctx, what, values, QuantizedWeight(u, name), Int8QuantizedWeight(u, name),
                         slice);
   }
-  return QuantizeIntoShard(ctx, u, name, values, qbase_shards_[u]);
+  return QuantizeIntoShard(ctx, u, name, values, qbase_shards_[u], slice);
 }
 
 absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
-                                            const Tensor& values, const Tensor& shard) {
+                                            const Tensor& values, const Tensor& shard,
+                                            const TensorParallelSlice* slice) {
   const std::string what = absl::StrCat(layout_.units[u].name, ".", std::string(name));
   // Stage 3: the weight's pieces are bytes [lo, hi) of the unit's quantized bytes; quantize
   // into scratch of that size and keep the part inside this rank's shard.
@@ -379,13 +380,21 @@ absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std
 
 absl::Status Transformer::InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
                                                    const Tensor& shard) {
+  if (tp_.size > 1) {
+    // A share is cut from the whole weight quantized (QuantizeBaseWeight); the job validation
+    // refuses a swapped base on tensor-parallel ranks.
+    return absl::UnimplementedError(absl::StrCat(
+        "InitializeQuantizedShard: ", layout_.units[u].name,
+        ": a swapped quantized base on tensor-parallel ranks is not built"));
+  }
   const UnitLayout& unit = layout_.units[u];
   for (const ParamSpec& p : unit.params) {
     if (!p.quantized) continue;
     std::vector<float> values(p.numel);
     FillInitialMatrix(seed, unit, p, 0, p.numel, values.data());
     ZT_RETURN_IF_ERROR(
-        QuantizeIntoShard(ctx, u, p.name, Tensor(values.data(), DType::kF32, {p.numel}), shard));
+        QuantizeIntoShard(ctx, u, p.name, Tensor(values.data(), DType::kF32, {p.numel}), shard,
+                          /*slice=*/nullptr));
   }
   return absl::OkStatus();
 }
