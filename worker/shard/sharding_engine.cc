@@ -482,7 +482,7 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
       ++param_uploads_ahead_;
       return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);
     }
-    if (staged_slot_[u] >= 0 && staged_[u].valid()) {
+    if (!staged_slot_.empty() && staged_slot_[u] >= 0 && staged_[u].valid()) {
       // Its shard went up into a staging slot while the use before this gather's issue
       // computed (UploadAhead); the all-gather reads it there, and the slot stays taken until
       // the gather has been waited for.
@@ -588,6 +588,7 @@ absl::Status ShardingEngine::AwaitUploadsAhead() {
 }
 
 void ShardingEngine::UploadAhead(int u) {
+  if (upload_slots_.empty()) return;  // a pipeline stage: its units are gathered for the step
   // A slot whose upload a gather took is free once that gather is no longer in flight: the
   // coordinator announces after waiting for the use's gather, so the k gathers still in flight
   // and this upload need k + 1 slots, as many as the plan holds.
