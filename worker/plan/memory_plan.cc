@@ -209,15 +209,29 @@ void MoveOffloadedStates(const zerotrain::JobSpec& job, bool lora, MemoryPlan& p
 int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
   const MemoryPlan plan = PlanMemory(job, rank);
   int64_t largest = 0;
+  // Parameter shards in the pinned pool (offload.params CPU: "<u>.params", "<u>.qbase") never
+  // pass through the ring: a gather uploads them straight from the pool into device memory
+  // (ShardingEngine::GatherUnit) and the host step updates them in place.
+  bool params_on_host = false;
   for (const BufferSpec& b : plan.buffers) {
-    if (b.offloaded_from) largest = std::max(largest, b.bytes());
+    if (!b.offloaded_from) continue;
+    if (*b.offloaded_from == MemoryCategory::kParameters &&
+        b.category == MemoryCategory::kPinnedHost) {
+      params_on_host = true;
+      continue;
+    }
+    largest = std::max(largest, b.bytes());
   }
   if (OffloadCategory(job.offload().optimizer())) {
-    // The host step reads each unit's reduced gradient shard and writes back its parameters.
+    // The host step reads each unit's reduced gradient shard and writes back its parameters,
+    // unless they live on the host (a LoRA job's there are its frozen base: its adapters,
+    // which the step updates, are on the device).
     const ParallelLayout place = ParallelLayout::ForJob(job, rank);
     const ShardGeometry& geometry = place.shard();
-    const int64_t widest = std::max(DTypeSize(StorageDType(job.precision().grad_dtype())),
-                                    DTypeSize(StorageDType(job.precision().param_dtype())));
+    const bool params_go_up = !params_on_host || job.model().has_lora();
+    const int64_t widest =
+        std::max(DTypeSize(StorageDType(job.precision().grad_dtype())),
+                 params_go_up ? DTypeSize(StorageDType(job.precision().param_dtype())) : 0);
     for (const UnitLayout& u : RankModelLayout(job, place).units) {
       largest = std::max(largest, ShardOf(u.numel, geometry).shard_numel * widest);
     }
@@ -439,6 +453,22 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
         numel = std::max(numel, (both + size - 1) / size);
       }
       add("gather.embedding", MemoryCategory::kParameters, param_dtype, numel);
+    }
+  }
+  if (stage >= 3 && job.offload().params() == zerotrain::OffloadConfig::CPU &&
+      place.pipeline_size() == 1) {
+    // offload.params CPU: the host shards of the gathers after a pass's first ones go up one
+    // use before their gather is issued, while the gather buffer they belong in is still
+    // another unit's; they wait here. A slot is taken when the upload starts and free once its
+    // gather has been waited for: at most prefetch_units + 1 at once (the k gathers in flight
+    // and the next upload; ShardingEngine::UploadAhead).
+    int64_t largest_param_shard = 0;
+    for (const UnitLayout& u : layout.units) {
+      largest_param_shard = std::max(largest_param_shard, ShardOf(u.numel, geometry).shard_numel);
+    }
+    for (int k = 0; k <= parallel.prefetch_units(); ++k) {
+      add(absl::StrCat("param_upload.", k), MemoryCategory::kParameters, param_dtype,
+          largest_param_shard);
     }
   }
   if (stage >= 2 && !accumulate_full) {

@@ -22,6 +22,7 @@ void PrefetchCoordinator::Begin(std::vector<UnitUse> uses) {
   uses_ = std::move(uses);
   issued_through_ = -1;
   read_through_ = -1;
+  upload_through_ = -1;
   // Which uses gather: the pass starts with every unit sharded (End released them), and a
   // unit stays held after a use that does not release it, so its next use gathers nothing.
   gathers_.assign(uses_.size(), false);
@@ -68,7 +69,16 @@ absl::StatusOr<Tensor> PrefetchCoordinator::Acquire(int i) {
   }
   // A unit seen ahead while still held from an earlier use, and released since, gathers now.
   ZT_RETURN_IF_ERROR(Issue(uses_[i].unit));
-  return registry_->AwaitGathered(uses_[i].unit);
+  absl::StatusOr<Tensor> gathered = registry_->AwaitGathered(uses_[i].unit);
+  if (gathered.ok() && upload_ahead_) {
+    // Rule 5: after the wait, so what use i's gather read is free again for the next upload.
+    const int next = std::min<int>(last + 1, static_cast<int>(uses_.size()) - 1);
+    for (int j = std::max({upload_through_ + 1, issued_through_ + 1, i + 1}); j <= next; ++j) {
+      if (gathers_[j]) upload_ahead_(uses_[j].unit);
+      upload_through_ = j;
+    }
+  }
+  return gathered;
 }
 
 std::vector<Tensor> PrefetchCoordinator::FirstGatherBuffers(const std::vector<int>& units) const {
@@ -95,6 +105,7 @@ absl::Status PrefetchCoordinator::End() {
   gathers_.clear();
   issued_through_ = -1;
   read_through_ = -1;
+  upload_through_ = -1;
   return s;
 }
 

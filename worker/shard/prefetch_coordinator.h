@@ -23,6 +23,12 @@
 //      order. A gather whose shard must first be read from slower memory (offload.params
 //      NVME) then finds it read while the uses before it compute: its read runs max(k, 1)
 //      uses ahead of the gather's issue, the gather k uses ahead of the use.
+//   5. Upload-ahead (optional, SetUploadAhead): once use i's gather has been waited for, the
+//      coordinator announces the next use not yet issued that will gather (use i + k + 1 in
+//      the steady state), each use once, in sequence order. A shard that must first be copied
+//      up from host memory (offload.params CPU) then goes up while use i computes, one use
+//      before its gather is issued at Acquire(i + 1). Uses issued at the pass's first Acquire
+//      (0 … k) are never announced: nothing computes before them in the pass.
 //
 // Not thread-safe: the rank's compute thread owns it.
 #pragma once
@@ -47,6 +53,8 @@ class PrefetchCoordinator {
   using GatherFn = std::function<absl::StatusOr<CommHandle>(int u, const Tensor& full)>;
   // Announces that unit u will be gathered, ahead of the gather (ordering rule 4).
   using ReadAheadFn = std::function<void(int u)>;
+  // Announces that unit u's gather is issued at the next Acquire (ordering rule 5).
+  using UploadAheadFn = std::function<void(int u)>;
 
   // `dedicated[u]`: unit u's own buffer, or empty to use the pool. `registry` must outlive
   // the coordinator.
@@ -55,6 +63,8 @@ class PrefetchCoordinator {
 
   // Set before a pass begins; empty (the default): no announcements.
   void SetReadAhead(ReadAheadFn read_ahead) { read_ahead_ = std::move(read_ahead); }
+  // Set before a pass begins; empty (the default): no announcements.
+  void SetUploadAhead(UploadAheadFn upload_ahead) { upload_ahead_ = std::move(upload_ahead); }
 
   // Starts a pass over `uses`.
   void Begin(std::vector<UnitUse> uses);
@@ -91,6 +101,8 @@ class PrefetchCoordinator {
   ReadAheadFn read_ahead_;
   std::vector<bool> gathers_;  // per use of the pass: whether it gathers its unit
   int read_through_ = -1;      // the last use announced to read_ahead_
+  UploadAheadFn upload_ahead_;
+  int upload_through_ = -1;  // the last use considered for upload_ahead_
 };
 
 }  // namespace zt

@@ -411,6 +411,18 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
         [self](int u, const Tensor& full) { return self->GatherUnit(u, full); });
+    if (e->params_on_host_ && !model->pipelined()) {
+      // The later gathers' host shards go up a use before their gather (UploadAhead), into
+      // the plan's staging slots.
+      for (int k = 0; k <= parallel.prefetch_units(); ++k) {
+        ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("param_upload.", k)));
+        e->upload_slots_.push_back(t);
+      }
+      e->upload_slot_unit_.assign(e->upload_slots_.size(), -1);
+      e->staged_slot_.assign(n_units, -1);
+      e->staged_.resize(n_units);
+      e->prefetch_->SetUploadAhead([self](int u) { self->UploadAhead(u); });
+    }
   }
   return e;
 }
@@ -481,6 +493,26 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
       uploaded_ahead_[u] = nullptr;
       ++param_uploads_ahead_;
       return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);
+    }
+    if (!staged_slot_.empty() && staged_slot_[u] >= 0 && staged_[u].valid()) {
+      // Its shard went up into a staging slot while the use before this gather's issue
+      // computed (UploadAhead); the all-gather reads it there, and the slot stays taken until
+      // the gather has been waited for.
+      const UploadsAhead done = staged_[u].get();
+      staged_[u] = {};
+      param_upload_bytes_ += done.bytes;
+      param_upload_s_ += done.seconds;
+      if (!done.status.ok()) {
+        upload_slot_unit_[staged_slot_[u]] = -1;
+        staged_slot_[u] = -1;
+        return absl::Status(done.status.code(),
+                            absl::StrCat("sharding engine: uploading ", model_->layout().units[u].name,
+                                         "'s host shard ahead of its gather: ",
+                                         done.status.message()));
+      }
+      ++param_uploads_ahead_;
+      return comms_.shard_group->AllGather(Flat(upload_slots_[staged_slot_[u]], 0, s.shard_numel),
+                                           Flat(full, 0, s.padded), label);
     }
     ++param_uploads_at_gather_;
   }
@@ -565,6 +597,67 @@ absl::Status ShardingEngine::AwaitUploadsAhead() {
                                      "ahead: ", done.status.message()));
   }
   return absl::OkStatus();
+}
+
+void ShardingEngine::UploadAhead(int u) {
+  if (upload_slots_.empty()) return;  // a pipeline stage: its units are gathered for the step
+  // A slot whose upload a gather took is free once that gather is no longer in flight: the
+  // coordinator announces after waiting for the use's gather, so the k gathers still in flight
+  // and this upload need k + 1 slots, as many as the plan holds.
+  for (size_t k = 0; k < upload_slots_.size(); ++k) {
+    const int w = upload_slot_unit_[k];
+    if (w >= 0 && !staged_[w].valid() && registry_->state(w) != Residency::kGathering) {
+      upload_slot_unit_[k] = -1;
+      staged_slot_[w] = -1;
+    }
+  }
+  if (staged_slot_[u] >= 0 || uploaded_ahead_[u] != nullptr) return;
+  auto free = std::find(upload_slot_unit_.begin(), upload_slot_unit_.end(), -1);
+  // No room (a unit announced while an earlier use held it, so its gather comes later than one
+  // use on): the gather uploads the shard itself.
+  if (free == upload_slot_unit_.end()) return;
+  // The mark on the compute thread: the copy comes after whatever was issued before it.
+  absl::StatusOr<DeviceCopyEngine::IssueMark> mark = copies_->MarkIssue();
+  if (!mark.ok()) return;  // the gather uploads itself, and meets the engine's error there
+  const int slot = static_cast<int>(free - upload_slot_unit_.begin());
+  const UnitShard& s = param_shards_[u];
+  const Tensor staging = Flat(upload_slots_[slot], 0, s.shard_numel);
+  upload_slot_unit_[slot] = u;
+  staged_slot_[u] = slot;
+  // One upload thread at a time uses the copy engine (its contract): each waits for the one
+  // started before it, so the copies run in the order the gathers will take them.
+  staged_[u] = std::async(std::launch::async,
+                          [engine = copies_, mark = *std::move(mark), device = staging.raw(),
+                           host = static_cast<const void*>(params_[u].raw()),
+                           bytes = staging.size_bytes(), before = last_upload_] {
+                            if (before.valid()) before.wait();
+                            UploadsAhead done;
+                            const auto start = Clock::now();
+                            done.status = engine->CopyToDevice(mark, device, host, bytes);
+                            if (done.status.ok()) done.bytes = bytes;
+                            done.seconds =
+                                std::chrono::duration<double>(Clock::now() - start).count();
+                            return done;
+                          }).share();
+  last_upload_ = staged_[u];
+}
+
+absl::Status ShardingEngine::AwaitStagedUploads() {
+  absl::Status first;
+  for (size_t u = 0; u < staged_.size(); ++u) {
+    if (staged_[u].valid()) {
+      // Announced, and its gather never issued (the pass ended early on an error).
+      const UploadsAhead done = staged_[u].get();
+      param_upload_bytes_ += done.bytes;
+      param_upload_s_ += done.seconds;
+      if (first.ok()) first = done.status;
+      staged_[u] = {};
+    }
+    staged_slot_[u] = -1;
+  }
+  std::fill(upload_slot_unit_.begin(), upload_slot_unit_.end(), -1);
+  last_upload_ = {};
+  return first;
 }
 
 std::string ShardingEngine::Label(int t, const char* what) const {
@@ -895,6 +988,9 @@ absl::Status ShardingEngine::EndPass() {
   absl::Status uploads = AwaitUploadsAhead();
   if (s.ok()) s = uploads;
   std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+  // The pass's gathers have all been waited for (End): every staging slot is free.
+  absl::Status staged = AwaitStagedUploads();
+  if (s.ok()) s = staged;
   return s;
 }
 

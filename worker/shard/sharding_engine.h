@@ -40,7 +40,13 @@
 // (ReadFirstGathersAhead), on an upload thread of their own, into the slots the coordinator
 // will hand those gathers (PrefetchCoordinator::FirstGatherBuffers); the gather then waits for
 // that upload rather than copying. On a CPU rank the copy is a memcpy, so without this it ran
-// on the compute thread.
+// on the compute thread. Every later gather's host shard goes up one use before the gather is
+// issued (PrefetchCoordinator rule 5: while use i computes, use i + prefetch_units + 1's), on
+// the same kind of upload thread, into one of the plan's prefetch_units + 1 staging slots
+// ("param_upload.<k>": the gather buffer is still another unit's then); the gather waits for
+// that upload and all-gathers from the slot, which is free again once the gather has been
+// waited for (UploadAhead). A use announced while its unit is still held, or with no slot
+// free, uploads at its gather as before.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
@@ -283,8 +289,9 @@ class ShardingEngine {
   // Parameter bytes copied host → device before gathers so far, and the seconds it took.
   int64_t param_upload_bytes() const { return param_upload_bytes_; }
   double param_upload_seconds() const { return param_upload_s_; }
-  // offload.params CPU: host-shard uploads a gather found already made by
-  // ReadFirstGathersAhead, and those it made itself when it was issued.
+  // offload.params CPU: host-shard uploads a gather found already made — by
+  // ReadFirstGathersAhead (a pass's first gathers) or UploadAhead (the later ones, a use
+  // before the gather) — and those it made itself when it was issued.
   int64_t param_uploads_ahead() const { return param_uploads_ahead_; }
   int64_t param_uploads_at_gather() const { return param_uploads_at_gather_; }
 
@@ -424,6 +431,20 @@ class ShardingEngine {
   };
   std::vector<const void*> uploaded_ahead_;
   std::future<UploadsAhead> uploads_ahead_;
+  // offload.params CPU, the uploads ahead of the later gathers (PrefetchCoordinator rule 5):
+  // the plan's staging slots ("param_upload.<k>") and the unit each holds (−1: free); per model
+  // unit, its slot (−1: none) and its upload, pending until its gather takes it; and the last
+  // upload started, which the next one waits for. Last, for the destructor as above.
+  std::vector<Tensor> upload_slots_;
+  std::vector<int> upload_slot_unit_;
+  std::vector<int> staged_slot_;
+  std::vector<std::shared_future<UploadsAhead>> staged_;
+  std::shared_future<UploadsAhead> last_upload_;
+  // Starts unit u's upload into a free staging slot, on an upload thread (the coordinator's
+  // announcement, on the compute thread); nothing when none is free or its shard is already up.
+  void UploadAhead(int u);
+  // Ends the pass's staged uploads: waits for those no gather took and frees every slot.
+  absl::Status AwaitStagedUploads();
 };
 
 }  // namespace zt

@@ -151,9 +151,22 @@ TEST(OffloadPlanTest, ParameterOffloadAtStageThreeMovesTheShardsNotTheGathers) {
   // the backward and the update writes the host shards in place.
   EXPECT_EQ(Bytes(both, MemoryCategory::kPinnedHost), 16 * kShards);
   EXPECT_EQ(Find(both, "offload.ring.0"), nullptr);
+  // The device gains prefetch_units + 1 staging slots of the largest bf16 shard (the block's
+  // 25024 elements): the later gathers' shards go up into them a use before the gather is
+  // issued, while the gather buffer they belong in is still another unit's.
+  const int k = Job(2, 3, OffloadConfig::CPU, OffloadConfig::CPU).parallel().prefetch_units();
+  const int64_t staging = (k + 1) * AlignedBytes(2 * 25024);
+  for (int slot = 0; slot <= k; ++slot) {
+    const BufferSpec* b = Find(both, "param_upload." + std::to_string(slot));
+    ASSERT_NE(b, nullptr) << slot;
+    EXPECT_EQ(b->category, MemoryCategory::kParameters);
+    EXPECT_EQ(b->numel(), 25024);
+  }
+  EXPECT_EQ(Find(both, "param_upload." + std::to_string(k + 1)), nullptr);
+  EXPECT_EQ(Find(none, "param_upload.0"), nullptr);
   EXPECT_EQ(Bytes(both, MemoryCategory::kParameters),
-            Bytes(none, MemoryCategory::kParameters) - 2 * kShards);
-  EXPECT_EQ(both.DeviceBytes(), none.DeviceBytes() - 14 * kShards);
+            Bytes(none, MemoryCategory::kParameters) - 2 * kShards + staging);
+  EXPECT_EQ(both.DeviceBytes(), none.DeviceBytes() - 14 * kShards + staging);
   const BufferSpec* gather = Find(both, "gather.0");
   ASSERT_NE(gather, nullptr);
   EXPECT_EQ(gather->category, MemoryCategory::kParameters);
@@ -163,8 +176,10 @@ TEST(OffloadPlanTest, ParameterOffloadAtStageThreeMovesTheShardsNotTheGathers) {
   EXPECT_EQ(shard->offloaded_from, MemoryCategory::kParameters);
   EXPECT_TRUE(IsCheckpointed(*shard));
 
-  // To NVMe: the bf16 shards as extents too (20480, 50048 → 53248, 4096 bytes).
+  // To NVMe: the bf16 shards as extents too (20480, 50048 → 53248, 4096 bytes). Their reads
+  // land in the ring's pinned buffers, and the gather uploads from there: no staging slots.
   const MemoryPlan nvme = PlanMemory(Job(2, 3, OffloadConfig::NVME, OffloadConfig::NVME));
+  EXPECT_EQ(Find(nvme, "param_upload.0"), nullptr);
   EXPECT_EQ(Bytes(nvme, MemoryCategory::kNvme),
             3 * (40960 + 102400 + 4096) + (20480 + 53248 + 4096));
 }
@@ -185,6 +200,31 @@ TEST(OffloadPlanTest, LargestTransferIsTheLargestOffloadedShard) {
   sgd.mutable_precision()->set_grad_dtype(PrecisionConfig::BF16);
   sgd.mutable_precision()->set_param_dtype(PrecisionConfig::BF16);
   EXPECT_EQ(LargestOffloadTransferBytes(sgd), 2 * 25024);
+}
+
+// offload.params CPU: the parameter shards live in the pinned pool and a gather uploads them
+// straight from there into device memory, and the host step updates them in place, so they
+// are no transfer through the ring; the gradient shard going down is. With NVME the shards are
+// read through the ring and count. The ring itself (buffer_count buffers of buffer_size) is
+// what it was: only the planner's "buffer_size is smaller than its largest transfer" rule
+// reads this, and it no longer rejects a buffer_size too small for a shard that never uses it.
+TEST(OffloadPlanTest, ParameterShardsOnTheHostAreNoRingTransfer) {
+  auto sgd = [](OffloadConfig::Device optimizer, OffloadConfig::Device params) {
+    // No state to move, fp32 parameters and bf16 gradients: the parameter shard is the widest.
+    zerotrain::JobSpec job = Job(2, 3, optimizer, params);
+    job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::SGD);
+    job.mutable_precision()->set_param_dtype(PrecisionConfig::FP32);
+    job.mutable_precision()->set_grad_dtype(PrecisionConfig::BF16);
+    job.mutable_precision()->set_master_weights(false);
+    return job;
+  };
+  // The optimizer on the host, parameters on the device: the block's fp32 shard goes up.
+  EXPECT_EQ(LargestOffloadTransferBytes(sgd(OffloadConfig::CPU, OffloadConfig::NONE)), 4 * 25024);
+  // Parameters on the host too: only the block's bf16 gradient shard moves.
+  EXPECT_EQ(LargestOffloadTransferBytes(sgd(OffloadConfig::CPU, OffloadConfig::CPU)), 2 * 25024);
+  // Swapped: the fp32 shard is read through the ring.
+  EXPECT_EQ(LargestOffloadTransferBytes(sgd(OffloadConfig::NVME, OffloadConfig::NVME)),
+            4 * 25024);
 }
 
 TEST(OffloadPlanTest, ParameterOffloadBelowStageThreeMovesNothing) {

@@ -218,5 +218,28 @@ TEST_F(PrefetchCoordinatorTest, AnnouncesReadsAheadOfTheGathers) {
   }
 }
 
+// Upload-ahead (rule 5): once use i's gather has been waited for, the next use not yet issued
+// that gathers is announced ("u"), so a host shard goes up while use i computes and its gather
+// ("g") is issued at the very next Acquire. The first k + 1 gathers, issued together at the
+// pass's first Acquire, are never announced; nor is the head's backward use (still held).
+TEST_F(PrefetchCoordinatorTest, AnnouncesUploadsOneUseBeforeTheirGather) {
+  Make(/*prefetch=*/1, /*dedicated_first=*/false);
+  std::vector<std::string> log;
+  log_ = &log;
+  coordinator_->SetUploadAhead([&](int u) { log.push_back(absl::StrCat("u", u)); });
+  std::vector<UnitUse> uses = {{0, true}, {1, true}, {2, true}, {3, true}, {4, false},
+                               {4, true}, {3, true}, {2, true}, {1, true}};
+  coordinator_->Begin(uses);
+  for (int i = 0; i < static_cast<int>(uses.size()); ++i) {
+    ASSERT_TRUE(coordinator_->Acquire(i).ok()) << i;
+    ASSERT_TRUE(coordinator_->Finish(i).ok()) << i;
+    log.push_back(absl::StrCat("f", i));
+  }
+  ASSERT_TRUE(coordinator_->End().ok());
+  EXPECT_THAT(log, ElementsAre("g0", "g1", "u2", "f0", "g2", "u3", "f1", "g3", "u4", "f2", "g4",
+                               "f3", "u3", "f4", "g3", "u2", "f5", "g2", "u1", "f6", "g1", "f7",
+                               "f8"));
+}
+
 }  // namespace
 }  // namespace zt

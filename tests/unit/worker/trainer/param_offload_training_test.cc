@@ -160,7 +160,18 @@ TEST_F(ParamOffloadTrainingTest, DeviceHoldsGatheredUnitsAndCopiesAreOnePerGathe
         if (b.name.ends_with(".params")) shards += PlacedBytes(b);
       }
       EXPECT_GT(shards, 0) << what;
-      EXPECT_EQ(plan.DeviceBytes(), before.DeviceBytes() - shards) << what;
+      // What the device gains: the staging slots the later gathers' shards go up into a use
+      // before their gather is issued (prefetch_units + 1 of the largest shard, memory_plan.cc).
+      int64_t staging = 0, staging_slots = 0;
+      for (const BufferSpec& b : plan.buffers) {
+        if (b.name.starts_with("param_upload.")) {
+          EXPECT_EQ(b.category, MemoryCategory::kParameters) << what << " " << b.name;
+          staging += PlacedBytes(b);
+          ++staging_slots;
+        }
+      }
+      EXPECT_EQ(staging_slots, job.parallel().prefetch_units() + 1) << what;
+      EXPECT_EQ(plan.DeviceBytes(), before.DeviceBytes() - shards + staging) << what;
       // The shards come to the host, and the ring buffer the parameters went up through goes:
       // the update writes the host shards in place (memory_plan.cc).
       EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
@@ -170,11 +181,12 @@ TEST_F(ParamOffloadTrainingTest, DeviceHoldsGatheredUnitsAndCopiesAreOnePerGathe
       EXPECT_FALSE(std::any_of(plan.buffers.begin(), plan.buffers.end(), [](const BufferSpec& b) {
         return b.name.starts_with("offload.ring.");
       })) << what;
-      // The device's parameters are the gather buffers alone.
+      // The device's parameters are the gather buffers and the staging slots alone.
       int64_t gather = 0;
       for (const BufferSpec& b : plan.buffers) {
         if (b.category == MemoryCategory::kParameters) {
-          EXPECT_TRUE(b.name.starts_with("gather.")) << what << " " << b.name;
+          EXPECT_TRUE(b.name.starts_with("gather.") || b.name.starts_with("param_upload."))
+              << what << " " << b.name;
           gather += PlacedBytes(b);
         }
       }
@@ -324,38 +336,68 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsEachMicroBatchsFirstGathersAhead
   }
 }
 
-// offload.params CPU: the gathers a pass issues together at its start (units 0 … k at its
-// first Acquire, k = prefetch_units) find their host shards already uploaded into their slots
-// — at the step's start and between micro-batches, on the upload thread
-// (ShardingEngine::ReadFirstGathersAhead) — and every later gather uploads its shard when it is
-// issued, k uses ahead of its use. Counted per gather, so an upload made at the first gathers
-// fails it; and the run is the job without offload bit for bit, with 1 and 2 micro-batches.
-TEST_F(ParamOffloadTrainingTest, ParamsCpuUploadsEachPasssFirstGathersAhead) {
-  for (int accum : {1, 2}) {
-    auto job = [&](OffloadConfig::Device device) {
-      JobSpec j = Job(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, device, device);
-      j.mutable_train()->set_micro_batch_size(accum == 1 ? 2 : 1);
-      j.mutable_train()->set_grad_accum_steps(accum);
-      return j;
-    };
-    const std::string what = absl::StrCat(accum, " micro-batches a step");
-    const RunResult offloaded = Train(job(OffloadConfig::CPU), 3);
-    const RunResult plain = Train(job(OffloadConfig::NONE), 3);
-    ExpectSameRun(offloaded, plain, what);
-    const JobSpec validated = ValidatedJob(job(OffloadConfig::CPU)).value();
-    const int n_units = static_cast<int>(BuildModelLayout(validated.model()).units.size());
-    const int k = validated.parallel().prefetch_units();
-    ASSERT_GE(k, 1) << what << ": the test needs a pooled unit among the first gathers";
-    ASSERT_LT(k + 1, n_units) << what;
-    // Gathers a pass: the tied embedding and the head once, each block twice.
-    const int64_t gathers = 2 + 2 * (n_units - 2);
-    const int64_t passes = 3 * accum;
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_EQ(offloaded.param_uploads_ahead[r], passes * (k + 1)) << what << " rank " << r;
-      EXPECT_EQ(offloaded.param_uploads_at_gather[r], passes * (gathers - (k + 1)))
-          << what << " rank " << r;
-      EXPECT_EQ(plain.param_uploads_ahead[r] + plain.param_uploads_at_gather[r], 0)
-          << what << ": nothing is uploaded with the shards on the device";
+// offload.params CPU uploads every gather's host shard ahead of the gather, off the compute
+// thread: a pass's first prefetch_units + 1 gathers at the step's start or between micro-batches
+// into the slots they will take (ShardingEngine::ReadFirstGathersAhead), every later one while
+// the use before its gather's issue computes, into a staging slot (PrefetchCoordinator rule 5,
+// ShardingEngine::UploadAhead). Counted per gather, so one upload made at a gather fails it.
+// What the lookahead cannot reach, and so uploads at the gather: a use announced while an
+// earlier use still holds its unit (its gather comes at its own use, not one use on), which
+// with the pass below needs prefetch_units ≥ 3 (the last block's forward and backward uses are
+// three apart) — hence the bound on k — and no staging slot free, which k + 1 slots rule out.
+// Each run is the job without offload bit for bit (fp32 and bf16, 1 and 2 micro-batches,
+// activation checkpointing, reshard_after_forward on and off, 2 ranks), and its arenas are its
+// plan, staging slots included.
+TEST_F(ParamOffloadTrainingTest, ParamsCpuUploadsEveryGatherAhead) {
+  for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+    for (bool reshard : {true, false}) {
+      for (int accum : {1, 2}) {
+        auto job = [&](OffloadConfig::Device device) {
+          JobSpec j = Job(2, 3, OptimizerConfig::ADAMW, dtype, device, device);
+          j.mutable_train()->set_micro_batch_size(accum == 1 ? 2 : 1);
+          j.mutable_train()->set_grad_accum_steps(accum);
+          j.mutable_parallel()->set_reshard_after_forward(reshard);
+          // Checkpointing recomputes a block's forward inside its backward use, from the
+          // parameters that use acquired: with 2 micro-batches, to show it adds no gather.
+          j.mutable_memory()->set_activation_checkpointing(
+              accum == 2 ? zerotrain::MemoryConfig::FULL : zerotrain::MemoryConfig::NONE);
+          return j;
+        };
+        const std::string what =
+            absl::StrCat(PrecisionConfig::DType_Name(dtype), " reshard_after_forward ", reshard,
+                         ", ", accum, " micro-batches a step");
+        const RunResult offloaded = Train(job(OffloadConfig::CPU), 3);
+        const RunResult plain = Train(job(OffloadConfig::NONE), 3);
+        ASSERT_TRUE(offloaded.status.ok()) << what << ": " << offloaded.status;
+        ExpectSameRun(offloaded, plain, what);
+        EXPECT_TRUE(offloaded.unclaimed.empty()) << what << ": " << offloaded.unclaimed[0];
+        const JobSpec validated = ValidatedJob(job(OffloadConfig::CPU)).value();
+        const int n_units = static_cast<int>(BuildModelLayout(validated.model()).units.size());
+        const int k = validated.parallel().prefetch_units();
+        ASSERT_GE(k, 1) << what << ": the test needs a pooled unit among the first gathers";
+        ASSERT_LE(k, 2) << what << ": beyond, the last block's backward gather uploads at itself";
+        ASSERT_LT(k + 1, n_units) << what << ": the test needs gathers after the first ones";
+        // Gathers a pass: with reshard_after_forward the tied embedding and the head once,
+        // each block twice; without it every unit once (kept from its forward to its backward).
+        const int64_t gathers = reshard ? 2 + 2 * (n_units - 2) : n_units;
+        const int64_t passes = 3 * accum;
+        for (int r = 0; r < 2; ++r) {
+          EXPECT_EQ(offloaded.param_uploads_ahead[r], passes * gathers) << what << " rank " << r;
+          EXPECT_EQ(offloaded.param_uploads_at_gather[r], 0) << what << " rank " << r;
+          EXPECT_EQ(plain.param_uploads_ahead[r] + plain.param_uploads_at_gather[r], 0)
+              << what << ": nothing is uploaded with the shards on the device";
+          // Arenas = plan: every category, the staging slots among the parameters.
+          const MemoryPlan& plan = offloaded.plans[r];
+          EXPECT_TRUE(std::any_of(plan.buffers.begin(), plan.buffers.end(),
+                                  [](const BufferSpec& b) { return b.name == "param_upload.0"; }))
+              << what;
+          for (int c = 0; c < kMemoryCategoryCount; ++c) {
+            const auto category = static_cast<MemoryCategory>(c);
+            EXPECT_EQ(offloaded.arena_bytes[r][c], plan.CategoryBytes(category))
+                << what << " " << MemoryCategoryName(category) << " rank " << r;
+          }
+        }
+      }
     }
   }
 }
