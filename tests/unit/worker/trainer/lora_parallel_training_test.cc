@@ -226,6 +226,32 @@ StraightAndResumed RunStraightAndResumed(JobSpec from, JobSpec to, const std::st
   return out;
 }
 
+// Steps 6–10 of the resumed run against the uninterrupted run's: every rank's losses within
+// `loss_relative` of its rank 0's, and its adapters within `adapter_abs` (the callers say why).
+void ExpectResumedFollowsStraight(const StraightAndResumed& runs, double loss_relative,
+                                  double adapter_abs, const std::string& what) {
+  const Outcome& whole = runs.whole;
+  const Outcome& resumed = runs.resumed;
+  ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
+  ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
+  for (const RankRun& r : resumed.ranks) {
+    ASSERT_EQ(r.losses.size(), 5u) << what;
+    for (int s = 0; s < 5; ++s) {
+      const double want = whole.ranks[0].losses[5 + s];
+      EXPECT_NEAR(r.losses[s], want, loss_relative * want) << what << ", step " << 6 + s;
+    }
+    double worst = 0;
+    ASSERT_EQ(r.adapters.size(), whole.ranks[0].adapters.size()) << what;
+    for (size_t u = 0; u < r.adapters.size(); ++u) {
+      ASSERT_EQ(r.adapters[u].size(), whole.ranks[0].adapters[u].size()) << what;
+      for (size_t i = 0; i < r.adapters[u].size(); ++i) {
+        worst = std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
+      }
+    }
+    EXPECT_LT(worst, adapter_abs) << what << ": adapters";
+  }
+}
+
 struct Bounds {
   double loss = 1e-6, norm = 2e-5, adapter = 1e-4;
 };
@@ -314,7 +340,8 @@ void ExpectSame(const Outcome& got, const Outcome& want, const std::string& what
             ShardOf(unit->numel, ParallelLayout::ForJob(got.job, static_cast<int>(r)).shard());
         const size_t element = it->second.size() / static_cast<size_t>(unit->numel);
         const size_t begin = static_cast<size_t>(shard.offset) * element;
-        const size_t n = std::min(bytes.size(), it->second.size() - std::min(begin, it->second.size()));
+        const size_t n =
+            std::min(bytes.size(), it->second.size() - std::min(begin, it->second.size()));
         EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + n, it->second.begin() + begin))
             << rank << " " << name << ": not the one-rank base's shard";
         continue;
@@ -508,8 +535,8 @@ TEST_F(LoraParallelTrainingTest, TwoStagesByTwoReplicasAtZeroOneTwoAndThreeMatch
 }
 
 // ZeRO-3 stages with reshard_after_forward (the default): each use of a block gathers its frozen
-// base's shard — an NF4 or INT8 base's quantized byte shard "<unit>.qbase" beside its norms — into the
-// pool and binds it for that use, and the adapters' gradients are reduce-scattered after each
+// base's shard — an NF4 or INT8 base's quantized byte shard "<unit>.qbase" beside its norms — into
+// the pool and binds it for that use, and the adapters' gradients are reduce-scattered after each
 // micro-batch (StageGradientsPerMicroBatch). Against the stage that gathers its units for the
 // step (reshard_after_forward false): the same frozen base bit for bit on every rank (gathers
 // copy), the losses, norms and adapters within the f32 bounds (the adapters' gradient sums run
@@ -557,7 +584,8 @@ TEST_F(LoraParallelTrainingTest, ZeroThreeStagesGatheringPerUseMatchTheKeptStage
         EXPECT_GT(accumulated[1], 0) << rank;
         if (base != ModelConfig::FP32) {
           int qbase = 0;
-          for (const auto& [name, bytes] : got.ranks[r].base_after) qbase += name.ends_with(".qbase");
+          for (const auto& [name, bytes] : got.ranks[r].base_after)
+            qbase += name.ends_with(".qbase");
           EXPECT_GT(qbase, 0) << rank << ": the quantized base's shards";
         }
         for (size_t s = 0; s < want.ranks[r].losses.size(); ++s) {
@@ -629,10 +657,9 @@ TEST_F(LoraParallelTrainingTest, QloraNf4BaseOnTwoStagesMatchesOneRank) {
   // Each stage quantizes its own blocks' weights from the seeded init, as one rank does: the
   // same NF4 bytes (checked bit for bit by name), so the f32 bounds hold.
   for (const bool llama : {false, true}) {
-    ExpectSame(
-        RunAll(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::NF4), 10),
-        RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::NF4), 10),
-        absl::StrCat(llama ? "llama" : "gpt2", " nf4 pp2"));
+    ExpectSame(RunAll(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::NF4), 10),
+               RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::NF4), 10),
+               absl::StrCat(llama ? "llama" : "gpt2", " nf4 pp2"));
   }
 }
 
@@ -675,10 +702,10 @@ TEST_F(LoraParallelTrainingTest, Int8BaseStagesQuantizeAsOneRankBitForBit) {
       }
       EXPECT_GT(compared, 0) << what << ": int8 codes and scales compared";
     };
-    const Outcome one = RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B,
-                                   ModelConfig::INT8), 10);
-    const Outcome pp2 = RunAll(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B,
-                                   ModelConfig::INT8), 10);
+    const Outcome one =
+        RunAll(Job(llama, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::INT8), 10);
+    const Outcome pp2 =
+        RunAll(Job(llama, 2, 1, 0, 1, ParallelConfig::ONE_F_ONE_B, ModelConfig::INT8), 10);
     expect_one_rank_quantized_base(pp2, one, family + " int8 pp2");
     ExpectSame(pp2, one, family + " int8 pp2");
 
@@ -707,10 +734,11 @@ TEST_F(LoraParallelTrainingTest, Int8BaseStagesQuantizeAsOneRankBitForBit) {
 
 // A LoRA checkpoint written on PP2 (1F1B, and PP2 × DP2 at ZeRO-1) or TP2 (and TP2 × DP2 at
 // ZeRO-1; TP4 with one KV head replicated on every rank) after 5 steps resumes at one rank, and
-// one rank's at PP2, TP2 and TP2 with a replicated KV head: steps 6–10 are the uninterrupted run's, and the adapters at the
-// end agree. The adapters, the seeded frozen base (with the head stage's copy of the tied wte
-// taken from the embedding) and the AdamW moments are copied or placed element by element,
-// exactly, so what differs is the other layout's reduction order: the f32 bounds (ExpectSame).
+// one rank's at PP2, TP2 and TP2 with a replicated KV head: steps 6–10 are the uninterrupted run's,
+// and the adapters at the end agree. The adapters, the seeded frozen base (with the head stage's
+// copy of the tied wte taken from the embedding) and the AdamW moments are copied or placed element
+// by element, exactly, so what differs is the other layout's reduction order: the f32 bounds
+// (ExpectSame).
 TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
   struct Case {
     bool llama;
@@ -721,10 +749,11 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
     int tp = 2;           // with `tensor`
     int kv_heads = 0;     // Llama's n_kv_head when set (below tp: replicated KV heads)
   };
-  for (const Case& c : {Case{false, 1, true}, Case{true, 1, true}, Case{false, 1, false},
-                        Case{true, 2, true}, Case{false, 1, true, true}, Case{true, 2, true, true},
-                        Case{true, 1, false, true}, Case{false, 1, true, true, true},
-                        Case{true, 1, true, true, false, 4, 1}, Case{true, 1, false, true, false, 2, 1}}) {
+  for (const Case& c :
+       {Case{false, 1, true}, Case{true, 1, true}, Case{false, 1, false}, Case{true, 2, true},
+        Case{false, 1, true, true}, Case{true, 2, true, true}, Case{true, 1, false, true},
+        Case{false, 1, true, true, true}, Case{true, 1, true, true, false, 4, 1},
+        Case{true, 1, false, true, false, 2, 1}}) {
     // The global batch is the same on both sides: 4 micro-batches of dp sequences.
     JobSpec pp = Job(c.llama, c.tensor && !c.both ? 1 : 2, c.dp, c.dp > 1 ? 1 : 0, 1,
                      ParallelConfig::ONE_F_ONE_B);
@@ -739,17 +768,16 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
     }
     JobSpec from = c.to_one_rank ? pp : one, to = c.to_one_rank ? one : pp;
     const std::string staged =
-        c.both ? "tp2 x pp2"
-        : c.tensor
-            ? absl::StrCat("tp", c.tp, c.kv_heads > 0 ? absl::StrCat(" n_kv_head ", c.kv_heads) : "")
-            : "pp2";
+        c.both     ? "tp2 x pp2"
+        : c.tensor ? absl::StrCat("tp", c.tp,
+                                  c.kv_heads > 0 ? absl::StrCat(" n_kv_head ", c.kv_heads) : "")
+                   : "pp2";
     const std::string what =
         absl::StrCat(c.llama ? "llama " : "gpt2 ", c.to_one_rank ? staged : "one rank",
                      c.dp > 1 ? " x dp2" : "", " -> ", c.to_one_rank ? "one rank" : staged);
-    const std::string dir =
-        (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor, c.both, c.tp,
-                             c.kv_heads))
-            .string();
+    const std::string dir = (dir_ / absl::StrCat("resume-", c.llama, c.dp, c.to_one_rank, c.tensor,
+                                                 c.both, c.tp, c.kv_heads))
+                                .string();
     const auto [whole, resumed] = RunStraightAndResumed(from, to, dir, what);
     ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
     ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
@@ -765,7 +793,8 @@ TEST_F(LoraParallelTrainingTest, CheckpointsResumeBetweenStagesAndOneRank) {
       for (size_t u = 0; u < r.adapters.size(); ++u) {
         ASSERT_EQ(r.adapters[u].size(), whole.ranks[0].adapters[u].size()) << what;
         for (size_t i = 0; i < r.adapters[u].size(); ++i) {
-          worst = std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
+          worst =
+              std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
         }
       }
       EXPECT_LT(worst, 1e-4) << what << ": adapters";
@@ -822,25 +851,7 @@ TEST_F(LoraParallelTrainingTest, EightBitAdamWAdapterStatesReshardAcrossLayouts)
                      c.pp, " dp", c.dp, c.to_one_rank ? " -> 1" : "");
     const std::string dir =
         (dir_ / absl::StrCat("adam8-", c.llama, c.tp, c.pp, c.dp, c.to_one_rank)).string();
-    const auto [whole, resumed] = RunStraightAndResumed(from, to, dir, what);
-    ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
-    ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
-    for (const RankRun& r : resumed.ranks) {
-      ASSERT_EQ(r.losses.size(), 5u) << what;
-      for (int s = 0; s < 5; ++s) {
-        const double want = whole.ranks[0].losses[5 + s];
-        EXPECT_NEAR(r.losses[s], want, 1e-3 * want) << what << ", step " << 6 + s;
-      }
-      double worst = 0;
-      ASSERT_EQ(r.adapters.size(), whole.ranks[0].adapters.size()) << what;
-      for (size_t u = 0; u < r.adapters.size(); ++u) {
-        for (size_t i = 0; i < r.adapters[u].size(); ++i) {
-          worst =
-              std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
-        }
-      }
-      EXPECT_LT(worst, 3e-3) << what << ": adapters";
-    }
+    ExpectResumedFollowsStraight(RunStraightAndResumed(from, to, dir, what), 1e-3, 3e-3, what);
   }
 }
 
@@ -913,8 +924,8 @@ TEST_F(LoraParallelTrainingTest, ExportOfAStagedCheckpointIsTheWholeModelsAdapte
       ASSERT_TRUE((*got)->ReadAsF32(*g, absl::MakeSpan(b)).ok());
       double worst = 0;
       for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double{a[i]} - b[i]));
-      const bool adapted = w.name.find("attn") != std::string::npos ||
-                           w.name.find("mlp") != std::string::npos;
+      const bool adapted =
+          w.name.find("attn") != std::string::npos || w.name.find("mlp") != std::string::npos;
       if (adapted) {
         EXPECT_LT(worst, 1e-4) << what << " " << w.name;
       } else {
@@ -936,8 +947,7 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdaptersMatchOneRank) {
       JobSpec job = Job(llama, 1, dp, dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B);
       job.mutable_parallel()->set_world_size(2 * dp);
       job.mutable_parallel()->set_tensor_parallel(2);
-      ExpectSame(RunAll(job, 10),
-                 RunAll(Job(llama, 1, 1, 0, dp, ParallelConfig::ONE_F_ONE_B), 10),
+      ExpectSame(RunAll(job, 10), RunAll(Job(llama, 1, 1, 0, dp, ParallelConfig::ONE_F_ONE_B), 10),
                  absl::StrCat(llama ? "llama" : "gpt2", " tp2", dp > 1 ? " x dp2 zero-1" : ""));
     }
     // bf16 (parameters, activations, gradients; the adapters f32): the h and A-gradient sums
@@ -968,8 +978,8 @@ TEST_F(LoraParallelTrainingTest, TensorParallelAdaptersMatchOneRank) {
 // Checked: each rank's dequantized share of every quantized weight is the one-rank dequantized
 // weight's slice bit for bit (TP2 and TP4; NF4 with double quantization on the one-rank side,
 // INT8; GPT-2 and Llama with GQA); NF4 trains within the f32 bounds of
-// TensorParallelAdaptersMatchOneRank (TP2, TP4, TP2 × DP2 ZeRO-1 and 3, TP2 × PP2), the arenas equal
-// the plan (ExpectSame). INT8 is LLM.int8() (kernels/int8_linear.h): every row-parallel layer
+// TensorParallelAdaptersMatchOneRank (TP2, TP4, TP2 × DP2 ZeRO-1 and 3, TP2 × PP2), the arenas
+// equal the plan (ExpectSame). INT8 is LLM.int8() (kernels/int8_linear.h): every row-parallel layer
 // (attn.proj / o_proj, mlp.proj / down_proj) quantizes its input per token over the columns the
 // rank holds, so a share's activation scale x_m is the max over d/t columns, not over all d:
 // each rank rounds its part of the row on another grid than one rank does. The weights are one
@@ -1138,7 +1148,8 @@ TEST_F(LoraParallelTrainingTest, ReplicatedKvHeadsAdaptersMatchOneRank) {
                absl::StrCat("llama tp", c.tp, ", n_kv_head ", c.kv_heads));
   }
   // bf16: the head's B gradient summed through the 16-bit KV all-reduce (the plan's
-  // comm.convert.tensor_kv, B's rows × r): the bf16 TP bounds of TensorParallelAdaptersMatchOneRank.
+  // comm.convert.tensor_kv, B's rows × r): the bf16 TP bounds of
+  // TensorParallelAdaptersMatchOneRank.
   JobSpec one = Bf16(Job(/*llama=*/true, 1, 1, 0, 1, ParallelConfig::ONE_F_ONE_B));
   one.mutable_model()->set_n_kv_head(1);
   JobSpec job = one;
@@ -1212,10 +1223,9 @@ TEST_F(LoraParallelTrainingTest, AdafactorAdapterStatesReshardAcrossLayouts) {
     bool to_one_rank;
     int dp = 1, kv_heads = 0;
   };
-  for (const Case& c :
-       {Case{false, 2, 1, true}, Case{true, 2, 1, true}, Case{false, 2, 1, false},
-        Case{true, 2, 1, false}, Case{true, 2, 1, true, 1, 1}, Case{false, 2, 1, true, 2},
-        Case{true, 1, 2, true}}) {
+  for (const Case& c : {Case{false, 2, 1, true}, Case{true, 2, 1, true}, Case{false, 2, 1, false},
+                        Case{true, 2, 1, false}, Case{true, 2, 1, true, 1, 1},
+                        Case{false, 2, 1, true, 2}, Case{true, 1, 2, true}}) {
     JobSpec split =
         Adafactor(Job(c.llama, c.pp, c.dp, c.dp > 1 ? 1 : 0, 1, ParallelConfig::ONE_F_ONE_B));
     split.mutable_parallel()->set_world_size(c.tp * c.pp * c.dp);
@@ -1232,25 +1242,7 @@ TEST_F(LoraParallelTrainingTest, AdafactorAdapterStatesReshardAcrossLayouts) {
     const std::string dir =
         (dir_ / absl::StrCat("adafactor-", c.llama, c.tp, c.pp, c.dp, c.to_one_rank, c.kv_heads))
             .string();
-    const auto [whole, resumed] = RunStraightAndResumed(from, to, dir, what);
-    ASSERT_TRUE(whole.status.ok() && resumed.status.ok()) << what;
-    ASSERT_EQ(resumed.ranks.size(), whole.ranks.size()) << what;
-    for (const RankRun& r : resumed.ranks) {
-      ASSERT_EQ(r.losses.size(), 5u) << what;
-      for (int s = 0; s < 5; ++s) {
-        const double want = whole.ranks[0].losses[5 + s];
-        EXPECT_NEAR(r.losses[s], want, 1e-6 * want) << what << ", step " << 6 + s;
-      }
-      double worst = 0;
-      ASSERT_EQ(r.adapters.size(), whole.ranks[0].adapters.size()) << what;
-      for (size_t u = 0; u < r.adapters.size(); ++u) {
-        for (size_t i = 0; i < r.adapters[u].size(); ++i) {
-          worst =
-              std::max(worst, std::abs(double{r.adapters[u][i]} - whole.ranks[0].adapters[u][i]));
-        }
-      }
-      EXPECT_LT(worst, 1e-4) << what << ": adapters";
-    }
+    ExpectResumedFollowsStraight(RunStraightAndResumed(from, to, dir, what), 1e-6, 1e-4, what);
   }
 }
 
@@ -1269,8 +1261,9 @@ TEST_F(LoraParallelTrainingTest, SequenceParallelAdaptersMatchOneRank) {
       job.mutable_parallel()->set_world_size(2);
       job.mutable_parallel()->set_tensor_parallel(2);
       job.mutable_parallel()->set_sequence_parallel(true);
-      ExpectSame(RunAll(job, 10), RunAll(one, 10),
-                 absl::StrCat(llama ? "llama" : "gpt2", " tp2 + sp", dropout > 0 ? " dropout" : ""));
+      ExpectSame(
+          RunAll(job, 10), RunAll(one, 10),
+          absl::StrCat(llama ? "llama" : "gpt2", " tp2 + sp", dropout > 0 ? " dropout" : ""));
     }
   }
 }
@@ -1315,7 +1308,8 @@ TEST_F(LoraParallelTrainingTest, InitFromFilesStartTensorParallelRanksWhereOneRa
     if (c.kv_heads > 0) one.mutable_model()->set_n_kv_head(c.kv_heads);
     const JobSpec validated = ValidatedJob(one).value();
     // The base: one rank's seeded init under another seed, exported as a Hugging Face file.
-    const std::string hf = (dir_ / absl::StrCat("base-", c.llama, c.kv_heads, ".safetensors")).string();
+    const std::string hf =
+        (dir_ / absl::StrCat("base-", c.llama, c.kv_heads, ".safetensors")).string();
     ASSERT_TRUE(ExportOtherSeedBase(one, hf).ok()) << what;
     // The adapters: a pattern, B included.
     const std::string peft = (dir_ / absl::StrCat("peft-", c.llama, c.kv_heads)).string();
