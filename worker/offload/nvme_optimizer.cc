@@ -264,8 +264,8 @@ absl::Status NvmeOptimizer::GenerationFailed(const absl::Status& failed, uint64_
                                              const std::string& what) const {
   return absl::Status(
       failed.code(),
-      absl::StrCat("offload.nvme_path '", store_->path(), "': ", what, " (generation ",
-                   generation, " of ", GenerationBytes(), " bytes of this rank's states, ",
+      absl::StrCat("offload.nvme_path '", store_->path(), "': ", what, " (generation ", generation,
+                   " of ", GenerationBytes(), " bytes of this rank's states, ",
                    "beside the committed one) failed: ", failed.message()));
 }
 
@@ -418,8 +418,8 @@ absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
         }
       }
       const Tensor grad(grads[u].raw(), grads[u].dtype(), {n}, Device{});
-      const Tensor updated = swapped ? ParamsOf(*cur, n)
-                                     : Tensor(params[u].raw(), params[u].dtype(), {n}, Device{});
+      const Tensor updated =
+          swapped ? ParamsOf(*cur, n) : Tensor(params[u].raw(), params[u].dtype(), {n}, Device{});
       ZT_RETURN_IF_ERROR(optimizer_.StepUnit(host_ctx, u, updated, grad, lr, grad_scale, seed,
                                              ViewsOf(*cur)));
       WriteBehind(std::move(*cur), write, writes);

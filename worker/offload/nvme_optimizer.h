@@ -36,8 +36,8 @@
 // first generation.
 //
 // Not thread-safe: one per rank, like its Optimizer; the one exception is the delayed update's
-// StepOnHost on its own thread beside the gathers' shard reads (see there). The copy engine and the store are not
-// owned and must outlive it; the ring's memory (the rank's arenas) too.
+// StepOnHost on its own thread beside the gathers' shard reads (see there). The copy engine and the
+// store are not owned and must outlive it; the ring's memory (the rank's arenas) too.
 #pragma once
 
 #include <cstdint>

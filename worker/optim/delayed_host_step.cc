@@ -45,8 +45,7 @@ absl::StatusOr<std::unique_ptr<DelayedHostStep>> DelayedHostStep::Create(Args ar
         "\"<unit>.grads.host.1\")");
   }
   const bool kept_in_place = args.params_host.empty() && args.on_switch;
-  if (!kept_in_place &&
-      static_cast<int>(args.params_host.size()) != args.optimizer->unit_count()) {
+  if (!kept_in_place && static_cast<int>(args.params_host.size()) != args.optimizer->unit_count()) {
     return absl::InvalidArgumentError(absl::StrCat("delayed host step: ", args.params_host.size(),
                                                    " \"<unit>.params.host\" buffers for ",
                                                    args.optimizer->unit_count(),

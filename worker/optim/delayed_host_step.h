@@ -23,8 +23,9 @@
 //   host context without its GEMM workspace, which the compute thread's ops use.
 //
 // Not thread-safe beyond that: Launch and Finish from the rank's thread. Owns its thread; not
-// the HostOptimizer (or NvmeOptimizer) or the downloads, which must outlive it. The destructor waits for a
-// pending step (its result is dropped: the step it belongs to failed or the run is over).
+// the HostOptimizer (or NvmeOptimizer) or the downloads, which must outlive it. The destructor
+// waits for a pending step (its result is dropped: the step it belongs to failed or the run is
+// over).
 #pragma once
 
 #include <condition_variable>

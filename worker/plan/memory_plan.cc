@@ -395,8 +395,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
         // into the swap store's next generation, which the switch commits.
         add(u.name + ".grads.host.1", MemoryCategory::kPinnedHost, grad_dtype, shard.shard_numel);
         if (!params_swapped) {
-          add(u.name + ".params.host", MemoryCategory::kPinnedHost, param_dtype,
-              shard.shard_numel);
+          add(u.name + ".params.host", MemoryCategory::kPinnedHost, param_dtype, shard.shard_numel);
         }
       }
     }

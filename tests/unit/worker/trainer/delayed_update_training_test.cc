@@ -247,9 +247,8 @@ class DelayedUpdateTest : public OffloadRunTest {
       job.mutable_train()->set_grad_accum_steps(accum);
       return job;
     };
-    const SteppedRun delayed =
-        TrainByHand(accumulating(Delayed(world, stage, type, dtype, true, params, optimizer)),
-                    false, hold);
+    const SteppedRun delayed = TrainByHand(
+        accumulating(Delayed(world, stage, type, dtype, true, params, optimizer)), false, hold);
     const SteppedRun reference =
         TrainByHand(accumulating(Reference(world, stage, type, dtype)), true, Hold::kNothing);
     ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
@@ -348,19 +347,16 @@ TEST_F(DelayedUpdateTest, ParamsOnNvmeEqualTheStaleReference) {
 // shards would make the run the serial one, not the reference's.
 TEST_F(DelayedUpdateTest, ParamsOnNvmeGathersReadTheCommittedGenerationWhileTheNextIsWritten) {
   ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
-                           OffloadConfig::NVME, OffloadConfig::NVME,
-                           Hold::kNextStepUntilHostStep);
+                           OffloadConfig::NVME, OffloadConfig::NVME, Hold::kNextStepUntilHostStep);
   ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, 2,
-                           OffloadConfig::NVME, OffloadConfig::NVME,
-                           Hold::kNextStepUntilHostStep);
+                           OffloadConfig::NVME, OffloadConfig::NVME, Hold::kNextStepUntilHostStep);
 }
 
 // Before the switch the delayed run is the serial offload run; after it, it is not (so a
 // delayed update silently off would fail here and the reference test above both).
 TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
-  const SteppedRun delayed =
-      TrainByHand(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false,
-                  Hold::kNothing);
+  const SteppedRun delayed = TrainByHand(
+      Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false, Hold::kNothing);
   const SteppedRun serial =
       TrainByHand(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32, /*enabled=*/false),
                   false, Hold::kNothing);
@@ -390,16 +386,15 @@ TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
     const OffloadConfig::Device params = variant == 4   ? OffloadConfig::CPU
                                          : variant == 6 ? OffloadConfig::NVME
                                                         : OffloadConfig::NONE;
-    const SteppedRun run = TrainByHand(
-        Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params,
-                variant >= 5 ? OffloadConfig::NVME : OffloadConfig::CPU),
-        false, Hold::kHostStepUntilNextBackward);
+    const SteppedRun run =
+        TrainByHand(Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params,
+                            variant >= 5 ? OffloadConfig::NVME : OffloadConfig::CPU),
+                    false, Hold::kHostStepUntilNextBackward);
     ASSERT_TRUE(run.status.ok()) << run.status;
     // Held until the next backward has written its gradients and copied them down, each host
     // step still read its own step's (the other bank): the run is the reference's.
-    const SteppedRun reference =
-        TrainByHand(Reference(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), true,
-                    Hold::kNothing);
+    const SteppedRun reference = TrainByHand(
+        Reference(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), true, Hold::kNothing);
     ASSERT_TRUE(reference.status.ok()) << reference.status;
     EXPECT_EQ(run.losses, reference.losses) << "variant " << variant;
     EXPECT_EQ(run.weights, reference.weights) << "variant " << variant;
@@ -425,8 +420,7 @@ TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
 // without it, so the drain is what the test sees.
 TEST_F(DelayedUpdateTest, ACheckpointStepDrainsAndTheNextStepComputesOnFreshParameters) {
   const JobSpec reference_job = Reference(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
-  const SteppedRun drained =
-      TrainByHand(reference_job, true, Hold::kNothing, /*drain_every=*/4);
+  const SteppedRun drained = TrainByHand(reference_job, true, Hold::kNothing, /*drain_every=*/4);
   const SteppedRun undrained = TrainByHand(reference_job, true, Hold::kNothing);
   ASSERT_TRUE(drained.status.ok()) << drained.status;
   ASSERT_TRUE(undrained.status.ok()) << undrained.status;
