@@ -393,10 +393,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
           "offload.delayed_update trains without fp16 loss scaling, sharded Adafactor or LoRA "
           "(CheckEngineSupport says why)");
     }
+    // The host step's parameters: a host bank uploaded at the switch, unless they are swapped
+    // (offload.params NVME), where the host step writes them into a generation of the store
+    // that the switch commits (the gathers read the committed one until then).
     std::vector<Tensor> params_host;
-    for (const UnitLayout& u : trained.units) {
-      ZT_ASSIGN_OR_RETURN(Tensor p, t->arenas_->Get(u.name + ".params.host"));
-      params_host.push_back(p);
+    std::function<absl::Status()> on_switch;
+    if (param_home == ParamHome::kSwapped) {
+      NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();
+      on_switch = [nvme_opt] { return nvme_opt->CommitHostStep(); };
+    } else {
+      for (const UnitLayout& u : trained.units) {
+        ZT_ASSIGN_OR_RETURN(Tensor p, t->arenas_->Get(u.name + ".params.host"));
+        params_host.push_back(p);
+      }
     }
     DelayedHostStep::Args delayed{.gradients = t->grad_downloads_.get()};
     if (t->host_optimizer_) {
@@ -420,8 +429,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                                  .gradients = t->grad_downloads_.get(),
                                                  .copies = &t->device_->copies(),
                                                  .params_host = std::move(params_host),
+                                                 .on_switch = std::move(on_switch),
                                                  .host_ctx = t->host_ctx_,
-                                                 .on_start = options.on_host_step_start}));
+                                                 .on_start = options.on_host_step_start,
+                                                 .on_end = options.on_host_step_end}));
   }
   if (t->nvme_optimizer_ || t->grad_downloads_ || options.on_backward_ended) {
     NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();

@@ -111,9 +111,10 @@ struct TrainOptions {
                                                             int rank)>
       make_device;
   // Probes of offload.delayed_update for tests (worker/optim/delayed_host_step.h), or null:
-  // called on the host step's thread as the host update of step `step` starts, and on the
-  // rank's thread when step `step`'s last backward has ended.
+  // called on the host step's thread as the host update of step `step` starts and once it has
+  // ended, and on the rank's thread when step `step`'s last backward has ended.
   std::function<void(int64_t step)> on_host_step_start;
+  std::function<void(int64_t step)> on_host_step_end;
   std::function<void(int64_t step)> on_backward_ended;
 };
 

@@ -655,8 +655,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
   }
   // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
-  // offload.optimizer CPU or NVME, ZeRO stages 1-3 (at 3 with offload.params NONE or CPU), AdamW,
-  // 8-bit AdamW and Adafactor, fp32 and bf16:
+  // offload.optimizer CPU or NVME, ZeRO stages 1-3 (at 3 with offload.params NONE, CPU or NVME),
+  // AdamW, 8-bit AdamW and Adafactor, fp32 and bf16:
   // its host step runs on a thread of its own beside the next step's compute, so nothing it
   // does may touch what that compute uses.
   if (offload.delayed_update().enabled()) {
@@ -666,12 +666,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     };
     // offload.params CPU trains: the host step writes "<unit>.params.host", a second bank
     // the gathers never read, and Finish copies it into the shards once the next backward
-    // has ended (worker/optim/delayed_host_step.h).
-    if (offload.params() == Offload::NVME) {
-      needs(
-          "without offload.params NVME (the NVMe step updates the swapped shards the next "
-          "step's gathers read, in the generation it commits)");
-    }
+    // has ended (worker/optim/delayed_host_step.h). NVME too: the host step writes the shards
+    // into the swap store's next generation, which Finish commits, while the gathers read the
+    // committed one (NvmeOptimizer::StepOnHost).
     using P = zerotrain::PrecisionConfig;
     if (precision.param_dtype() == P::FP16 || precision.compute_dtype() == P::FP16 ||
         precision.grad_dtype() == P::FP16) {

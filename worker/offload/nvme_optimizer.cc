@@ -235,23 +235,37 @@ int64_t NvmeOptimizer::GenerationBytes() const {
   return total;
 }
 
-absl::Status NvmeOptimizer::CommitGeneration(std::vector<CopyHandle>& writes, uint64_t generation,
-                                             const std::string& what) {
+absl::Status NvmeOptimizer::GenerationFailed(const absl::Status& failed, uint64_t generation,
+                                             const std::string& what) const {
+  return absl::Status(
+      failed.code(),
+      absl::StrCat("offload.nvme_path '", store_->path(), "': ", what, " (generation ", generation,
+                   " of ", GenerationBytes(), " bytes of this rank's states, ",
+                   "beside the committed one) failed: ", failed.message()));
+}
+
+absl::Status NvmeOptimizer::WaitForWrites(std::vector<CopyHandle>& writes, uint64_t generation,
+                                          const std::string& what) {
   absl::Status failed;
   for (const CopyHandle& w : writes) {
     if (absl::Status s = w.Wait(); !s.ok() && failed.ok()) failed = s;
   }
   writes.clear();
+  if (!failed.ok()) return GenerationFailed(failed, generation, what);
+  return absl::OkStatus();
+}
+
+absl::Status NvmeOptimizer::CommitGeneration(std::vector<CopyHandle>& writes, uint64_t generation,
+                                             const std::string& what) {
   // Nothing of a generation with a failed write is committed: the previous one stays whole.
-  if (failed.ok()) failed = queue_->Commit(job_, generation).Wait();
-  queue_->Drain().IgnoreError();  // the errors are the handles', taken above
+  absl::Status failed = WaitForWrites(writes, generation, what);
   if (!failed.ok()) {
-    return absl::Status(
-        failed.code(),
-        absl::StrCat("offload.nvme_path '", store_->path(), "': ", what, " (generation ",
-                     generation, " of ", GenerationBytes(), " bytes of this rank's states, ",
-                     "beside the committed one) failed: ", failed.message()));
+    queue_->Drain().IgnoreError();  // the error is the handle's, taken above
+    return failed;
   }
+  failed = queue_->Commit(job_, generation).Wait();
+  queue_->Drain().IgnoreError();  // the errors are the handles', taken above
+  if (!failed.ok()) return GenerationFailed(failed, generation, what);
   committed_ = generation;
   return absl::OkStatus();
 }
@@ -320,12 +334,9 @@ absl::Status NvmeOptimizer::StepOnHost(const DeviceContext& host_ctx,
                                        const std::vector<Tensor>& host_params,
                                        const std::vector<Tensor>& host_grads, float lr,
                                        float grad_scale, uint64_t seed) {
-  if (params_home_ == ParamHome::kSwapped) {
-    return absl::FailedPreconditionError(
-        "nvme optimizer: a step on host memory alone cannot update swapped parameter shards "
-        "(offload.params NVME)");
-  }
-  if (host_params.size() != units_.size() || host_grads.size() != units_.size()) {
+  // Swapped shards are updated in the ring with the states: no host bank is read.
+  const size_t param_banks = params_home_ == ParamHome::kSwapped ? 0 : units_.size();
+  if (host_params.size() != param_banks || host_grads.size() != units_.size()) {
     return absl::InternalError(absl::StrCat("nvme optimizer: ", host_params.size(),
                                             " parameter and ", host_grads.size(),
                                             " gradient buffers for ", units_.size(), " units"));
@@ -364,13 +375,11 @@ absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
     if (u + 1 < n_units) next = Issue(u + 1, read, /*wait=*/false);
     const FlatRange& range = optimizer_.range(u);
     const int64_t n = range.end - range.begin;
-    const int64_t grad_bytes = n * DTypeSize(grads[u].dtype());
-    const int64_t param_bytes = n * DTypeSize(params[u].dtype());
     if (host_only) {
       // The delayed update's bank: the gradient and the parameters are host buffers of the
-      // unit's range already; nothing is copied and no Stats change (another thread reads
-      // them meanwhile).
-      if (grads[u].numel() < n || params[u].numel() < n) {
+      // unit's range already (swapped parameters are in the ring with the states); nothing is
+      // copied and no Stats change (another thread reads them meanwhile).
+      if (grads[u].numel() < n || (!swapped && params[u].numel() < n)) {
         return absl::InternalError(absl::StrCat("nvme optimizer: unit ", unit_names_[u],
                                                 "'s host buffers hold fewer than its range of ",
                                                 n, " elements"));
@@ -384,7 +393,8 @@ absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
         }
       }
       const Tensor grad(grads[u].raw(), grads[u].dtype(), {n}, Device{});
-      const Tensor updated(params[u].raw(), params[u].dtype(), {n}, Device{});
+      const Tensor updated =
+          swapped ? ParamsOf(*cur, n) : Tensor(params[u].raw(), params[u].dtype(), {n}, Device{});
       ZT_RETURN_IF_ERROR(optimizer_.StepUnit(host_ctx, u, updated, grad, lr, grad_scale, seed,
                                              ViewsOf(*cur)));
       WriteBehind(std::move(*cur), write, writes);
@@ -392,6 +402,8 @@ absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
       if (u + 1 < n_units && !next) next = Issue(u + 1, read, /*wait=*/true);
       continue;
     }
+    const int64_t grad_bytes = n * DTypeSize(grads[u].dtype());
+    const int64_t param_bytes = n * DTypeSize(params[u].dtype());
     const bool staged_grad = gradients_ == nullptr;
     if ((staged_grad && grad_bytes > static_cast<int64_t>(grad_staging_.size())) ||
         param_bytes > static_cast<int64_t>(param_staging_.size())) {
@@ -455,11 +467,27 @@ absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
     // give theirs back).
     if (u + 1 < n_units && !next) next = Issue(u + 1, read, /*wait=*/true);
   }
-  ZT_RETURN_IF_ERROR(CommitGeneration(
-      writes, write,
-      absl::StrCat("swapping out step ", optimizer_.steps_taken() + 1, "'s states")));
+  const std::string what =
+      absl::StrCat("swapping out step ", optimizer_.steps_taken() + 1, "'s states");
+  if (host_only && swapped) {
+    // The gathers beside this host step read the committed generation: this one waits for the
+    // switch (CommitHostStep), its writes done.
+    ZT_RETURN_IF_ERROR(WaitForWrites(writes, write, what));
+    host_step_staged_ = write;
+  } else {
+    ZT_RETURN_IF_ERROR(CommitGeneration(writes, write, what));
+  }
   optimizer_.CountStep();
   return absl::OkStatus();
+}
+
+absl::Status NvmeOptimizer::CommitHostStep() {
+  if (host_step_staged_ == 0) return absl::OkStatus();
+  const uint64_t generation = std::exchange(host_step_staged_, 0);
+  std::vector<CopyHandle> written;  // StepOnHost waited for them
+  return CommitGeneration(
+      written, generation,
+      absl::StrCat("committing step ", optimizer_.steps_taken(), "'s states at the switch"));
 }
 
 absl::StatusOr<const NvmeOptimizer::Slot*> NvmeOptimizer::FindSlot(const std::string& name,

@@ -35,8 +35,9 @@
 // whatever the key held before (a killed run's states), and Initialize or a restore writes the
 // first generation.
 //
-// Not thread-safe: one per rank, like its Optimizer. The copy engine and the store are not
-// owned and must outlive it; the ring's memory (the rank's arenas) too.
+// Not thread-safe: one per rank, like its Optimizer; the one exception is the delayed update's
+// StepOnHost on its own thread beside the gathers' shard reads (see there). The copy engine and the
+// store are not owned and must outlive it; the ring's memory (the rank's arenas) too.
 #pragma once
 
 #include <cstdint>
@@ -123,18 +124,25 @@ class NvmeOptimizer {
                     const std::vector<Tensor>& grads, float lr, float grad_scale,
                     uint64_t seed = 0);
 
-  // ZeRO-Offload's delayed update (worker/optim/delayed_host_step.h): Step's arithmetic, swap
-  // and commit on host memory alone — `host_params` (the plan's "<unit>.params.host", the
-  // second bank the next step's gathers and compute never read) and `host_grads` (a drained
-  // bank of the gradient downloads) — so it may run on another thread beside the rank's next
-  // forward and backward. Touches neither the copy engine, the staging buffers nor Stats (the
-  // caller times it; the swap's bytes count in the queue's); the ring's state buffers are the
-  // step's alone while the rank's thread reads nothing from the store (no offload.params NVME,
-  // no ReadFirstUnitAhead, ReadBuffer or restore until it is done). Never beside Step.
-  // FailedPrecondition with offload.params NVME (its shards are swapped with the states).
+  // ZeRO-Offload's delayed update (worker/optim/delayed_host_step.h): Step's arithmetic and
+  // swap on host memory alone — `host_params` (the plan's "<unit>.params.host", the second
+  // bank the next step's gathers and compute never read) and `host_grads` (a drained bank of
+  // the gradient downloads) — so it may run on another thread beside the rank's next forward
+  // and backward. Touches neither the copy engine, the staging buffers nor Stats (the caller
+  // times it; the swap's bytes count in the queue's). The rank's thread meanwhile calls no
+  // ReadFirstUnitAhead, ReadBuffer or restore; never beside Step.
+  // Without swapped parameters it commits the step's generation. With them (offload.params
+  // NVME) `host_params` is empty: the update reads and writes each unit's shard in the ring with
+  // its states, and the step's generation stays staged, so the gathers of the rank's thread
+  // (ReadShardAhead, WithShard: thread-safe beside it) go on reading the committed one, the
+  // parameters from before this update, until CommitHostStep switches them.
   absl::Status StepOnHost(const DeviceContext& host_ctx, const std::vector<Tensor>& host_params,
                           const std::vector<Tensor>& host_grads, float lr, float grad_scale,
                           uint64_t seed = 0);
+  // The delayed update's switch (offload.params NVME), on the rank's thread once StepOnHost
+  // has returned OK: commits the generation it staged, which the gathers read from then on.
+  // OK when none is staged; the commit's errors name the store's path.
+  absl::Status CommitHostStep();
 
   // Queues the reads of the first unit's states for the next Step, if the ring has their
   // buffers free now (else Step issues them itself). A restore drops them.
@@ -233,6 +241,11 @@ class NvmeOptimizer {
   // Waits for `writes`, then commits `generation`. The first failure, with the context.
   absl::Status CommitGeneration(std::vector<offload::CopyHandle>& writes, uint64_t generation,
                                 const std::string& what);
+  // Waits for `writes` alone (the generation stays staged); the first failure, with the context.
+  absl::Status WaitForWrites(std::vector<offload::CopyHandle>& writes, uint64_t generation,
+                             const std::string& what);
+  absl::Status GenerationFailed(const absl::Status& failed, uint64_t generation,
+                                const std::string& what) const;
   static constexpr int kMasterSlot = -1;
   static constexpr int kParamsSlot = -2;
   // The views of unit u's master and states in its ring buffers.
@@ -266,6 +279,10 @@ class NvmeOptimizer {
   std::unique_ptr<offload::CopyQueue> queue_;
   offload::PinnedLease grad_staging_, param_staging_;
   uint64_t committed_ = 0;
+  // The generation a StepOnHost with swapped parameters wrote and left for CommitHostStep;
+  // 0: none. Written by the host step's thread, read after it (DelayedHostStep::Finish orders
+  // the two).
+  uint64_t host_step_staged_ = 0;
   uint64_t restoring_ = 0;              // the generation a restore writes; 0: none begun
   Stats stats_;                         // the copies and updates (the swap's come from the queue)
   std::optional<Pending> first_ahead_;  // ReadFirstUnitAhead's unit 0, for the next Step

@@ -44,10 +44,13 @@ absl::StatusOr<std::unique_ptr<DelayedHostStep>> DelayedHostStep::Create(Args ar
         "delayed host step: the gradient downloads have one bank (the plan has no "
         "\"<unit>.grads.host.1\")");
   }
-  if (static_cast<int>(args.params_host.size()) != args.optimizer->unit_count()) {
+  const bool kept_in_place = args.params_host.empty() && args.on_switch;
+  if (!kept_in_place && static_cast<int>(args.params_host.size()) != args.optimizer->unit_count()) {
     return absl::InvalidArgumentError(absl::StrCat("delayed host step: ", args.params_host.size(),
                                                    " \"<unit>.params.host\" buffers for ",
-                                                   args.optimizer->unit_count(), " units"));
+                                                   args.optimizer->unit_count(),
+                                                   " units (and no switch of parameters the host "
+                                                   "step updates where they live)"));
   }
   for (size_t u = 0; u < args.params_host.size(); ++u) {
     if (args.params_host[u].device().kind != DeviceKind::kCpu) {
@@ -65,12 +68,14 @@ DelayedHostStep::DelayedHostStep(Args args)
       gradients_(args.gradients),
       copies_(args.copies),
       params_host_(std::move(args.params_host)),
+      on_switch_(std::move(args.on_switch)),
       host_ctx_([&] {
         DeviceContext ctx = args.host_ctx;
         ctx.workspace = Workspace{};  // the compute thread's GEMMs use it meanwhile
         return ctx;
       }()),
       on_start_(std::move(args.on_start)),
+      on_end_(std::move(args.on_end)),
       worker_([this] { WorkerLoop(); }) {}
 
 DelayedHostStep::~DelayedHostStep() {
@@ -96,6 +101,7 @@ void DelayedHostStep::WorkerLoop() {
     absl::Status status =
         step_on_host_(host_ctx_, params_host_, job.grads, job.lr, job.grad_scale, job.seed);
     const double seconds = SecondsSince(start);
+    if (on_end_) on_end_(job.step);
     lock.lock();
     result_ = std::move(status);
     update_seconds_ = seconds;
@@ -111,7 +117,7 @@ absl::Status DelayedHostStep::Launch(const std::vector<Tensor>& params, int64_t 
                                                       " launched while step ", job_.step,
                                                       " is pending (Finish it first)"));
   }
-  if (params.size() != params_host_.size()) {
+  if (!params_host_.empty() && params.size() != params_host_.size()) {
     return absl::InternalError(absl::StrCat("delayed host step: ", params.size(),
                                             " parameter views for ", params_host_.size(),
                                             " units"));
@@ -120,7 +126,7 @@ absl::Status DelayedHostStep::Launch(const std::vector<Tensor>& params, int64_t 
   // device's (a serial step, a restore); the update reads it when they are their own master.
   launch_stats_ = Finished{};
   const auto down = Clock::now();
-  for (size_t u = 0; u < params.size() && !uploaded_; ++u) {
+  for (size_t u = 0; u < params_host_.size() && !uploaded_; ++u) {
     const int64_t bytes = RangeBytes(*optimizer_, static_cast<int>(u), params[u]);
     if (bytes > params_host_[u].size_bytes()) {
       return absl::InternalError(absl::StrCat("delayed host step: unit ", u, "'s range of ", bytes,
@@ -172,8 +178,14 @@ absl::StatusOr<DelayedHostStep::Finished> DelayedHostStep::Finish(
     return absl::Status(result.code(),
                         absl::StrCat("delayed host step of step ", f.step, ": ", result.message()));
   }
+  if (on_switch_) {
+    if (absl::Status s = on_switch_(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("delayed host step of step ", f.step,
+                                                 ": switching to its parameters: ", s.message()));
+    }
+  }
   const auto up = Clock::now();
-  for (size_t u = 0; u < params.size(); ++u) {
+  for (size_t u = 0; u < params_host_.size(); ++u) {
     const int64_t bytes = RangeBytes(*optimizer_, static_cast<int>(u), params[u]);
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, params[u].raw(), params_host_[u].raw(), bytes));

@@ -14,15 +14,18 @@
 //   not follow a Finish first downloads the device's shard into them (the host step reads
 //   them when the parameters are their own master): the caller changes the device's shard
 //   between a Finish and the next Launch only through collectives that keep it (FinishStep's
-//   all-gather).
+//   all-gather). Swapped shards (offload.params NVME) have no host bank: the NVMe step writes
+//   them into a generation of the swap store it leaves staged, while the next step's gathers
+//   read the committed one, and Finish's switch (Args::on_switch) commits it.
 // - the copy engine: only the compute thread copies (Launch, Finish). The host thread touches
 //   host memory alone: the gradients' bank, the master weights and states, params.host.
 // - the host context: the host thread runs the optimizer's kernels with a copy of the rank's
 //   host context without its GEMM workspace, which the compute thread's ops use.
 //
 // Not thread-safe beyond that: Launch and Finish from the rank's thread. Owns its thread; not
-// the HostOptimizer (or NvmeOptimizer) or the downloads, which must outlive it. The destructor waits for a
-// pending step (its result is dropped: the step it belongs to failed or the run is over).
+// the HostOptimizer (or NvmeOptimizer) or the downloads, which must outlive it. The destructor
+// waits for a pending step (its result is dropped: the step it belongs to failed or the run is
+// over).
 #pragma once
 
 #include <condition_variable>
@@ -60,15 +63,24 @@ class DelayedHostStep {
     GradientDownloads* gradients = nullptr;
     DeviceCopyEngine* copies = nullptr;
     // Per trainable unit: the plan's "<unit>.params.host" (host memory, at least the unit's
-    // range in the parameters' dtype).
+    // range in the parameters' dtype); or none, when the host step updates the parameters
+    // where they live (offload.params NVME: the swapped shards), with `on_switch`: nothing is
+    // then downloaded at Launch or uploaded at Finish.
     std::vector<Tensor> params_host;
+    // Called by Finish on the rank's thread once the host step has succeeded, before the
+    // upload: where the parameters it wrote become the ones the rank's compute reads
+    // (NvmeOptimizer::CommitHostStep). Null: nothing to switch.
+    std::function<absl::Status()> on_switch;
     // The rank's host context; its workspace is dropped (see above).
     DeviceContext host_ctx;
-    // A probe for tests, or null: called on the host thread as host step `step` starts.
+    // Probes for tests, or null: called on the host thread as host step `step` starts, and
+    // once it has returned (before Finish can see it done).
     std::function<void(int64_t step)> on_start;
+    std::function<void(int64_t step)> on_end;
   };
   // InvalidArgument when a pointer is null (neither `host` nor `optimizer` and
-  // `step_on_host`), the downloads have no second bank or a buffer is not host memory.
+  // `step_on_host`), the downloads have no second bank, a buffer is not host memory, or there
+  // is neither a params.host per unit nor a switch.
   static absl::StatusOr<std::unique_ptr<DelayedHostStep>> Create(Args args);
   ~DelayedHostStep();
   DelayedHostStep(const DelayedHostStep&) = delete;
@@ -91,8 +103,9 @@ class DelayedHostStep {
     int64_t bytes_to_host = 0;  // the shard's download at Launch (a chain's first step)
     double download_seconds = 0;
   };
-  // Waits for the pending host step and uploads its parameters into `params`; OK with
-  // Finished{.step = 0} when none is pending. The host step's error, naming its step.
+  // Waits for the pending host step, switches (Args::on_switch) and uploads its parameters
+  // into `params`; OK with Finished{.step = 0} when none is pending. The host step's or the
+  // switch's error, naming its step.
   absl::StatusOr<Finished> Finish(const std::vector<Tensor>& params);
 
   bool pending() const { return pending_; }
@@ -110,8 +123,10 @@ class DelayedHostStep {
   GradientDownloads* const gradients_;
   DeviceCopyEngine* const copies_;
   const std::vector<Tensor> params_host_;
+  const std::function<absl::Status()> on_switch_;
   const DeviceContext host_ctx_;
   const std::function<void(int64_t)> on_start_;
+  const std::function<void(int64_t)> on_end_;
 
   // The rank's thread only.
   bool pending_ = false;

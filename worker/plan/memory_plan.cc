@@ -373,6 +373,8 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
                      (job.offload().optimizer() == zerotrain::OffloadConfig::NVME &&
                       job.offload().delayed_update().enabled()));
   const bool delayed_update = host_step && job.offload().delayed_update().enabled();
+  const bool params_swapped =
+      stage >= 3 && job.offload().params() == zerotrain::OffloadConfig::NVME;
   MemoryPlan plan;
   auto add = [&](std::string name, MemoryCategory category, DType dtype, int64_t numel) {
     plan.buffers.push_back({std::move(name), category, dtype, {numel}});
@@ -420,8 +422,12 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
         // The delayed update (worker/optim/delayed_host_step.h): step t's host step reads one
         // bank of gradients while step t+1's backward copies into the other, and writes the
         // updated parameter shard here, uploaded only once step t+1's backward has ended.
+        // Swapped shards (offload.params NVME) need no such bank: the host step writes them
+        // into the swap store's next generation, which the switch commits.
         add(u.name + ".grads.host.1", MemoryCategory::kPinnedHost, grad_dtype, shard.shard_numel);
-        add(u.name + ".params.host", MemoryCategory::kPinnedHost, param_dtype, shard.shard_numel);
+        if (!params_swapped) {
+          add(u.name + ".params.host", MemoryCategory::kPinnedHost, param_dtype, shard.shard_numel);
+        }
       }
     }
     if (precision.master_weights()) {

@@ -287,6 +287,25 @@ TEST(OffloadPlanTest, TheDelayedUpdateAddsAGradientBankAndTheParameterShardsOnTh
       EXPECT_EQ(Find(plain_nvme, name), nullptr) << name;
     }
   }
+  // offload.params NVME: the host step updates the swapped shards in the ring with the states
+  // and writes them into the store's next generation, so no params.host bank: the two gradient
+  // banks alone (2 + 2 bytes a parameter of the shards), the nvme category and the device as
+  // they were.
+  zerotrain::JobSpec swapped = Job(2, 3, OffloadConfig::NVME, OffloadConfig::NVME);
+  const MemoryPlan plain_swapped = PlanMemory(swapped);
+  swapped.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+  const MemoryPlan dpu_swapped = PlanMemory(swapped);
+  EXPECT_EQ(Bytes(dpu_swapped, MemoryCategory::kPinnedHost),
+            Bytes(plain_swapped, MemoryCategory::kPinnedHost) + 4 * kShards);
+  EXPECT_EQ(Bytes(dpu_swapped, MemoryCategory::kNvme), Bytes(plain_swapped, MemoryCategory::kNvme));
+  EXPECT_EQ(dpu_swapped.DeviceBytes(), plain_swapped.DeviceBytes());
+  for (const char* name : {"block.0.grads.host", "block.0.grads.host.1"}) {
+    const BufferSpec* b = Find(dpu_swapped, name);
+    ASSERT_NE(b, nullptr) << name;
+    EXPECT_EQ(b->category, MemoryCategory::kPinnedHost) << name;
+    EXPECT_EQ(b->bytes(), 2 * 25024) << name;
+  }
+  EXPECT_EQ(Find(dpu_swapped, "block.0.params.host"), nullptr);
 }
 
 }  // namespace

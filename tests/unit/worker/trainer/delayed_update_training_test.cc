@@ -72,8 +72,9 @@ struct Overlap {
   std::condition_variable cv;
   int64_t backward_ended = 0;   // the last step whose backward has ended
   int64_t host_started = 0;     // the last host step that started
-  int64_t gates_passed = 0;     // host steps that waited for the next backward's end
-  int64_t gates_timed_out = 0;  // ... and never saw it: the step was not overlapped
+  int64_t host_ended = 0;       // the last host step that returned
+  int64_t gates_passed = 0;     // holds that saw what they waited for
+  int64_t gates_timed_out = 0;  // ... and holds that never did
   // Per step s: the host steps the trainer had launched when step s's backward ended.
   std::map<int64_t, int64_t> launched_at_backward_end;
 };
@@ -83,16 +84,33 @@ struct SteppedRun {
   std::vector<double> losses;                     // rank 0's, per step
   std::vector<std::vector<float>> weights;        // FullWeights at the end
   int64_t delayed_host_steps = 0;                 // rank 0's launches beside the next step
-  std::vector<std::unique_ptr<Overlap>> overlap;  // per rank, with `gate`
+  std::vector<std::unique_ptr<Overlap>> overlap;  // per rank
 };
+
+// Which side of the overlap a run holds back (TrainByHand).
+enum class Hold {
+  kNothing,
+  // Each host step t < kSteps holds its thread until step t+1's backward has ended (which only
+  // an overlapped run reaches): the next step's compute runs before the host step writes.
+  kHostStepUntilNextBackward,
+  // Each step whose predecessor's host step runs beside it waits, before its forward, until
+  // that host step has returned: everything it writes is written before the step's first
+  // gather (offload.params NVME: the store's next generation, staged but not yet switched to).
+  kNextStepUntilHostStep,
+};
+
+// Whether step `s` (1-based) computes beside host step s-1 under the delayed update: s-1 past
+// the warm-up, and s-1 not a step that drained (a multiple of `drain_every` > 0).
+bool BesideHostStep(int64_t s, int64_t drain_every) {
+  const bool drained = drain_every > 0 && (s - 1) % drain_every == 0;
+  return s - 1 > kAfterSteps && !drained;
+}
 
 // Trains `spec` for kSteps by hand (Trainer::Step) on every rank. `stale_reference`: the
 // serial reference above, for a job without offload, the delayed update starting after
 // `kAfterSteps`; the last step drains (max_steps), and so does every multiple of `drain_every`
-// (> 0: a checkpoint's steps), after which the next step computes on fresh parameters. `gate`:
-// each host step t < kSteps holds its thread until step t+1's backward has ended (which only an
-// overlapped run reaches).
-SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
+// (> 0: a checkpoint's steps), after which the next step computes on fresh parameters.
+SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, Hold hold,
                        int64_t drain_every = 0) {
   SteppedRun run;
   absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
@@ -127,7 +145,12 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
       o.launched_at_backward_end[step] = trainer->delayed_host_steps();
       o.cv.notify_all();
     };
-    if (gate) {
+    options.on_host_step_end = [&](int64_t step) {
+      std::lock_guard<std::mutex> lock(o.mu);
+      o.host_ended = step;
+      o.cv.notify_all();
+    };
+    if (hold == Hold::kHostStepUntilNextBackward) {
       options.on_host_step_start = [&](int64_t step) {
         std::unique_lock<std::mutex> lock(o.mu);
         o.host_started = step;
@@ -148,11 +171,18 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
     Snapshot before_previous_update;
     for (int64_t s = 1; s <= kSteps; ++s) {
       Snapshot current = Take(params);
+      if (hold == Hold::kNextStepUntilHostStep && BesideHostStep(s, drain_every)) {
+        std::unique_lock<std::mutex> lock(o.mu);
+        // Generous: a host step of this model takes milliseconds.
+        if (o.cv.wait_for(lock, std::chrono::seconds(30), [&] { return o.host_ended >= s - 1; })) {
+          ++o.gates_passed;
+        } else {
+          ++o.gates_timed_out;
+        }
+      }
       // Under the delayed update, step s computes on the parameters from before step s-1's
-      // update when step s-1's host step was launched beside it: s-1 past the warm-up, and
-      // s-1 not a step that drained.
-      const bool drained = drain_every > 0 && (s - 1) % drain_every == 0;
-      const bool stale = stale_reference && s - 1 > kAfterSteps && !drained;
+      // update when step s-1's host step was launched beside it.
+      const bool stale = stale_reference && BesideHostStep(s, drain_every);
       if (stale) {
         Put(params, before_previous_update);
         restore = &current;
@@ -200,11 +230,13 @@ class DelayedUpdateTest : public OffloadRunTest {
   void ExpectResumesBitForBit(const JobSpec& job, const std::string& what);
 
   // `accum` micro-batches a step (the same 4 sequences a step in all): at ZeRO 2-3 the
-  // gradients then accumulate whole and are reduced once, on the last.
+  // gradients then accumulate whole and are reduced once, on the last. `hold`: what the
+  // delayed run holds back (TrainByHand).
   void ExpectTheStaleRecurrence(int world, int stage, OptimizerConfig::Type type,
                                 PrecisionConfig::DType dtype, int accum = 1,
                                 OffloadConfig::Device params = OffloadConfig::NONE,
-                                OffloadConfig::Device optimizer = OffloadConfig::CPU) {
+                                OffloadConfig::Device optimizer = OffloadConfig::CPU,
+                                Hold hold = Hold::kNothing) {
     const std::string what =
         absl::StrCat(world, " ranks, ZeRO ", stage, ", ", OptimizerConfig::Type_Name(type), ", ",
                      PrecisionConfig::DType_Name(dtype), ", ", accum, " micro-batches, params ",
@@ -215,11 +247,10 @@ class DelayedUpdateTest : public OffloadRunTest {
       job.mutable_train()->set_grad_accum_steps(accum);
       return job;
     };
-    const SteppedRun delayed =
-        TrainByHand(accumulating(Delayed(world, stage, type, dtype, true, params, optimizer)),
-                    false, false);
+    const SteppedRun delayed = TrainByHand(
+        accumulating(Delayed(world, stage, type, dtype, true, params, optimizer)), false, hold);
     const SteppedRun reference =
-        TrainByHand(accumulating(Reference(world, stage, type, dtype)), true, false);
+        TrainByHand(accumulating(Reference(world, stage, type, dtype)), true, Hold::kNothing);
     ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
     ASSERT_TRUE(reference.status.ok()) << what << ": " << reference.status;
     ASSERT_EQ(delayed.losses.size(), static_cast<size_t>(kSteps)) << what;
@@ -227,6 +258,13 @@ class DelayedUpdateTest : public OffloadRunTest {
     EXPECT_EQ(delayed.weights, reference.weights) << what;
     // Steps 3..7 overlapped the next step; step 8 drained (its launch counts too).
     EXPECT_EQ(delayed.delayed_host_steps, kSteps - kAfterSteps) << what;
+    if (hold == Hold::kNextStepUntilHostStep) {
+      for (size_t r = 0; r < delayed.overlap.size(); ++r) {
+        // Steps 4..8 each waited for host step 3..7 to return.
+        EXPECT_EQ(delayed.overlap[r]->gates_passed, kSteps - kAfterSteps - 1) << what;
+        EXPECT_EQ(delayed.overlap[r]->gates_timed_out, 0) << what;
+      }
+    }
   }
 };
 
@@ -285,14 +323,43 @@ TEST_F(DelayedUpdateTest, NvmeOptimizerEqualsTheStaleReferenceAtEveryStage) {
                            OffloadConfig::CPU, OffloadConfig::NVME);
 }
 
+// offload.params NVME (stage 3, beside offload.optimizer NVME, which it needs): the host step
+// updates each unit's swapped shard in the ring with its states and writes it into the store's
+// next generation, which stays staged while the next step's gathers read the committed one (the
+// parameters from before the update); the switch commits it once that step's backward has
+// ended. The stale recurrence bit for bit in fp32 and bf16, AdamW and 8-bit AdamW, with 1 and 2
+// micro-batches.
+TEST_F(DelayedUpdateTest, ParamsOnNvmeEqualTheStaleReference) {
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                           OffloadConfig::NVME, OffloadConfig::NVME);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 2,
+                           OffloadConfig::NVME, OffloadConfig::NVME);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, 2,
+                           OffloadConfig::NVME, OffloadConfig::NVME);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, 1,
+                           OffloadConfig::NVME, OffloadConfig::NVME);
+}
+
+// The other order of the two threads: each step waits, before its forward, until the previous
+// step's host step has returned, so the next generation (shards and states) is wholly written
+// in the store before the step's first gather reads. Those gathers must still read the
+// committed generation, the parameters from before that update: a gather that saw the new
+// shards would make the run the serial one, not the reference's.
+TEST_F(DelayedUpdateTest, ParamsOnNvmeGathersReadTheCommittedGenerationWhileTheNextIsWritten) {
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                           OffloadConfig::NVME, OffloadConfig::NVME, Hold::kNextStepUntilHostStep);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, 2,
+                           OffloadConfig::NVME, OffloadConfig::NVME, Hold::kNextStepUntilHostStep);
+}
+
 // Before the switch the delayed run is the serial offload run; after it, it is not (so a
 // delayed update silently off would fail here and the reference test above both).
 TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
-  const SteppedRun delayed =
-      TrainByHand(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false, false);
+  const SteppedRun delayed = TrainByHand(
+      Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false, Hold::kNothing);
   const SteppedRun serial =
       TrainByHand(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32, /*enabled=*/false),
-                  false, false);
+                  false, Hold::kNothing);
   ASSERT_TRUE(delayed.status.ok()) << delayed.status;
   ASSERT_TRUE(serial.status.ok()) << serial.status;
   EXPECT_EQ(serial.delayed_host_steps, 0);
@@ -311,22 +378,26 @@ TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
 // reach; each such backward ended with host step t already started.
 TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
   // Variant 4: stage 3 with the parameter shards on the host (offload.params CPU); 5: stage 2
-  // with the optimizer on NVMe, whose delayed thread swaps the states meanwhile.
-  for (int variant = 1; variant <= 5; ++variant) {
+  // with the optimizer on NVMe, whose delayed thread swaps the states meanwhile; 6: stage 3
+  // with the shards swapped too (offload.params NVME), read by the next step's gathers from
+  // the committed generation while the held host step has not written the next.
+  for (int variant = 1; variant <= 6; ++variant) {
     const int stage = variant == 5 ? 2 : std::min(variant, 3);
-    const SteppedRun run = TrainByHand(
-        Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
-                variant == 4 ? OffloadConfig::CPU : OffloadConfig::NONE,
-                variant == 5 ? OffloadConfig::NVME : OffloadConfig::CPU),
-        false, /*gate=*/true);
+    const OffloadConfig::Device params = variant == 4   ? OffloadConfig::CPU
+                                         : variant == 6 ? OffloadConfig::NVME
+                                                        : OffloadConfig::NONE;
+    const SteppedRun run =
+        TrainByHand(Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params,
+                            variant >= 5 ? OffloadConfig::NVME : OffloadConfig::CPU),
+                    false, Hold::kHostStepUntilNextBackward);
     ASSERT_TRUE(run.status.ok()) << run.status;
     // Held until the next backward has written its gradients and copied them down, each host
     // step still read its own step's (the other bank): the run is the reference's.
     const SteppedRun reference = TrainByHand(
-        Reference(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), true, false);
+        Reference(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), true, Hold::kNothing);
     ASSERT_TRUE(reference.status.ok()) << reference.status;
-    EXPECT_EQ(run.losses, reference.losses) << "stage " << stage;
-    EXPECT_EQ(run.weights, reference.weights) << "stage " << stage;
+    EXPECT_EQ(run.losses, reference.losses) << "variant " << variant;
+    EXPECT_EQ(run.weights, reference.weights) << "variant " << variant;
     for (size_t r = 0; r < run.overlap.size(); ++r) {
       const Overlap& o = *run.overlap[r];
       // Host steps 3..7 each waited for backward 4..8 and saw it end.
@@ -349,14 +420,15 @@ TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
 // without it, so the drain is what the test sees.
 TEST_F(DelayedUpdateTest, ACheckpointStepDrainsAndTheNextStepComputesOnFreshParameters) {
   const JobSpec reference_job = Reference(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
-  const SteppedRun drained = TrainByHand(reference_job, true, false, /*drain_every=*/4);
-  const SteppedRun undrained = TrainByHand(reference_job, true, false);
+  const SteppedRun drained = TrainByHand(reference_job, true, Hold::kNothing, /*drain_every=*/4);
+  const SteppedRun undrained = TrainByHand(reference_job, true, Hold::kNothing);
   ASSERT_TRUE(drained.status.ok()) << drained.status;
   ASSERT_TRUE(undrained.status.ok()) << undrained.status;
   const std::vector<std::pair<OffloadConfig::Device, OffloadConfig::Device>> variants = {
       {OffloadConfig::NONE, OffloadConfig::CPU},
       {OffloadConfig::CPU, OffloadConfig::CPU},
-      {OffloadConfig::NONE, OffloadConfig::NVME}};
+      {OffloadConfig::NONE, OffloadConfig::NVME},
+      {OffloadConfig::NVME, OffloadConfig::NVME}};
   for (const auto& [params, optimizer] : variants) {
     const std::string what = absl::StrCat("params ", OffloadConfig::Device_Name(params),
                                           ", optimizer ", OffloadConfig::Device_Name(optimizer));
@@ -364,7 +436,7 @@ TEST_F(DelayedUpdateTest, ACheckpointStepDrainsAndTheNextStepComputesOnFreshPara
         Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params, optimizer);
     job.mutable_checkpoint()->set_dir((dir_ / "unused").string());
     job.mutable_checkpoint()->set_interval_steps(4);
-    const SteppedRun delayed = TrainByHand(job, false, false);
+    const SteppedRun delayed = TrainByHand(job, false, Hold::kNothing);
     ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
     EXPECT_EQ(delayed.losses, drained.losses) << what;
     EXPECT_EQ(delayed.weights, drained.weights) << what;
@@ -390,6 +462,55 @@ TEST_F(DelayedUpdateTest, NvmeOptimizerResumesFromACheckpointBitForBit) {
   ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
                                  OffloadConfig::CPU, OffloadConfig::NVME),
                          "ZeRO 3, params CPU, optimizer NVME");
+}
+
+// The drain commits the generation the host step staged, the checkpoint reads the shards and
+// states from it, and the resumed run writes them back as its first generation.
+TEST_F(DelayedUpdateTest, ParamsOnNvmeResumeFromACheckpointBitForBit) {
+  ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
+                                 OffloadConfig::NVME, OffloadConfig::NVME),
+                         "ZeRO 3, params NVME, fp32");
+  ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, true,
+                                 OffloadConfig::NVME, OffloadConfig::NVME),
+                         "ZeRO 3, params NVME, bf16");
+}
+
+// The arenas are the plan, category by category: with the shards swapped the host step needs
+// no "<unit>.params.host" (the plan holds none and nothing asks for one); pinned_host is the
+// ring and the two banks of gradient copies, the device the gather buffers and what the
+// compute uses, nvme nothing of the arenas.
+TEST_F(DelayedUpdateTest, ParamsOnNvmeArenasAreThePlan) {
+  const JobSpec spec = Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, true,
+                               OffloadConfig::NVME, OffloadConfig::NVME);
+  std::vector<offload_testing::CountedRank> counted(2);
+  const RunResult run = Train(spec, kSteps, "", &counted);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_TRUE(run.unclaimed.empty()) << run.unclaimed[0];
+  const JobSpec job = ValidatedJob(spec).value();
+  for (int r = 0; r < 2; ++r) {
+    const MemoryPlan& plan = run.plans[r];
+    int64_t banks = 0;
+    for (const BufferSpec& b : plan.buffers) {
+      EXPECT_FALSE(b.name.ends_with(".params.host")) << b.name;
+      if (b.name.ends_with(".grads.host") || b.name.ends_with(".grads.host.1")) {
+        EXPECT_EQ(b.category, MemoryCategory::kPinnedHost) << b.name;
+        banks += AlignedBytes(b.bytes());
+      }
+    }
+    EXPECT_GT(banks, 0);
+    EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+              job.offload().buffer_count() * job.offload().buffer_size() + banks)
+        << "rank " << r << ": the ring and the two gradient banks";
+    for (int c = 0; c < kMemoryCategoryCount; ++c) {
+      const auto category = static_cast<MemoryCategory>(c);
+      EXPECT_EQ(run.arena_bytes[r][c],
+                category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category))
+          << "rank " << r << " " << MemoryCategoryName(category);
+      EXPECT_EQ(counted[r].device_bytes[c],
+                IsDeviceCategory(category) ? plan.CategoryBytes(category) : 0)
+          << "rank " << r << " " << MemoryCategoryName(category);
+    }
+  }
 }
 
 TEST_F(DelayedUpdateTest, ParamsOnTheHostResumeFromACheckpointBitForBit) {
