@@ -25,11 +25,17 @@ namespace zt::cli {
 namespace {
 
 // The pinned host bytes offload.delayed_update adds to the plan (memory_plan.cc): each unit's
-// second gradient bank and its updated parameter shard.
-int64_t DelayedUpdateBytes(const MemoryPlan& plan) {
+// second gradient bank and its updated parameter shard, and with offload.optimizer NVME (whose
+// serial step stages the gradients through the ring) the first bank too.
+int64_t DelayedUpdateBytes(const zerotrain::JobSpec& job, const MemoryPlan& plan) {
+  if (!job.offload().delayed_update().enabled()) return 0;
+  const bool nvme = job.offload().optimizer() == zerotrain::OffloadConfig::NVME;
   int64_t bytes = 0;
   for (const BufferSpec& b : plan.buffers) {
-    if (b.name.ends_with(".grads.host.1") || b.name.ends_with(".params.host")) bytes += b.bytes();
+    if (b.name.ends_with(".grads.host.1") || b.name.ends_with(".params.host") ||
+        (nvme && b.name.ends_with(".grads.host"))) {
+      bytes += b.bytes();
+    }
   }
   return bytes;
 }
@@ -95,7 +101,7 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
           {"delayed_update",
            {{"enabled", job.offload().delayed_update().enabled()},
             {"after_steps", job.offload().delayed_update().after_steps()},
-            {"pinned_host_bytes", DelayedUpdateBytes(plan)}}}}},
+            {"pinned_host_bytes", DelayedUpdateBytes(job, plan)}}}}},
         {"per_rank", per_rank},
         // Of per_rank's parameters: the ZeRO-3 units gathered whole (not a category of its own).
         {"gathered_units_per_rank", GatheredUnitBytes(plan)},
@@ -186,7 +192,7 @@ absl::Status RunEstimate(const EstimateFlags& flags) {
     std::cout << absl::StrFormat(
         "delayed update (offload.delayed_update): after step %d, %s of pinned host for its "
         "second gradient bank and parameter shards\n",
-        delayed.after_steps(), FormatBytes(DelayedUpdateBytes(plan)));
+        delayed.after_steps(), FormatBytes(DelayedUpdateBytes(job, plan)));
   }
   if (const int64_t budget = job.resources().device_memory_bytes(); budget > 0) {
     std::cout << absl::StrFormat("device budget (resources.device_memory_bytes) %s: %s\n",

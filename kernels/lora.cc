@@ -92,11 +92,25 @@ absl::Status LoraDropout(const DeviceContext& ctx, const LoraDropoutArgs& args) 
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": p is ", args.p, ", must be in [0, 1)"));
   }
   const float keep_scale = 1.0f / (1.0f - args.p);
-  const int64_t n = args.inp.numel();
+  const int64_t numel = args.inp.numel();
+  // A share's width n and its place in the logical row.
+  int64_t n = 1, row = 1, col_begin = 0;
+  if (args.logical_cols > 0) {
+    const int64_t width = args.inp.ndim() > 0 ? args.inp.dim(-1) : 0;
+    if (width == 0 || args.col_begin < 0 || args.col_begin + width > args.logical_cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": a column share must lie inside the logical row: columns [", args.col_begin,
+          ", ", args.col_begin + width, ") of logical_cols ", args.logical_cols));
+    }
+    n = width;
+    row = args.logical_cols;
+    col_begin = args.col_begin;
+  }
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < numel; ++i) {
     const float x = cpu::Load(args.inp.raw(), args.inp.dtype(), i);
-    const bool keep = args.p == 0.0f || LoraDropoutKeeps(args.seed, i, args.p);
+    const int64_t logical = args.logical_cols > 0 ? (i / n) * row + col_begin + i % n : i;
+    const bool keep = args.p == 0.0f || LoraDropoutKeeps(args.seed, logical, args.p);
     cpu::Store(args.out.raw(), args.out.dtype(), i, keep ? x * keep_scale : 0.0f);
   }
   return absl::OkStatus();

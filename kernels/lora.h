@@ -39,14 +39,21 @@ struct ColumnsAddArgs {
 absl::Status ColumnsAdd(const DeviceContext& ctx, const ColumnsAddArgs& args);
 
 struct LoraDropoutArgs {
-  Tensor inp;      // any shape
+  Tensor inp;      // any shape; (…, n) rows of n when logical_cols > 0
   Tensor out;      // same element count; may alias inp
   float p = 0.0f;  // drop probability in [0, 1)
   uint64_t seed = 0;
+  // A column share: inp's rows of n are columns [col_begin, col_begin + n) of a logical (M, logical_cols)
+  // matrix (a tensor-parallel rank's input columns of a row-parallel site), and element (m, j)
+  // draws the logical element's mask, m · logical_cols + col_begin + j, so the ranks' shares
+  // together drop exactly what one rank drops. 0: inp is the whole matrix.
+  int64_t logical_cols = 0;
+  int64_t col_begin = 0;
 };
 // out[i] = keep(seed, i) ? inp[i] / (1 − p) : 0, with keep true with probability 1 − p from
-// a hash of (seed, i): the same mask for any thread count, and in the backward (which applies
-// this same op to the input gradient). p = 0 copies.
+// a hash of (seed, i) — i the logical index above: the same mask for any thread count and any
+// column split, and in the backward (which applies this same op to the input gradient). p = 0
+// copies.
 absl::Status LoraDropout(const DeviceContext& ctx, const LoraDropoutArgs& args);
 
 // The mask seed of adapter `adapter` of block `block` under a micro-batch's seed: distinct

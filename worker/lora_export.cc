@@ -50,9 +50,10 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadBase(const zerotrain::JobSpe
   }
   auto rank_file = [&](int r) { return RankFile(step_dir, r); };
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    // A pipeline checkpoint: each unit from the ranks of its stage (f32 bases only).
+    // A pipeline or tensor-parallel checkpoint: each unit joined from the ranks of its stage
+    // (their shares; f32 bases only).
     ZT_RETURN_IF_ERROR(
-        saved.parallel().pipeline_parallel() > 1
+        saved.parallel().pipeline_parallel() > 1 || saved.parallel().tensor_parallel() > 1
             ? ReadWholeUnitFromShares(saved, rank_file, static_cast<int>(u), "params", units[u])
             : ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
                             layout.units[u].numel, units[u]));
@@ -218,23 +219,26 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
                      "' was not saved by a LoRA job (its model has no lora): "
                      "export it without --merge-adapters as a Hugging Face model"));
   }
-  if (saved.parallel().tensor_parallel() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "checkpoint '", ckpt->path(),
-        "': exporting a LoRA checkpoint saved with tensor_parallel > 1 (each rank file holds its "
-        "adapter shares) is not implemented yet; export from the run with zt train --export, "
-        "which joins the shares"));
-  }
   const ModelLayout layout = BuildModelLayout(saved.model());
   const bool quantized = layout.base_quantization != BaseQuantization::kNone;
   // The adapters: the copy of the first rank that holds them (every rank whole after a step;
-  // with pipeline parallelism the ranks of the block's stage).
+  // with pipeline parallelism the ranks of the block's stage); with tensor parallelism each
+  // block's shares joined from the ranks of its stage (what FullAdapters gathers in a run).
+  const bool shares = saved.parallel().tensor_parallel() > 1;
+  auto rank_file = [&](int r) { return RankFile(ckpt->path(), r); };
   std::vector<std::unique_ptr<SafetensorsFile>> files(saved.parallel().world_size());
   std::vector<std::vector<float>> adapters(layout.units.size());
   std::vector<Tensor> unit_lora(layout.units.size());
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitLayout& unit = layout.units[u];
     if (unit.lora_numel == 0) continue;
+    if (shares) {
+      adapters[u].resize(static_cast<size_t>(unit.lora_numel));
+      ZT_RETURN_IF_ERROR(
+          ReadWholeAdaptersFromShares(saved, rank_file, static_cast<int>(u), adapters[u].data()));
+      unit_lora[u] = Tensor(adapters[u].data(), DType::kF32, {unit.lora_numel});
+      continue;
+    }
     const std::string name = unit.name + ".lora";
     const SafetensorsTensorInfo* info = nullptr;
     SafetensorsFile* file = nullptr;
@@ -283,11 +287,12 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
     }
   }
   std::vector<std::vector<float>> base;
-  if (quantized && saved.parallel().pipeline_parallel() > 1) {
+  if (quantized && (saved.parallel().pipeline_parallel() > 1 || shares)) {
     return absl::UnimplementedError(absl::StrCat(
         "checkpoint '", ckpt->path(),
-        "': --merge-adapters of a quantized (NF4/INT8) base saved with pipeline_parallel > 1 is "
-        "not implemented yet; export the PEFT adapters (without --merge-adapters)"));
+        "': --merge-adapters of a quantized (NF4/INT8) base saved with pipeline_parallel > 1 or "
+        "tensor_parallel > 1 is not implemented yet; export the PEFT adapters (without "
+        "--merge-adapters)"));
   }
   if (quantized) {
     ZT_ASSIGN_OR_RETURN(

@@ -52,6 +52,31 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
+// Per chunk of `m`'s stage, the plan's "comm.pipeline.grad_send.<c>" for a chunk that sends
+// gradients back (it does not hold the embedding), checked against what it copies: one slot per
+// micro-batch in flight, each the residual gradient's size and dtype. Empty for the chunk
+// holding the embedding. A plan without it, or of another size, is an error: the sends would
+// otherwise reach past the buffer or live outside the plan.
+absl::StatusOr<std::vector<Tensor>> PipelineGradSendsFromPlan(Transformer& m,
+                                                              const Arenas& arenas) {
+  std::vector<Tensor> sends(m.chunks());
+  for (int c = 0; c < m.chunks(); ++c) {
+    ZT_RETURN_IF_ERROR(m.SelectMicroBatch(c, 0));
+    if (m.chunk_is_first()) continue;
+    const std::string name = PipelineGradSendBuffer(c);
+    ZT_ASSIGN_OR_RETURN(sends[c], arenas.Get(name));
+    const Tensor& g = m.residual_grad();
+    if (sends[c].dtype() != g.dtype() || sends[c].ndim() != 2 ||
+        sends[c].dim(0) != m.in_flight(c) || sends[c].dim(1) != g.numel()) {
+      return absl::InternalError(absl::StrCat(
+          "memory plan: \"", name, "\" is ", sends[c].DebugString(), ", the pipeline chunk sends ",
+          m.in_flight(c), " micro-batches in flight of its residual gradient ", g.DebugString()));
+    }
+  }
+  ZT_RETURN_IF_ERROR(m.SelectMicroBatch(0, 0));
+  return sends;
+}
+
 }  // namespace
 
 bool LossScalingEnabled(const zerotrain::PrecisionConfig& precision) {
@@ -144,10 +169,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     // over stages), and the gradients in flight to the previous stage (one per micro-batch
     // slot: the model's gradient scratch is reused by the next backward while they go).
     t->pipeline_scalars_.resize(int64_t{ShardingEngine::kScalarSlots} * world);
-    t->pipeline_grad_sends_.resize(t->model_->chunks());
-    for (int c = 0; c < t->model_->chunks(); ++c) {
-      t->pipeline_grad_sends_[c].resize(t->model_->in_flight(c));
-    }
+    ZT_ASSIGN_OR_RETURN(t->pipeline_grad_sends_, PipelineGradSendsFromPlan(*t->model_, *t->arenas_));
   }
   Store* store = options.store;
   if (store == nullptr) {
@@ -184,8 +206,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                             "optimizer statistics all-reduce (tensor-parallel)"));
       return h.Wait();
     };
-    shard_group->splits = AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
-                                          layout.coordinates().tensor, t->model_->held_units());
+    // A LoRA job steps its adapters: their shares' splits (LoraAdafactorSplits).
+    shard_group->splits =
+        t->model_->layout().lora
+            ? LoraAdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
+                                  layout.coordinates().tensor, t->model_->held_units())
+            : AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
+                              layout.coordinates().tensor, t->model_->held_units());
   }
   // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
   zerotrain::PrecisionConfig trained_precision = job.precision();
@@ -342,10 +369,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   }
   if (job.offload().delayed_update().enabled()) {
     // CheckEngineSupport refuses the rest; an engine reached another way says why too.
-    if (!t->host_optimizer_ || !t->grad_downloads_) {
+    if ((!t->host_optimizer_ && !t->nvme_optimizer_) || !t->grad_downloads_) {
       return absl::UnimplementedError(
-          "offload.delayed_update trains with offload.optimizer CPU only (its host step reads "
-          "the gradients copied down during the backward)");
+          "offload.delayed_update trains with offload.optimizer CPU or NVME at ZeRO 1-3 only "
+          "(its host step reads the gradients copied down during the backward)");
     }
     if (LossScalingEnabled(job.precision()) || shard_group.has_value() ||
         t->model_->layout().lora) {
@@ -358,8 +385,25 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       ZT_ASSIGN_OR_RETURN(Tensor p, t->arenas_->Get(u.name + ".params.host"));
       params_host.push_back(p);
     }
+    DelayedHostStep::Args delayed{.gradients = t->grad_downloads_.get()};
+    if (t->host_optimizer_) {
+      delayed.host = &*t->host_optimizer_;
+    } else {
+      // ZeRO-Infinity's optimizer: the delayed thread streams each unit's states through the
+      // swap store and commits the step's generation (NvmeOptimizer::StepOnHost).
+      NvmeOptimizer* nvme_opt = t->nvme_optimizer_.get();
+      delayed.optimizer = &nvme_opt->optimizer();
+      delayed.step_on_host = [nvme_opt](const DeviceContext& ctx,
+                                        const std::vector<Tensor>& params,
+                                        const std::vector<Tensor>& grads, float lr,
+                                        float grad_scale, uint64_t seed) {
+        return nvme_opt->StepOnHost(ctx, params, grads, lr, grad_scale, seed);
+      };
+    }
     ZT_ASSIGN_OR_RETURN(t->delayed_,
-                        DelayedHostStep::Create({.host = &*t->host_optimizer_,
+                        DelayedHostStep::Create({.host = delayed.host,
+                                                 .optimizer = delayed.optimizer,
+                                                 .step_on_host = std::move(delayed.step_on_host),
                                                  .gradients = t->grad_downloads_.get(),
                                                  .copies = &t->device_->copies(),
                                                  .params_host = std::move(params_host),
@@ -372,7 +416,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     Trainer* self = t.get();
     // The first unit's states are read while the step's reductions finish.
     t->engine_->SetBackwardEnded([nvme_opt, downloads, self] {
-      if (nvme_opt != nullptr) nvme_opt->ReadFirstUnitAhead();
+      // Not while a delayed host step streams the states on its thread: the ring and the
+      // store's generation are its own until it is finished.
+      if (nvme_opt != nullptr && (self->delayed_ == nullptr || !self->delayed_->pending())) {
+        nvme_opt->ReadFirstUnitAhead();
+      }
       if (downloads != nullptr) downloads->BackwardEnded();
       if (self->options_.on_backward_ended) self->options_.on_backward_ended(self->step_ + 1);
     });
@@ -724,8 +772,22 @@ absl::Status Trainer::InitializeAdapters() {
   }
   model_->InitializeLora(job_.train().seed());
   if (!model.lora().init_from().empty()) {
-    ZT_RETURN_IF_ERROR(
-        ReadPeftAdapter(model, model_->layout(), model.lora().init_from(), model_->unit_lora()));
+    if (model_->tensor_parallel().size <= 1) {
+      return ReadPeftAdapter(model, model_->layout(), model.lora().init_from(),
+                             model_->unit_lora());
+    }
+    // A tensor-parallel rank reads the whole model's adapters and keeps its shares.
+    const ModelLayout whole = BuildModelLayout(model);
+    std::vector<std::vector<float>> adapters(whole.units.size());
+    std::vector<Tensor> buffers;
+    for (size_t u = 0; u < whole.units.size(); ++u) {
+      adapters[u].resize(static_cast<size_t>(whole.units[u].lora_numel));
+      buffers.push_back(adapters[u].empty()
+                            ? Tensor()
+                            : Tensor(adapters[u].data(), DType::kF32, {whole.units[u].lora_numel}));
+    }
+    ZT_RETURN_IF_ERROR(ReadPeftAdapter(model, whole, model.lora().init_from(), buffers));
+    model_->SetLoraFromWhole(adapters);
   }
   return absl::OkStatus();
 }
@@ -1524,12 +1586,12 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
       busy_s += std::chrono::duration<double>(Clock::now() - compute_start).count();
       if (!first) {
         ZT_RETURN_IF_ERROR(wait(gradient_sends[c][slot]));
-        std::vector<std::byte>& buffer = pipeline_grad_sends_[c][slot];
-        const Tensor g = m.residual_grad();  // in the compute dtype, as the activations are
-        const auto* bytes = static_cast<const std::byte*>(g.raw());
-        buffer.assign(bytes, bytes + g.size_bytes());
-        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.gradients_out->Send(
-                                              Tensor(buffer.data(), g.dtype(), {g.numel()}), 0, label));
+        // The slot's planned copy (in the compute dtype, as the activations are): the next
+        // backward overwrites the residual gradient while this send goes.
+        const Tensor buffer = pipeline_grad_sends_[c].Slice(slot, slot + 1).Reshape(
+            {m.residual_grad().numel()});
+        ZT_RETURN_IF_ERROR(Cast(ctx_, m.residual_grad(), buffer));
+        ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.gradients_out->Send(buffer, 0, label));
         gradient_sends[c][slot] = h;
       }
     }
@@ -1544,20 +1606,11 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
   }
   timing->busy_s = busy_s;
   timing->span_s = std::chrono::duration<double>(Clock::now() - schedule_start).count();
-  if (comms_.tied && !m.layout().lora) {
-    // (A LoRA job's embedding and head are frozen: the copies have no gradient and stay equal.)
-    // The tied embedding's two copies (wte on the first stage, the head's copy on the last)
-    // get the sum of their gradients, as Megatron's embedding group all-reduce does.
-    const bool first = m.is_first_stage();
-    const UnitLayout& unit = first ? m.layout().units.front() : m.layout().units.back();
-    const ParamSpec& spec = *unit.Find(first ? "wte" : "lm_head.weight");
-    const Tensor& grads = first ? m.unit_grads().front() : m.unit_grads().back();
-    ZT_ASSIGN_OR_RETURN(CommHandle h,
-                        comms_.tied->AllReduce(grads.Slice(spec.offset, spec.offset + spec.numel),
-                                               ReduceOp::kSum, "tied embedding gradient"));
-    ZT_RETURN_IF_ERROR(h.Wait());
-  }
-  return engine_->ReduceStageGradients(ctx_);
+  // The tied embedding's two copies (wte on the first stage, the head's copy on the last) get
+  // the sum of their gradients in the reduction. (A LoRA job's embedding and head are frozen:
+  // the copies have no gradient and stay equal.)
+  return engine_->ReduceStageGradients(
+      ctx_, comms_.tied && !m.layout().lora ? comms_.tied.get() : nullptr);
 }
 
 absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {

@@ -209,6 +209,8 @@ class Trainer {
   absl::StatusOr<const void*> BufferBytes(const BufferSpec& b);
   // offload.optimizer NVME: the rank's swap step (its stats, its store); null otherwise.
   const NvmeOptimizer* nvme_optimizer() const { return nvme_optimizer_.get(); }
+  // The rank's sharding engine (its counters, for tests); null before Create finished.
+  const ShardingEngine* sharding_engine() const { return engine_.get(); }
   const GradientDownloads* gradient_downloads() const { return grad_downloads_.get(); }
   Transformer& model() { return *model_; }
   // The whole model's weights in fp32, one vector per unit, on every rank: the master
@@ -390,9 +392,9 @@ class Trainer {
   bool stopped_early_ = false;
   int pipeline_size_ = 1, pipeline_stage_ = 0;
   std::vector<float> pipeline_scalars_;                  // every stage's statistics (host)
-  // Per chunk and micro-batch slot.
-  // Bytes of the gradient's dtype (the compute dtype: 16-bit in mixed precision).
-  std::vector<std::vector<std::vector<std::byte>>> pipeline_grad_sends_;
+  // Per chunk, the plan's "comm.pipeline.grad_send.<c>" ([in_flight, residual gradient]: the
+  // copy each micro-batch slot sends back from); empty for the chunk holding the embedding.
+  std::vector<Tensor> pipeline_grad_sends_;
   // Whether the last save begun was a final one (its outcome comes from Finish() when async).
   bool last_save_final_ = false;
   double resume_seconds_ = 0;

@@ -4,9 +4,12 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/quantization.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/model/lora_tensor_parallel.h"
@@ -14,6 +17,7 @@
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/lora_plan.h"
+#include "worker/plan/optimizer_state_layout.h"
 #include "worker/plan/parallel_plan.h"
 
 namespace zt {
@@ -253,6 +257,63 @@ std::vector<int64_t> AdapterGlobalIndex(const zerotrain::ModelConfig& m, const U
   return g;
 }
 
+// The share of `spec`'s rank `at`'s copy of block `unit` (`local`) and LoraAdapterLayout's unit
+// of it (`adapters`, whose ZeRO ranges the optimizer states are split by); false when the rank's
+// pipeline stage does not hold the block.
+bool AdapterShareOf(const zerotrain::JobSpec& spec, int at, const UnitLayout& unit,
+                    UnitLayout* local, UnitLayout* adapters) {
+  const ModelLayout rank_layout = RankModelLayout(spec, ParallelLayout::ForJob(spec, at));
+  for (const UnitLayout& u : rank_layout.units) {
+    if (u.name != unit.name) continue;
+    *local = u;
+    ModelLayout one;
+    one.units = {u};
+    *adapters = LoraAdapterLayout(one).units.front();
+    return true;
+  }
+  return false;
+}
+
+// Block `unit`'s (of the whole model) adapters (role "") or their elementwise optimizer state
+// `role`, saved as `buffer`, in *values (unit.lora_numel): every saved rank's range of its share
+// placed by AdapterGlobalIndex (ranks of other stages skipped; replicas write the same values).
+absl::Status JoinWholeAdapters(const zerotrain::JobSpec& saved,
+                               const std::vector<std::unique_ptr<SafetensorsFile>>& files,
+                               const std::function<std::string(int)>& rank_file,
+                               const UnitLayout& unit, const std::string& buffer,
+                               const std::string& role, std::vector<float>* values) {
+  values->assign(static_cast<size_t>(unit.lora_numel), 0.0f);
+  bool found = false;
+  for (size_t r = 0; r < files.size(); ++r) {
+    UnitLayout local, adapters;
+    if (!AdapterShareOf(saved, static_cast<int>(r), unit, &local, &adapters)) continue;
+    const SafetensorsTensorInfo* info = files[r]->Find(buffer);
+    const Segment have = role.empty() ? Segment{0, local.lora_numel}
+                                      : SegmentOf(saved, static_cast<int>(r), adapters, role);
+    if (have.end <= have.begin) continue;
+    const int64_t need = (have.end - have.begin) * static_cast<int64_t>(sizeof(float));
+    if (info == nullptr || info->nbytes() < need || info->dtype != StDType::kF32) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", buffer,
+                       " is missing or not the f32 range its layout says"));
+    }
+    found = true;
+    std::vector<float> held(static_cast<size_t>(have.end - have.begin));
+    std::memcpy(held.data(), files[r]->Bytes(*info).data(), static_cast<size_t>(need));
+    files[r]->Release(*info);
+    const ParallelLayout place = ParallelLayout::ForJob(saved, static_cast<int>(r));
+    const std::vector<int64_t> index = AdapterGlobalIndex(
+        saved.model(), local, unit, place.tensor_size(), place.coordinates().tensor);
+    for (int64_t i = have.begin; i < have.end; ++i) {
+      if (index[i] >= 0) (*values)[index[i]] = held[i - have.begin];
+    }
+  }
+  if (!found) {
+    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds ", buffer));
+  }
+  return absl::OkStatus();
+}
+
 // A tensor-parallel LoRA job's adapters ("<block>.lora") or their elementwise optimizer state
 // ("<block>.lora.<state>") for rank `rank` of `job`: the whole block's values joined from every
 // saved rank's range of its share (AdapterGlobalIndex), this rank's share and range taken out.
@@ -276,53 +337,10 @@ absl::Status ReshardTensorParallelAdapters(
   }
   if (unit == nullptr) return absl::OkStatus();
   if (!role.empty() && (!Elementwise(role) || b.dtype != DType::kF32)) return absl::OkStatus();
-  // The share of `layout`'s copy of the block at `place`, as LoraAdapterLayout's unit (whose
-  // ZeRO ranges the states are split by).
-  const auto share_of = [&](const zerotrain::JobSpec& spec, int at, UnitLayout* local,
-                            UnitLayout* adapters) -> bool {
-    const ParallelLayout place = ParallelLayout::ForJob(spec, at);
-    const ModelLayout rank_layout = RankModelLayout(spec, place);
-    for (const UnitLayout& u : rank_layout.units) {
-      if (u.name != unit->name) continue;
-      *local = u;
-      ModelLayout one;
-      one.units = {u};
-      *adapters = LoraAdapterLayout(one).units.front();
-      return true;
-    }
-    return false;
-  };
-  std::vector<float> values(unit->lora_numel, 0.0f);
-  bool found = false;
-  for (size_t r = 0; r < files.size(); ++r) {
-    UnitLayout local, adapters;
-    if (!share_of(saved, static_cast<int>(r), &local, &adapters)) continue;  // another stage
-    const SafetensorsTensorInfo* info = files[r]->Find(b.name);
-    const Segment have = role.empty() ? Segment{0, local.lora_numel}
-                                      : SegmentOf(saved, static_cast<int>(r), adapters, role);
-    if (have.end <= have.begin) continue;
-    const int64_t need = (have.end - have.begin) * static_cast<int64_t>(sizeof(float));
-    if (info == nullptr || info->nbytes() < need || info->dtype != StDType::kF32) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint file '", rank_file(static_cast<int>(r)), "': buffer ", b.name,
-                       " is missing or not the f32 range its layout says"));
-    }
-    found = true;
-    std::vector<float> held(static_cast<size_t>(have.end - have.begin));
-    std::memcpy(held.data(), files[r]->Bytes(*info).data(), static_cast<size_t>(need));
-    files[r]->Release(*info);
-    const ParallelLayout place = ParallelLayout::ForJob(saved, static_cast<int>(r));
-    const std::vector<int64_t> index =
-        AdapterGlobalIndex(m, local, *unit, place.tensor_size(), place.coordinates().tensor);
-    for (int64_t i = have.begin; i < have.end; ++i) {
-      if (index[i] >= 0) values[index[i]] = held[i - have.begin];
-    }
-  }
-  if (!found) {
-    return absl::DataLossError(absl::StrCat("checkpoint: no saved rank holds ", b.name));
-  }
+  std::vector<float> values;
+  ZT_RETURN_IF_ERROR(JoinWholeAdapters(saved, files, rank_file, *unit, b.name, role, &values));
   UnitLayout local, adapters;
-  if (!share_of(job, rank, &local, &adapters)) {
+  if (!AdapterShareOf(job, rank, *unit, &local, &adapters)) {
     return absl::InternalError(absl::StrCat("resharding: rank ", rank, " holds no ", b.name));
   }
   const ParallelLayout place = ParallelLayout::ForJob(job, rank);
@@ -340,6 +358,186 @@ absl::Status ReshardTensorParallelAdapters(
   return absl::OkStatus();
 }
 
+// 8-bit AdamW's state of a LoRA block's adapters across tensor- and pipeline-parallel layouts
+// (issue 18 with docs/memory.md's 8-bit blocks). Each rank's state is OptimizerStateFor of its
+// share's adapter unit over its ZeRO range: per tensor either f32 m/v (tensors under
+// min_quantized_numel, bitsandbytes' rule, decided on the share's size) or u8 codes with one
+// absmax per quant_block_size block starting at the range's first element of the tensor. A
+// share's blocks are blocks of another tensor than the whole one's (the share's rows or
+// columns), so no block survives a change of layout: every saved block is dequantized
+// (BlockDequantize, the kernel the ZeRO resharding's Requantize uses), its values placed in
+// the whole block's m and v by AdapterGlobalIndex, and the resuming rank's share quantized
+// again block by block from its own range's first element (BlockQuantize, the same dynamic
+// maps: m signed, v unsigned). Lossy as worker/optimizer_state_reshard.h says of a block that
+// does not line up: each value within one map step of the dequantized saved one.
+class QuantizedAdapterMoments {
+ public:
+  QuantizedAdapterMoments(const zerotrain::JobSpec& saved,
+                          const std::vector<std::unique_ptr<SafetensorsFile>>& files,
+                          const std::function<std::string(int)>& rank_file)
+      : saved_(saved), files_(files), rank_file_(rank_file) {}
+
+  // Fills every "<block>.lora.<state>" buffer of rank `rank` of `job` (unit: the whole
+  // model's block) in `into`.
+  absl::Status Fill(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit,
+                    const Arenas& into) {
+    std::vector<float> m(static_cast<size_t>(unit.lora_numel), 0.0f), v(m.size(), 0.0f);
+    std::vector<bool> seen(m.size(), false);
+    bool found = false;
+    for (size_t r = 0; r < files_.size(); ++r) {
+      UnitLayout local, adapters;
+      if (!AdapterShareOf(saved_, static_cast<int>(r), unit, &local, &adapters)) continue;
+      found = true;
+      const Segment range = SegmentOf(saved_, static_cast<int>(r), adapters, "adam_m");
+      const UnitOptimizerState state =
+          OptimizerStateFor(saved_.optimizer(), adapters, {range.begin, range.end});
+      std::vector<const uint8_t*> buffers;
+      for (const UnitOptimizerState::Buffer& b : state.buffers) {
+        const std::string name = adapters.name + "." + b.name;
+        const SafetensorsTensorInfo* info = files_[r]->Find(name);
+        if (info == nullptr || info->dtype != ToStDType(b.dtype) ||
+            info->nbytes() < b.numel * DTypeSize(b.dtype)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("checkpoint file '", rank_file_(static_cast<int>(r)), "': buffer ", name,
+                           " is missing or not what 8-bit AdamW's layout says"));
+        }
+        buffers.push_back(files_[r]->Bytes(*info).data());
+      }
+      const ParallelLayout place = ParallelLayout::ForJob(saved_, static_cast<int>(r));
+      const std::vector<int64_t> index = AdapterGlobalIndex(
+          saved_.model(), local, unit, place.tensor_size(), place.coordinates().tensor);
+      for (size_t i = 0; i < state.tensors.size(); ++i) {
+        std::vector<float> tm, tv;
+        ZT_RETURN_IF_ERROR(Read(state.tensors[i], buffers, state.buffers, &tm, &tv));
+        const TensorState& t = state.tensors[i];
+        for (int64_t e = t.begin; e < t.end; ++e) {
+          const int64_t g = index[adapters.params[i].offset + e];
+          if (g < 0) continue;
+          m[g] = tm[e - t.begin];
+          v[g] = tv[e - t.begin];
+          seen[g] = true;
+        }
+      }
+    }
+    if (!found || !std::all_of(seen.begin(), seen.end(), [](bool b) { return b; })) {
+      return absl::DataLossError(absl::StrCat("checkpoint: the saved ranks do not hold 8-bit ",
+                                              "AdamW's state of every adapter of ", unit.name));
+    }
+    UnitLayout local, adapters;
+    if (!AdapterShareOf(job, rank, unit, &local, &adapters)) {
+      return absl::InternalError(absl::StrCat("resharding: rank ", rank, " holds no ", unit.name));
+    }
+    const Segment range = SegmentOf(job, rank, adapters, "adam_m");
+    const UnitOptimizerState want =
+        OptimizerStateFor(job.optimizer(), adapters, {range.begin, range.end});
+    std::vector<Tensor> dst;
+    for (const UnitOptimizerState::Buffer& b : want.buffers) {
+      ZT_ASSIGN_OR_RETURN(Tensor t, into.Get(adapters.name + "." + b.name));
+      if (t.dtype() != b.dtype || t.numel() < b.numel) {
+        return absl::InternalError(absl::StrCat("resharding: the plan's buffer ", adapters.name,
+                                                ".", b.name, " is not 8-bit AdamW's layout"));
+      }
+      std::memset(t.raw(), 0, static_cast<size_t>(t.size_bytes()));
+      dst.push_back(t);
+    }
+    const ParallelLayout place = ParallelLayout::ForJob(job, rank);
+    const std::vector<int64_t> index = AdapterGlobalIndex(
+        job.model(), local, unit, place.tensor_size(), place.coordinates().tensor);
+    for (size_t i = 0; i < want.tensors.size(); ++i) {
+      const TensorState& t = want.tensors[i];
+      if (t.kind == TensorState::Kind::kNone) continue;
+      std::vector<float> tm(static_cast<size_t>(t.end - t.begin)), tv(tm.size());
+      for (int64_t e = t.begin; e < t.end; ++e) {
+        const int64_t g = index[adapters.params[i].offset + e];
+        tm[e - t.begin] = g < 0 ? 0.0f : m[g];
+        tv[e - t.begin] = g < 0 ? 0.0f : v[g];
+      }
+      ZT_RETURN_IF_ERROR(Write(t, tm, tv, dst));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Tensor state t's m and v in f32, one per element of [t.begin, t.end).
+  absl::Status Read(const TensorState& t, const std::vector<const uint8_t*>& buffers,
+                    const std::vector<UnitOptimizerState::Buffer>& specs, std::vector<float>* m,
+                    std::vector<float>* v) const {
+    const int64_t n = t.end - t.begin;
+    m->assign(static_cast<size_t>(std::max<int64_t>(n, 0)), 0.0f);
+    v->assign(m->size(), 0.0f);
+    const auto bytes = [&](size_t k) {
+      const TensorState::Slice& s = t.slices[k];
+      return buffers[s.buffer] + s.offset * DTypeSize(specs[s.buffer].dtype);
+    };
+    switch (t.kind) {
+      case TensorState::Kind::kNone:
+        return absl::OkStatus();
+      case TensorState::Kind::kFp32Moments:
+        std::memcpy(m->data(), bytes(0), static_cast<size_t>(n) * sizeof(float));
+        std::memcpy(v->data(), bytes(1), static_cast<size_t>(n) * sizeof(float));
+        return absl::OkStatus();
+      case TensorState::Kind::kQuantizedMoments: {
+        const int64_t block = saved_.optimizer().quant_block_size();
+        const int64_t blocks = (n + block - 1) / block;
+        std::vector<uint8_t> codes(static_cast<size_t>(n));
+        std::vector<float> absmax(static_cast<size_t>(blocks));
+        const DeviceContext ctx = CpuContext(1);
+        for (const auto& [c, a, map, out] :
+             {std::tuple{size_t{0}, size_t{2}, DynamicMap::kSigned, m},
+              std::tuple{size_t{1}, size_t{3}, DynamicMap::kUnsigned, v}}) {
+          std::memcpy(codes.data(), bytes(c), codes.size());
+          std::memcpy(absmax.data(), bytes(a), absmax.size() * sizeof(float));
+          ZT_RETURN_IF_ERROR(
+              BlockDequantize(ctx, {.codes = Tensor(codes.data(), DType::kU8, {n}),
+                                    .absmax = Tensor(absmax.data(), DType::kF32, {blocks}),
+                                    .dst = Tensor(out->data(), DType::kF32, {n}),
+                                    .block = block,
+                                    .map = map}));
+        }
+        return absl::OkStatus();
+      }
+      default:
+        return absl::InternalError("8-bit AdamW's state has another kind");
+    }
+  }
+
+  // Tensor state t's slices of `dst` from its f32 m and v.
+  absl::Status Write(const TensorState& t, std::vector<float>& m, std::vector<float>& v,
+                     const std::vector<Tensor>& dst) const {
+    const int64_t n = t.end - t.begin;
+    const auto at = [&](size_t k) {
+      const TensorState::Slice& s = t.slices[k];
+      return static_cast<uint8_t*>(dst[s.buffer].raw()) +
+             s.offset * DTypeSize(dst[s.buffer].dtype());
+    };
+    if (t.kind == TensorState::Kind::kFp32Moments) {
+      std::memcpy(at(0), m.data(), static_cast<size_t>(n) * sizeof(float));
+      std::memcpy(at(1), v.data(), static_cast<size_t>(n) * sizeof(float));
+      return absl::OkStatus();
+    }
+    if (t.kind != TensorState::Kind::kQuantizedMoments) {
+      return absl::InternalError("8-bit AdamW's state has another kind");
+    }
+    const int64_t block = saved_.optimizer().quant_block_size();
+    const int64_t blocks = (n + block - 1) / block;
+    const DeviceContext ctx = CpuContext(1);
+    ZT_RETURN_IF_ERROR(BlockQuantize(ctx, {.src = Tensor(m.data(), DType::kF32, {n}),
+                                           .codes = Tensor(at(0), DType::kU8, {n}),
+                                           .absmax = Tensor(at(2), DType::kF32, {blocks}),
+                                           .block = block,
+                                           .map = DynamicMap::kSigned}));
+    return BlockQuantize(ctx, {.src = Tensor(v.data(), DType::kF32, {n}),
+                               .codes = Tensor(at(1), DType::kU8, {n}),
+                               .absmax = Tensor(at(3), DType::kF32, {blocks}),
+                               .block = block,
+                               .map = DynamicMap::kUnsigned});
+  }
+
+  const zerotrain::JobSpec& saved_;
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files_;
+  const std::function<std::string(int)>& rank_file_;
+};
+
 }  // namespace
 
 absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
@@ -355,6 +553,23 @@ absl::Status ReadWholeUnitFromShares(const zerotrain::JobSpec& saved,
   std::vector<float> values;
   ZT_RETURN_IF_ERROR(JoinWholeUnit(saved, files, rank_file, unit,
                                    whole.units[unit].name + "." + role, role, &values));
+  std::copy(values.begin(), values.end(), out);
+  return absl::OkStatus();
+}
+
+absl::Status ReadWholeAdaptersFromShares(const zerotrain::JobSpec& saved,
+                                         const std::function<std::string(int)>& rank_file, int unit,
+                                         float* out) {
+  const ModelLayout whole = BuildModelLayout(saved.model());
+  if (unit < 0 || unit >= static_cast<int>(whole.units.size()) ||
+      whole.units[unit].lora_numel == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadWholeAdaptersFromShares: unit ", unit, " has no adapters"));
+  }
+  ZT_ASSIGN_OR_RETURN(const auto files, OpenSavedRanks(saved, rank_file));
+  std::vector<float> values;
+  ZT_RETURN_IF_ERROR(JoinWholeAdapters(saved, files, rank_file, whole.units[unit],
+                                       whole.units[unit].name + ".lora", "", &values));
   std::copy(values.begin(), values.end(), out);
   return absl::OkStatus();
 }
@@ -377,9 +592,27 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
     return -1;
   };
   std::vector<float> unit_values, embedding_values;
+  // 8-bit AdamW's adapter states: a block's buffers all at once (QuantizedAdapterMoments).
+  const bool eight_bit = m.has_lora() &&
+                         job.optimizer().type() == zerotrain::OptimizerConfig::ADAMW_8BIT &&
+                         saved.optimizer().type() == zerotrain::OptimizerConfig::ADAMW_8BIT;
+  std::set<std::string> adapter_states_done;
+  QuantizedAdapterMoments moments(saved, files, rank_file);
   for (const BufferSpec& buffer : plan.buffers) {
     if (!IsCheckpointed(buffer, weights_only)) continue;
     const BufferSpec* b = &buffer;
+    if (eight_bit) {
+      const UnitLayout* block = nullptr;
+      for (const UnitLayout& u : whole.units) {
+        if (!u.lora.empty() && b->name.starts_with(u.name + ".lora.")) block = &u;
+      }
+      if (block != nullptr) {
+        if (adapter_states_done.insert(block->name).second) {
+          ZT_RETURN_IF_ERROR(moments.Fill(job, rank, *block, into));
+        }
+        continue;
+      }
+    }
     if (m.has_lora() && std::max(1, saved.parallel().tensor_parallel()) == 1 &&
         place.tensor_size() == 1) {
       bool done = false;

@@ -41,4 +41,13 @@ absl::Status ReadWholeUnitFromShares(
     const zerotrain::JobSpec& saved, const std::function<std::string(int)>& rank_file, int unit,
     const std::string& role, float* out);
 
+// The whole block `unit`'s adapters ("<block>.lora", its lora_numel values in the one-rank
+// order) as the LoRA checkpoint `saved` wrote them at its tensor- and pipeline-parallel layout:
+// each saved rank's share (LoraSliceOf) placed where one rank holds it, into out. What `zt
+// export` reads from such a checkpoint. FailedPrecondition naming the file when a saved share
+// is missing or not f32; DataLoss when no saved rank holds the block.
+absl::Status ReadWholeAdaptersFromShares(const zerotrain::JobSpec& saved,
+                                         const std::function<std::string(int)>& rank_file, int unit,
+                                         float* out);
+
 }  // namespace zt

@@ -546,11 +546,15 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       lines.push_back(
           absl::StrCat("parallel.pipeline_parallel: ", pp, " trains ", what, " so far"));
     };
-    if (parallel.zero_stage() >= 2 && std::max(parallel.micro_batches(),
-                                               spec.train().grad_accum_steps()) < 2) {
+    // At stage 3 with reshard_after_forward a stage reduce-scatters each micro-batch's
+    // gradients as they end (StageGradientsPerMicroBatch): one micro-batch is a schedule too.
+    if (parallel.zero_stage() >= 2 &&
+        !(parallel.zero_stage() == 3 && parallel.reshard_after_forward()) &&
+        std::max(parallel.micro_batches(), spec.train().grad_accum_steps()) < 2) {
       needs(absl::StrCat("at parallel.zero_stage ", parallel.zero_stage(),
                          " with parallel.micro_batches >= 2 (the stage accumulates into full "
-                         "gradient buffers, planned only when micro-batches accumulate)"));
+                         "gradient buffers, planned only when micro-batches accumulate; at "
+                         "stage 3 parallel.reshard_after_forward true reduces per micro-batch)"));
     }
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");
@@ -563,12 +567,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "without a quantized model.base_dtype streamed from model.init_from (the stream "
           "quantizes into the whole model's units, not a stage's); use the seeded base or "
           "pipeline_parallel 1");
-    }
-    if (UsesLora(spec.model()) && parallel.zero_stage() == 3 &&
-        parallel.reshard_after_forward()) {
-      needs(
-          "model.lora at parallel.zero_stage 3 with parallel.reshard_after_forward false (the "
-          "stages' per-use gathers are not wired to a frozen base's shards yet)");
     }
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
@@ -635,7 +633,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     }
   }
   // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
-  // offload.optimizer CPU, ZeRO stages 1-3, AdamW, 8-bit AdamW and Adafactor, fp32 and bf16:
+  // offload.optimizer CPU or NVME, ZeRO stages 1-3 (at 3 with offload.params NONE or CPU), AdamW,
+  // 8-bit AdamW and Adafactor, fp32 and bf16:
   // its host step runs on a thread of its own beside the next step's compute, so nothing it
   // does may touch what that compute uses.
   if (offload.delayed_update().enabled()) {
@@ -643,15 +642,13 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       lines.push_back(
           absl::StrCat("offload.delayed_update.enabled: true trains ", what, " so far"));
     };
-    if (offload.optimizer() == Offload::NVME) {
+    // offload.params CPU trains: the host step writes "<unit>.params.host", a second bank
+    // the gathers never read, and Finish copies it into the shards once the next backward
+    // has ended (worker/optim/delayed_host_step.h).
+    if (offload.params() == Offload::NVME) {
       needs(
-          "with offload.optimizer CPU, not NVME (the NVMe step copies the gradients from the "
-          "device through the ring and commits a swap generation per step: beside the next "
-          "step's backward it would read gradients that backward overwrites)");
-    }
-    if (offload.params() != Offload::NONE) {
-      needs(absl::StrCat("without offload.params (", Offload::Device_Name(offload.params()),
-                         ": the host step updates the shards the next step's gathers read)"));
+          "without offload.params NVME (the NVMe step updates the swapped shards the next "
+          "step's gathers read, in the generation it commits)");
     }
     using P = zerotrain::PrecisionConfig;
     if (precision.param_dtype() == P::FP16 || precision.compute_dtype() == P::FP16 ||
@@ -693,25 +690,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " with model.lora trains ",
                                      what, " so far"));
       };
-      if (spec.model().n_kv_head() < tp) {
-        needs(absl::StrCat("with model.n_kv_head (", spec.model().n_kv_head(),
-                           ") >= tensor_parallel (replicated KV heads' adapter rows are not "
-                           "summed yet)"));
-      }
-      if (spec.model().lora().dropout() > 0) {
-        needs("with model.lora.dropout 0 (a rank's masks would be drawn for its shares' indices)");
-      }
-      if (spec.parallel().sequence_parallel()) needs("without parallel.sequence_parallel");
       if (spec.model().base_dtype() == ModelConfig::NF4 ||
           spec.model().base_dtype() == ModelConfig::INT8) {
         needs("over an unquantized base (an NF4/INT8 base is not sliced along its blocks yet)");
-      }
-      if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
-        needs("with AdamW, SGD or 8-bit AdamW (Adafactor's factored statistics are not summed "
-              "over adapter shares yet)");
-      }
-      if (!spec.model().init_from().empty() || !spec.model().lora().init_from().empty()) {
-        needs("from its own seeded base and fresh adapters (no model.init_from / lora.init_from)");
       }
     }
   }

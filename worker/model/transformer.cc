@@ -550,8 +550,11 @@ absl::Status Transformer::StageForward(const DeviceContext& ctx, const LossOptio
   if (!chunk_is_last()) return absl::OkStatus();
   ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(head));
   ZT_RETURN_IF_ERROR(HeadForward(ctx, p));
-  ZT_RETURN_IF_ERROR(HeadLoss(ctx, p, options.write_grad ? grads_.back() : Tensor(),
-                              ComputeParams(0),
+  head_grad_ = Tensor();
+  if (options.write_grad) {
+    ZT_ASSIGN_OR_RETURN(head_grad_, StageGradient(ctx, head));
+  }
+  ZT_RETURN_IF_ERROR(HeadLoss(ctx, p, head_grad_, ComputeParams(0),
                               options.write_grad && HoldsUnit(0) ? grads_.front() : Tensor(),
                               options));
   ZT_RETURN_IF_ERROR(FinishStageUnit(head));
@@ -571,16 +574,23 @@ absl::Status Transformer::StageBackward(const DeviceContext& ctx) {
     }
     head_backward_due_ = false;
     ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(head));
-    ZT_RETURN_IF_ERROR(HeadBackward(ctx, p, grads_.back()));
+    ZT_RETURN_IF_ERROR(HeadBackward(ctx, p, head_grad_));
     ZT_RETURN_IF_ERROR(FinishStageUnit(head));
+    ZT_RETURN_IF_ERROR(StageGradientDone(ctx, head));
   }
   for (int u = std::min(last_unit_, head) - 1; u >= std::max(first_unit_, 1); --u) {
     ZT_ASSIGN_OR_RETURN(const Tensor p, AcquireStageUnit(u));
     // The gradient of the block's trainable buffer: its adapters' in a LoRA model.
-    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, p, layout_.lora ? lora_grads_[u] : grads_[u]));
+    ZT_ASSIGN_OR_RETURN(const Tensor g, StageGradient(ctx, u));
+    ZT_RETURN_IF_ERROR(BlockBackward(ctx, u - 1, p, g));
     ZT_RETURN_IF_ERROR(FinishStageUnit(u));
+    ZT_RETURN_IF_ERROR(StageGradientDone(ctx, u));
   }
-  if (chunk_is_first()) ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, grads_.front()));
+  if (chunk_is_first()) {
+    ZT_ASSIGN_OR_RETURN(const Tensor g, StageGradient(ctx, 0));
+    ZT_RETURN_IF_ERROR(EmbeddingBackward(ctx, g));
+    ZT_RETURN_IF_ERROR(StageGradientDone(ctx, 0));
+  }
   return absl::OkStatus();
 }
 
@@ -684,13 +694,24 @@ absl::Status Transformer::ReduceReplicatedKvGrads(int i, const Tensor& grads) {
     // A LoRA block's `grads` are its adapters': a column-parallel site's A is replicated and
     // each rank's gradient of it is the partial dhᵀx of its own output rows (dh = Σ_k dy_k·B_k),
     // summed here over the group so every rank steps the same A.
+    // A replicated KV head's B rows (n_kv_head < tp) have, on each rank, the gradient of its own
+    // query heads' share of dK / dV only: summed over the ranks sharing the head, as the base's
+    // replicated KV rows are below.
     const int64_t size = DTypeSize(grads.dtype());
+    const auto flat = [&](const ParamSpec& p) {
+      return Tensor(static_cast<char*>(grads.raw()) + p.offset * size, grads.dtype(), {p.numel},
+                    grads.device());
+    };
     for (const LoraSite& site : layout_.block(i).lora) {
       if (IsRowParallelLoraSite(site)) continue;
-      const Tensor a(static_cast<char*>(grads.raw()) + site.a.offset * size, grads.dtype(),
-                     {site.a.numel}, grads.device());
       ZT_RETURN_IF_ERROR(tp_.all_reduce(
-          a, absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_A gradient all-reduce")));
+          flat(site.a),
+          absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_A gradient all-reduce")));
+      if (IsKvLoraSite(site) && config_.n_kv_head() < tp_.size) {
+        ZT_RETURN_IF_ERROR(tp_.kv_all_reduce(
+            flat(site.b),
+            absl::StrCat(layout_.block(i).name, " ", site.hf_path, ".lora_B kv all-reduce")));
+      }
     }
     return absl::OkStatus();
   }

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
 #include "kernels/int8_linear.h"
+#include "kernels/lora.h"
 #include "kernels/nf4.h"
 #include "kernels/tensor.h"
 #include "proto/job.pb.h"
@@ -86,14 +87,15 @@ class Transformer {
   // With KV heads replicated over the group (n_kv_head < tp.size), block i's K and V rows of
   // attn.qkv hold the gradient of this rank's query heads only: sums them over the ranks
   // sharing each KV head, in `grads` (the block's accumulated gradient). Nothing otherwise.
-  // The step loop calls it once per step, before the data-parallel reduction.
+  // The step loop calls it before each data-parallel reduction: once per step, or per
+  // micro-batch on a pipeline stage that reduces per micro-batch.
   absl::Status ReduceReplicatedKvGrads(int i, const Tensor& grads);
   // Sequence parallelism: unit u's (whole-model index) norm weights and biases got the
   // gradient of this rank's token rows only: sums them over the tensor-parallel group in
   // `grads` (the unit's accumulated gradient), so every rank holds the whole gradient, as
   // without sequence parallelism (Megatron's allreduce of the sequence-parallel grads). Nothing
-  // otherwise. The step loop calls it once per step and unit, before the data-parallel
-  // reduction.
+  // otherwise. The step loop calls it per unit before each data-parallel reduction (once per
+  // step, or per micro-batch on a pipeline stage that reduces per micro-batch).
   absl::Status ReduceSequenceParallelNormGrads(int u, const Tensor& grads);
 
   // The units the model holds: the whole model's, or a pipeline stage's own (BindStage), in
@@ -121,6 +123,11 @@ class Transformer {
   // kaiming_uniform_(a=sqrt(5))), B zero, so a fresh adapter changes nothing. Deterministic in
   // `seed`, each matrix its own stream.
   void InitializeLora(uint64_t seed);
+  // Sets the held units' adapters from the one-rank model's: `whole[u]` is unit u's adapter
+  // buffer in BuildModelLayout's layout (f32, its lora_numel elements; units without adapters
+  // are not read). A tensor-parallel rank keeps its shares (LoraSliceOf), so a PEFT directory
+  // read whole starts every layout where one rank starts.
+  void SetLoraFromWhole(const std::vector<std::vector<float>>& whole);
   // The seed of the adapters' dropout masks for the next forward and its backward (the mask of
   // each adapter is a function of this seed, the block and the adapter); the step loop sets a
   // new one per micro-batch. Unused when model.lora.dropout is 0.
@@ -238,8 +245,8 @@ class Transformer {
   // Chunk c's saved activations hold in_flight(c) micro-batches; the schedule picks a chunk and
   // slot with SelectMicroBatch before its forward and again before its backward. Its backward
   // accumulates into unit_grads(): a unit's ".grad_accum" buffer where the plan has one (ZeRO
-  // stage 2, reduce-scattered by the engine afterwards), else its ".grads". Needs f32, no
-  // LoRA, no quantized base.
+  // stages 2–3, reduce-scattered by the engine afterwards), else its ".grads"; or, where the
+  // engine reduces per micro-batch, into the buffers StageUnitSource::gradient hands out.
   // With tensor_parallel t > 1 (`tp`, the layout's TP group: size t and its tensor
   // coordinate; InvalidArgument otherwise) each of the stage's units is the rank's
   // tensor-parallel share and runs Megatron's split as Bind's does; the activations between
@@ -295,9 +302,18 @@ class Transformer {
   // model order (the head once, for HeadForward and HeadLoss); the backward uses them in
   // reverse, except the embedding, whose backward reads no parameters. Unset (both empty):
   // SetStageComputeParams' buffers or unit_params().
+  // `gradient` and `gradient_done`, where set (the engine reduces each micro-batch's gradients
+  // as they end: StageGradientsPerMicroBatch), take the place of unit_grads(): `gradient(u)`
+  // returns the zeroed buffer unit u's gradient of this micro-batch goes into (its trainable
+  // buffer's: a LoRA block's adapters; empty for a frozen unit), asked for right before the
+  // first write — the head's in its StageForward (the projection's backward in HeadLoss), the
+  // others' in StageBackward — and `gradient_done(u)` runs after the last write (the head's
+  // after HeadBackward).
   struct StageUnitSource {
     std::function<absl::StatusOr<Tensor>(int unit)> acquire;
     std::function<absl::Status(int unit)> finish;
+    std::function<absl::StatusOr<Tensor>(const DeviceContext& ctx, int unit)> gradient;
+    std::function<absl::Status(const DeviceContext& ctx, int unit)> gradient_done;
   };
   void SetStageUnitSource(StageUnitSource source) { unit_source_ = std::move(source); }
   // Chunk c's units [first, last) of the whole model, in model order.
@@ -339,6 +355,10 @@ class Transformer {
   // sink (which nothing reads).
   Tensor NormGrad(const UnitLayout& unit, const Tensor& grads, const char* name) const;
   uint64_t LoraSiteSeed(int block, size_t site) const;
+  // LoraDropout's arguments for `site` of `block` applied to inp → out: the site's seed, and on
+  // a tensor-parallel rank's row-parallel site the rank's columns of the logical input.
+  LoraDropoutArgs LoraDropoutOf(int block, size_t site, const Tensor& inp,
+                                const Tensor& out) const;
   // Elements [begin, end) of matrix p's initial values (N(0, init_std), residual projections
   // scaled) to out[0, end − begin).
   void FillInitialMatrix(uint64_t seed, const UnitLayout& unit, const ParamSpec& p, int64_t begin,
@@ -478,6 +498,18 @@ class Transformer {
   absl::Status FinishStageUnit(int u) const {
     return unit_source_.finish ? unit_source_.finish(u) : absl::OkStatus();
   }
+  // Unit u's gradient buffer for this micro-batch (StageUnitSource::gradient, else the bound
+  // trainable buffer), and the end of its writes.
+  absl::StatusOr<Tensor> StageGradient(const DeviceContext& ctx, int u) const {
+    if (unit_source_.gradient) return unit_source_.gradient(ctx, u);
+    return layout_.lora && u > 0 && u < static_cast<int>(layout_.units.size()) - 1
+               ? lora_grads_[u]
+               : grads_[u];
+  }
+  absl::Status StageGradientDone(const DeviceContext& ctx, int u) const {
+    return unit_source_.gradient_done ? unit_source_.gradient_done(ctx, u) : absl::OkStatus();
+  }
+  Tensor head_grad_;  // the last stage's head gradient, from its StageForward to StageBackward
   std::vector<int> held_units_;
   int first_unit_ = 0, last_unit_ = 0;  // the selected chunk's
   std::vector<SlotBinding> slots_;

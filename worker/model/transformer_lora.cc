@@ -49,6 +49,20 @@ uint64_t Transformer::LoraSiteSeed(int block, size_t site) const {
   return LoraDropoutSeed(lora_seed_, block, static_cast<int64_t>(site));
 }
 
+LoraDropoutArgs Transformer::LoraDropoutOf(int block, size_t site, const Tensor& inp,
+                                           const Tensor& out) const {
+  LoraDropoutArgs args{
+      .inp = inp, .out = out, .p = layout_.lora_dropout, .seed = LoraSiteSeed(block, site)};
+  const LoraSite& s = layout_.block(block).lora[site];
+  if (tp_.size > 1 && IsRowParallelLoraSite(s)) {
+    // The rank holds input columns [rank · in, (rank + 1) · in) of the site's logical input:
+    // it draws their masks, so the group drops exactly what one rank drops.
+    args.logical_cols = s.in * tp_.size;
+    args.col_begin = s.in * tp_.rank;
+  }
+  return args;
+}
+
 void Transformer::InitializeLora(uint64_t seed) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     // A pipeline stage's own units; each matrix's stream is named by the whole model's unit
@@ -79,6 +93,22 @@ void Transformer::InitializeLora(uint64_t seed) {
       }
       float* b = lora_params_[u].data<float>() + site.b.offset;
       std::fill(b, b + site.b.numel, 0.0f);
+    }
+  }
+}
+
+void Transformer::SetLoraFromWhole(const std::vector<std::vector<float>>& whole) {
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    if (!HoldsUnit(static_cast<int>(u))) continue;
+    const UnitLayout& unit = layout_.units[u];
+    for (size_t k = 0; k < unit.lora.size(); ++k) {
+      const LoraSite& site = unit.lora[k];
+      const LoraSite& w = whole_layout_.units[u].lora[k];
+      for (const bool a : {true, false}) {
+        ExtractSlice(LoraSliceOf(config_, w, a, tp_.size, tp_.rank),
+                     whole[u].data() + (a ? w.a.offset : w.b.offset),
+                     lora_params_[u].data<float>() + (a ? site.a.offset : site.b.offset));
+      }
     }
   }
 }
@@ -266,8 +296,7 @@ absl::Status Transformer::BlockLinearForward(const DeviceContext& ctx, int i, co
     Tensor x = inp;
     if (layout_.lora_dropout > 0) {
       x = ScratchView(lora_.dropped, site.in);
-      ZT_RETURN_IF_ERROR(LoraDropout(
-          ctx, {.inp = inp, .out = x, .p = layout_.lora_dropout, .seed = LoraSiteSeed(i, k)}));
+      ZT_RETURN_IF_ERROR(LoraDropout(ctx, LoraDropoutOf(i, k, inp, x)));
     }
     const Tensor& h = a.lora_h[k];
     ZT_RETURN_IF_ERROR(LinearForward(
@@ -327,8 +356,7 @@ absl::Status Transformer::BlockLinearBackward(const DeviceContext& ctx, int i, c
     Tensor x = inp;
     if (layout_.lora_dropout > 0) {
       x = ScratchView(lora_.dropped, site.in);
-      ZT_RETURN_IF_ERROR(LoraDropout(
-          ctx, {.inp = inp, .out = x, .p = layout_.lora_dropout, .seed = LoraSiteSeed(i, k)}));
+      ZT_RETURN_IF_ERROR(LoraDropout(ctx, LoraDropoutOf(i, k, inp, x)));
     }
     ZT_RETURN_IF_ERROR(LinearBackward(ctx, {.dout = dy,
                                             .inp = a.lora_h[k],
@@ -344,8 +372,7 @@ absl::Status Transformer::BlockLinearBackward(const DeviceContext& ctx, int i, c
                                             .dweight = AdapterView(grads, site.a)}));
     if (layout_.lora_dropout > 0) {
       // Dropout's backward is the same mask and scale on the gradient.
-      ZT_RETURN_IF_ERROR(LoraDropout(
-          ctx, {.inp = dx, .out = dx, .p = layout_.lora_dropout, .seed = LoraSiteSeed(i, k)}));
+      ZT_RETURN_IF_ERROR(LoraDropout(ctx, LoraDropoutOf(i, k, dx, dx)));
     }
     ZT_RETURN_IF_ERROR(AddInPlace(ctx, dinp, dx));
   }

@@ -70,6 +70,9 @@ absl::StatusOr<Tensor> Transformer::RowParallelOutputGrad(const std::string& lab
 absl::Status Transformer::ReduceSequenceParallelNormGrads(int u, const Tensor& grads) {
   if (!sequence_parallel() || grads.empty()) return absl::OkStatus();
   const UnitLayout& unit = layout_.units[u];
+  // A frozen unit's norms (a LoRA block's) have no gradient to sum: `grads` are its adapters'
+  // and the norms' went to the sink.
+  if (!unit.trainable()) return absl::OkStatus();
   for (const ParamSpec& p : unit.params) {
     if (!p.name.starts_with("ln")) continue;  // ln1, ln2, ln_f: weights and biases
     ZT_RETURN_IF_ERROR(

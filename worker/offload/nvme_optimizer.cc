@@ -338,10 +338,34 @@ absl::Status NvmeOptimizer::Initialize(
 absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
                                  const std::vector<Tensor>& grads, float lr, float grad_scale,
                                  uint64_t seed) {
+  return StepUnits(host_ctx, params, grads, lr, grad_scale, seed, /*on_host=*/false);
+}
+
+absl::Status NvmeOptimizer::StepOnHost(const DeviceContext& host_ctx,
+                                       const std::vector<Tensor>& host_params,
+                                       const std::vector<Tensor>& host_grads, float lr,
+                                       float grad_scale, uint64_t seed) {
+  if (params_home_ == ParamHome::kSwapped) {
+    return absl::FailedPreconditionError(
+        "nvme optimizer: a step on host memory alone cannot update swapped parameter shards "
+        "(offload.params NVME)");
+  }
+  if (host_params.size() != units_.size() || host_grads.size() != units_.size()) {
+    return absl::InternalError(absl::StrCat("nvme optimizer: ", host_params.size(),
+                                            " parameter and ", host_grads.size(),
+                                            " gradient buffers for ", units_.size(), " units"));
+  }
+  return StepUnits(host_ctx, host_params, host_grads, lr, grad_scale, seed, /*on_host=*/true);
+}
+
+absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
+                                      const std::vector<Tensor>& params,
+                                      const std::vector<Tensor>& grads, float lr,
+                                      float grad_scale, uint64_t seed, bool host_only) {
   const bool own_master = !optimizer_.has_master();
   // The parameters are where the update writes them already (host shards, or swapped with
   // the states): none comes down or goes up.
-  const bool on_host = params_home_ != ParamHome::kDevice;
+  const bool on_host = host_only || params_home_ != ParamHome::kDevice;
   const bool swapped = params_home_ == ParamHome::kSwapped;
   const uint64_t read = committed_, write = committed_ + 1;
   const int n_units = static_cast<int>(units_.size());
@@ -353,7 +377,7 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
   if (first_ahead_ && first_ahead_->generation == read) {
     next = std::move(first_ahead_);
     first_ahead_.reset();
-    ++stats_.first_unit_reads_ahead;
+    if (!host_only) ++stats_.first_unit_reads_ahead;
   }
   Discard(first_ahead_);  // of another generation (none is read after a restore)
   if (n_units > 0 && !next) next = Issue(0, read, /*wait=*/true);
@@ -367,6 +391,32 @@ absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vecto
     const int64_t n = range.end - range.begin;
     const int64_t grad_bytes = n * DTypeSize(grads[u].dtype());
     const int64_t param_bytes = n * DTypeSize(params[u].dtype());
+    if (host_only) {
+      // The delayed update's bank: the gradient and the parameters are host buffers of the
+      // unit's range already; nothing is copied and no Stats change (another thread reads
+      // them meanwhile).
+      if (grads[u].numel() < n || params[u].numel() < n) {
+        return absl::InternalError(absl::StrCat("nvme optimizer: unit ", unit_names_[u],
+                                                "'s host buffers hold fewer than its range of ",
+                                                n, " elements"));
+      }
+      for (const CopyHandle& r : cur->reads) {
+        if (absl::Status st = r.Wait(); !st.ok()) {
+          return absl::Status(st.code(), absl::StrCat("offload.nvme_path '", store_->path(),
+                                                      "': swapping in unit ", unit_names_[u],
+                                                      "'s optimizer states failed: ",
+                                                      st.message()));
+        }
+      }
+      const Tensor grad(grads[u].raw(), grads[u].dtype(), {n}, Device{});
+      const Tensor updated(params[u].raw(), params[u].dtype(), {n}, Device{});
+      ZT_RETURN_IF_ERROR(optimizer_.StepUnit(host_ctx, u, updated, grad, lr, grad_scale, seed,
+                                             ViewsOf(*cur)));
+      WriteBehind(std::move(*cur), write, writes);
+      cur.reset();
+      if (u + 1 < n_units && !next) next = Issue(u + 1, read, /*wait=*/true);
+      continue;
+    }
     const bool staged_grad = gradients_ == nullptr;
     if ((staged_grad && grad_bytes > static_cast<int64_t>(grad_staging_.size())) ||
         param_bytes > static_cast<int64_t>(param_staging_.size())) {

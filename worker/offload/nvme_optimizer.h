@@ -123,6 +123,19 @@ class NvmeOptimizer {
                     const std::vector<Tensor>& grads, float lr, float grad_scale,
                     uint64_t seed = 0);
 
+  // ZeRO-Offload's delayed update (worker/optim/delayed_host_step.h): Step's arithmetic, swap
+  // and commit on host memory alone — `host_params` (the plan's "<unit>.params.host", the
+  // second bank the next step's gathers and compute never read) and `host_grads` (a drained
+  // bank of the gradient downloads) — so it may run on another thread beside the rank's next
+  // forward and backward. Touches neither the copy engine, the staging buffers nor Stats (the
+  // caller times it; the swap's bytes count in the queue's); the ring's state buffers are the
+  // step's alone while the rank's thread reads nothing from the store (no offload.params NVME,
+  // no ReadFirstUnitAhead, ReadBuffer or restore until it is done). Never beside Step.
+  // FailedPrecondition with offload.params NVME (its shards are swapped with the states).
+  absl::Status StepOnHost(const DeviceContext& host_ctx, const std::vector<Tensor>& host_params,
+                          const std::vector<Tensor>& host_grads, float lr, float grad_scale,
+                          uint64_t seed = 0);
+
   // Queues the reads of the first unit's states for the next Step, if the ring has their
   // buffers free now (else Step issues them itself). A restore drops them.
   void ReadFirstUnitAhead();
@@ -233,6 +246,11 @@ class NvmeOptimizer {
   static void Discard(std::optional<Pending>& pending);
   // Unit u's swapped parameter shard slot; nullptr without one.
   const Slot* ParamSlotOf(int u) const;
+  // Step and StepOnHost: `host_only`, the parameters and gradients are host memory to use as
+  // they are (no copy, no Stats).
+  absl::Status StepUnits(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
+                         const std::vector<Tensor>& grads, float lr, float grad_scale,
+                         uint64_t seed, bool host_only);
 
   Optimizer optimizer_;
   std::vector<std::string> unit_names_;

@@ -25,4 +25,13 @@ std::vector<std::vector<Optimizer::TensorSplit>> AdafactorSplits(
     const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank,
     const std::vector<int>& held = {});
 
+// The same for a LoRA job's adapters: per unit of LoraAdapterLayout(local) (the units with
+// adapters, in order), per tensor (each site's A then B), the split of the rank's share
+// (worker/model/lora_tensor_parallel.h's LoraSliceOf): a row-parallel site's A by columns, a
+// column-parallel site's B by rows (a replicated KV head's rows counted by the head's first
+// rank only), the other matrix whole on every rank.
+std::vector<std::vector<Optimizer::TensorSplit>> LoraAdafactorSplits(
+    const zerotrain::ModelConfig& model, const ModelLayout& local, int tp, int rank,
+    const std::vector<int>& held = {});
+
 }  // namespace zt

@@ -16,27 +16,38 @@ double SecondsSince(Clock::time_point start) {
 }
 
 // The optimizer's range of unit u in the device view's dtype, in bytes.
-int64_t RangeBytes(const HostOptimizer& host, int u, const Tensor& param) {
-  const FlatRange& r = host.optimizer().range(u);
+int64_t RangeBytes(const Optimizer& optimizer, int u, const Tensor& param) {
+  const FlatRange& r = optimizer.range(u);
   return (r.end - r.begin) * DTypeSize(param.dtype());
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DelayedHostStep>> DelayedHostStep::Create(Args args) {
-  if (args.host == nullptr || args.gradients == nullptr || args.copies == nullptr) {
+  if (args.host != nullptr) {
+    HostOptimizer* host = args.host;
+    args.optimizer = &host->optimizer();
+    args.step_on_host = [host](const DeviceContext& ctx, const std::vector<Tensor>& params,
+                               const std::vector<Tensor>& grads, float lr, float grad_scale,
+                               uint64_t seed) {
+      return host->StepOnHost(ctx, params, grads, lr, grad_scale, seed);
+    };
+  }
+  if (args.optimizer == nullptr || !args.step_on_host || args.gradients == nullptr ||
+      args.copies == nullptr) {
     return absl::InvalidArgumentError(
-        "delayed host step: needs the host optimizer, the gradient downloads and a copy engine");
+        "delayed host step: needs the host optimizer (or an optimizer and its step on host "
+        "memory), the gradient downloads and a copy engine");
   }
   if (args.gradients->HostGradients(1).empty()) {
     return absl::InvalidArgumentError(
         "delayed host step: the gradient downloads have one bank (the plan has no "
         "\"<unit>.grads.host.1\")");
   }
-  if (static_cast<int>(args.params_host.size()) != args.host->optimizer().unit_count()) {
+  if (static_cast<int>(args.params_host.size()) != args.optimizer->unit_count()) {
     return absl::InvalidArgumentError(absl::StrCat("delayed host step: ", args.params_host.size(),
                                                    " \"<unit>.params.host\" buffers for ",
-                                                   args.host->optimizer().unit_count(), " units"));
+                                                   args.optimizer->unit_count(), " units"));
   }
   for (size_t u = 0; u < args.params_host.size(); ++u) {
     if (args.params_host[u].device().kind != DeviceKind::kCpu) {
@@ -49,7 +60,8 @@ absl::StatusOr<std::unique_ptr<DelayedHostStep>> DelayedHostStep::Create(Args ar
 }
 
 DelayedHostStep::DelayedHostStep(Args args)
-    : host_(args.host),
+    : optimizer_(args.optimizer),
+      step_on_host_(std::move(args.step_on_host)),
       gradients_(args.gradients),
       copies_(args.copies),
       params_host_(std::move(args.params_host)),
@@ -82,7 +94,7 @@ void DelayedHostStep::WorkerLoop() {
     if (on_start_) on_start_(job.step);
     const auto start = Clock::now();
     absl::Status status =
-        host_->StepOnHost(host_ctx_, params_host_, job.grads, job.lr, job.grad_scale, job.seed);
+        step_on_host_(host_ctx_, params_host_, job.grads, job.lr, job.grad_scale, job.seed);
     const double seconds = SecondsSince(start);
     lock.lock();
     result_ = std::move(status);
@@ -109,7 +121,7 @@ absl::Status DelayedHostStep::Launch(const std::vector<Tensor>& params, int64_t 
   launch_stats_ = Finished{};
   const auto down = Clock::now();
   for (size_t u = 0; u < params.size() && !uploaded_; ++u) {
-    const int64_t bytes = RangeBytes(*host_, static_cast<int>(u), params[u]);
+    const int64_t bytes = RangeBytes(*optimizer_, static_cast<int>(u), params[u]);
     if (bytes > params_host_[u].size_bytes()) {
       return absl::InternalError(absl::StrCat("delayed host step: unit ", u, "'s range of ", bytes,
                                               " bytes does not fit its params.host of ",
@@ -162,7 +174,7 @@ absl::StatusOr<DelayedHostStep::Finished> DelayedHostStep::Finish(
   }
   const auto up = Clock::now();
   for (size_t u = 0; u < params.size(); ++u) {
-    const int64_t bytes = RangeBytes(*host_, static_cast<int>(u), params[u]);
+    const int64_t bytes = RangeBytes(*optimizer_, static_cast<int>(u), params[u]);
     ZT_ASSIGN_OR_RETURN(const DeviceCopyEngine::IssueMark mark, copies_->MarkIssue());
     ZT_RETURN_IF_ERROR(copies_->CopyToDevice(mark, params[u].raw(), params_host_[u].raw(), bytes));
     f.bytes_to_device += bytes;

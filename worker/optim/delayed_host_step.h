@@ -21,7 +21,7 @@
 //   host context without its GEMM workspace, which the compute thread's ops use.
 //
 // Not thread-safe beyond that: Launch and Finish from the rank's thread. Owns its thread; not
-// the HostOptimizer or the downloads, which must outlive it. The destructor waits for a
+// the HostOptimizer (or NvmeOptimizer) or the downloads, which must outlive it. The destructor waits for a
 // pending step (its result is dropped: the step it belongs to failed or the run is over).
 #pragma once
 
@@ -48,6 +48,15 @@ class DelayedHostStep {
   struct Args {
     // Not owned. The host step's optimizer and the downloads with their two banks.
     HostOptimizer* host = nullptr;
+    // Or, in place of `host` (offload.optimizer NVME, whose NvmeOptimizer::StepOnHost streams
+    // the states through the swap store on the host thread): the optimizer whose ranges the
+    // parameters are, and the step on host memory, with HostOptimizer::StepOnHost's contract.
+    const Optimizer* optimizer = nullptr;
+    std::function<absl::Status(const DeviceContext& host_ctx,
+                               const std::vector<Tensor>& host_params,
+                               const std::vector<Tensor>& host_grads, float lr, float grad_scale,
+                               uint64_t seed)>
+        step_on_host;
     GradientDownloads* gradients = nullptr;
     DeviceCopyEngine* copies = nullptr;
     // Per trainable unit: the plan's "<unit>.params.host" (host memory, at least the unit's
@@ -58,8 +67,8 @@ class DelayedHostStep {
     // A probe for tests, or null: called on the host thread as host step `step` starts.
     std::function<void(int64_t step)> on_start;
   };
-  // InvalidArgument when a pointer is null, the downloads have no second bank or a buffer is
-  // not host memory.
+  // InvalidArgument when a pointer is null (neither `host` nor `optimizer` and
+  // `step_on_host`), the downloads have no second bank or a buffer is not host memory.
   static absl::StatusOr<std::unique_ptr<DelayedHostStep>> Create(Args args);
   ~DelayedHostStep();
   DelayedHostStep(const DelayedHostStep&) = delete;
@@ -94,7 +103,10 @@ class DelayedHostStep {
   explicit DelayedHostStep(Args args);
   void WorkerLoop();
 
-  HostOptimizer* const host_;
+  const Optimizer* const optimizer_;
+  const std::function<absl::Status(const DeviceContext&, const std::vector<Tensor>&,
+                                   const std::vector<Tensor>&, float, float, uint64_t)>
+      step_on_host_;
   GradientDownloads* const gradients_;
   DeviceCopyEngine* const copies_;
   const std::vector<Tensor> params_host_;

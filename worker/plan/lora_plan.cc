@@ -7,6 +7,7 @@
 #include "kernels/linear.h"
 #include "kernels/nf4.h"
 #include "kernels/nf4_linear.h"
+#include "worker/plan/memory_plan.h"
 #include "worker/plan/optimizer_state_layout.h"
 
 namespace zt {
@@ -94,7 +95,8 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
                                          DType grad, const ShardGeometry& geometry) {
   std::vector<BufferSpec> out;
   const int stage = job.parallel().zero_stage();
-  const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
+  const bool accumulate_full =
+      stage >= 2 && job.train().grad_accum_steps() > 1 && !StageGradientsPerMicroBatch(job);
   // The host step's gradients come down during the backward (offload.optimizer CPU), as
   // PlanMemory plans them for a full unit.
   const bool host_step = stage >= 1 && job.offload().optimizer() == zerotrain::OffloadConfig::CPU;

@@ -262,7 +262,12 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
     if (StorageDType(job.precision().grad_dtype()) != DType::kF32 && job.model().n_kv_head() < t) {
       const ModelLayout local = RankModelLayout(job, layout);
       for (const UnitLayout& u : local.units) {
-        if (!u.Find("attn.qkv.weight")) continue;
+        // LoRA: the frozen base has no gradient; a replicated KV head's k_proj / v_proj B
+        // gradient is what the head's ranks sum (Transformer::ReduceReplicatedKvGrads).
+        for (const LoraSite& site : u.lora) {
+          if (IsKvLoraSite(site)) sizes.tensor_kv = std::max(sizes.tensor_kv, site.b.numel);
+        }
+        if (local.lora || !u.Find("attn.qkv.weight")) continue;
         for (const auto& [begin, end] :
              ReplicatedKvRanges(job.model(), u, t, layout.coordinates().tensor)) {
           sizes.tensor_kv = std::max(sizes.tensor_kv, end - begin);
@@ -328,6 +333,12 @@ bool GradientSlotsInEmbeddingGather(const zerotrain::JobSpec& job, const ModelLa
          layout.embedding().trainable_numel() > 0;
 }
 
+bool StageGradientsPerMicroBatch(const zerotrain::JobSpec& job) {
+  const auto& parallel = job.parallel();
+  return parallel.pipeline_parallel() > 1 && parallel.zero_stage() == 3 &&
+         parallel.reshard_after_forward();
+}
+
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {
   return PlanMemory(job, ParallelLayout::ForJob(job, rank));
 }
@@ -338,7 +349,8 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   const auto& parallel = job.parallel();
   const ShardGeometry& geometry = place.shard();
   const int stage = parallel.zero_stage();
-  const bool accumulate_full = stage >= 2 && job.train().grad_accum_steps() > 1;
+  const bool accumulate_full =
+      stage >= 2 && job.train().grad_accum_steps() > 1 && !StageGradientsPerMicroBatch(job);
   const DType param_dtype = StorageDType(precision.param_dtype());
   const DType grad_dtype = StorageDType(precision.grad_dtype());
   // The optimizer steps on the host from gradients copied down during the backward
@@ -346,7 +358,12 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // a time at the step instead: host memory is what ZeRO-Infinity spends to fit, and a pinned
   // copy of every unit's shard would cost grad_dtype × P / N of it (6 GB for a 3 B model at one
   // rank) to hide a copy its swap traffic dwarfs.
-  const bool host_step = stage >= 1 && job.offload().optimizer() == zerotrain::OffloadConfig::CPU;
+  // The delayed update's host step runs beside the next backward, so it cannot stage that
+  // backward's gradients through the ring: with it, NVME keeps the host copies (two banks) too.
+  const bool host_step =
+      stage >= 1 && (job.offload().optimizer() == zerotrain::OffloadConfig::CPU ||
+                     (job.offload().optimizer() == zerotrain::OffloadConfig::NVME &&
+                      job.offload().delayed_update().enabled()));
   const bool delayed_update = host_step && job.offload().delayed_update().enabled();
   MemoryPlan plan;
   auto add = [&](std::string name, MemoryCategory category, DType dtype, int64_t numel) {
@@ -516,7 +533,26 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     }
     plan.buffers.push_back(b);
   }
+  // A pipeline chunk after the model's first sends dL/d(its input) back from grad.residual,
+  // which the next backward overwrites while the send may still be going: each micro-batch
+  // slot it keeps in flight sends from a copy of its own (Trainer::RunPipelineSchedule), the
+  // residual gradient's size and dtype. Communication buffers, taken from the arena.
+  const auto residual_grad =
+      std::find_if(plan.buffers.begin(), plan.buffers.end(),
+                   [](const BufferSpec& b) { return b.name == "grad.residual"; });
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (chunks[c].first == 0 || residual_grad == plan.buffers.end()) continue;
+    const BufferSpec send{.name = PipelineGradSendBuffer(static_cast<int>(c)),
+                          .category = MemoryCategory::kCommunication,
+                          .dtype = residual_grad->dtype,
+                          .shape = {chunks[c].in_flight, residual_grad->numel()}};
+    plan.buffers.push_back(send);
+  }
   return plan;
+}
+
+std::string PipelineGradSendBuffer(int chunk) {
+  return absl::StrCat("comm.pipeline.grad_send.", chunk);
 }
 
 MemoryPlan PlanInference(const zerotrain::JobSpec& job, const DeviceContext& ctx, int64_t batch,

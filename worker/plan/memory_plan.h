@@ -146,13 +146,16 @@ absl::StatusOr<UnitShard> RowAlignedShardOf(int64_t unit_numel, int64_t row_nume
 //   "<u>.grads"        S ≤ 1: P (n at S = 0), accumulated over micro-batches and reduced in
 //                      place; S ≥ 2: s, the rank's reduced shard
 //   "<u>.grad_accum"   S ≥ 2 with grad_accum_steps > 1: P — the full gradient accumulates
-//                      across micro-batches and is reduce-scattered once, on the last
+//                      across micro-batches and is reduce-scattered once, on the last (not
+//                      on a pipeline stage that reduces per micro-batch:
+//                      StageGradientsPerMicroBatch)
 //   "<u>.master", optimizer states: the rank's range at S ≥ 1, the unit at S = 0
 //                      ("<u>.master_low", i16, with split_master_weights: the high halves
 //                      are the bf16 "<u>.params")
 // and per rank:
-//   "grad.full.0/1"    S ≥ 2, one micro-batch per step: two full gradients of the largest
-//                      unit, alternating, so one unit's reduce-scatter overlaps the next
+//   "grad.full.0/1"    S ≥ 2, one micro-batch per step (or a pipeline stage at S = 3 with
+//                      reshard_after_forward, any micro-batches): two full gradients of the
+//                      largest unit, alternating, so one unit's reduce-scatter overlaps the next
 //                      unit's backward; "grad.full.embedding" (P of the embedding) when
 //                      the embedding is tied to the head, whose backward starts it
 //   "grad.shard.0/1"   S = 1: the reduce-scatter's output, two in flight, copied into the
@@ -166,6 +169,13 @@ absl::StatusOr<UnitShard> RowAlignedShardOf(int64_t unit_numel, int64_t row_nume
 //                      forward to its backward
 //   "comm.scalars"     6·N·tp f32: each rank's loss, gradient norm and overflow flag, gathered
 //                      once per step
+//   "comm.pipeline.grad_send.<c>"  a pipeline rank's chunk c (PipelineChunksOf order) that
+//                      does not hold the embedding: [in_flight, numel of "grad.residual"] in
+//                      its dtype, one copy per micro-batch slot of the gradient it sends back
+//                      to the previous stage (the send outlives the next backward, which
+//                      overwrites "grad.residual"). Activations go out of and come into the
+//                      planned "residual.<i>" slots and gradients into "grad.residual": no
+//                      other pipeline send or receive buffer exists
 //   "checkpoint.staging"  checkpoint.async (pinned_host): the checkpointed buffers, each
 //                      aligned, copied at a save point and written in the background
 //   "optimizer.reduce_scratch"  sharded or tensor-parallel Adafactor (ShardedAdafactor,
@@ -185,6 +195,8 @@ absl::StatusOr<UnitShard> RowAlignedShardOf(int64_t unit_numel, int64_t row_nume
 //                      the rank's reduced gradient shard copied down during the backward
 //                      (worker/optim/gradient_downloads.h); the host step reads it there
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& layout);
+// The name of chunk `chunk`'s "comm.pipeline.grad_send.<c>" (above).
+std::string PipelineGradSendBuffer(int chunk);
 
 // ZeRO-3 with reshard_after_forward, a tied embedding that trains and one micro-batch a step:
 // the gathered embedding is read last by the head's loss, at the top of the backward, and the
@@ -195,6 +207,14 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& layou
 // The sharding engine releases the embedding after the head's loss and only then hands a
 // slot out. GPT-2 1.5B at 8 ranks: 2.37 → 2.29 bytes a parameter of model states.
 bool GradientSlotsInEmbeddingGather(const zerotrain::JobSpec& job, const ModelLayout& layout);
+// A pipeline stage at ZeRO-3 with reshard_after_forward (FSDP's per-use gather on a stage)
+// also reduces per use: each micro-batch's backward of a unit writes its gradient into one of
+// the two "grad.full" slots, and the unit is reduce-scattered at once into the rank's
+// "<u>.grads" shard, which accumulates the micro-batches (ShardingEngine). So the stage plans
+// no "<u>.grad_accum": a full gradient per unit held through the schedule is what FSDP's
+// sharding of gradients exists to avoid. Without reshard_after_forward (and at stage 2) a
+// stage accumulates into "<u>.grad_accum" and reduces once after the schedule.
+bool StageGradientsPerMicroBatch(const zerotrain::JobSpec& job);
 // Where slot k starts in "gather.embedding", in bytes, for slots of `slot_bytes` each.
 inline int64_t GradientSlotOffset(int k, int64_t slot_bytes) {
   return k * AlignedBytes(slot_bytes);

@@ -169,7 +169,7 @@ ModelLayout TensorParallelModelLayout(const zerotrain::ModelConfig& model, int t
     // The adapters' shares (worker/model/lora_tensor_parallel.h).
     layout.lora_numel = 0;
     for (UnitLayout& u : layout.units) {
-      SplitLoraSites(tensor_parallel, u);
+      SplitLoraSites(model, tensor_parallel, u);
       layout.lora_numel += u.lora_numel;
     }
   }

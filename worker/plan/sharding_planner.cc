@@ -104,13 +104,18 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
   if (N <= 1) return 0;
   const int64_t p = ElementBytes(job.precision().param_dtype());
   const int64_t g = ElementBytes(job.precision().grad_dtype());
+  // What a gradient reduction sends an element is the communicator's width, not the
+  // gradient's: Gloo (CPU ranks) widens 16-bit data to f32 and reduces in f32
+  // (GlooCommunicator::AllReduce / ReduceScatter), NCCL (CUDA ranks) reduces in the dtype. An
+  // all-gather moves the data's own bytes on both.
+  const int64_t r = job.resources().device() == zerotrain::ResourceConfig::CUDA ? g : int64_t{4};
   if (stage == 0) {
-    return 2 * (N - 1) * layout.total_numel * g / N;
+    return 2 * (N - 1) * layout.total_numel * r / N;
   }
   int64_t padded = 0;
   for (const UnitLayout& u : layout.units) padded += PaddedUnitNumel(u.numel, G);
   const int64_t group_share = (G - 1) * padded / G;  // one ring pass over the group
-  int64_t bytes = group_share * g;                   // gradient reduce-scatter
+  int64_t bytes = group_share * r;                   // gradient reduce-scatter
   if (stage <= 2) {
     bytes += group_share * p;  // the updated parameters, gathered after the optimizer step
   } else if (job.parallel().pipeline_parallel() > 1) {
@@ -127,11 +132,33 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
       gathered += uses * PaddedUnitNumel(u.numel, G);
     }
     bytes += (G - 1) * gathered / G * p;
+    if (job.parallel().reshard_after_forward()) {
+      // ... and reduces per use (StageGradientsPerMicroBatch): every micro-batch's gradients
+      // reduce-scattered, not the step's once; a tied wte's unit (the stage's embedding or its
+      // head) gathers its reduced gradient once to sum the wte's two copies.
+      bytes += (m - 1) * group_share * r;
+      if (job.model().tie_embeddings()) {
+        for (const UnitLayout& u : layout.units) {
+          const bool copy = u.kind == UnitKind::kEmbedding ||
+                            (u.kind == UnitKind::kHead && u.Find("lm_head.weight") != nullptr);
+          if (copy) bytes += (G - 1) * PaddedUnitNumel(u.numel, G) / G * g;
+        }
+      }
+    }
   } else {
-    const int64_t passes = job.parallel().reshard_after_forward() ? 2 : 1;
-    bytes += job.train().grad_accum_steps() * passes * group_share * p;
+    // Each micro-batch's pass (ShardingEngine::ForwardBackward) gathers every unit for its
+    // forward and, with reshard_after_forward, the blocks again for their backward; the
+    // embedding's backward reads no parameters (a tied one stays gathered to the head's loss)
+    // and the head stays gathered from its forward to its backward, so those two once.
+    int64_t gathered = 0;
+    for (const UnitLayout& u : layout.units) {
+      const bool once = !job.parallel().reshard_after_forward() || u.kind == UnitKind::kEmbedding ||
+                        u.kind == UnitKind::kHead;
+      gathered += (once ? 1 : 2) * PaddedUnitNumel(u.numel, G);
+    }
+    bytes += job.train().grad_accum_steps() * ((G - 1) * gathered / G) * p;
   }
-  if (R > 1) bytes += 2 * (R - 1) * (padded / G) * g / R;
+  if (R > 1) bytes += 2 * (R - 1) * (padded / G) * r / R;  // the replicas' all-reduce
   return bytes;
 }
 
@@ -162,18 +189,36 @@ ModelParallelCost ModelParallelCostOf(const zerotrain::JobSpec& job) {
   const int64_t t = std::max(1, parallel.tensor_parallel());
   const int64_t p = std::max(1, parallel.pipeline_parallel());
   const int64_t A = job.train().grad_accum_steps();
-  const int64_t activation = int64_t{job.train().micro_batch_size()} * job.data().seq_len() *
-                             job.model().d_model() * ElementBytes(job.precision().compute_dtype());
+  const int64_t elements =
+      int64_t{job.train().micro_batch_size()} * job.data().seq_len() * job.model().d_model();
+  const int64_t compute = ElementBytes(job.precision().compute_dtype());
+  const int64_t activation = elements * compute;
+  // What a reduction sends per element of 16-bit data is the communicator's width, not the
+  // data's: Gloo (CPU ranks) widens 16-bit data to f32 and reduces in f32 (4 bytes an element,
+  // GlooCommunicator::AllReduce / ReduceScatter), NCCL (CUDA ranks) reduces in the dtype. An
+  // all-gather moves the data's own bytes on both.
+  const bool native_16bit = job.resources().device() == zerotrain::ResourceConfig::CUDA;
+  const int64_t reduced = native_16bit ? compute : 4;
+  const int64_t reduced_grad = native_16bit ? ElementBytes(job.precision().grad_dtype()) : 4;
   ModelParallelCost cost;
   if (t > 1) {
     const int64_t blocks = (job.model().n_layer() + p - 1) / p;
-    cost.comm_bytes += A * blocks * 4 * 2 * (t - 1) * activation / t;
-    if (parallel.sequence_parallel()) {
-      // The backward gathers each of a block's two norm outputs again (they are kept as
+    // Four all-reduces a block and micro-batch (attention's and the MLP's, forward and
+    // backward), and the vocabulary-parallel ends' one each: the embedding's forward sum and
+    // the head's input gradient in the backward, both on one stage without a pipeline and one
+    // of them on the largest stage's rank at most with one (the first stage or the last).
+    const int64_t reductions = A * (blocks * 4 + (p == 1 ? 2 : 1));
+    if (!parallel.sequence_parallel()) {
+      // Ring all-reduces, 2 (t − 1)/t of the activations each.
+      cost.comm_bytes += reductions * 2 * (t - 1) * elements * reduced / t;
+    } else {
+      // Each all-reduce becomes a reduce-scatter and an all-gather, (t − 1)/t each; the
+      // backward also gathers each of a block's two norm outputs again (they are kept as
       // shards), and once a step the norms' partial gradients are summed over the group.
+      cost.comm_bytes += reductions * (t - 1) * elements * (reduced + compute) / t;
       cost.comm_bytes += A * blocks * 2 * (t - 1) * activation / t;
-      cost.comm_bytes += 2 * (t - 1) * SequenceParallelNormElements(job.model(), blocks) *
-                         ElementBytes(job.precision().grad_dtype()) / t;
+      cost.comm_bytes +=
+          2 * (t - 1) * SequenceParallelNormElements(job.model(), blocks) * reduced_grad / t;
     }
   }
   if (p > 1) {

@@ -29,19 +29,25 @@
 //                        and written once a step); parameters NVME: A·passes·ΣS·p
 //   comm_bytes_per_step  what each rank sends per optimizer step in ring collectives, as
 //                        worker/shard/sharding_engine.cc issues them: 0 at one rank;
-//                          stage 0    all-reduce of the gradients   2·(N−1)/N·Ψ·g
-//                          stage 1–2  reduce-scatter in the group   (G−1)/G·P·g
+//                          stage 0    all-reduce of the gradients   2·(N−1)/N·Ψ·r
+//                          stage 1–2  reduce-scatter in the group   (G−1)/G·P·r
 //                                     + parameter all-gather        (G−1)/G·P·p
-//                          stage 3    reduce-scatter                (G−1)/G·P·g
+//                          stage 3    reduce-scatter                (G−1)/G·P·r
 //                                     + A forward all-gathers       (G−1)/G·P·p each
-//                                     + A backward all-gathers      (G−1)/G·P·p each, only
-//                                       with reshard_after_forward
+//                                     + A backward all-gathers      (G−1)/G·P_b·p each, only
+//                                       with reshard_after_forward; P_b: P less the
+//                                       embedding and the head (the embedding's backward
+//                                       reads no parameters, the head stays gathered)
 //                          stage 3 on a pipeline stage (p > 1; P its units): the
 //                                     reduce-scatter + each unit gathered once a step, or
 //                                     with reshard_after_forward A times in the forwards and A
 //                                     in the backwards but the embedding's and the head's
 //                          hybrid (R > 1, stages 1–3) adds the replicas' all-reduce of the
-//                                     shard                         2·(R−1)/R·(P/G)·g
+//                                     shard                         2·(R−1)/R·(P/G)·r
+//                        r is what a gradient reduction sends an element: the
+//                        communicator's width (Gloo, CPU ranks, reduces 16-bit data in f32:
+//                        r = 4; NCCL, CUDA ranks, in the dtype: r = g); all-gathers send
+//                        their own width (p, or g for a gradient's)
 //   recompute_fraction   the extra forward FLOPs of recomputation over one step's FLOPs
 //                        (forward 1, backward 2, so a step is 3 forwards): FULL recomputes
 //                        every block, SELECTIVE the attention core and activation function
@@ -73,13 +79,20 @@
 // candidate of a layout plans every pipeline stage and reports its largest; its ZeRO state
 // divides inside the data-parallel group (world / (t · p) ranks). Its cost adds
 //   tensor parallel  per micro-batch and block of the largest stage (⌈L/p⌉ blocks), two
-//                    all-reduces of B·T·C activations forward and two backward (Megatron;
-//                    with sequence parallelism the same bytes as reduce-scatter + all-gather):
-//                    A·⌈L/p⌉·4·2·(t−1)/t·B·T·C·c, c the compute dtype's bytes
+//                    all-reduces of B·T·C activations forward and two backward (Megatron),
+//                    and e = 2 more per micro-batch for the vocabulary-parallel embedding's
+//                    forward and the head's input gradient (e = 1 with p > 1: one end on the
+//                    largest stage at most): A·(4·⌈L/p⌉ + e)·2·(t−1)/t·B·T·C·r; with sequence
+//                    parallelism each is a reduce-scatter + an all-gather,
+//                    A·(4·⌈L/p⌉ + e)·(t−1)/t·B·T·C·(r + c). c is
+//                    the compute dtype's bytes, r what a reduction sends an element: the
+//                    communicator's width, which is what the engine sends (Gloo, CPU ranks,
+//                    reduces 16-bit data in f32: r = 4; NCCL, CUDA ranks, in the dtype: r = c)
 //   sequence parallel adds the backward's regathers of a block's two norm outputs (kept as
 //                    shards), A·⌈L/p⌉·2·(t−1)/t·B·T·C·c, and once a step the sum of the
-//                    norms' partial gradients over the group, 2·(t−1)/t·N·g, N the norm
-//                    elements of ⌈L/p⌉ blocks and the final norm (the largest stage's at most)
+//                    norms' partial gradients over the group, 2·(t−1)/t·N·r_g (r_g: 4 on
+//                    Gloo, g on NCCL), N the norm elements of ⌈L/p⌉ blocks and the final norm
+//                    (the largest stage's at most)
 //   pipeline         each micro-batch's activations forward and gradient backward,
 //                    2·A·B·T·C·c, and the bubble (p − 1)/(v·m) (v virtual stages with
 //                    INTERLEAVED, else 1; m micro-batches), a fraction of the step's compute

@@ -71,6 +71,22 @@ absl::StatusOr<Tensor> PrefetchCoordinator::Acquire(int i) {
   return registry_->AwaitGathered(uses_[i].unit);
 }
 
+std::vector<Tensor> PrefetchCoordinator::FirstGatherBuffers(const std::vector<int>& units) const {
+  std::vector<Tensor> buffers(units.size());
+  if (!uses_.empty()) return buffers;
+  size_t next_slot = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const int unit = units[i];
+    if (registry_->state(unit) != Residency::kSharded) continue;
+    if (!dedicated_[unit].empty()) {
+      buffers[i] = dedicated_[unit];
+    } else if (next_slot < pool_.size()) {
+      buffers[i] = pool_[next_slot++];
+    }
+  }
+  return buffers;
+}
+
 absl::Status PrefetchCoordinator::End() {
   absl::Status s = registry_->ReleaseAll();
   std::fill(pool_free_.begin(), pool_free_.end(), true);

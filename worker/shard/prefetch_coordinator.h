@@ -68,6 +68,14 @@ class PrefetchCoordinator {
 
   int prefetch() const { return prefetch_; }
 
+  // Between passes: the buffer each of `units` would gather into if a pass began whose first
+  // gathers are those units, in that order (a dedicated buffer, or the pool's slots in the
+  // order Issue takes them: at a pass's start every slot is free). Empty for a unit that is
+  // not sharded now, one past the pool's room, or when a pass is under way. Lets a caller put a
+  // rank's own shard into its slot ahead of the gather (ShardingEngine::ReadFirstGathersAhead);
+  // the gather checks the address it is handed, so a wrong guess costs a copy, not a value.
+  std::vector<Tensor> FirstGatherBuffers(const std::vector<int>& units) const;
+
  private:
   absl::Status Issue(int unit);
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <future>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -54,7 +55,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   e->comms_ = comms;
   e->geometry_ = place.shard();
   e->stage_ = job.parallel().zero_stage();
-  e->accumulate_full_ = e->stage_ >= 2 && job.train().grad_accum_steps() > 1;
+  // A ZeRO-3 pipeline stage gathering per use reduces per use too (memory_plan.h).
+  e->stage_grads_per_use_ = model->pipelined() && StageGradientsPerMicroBatch(job);
+  e->accumulate_full_ =
+      e->stage_ >= 2 && job.train().grad_accum_steps() > 1 && !e->stage_grads_per_use_;
   const ModelLayout& layout = model->layout();
   e->tied_ = layout.tied_embeddings;
   const ShardGeometry& g = e->geometry_;
@@ -117,6 +121,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->param_shards_.push_back(ShardOf(layout.units[u].numel, g));
     e->trainable_index_.push_back(-1);
   }
+  e->uploaded_ahead_.assign(n_units, nullptr);
   const char* param_suffix = layout.lora ? "" : ".params";
   const char* grad_suffix = layout.lora ? "_grads" : ".grads";
   const char* accum_suffix = layout.lora ? "_grad_accum" : ".grad_accum";
@@ -177,19 +182,21 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   // of the tied wte, which the first stage counts.
   int64_t tied_copy_offset = -1;
   if (model->pipelined()) {
-    // Stages 2 and 3: the stage's backward accumulates every micro-batch into the full
-    // ".grad_accum" buffers (the model binds them), reduce-scattered once after the schedule.
-    // Stage 3 gathers the stage's units whole for the step (BeginStep: FSDP's
-    // reshard_after_forward false), so that each micro-batch's forward and backward reads them
-    // without a gather per op.
-    // With reshard_after_forward it gathers each unit per use instead (BeginStagePass); the
-    // gradients accumulate into the same full buffers either way, so the two are bit for bit
-    // the same training.
-    if (e->stage_ >= 2 && !e->accumulate_full_) {
+    // Stage 2, and stage 3 without reshard_after_forward: the stage's backward accumulates
+    // every micro-batch into the full ".grad_accum" buffers (the model binds them),
+    // reduce-scattered once after the schedule; stage 3 then gathers the stage's units whole
+    // for the step (BeginStep: FSDP's reshard_after_forward false), so that each micro-batch's
+    // forward and backward reads them without a gather per op.
+    // With reshard_after_forward stage 3 gathers each unit per use instead (BeginStagePass),
+    // and reduces per use as FSDP does: each micro-batch's gradient of a unit goes into one of
+    // the two "grad.full" slots and is reduce-scattered at once into the rank's shard, which
+    // accumulates the micro-batches (StageGradient / StageGradientDone).
+    if (e->stage_ >= 2 && !e->accumulate_full_ && !e->stage_grads_per_use_) {
       return absl::UnimplementedError(absl::StrCat(
           "parallel.zero_stage ", e->stage_,
           " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1, "
-          "and 2 and 3 with parallel.micro_batches > 1"));
+          "2 with parallel.micro_batches > 1, and 3 (with parallel.micro_batches > 1 unless "
+          "parallel.reshard_after_forward)"));
     }
     // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
     const UnitLayout& head = layout.units.back();
@@ -225,7 +232,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     for (int u = 0; u < n_trainable && layout.lora; ++u) {
       // A LoRA model's trainable units are adapters: a site's replicated matrix (a
       // column-parallel site's A, summed over the group; a row-parallel site's B, computed
-      // alike on every rank) counts on TP rank 0, its split one on every rank.
+      // alike on every rank) counts on TP rank 0, a replicated KV head's B rows on the head's
+      // first rank, a split one on every rank (CountsLoraShareInNorm).
       const UnitLayout& adapters = e->trainable_layout_.units[u];
       const FlatRange norm = e->shards_[u].owned;
       const int64_t base = e->stage_ >= 2 ? norm.begin : 0;
@@ -238,8 +246,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
             if (p.name == s.hf_path + (a ? ".lora_A" : ".lora_B")) site = &s;
           }
         }
-        const bool replicated = site == nullptr || a != IsRowParallelLoraSite(*site);
-        if (replicated && e->tp_rank_ != 0) continue;
+        const bool counts = site == nullptr ? e->tp_rank_ == 0
+                                            : CountsLoraShareInNorm(job.model(), *site, a,
+                                                                    e->tp_size_, e->tp_rank_);
+        if (!counts) continue;
         const int64_t lo = std::max(p.offset, norm.begin),
                       hi = std::min(p.offset + p.numel, norm.end);
         if (lo < hi) counted.push_back(Flat(e->grads_[u], lo - base, hi - lo));
@@ -336,7 +346,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         ZT_ASSIGN_OR_RETURN(dedicated[u], arenas.Get(layout.units[u].name + ".gathered"));
       }
     }
-    e->qbase_shards_ = model->unit_quantized_shards();
+    // The model's quantized shards are by whole-model unit (a pipeline stage's among them).
+    for (int u = 0; u < n_units; ++u) {
+      e->qbase_shards_.push_back(model->unit_quantized_shards()[model->held_units()[u]]);
+    }
     e->qbase_unit_shards_.resize(n_units);
     e->qbase_pending_.resize(n_units);
     bool quantized = false;
@@ -355,11 +368,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       }
     }
     if (quantized) {
-      if (model->pipelined()) {
-        return absl::UnimplementedError(
-            "ZeRO stage 3 with a quantized model.base_dtype and pipeline_parallel > 1: a "
-            "stage's sharded quantized base is not gathered for the schedule");
-      }
+      // A pipeline stage gathers a block's quantized bytes with its parameters as one rank
+      // does: per use into the pool's twins, or for the step into "<unit>.qbase.gathered"
+      // (GatherStageUnits binds them).
       model->SetQuantizedShardRank(e->geometry_.group_rank());
       // Each parameter gather buffer has its quantized twin, found by the buffer's address.
       if (parallel.reshard_after_forward()) {
@@ -384,7 +395,11 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       for (int u = 0; u < n_units; ++u) e->local_unit_[model->held_units()[u]] = u;
       model->SetStageUnitSource(
           {.acquire = [self](int unit) { return self->AcquireStageUnit(unit); },
-           .finish = [self](int) { return self->FinishUse(); }});
+           .finish = [self](int) { return self->FinishUse(); },
+           .gradient = [self](const DeviceContext& ctx,
+                              int unit) { return self->StageGradient(ctx, unit); },
+           .gradient_done = [self](const DeviceContext& ctx,
+                                   int unit) { return self->StageGradientDone(ctx, unit); }});
     } else if (model->pipelined()) {
       // The stage computes from its units gathered whole for the step (BeginStep).
       e->stage_gathered_ = dedicated;
@@ -446,6 +461,17 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
     param_upload_s_ += std::chrono::duration<double>(Clock::now() - start).count();
     return absl::OkStatus();
   };
+  if (params_on_host_) {
+    ZT_RETURN_IF_ERROR(AwaitUploadsAhead());
+    if (uploaded_ahead_[u] == slot.raw()) {
+      // Its shard went up at the step's start or between micro-batches; the shard is final
+      // until the pass ends, which drops the mark.
+      uploaded_ahead_[u] = nullptr;
+      ++param_uploads_ahead_;
+      return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);
+    }
+    ++param_uploads_at_gather_;
+  }
   if (params_swapped_) {
     if (!swapped_.with_shard) {
       return absl::FailedPreconditionError(
@@ -465,9 +491,68 @@ void ShardingEngine::SetSwappedParams(SwappedShards shards) {
 }
 
 void ShardingEngine::ReadFirstGathersAhead() {
-  if (stage_ != 3 || prefetch_ == nullptr || !swapped_.read_ahead || model_->pipelined()) return;
+  if (stage_ != 3 || prefetch_ == nullptr || model_->pipelined()) return;
   const int last = std::min(prefetch_->prefetch(), static_cast<int>(params_.size()) - 1);
-  for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
+  if (swapped_.read_ahead) {
+    for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
+    return;
+  }
+  if (!params_on_host_ || copies_ == nullptr) return;
+  // Every pass ends by waiting for the uploads (EndPass), so some still pending means no pass
+  // ran since they started, nor any optimizer step: they still stand for the next pass, whose
+  // first gather waits for them and reports their error.
+  if (uploads_ahead_.valid()) return;
+  std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+  std::vector<int> units;
+  for (int u = 0; u <= last; ++u) units.push_back(u);
+  const std::vector<Tensor> buffers = prefetch_->FirstGatherBuffers(units);
+  struct Copy {
+    void* device;
+    const void* host;
+    int64_t bytes;
+  };
+  std::vector<Copy> copies;
+  for (int u = 0; u <= last; ++u) {
+    if (buffers[u].empty()) continue;
+    const UnitShard& s = param_shards_[u];
+    const Tensor slot = Flat(buffers[u], s.offset, s.shard_numel);
+    copies.push_back({slot.raw(), params_[u].raw(), slot.size_bytes()});
+    uploaded_ahead_[u] = slot.raw();
+  }
+  if (copies.empty()) return;
+  // The mark on the compute thread: the uploads come after whatever was issued before (the
+  // previous pass's reads of these buffers).
+  absl::StatusOr<DeviceCopyEngine::IssueMark> mark = copies_->MarkIssue();
+  if (!mark.ok()) {
+    std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+    return;
+  }
+  uploads_ahead_ = std::async(std::launch::async, [engine = copies_, mark = *std::move(mark),
+                                                   copies = std::move(copies)] {
+    UploadsAhead done;
+    const auto start = Clock::now();
+    for (const Copy& c : copies) {
+      done.status = engine->CopyToDevice(mark, c.device, c.host, c.bytes);
+      if (!done.status.ok()) break;
+      done.bytes += c.bytes;
+    }
+    done.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return done;
+  });
+}
+
+absl::Status ShardingEngine::AwaitUploadsAhead() {
+  if (!uploads_ahead_.valid()) return absl::OkStatus();
+  const UploadsAhead done = uploads_ahead_.get();
+  param_upload_bytes_ += done.bytes;
+  param_upload_s_ += done.seconds;
+  if (!done.status.ok()) {
+    std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+    return absl::Status(done.status.code(),
+                        absl::StrCat("sharding engine: uploading the first gathers' host shards "
+                                     "ahead: ", done.status.message()));
+  }
+  return absl::OkStatus();
 }
 
 std::string ShardingEngine::Label(int t, const char* what) const {
@@ -481,6 +566,9 @@ absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
     for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
   } else if (accumulate_full_) {
     for (const Tensor& g : grad_accum_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  } else if (stage_grads_per_use_) {
+    // The shards accumulate the step's micro-batches (StageGradientDone).
+    for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
   }
   return absl::OkStatus();
 }
@@ -497,6 +585,13 @@ absl::Status ShardingEngine::GatherStageUnits() {
       handles.push_back(std::move(h));
     }
     ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+    // A quantized base's blocks: their bytes gathered beside them, bound for the step.
+    for (size_t u = 0; u < stage_gathered_.size(); ++u) {
+      if (qbase_shards_.empty() || qbase_shards_[u].empty()) continue;
+      ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
+      ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(stage_gathered_[u]));
+      ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(model_->held_units()[u], twin));
+    }
   }
   return absl::OkStatus();
 }
@@ -542,6 +637,79 @@ absl::StatusOr<Tensor> ShardingEngine::AcquireStageUnit(int whole_unit) {
         use_, " of ", stage_uses_.size(), ")"));
   }
   return Acquire(local);
+}
+
+absl::StatusOr<Tensor> ShardingEngine::StageGradient(const DeviceContext& ctx, int whole_unit) {
+  const int local = whole_unit >= 0 && whole_unit < static_cast<int>(local_unit_.size())
+                        ? local_unit_[whole_unit]
+                        : -1;
+  if (local < 0) {
+    return absl::InternalError(
+        absl::StrCat("pipeline stage: a gradient of unit ", whole_unit, ", not the stage's"));
+  }
+  return GradTarget(ctx, local);
+}
+
+absl::Status ShardingEngine::StageGradientDone(const DeviceContext& ctx, int whole_unit) {
+  const int local = local_unit_[whole_unit];
+  const int t = trainable_index_[local];
+  if (t < 0) return absl::OkStatus();  // frozen
+  const Tensor& g = unit_grad_target_[t];
+  // What ReduceStageGradients does to accumulated gradients, on this micro-batch's: replicated
+  // KV heads' and sequence-parallel norms' partial gradients summed over the TP group first.
+  const int head = job_.model().n_layer() + 1;
+  if (whole_unit >= 1 && whole_unit < head) {
+    ZT_RETURN_IF_ERROR(model_->ReduceReplicatedKvGrads(whole_unit - 1, g));
+  }
+  ZT_RETURN_IF_ERROR(model_->ReduceSequenceParallelNormGrads(whole_unit, g));
+  // The shard accumulates: the micro-batches reduced before (this unit's last reduce-scatter,
+  // done) join this rank's own range of the slot, which the reduce-scatter then sums with the
+  // group's ranges into the shard. So the shard is Σ over micro-batches of the group's sum with
+  // no second buffer of the shard's size.
+  const UnitShard& s = shards_[t];
+  ZT_RETURN_IF_ERROR(WaitAll(pending_[t], &waited_s_));
+  ZT_RETURN_IF_ERROR(
+      AddInPlace(ctx, Flat(g, s.offset, s.shard_numel), Flat(grads_[t], 0, s.shard_numel)));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->ReduceScatter(
+                                        Flat(g, 0, s.padded), Flat(grads_[t], 0, s.shard_numel),
+                                        ReduceOp::kSum, Label(t, "reduce-scatter")));
+  pending_[t].push_back(std::move(h));
+  return absl::OkStatus();
+}
+
+absl::Status ShardingEngine::SumTiedStageGradient(const DeviceContext& ctx, Communicator* tied) {
+  // The stage's copy of the tied wte: the first stage's "wte" in its embedding, the last
+  // stage's "lm_head.weight" in its head. Each rank holds only its shard of the unit's
+  // reduced gradient, and the two units' shards cut the wte at different places, so the unit's
+  // reduced gradient is gathered whole into a gradient slot (free after the schedule), its wte
+  // part summed with the other stage's, and the rank's range taken back.
+  const bool first = model_->is_first_stage();
+  const int local = first ? 0 : static_cast<int>(model_->layout().units.size()) - 1;
+  const int t = trainable_index_[local];
+  if (t < 0) return absl::OkStatus();
+  const UnitLayout& unit = model_->layout().units[local];  // the stage's units
+  const ParamSpec* wte = unit.Find(first ? "wte" : "lm_head.weight");
+  if (wte == nullptr) {
+    return absl::InternalError(absl::StrCat("pipeline stage: ", unit.name,
+                                            " holds no copy of the tied embedding"));
+  }
+  const UnitShard& s = shards_[t];
+  for (int slot = 0; slot < 2; ++slot) {
+    if (slot_unit_[slot] >= 0) ZT_RETURN_IF_ERROR(WaitAll(pending_[slot_unit_[slot]], &waited_s_));
+  }
+  ZT_RETURN_IF_ERROR(WaitAll(pending_[t], &waited_s_));
+  const Tensor full = Flat(grad_full_[0], 0, s.padded);
+  std::vector<CommHandle> handles;
+  ZT_ASSIGN_OR_RETURN(CommHandle h,
+                      comms_.shard_group->AllGather(Flat(grads_[t], 0, s.shard_numel), full,
+                                                    Label(t, "tied gradient all-gather")));
+  handles.push_back(std::move(h));
+  ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  ZT_ASSIGN_OR_RETURN(h, tied->AllReduce(Flat(full, wte->offset, wte->numel), ReduceOp::kSum,
+                                         "tied embedding gradient"));
+  handles.push_back(std::move(h));
+  ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  return Cast(ctx, Flat(full, s.offset, s.shard_numel), Flat(grads_[t], 0, s.shard_numel));
 }
 
 absl::StatusOr<Tensor> ShardingEngine::Params(int u) const {
@@ -683,7 +851,7 @@ absl::StatusOr<Tensor> ShardingEngine::Acquire(int u) {
   if (p.ok() && !qbase_shards_[u].empty()) {
     ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(*p));
-    ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(u, twin));
+    ZT_RETURN_IF_ERROR(model_->BindQuantizedBase(model_->held_units()[u], twin));
   }
   return p;
 }
@@ -701,6 +869,11 @@ absl::Status ShardingEngine::EndPass() {
     if (s.ok()) s = waited;
   }
   if (swapped_.drop_read_ahead) swapped_.drop_read_ahead();
+  // Uploads ahead that no gather of this pass took stand for nothing after it: the optimizer
+  // may change the shards before the next pass.
+  absl::Status uploads = AwaitUploadsAhead();
+  if (s.ok()) s = uploads;
+  std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
   return s;
 }
 
@@ -720,9 +893,35 @@ absl::StatusOr<Tensor> ShardingEngine::ForwardToHead(const DeviceContext& ctx) {
   return head_params;
 }
 
-absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx) {
+absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx, Communicator* tied) {
   if (!model_->pipelined()) {
     return absl::FailedPreconditionError("ReduceStageGradients on a model that is not a stage");
+  }
+  if (stage_grads_per_use_) {
+    // Every micro-batch's reduce-scatters were issued in the schedule (StageGradientDone):
+    // what is left is the tied wte's sum of its two copies and the replicas.
+    if (tied != nullptr) ZT_RETURN_IF_ERROR(SumTiedStageGradient(ctx, tied));
+    for (int t = static_cast<int>(shards_.size()) - 1; t >= 0; --t) {
+      if (comms_.replicas == nullptr) GradientReduced(t);
+    }
+    return FinishReductions(ctx);
+  }
+  if (tied != nullptr) {
+    // The tied embedding's two copies (wte on the first stage, the head's copy on the last)
+    // get the sum of their accumulated gradients, as Megatron's embedding group all-reduce does.
+    const bool first = model_->is_first_stage();
+    const int local = first ? 0 : static_cast<int>(model_->layout().units.size()) - 1;
+    const int t = trainable_index_[local];
+    if (t >= 0) {
+      const UnitLayout& unit = model_->layout().units[local];
+      const ParamSpec& spec = *unit.Find(first ? "wte" : "lm_head.weight");
+      const Tensor& grads = accumulate_full_ ? grad_accum_[t] : grads_[t];
+      ZT_ASSIGN_OR_RETURN(CommHandle h, tied->AllReduce(
+                                            grads.Slice(spec.offset, spec.offset + spec.numel),
+                                            ReduceOp::kSum, "tied embedding gradient"));
+      std::vector<CommHandle> handles = {h};
+      ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+    }
   }
   // Blocks' replicated KV heads (tensor parallelism, n_kv_head < tp) sum their partial
   // gradients over the ranks sharing each head first, as ForwardBackward does on a step's last

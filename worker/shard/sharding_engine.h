@@ -31,10 +31,20 @@
 // then waits for it (or reads it itself when the ring had no buffer free), uploads it into its
 // slot and all-gathers in place as above. param_views() then have the shards' dtype and size
 // and no memory.
+// The gathers a pass issues together at its start (units 0 … prefetch_units, at its first
+// Acquire) would find no use before them to hide behind: with offload.params CPU their host
+// shards go up ahead instead, at the step's start and between micro-batches
+// (ReadFirstGathersAhead), on an upload thread of their own, into the slots the coordinator
+// will hand those gathers (PrefetchCoordinator::FirstGatherBuffers); the gather then waits for
+// that upload rather than copying. On a CPU rank the copy is a memcpy, so without this it ran
+// on the compute thread.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
-// "grad_accum" buffer (the memory plan reserves it only when grad_accum_steps > 1).
+// "grad_accum" buffer (the memory plan reserves it only when grad_accum_steps > 1). A
+// pipeline stage at ZeRO-3 with reshard_after_forward is the exception (FSDP's rule): it
+// reduce-scatters each micro-batch's gradient of a unit as the unit's backward ends, from one
+// of two rotating full slots into the rank's shard, which accumulates.
 //
 // The tied embedding: the head's projection reads the embedding's weight and writes its
 // gradient, so at stage 3 the embedding stays gathered (in its own buffer) from its forward
@@ -60,7 +70,8 @@
 // flat quantized bytes ("<unit>.qbase", the rank's shard): gathered (as f32 words) beside the
 // block's parameters, into "qbase.gather.<k>" beside "gather.<k>" (or "<unit>.qbase.gathered"
 // beside "<unit>.gathered"), waited for and bound to the model (BindQuantizedBase) when the use
-// acquires the unit. They have no gradient and no optimizer range.
+// acquires the unit (on a pipeline stage: per use, or for the step in GatherStageUnits). They
+// have no gradient and no optimizer range.
 //
 // Every rank issues the same collectives in the same order (as NCCL and Gloo require); each
 // carries a label naming the unit ("block.3 reduce-scatter"), which a timeout repeats with
@@ -71,6 +82,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -150,15 +162,19 @@ class ShardingEngine {
   // loss_accumulator()).
   absl::Status ForwardBackward(const DeviceContext& ctx, const Transformer::LossOptions& options,
                                bool last);
-  // A pipeline stage (model->pipelined(); at stages 2–3 with micro-batches that accumulate,
-  // at 3 with the units gathered whole for the step by BeginStep): the schedule ran the
-  // model's StageForward/StageBackward itself, accumulating into the full gradient buffers
-  // (".grads" at stages 0–1, ".grad_accum" at 2–3); this
-  // starts every unit's reduction and waits for them, as ForwardBackward does after a step's
-  // last micro-batch (a tensor-parallel stage's replicated KV heads summed over their ranks
-  // first). The last stage's copy of a tied embedding is left out of the norm statistics (the
-  // first stage counts wte; with tensor parallelism each TP rank its shard of it).
-  absl::Status ReduceStageGradients(const DeviceContext& ctx);
+  // A pipeline stage (model->pipelined(); at stage 2 with micro-batches that accumulate, at 3
+  // with them or with reshard_after_forward): the schedule ran the model's StageForward /
+  // StageBackward itself, accumulating into the full gradient buffers (".grads" at stages 0–1,
+  // ".grad_accum" at 2–3); this starts every unit's reduction and waits for them, as
+  // ForwardBackward does after a step's last micro-batch (a tensor-parallel stage's replicated
+  // KV heads summed over their ranks first). At stage 3 with reshard_after_forward the
+  // schedule reduced each micro-batch already (StageGradientsPerMicroBatch): this waits for
+  // those reduce-scatters. `tied`, on the first and the last stage of a model whose embedding
+  // is tied to its head (the two stages' communicator), sums the two copies' gradients first,
+  // as Megatron's embedding group all-reduce does. The last stage's copy of a tied embedding
+  // is left out of the norm statistics (the first stage counts wte; with tensor parallelism
+  // each TP rank its shard of it).
+  absl::Status ReduceStageGradients(const DeviceContext& ctx, Communicator* tied = nullptr);
   // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
   absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);
 
@@ -242,7 +258,9 @@ class ShardingEngine {
   // issues at once at its start (the forward's uses 0 … prefetch_units: units 0 … k), which
   // PrefetchCoordinator's rule 4 does not announce; the pass's first Acquire then finds them
   // read. Called where the shards are final until that pass: at BeginStep (after the previous
-  // step's commit) and between a step's micro-batches. Nothing without swapped shards.
+  // step's commit) and between a step's micro-batches. With host shards (offload.params CPU)
+  // it starts their uploads instead, into the slots those gathers will take. Nothing at other
+  // stages, on a pipeline stage, or with the shards on the device.
   void ReadFirstGathersAhead();
   // Called once the backward of a step's last micro-batch has ended, before the step waits for
   // its gradient reductions: the NVMe optimizer queues its first unit's reads there, so they
@@ -258,6 +276,10 @@ class ShardingEngine {
   // Parameter bytes copied host → device before gathers so far, and the seconds it took.
   int64_t param_upload_bytes() const { return param_upload_bytes_; }
   double param_upload_seconds() const { return param_upload_s_; }
+  // offload.params CPU: host-shard uploads a gather found already made by
+  // ReadFirstGathersAhead, and those it made itself when it was issued.
+  int64_t param_uploads_ahead() const { return param_uploads_ahead_; }
+  int64_t param_uploads_at_gather() const { return param_uploads_at_gather_; }
 
  private:
   ShardingEngine() = default;
@@ -319,6 +341,15 @@ class ShardingEngine {
   std::vector<UnitUse> stage_uses_;
   std::vector<int> local_unit_;
   absl::StatusOr<Tensor> AcquireStageUnit(int whole_unit);
+  // Such a stage reduces per use too (StageGradientsPerMicroBatch): a unit's gradient of one
+  // micro-batch goes into a "grad.full" slot (GradTarget) and is reduce-scattered into the
+  // rank's shard as soon as its backward ends (StageGradientDone); the shards accumulate the
+  // step's micro-batches.
+  bool stage_grads_per_use_ = false;
+  absl::StatusOr<Tensor> StageGradient(const DeviceContext& ctx, int whole_unit);
+  absl::Status StageGradientDone(const DeviceContext& ctx, int whole_unit);
+  // After the schedule, the sum of a tied wte's two copies in the reduced shards.
+  absl::Status SumTiedStageGradient(const DeviceContext& ctx, Communicator* tied);
   std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)
   Tensor scalars_;                  // "comm.scalars"
   std::vector<FlatRange> ranges_;
@@ -343,6 +374,12 @@ class ShardingEngine {
   DeviceCopyEngine* copies_ = nullptr;
   int64_t param_upload_bytes_ = 0;
   double param_upload_s_ = 0;
+  int64_t param_uploads_ahead_ = 0;
+  int64_t param_uploads_at_gather_ = 0;
+  // Waits for the uploads ReadFirstGathersAhead started (if any) and adds their bytes and
+  // seconds; their error. Every gather calls it first: no all-gather may write a buffer the
+  // upload thread is still copying into.
+  absl::Status AwaitUploadsAhead();
   // The gather of model unit u's shard into `full`, from wherever the plan keeps the shard.
   absl::StatusOr<CommHandle> GatherUnit(int u, const Tensor& full);
   // Stage 3 with a quantized base, per model unit: its "<unit>.qbase" shard (empty without
@@ -359,6 +396,17 @@ class ShardingEngine {
   int use_ = 0;  // the current pass's next use
   std::unique_ptr<UnitRegistry> registry_;
   std::unique_ptr<PrefetchCoordinator> prefetch_;
+  // offload.params CPU, the uploads ahead of a pass's first gathers: per model unit, the
+  // device address its shard was put at (null: none), valid until that pass ends; and the
+  // upload thread's outcome (bytes, seconds), pending until AwaitUploadsAhead. Last, so the
+  // destructor waits for the thread before the members it reads go.
+  struct UploadsAhead {
+    absl::Status status;
+    int64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::vector<const void*> uploaded_ahead_;
+  std::future<UploadsAhead> uploads_ahead_;
 };
 
 }  // namespace zt

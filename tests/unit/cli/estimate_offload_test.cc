@@ -116,6 +116,20 @@ TEST_F(EstimateOffloadTest, ShowsTheDelayedUpdateAndItsHostBuffers) {
   EXPECT_EQ(j["per_rank_by_tier"]["device"], serial["per_rank_by_tier"]["device"]);
   EXPECT_THAT(Run({.job_file = path}),
               HasSubstr("delayed update (offload.delayed_update): after step 5, "));
+  // NVMe offload: the serial step stages gradients through the ring, so both host banks are
+  // the delayed update's.
+  const auto nvme_job = [&](const std::string& delayed) {
+    return Write(job + "offload: {optimizer: NVME, nvme_path: /tmp, buffer_count: 4, "
+                       "buffer_size: 2097152" + delayed + "}\n");
+  };
+  const nlohmann::json nvme_serial =
+      nlohmann::json::parse(Run({.job_file = nvme_job(""), .json = true}));
+  const nlohmann::json nvme = nlohmann::json::parse(Run(
+      {.job_file = nvme_job(", delayed_update: {enabled: true, after_steps: 5}"), .json = true}));
+  const int64_t nvme_added = nvme["offload"]["delayed_update"]["pinned_host_bytes"].get<int64_t>();
+  EXPECT_EQ(nvme_added, added / 2 * 3) << "a third bank's worth: the first gradient bank";
+  EXPECT_EQ(nvme["per_rank_by_tier"]["pinned_host"].get<int64_t>(),
+            nvme_serial["per_rank_by_tier"]["pinned_host"].get<int64_t>() + nvme_added);
 }
 
 // The layout is pinned to one tensor and one pipeline rank: this test is about the offload

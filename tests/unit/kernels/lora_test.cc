@@ -92,6 +92,52 @@ TEST(LoraDropoutTest, KeepsAboutOneMinusPScaledAndRepeatsFromItsSeed) {
   EXPECT_NE(a, c);  // another seed, another mask
 }
 
+// A tensor-parallel rank's input columns of a row-parallel site draw the logical matrix's
+// masks: the two halves dropped as shares put together are the whole matrix dropped, bit for
+// bit (the same hash of the same index). Drawing by share index instead would part them.
+TEST(LoraDropoutTest, ColumnSharesDrawTheLogicalMatrixsMasks) {
+  constexpr int64_t M = 37, N = 96, n = N / 2;
+  constexpr float p = 0.3f;
+  std::vector<float> whole(M * N), dropped(M * N);
+  for (int64_t i = 0; i < M * N; ++i) whole[i] = 0.25f + static_cast<float>(i % 13);
+  ASSERT_TRUE(LoraDropout(CpuContext(2), {.inp = Tensor(whole.data(), DType::kF32, {M, N}),
+                                          .out = Tensor(dropped.data(), DType::kF32, {M, N}),
+                                          .p = p,
+                                          .seed = 11})
+                  .ok());
+  int64_t differs_by_share_index = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<float> share(M * n), out(M * n);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t j = 0; j < n; ++j) share[m * n + j] = whole[m * N + rank * n + j];
+    }
+    ASSERT_TRUE(LoraDropout(CpuContext(2), {.inp = Tensor(share.data(), DType::kF32, {M, n}),
+                                            .out = Tensor(out.data(), DType::kF32, {M, n}),
+                                            .p = p,
+                                            .seed = 11,
+                                            .logical_cols = N,
+                                            .col_begin = rank * n})
+                    .ok());
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(out[m * n + j], dropped[m * N + rank * n + j]) << rank << " " << m << " " << j;
+        differs_by_share_index += LoraDropoutKeeps(11, m * n + j, p) !=
+                                  LoraDropoutKeeps(11, m * N + rank * n + j, p);
+      }
+    }
+  }
+  EXPECT_GT(differs_by_share_index, 0);  // the test tells the two indexings apart
+  std::vector<float> share(M * n), out(M * n);
+  const absl::Status s =
+      LoraDropout(CpuContext(1), {.inp = Tensor(share.data(), DType::kF32, {M, n}),
+                                  .out = Tensor(out.data(), DType::kF32, {M, n}),
+                                  .p = p,
+                                  .logical_cols = N,
+                                  .col_begin = n + 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("columns [49, 97) of logical_cols 96"));
+}
+
 TEST(LoraDropoutTest, ZeroCopiesAndOneIsRefused) {
   std::vector<float> x = {1.5f, -2.0f}, y(2);
   ASSERT_TRUE(LoraDropout(CpuContext(1), {.inp = Tensor(x.data(), DType::kF32, {2}),

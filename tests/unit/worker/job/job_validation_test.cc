@@ -366,8 +366,8 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "(the host step of a CUDA rank is not wired to its copy stream yet); "
                           "set it to NONE on CUDA",
                           "offload.delayed_update.enabled: true trains without offload.params "
-                          "(NVME: the host step updates the shards the next step's gathers "
-                          "read) so far",
+                          "NVME (the NVMe step updates the swapped shards the next step's "
+                          "gathers read, in the generation it commits) so far",
                           "offload.delayed_update.enabled: true trains without FP16 in precision "
                           "(fp16's dynamic loss scaling must skip an overflowing step's update, "
                           "which a delayed update learns of only after the next step has "

@@ -205,8 +205,9 @@ TEST(LoraDefaultsTest, Int8ThresholdDefaultsToTheLlmInt8Papers) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);  // +inf: decomposition off
 }
 
-// Tensor parallelism trains adapters split as their base weights (f32, KV heads split, no
-// dropout, no sequence parallelism, an unquantized seeded base); each other case is named.
+// Tensor parallelism trains adapters split as their base weights (f32, KV heads split or
+// replicated, dropout, sequence parallelism, Adafactor, init_from) over an unquantized base;
+// each other case is named.
 // NVMe optimizer offload swaps the adapters' states (lora_offload_training_test.cc).
 TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
@@ -214,18 +215,31 @@ TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   spec.mutable_parallel()->set_world_size(2);
   spec.mutable_parallel()->set_tensor_parallel(2);
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  // Replicated KV heads' adapters (LoraParallelTrainingTest.ReplicatedKvHeadsAdaptersMatchOneRank).
   spec.mutable_parallel()->set_world_size(4);
   spec.mutable_parallel()->set_tensor_parallel(4);
-  EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.tensor_parallel: 4 with model.lora trains with model.n_kv_head "
-                        "(2) >= tensor_parallel"));
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   spec.mutable_parallel()->set_world_size(2);
   spec.mutable_parallel()->set_tensor_parallel(2);
+  // Dropout draws by logical index (LoraParallelTrainingTest.TensorParallelDropoutMasksAreOneRanks).
   spec.mutable_model()->mutable_lora()->set_dropout(0.1f);
-  EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.tensor_parallel: 2 with model.lora trains with "
-                        "model.lora.dropout 0"));
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   spec.mutable_model()->mutable_lora()->set_dropout(0.0f);
+  // Adafactor over adapter shares (LoraParallelTrainingTest.TensorParallelAdafactorMatchesOneRank).
+  spec.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW);
+  // Sequence parallelism (LoraParallelTrainingTest.SequenceParallelAdaptersMatchOneRank).
+  spec.mutable_parallel()->set_sequence_parallel(true);
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_parallel()->set_sequence_parallel(false);
+  // A base and adapters from files, each rank keeping its shares
+  // (LoraParallelTrainingTest.InitFromFilesStartTensorParallelRanksWhereOneRankStarts).
+  spec.mutable_model()->set_init_from("/models/base.safetensors");
+  spec.mutable_model()->mutable_lora()->set_init_from("/adapters/peft");
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  spec.mutable_model()->clear_init_from();
+  spec.mutable_model()->mutable_lora()->clear_init_from();
   spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
   EXPECT_THAT(CheckEngineSupport(spec).message(),
               HasSubstr("parallel.tensor_parallel: 2 with model.lora trains over an unquantized "
@@ -255,16 +269,16 @@ TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
   EXPECT_THAT(CheckEngineSupport(spec).message(),
               HasSubstr("parallel.pipeline_parallel: 2 trains without a quantized "
                         "model.base_dtype streamed from model.init_from"));
-  // ZeRO-3 stages: the base gathered for the step trains; gathered per use, named.
-  spec.mutable_model()->set_base_dtype(ModelConfig::BASE_DTYPE_UNSPECIFIED);
+  // ZeRO-3 stages: the base gathered for the step or per use, fp32 or NF4 (seeded).
   spec.mutable_model()->clear_init_from();
   spec.mutable_parallel()->set_zero_stage(3);
-  spec.mutable_parallel()->set_reshard_after_forward(false);
-  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
-  spec.mutable_parallel()->set_reshard_after_forward(true);
-  EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.pipeline_parallel: 2 trains model.lora at parallel.zero_stage 3 "
-                        "with parallel.reshard_after_forward false"));
+  for (const auto base : {ModelConfig::BASE_DTYPE_UNSPECIFIED, ModelConfig::NF4}) {
+    spec.mutable_model()->set_base_dtype(base);
+    for (const bool reshard : {false, true}) {
+      spec.mutable_parallel()->set_reshard_after_forward(reshard);
+      EXPECT_TRUE(CheckEngineSupport(spec).ok()) << reshard << ": " << CheckEngineSupport(spec);
+    }
+  }
 }
 
 }  // namespace

@@ -344,19 +344,24 @@ TEST(DelayedUpdateEngineSupportTest, RefusesByNameWhatItsThreadCannotRunBeside) 
         testing::Lines(status),
         ElementsAre(absl::StrCat("offload.delayed_update.enabled: true trains ", rule, " so far")));
   };
+  // NVMe offload trains: its delayed step streams the states on its own thread.
   JobSpec nvme = job;
   nvme.mutable_offload()->set_optimizer(OffloadConfig::NVME);
   nvme.mutable_offload()->set_nvme_path("/swap");
-  refused(nvme,
-          "with offload.optimizer CPU, not NVME (the NVMe step copies the gradients from the "
-          "device through the ring and commits a swap generation per step: beside the next "
-          "step's backward it would read gradients that backward overwrites)");
+  EXPECT_TRUE(CheckEngineSupport(nvme).ok()) << CheckEngineSupport(nvme);
+  // Host shards train (the host step writes their second bank, params.host); swapped ones
+  // do not.
   JobSpec params = job;
   params.mutable_parallel()->set_zero_stage(3);
   params.mutable_offload()->set_params(OffloadConfig::CPU);
+  EXPECT_TRUE(CheckEngineSupport(params).ok()) << CheckEngineSupport(params);
+  params.mutable_offload()->set_params(OffloadConfig::NVME);
+  params.mutable_offload()->set_optimizer(OffloadConfig::NVME);
+  params.mutable_offload()->set_nvme_path("/swap");
+  EXPECT_TRUE(ValidateJobSpec(params).ok()) << ValidateJobSpec(params);
   refused(params,
-          "without offload.params (CPU: the host step updates the shards the next step's "
-          "gathers read)");
+          "without offload.params NVME (the NVMe step updates the swapped shards the next "
+          "step's gathers read, in the generation it commits)");
   JobSpec fp16 = job;
   fp16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::FP16);
   fp16.mutable_precision()->set_compute_dtype(zerotrain::PrecisionConfig::FP16);

@@ -225,12 +225,28 @@ TEST(OffloadPlanTest, TheDelayedUpdateAddsAGradientBankAndTheParameterShardsOnTh
       EXPECT_EQ(Find(cpu, name), nullptr) << name;
     }
   }
-  // Without a host step (NVMe stages its gradients through the ring) nothing is added: the
-  // validation refuses the delayed update there.
-  zerotrain::JobSpec nvme = Job(2, 1, OffloadConfig::NVME, OffloadConfig::NONE);
-  const MemoryPlan plain_nvme = PlanMemory(nvme);
-  nvme.mutable_offload()->mutable_delayed_update()->set_enabled(true);
-  EXPECT_EQ(PlanMemory(nvme).TotalBytes(), plain_nvme.TotalBytes());
+  // NVMe stages its serial step's gradients through the ring; with the delayed update its
+  // host step runs beside the next backward, so both banks of host gradient copies come in
+  // too (2 + 2 + 2 bytes a parameter of the shards, bf16), and the ring stays as it was.
+  for (int stage = 1; stage <= 3; ++stage) {
+    zerotrain::JobSpec nvme = Job(2, stage, OffloadConfig::NVME, OffloadConfig::NONE);
+    const MemoryPlan plain_nvme = PlanMemory(nvme);
+    nvme.mutable_offload()->mutable_delayed_update()->set_enabled(true);
+    const MemoryPlan dpu = PlanMemory(nvme);
+    EXPECT_EQ(Bytes(dpu, MemoryCategory::kPinnedHost),
+              Bytes(plain_nvme, MemoryCategory::kPinnedHost) + 6 * kShards)
+        << "stage " << stage;
+    EXPECT_EQ(Bytes(dpu, MemoryCategory::kNvme), Bytes(plain_nvme, MemoryCategory::kNvme))
+        << "stage " << stage;
+    EXPECT_EQ(dpu.DeviceBytes(), plain_nvme.DeviceBytes()) << "stage " << stage;
+    for (const char* name : {"block.0.grads.host", "block.0.grads.host.1", "block.0.params.host"}) {
+      const BufferSpec* b = Find(dpu, name);
+      ASSERT_NE(b, nullptr) << name;
+      EXPECT_EQ(b->category, MemoryCategory::kPinnedHost) << name;
+      EXPECT_EQ(b->bytes(), 2 * 25024) << name;
+      EXPECT_EQ(Find(plain_nvme, name), nullptr) << name;
+    }
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/job/job_loading.h"
@@ -150,8 +151,9 @@ TEST(PlannerLayoutTest, ModelParallelCommunicationAndBubbleFollowTheFormulas) {
   const zerotrain::ShardingPlan accum1 = Plan(Input(Parsed(2, 1)), kHuge, LayoutSearch::kAll);
   const zerotrain::PlanCandidate* tp2 = Find(accum1, 2, 1, 0);
   ASSERT_NE(tp2, nullptr);
-  // A·⌈L/p⌉·4·2·(t − 1)/t·B·T·C·c = 1·4·4·2·(1/2)·16384.
-  EXPECT_EQ(tp2->comm_bytes_per_step(), 4 * 4 * 2 * 16384 / 2);
+  // A·(4·⌈L/p⌉ + 2)·2·(t − 1)/t·B·T·C·4 = 1·(4·4 + 2)·2·(1/2)·16384: the blocks' four
+  // all-reduces and the embedding's and the head's one each.
+  EXPECT_EQ(tp2->comm_bytes_per_step(), (4 * 4 + 2) * 2 * 16384 / 2);
   EXPECT_EQ(tp2->bubble_fraction(), 0.0);
   const zerotrain::ShardingPlan accum2 = Plan(Input(Parsed(2, 2)), kHuge, LayoutSearch::kAll);
   const zerotrain::PlanCandidate* pp2 = Find(accum2, 1, 2, 0);
@@ -177,7 +179,8 @@ TEST(PlannerLayoutTest, SequenceParallelAddsItsNormRegathersAndNormGradientSums)
     const zerotrain::PlanCandidate* sp = Find(sequence, 2, 1, 0);
     ASSERT_NE(tp, nullptr);
     ASSERT_NE(sp, nullptr);
-    EXPECT_EQ(tp->comm_bytes_per_step(), accum * 4 * 4 * 2 * 16384 / 2) << "accum " << accum;
+    EXPECT_EQ(tp->comm_bytes_per_step(), accum * (4 * 4 + 2) * 2 * 16384 / 2)
+        << "accum " << accum;
     // A·⌈L/p⌉·2·(t − 1)/t·B·T·C·c + 2·(t − 1)/t·N·g.
     EXPECT_EQ(sp->comm_bytes_per_step() - tp->comm_bytes_per_step(),
               accum * 4 * 2 * 16384 / 2 + 2 * 1152 * 4 / 2)
@@ -186,11 +189,52 @@ TEST(PlannerLayoutTest, SequenceParallelAddsItsNormRegathersAndNormGradientSums)
   }
 }
 
+TEST(PlannerLayoutTest, Bf16TensorParallelReductionsCountGloosF32AndGathersTheirOwnWidth) {
+  // What the engine sends (TensorParallelTrainingTest.PlannedTensorParallelBytesAreTheEngines…):
+  // on CPU ranks Gloo reduces 16-bit data in f32, so a bf16 job's all-reduces send the f32
+  // job's bytes; with sequence parallelism its all-gathers (the forward's four and the
+  // backward's two regathers per block) send half of theirs, the reduce-scatters and the norms'
+  // gradient sums f32's. On CUDA ranks NCCL reduces in bf16: everything at two bytes.
+  for (const bool cuda : {false, true}) {
+    for (const bool sequence : {false, true}) {
+      zerotrain::JobSpec parsed = Parsed(2, 1);
+      parsed.mutable_parallel()->set_tensor_parallel(2);
+      parsed.mutable_parallel()->set_sequence_parallel(sequence);
+      if (cuda) parsed.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+      const zerotrain::ShardingPlan f32 = Plan(Input(parsed), kHuge, LayoutSearch::kJob);
+      auto* precision = parsed.mutable_precision();
+      precision->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+      precision->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+      precision->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+      const zerotrain::ShardingPlan bf16 = Plan(Input(parsed), kHuge, LayoutSearch::kJob);
+      const zerotrain::PlanCandidate* a = Find(f32, 2, 1, 0);
+      const zerotrain::PlanCandidate* b = Find(bf16, 2, 1, 0);
+      ASSERT_NE(a, nullptr);
+      ASSERT_NE(b, nullptr);
+      const std::string what = absl::StrCat(cuda ? "cuda" : "cpu", sequence ? " sp" : "");
+      // f32: (4·4 + 2)·2·(1/2)·16384, plus with sequence parallelism the regathers and norm
+      // sums.
+      const int64_t regathers = 4 * 2 * 16384 / 2, norms = 2 * 1152 * 4 / 2;
+      EXPECT_EQ(a->comm_bytes_per_step(),
+                (4 * 4 + 2) * 2 * 16384 / 2 + (sequence ? regathers + norms : 0)) << what;
+      int64_t halved = 0;  // the f32 bytes a bf16 job sends at half width
+      if (cuda) {
+        halved = a->comm_bytes_per_step();
+      } else if (sequence) {
+        halved = (4 * 4 + 2) * 16384 / 2 + regathers;  // the all-gathers
+      }
+      EXPECT_EQ(b->comm_bytes_per_step(), a->comm_bytes_per_step() - halved / 2) << what;
+    }
+  }
+}
+
 // A ZeRO-3 pipeline stage's gathers per step (ShardingEngine::BeginStagePass): each of its units
 // once with reshard_after_forward false, and with it m times in the forwards and m in the
-// backwards but the embedding's and the head's. PP2 × DP2 on 4 ranks (G = 2, f32): a gather of
-// a unit sends half its padded elements; everything else the candidate counts is the same at
-// both settings.
+// backwards but the embedding's and the head's; with it the stage also reduce-scatters every
+// micro-batch's gradients (m times a step, not once) and gathers the tied embedding's reduced
+// gradient once to sum its two copies. PP2 × DP2 on 4 ranks (G = 2, f32): a gather or a
+// reduce-scatter of a unit sends half its padded elements; everything else the candidate counts
+// is the same at both settings.
 TEST(PlannerLayoutTest, PipelineZeroThreeGathersFollowTheStagesUses) {
   int64_t comm[2] = {};
   zerotrain::JobSpec job;
@@ -211,6 +255,9 @@ TEST(PlannerLayoutTest, PipelineZeroThreeGathersFollowTheStagesUses) {
   for (const UnitLayout& u : stage.units) {
     const int64_t uses = 4 * (2 - (u.kind == UnitKind::kEmbedding) - (u.kind == UnitKind::kHead));
     extra += (uses - 1) * PaddedUnitNumel(u.numel, 2) / 2 * 4;
+    extra += (4 - 1) * PaddedUnitNumel(u.numel, 2) / 2 * 4;  // reduce-scatters
+    // Rank 0's stage holds the tied embedding: its gradient's all-gather.
+    if (u.kind == UnitKind::kEmbedding) extra += PaddedUnitNumel(u.numel, 2) / 2 * 4;
   }
   EXPECT_GT(extra, 0);
   EXPECT_EQ(comm[1] - comm[0], extra);

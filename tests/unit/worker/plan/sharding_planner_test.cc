@@ -240,9 +240,11 @@ TEST(ShardingPlannerTest, CommunicationAndRecomputeMatchTheFormulas) {
   const double N = 4, B = 8, T = 256, C = 256, F = 1024, V = 256, L = 4, A = 2;
   const ModelLayout layout = BuildModelLayout(job.model());
   const double psi = static_cast<double>(layout.total_numel);
-  double padded = 0;
+  double padded = 0, padded_ends = 0;  // padded_ends: the embedding's and the head's
   for (const UnitLayout& u : layout.units) {
-    padded += std::ceil(static_cast<double>(u.numel) / (64 * N)) * 64 * N;
+    const double p = std::ceil(static_cast<double>(u.numel) / (64 * N)) * 64 * N;
+    padded += p;
+    if (u.kind == UnitKind::kEmbedding || u.kind == UnitKind::kHead) padded_ends += p;
   }
   // GPT-2 block weights: qkv (3C, C), proj (C, C), fc (F, C), proj (C, F).
   const double block = 2 * B * T * (3 * C * C + C * C + 2 * F * C) + 4 * B * T * T * C +
@@ -262,7 +264,11 @@ TEST(ShardingPlannerTest, CommunicationAndRecomputeMatchTheFormulas) {
         comm = 2 * ring;
         break;
       default:
-        comm = ring + A * 2 * ring;
+        // Each micro-batch gathers every unit for its forward and the blocks again for their
+        // backward: the embedding's backward reads no parameters and the head stays gathered
+        // from its forward to its backward (ShardingEngine::ForwardBackward), so the engine
+        // sends A·(2P − P_ends), not the 2·A·P counted before.
+        comm = ring + A * (2 * ring - (N - 1) / N * padded_ends * 4);
     }
     double recompute = 0;
     if (c.activation_checkpointing() == Ckpt::FULL) recompute = L * block / (3 * forward);
@@ -279,6 +285,50 @@ TEST(ShardingPlannerTest, CommunicationAndRecomputeMatchTheFormulas) {
   const zerotrain::ShardingPlan single_plan = Plan(PlannerInput(single), kHuge);
   for (const auto& c : single_plan.candidates()) {
     EXPECT_EQ(c.comm_bytes_per_step(), 0);
+  }
+}
+
+TEST(ShardingPlannerTest, Bf16GradientReductionsCountGloosF32AndGathersTheirOwnWidth) {
+  // What the engine sends (ShardedTrainingTest.PlannedDataParallelBytesAreTheEnginesInBf16):
+  // on CPU ranks Gloo reduces 16-bit data in f32, so a bf16 job's gradient all-reduce
+  // (stage 0) and reduce-scatter (stages 1–3) send the f32 job's bytes and only its parameter
+  // all-gathers half of theirs; on CUDA ranks NCCL reduces in bf16: everything at two bytes.
+  const double N = 4;
+  const ModelLayout layout = BuildModelLayout(PlannerInput(ParsedTinyJob()).model());
+  double padded = 0;
+  for (const UnitLayout& u : layout.units) {
+    padded += std::ceil(static_cast<double>(u.numel) / (64 * N)) * 64 * N;
+  }
+  const int64_t reduce_scatter = static_cast<int64_t>((N - 1) / N * padded * 4);
+  for (const bool cuda : {false, true}) {
+    zerotrain::JobSpec parsed = ParsedTinyJob();
+    if (cuda) parsed.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+    const zerotrain::ShardingPlan f32 = Plan(PlannerInput(parsed), kHuge);
+    auto* precision = parsed.mutable_precision();
+    precision->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+    precision->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+    precision->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+    const zerotrain::ShardingPlan bf16 = Plan(PlannerInput(parsed), kHuge);
+    int compared = 0;
+    for (const zerotrain::PlanCandidate& a : f32.candidates()) {
+      for (const zerotrain::PlanCandidate& b : bf16.candidates()) {
+        if (a.zero_stage() != b.zero_stage() ||
+            a.activation_checkpointing() != b.activation_checkpointing()) {
+          continue;
+        }
+        ++compared;
+        // The f32 bytes a bf16 job sends at half width.
+        int64_t halved = 0;
+        if (cuda) {
+          halved = a.comm_bytes_per_step();
+        } else if (a.zero_stage() > 0) {
+          halved = a.comm_bytes_per_step() - reduce_scatter;  // the all-gathers
+        }
+        EXPECT_EQ(b.comm_bytes_per_step(), a.comm_bytes_per_step() - halved / 2)
+            << (cuda ? "cuda" : "cpu") << " stage " << a.zero_stage();
+      }
+    }
+    EXPECT_EQ(compared, 4 * 3) << "every stage at every checkpointing policy";
   }
 }
 

@@ -128,6 +128,40 @@ TEST_F(PrefetchCoordinatorTest, IssuesGathersAheadInSequenceOrder) {
   ASSERT_TRUE(coordinator_->End().ok());
 }
 
+// Between passes the coordinator names the buffers a pass's first gathers will take (the
+// uploads ahead of offload.params CPU put each rank's shard there): exactly those its Issue
+// then hands the gathers; nothing while a pass is under way, or past the pool's room.
+TEST_F(PrefetchCoordinatorTest, FirstGatherBuffersAreTheBuffersThePassGathersInto) {
+  Make(/*prefetch=*/2, /*dedicated_first=*/true);
+  std::vector<const void*> gathered_into(5, nullptr);
+  coordinator_ = std::make_unique<PrefetchCoordinator>(
+      registry_.get(),
+      std::vector<Tensor>{Buffer(storage_[0]), Buffer(storage_[1]), Buffer(storage_[2])},
+      std::vector<Tensor>{Buffer(storage_[3]), {}, {}, {}, {}}, 2,
+      [&](int u, const Tensor& full) -> absl::StatusOr<CommHandle> {
+        gathered_into[u] = full.raw();
+        ManualHandle h;
+        h.Complete();
+        return h.handle;
+      });
+  const std::vector<Tensor> ahead = coordinator_->FirstGatherBuffers({0, 1, 2});
+  ASSERT_EQ(ahead.size(), 3u);
+  EXPECT_EQ(ahead[0].raw(), storage_[3].data());  // the embedding's own buffer
+  EXPECT_EQ(ahead[1].raw(), storage_[0].data());
+  EXPECT_EQ(ahead[2].raw(), storage_[1].data());
+  coordinator_->Begin({{0, false}, {1, true}, {2, true}, {3, true}});
+  ASSERT_TRUE(coordinator_->Acquire(0).ok());
+  for (int u = 0; u < 3; ++u) EXPECT_EQ(gathered_into[u], ahead[u].raw()) << u;
+  for (const Tensor& t : coordinator_->FirstGatherBuffers({0, 1, 2})) {
+    EXPECT_TRUE(t.empty()) << "a pass is under way";
+  }
+  ASSERT_TRUE(coordinator_->End().ok());
+  // Four pooled units with three pool buffers: the fourth has none.
+  const std::vector<Tensor> over = coordinator_->FirstGatherBuffers({1, 2, 3, 4});
+  EXPECT_FALSE(over[2].empty());
+  EXPECT_TRUE(over[3].empty());
+}
+
 TEST_F(PrefetchCoordinatorTest, NoPrefetchGathersOnDemandAndDedicatedUnitsStay) {
   Make(/*prefetch=*/0, /*dedicated_first=*/true);
   coordinator_->Begin({{0, false}, {1, true}, {2, true}, {4, true}});

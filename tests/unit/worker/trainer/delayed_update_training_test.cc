@@ -12,14 +12,17 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/unit/worker/trainer/offload_runs.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
+#include "tests/unit/worker/trainer/test_swap_store.h"
 
 namespace zt {
 namespace {
@@ -101,6 +104,12 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
   const int n = job.parallel().world_size();
   for (int r = 0; r < n; ++r) run.overlap.push_back(std::make_unique<Overlap>());
   InProcessStore store;
+  // offload.optimizer NVME: the node's one swap store, shared by the ranks.
+  absl::StatusOr<std::shared_ptr<offload::SwapStore>> swap = testing::OpenTestSwapStore(job);
+  if (!swap.ok()) {
+    run.status = swap.status();
+    return run;
+  }
   run.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
     Overlap& o = *run.overlap[r];
     // The reference's restore once the backward has ended (null: nothing to restore).
@@ -110,6 +119,7 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
     TrainOptions options;
     options.rank = r;
     options.store = &store;
+    options.swap_store = swap->get();
     options.on_backward_ended = [&](int64_t step) {
       if (restore != nullptr) Put(params, *restore);
       std::lock_guard<std::mutex> lock(o.mu);
@@ -166,9 +176,14 @@ SteppedRun TrainByHand(const JobSpec& spec, bool stale_reference, bool gate,
 
 class DelayedUpdateTest : public OffloadRunTest {
  protected:
+  // `params`: offload.params (stage 3), whose host shards the host step must leave alone
+  // until the next backward has ended.
+  // `optimizer`: offload.optimizer, CPU or NVME (the states streamed through the swap store on
+  // the delayed thread).
   JobSpec Delayed(int world, int stage, OptimizerConfig::Type type, PrecisionConfig::DType dtype,
-                  bool enabled = true) {
-    JobSpec job = Job(world, stage, type, dtype, OffloadConfig::CPU);
+                  bool enabled = true, OffloadConfig::Device params = OffloadConfig::NONE,
+                  OffloadConfig::Device optimizer = OffloadConfig::CPU) {
+    JobSpec job = Job(world, stage, type, dtype, optimizer, params);
     job.mutable_train()->set_max_steps(kSteps);
     job.mutable_offload()->mutable_delayed_update()->set_enabled(enabled);
     job.mutable_offload()->mutable_delayed_update()->set_after_steps(kAfterSteps);
@@ -181,20 +196,28 @@ class DelayedUpdateTest : public OffloadRunTest {
     return job;
   }
 
+  // Stopped at the checkpoint of step 4 and resumed, `job` equals its run that never stopped.
+  void ExpectResumesBitForBit(const JobSpec& job, const std::string& what);
+
   // `accum` micro-batches a step (the same 4 sequences a step in all): at ZeRO 2-3 the
   // gradients then accumulate whole and are reduced once, on the last.
   void ExpectTheStaleRecurrence(int world, int stage, OptimizerConfig::Type type,
-                                PrecisionConfig::DType dtype, int accum = 1) {
+                                PrecisionConfig::DType dtype, int accum = 1,
+                                OffloadConfig::Device params = OffloadConfig::NONE,
+                                OffloadConfig::Device optimizer = OffloadConfig::CPU) {
     const std::string what =
         absl::StrCat(world, " ranks, ZeRO ", stage, ", ", OptimizerConfig::Type_Name(type), ", ",
-                     PrecisionConfig::DType_Name(dtype), ", ", accum, " micro-batches");
+                     PrecisionConfig::DType_Name(dtype), ", ", accum, " micro-batches, params ",
+                     OffloadConfig::Device_Name(params), ", optimizer ",
+                     OffloadConfig::Device_Name(optimizer));
     const auto accumulating = [&](JobSpec job) {
       job.mutable_train()->set_micro_batch_size(4 / world / accum);
       job.mutable_train()->set_grad_accum_steps(accum);
       return job;
     };
     const SteppedRun delayed =
-        TrainByHand(accumulating(Delayed(world, stage, type, dtype)), false, false);
+        TrainByHand(accumulating(Delayed(world, stage, type, dtype, true, params, optimizer)),
+                    false, false);
     const SteppedRun reference =
         TrainByHand(accumulating(Reference(world, stage, type, dtype)), true, false);
     ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
@@ -230,6 +253,38 @@ TEST_F(DelayedUpdateTest, EqualsTheReferenceWithGradientAccumulation) {
   }
 }
 
+// offload.params CPU: the gathers read the rank's host shards, which the host step must not
+// write while the next step's forward and backward gather them. It writes the second bank
+// ("<unit>.params.host") and the shards take it once the backward has ended: the stale
+// recurrence bit for bit, with 1 and 2 micro-batches (the first gathers of each pass upload
+// ahead, ShardingEngine::ReadFirstGathersAhead), fp32 and bf16 with 8-bit AdamW.
+TEST_F(DelayedUpdateTest, ParamsOnTheHostEqualTheStaleReference) {
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                           OffloadConfig::CPU);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 2,
+                           OffloadConfig::CPU);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, 1,
+                           OffloadConfig::CPU);
+}
+
+// offload.optimizer NVME: the delayed thread takes its step's gradients from the drained bank
+// of host copies (the plan's two banks, as with CPU; the serial NVMe step stages them through
+// the ring instead) and streams each unit's master weights and states through the swap store,
+// committing the step's generation there. The stale recurrence bit for bit at ZeRO 1-3, with
+// 2 micro-batches, in bf16 with 8-bit AdamW, and at 3 with the parameter shards on the host.
+TEST_F(DelayedUpdateTest, NvmeOptimizerEqualsTheStaleReferenceAtEveryStage) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    ExpectTheStaleRecurrence(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                             OffloadConfig::NONE, OffloadConfig::NVME);
+  }
+  ExpectTheStaleRecurrence(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 2,
+                           OffloadConfig::NONE, OffloadConfig::NVME);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW_8BIT, PrecisionConfig::BF16, 1,
+                           OffloadConfig::NONE, OffloadConfig::NVME);
+  ExpectTheStaleRecurrence(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, 1,
+                           OffloadConfig::CPU, OffloadConfig::NVME);
+}
+
 // Before the switch the delayed run is the serial offload run; after it, it is not (so a
 // delayed update silently off would fail here and the reference test above both).
 TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
@@ -255,9 +310,15 @@ TEST_F(DelayedUpdateTest, SerialUntilAfterStepsThenDifferent) {
 // backward has ended, which a run that waited for host step t before step t+1 could never
 // reach; each such backward ended with host step t already started.
 TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
-  for (int stage = 1; stage <= 3; ++stage) {
+  // Variant 4: stage 3 with the parameter shards on the host (offload.params CPU); 5: stage 2
+  // with the optimizer on NVMe, whose delayed thread swaps the states meanwhile.
+  for (int variant = 1; variant <= 5; ++variant) {
+    const int stage = variant == 5 ? 2 : std::min(variant, 3);
     const SteppedRun run = TrainByHand(
-        Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32), false, /*gate=*/true);
+        Delayed(2, stage, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
+                variant == 4 ? OffloadConfig::CPU : OffloadConfig::NONE,
+                variant == 5 ? OffloadConfig::NVME : OffloadConfig::CPU),
+        false, /*gate=*/true);
     ASSERT_TRUE(run.status.ok()) << run.status;
     // Held until the next backward has written its gradients and copied them down, each host
     // step still read its own step's (the other bank): the run is the reference's.
@@ -287,30 +348,63 @@ TEST_F(DelayedUpdateTest, TheHostStepRunsBesideTheNextStepsForwardAndBackward) {
 // by Step alone here (no save), against the reference with the drain at step 4 — and not
 // without it, so the drain is what the test sees.
 TEST_F(DelayedUpdateTest, ACheckpointStepDrainsAndTheNextStepComputesOnFreshParameters) {
-  JobSpec job = Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
-  job.mutable_checkpoint()->set_dir((dir_ / "unused").string());
-  job.mutable_checkpoint()->set_interval_steps(4);
-  const SteppedRun delayed = TrainByHand(job, false, false);
   const JobSpec reference_job = Reference(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32);
   const SteppedRun drained = TrainByHand(reference_job, true, false, /*drain_every=*/4);
   const SteppedRun undrained = TrainByHand(reference_job, true, false);
-  ASSERT_TRUE(delayed.status.ok()) << delayed.status;
   ASSERT_TRUE(drained.status.ok()) << drained.status;
   ASSERT_TRUE(undrained.status.ok()) << undrained.status;
-  EXPECT_EQ(delayed.losses, drained.losses);
-  EXPECT_EQ(delayed.weights, drained.weights);
-  EXPECT_NE(delayed.losses[4], undrained.losses[4]) << "step 5 computes on step 4's update";
-  // Steps 3, 4 (drained at once), 5, 6, 7 and 8 launched a host step.
-  EXPECT_EQ(delayed.delayed_host_steps, kSteps - kAfterSteps);
+  const std::vector<std::pair<OffloadConfig::Device, OffloadConfig::Device>> variants = {
+      {OffloadConfig::NONE, OffloadConfig::CPU},
+      {OffloadConfig::CPU, OffloadConfig::CPU},
+      {OffloadConfig::NONE, OffloadConfig::NVME}};
+  for (const auto& [params, optimizer] : variants) {
+    const std::string what = absl::StrCat("params ", OffloadConfig::Device_Name(params),
+                                          ", optimizer ", OffloadConfig::Device_Name(optimizer));
+    JobSpec job =
+        Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true, params, optimizer);
+    job.mutable_checkpoint()->set_dir((dir_ / "unused").string());
+    job.mutable_checkpoint()->set_interval_steps(4);
+    const SteppedRun delayed = TrainByHand(job, false, false);
+    ASSERT_TRUE(delayed.status.ok()) << what << ": " << delayed.status;
+    EXPECT_EQ(delayed.losses, drained.losses) << what;
+    EXPECT_EQ(delayed.weights, drained.weights) << what;
+    EXPECT_NE(delayed.losses[4], undrained.losses[4])
+        << what << ": step 5 computes on step 4's update";
+    // Steps 3, 4 (drained at once), 5, 6, 7 and 8 launched a host step.
+    EXPECT_EQ(delayed.delayed_host_steps, kSteps - kAfterSteps) << what;
+  }
 }
 
 // A checkpoint drains: the run stopped at it and resumed equals the run that never stopped,
 // bit for bit (both drain at step 4, so step 5 computes on fresh parameters in both).
 TEST_F(DelayedUpdateTest, ResumesFromACheckpointBitForBit) {
-  JobSpec job = Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16);
+  ExpectResumesBitForBit(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16), "ZeRO 2");
+}
+
+// The checkpoint reads the states through the swap store once the drain has committed the
+// step's generation, and the resumed run writes them back as its first generation.
+TEST_F(DelayedUpdateTest, NvmeOptimizerResumesFromACheckpointBitForBit) {
+  ExpectResumesBitForBit(Delayed(2, 2, OptimizerConfig::ADAMW, PrecisionConfig::BF16, true,
+                                 OffloadConfig::NONE, OffloadConfig::NVME),
+                         "ZeRO 2, optimizer NVME");
+  ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, true,
+                                 OffloadConfig::CPU, OffloadConfig::NVME),
+                         "ZeRO 3, params CPU, optimizer NVME");
+}
+
+TEST_F(DelayedUpdateTest, ParamsOnTheHostResumeFromACheckpointBitForBit) {
+  ExpectResumesBitForBit(Delayed(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, true,
+                                 OffloadConfig::CPU),
+                         "ZeRO 3, params CPU");
+}
+
+void DelayedUpdateTest::ExpectResumesBitForBit(const JobSpec& job, const std::string& what) {
+  SCOPED_TRACE(what);
   const auto with_dir = [&](const std::string& name) {
     JobSpec j = job;
-    j.mutable_checkpoint()->set_dir((dir_ / name).string());
+    // One test may resume several jobs: each its own directories.
+    j.mutable_checkpoint()->set_dir(
+        (dir_ / absl::StrCat(name, "-", std::hash<std::string>{}(what))).string());
     j.mutable_checkpoint()->set_interval_steps(4);
     return j;
   };

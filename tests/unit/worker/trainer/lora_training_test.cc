@@ -23,6 +23,7 @@
 #include "kernels/nf4.h"
 #include "tests/unit/kernels/nf4_buffers.h"
 #include "tests/unit/worker/trainer/lora_training_fixture.h"
+#include "tests/unit/worker/trainer/pattern_adapters.h"
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/safetensors.h"
@@ -711,24 +712,16 @@ TEST_F(LoraTrainingTest, InitFromStartsFromTheGivenAdapters) {
   JobSpec job = Job(1, 0, 4, 1, ModelConfig::LLAMA);
   const JobSpec validated = ValidatedJob(job).value();
   const ModelLayout layout = BuildModelLayout(validated.model());
-  Weights given(layout.units.size());
-  std::vector<Tensor> views(layout.units.size());
-  for (size_t u = 0; u < layout.units.size(); ++u) {
-    for (int64_t i = 0; i < layout.units[u].lora_numel; ++i) {
-      given[u].push_back(0.01f * static_cast<float>((i * 7 + u * 3) % 19) - 0.09f);
-    }
-    if (!given[u].empty()) {
-      views[u] = Tensor(given[u].data(), DType::kF32, {layout.units[u].lora_numel});
-    }
-  }
   const std::string peft = (dir_ / "given").string();
-  ASSERT_TRUE(WritePeftAdapter(validated.model(), layout, views, peft).ok());
+  const absl::StatusOr<Weights> given =
+      testing::WritePatternPeftAdapter(validated.model(), layout, peft);
+  ASSERT_TRUE(given.ok()) << given.status();
   job.mutable_model()->mutable_lora()->set_init_from(peft);
   const LoraRun start = Train(job, 0);
-  EXPECT_EQ(MaxAbsDiff(start.adapters[0], given), 0.0);
+  EXPECT_EQ(MaxAbsDiff(start.adapters[0], *given), 0.0);
   // And it trains from there.
   const LoraRun trained = Train(job, 2);
-  EXPECT_GT(MaxAbsDiff(trained.adapters[0], given), 0.0);
+  EXPECT_GT(MaxAbsDiff(trained.adapters[0], *given), 0.0);
 }
 
 }  // namespace

@@ -109,6 +109,9 @@ struct RunResult {
   std::vector<int64_t> crossing_bytes_last_step;  // per rank, up + down in the last step
   std::vector<StepRecord> last_step;              // per rank
   std::vector<NvmeOptimizer::Stats> nvme_stats;   // per rank, at the end (offload.optimizer NVME)
+  // Per rank, at the end: host-shard uploads made ahead of their gather / at it
+  // (offload.params CPU, ShardingEngine::param_uploads_ahead).
+  std::vector<int64_t> param_uploads_ahead, param_uploads_at_gather;
 };
 
 // Bitwise: the host step is the device step's arithmetic on the same values in the same order.
@@ -201,6 +204,8 @@ class OffloadRunTest : public ::testing::Test {
     result.crossing_bytes_last_step.resize(n);
     result.last_step.resize(n);
     result.nvme_stats.resize(n);
+    result.param_uploads_ahead.resize(n);
+    result.param_uploads_at_gather.resize(n);
     std::vector<absl::Status> status(n);
     std::vector<std::vector<std::string>> unclaimed(n);
     std::vector<std::thread> threads;
@@ -246,6 +251,8 @@ class OffloadRunTest : public ::testing::Test {
           if ((*t)->nvme_optimizer() != nullptr) {
             result.nvme_stats[r] = (*t)->nvme_optimizer()->stats();
           }
+          result.param_uploads_ahead[r] = (*t)->sharding_engine()->param_uploads_ahead();
+          result.param_uploads_at_gather[r] = (*t)->sharding_engine()->param_uploads_at_gather();
           result.plans[r] = (*t)->plan();
           for (int c = 0; c < kMemoryCategoryCount; ++c) {
             result.arena_bytes[r].push_back(

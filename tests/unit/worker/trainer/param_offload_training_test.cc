@@ -324,6 +324,42 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsEachMicroBatchsFirstGathersAhead
   }
 }
 
+// offload.params CPU: the gathers a pass issues together at its start (units 0 … k at its
+// first Acquire, k = prefetch_units) find their host shards already uploaded into their slots
+// — at the step's start and between micro-batches, on the upload thread
+// (ShardingEngine::ReadFirstGathersAhead) — and every later gather uploads its shard when it is
+// issued, k uses ahead of its use. Counted per gather, so an upload made at the first gathers
+// fails it; and the run is the job without offload bit for bit, with 1 and 2 micro-batches.
+TEST_F(ParamOffloadTrainingTest, ParamsCpuUploadsEachPasssFirstGathersAhead) {
+  for (int accum : {1, 2}) {
+    auto job = [&](OffloadConfig::Device device) {
+      JobSpec j = Job(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, device, device);
+      j.mutable_train()->set_micro_batch_size(accum == 1 ? 2 : 1);
+      j.mutable_train()->set_grad_accum_steps(accum);
+      return j;
+    };
+    const std::string what = absl::StrCat(accum, " micro-batches a step");
+    const RunResult offloaded = Train(job(OffloadConfig::CPU), 3);
+    const RunResult plain = Train(job(OffloadConfig::NONE), 3);
+    ExpectSameRun(offloaded, plain, what);
+    const JobSpec validated = ValidatedJob(job(OffloadConfig::CPU)).value();
+    const int n_units = static_cast<int>(BuildModelLayout(validated.model()).units.size());
+    const int k = validated.parallel().prefetch_units();
+    ASSERT_GE(k, 1) << what << ": the test needs a pooled unit among the first gathers";
+    ASSERT_LT(k + 1, n_units) << what;
+    // Gathers a pass: the tied embedding and the head once, each block twice.
+    const int64_t gathers = 2 + 2 * (n_units - 2);
+    const int64_t passes = 3 * accum;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(offloaded.param_uploads_ahead[r], passes * (k + 1)) << what << " rank " << r;
+      EXPECT_EQ(offloaded.param_uploads_at_gather[r], passes * (gathers - (k + 1)))
+          << what << " rank " << r;
+      EXPECT_EQ(plain.param_uploads_ahead[r] + plain.param_uploads_at_gather[r], 0)
+          << what << ": nothing is uploaded with the shards on the device";
+    }
+  }
+}
+
 // The ring's room changes when a shard is read, never what is read: with one buffer free
 // beside the optimizer's two staging buffers and prefetch_units 2, the step's start queues the
 // first gather's read and finds the ring full for the next two, and a pass announces two

@@ -120,6 +120,19 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
   return out;
 }
 
+// PP2 × DP2 ranks 0, 1 (stage 0) and 2, 3 (stage 1) hold halves of their stage's units: joined
+// into whole units on both, as one rank's are (ExpectSameStageWeights reads them).
+inline void JoinDataParallelShards(PipelineOutcome& run) {
+  for (int first : {0, 2}) {
+    for (size_t u = 0; u < run.ranks[first].params.size(); ++u) {
+      const std::vector<float>& second = run.ranks[first + 1].params[u];
+      run.ranks[first].params[u].insert(run.ranks[first].params[u].end(), second.begin(),
+                                        second.end());
+    }
+    run.ranks[first + 1].params = run.ranks[first].params;
+  }
+}
+
 // Every stage's final weights of `got` against the whole model of `want`'s rank 0 (one rank,
 // or any run whose ranks hold whole units), to `weight_bound` (ExpectSamePipelineTraining's
 // 1e-4 by default): each tensor

@@ -22,6 +22,9 @@
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
+#include "worker/parallel/parallel_layout.h"
+#include "worker/plan/memory_plan.h"
+#include "worker/plan/parallel_plan.h"
 #include "worker/trainer.h"
 
 namespace zt {
@@ -242,14 +245,7 @@ TEST_F(PipelineTrainingTest, EvaluationRunsForwardOnlyThroughTheStagesAndMatches
     Outcome got = Run(with_val(c.job), 10);
     if (c.job.parallel().zero_stage() == 3 && got.status.ok()) {
       // Each stage's two DP shards joined are its units (as in the ZeRO-3 case above).
-      for (int first : {0, 2}) {
-        for (size_t u = 0; u < got.ranks[first].params.size(); ++u) {
-          const std::vector<float>& second = got.ranks[first + 1].params[u];
-          got.ranks[first].params[u].insert(got.ranks[first].params[u].end(), second.begin(),
-                                            second.end());
-        }
-        got.ranks[first + 1].params = got.ranks[first].params;
-      }
+      testing::JoinDataParallelShards(got);
     }
     ExpectSameTraining(got, reference, c.what);
   }
@@ -273,6 +269,76 @@ TEST_F(PipelineTrainingTest, CommBytesCountTheStageLinks) {
     for (const int64_t bytes : r.comm_bytes) {
       EXPECT_GE(bytes, links + tied);
       EXPECT_LE(bytes, links + tied + 1024);  // the statistics: a few scalars
+    }
+  }
+}
+
+// The gradients a chunk sends back to the previous stage go from copies in the plan's
+// "comm.pipeline.grad_send.<c>" (communication), one per micro-batch slot in flight: before,
+// they were host vectors outside the plan, so a pipeline rank's memory exceeded its plan by
+// them. Each rank's plan holds one for every chunk that does not hold the embedding, of
+// [in_flight, "grad.residual"] in its dtype, and no other; the run claims them (a buffer the
+// trainer did not take from the arena stays unclaimed) and every arena equals its plan (a copy
+// kept outside the arena leaves the communication arena short of the plan); the trainer
+// refuses a plan whose buffer is not that size. GPipe (m in flight), 1F1B (p − s), interleaved
+// (two chunks a stage, the first stage's second one sending too), in f32 and bf16.
+TEST_F(PipelineTrainingTest, GradientSendsUseThePlansCommunicationBuffers) {
+  struct Case {
+    ParallelConfig::PipelineSchedule schedule;
+    int pp;
+    bool bf16 = false;
+  };
+  for (const Case& c : {Case{ParallelConfig::GPIPE, 2}, Case{ParallelConfig::ONE_F_ONE_B, 4},
+                        Case{ParallelConfig::INTERLEAVED, 2},
+                        Case{ParallelConfig::ONE_F_ONE_B, 2, true}}) {
+    JobSpec spec = Gpt2(c.pp, 1, 0, 1, c.schedule);
+    if (c.schedule == ParallelConfig::INTERLEAVED) {
+      spec.mutable_model()->set_n_layer(4);
+      spec.mutable_parallel()->set_virtual_stages(2);
+    }
+    if (c.bf16) {
+      spec.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+      spec.mutable_precision()->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+    }
+    const std::string what = absl::StrCat("pp ", c.pp, " ",
+                                          ParallelConfig::PipelineSchedule_Name(c.schedule),
+                                          c.bf16 ? " bf16" : "");
+    const JobSpec job = ValidatedJob(spec).value();
+    int sending_chunks = 0;
+    for (int r = 0; r < c.pp; ++r) {
+      const ParallelLayout layout = ParallelLayout::ForJob(job, r);
+      const MemoryPlan plan = PlanMemory(job, layout);
+      const BufferSpec* residual = nullptr;
+      std::vector<const BufferSpec*> sends;
+      for (const BufferSpec& b : plan.buffers) {
+        if (b.name == "grad.residual") residual = &b;
+        if (b.name.starts_with("comm.pipeline.")) sends.push_back(&b);
+      }
+      ASSERT_NE(residual, nullptr) << what << " rank " << r;
+      const std::vector<PipelineChunk> chunks = PipelineChunksOf(job, layout);
+      size_t k = 0;
+      for (size_t ch = 0; ch < chunks.size(); ++ch) {
+        if (chunks[ch].first == 0) continue;  // holds the embedding: sends no gradient
+        ASSERT_LT(k, sends.size()) << what << " rank " << r << " chunk " << ch;
+        const BufferSpec& b = *sends[k++];
+        EXPECT_EQ(b.name, PipelineGradSendBuffer(static_cast<int>(ch))) << what;
+        EXPECT_EQ(b.category, MemoryCategory::kCommunication) << what << " " << b.name;
+        EXPECT_EQ(b.dtype, residual->dtype) << what << " " << b.name;
+        EXPECT_EQ(b.shape, (std::vector<int64_t>{chunks[ch].in_flight, residual->numel()}))
+            << what << " rank " << r << " " << b.name;
+        ++sending_chunks;
+      }
+      EXPECT_EQ(k, sends.size()) << what << " rank " << r << ": a send buffer of no chunk";
+    }
+    EXPECT_EQ(sending_chunks, c.pp * (c.schedule == ParallelConfig::INTERLEAVED ? 2 : 1) - 1)
+        << what;
+    const Outcome got = Run(job, 2);
+    ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+    for (size_t r = 0; r < got.ranks.size(); ++r) {
+      EXPECT_TRUE(got.ranks[r].unclaimed.empty())
+          << what << " rank " << r << ": unused plan buffer " << got.ranks[r].unclaimed.front();
+      EXPECT_TRUE(got.ranks[r].off_plan.empty())
+          << what << " rank " << r << ": " << got.ranks[r].off_plan.front();
     }
   }
 }

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kernels/status_macros.h"
@@ -27,6 +28,7 @@
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/offload/node_swap_store.h"
 #include "worker/plan/parallel_plan.h"
+#include "worker/plan/sharding_planner.h"
 #include "worker/trainer.h"
 
 namespace zt {
@@ -763,6 +765,62 @@ TEST_F(TensorParallelTrainingTest, SequenceParallelSendsTensorParallelBytesPlusI
                     regathers + norm_sums)
               << what << ", rank " << r << ", step " << s + 1;
         }
+      }
+    }
+  }
+}
+
+// The planner's tensor-parallel bytes (zt estimate --plan's comm_bytes_per_step) are what the
+// engine sends, in bf16 too: Gloo reduces 16-bit data in f32, so a bf16 job's all-reduces and
+// reduce-scatters send what an f32 job's do and only its all-gathers (sequence parallelism's)
+// send half. The engine's per-step bytes minus the planner's are the same for an f32 and a bf16
+// job of the same shape (what the planner leaves out, the step's f32 statistics, is the same in
+// both), so the planner's bf16 figure is the engine's exactly. Counting reductions at the
+// compute width (two bytes) made the bf16 plan short by half its all-reduces' bytes, and
+// leaving out the vocabulary-parallel embedding's and head's collectives made it short by their
+// all-gathers' under sequence parallelism (both seen failing here).
+TEST_F(TensorParallelTrainingTest, PlannedTensorParallelBytesAreTheEnginesInBf16) {
+  auto planned = [](const JobSpec& spec) -> int64_t {
+    const absl::StatusOr<JobSpec> job = JobForPlanning(spec, {});
+    EXPECT_TRUE(job.ok()) << job.status();
+    const absl::StatusOr<zerotrain::ShardingPlan> plan =
+        PlanSharding(*job, {.device_memory_bytes = int64_t{1} << 40, .layouts = LayoutSearch::kJob});
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    for (const zerotrain::PlanCandidate& c : plan->candidates()) {
+      if (c.tensor_parallel() == job->parallel().tensor_parallel() &&
+          c.pipeline_parallel() == 1 && c.zero_stage() == job->parallel().zero_stage() &&
+          // The job checkpoints nothing (unset: NONE); the bytes do not depend on it anyway.
+          c.activation_checkpointing() == zerotrain::MemoryConfig::NONE) {
+        return c.comm_bytes_per_step();
+      }
+    }
+    std::string seen;
+    for (const zerotrain::PlanCandidate& c : plan->candidates()) {
+      seen += absl::StrCat(" tp", c.tensor_parallel(), " pp", c.pipeline_parallel(), " zero",
+                           c.zero_stage(), " ", c.activation_checkpointing(), ";");
+    }
+    ADD_FAILURE() << "no candidate of the job's own layout (tp "
+                  << job->parallel().tensor_parallel() << " zero " << job->parallel().zero_stage()
+                  << " " << job->memory().activation_checkpointing() << "):" << seen;
+    return -1;
+  };
+  for (const bool sequence : {false, true}) {
+    const JobSpec f32 = sequence ? SequenceParallel(Gpt2(2, 1, 0, 2)) : Gpt2(2, 1, 0, 2);
+    const JobSpec bf16 = Bf16(f32);
+    const std::string what = sequence ? "sp tp 2" : "tp 2";
+    const Outcome f32_run = Run(f32, 2), bf16_run = Run(bf16, 2);
+    ASSERT_TRUE(f32_run.status.ok()) << what << ": " << f32_run.status;
+    ASSERT_TRUE(bf16_run.status.ok()) << what << ": " << bf16_run.status;
+    const int64_t f32_plan = planned(f32), bf16_plan = planned(bf16);
+    EXPECT_GT(f32_plan, 0) << what;
+    for (size_t r = 0; r < bf16_run.ranks.size(); ++r) {
+      ASSERT_EQ(bf16_run.ranks[r].comm_bytes.size(), 2u) << what;
+      for (size_t s = 0; s < 2; ++s) {
+        EXPECT_EQ(bf16_run.ranks[r].comm_bytes[s] - bf16_plan,
+                  f32_run.ranks[r].comm_bytes[s] - f32_plan)
+            << what << ", rank " << r << ", step " << s + 1 << ": engine "
+            << bf16_run.ranks[r].comm_bytes[s] << " bf16, " << f32_run.ranks[r].comm_bytes[s]
+            << " f32; plan " << bf16_plan << " bf16, " << f32_plan << " f32";
       }
     }
   }
