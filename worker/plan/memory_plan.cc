@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,28 @@ UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry) {
   s.numel = unit_numel;
   s.padded = PaddedUnitNumel(unit_numel, geometry.group_size);
   s.shard_numel = s.padded / geometry.group_size;
+  s.offset = geometry.group_rank() * s.shard_numel;
+  s.owned = {.begin = std::min(unit_numel, s.offset),
+             .end = std::min(unit_numel, s.offset + s.shard_numel)};
+  return s;
+}
+
+absl::StatusOr<UnitShard> RowAlignedShardOf(int64_t unit_numel, int64_t row_numel,
+                                            const ShardGeometry& geometry) {
+  if (row_numel <= 0 || unit_numel % row_numel != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row-aligned shard: row_numel ", row_numel, " must be positive and divide ",
+                     "the unit's ", unit_numel, " elements (whole rows only)"));
+  }
+  const int64_t rows = unit_numel / row_numel;
+  // The fewest rows whose elements are a multiple of the alignment.
+  const int64_t row_quantum = kShardAlignmentElements / std::gcd(row_numel, kShardAlignmentElements);
+  const int64_t rows_each = (rows + geometry.group_size - 1) / geometry.group_size;
+  const int64_t rows_per_shard = (rows_each + row_quantum - 1) / row_quantum * row_quantum;
+  UnitShard s;
+  s.numel = unit_numel;
+  s.shard_numel = rows_per_shard * row_numel;
+  s.padded = s.shard_numel * geometry.group_size;
   s.offset = geometry.group_rank() * s.shard_numel;
   s.owned = {.begin = std::min(unit_numel, s.offset),
              .end = std::min(unit_numel, s.offset + s.shard_numel)};
