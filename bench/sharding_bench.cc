@@ -4,7 +4,7 @@
 //
 //   sharding_bench --config gpt2-small|tiny|tiny-llama --world-size N --stage S
 //                  [--tensor-parallel t [--sequence-parallel 0|1]] [--prefetch K]
-//                  [--reshard-after-forward 0|1]
+//                  [--reshard-after-forward 0|1] [--vocab-sharded-embedding -1|0|1]
 //                  [--steps N] [--warmup N] [--threads-per-rank T] [--gemm onednn|openblas]
 //                  [--precision fp32|bf16]
 //                  [--pipeline-parallel p --micro-batches m [--schedule gpipe|1f1b|interleaved]
@@ -71,6 +71,8 @@ struct Flags {
   int stage = 0;
   int prefetch = 1;
   int reshard_after_forward = 1;
+  // parallel.vocab_sharded_embedding: -1 leaves it unset (the plan decides), 0 false, 1 true.
+  int vocab_sharded_embedding = -1;
   int steps = 4;
   int warmup = 2;
   int threads_per_rank = 0;
@@ -100,6 +102,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                           {"--stage", &f.stage, 0, 3},
                           {"--prefetch", &f.prefetch, 0, 1024},
                           {"--reshard-after-forward", &f.reshard_after_forward, 0, 1},
+                          {"--vocab-sharded-embedding", &f.vocab_sharded_embedding, -1, 1},
                           {"--steps", &f.steps, 1, 1 << 20},
                           {"--warmup", &f.warmup, 0, 1 << 20},
                           {"--threads-per-rank", &f.threads_per_rank, 0, 4096},
@@ -395,6 +398,7 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"stage", flags.stage},
       {"prefetch", flags.prefetch},
       {"reshard_after_forward", flags.reshard_after_forward == 1},
+      {"vocab_sharded_embedding", zt::VocabularyShardedEmbedding(job)},
       {"threads_per_rank", results[0].threads},
       {"gemm", results[0].gemm},
       {"precision", flags.precision},
@@ -403,13 +407,13 @@ nlohmann::json Report(const Flags& flags, const zerotrain::JobSpec& job,
       {"warmup_steps", flags.warmup},
       {"timed_steps", flags.steps},
       {"pipeline_parallel", flags.pipeline_parallel},
-      {"schedule", flags.pipeline_parallel > 1 ? nlohmann::json(flags.schedule)
-                                               : nlohmann::json(nullptr)},
+      {"schedule",
+       flags.pipeline_parallel > 1 ? nlohmann::json(flags.schedule) : nlohmann::json(nullptr)},
       {"virtual_stages", v},
       {"micro_batches", job.train().grad_accum_steps()},
       {"n_layer", job.model().n_layer()},
-      {"pipeline_bubble", bubbles.empty() ? nlohmann::json(nullptr)
-                                          : nlohmann::json(Median(bubbles))},
+      {"pipeline_bubble",
+       bubbles.empty() ? nlohmann::json(nullptr) : nlohmann::json(Median(bubbles))},
       {"pipeline_bubble_formula",
        flags.pipeline_parallel > 1
            ? nlohmann::json((p - 1) / (v * job.train().grad_accum_steps() + p - 1))
@@ -471,6 +475,9 @@ int main(int argc, char** argv) {
   parallel->set_zero_stage(flags->stage);
   parallel->set_prefetch_units(flags->prefetch);
   parallel->set_reshard_after_forward(flags->reshard_after_forward == 1);
+  if (flags->vocab_sharded_embedding >= 0) {
+    parallel->set_vocab_sharded_embedding(flags->vocab_sharded_embedding == 1);
+  }
   // A failed rank leaves its peers waiting in a collective; two minutes is many steps of the
   // largest configuration here, and ends such a run well before the default five.
   parallel->set_comm_timeout_s(120);

@@ -57,7 +57,8 @@ absl::Status CheckRows(const char* op, const DeviceContext& ctx, const Tensor& l
 
 absl::Status CheckEmbedding(const char* op, const DeviceContext& ctx, const Tensor& tokens,
                             const char* table_arg, const Tensor& table, const char* pos_arg,
-                            const Tensor& pos, const char* rows_arg, const Tensor& rows) {
+                            const Tensor& pos, const Tensor& positions, const char* rows_arg,
+                            const Tensor& rows) {
   ZT_RETURN_IF_ERROR(CheckCpu(op, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "tokens", tokens, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(op, "tokens", tokens, DType::kI32));
@@ -65,11 +66,14 @@ absl::Status CheckEmbedding(const char* op, const DeviceContext& ctx, const Tens
   ZT_RETURN_IF_ERROR(CheckDataMatrix(op, table_arg, table, ctx));
   const int64_t b = tokens.dim(0), t = tokens.dim(1), c = table.dim(1);
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(op, rows_arg, rows, ctx, {b, t, c}));
+  if (!positions.empty()) {
+    ZT_RETURN_IF_ERROR(internal::CheckTensor(op, "positions", positions, ctx, DType::kI32, {b, t}));
+  }
   if (pos.empty()) return absl::OkStatus();
   ZT_RETURN_IF_ERROR(CheckDataMatrix(op, pos_arg, pos, ctx));
-  if (pos.dim(1) != c || pos.dim(0) < t) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": ", pos_arg, " has shape ", pos.DebugString(), ", expected (P ≥ ", t, ", ", c, ")"));
+  if (pos.dim(1) != c) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", pos_arg, " has shape ",
+                                                   pos.DebugString(), ", expected (Pl, ", c, ")"));
   }
   return absl::OkStatus();
 }
@@ -79,8 +83,8 @@ absl::Status CheckEmbedding(const char* op, const DeviceContext& ctx, const Tens
 absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
                                         const VocabShardEmbeddingForwardArgs& args) {
   constexpr const char* kOp = "VocabShardEmbeddingForward";
-  ZT_RETURN_IF_ERROR(
-      CheckEmbedding(kOp, ctx, args.tokens, "wte", args.wte, "wpe", args.wpe, "out", args.out));
+  ZT_RETURN_IF_ERROR(CheckEmbedding(kOp, ctx, args.tokens, "wte", args.wte, "wpe", args.wpe,
+                                    args.positions, "out", args.out));
   return cpu::VocabShardEmbeddingForward(ctx, args);
 }
 
@@ -88,7 +92,7 @@ absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
                                          const VocabShardEmbeddingBackwardArgs& args) {
   constexpr const char* kOp = "VocabShardEmbeddingBackward";
   ZT_RETURN_IF_ERROR(CheckEmbedding(kOp, ctx, args.tokens, "dwte", args.dwte, "dwpe", args.dwpe,
-                                    "dout", args.dout));
+                                    args.positions, "dout", args.dout));
   return cpu::VocabShardEmbeddingBackward(ctx, args);
 }
 

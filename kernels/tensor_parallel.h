@@ -23,13 +23,19 @@ namespace zt {
 
 struct VocabShardEmbeddingForwardArgs {
   Tensor tokens;            // (B, T) i32 in [0, V)
-  Tensor wte;               // (Vl, C): vocabulary rows [v0, v0 + Vl)
-  Tensor wpe;               // (P, C) with P ≥ T, or empty: added here (give it to one rank only)
+  Tensor wte;               // (Vl, C): vocabulary rows [v0, v0 + Vl); Vl may be 0
+  Tensor wpe;               // (Pl, C): position rows [p0, p0 + Pl), or empty
   int64_t vocab_begin = 0;  // v0
-  Tensor out;               // (B, T, C) = [v0 ≤ token < v0 + Vl] · wte[token − v0] (+ wpe[t])
+  // p0. Tensor parallelism gives one rank the whole table (p0 = 0, Pl ≥ T); a ZeRO-3 shard
+  // group split by vocabulary rows (worker/model/transformer_vocab_shard.cc) gives each rank
+  // the position rows it owns, perhaps none.
+  int64_t position_begin = 0;
+  Tensor positions;  // (B, T) i32, each token's position (packed documents); empty: t
+  Tensor out;        // (B, T, C) = [token owned] · wte[token − v0] + [position owned] · wpe[..]
 };
 // The all-reduce over the tensor-parallel group that follows sums the ranks' rows: each token
-// is owned by exactly one rank, so the sum is the whole table's lookup, exactly.
+// and each position is owned by exactly one rank, so the sum is the whole table's lookup,
+// exactly (a row owned nowhere here adds 0).
 absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
                                         const VocabShardEmbeddingForwardArgs& args);
 
@@ -37,10 +43,12 @@ struct VocabShardEmbeddingBackwardArgs {
   Tensor tokens;  // (B, T) i32
   Tensor dout;    // (B, T, C), the same on every rank of the group
   Tensor dwte;    // (Vl, C) +=, rows of the tokens this rank owns only
-  Tensor dwpe;    // (P, C) += or empty
+  Tensor dwpe;    // (Pl, C) += position rows [position_begin, position_begin + Pl), or empty
   int64_t vocab_begin = 0;
+  int64_t position_begin = 0;
+  Tensor positions;  // (B, T) i32 or empty (t), as the forward's
 };
-// Deterministic: each row of dwte sums its positions in position order.
+// Deterministic: each row of dwte and dwpe sums its (token, position) rows in row order.
 absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
                                          const VocabShardEmbeddingBackwardArgs& args);
 

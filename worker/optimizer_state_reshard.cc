@@ -41,7 +41,7 @@ absl::StatusOr<absl::Span<const uint8_t>> SavedRankFiles::Buffer(int rank, const
 
 FlatRange OptimizerRangeOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit) {
   if (job.parallel().zero_stage() < 1) return {0, unit.numel};
-  return ShardOf(unit.numel, ParallelLayout::ForJob(job, rank).shard()).owned;
+  return ShardOfUnit(unit, ParallelLayout::ForJob(job, rank).shard()).owned;
 }
 
 namespace {

@@ -106,7 +106,7 @@ bool IsUnitRange(const std::string& role) {
 UnitSegment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& unit,
                       const std::string& role) {
   const int stage = job.parallel().zero_stage();
-  const UnitShard shard = ShardOf(unit.numel, ParallelLayout::ForJob(job, rank).shard());
+  const UnitShard shard = ShardOfUnit(unit, ParallelLayout::ForJob(job, rank).shard());
   const bool sharded = role == "params" ? stage >= 3 : stage >= 1;
   if (!sharded) return {0, unit.numel};
   return {shard.owned.begin, shard.owned.end};

@@ -168,6 +168,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                           : Transformer::Bind(model, *t->arenas_, *t->arenas_, B, T,
                                               TensorParallelOf(layout, t.get())));
   t->model_.emplace(std::move(m));
+  if (layout.shard().embedding_row_numel > 0) {
+    ZT_RETURN_IF_ERROR(t->model_->BindVocabShardGroup(
+        VocabShardGroupOf(layout, t->model_->layout(), t.get()), *t->arenas_));
+  }
   t->pipeline_size_ = layout.pipeline_size();
   t->pipeline_stage_ = layout.coordinates().pipeline;
   if (t->pipeline_size_ > 1) {
@@ -552,6 +556,34 @@ TensorParallelGroup Trainer::TensorParallelOf(const ParallelLayout& layout, Trai
   return tp;
 }
 
+VocabShardGroup Trainer::VocabShardGroupOf(const ParallelLayout& layout, const ModelLayout& model,
+                                           Trainer* t) {
+  const ShardGeometry& g = layout.shard();
+  const UnitShard shard = ShardOfUnit(model.embedding(), g);
+  VocabShardGroup group{.size = g.group_size,
+                        .rank = g.group_rank(),
+                        .row_begin = shard.owned.begin / g.embedding_row_numel,
+                        .row_end = shard.owned.end / g.embedding_row_numel,
+                        .rows_per_rank = shard.shard_numel / g.embedding_row_numel};
+  // The communicators connect after the model binds: the collectives find them at their call.
+  auto comm = [t] { return t->comms_.view().shard_group; };
+  auto wait = [](absl::StatusOr<CommHandle> h) -> absl::Status {
+    ZT_RETURN_IF_ERROR(h.status());
+    return h->Wait();
+  };
+  group.all_gather = [comm, wait](const Tensor& in, const Tensor& out, const std::string& label) {
+    return wait(comm()->AllGather(in, out, label));
+  };
+  group.reduce_scatter = [comm, wait](const Tensor& in, const Tensor& out,
+                                      const std::string& label) {
+    return wait(comm()->ReduceScatter(in, out, ReduceOp::kSum, label));
+  };
+  group.all_reduce = [comm, wait](const Tensor& data, const std::string& label) {
+    return wait(comm()->AllReduce(data, ReduceOp::kSum, label));
+  };
+  return group;
+}
+
 absl::Status Trainer::WriteMemoryReport(const std::string& path) const {
   nlohmann::json planned, in_use;
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
@@ -788,7 +820,7 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
   // A LoRA job's base has no master copy and no optimizer range (the engine's ranges are
   // its adapters'); at stage 3 the rank holds its shard of it.
   const FlatRange range = !layout.lora ? engine_->ranges()[u]
-                          : stage == 3 ? ShardOf(numel, engine_->geometry()).owned
+                          : stage == 3 ? ShardOfUnit(layout.units[u], engine_->geometry()).owned
                                        : FlatRange{0, numel};
   // The part of the unit this rank stores: all of it while the parameters are whole
   // (stages 0–2), else the rank's range (stage 3, where "<unit>.params" is the shard).
@@ -852,7 +884,7 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
   const auto upload = [&](int u, int64_t b, const float* from, int64_t n) -> absl::Status {
     const int64_t numel = layout.units[u].numel;
     const FlatRange mine =
-        stage == 3 ? ShardOf(numel, engine_->geometry()).owned : FlatRange{0, numel};
+        stage == 3 ? ShardOfUnit(layout.units[u], engine_->geometry()).owned : FlatRange{0, numel};
     const Tensor params = model_->unit_params()[u];
     for (int64_t lo = std::max(b, mine.begin); lo < std::min(b + n, mine.end); lo += kChunk) {
       const int64_t hi = std::min({b + n, mine.end, lo + kChunk});

@@ -255,6 +255,10 @@ class Trainer {
   // The model's tensor-parallel group: its collectives run on t's comms_ (connected after the
   // model binds).
   static TensorParallelGroup TensorParallelOf(const ParallelLayout& layout, Trainer* t);
+  // The shard group a tied embedding is split over by rows (VocabularyShardedEmbedding): the
+  // rank's rows are its ZeRO shard of the embedding (ShardOfUnit).
+  static VocabShardGroup VocabShardGroupOf(const ParallelLayout& layout, const ModelLayout& model,
+                                           Trainer* t);
   // FullWeights of a tensor-parallel rank: its units (its shares) become the whole model's.
   absl::Status JoinTensorParallelShares(std::vector<std::vector<float>>& units);
   // Sets the weights from the initialisation or the imported checkpoint: each rank its ranges.

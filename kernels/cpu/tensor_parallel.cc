@@ -51,14 +51,18 @@ absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
   const Tensor& wte = args.wte;
   const Tensor& wpe = args.wpe;
   const Tensor& out = args.out;
+  const int32_t* positions = args.positions.empty() ? nullptr : args.positions.data<int32_t>();
+  const int64_t pl = wpe.empty() ? 0 : wpe.dim(0);
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t i = 0; i < bt; ++i) {
     const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
+    const int64_t local_pos = (positions ? int64_t{positions[i]} : i % t_len) - args.position_begin;
     float* o = WriteRow(out.raw(), out.dtype(), i * c, c, 0, /*load=*/false);
     const float* row =
         local >= 0 && local < vl ? ReadRow(wte.raw(), wte.dtype(), local * c, c, 1) : nullptr;
-    const float* pos =
-        wpe.empty() ? nullptr : ReadRow(wpe.raw(), wpe.dtype(), (i % t_len) * c, c, 2);
+    const float* pos = local_pos >= 0 && local_pos < pl
+                           ? ReadRow(wpe.raw(), wpe.dtype(), local_pos * c, c, 2)
+                           : nullptr;
     for (int64_t j = 0; j < c; ++j) {
       // x + 0 would be x: the position is added exactly as the whole-table embedding adds it.
       o[j] = row && pos ? row[j] + pos[j] : row ? row[j] : pos ? pos[j] : 0.0f;
@@ -68,55 +72,67 @@ absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
   return absl::OkStatus();
 }
 
-absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
-                                         const VocabShardEmbeddingBackwardArgs& args) {
-  const int64_t bt = args.tokens.numel(), t_len = args.tokens.dim(1);
-  const int64_t vl = args.dwte.dim(0), c = args.dwte.dim(1);
-  const int32_t* tokens = args.tokens.data<int32_t>();
-  const Tensor& dout = args.dout;
-  const Tensor& dwte = args.dwte;
-  const bool f32_table = dwte.dtype() == DType::kF32;
-  // Channels are split between threads; every thread walks the positions in order, so each
-  // element's sum has one order whatever the thread count. A 16-bit table's column j is
-  // summed in a per-thread f32 column (the rows the tokens touch loaded first, stored once
-  // after every position was added).
+namespace {
+
+// table[id(i) − begin] += dout[i] for every row i whose id falls in the table's rows.
+// Channels are split between threads; every thread walks the rows in order, so each
+// element's sum has one order whatever the thread count. A 16-bit table's column j is
+// summed in a per-thread f32 column (the rows the ids touch loaded first, stored once
+// after every row was added).
+template <typename IdOf>
+void ScatterAddRows(const DeviceContext& ctx, int64_t n, IdOf id_of, int64_t begin,
+                    const Tensor& dout, const Tensor& table) {
+  const int64_t rows = table.dim(0), c = table.dim(1);
+  const bool f32_table = table.dtype() == DType::kF32;
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t j = 0; j < c; ++j) {
-    float* acc = f32_table ? nullptr : ScratchRow(0, vl);
+    float* acc = f32_table ? nullptr : ScratchRow(0, rows);
     if (!f32_table) {
-      for (int64_t i = 0; i < bt; ++i) {
-        const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
-        if (local >= 0 && local < vl) acc[local] = Load(dwte.raw(), dwte.dtype(), local * c + j);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t local = id_of(i) - begin;
+        if (local >= 0 && local < rows)
+          acc[local] = Load(table.raw(), table.dtype(), local * c + j);
       }
     }
-    for (int64_t i = 0; i < bt; ++i) {
-      const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
-      if (local < 0 || local >= vl) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t local = id_of(i) - begin;
+      if (local < 0 || local >= rows) continue;
       const float d = Load(dout.raw(), dout.dtype(), i * c + j);
       if (f32_table) {
-        dwte.data<float>()[local * c + j] += d;
+        table.data<float>()[local * c + j] += d;
       } else {
         acc[local] += d;
       }
     }
     if (!f32_table) {
-      for (int64_t i = 0; i < bt; ++i) {
-        const int64_t local = int64_t{tokens[i]} - args.vocab_begin;
-        if (local >= 0 && local < vl) Store(dwte.raw(), dwte.dtype(), local * c + j, acc[local]);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t local = id_of(i) - begin;
+        if (local >= 0 && local < rows)
+          Store(table.raw(), table.dtype(), local * c + j, acc[local]);
       }
     }
   }
+}
+
+}  // namespace
+
+absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
+                                         const VocabShardEmbeddingBackwardArgs& args) {
+  const int64_t bt = args.tokens.numel(), t_len = args.tokens.dim(1);
+  const int32_t* tokens = args.tokens.data<int32_t>();
+  ScatterAddRows(
+      ctx, bt, [tokens](int64_t i) { return int64_t{tokens[i]}; }, args.vocab_begin, args.dout,
+      args.dwte);
   if (args.dwpe.empty()) return absl::OkStatus();
-  const Tensor& dwpe = args.dwpe;
-  const int64_t b = bt / t_len;
-#pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
-  for (int64_t t = 0; t < t_len; ++t) {
-    float* acc = WriteRow(dwpe.raw(), dwpe.dtype(), t * c, c, 0, /*load=*/true);
-    for (int64_t bi = 0; bi < b; ++bi) {
-      const float* d = ReadRow(dout.raw(), dout.dtype(), (bi * t_len + t) * c, c, 1);
-      for (int64_t j = 0; j < c; ++j) acc[j] += d[j];
-    }
-    FinishRow(acc, c, dwpe.raw(), dwpe.dtype(), t * c);
+  if (args.positions.empty()) {
+    ScatterAddRows(
+        ctx, bt, [t_len](int64_t i) { return i % t_len; }, args.position_begin, args.dout,
+        args.dwpe);
+  } else {
+    const int32_t* positions = args.positions.data<int32_t>();
+    ScatterAddRows(
+        ctx, bt, [positions](int64_t i) { return int64_t{positions[i]}; }, args.position_begin,
+        args.dout, args.dwpe);
   }
   return absl::OkStatus();
 }

@@ -73,7 +73,7 @@ std::optional<Share> ShareOf(const zerotrain::JobSpec& spec, int at, const UnitL
   }
   s.range = {0, s.unit.numel};
   if (spec.parallel().zero_stage() >= 1) {
-    const UnitShard shard = ShardOf(s.unit.numel, place.shard());
+    const UnitShard shard = ShardOfUnit(s.unit, place.shard());
     s.range = {shard.owned.begin, shard.owned.end};
   }
   return s;

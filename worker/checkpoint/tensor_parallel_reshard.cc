@@ -55,7 +55,7 @@ Segment SegmentOf(const zerotrain::JobSpec& job, int rank, const UnitLayout& uni
   const int stage = job.parallel().zero_stage();
   const bool sharded = role == "params" ? stage >= 3 : stage >= 1;
   if (!sharded) return {0, unit.numel};
-  const UnitShard shard = ShardOf(unit.numel, ParallelLayout::ForJob(job, rank).shard());
+  const UnitShard shard = ShardOfUnit(unit, ParallelLayout::ForJob(job, rank).shard());
   return {shard.owned.begin, shard.owned.end};
 }
 

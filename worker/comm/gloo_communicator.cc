@@ -62,10 +62,14 @@ absl::Status CheckBuffer(CommKind kind, const std::string& label, const char* ar
                                                    " is not in host memory; Gloo moves host "
                                                    "buffers only"));
   }
+  // An all-gather and a broadcast move bytes and add nothing, so i32 data (token ids) goes
+  // too; a reduction needs a dtype it can add.
+  const bool moves_only = kind == CommKind::kAllGather || kind == CommKind::kBroadcast;
+  if (moves_only && t.dtype() == DType::kI32) return absl::OkStatus();
   if (t.dtype() != DType::kF32 && !Is16Bit(t.dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(CommKindName(kind), " '", label, "': ", arg,
-                                                   " has dtype ", DTypeName(t.dtype()),
-                                                   ", expected f32, bf16 or f16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        CommKindName(kind), " '", label, "': ", arg, " has dtype ", DTypeName(t.dtype()),
+        moves_only ? ", expected f32, bf16, f16 or i32" : ", expected f32, bf16 or f16"));
   }
   return absl::OkStatus();
 }

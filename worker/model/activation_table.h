@@ -17,6 +17,15 @@ namespace zt {
 // B·T·V logits (4 GB at B·T 8192 with a 128K vocabulary) never exist together.
 inline constexpr int64_t kLossChunkRows = 256;
 inline int64_t LossChunkRows(int64_t rows) { return rows < kLossChunkRows ? rows : kLossChunkRows; }
+// A vocabulary-sharded head (worker/model/transformer_vocab_shard.cc) computes the loss of its
+// shard group's `group_rows` = G·B·T rows over its own vocabulary columns: as many rows a
+// pass as the planned logits chunk (`logits_numel` = LossChunkRows(B·T) · V elements) holds at
+// the group's widest width (`widest` columns), the same on every rank, so that the passes'
+// collectives pair up.
+inline int64_t VocabShardChunkRows(int64_t logits_numel, int64_t group_rows, int64_t widest) {
+  const int64_t rows = logits_numel / (widest > 0 ? widest : 1);
+  return rows < 1 ? 1 : rows > group_rows ? group_rows : rows;
+}
 
 // Activations of a forward over `batch` sequences of `seq_len` tokens under the activation
 // checkpointing policy of `memory`: NONE keeps every block's tensors ("block.i.*"); FULL keeps

@@ -734,6 +734,7 @@ absl::Status Transformer::ReduceReplicatedKvGrads(int i, const Tensor& grads) {
 }
 
 absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tensor& params) {
+  if (vocab_sharded()) return VocabShardedEmbeddingForward(ctx, params);
   const UnitLayout& u = layout_.embedding();
   if (tp_.size > 1) {
     // Each rank looks up the tokens of its vocabulary rows (zero elsewhere); rank 0 adds the
@@ -889,6 +890,10 @@ Tensor Transformer::HeadWeight(const Tensor& params, const Tensor& embedding_par
 absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& params,
                                    const Tensor& grads, const Tensor& embedding_params,
                                    const Tensor& embedding_grads, const LossOptions& options) {
+  if (vocab_sharded()) {
+    // The tied head's weight is the embedding's wte: each rank projects onto its own rows.
+    return VocabShardedHeadLoss(ctx, embedding_params, embedding_grads, options);
+  }
   const Tensor w = HeadWeight(params, embedding_params);
   const Tensor dw = options.write_grad ? HeadWeight(grads, embedding_grads) : Tensor();
   const Tensor targets = targets_.Reshape({B_ * T_});
@@ -939,30 +944,48 @@ absl::Status Transformer::HeadLoss(const DeviceContext& ctx, const Tensor& param
 absl::Status Transformer::ParallelCrossEntropy(const DeviceContext& ctx, const Tensor& logits,
                                                const Tensor& targets, int64_t r0, int64_t r1,
                                                const LossOptions& options) {
+  return SplitCrossEntropy(ctx,
+                           {.size = tp_.size,
+                            .rank = tp_.rank,
+                            .vocab_begin = vocab_begin_,
+                            .valid = vocab_valid_,
+                            .all_gather = tp_.all_gather,
+                            .all_reduce = tp_.all_reduce,
+                            .maxes = ce_maxes_,
+                            .sums = ce_sums_},
+                           logits, targets.Slice(r0, r1), losses_.Slice(r0, r1), options);
+}
+
+absl::Status Transformer::SplitCrossEntropy(const DeviceContext& ctx, const VocabColumns& columns,
+                                            const Tensor& logits, const Tensor& targets,
+                                            const Tensor& losses, const LossOptions& options) {
   // Three passes around two collectives, so that no rank ever holds another's logits: the row
   // maxima are gathered, the sums of exp(logit − max) and the target's logit (from the rank
   // that owns it) are summed, then each rank finishes the loss and its columns' gradient.
-  const int64_t rows = r1 - r0, P = tp_.size;
-  const Tensor maxes = ce_maxes_.Reshape({ce_maxes_.numel()}).Slice(0, P * rows).Reshape({P, rows});
-  const Tensor mine = maxes.Reshape({P * rows}).Slice(tp_.rank * rows, (tp_.rank + 1) * rows);
-  const Tensor sums = ce_sums_.Reshape({ce_sums_.numel()}).Slice(0, 2 * rows).Reshape({rows, 2});
-  const Tensor row_targets = targets.Slice(r0, r1);
-  ZT_RETURN_IF_ERROR(VocabShardRowMax(ctx, {.logits = logits, .valid = vocab_valid_, .max = mine}));
-  ZT_RETURN_IF_ERROR(tp_.all_gather(mine, maxes.Reshape({P * rows}), "head logit maxima"));
+  const int64_t rows = logits.dim(0), P = columns.size;
+  const Tensor& all_maxes = columns.maxes;
+  const Tensor maxes = all_maxes.Reshape({all_maxes.numel()}).Slice(0, P * rows).Reshape({P, rows});
+  const Tensor mine =
+      maxes.Reshape({P * rows}).Slice(columns.rank * rows, (columns.rank + 1) * rows);
+  const Tensor sums =
+      columns.sums.Reshape({columns.sums.numel()}).Slice(0, 2 * rows).Reshape({rows, 2});
+  ZT_RETURN_IF_ERROR(
+      VocabShardRowMax(ctx, {.logits = logits, .valid = columns.valid, .max = mine}));
+  ZT_RETURN_IF_ERROR(columns.all_gather(mine, maxes.Reshape({P * rows}), "head logit maxima"));
   ZT_RETURN_IF_ERROR(VocabShardExpSum(ctx, {.logits = logits,
-                                            .valid = vocab_valid_,
+                                            .valid = columns.valid,
                                             .maxes = maxes,
-                                            .targets = row_targets,
-                                            .vocab_begin = vocab_begin_,
+                                            .targets = targets,
+                                            .vocab_begin = columns.vocab_begin,
                                             .sums = sums}));
-  ZT_RETURN_IF_ERROR(TpAllReduce(sums, "head softmax sums"));
+  ZT_RETURN_IF_ERROR(columns.all_reduce(sums, "head softmax sums"));
   return VocabShardCrossEntropy(ctx, {.logits = logits,
-                                      .valid = vocab_valid_,
+                                      .valid = columns.valid,
                                       .maxes = maxes,
                                       .sums = sums,
-                                      .targets = row_targets,
-                                      .vocab_begin = vocab_begin_,
-                                      .losses = losses_.Slice(r0, r1),
+                                      .targets = targets,
+                                      .vocab_begin = columns.vocab_begin,
+                                      .losses = losses,
                                       .grad_scale = options.grad_scale,
                                       .write_grad = options.write_grad});
 }
@@ -1160,6 +1183,7 @@ absl::Status Transformer::BlockBackward(const DeviceContext& ctx, int i, const T
 }
 
 absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tensor& grads) {
+  if (vocab_sharded()) return VocabShardedEmbeddingBackward(ctx, grads);
   const UnitLayout& u = layout_.embedding();
   if (!u.trainable()) return absl::OkStatus();  // a frozen embedding has no gradient to take
   if (tp_.size > 1) {

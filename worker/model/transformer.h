@@ -67,6 +67,29 @@ struct TensorParallelGroup {
       reduce_scatter;
 };
 
+// A ZeRO-3 shard group over which a tied embedding is split by rows
+// (VocabularyShardedEmbedding, worker/parallel/parallel_layout.h; docs/memory.md): [wte; wpe]
+// read as V + P rows of C, rank `rank` of the `size` owning rows [row_begin, row_end). Unlike a
+// tensor-parallel group, its ranks train different micro-batches: the lookup and the head run
+// on all of the group's token rows, gathered, and their sums are scattered back.
+struct VocabShardGroup {
+  int size = 1;
+  int rank = 0;
+  int64_t row_begin = 0, row_end = 0;
+  // Rows of each rank's shard (padding included): the widest rank's vocabulary columns are
+  // min(V, rows_per_rank), which sets the head's chunk of rows on every rank alike
+  // (VocabShardChunkRows), so the ranks' collectives pair up.
+  int64_t rows_per_rank = 0;
+  // in (n) from every rank into out (size · n), rank k's at chunk k.
+  std::function<absl::Status(const Tensor& in, const Tensor& out, const std::string& label)>
+      all_gather;
+  // in (size · n) on every rank → out (n) = the sum over the ranks of their chunk `rank`.
+  std::function<absl::Status(const Tensor& in, const Tensor& out, const std::string& label)>
+      reduce_scatter;
+  // data (n) on every rank becomes the sum over the group, in place.
+  std::function<absl::Status(const Tensor& data, const std::string& label)> all_reduce;
+};
+
 class Transformer {
  public:
   // Binds the model to its buffers: "<unit>.params" (and "<unit>.grads" when `state` has
@@ -86,6 +109,13 @@ class Transformer {
                                           const Arenas& work, int64_t batch, int64_t seq_len,
                                           TensorParallelGroup tp);
   const TensorParallelGroup& tensor_parallel() const { return tp_; }
+  // Splits the tied embedding over `group` (worker/model/transformer_vocab_shard.cc): from then
+  // on EmbeddingForward, HeadLoss and EmbeddingBackward take the rank's shard of the
+  // embedding's flat buffer ((row_end − row_begin) · C elements, then padding) where they took
+  // the whole buffer, and run over the group's gathered token rows in the planned "vocab.*"
+  // buffers of `work`. FailedPrecondition for an untied or tensor-parallel model.
+  absl::Status BindVocabShardGroup(VocabShardGroup group, const Arenas& work);
+  bool vocab_sharded() const { return vocab_.size > 1; }
   // With KV heads replicated over the group (n_kv_head < tp.size), block i's K and V rows of
   // attn.qkv hold the gradient of this rank's query heads only: sums them over the ranks
   // sharing each KV head, in `grads` (the block's accumulated gradient). Nothing otherwise.
@@ -450,6 +480,42 @@ class Transformer {
   absl::Status ParallelCrossEntropy(const DeviceContext& ctx, const Tensor& logits,
                                     const Tensor& targets, int64_t r0, int64_t r1,
                                     const LossOptions& options);
+  // One group's split of the logits' columns for the parallel cross-entropy: this rank's
+  // columns [vocab_begin, vocab_begin + valid) of `size` ranks' and its place, the
+  // collectives, the row statistics' buffers (at least size · rows and rows · 2 f32).
+  struct VocabColumns {
+    int size = 1, rank = 0;
+    int64_t vocab_begin = 0, valid = 0;
+    std::function<absl::Status(const Tensor& in, const Tensor& out, const std::string& label)>
+        all_gather;
+    std::function<absl::Status(const Tensor& data, const std::string& label)> all_reduce;
+    Tensor maxes, sums;
+  };
+  // The three passes of the parallel cross-entropy over `logits` (rows, columns), the losses
+  // of its rows into `losses`.
+  static absl::Status SplitCrossEntropy(const DeviceContext& ctx, const VocabColumns& columns,
+                                        const Tensor& logits, const Tensor& targets,
+                                        const Tensor& losses, const LossOptions& options);
+  // The vocabulary-sharded embedding (transformer_vocab_shard.cc): the rank's rows of wte and
+  // of wpe in its shard `shard` of the embedding's flat buffer (either may have no rows).
+  struct VocabRows {
+    Tensor wte, wpe;
+    int64_t vocab_begin = 0, position_begin = 0;
+  };
+  VocabRows VocabRowsOf(const Tensor& shard) const;
+  // The group's (G·B, T) positions gathered into vocab_positions_ (this micro-batch's packed
+  // positions, or 0 … T − 1), or empty for a model without learned positions.
+  absl::StatusOr<Tensor> GatherVocabPositions();
+  absl::Status VocabShardedEmbeddingForward(const DeviceContext& ctx, const Tensor& shard);
+  absl::Status VocabShardedEmbeddingBackward(const DeviceContext& ctx, const Tensor& grad_shard);
+  absl::Status VocabShardedHeadLoss(const DeviceContext& ctx, const Tensor& shard,
+                                    const Tensor& grad_shard, const LossOptions& options);
+  VocabShardGroup vocab_;
+  // (G·B, T) i32 each: the group's tokens, targets and positions (empty unless packed);
+  // (G·B·T, C): its rows (embedding partial sums, then the final norm's outputs) and their
+  // gradients' partial sums; the cross-entropy's statistics and the group's losses.
+  Tensor vocab_tokens_, vocab_targets_, vocab_positions_, vocab_rows_, vocab_row_grads_;
+  Tensor vocab_maxes_, vocab_sums_, vocab_losses_;
   // InitializeUnitRange's values of the rank's slice of tensor `whole` (of the one-rank model's
   // `whole_unit`): the whole tensor's stream, the rank's slice kept, local elements
   // [begin, end).

@@ -55,7 +55,48 @@ ParallelLayout ParallelLayout::ForJob(const zerotrain::JobSpec& job, int rank) {
   sizes.shard_group = g >= 1 && data % g == 0 ? g : data;
   const int r = ((rank % sizes.world) + sizes.world) % sizes.world;
   // Every size now fits, so Create cannot fail.
-  return *Create(sizes, r);
+  ParallelLayout layout = *Create(sizes, r);
+  if (VocabularyShardedEmbedding(job)) {
+    layout.shard_.embedding_row_numel = std::max<int64_t>(1, job.model().d_model());
+  }
+  return layout;
+}
+
+namespace {
+
+int64_t DTypeBytes(zerotrain::PrecisionConfig::DType d) {
+  return d == zerotrain::PrecisionConfig::BF16 || d == zerotrain::PrecisionConfig::FP16 ? 2 : 4;
+}
+
+}  // namespace
+
+bool VocabularyShardedEmbedding(const zerotrain::JobSpec& job) {
+  const zerotrain::ParallelConfig& p = job.parallel();
+  const zerotrain::ModelConfig& m = job.model();
+  const int world = std::max(1, p.world_size());
+  const int g = p.shard_group_size();
+  const int64_t group = g >= 1 && world % g == 0 ? g : world;
+  const bool applies =
+      p.zero_stage() == 3 && m.tie_embeddings() && std::max(1, p.tensor_parallel()) == 1 &&
+      std::max(1, p.pipeline_parallel()) == 1 && group > 1 && !m.has_lora() &&
+      job.offload().params() != zerotrain::OffloadConfig::CPU &&
+      job.offload().params() != zerotrain::OffloadConfig::NVME &&
+      job.resources().device() != zerotrain::ResourceConfig::CUDA && m.d_model() > 0;
+  if (!applies) return false;
+  if (p.has_vocab_sharded_embedding()) return p.vocab_sharded_embedding();
+  // Unset: split when that holds less. Gathered, the embedding costs its whole parameters
+  // and its whole gradient, (V + P)·C·(param + grad bytes); split, the group's rows and their
+  // gradients' partials, 2·G·B·T·C in the compute dtype (the ids and row statistics are
+  // smaller by a factor of C). C cancels.
+  const auto& precision = job.precision();
+  const int64_t rows =
+      m.vocab_size() +
+      (m.family() == zerotrain::ModelConfig::GPT2 ? int64_t{m.max_seq_len()} : int64_t{0});
+  const int64_t whole =
+      rows * (DTypeBytes(precision.param_dtype()) + DTypeBytes(precision.grad_dtype()));
+  const int64_t split = 2 * group * int64_t{job.train().micro_batch_size()} * job.data().seq_len() *
+                        DTypeBytes(precision.compute_dtype());
+  return whole > split;
 }
 
 int ParallelLayout::RankAt(const ParallelCoordinates& c) const {

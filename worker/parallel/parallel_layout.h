@@ -18,6 +18,7 @@
 // Values: copyable, immutable, thread-compatible.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,10 +34,24 @@ struct ShardGeometry {
   int world_size = 1;  // N: the data-parallel size (the job's world when tp = pp = 1)
   int group_size = 1;  // G
   int rank = 0;        // this rank's place in its data-parallel group
+  // 0: every unit splits into G equal flat shards (ShardOf). > 0: the tied embedding is split
+  // by whole rows of this many elements (d_model) instead — [wte; wpe] read as a (V + P) × C
+  // matrix — so each rank owns a range of vocabulary (and position) rows
+  // (VocabularyShardedEmbedding; ShardOfUnit in worker/plan/memory_plan.h).
+  int64_t embedding_row_numel = 0;
   int group_rank() const { return rank % group_size; }
   int group() const { return rank / group_size; }
   int groups() const { return world_size / group_size; }
 };
+
+// Whether the job's tied embedding is sharded by vocabulary rows over its ZeRO shard group
+// (issue 18; docs/memory.md, "The tied embedding at ZeRO-3"): stage 3 with tied embeddings,
+// a shard group of 2 or more ranks, tensor and pipeline parallelism 1 (a TP rank's embedding is
+// already its vocabulary share), no LoRA (a frozen embedding has no gradient to shard),
+// offload.params NONE and CPU ranks (the vocabulary-parallel kernels are CPU-only). The
+// embedding then never exists whole on a rank: the lookup and the head run
+// vocabulary-parallel over the shard group.
+bool VocabularyShardedEmbedding(const zerotrain::JobSpec& job);
 
 struct ParallelSizes {
   int world = 1;

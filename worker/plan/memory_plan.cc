@@ -139,6 +139,16 @@ absl::StatusOr<UnitShard> RowAlignedShardOf(int64_t unit_numel, int64_t row_nume
   return s;
 }
 
+UnitShard ShardOfUnit(const UnitLayout& unit, const ShardGeometry& geometry) {
+  if (unit.kind == UnitKind::kEmbedding && geometry.embedding_row_numel > 0) {
+    absl::StatusOr<UnitShard> rows =
+        RowAlignedShardOf(unit.numel, geometry.embedding_row_numel, geometry);
+    // [wte; wpe] is whole rows of d_model elements, so this holds for every valid model.
+    if (rows.ok()) return *rows;
+  }
+  return ShardOf(unit.numel, geometry);
+}
+
 namespace {
 
 DType StorageDType(zerotrain::PrecisionConfig::DType d) {
@@ -256,7 +266,7 @@ int64_t LargestOffloadTransferBytes(const zerotrain::JobSpec& job, int rank) {
         std::max(DTypeSize(StorageDType(job.precision().grad_dtype())),
                  params_go_up ? DTypeSize(StorageDType(job.precision().param_dtype())) : 0);
     for (const UnitLayout& u : RankModelLayout(job, place).units) {
-      largest = std::max(largest, ShardOf(u.numel, geometry).shard_numel * widest);
+      largest = std::max(largest, ShardOfUnit(u, geometry).shard_numel * widest);
     }
   }
   return largest;
@@ -306,6 +316,14 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
       }
     }
   }
+  // A vocabulary-sharded embedding reduce-scatters the group's (G·B·T, C) rows over the shard
+  // group in the compute dtype (the lookup's sums and the head's input gradient), which Gloo
+  // widens to f32 as it does 16-bit gradients.
+  if (const ShardGeometry& g = layout.shard();
+      g.embedding_row_numel > 0 && StorageDType(job.precision().compute_dtype()) != DType::kF32) {
+    sizes.gradients = int64_t{g.group_size} * job.train().micro_batch_size() *
+                      job.data().seq_len() * job.model().d_model();
+  }
   if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
   if (const int p = layout.pipeline_size(); p > 1 && job.model().tie_embeddings()) {
     const int s = layout.coordinates().pipeline;
@@ -326,7 +344,9 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
     // What is reduced is the unit's trainable buffer (a LoRA unit's adapters).
     const int64_t numel = u.trainable_numel();
     if (numel == 0) continue;
-    const UnitShard shard = ShardOf(numel, g);
+    // A vocabulary-sharded embedding's gradient shard is complete where it is made.
+    if (u.kind == UnitKind::kEmbedding && g.embedding_row_numel > 0 && g.groups() == 1) continue;
+    const UnitShard shard = u.trainable() ? ShardOfUnit(u, g) : ShardOf(numel, g);
     if (gradients_reduced) {
       const int64_t reduced =
           stage > 0 ? shard.padded : (bucket > 0 ? std::min(bucket, numel) : numel);
@@ -361,7 +381,7 @@ bool GradientSlotsInEmbeddingGather(const zerotrain::JobSpec& job, const ModelLa
   const auto& parallel = job.parallel();
   return parallel.zero_stage() == 3 && parallel.reshard_after_forward() &&
          job.train().grad_accum_steps() <= 1 && layout.tied_embeddings && !layout.units.empty() &&
-         layout.embedding().trainable_numel() > 0;
+         layout.embedding().trainable_numel() > 0 && !VocabularyShardedEmbedding(job);
 }
 
 bool StageGradientsPerMicroBatch(const zerotrain::JobSpec& job) {
@@ -409,22 +429,25 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // Gradients are of each unit's trainable buffer (a LoRA unit's adapters); parameters that
   // stage 3 gathers are the whole unit's (a LoRA job's frozen base).
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    const UnitShard shard = ShardOf(layout.units[u].trainable_numel(), geometry);
+    const UnitShard shard = layout.units[u].trainable()
+                                ? ShardOfUnit(layout.units[u], geometry)
+                                : ShardOf(layout.units[u].trainable_numel(), geometry);
     largest_shard = std::max(largest_shard, shard.shard_numel);
     if (!(tied && u == 0)) largest_rotating = std::max(largest_rotating, shard.padded);
     if (!(tied && u == 0)) {
-      largest_gathered =
-          std::max(largest_gathered, ShardOf(layout.units[u].numel, geometry).padded);
+      largest_gathered = std::max(largest_gathered, ShardOfUnit(layout.units[u], geometry).padded);
     }
   }
   for (const UnitLayout& u : layout.units) {
-    const UnitShard shard = ShardOf(u.numel, geometry);
+    const UnitShard shard = ShardOfUnit(u, geometry);
     const int64_t full = stage == 0 ? u.numel : shard.padded;
     add(u.name + ".params", MemoryCategory::kParameters, param_dtype,
         stage >= 3 ? shard.shard_numel : full);
     const bool reloaded = !u.trainable() && !job.model().init_from().empty();
     plan.buffers.back().reloaded_at_start = reloaded;
-    if (stage >= 3 && !parallel.reshard_after_forward()) {
+    // A vocabulary-sharded embedding is never gathered: its lookup and the head read the shard.
+    const bool vocab_embedding = u.kind == UnitKind::kEmbedding && geometry.embedding_row_numel > 0;
+    if (stage >= 3 && !parallel.reshard_after_forward() && !vocab_embedding) {
       add(u.name + ".gathered", MemoryCategory::kParameters, param_dtype, shard.padded);
     }
     if (!u.trainable()) {
@@ -434,7 +457,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     }
     add(u.name + ".grads", MemoryCategory::kGradients, grad_dtype,
         stage >= 2 ? shard.shard_numel : full);
-    if (accumulate_full) {
+    if (accumulate_full && !vocab_embedding) {
       add(u.name + ".grad_accum", MemoryCategory::kGradients, grad_dtype, shard.padded);
     }
     if (host_step) {
@@ -473,8 +496,8 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     for (int k = 0; k <= parallel.prefetch_units(); ++k) {
       add(absl::StrCat("gather.", k), MemoryCategory::kParameters, param_dtype, largest_gathered);
     }
-    if (tied) {
-      int64_t numel = ShardOf(layout.embedding().numel, geometry).padded;
+    if (tied && geometry.embedding_row_numel == 0) {
+      int64_t numel = ShardOfUnit(layout.embedding(), geometry).padded;
       if (slots_in_embedding) {
         const int64_t slot_bytes = largest_rotating * DTypeSize(grad_dtype);
         const int64_t both = GradientSlotOffset(1, slot_bytes) + slot_bytes;
@@ -493,7 +516,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     // and the next upload; ShardingEngine::UploadAhead).
     int64_t largest_param_shard = 0;
     for (const UnitLayout& u : layout.units) {
-      largest_param_shard = std::max(largest_param_shard, ShardOf(u.numel, geometry).shard_numel);
+      largest_param_shard = std::max(largest_param_shard, ShardOfUnit(u, geometry).shard_numel);
     }
     for (int k = 0; k <= parallel.prefetch_units(); ++k) {
       add(absl::StrCat("param_upload.", k), MemoryCategory::kParameters, param_dtype,
@@ -505,9 +528,9 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
       add("grad.full.0", MemoryCategory::kGradients, grad_dtype, largest_rotating);
       add("grad.full.1", MemoryCategory::kGradients, grad_dtype, largest_rotating);
     }
-    if (tied && layout.embedding().trainable_numel() > 0) {
+    if (tied && layout.embedding().trainable_numel() > 0 && geometry.embedding_row_numel == 0) {
       add("grad.full.embedding", MemoryCategory::kGradients, grad_dtype,
-          ShardOf(layout.embedding().numel, geometry).padded);
+          ShardOfUnit(layout.embedding(), geometry).padded);
     }
   }
   if (stage == 1) {
@@ -559,6 +582,21 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   }
   const int64_t B = job.train().micro_batch_size(), T = job.data().seq_len();
   const DType compute = StorageDType(precision.compute_dtype());
+  if (geometry.embedding_row_numel > 0) {
+    // The vocabulary-sharded embedding (worker/model/transformer_vocab_shard.cc): the shard
+    // group's G·B·T token ids, targets and positions, its rows (the lookup's partial sums, then
+    // the final norm's outputs, then the lookup's output gradient) and their gradient's
+    // partials, and the cross-entropy's row statistics and losses for every row.
+    const int64_t rows = int64_t{geometry.group_size} * B * T, C = job.model().d_model();
+    add("vocab.tokens", MemoryCategory::kWorkspace, DType::kI32, rows);
+    add("vocab.targets", MemoryCategory::kWorkspace, DType::kI32, rows);
+    add("vocab.positions", MemoryCategory::kWorkspace, DType::kI32, rows);
+    add("vocab.rows", MemoryCategory::kWorkspace, compute, rows * C);
+    add("vocab.row_grads", MemoryCategory::kWorkspace, compute, rows * C);
+    add("vocab.ce_maxes", MemoryCategory::kWorkspace, DType::kF32, geometry.group_size * rows);
+    add("vocab.ce_sums", MemoryCategory::kWorkspace, DType::kF32, 2 * rows);
+    add("vocab.losses", MemoryCategory::kWorkspace, DType::kF32, rows);
+  }
   for (BufferSpec& b : RankActivationTable(job, place, B, T, compute)) {
     plan.buffers.push_back(std::move(b));
   }

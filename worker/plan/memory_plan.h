@@ -120,18 +120,22 @@ struct UnitShard {
 };
 UnitShard ShardOf(int64_t unit_numel, const ShardGeometry& geometry);
 
-// The row-aligned shard of a unit read as a matrix of `row_numel`-element rows (issue 18's
-// step 1 for the tied embedding: [wte; wpe] as (V + T) x C): each of the G ranks owns
-// ceil(rows / G) whole rows, that count rounded up so a shard is a multiple of
+// The row-aligned shard of a unit read as a matrix of `row_numel`-element rows (the tied
+// embedding's [wte; wpe] as (V + P) x C when VocabularyShardedEmbedding): each of the G ranks
+// owns ceil(rows / G) whole rows, that count rounded up so a shard is a multiple of
 // kShardAlignmentElements elements. It is still G equal, contiguous, aligned shards of one
 // padded flat buffer, so it is a UnitShard like ShardOf's (checkpoints keep storing logical
 // ranges); only its padding differs. `owned` starts and ends on row boundaries, so a rank's
-// owned rows are [owned.begin / row_numel, owned.end / row_numel). Vocabulary parallelism
-// over the shard group needs this geometry; no caller uses it yet (docs/memory.md, "The tied
-// embedding at ZeRO-3: what remains"). InvalidArgument when `row_numel` is not positive or
-// does not divide `unit_numel`.
+// owned rows are [owned.begin / row_numel, owned.end / row_numel). InvalidArgument when
+// `row_numel` is not positive or does not divide `unit_numel`.
 absl::StatusOr<UnitShard> RowAlignedShardOf(int64_t unit_numel, int64_t row_numel,
                                             const ShardGeometry& geometry);
+
+// The shard of a model unit's flat parameter buffer: RowAlignedShardOf for the embedding when
+// the geometry splits it by rows (ShardGeometry::embedding_row_numel), else ShardOf. Every
+// place that shards, stores or reads a unit's parameters, gradients or optimizer states by
+// rank asks this, so the plan, the engine, checkpoints and resharding agree.
+UnitShard ShardOfUnit(const UnitLayout& unit, const ShardGeometry& geometry);
 
 // The plan of the training rank at `layout` of `job` (defaults applied, validated), for the
 // context JobDeviceContext(job). Precision decides the dtypes (parameters in param_dtype, fp32

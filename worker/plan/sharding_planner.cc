@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/dtype.h"
 #include "worker/job/parallel_validation.h"
+#include "worker/model/activation_table.h"
 #include "worker/model/param_layout.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/memory_plan.h"
@@ -98,6 +99,33 @@ double RecomputeFraction(const zerotrain::JobSpec& job, const ForwardFlops& f,
   return f.all > 0 ? recomputed / (3.0 * f.all) : 0.0;
 }
 
+// What one training micro-batch of a vocabulary-sharded embedding sends a rank
+// (worker/model/transformer_vocab_shard.cc), as Gloo counts it: the group's token ids and
+// positions gathered; the lookup's sums and the head's input-gradient partials reduce-scattered
+// ((G − 1)·B·T·C each, widened to f32); the final norm's outputs and the lookup's output
+// gradient gathered ((G − 1)·B·T·C each, in the compute dtype); the targets gathered; and per
+// pass of the head's rows, their maxima gathered and their two sums all-reduced.
+int64_t VocabShardedBytesPerMicroBatch(const zerotrain::JobSpec& job, const ModelLayout& layout) {
+  const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
+  const int64_t G = geometry.group_size;
+  const int64_t BT = int64_t{job.train().micro_batch_size()} * job.data().seq_len();
+  const int64_t C = job.model().d_model();
+  const int64_t a = ElementBytes(job.precision().compute_dtype());
+  const int64_t V = layout.embedding().Find("wte")->shape[0];
+  const int64_t ids = layout.embedding().Find("wpe") != nullptr ? 3 : 2;  // tokens, targets
+  int64_t bytes = ids * (G - 1) * BT * 4 + 2 * (G - 1) * BT * C * 4 + 2 * (G - 1) * BT * C * a;
+  const int64_t rows = G * BT;
+  const int64_t rows_per_rank =
+      ShardOfUnit(layout.embedding(), geometry).shard_numel / geometry.embedding_row_numel;
+  const int64_t chunk =
+      VocabShardChunkRows(LossChunkRows(BT) * V, rows, std::min(V, rows_per_rank));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    bytes += (G - 1) * n * 4 + 2 * (G - 1) * (2 * n) * 4 / G;
+  }
+  return bytes;
+}
+
 int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layout, int stage) {
   const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   const int N = geometry.world_size, G = geometry.group_size, R = geometry.groups();
@@ -113,8 +141,12 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
     return 2 * (N - 1) * layout.total_numel * r / N;
   }
   int64_t padded = 0;
-  for (const UnitLayout& u : layout.units) padded += PaddedUnitNumel(u.numel, G);
-  const int64_t group_share = (G - 1) * padded / G;  // one ring pass over the group
+  for (const UnitLayout& u : layout.units) padded += ShardOfUnit(u, geometry).padded;
+  // A vocabulary-sharded embedding is neither gathered nor reduce-scattered (its gradient shard
+  // is complete where it is made); its micro-batches' collectives are counted below.
+  const bool vocab = geometry.embedding_row_numel > 0 && stage == 3;
+  const int64_t vocab_padded = vocab ? ShardOfUnit(layout.embedding(), geometry).padded : 0;
+  const int64_t group_share = (G - 1) * (padded - vocab_padded) / G;  // one ring pass
   int64_t bytes = group_share * r;                   // gradient reduce-scatter
   if (stage <= 2) {
     bytes += group_share * p;  // the updated parameters, gathered after the optimizer step
@@ -129,7 +161,7 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
                                ? 1
                                : m * (2 - (u.kind == UnitKind::kEmbedding) -
                                       (u.kind == UnitKind::kHead));
-      gathered += uses * PaddedUnitNumel(u.numel, G);
+      gathered += uses * ShardOfUnit(u, geometry).padded;
     }
     bytes += (G - 1) * gathered / G * p;
     if (job.parallel().reshard_after_forward()) {
@@ -141,7 +173,7 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
         for (const UnitLayout& u : layout.units) {
           const bool copy = u.kind == UnitKind::kEmbedding ||
                             (u.kind == UnitKind::kHead && u.Find("lm_head.weight") != nullptr);
-          if (copy) bytes += (G - 1) * PaddedUnitNumel(u.numel, G) / G * g;
+          if (copy) bytes += (G - 1) * ShardOfUnit(u, geometry).padded / G * g;
         }
       }
     }
@@ -152,11 +184,14 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
     // and the head stays gathered from its forward to its backward, so those two once.
     int64_t gathered = 0;
     for (const UnitLayout& u : layout.units) {
+      if (vocab && u.kind == UnitKind::kEmbedding) continue;
       const bool once = !job.parallel().reshard_after_forward() || u.kind == UnitKind::kEmbedding ||
                         u.kind == UnitKind::kHead;
-      gathered += (once ? 1 : 2) * PaddedUnitNumel(u.numel, G);
+      gathered += (once ? 1 : 2) * ShardOfUnit(u, geometry).padded;
     }
     bytes += job.train().grad_accum_steps() * ((G - 1) * gathered / G) * p;
+    if (vocab)
+      bytes += job.train().grad_accum_steps() * VocabShardedBytesPerMicroBatch(job, layout);
   }
   if (R > 1) bytes += 2 * (R - 1) * (padded / G) * r / R;  // the replicas' all-reduce
   return bytes;
@@ -350,7 +385,7 @@ Transfers OffloadTransfers(const zerotrain::JobSpec& job, const ModelLayout& lay
   const OffloadChoice offload{job.offload().optimizer(), job.offload().params()};
   const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   int64_t shards = 0;
-  for (const UnitLayout& u : layout.units) shards += ShardOf(u.numel, geometry).shard_numel;
+  for (const UnitLayout& u : layout.units) shards += ShardOfUnit(u, geometry).shard_numel;
   const int64_t p = ElementBytes(job.precision().param_dtype());
   const int64_t g = ElementBytes(job.precision().grad_dtype());
   if (Moved(offload.optimizer)) t.host += shards * (g + p);

@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       e->stage_ >= 2 && job.train().grad_accum_steps() > 1 && !e->stage_grads_per_use_;
   const ModelLayout& layout = model->layout();
   e->tied_ = layout.tied_embeddings;
+  e->vocab_ = model->vocab_sharded();
   const ShardGeometry& g = e->geometry_;
   e->tp_size_ = place.tensor_size();
   e->tp_rank_ = place.coordinates().tensor;
@@ -118,7 +119,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       ZT_ASSIGN_OR_RETURN(Tensor params, arenas.Get(name));
       e->params_.push_back(params);
     }
-    e->param_shards_.push_back(ShardOf(layout.units[u].numel, g));
+    e->param_shards_.push_back(ShardOfUnit(layout.units[u], g));
     e->trainable_index_.push_back(-1);
   }
   e->uploaded_ahead_.assign(n_units, nullptr);
@@ -134,7 +135,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     for (int u = 0; u < n_units; ++u) {
       if (layout.units[u].name == owner) e->trainable_index_[u] = t;
     }
-    const UnitShard shard = ShardOf(unit.numel, g);
+    // A LoRA unit's adapters shard flat; a trainable unit as its parameters do.
+    const UnitShard shard = layout.lora ? ShardOf(unit.numel, g) : ShardOfUnit(unit, g);
     e->shards_.push_back(shard);
     // A whole model's trainable buffer is the unit's "<u>.params" (swapped ones included).
     Tensor params;
@@ -146,7 +148,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     ZT_ASSIGN_OR_RETURN(Tensor grads, arenas.Get(unit.name + grad_suffix));
     e->trainable_params_.push_back(params);
     e->grads_.push_back(grads);
-    if (e->accumulate_full_) {
+    if (e->accumulate_full_ && e->vocab_ && t == 0) {
+      e->grad_accum_.push_back(Tensor());  // the shard accumulates the micro-batches itself
+    } else if (e->accumulate_full_) {
       ZT_ASSIGN_OR_RETURN(Tensor acc, arenas.Get(unit.name + accum_suffix));
       e->grad_accum_.push_back(acc);
     }
@@ -275,7 +279,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   e->unit_grad_target_.resize(n_trainable);
   // A tied embedding's gradient has its own full buffer (the head writes into it too) only
   // where the embedding trains.
-  e->tied_grad_ = e->tied_ && e->trainable_index_[0] >= 0;
+  e->tied_grad_ = e->tied_ && !e->vocab_ && e->trainable_index_[0] >= 0;
   e->slots_in_embedding_ = GradientSlotsInEmbeddingGather(job, layout);
   if (e->stage_ >= 2 && !e->accumulate_full_) {
     if (e->slots_in_embedding_) {
@@ -338,11 +342,11 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("gather.", k)));
         pool.push_back(t);
       }
-      if (e->tied_) {
+      if (e->tied_ && !e->vocab_) {
         ZT_ASSIGN_OR_RETURN(dedicated[0], arenas.Get("gather.embedding"));
       }
     } else {
-      for (int u = 0; u < n_units; ++u) {
+      for (int u = e->vocab_ ? 1 : 0; u < n_units; ++u) {
         ZT_ASSIGN_OR_RETURN(dedicated[u], arenas.Get(layout.units[u].name + ".gathered"));
       }
     }
@@ -670,10 +674,16 @@ absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
   if (stage_ <= 1) {
     for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
   } else if (accumulate_full_) {
-    for (const Tensor& g : grad_accum_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+    for (const Tensor& g : grad_accum_) {
+      if (!g.empty()) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+    }
   } else if (stage_grads_per_use_) {
     // The shards accumulate the step's micro-batches (StageGradientDone).
     for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
+  }
+  // A vocabulary-sharded embedding's gradient shard sums the step's micro-batches in place.
+  if (vocab_ && stage_ >= 2 && !stage_grads_per_use_ && trainable_index_[0] >= 0) {
+    ZT_RETURN_IF_ERROR(Zero(ctx, grads_[trainable_index_[0]]));
   }
   return absl::OkStatus();
 }
@@ -840,6 +850,8 @@ absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int 
   const int u = trainable_index_[model_unit];
   if (u < 0) return Tensor();  // frozen: no gradient
   if (stage_ <= 1) return grads_[u];
+  // The lookup and the head add the rows this rank owns, of every rank's micro-batch.
+  if (vocab_ && model_unit == 0) return grads_[u];
   if (accumulate_full_) return grad_accum_[u];
   const int64_t padded = shards_[u].padded;
   Tensor target;
@@ -870,6 +882,11 @@ absl::Status ShardingEngine::GradientReady(int model_unit) {
   const int u = trainable_index_[model_unit];
   if (u < 0) return absl::OkStatus();
   const UnitShard& s = shards_[u];
+  if (vocab_ && model_unit == 0) {
+    // Complete already: no reduce-scatter; the replicas, if any, sum it in FinishReductions.
+    if (comms_.replicas == nullptr) GradientReduced(u);
+    return absl::OkStatus();
+  }
   if (stage_ == 0) {
     const Tensor& g = grads_[u];
     const int64_t n = g.numel();
@@ -996,9 +1013,15 @@ absl::Status ShardingEngine::EndPass() {
 
 absl::StatusOr<Tensor> ShardingEngine::ForwardToHead(const DeviceContext& ctx) {
   Transformer& m = *model_;
-  ZT_ASSIGN_OR_RETURN(Tensor p, Acquire(0));
-  ZT_RETURN_IF_ERROR(m.EmbeddingForward(ctx, p));
-  ZT_RETURN_IF_ERROR(FinishUse());
+  Tensor p;
+  if (vocab_) {
+    // The rank's rows of the embedding: its shard, never gathered.
+    ZT_RETURN_IF_ERROR(m.EmbeddingForward(ctx, params_[0]));
+  } else {
+    ZT_ASSIGN_OR_RETURN(p, Acquire(0));
+    ZT_RETURN_IF_ERROR(m.EmbeddingForward(ctx, p));
+    ZT_RETURN_IF_ERROR(FinishUse());
+  }
   for (int i = 0; i < m.layout().n_blocks(); ++i) {
     ZT_ASSIGN_OR_RETURN(p, Acquire(1 + i));
     ZT_RETURN_IF_ERROR(m.BlockForward(ctx, i, p));
@@ -1065,10 +1088,12 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   const bool reshard = job_.parallel().reshard_after_forward();
   // A tied embedding is kept gathered from its lookup to the head's loss (a use of its own,
   // after the head's forward), which releases it: the backward never reads its weights.
-  std::vector<UnitUse> uses = {{0, !tied_}};
+  // Split by rows over the shard group (vocab_) it is never gathered.
+  std::vector<UnitUse> uses;
+  if (!vocab_) uses.push_back({0, !tied_});
   for (int i = 0; i < L; ++i) uses.push_back({1 + i, reshard});
   uses.push_back({head, false});  // the backward starts with it
-  if (tied_) uses.push_back({0, true});
+  if (tied_ && !vocab_) uses.push_back({0, true});
   for (int u = head; u >= 1; --u) uses.push_back({u, true});
   BeginPass(std::move(uses));
   // On any error, stop the gathers still writing into the pool before it is reused.
@@ -1076,7 +1101,12 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
 
   ZT_ASSIGN_OR_RETURN(Tensor head_params, ForwardToHead(ctx));
   Tensor head_grads, embedding_params, embedding_grads;
-  if (tied_) {
+  if (vocab_) {
+    // The head projects onto the rank's own rows and adds their gradient into its shard.
+    ZT_RETURN_IF_ERROR(FinishUse());
+    embedding_params = params_[0];
+    ZT_ASSIGN_OR_RETURN(embedding_grads, GradTarget(ctx, 0));
+  } else if (tied_) {
     // The head's use ends (it stays gathered for its backward); the embedding's begins. The
     // tied head's loss writes the embedding's gradient only, so the head's gradient slot is
     // taken after it, when the embedding's gather buffer may hold the slots.
@@ -1088,7 +1118,7 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   }
   ZT_RETURN_IF_ERROR(
       m.HeadLoss(ctx, head_params, head_grads, embedding_params, embedding_grads, options));
-  ZT_RETURN_IF_ERROR(FinishUse());
+  if (!vocab_) ZT_RETURN_IF_ERROR(FinishUse());
   if (tied_) {
     ZT_ASSIGN_OR_RETURN(head_grads, GradTarget(ctx, head));
   }
@@ -1124,13 +1154,16 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
 absl::Status ShardingEngine::ForwardLoss(const DeviceContext& ctx,
                                          const Transformer::LossOptions& options) {
   const int head = model_->layout().n_blocks() + 1;
-  std::vector<UnitUse> uses = {{0, !tied_}};
+  std::vector<UnitUse> uses;
+  if (!vocab_) uses.push_back({0, !tied_});
   for (int u = 1; u <= head; ++u) uses.push_back({u, true});
   BeginPass(std::move(uses));
   absl::Cleanup end_pass = [&] { EndPass().IgnoreError(); };
   ZT_ASSIGN_OR_RETURN(Tensor head_params, ForwardToHead(ctx));
   Tensor embedding_params;
-  if (tied_) {
+  if (vocab_) {
+    embedding_params = params_[0];
+  } else if (tied_) {
     ZT_ASSIGN_OR_RETURN(embedding_params, Params(0));
   }
   Transformer::LossOptions forward_only = options;

@@ -330,6 +330,10 @@ class ShardingEngine {
   bool accumulate_full_ = false;  // stages 2–3 with grad_accum_steps > 1
   bool tied_ = false;
   bool tied_grad_ = false;  // tied, and the embedding trains (not LoRA)
+  // The tied embedding split by rows over the shard group (Transformer::vocab_sharded): never
+  // gathered; the lookup and the head read the rank's shard, and its gradient shard
+  // accumulates the step's micro-batches complete, with no reduce-scatter.
+  bool vocab_ = false;
   int64_t bucket_elements_ = 0;
 
   ModelLayout trainable_layout_;

@@ -210,6 +210,82 @@ TEST(TensorParallelTest, EmbeddingSharesSumToTheWholeLookupAndGradient) {
   }
 }
 
+// The split a ZeRO-3 shard group gives the tied embedding (worker/model/
+// transformer_vocab_shard.cc): [wte; wpe] read as V + P rows, each rank owning one contiguous
+// range of them, so a rank may hold vocabulary rows, position rows, both or neither, and the
+// positions are a packed batch's. The ranks' lookups sum to the whole table's exactly, and
+// their row gradients are the whole gradient's rows.
+TEST(TensorParallelTest, RowRangesOfTheStackedTablesSumToTheWholeLookupAndGradient) {
+  const int64_t b = 2, t = 6, c = 5, v = 9, n_pos = 7, rows = v + n_pos;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> table(rows * c), dout(b * t * c);
+  for (float& x : table) x = normal(rng);
+  for (float& x : dout) x = normal(rng);
+  std::vector<int32_t> tokens(b * t), positions(b * t);
+  for (int32_t& x : tokens) x = static_cast<int32_t>(rng() % v);
+  // Two packed documents in the first row, one in the second: positions restart.
+  const int32_t pos[] = {0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5};
+  std::copy(std::begin(pos), std::end(pos), positions.begin());
+  tokens[1] = tokens[8] = 8;  // a repeated token
+  const DeviceContext ctx = CpuContext(2);
+  const Tensor tok(tokens.data(), DType::kI32, {b, t});
+  const Tensor at(positions.data(), DType::kI32, {b, t});
+  const Tensor wte(table.data(), DType::kF32, {v, c});
+  const Tensor wpe(table.data() + v * c, DType::kF32, {n_pos, c});
+  std::vector<float> want(b * t * c), want_grad(rows * c, 0.0f);
+  ASSERT_TRUE(EmbeddingForward(ctx, {.tokens = tok,
+                                     .wte = wte,
+                                     .wpe = wpe,
+                                     .out = Tensor(want.data(), DType::kF32, {b, t, c}),
+                                     .positions = at})
+                  .ok());
+  ASSERT_TRUE(
+      EmbeddingBackward(ctx, {.tokens = tok,
+                              .dout = Tensor(dout.data(), DType::kF32, {b, t, c}),
+                              .dwte = Tensor(want_grad.data(), DType::kF32, {v, c}),
+                              .dwpe = Tensor(want_grad.data() + v * c, DType::kF32, {n_pos, c}),
+                              .positions = at})
+          .ok());
+  for (int g : {2, 3, 5}) {
+    const int64_t each = (rows + g - 1) / g;
+    std::vector<float> sum(b * t * c, 0.0f), grad(rows * c, 0.0f);
+    for (int k = 0; k < g; ++k) {
+      const int64_t r0 = std::min(rows, k * each), r1 = std::min(rows, r0 + each);
+      // Rows [r0, r1): vocabulary rows [r0, min(r1, V)), position rows [max(r0, V), r1) − V.
+      const int64_t v0 = std::min(r0, v), v1 = std::min(r1, v);
+      const int64_t p0 = std::max(r0, v) - v, p1 = std::max(r1, v) - v;
+      std::vector<float> out(b * t * c);
+      const auto rows_of = [&](float* base, int64_t begin, int64_t end) {
+        return Tensor(base + begin * c, DType::kF32, {end - begin, c});
+      };
+      ASSERT_TRUE(
+          VocabShardEmbeddingForward(ctx, {.tokens = tok,
+                                           .wte = rows_of(table.data(), v0, v1),
+                                           .wpe = rows_of(table.data() + v * c, p0, p1),
+                                           .vocab_begin = v0,
+                                           .position_begin = p0,
+                                           .positions = at,
+                                           .out = Tensor(out.data(), DType::kF32, {b, t, c})})
+              .ok());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+      ASSERT_TRUE(
+          VocabShardEmbeddingBackward(ctx, {.tokens = tok,
+                                            .dout = Tensor(dout.data(), DType::kF32, {b, t, c}),
+                                            .dwte = rows_of(grad.data(), v0, v1),
+                                            .dwpe = rows_of(grad.data() + v * c, p0, p1),
+                                            .vocab_begin = v0,
+                                            .position_begin = p0,
+                                            .positions = at})
+              .ok());
+    }
+    // Each token and each position has one owner: the sum is the lookup exactly (x + 0 = x),
+    // and each gradient row is summed by its owner alone, in row order, as the whole op does.
+    EXPECT_EQ(sum, want) << "G " << g;
+    EXPECT_EQ(grad, want_grad) << "G " << g;
+  }
+}
+
 TEST(TensorParallelTest, RowBiasAndErrors) {
   std::vector<float> out = {1, 2, 3, 4, 5, 6}, bias = {10, 20, 30};
   ASSERT_TRUE(AddRowBias(CpuContext(1), {.out = Tensor(out.data(), DType::kF32, {2, 3}),

@@ -314,6 +314,30 @@ TEST(GlooCommunicatorTest, BadArgumentsNameTheArgumentAndRule) {
   });
 }
 
+// Token ids move between ranks (the vocabulary-sharded embedding gathers its group's): an
+// all-gather and a broadcast of i32 data copy it bit for bit; ids are never reduced.
+TEST(GlooCommunicatorTest, IdsAreGatheredAndBroadcastBitForBit) {
+  InProcessStore store;
+  RunRanks(3, store, [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<int32_t> mine = {r, -r, 1 << (20 + r)}, all(9, 0);
+    ASSERT_TRUE(comm.AllGather(Tensor(mine.data(), DType::kI32, {3}),
+                               Tensor(all.data(), DType::kI32, {9}), "ids")
+                    .value()
+                    .Wait()
+                    .ok());
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(all[3 * k], k);
+      EXPECT_EQ(all[3 * k + 1], -k);
+      EXPECT_EQ(all[3 * k + 2], 1 << (20 + k));
+    }
+    std::vector<int32_t> root = {r == 1 ? 7 : 0, r == 1 ? -9 : 0};
+    ASSERT_TRUE(
+        comm.Broadcast(Tensor(root.data(), DType::kI32, {2}), 1, "ids").value().Wait().ok());
+    EXPECT_EQ(root, (std::vector<int32_t>{7, -9}));
+  });
+}
+
 // A rank that leaves set-up and finishes at once (here: does nothing) must not close its
 // pairs while a peer is still completing its side of the full mesh; that peer's Create failed
 // with "Connection closed by peer" (seen once in CI under load, in the test above). Many

@@ -106,24 +106,29 @@ TEST(ModelStatesTest, ZeroStagesDivideAsThePaperSays) {
     };
     // The full-size buffers a sharded rank adds, in fp16 (2 bytes): stage 2 the backward's
     // two alternating unit gradients plus the tied embedding's (the head's backward starts
-    // it); stage 3 also two gathered units (the one computed and the one prefetched) plus the
-    // embedding, gathered from its lookup to the tied head's loss. After the loss nothing
-    // reads the embedding's weights, so at stage 3 the two alternating gradients are its
-    // gather buffer's bytes (the embedding, 82 M elements, outweighs two 30.7 M blocks): the
-    // stage-2 term without its two blocks. At 8 ranks: 2.29 bytes a parameter (2.37 with the
-    // slots apart); ZeRO's 2.0 + one gathered unit needs the embedding sharded by vocabulary.
+    // it); stage 3 the two alternating gradients and two gathered units (the one computed and
+    // the one prefetched), all four of a block's size: the tied embedding is split by
+    // vocabulary rows over the shard group (VocabularyShardedEmbedding), so it is neither
+    // gathered for the head nor given a whole gradient. At 8 ranks 2.16 bytes a parameter —
+    // ZeRO's 2.0 plus the gathered and reduced units — where the embedding gathered whole
+    // for the head's loss, holding the slots, cost 2.29 (2.37 with the slots apart).
     const ModelLayout layout = BuildModelLayout(Gpt2Xl(OptimizerConfig::ADAMW, 1, 0).model());
     const double embedding = static_cast<double>(layout.embedding().numel) / params;
     const double block = static_cast<double>(layout.block(0).numel) / params;
     const double full_grads = 2 * (embedding + 2 * block);
-    const double gathered = 2 * (embedding + 2 * block);
-    const double slots_in_gather = 2 * (2 * block);
+    const double gathered_and_slots = 2 * (4 * block);
     EXPECT_NEAR(per_param(0), full / params, 1e-3);
     EXPECT_NEAR(per_param(1), 4.0 + 12.0 / n, 0.01);               // Pos
     EXPECT_NEAR(per_param(2), 2.0 + 14.0 / n + full_grads, 0.01);  // Pos+g
-    EXPECT_NEAR(per_param(3), 16.0 / n + full_grads + gathered - slots_in_gather,
+    // Gathered whole (from 64 ranks on, the group's 64·B·T token rows outweigh the
+    // embedding: VocabularyShardedEmbedding keeps it whole), the embedding's two copies and
+    // the two slots in its gather buffer.
+    const double gathered_whole = full_grads + 2 * (embedding + 2 * block) - 2 * (2 * block);
+    const bool split = VocabularyShardedEmbedding(Gpt2Xl(OptimizerConfig::ADAMW, n, 3));
+    EXPECT_EQ(split, n < 64) << n;
+    EXPECT_NEAR(per_param(3), 16.0 / n + (split ? gathered_and_slots : gathered_whole),
                 0.01);  // Pos+g+p
-    if (n == 8) EXPECT_NEAR(per_param(3), 2.29, 0.005);
+    if (n == 8) EXPECT_NEAR(per_param(3), 2.16, 0.005);
   }
 }
 
@@ -135,10 +140,14 @@ const BufferSpec* Find(const MemoryPlan& plan, const std::string& name) {
 }
 
 TEST(ModelStatesTest, StageThreeGradientSlotsAreTheTiedEmbeddingsGatherBuffer) {
-  // Stage 3, one micro-batch a step, tied embedding: the embedding's gather buffer is free
+  // Stage 3, one micro-batch a step, tied embedding gathered whole (here: offload.params CPU,
+  // where the embedding is not split by vocabulary): the embedding's gather buffer is free
   // after the head's loss, when the backward's two alternating gradients begin, so they take
   // its bytes instead of buffers of their own (GradientSlotsInEmbeddingGather).
-  const zerotrain::JobSpec job = Gpt2Xl(OptimizerConfig::ADAMW, 8, 3);
+  zerotrain::JobSpec job = Gpt2Xl(OptimizerConfig::ADAMW, 8, 3);
+  job.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
+  job.mutable_offload()->set_params(zerotrain::OffloadConfig::CPU);
+  ASSERT_FALSE(VocabularyShardedEmbedding(job));
   const ModelLayout layout = BuildModelLayout(job.model());
   const MemoryPlan plan = PlanMemory(job);
   EXPECT_TRUE(GradientSlotsInEmbeddingGather(job, layout));
@@ -182,6 +191,75 @@ TEST(ModelStatesTest, StageThreeGradientSlotsAreTheTiedEmbeddingsGatherBuffer) {
   accumulated.mutable_train()->set_grad_accum_steps(2);
   EXPECT_FALSE(GradientSlotsInEmbeddingGather(accumulated, layout));
   EXPECT_EQ(Find(PlanMemory(accumulated), "grad.full.0"), nullptr);
+}
+
+TEST(ModelStatesTest, StageThreeSplitsTheTiedEmbeddingByVocabularyRows) {
+  // Stage 3 over 8 ranks: [wte; wpe] is split into whole rows of d_model, one range a rank
+  // (VocabularyShardedEmbedding, RowAlignedShardOf), and nothing holds it whole: no gather
+  // buffer, no full gradient; the group's token rows and their gradients take its place.
+  const zerotrain::JobSpec job = Gpt2Xl(OptimizerConfig::ADAMW, 8, 3);
+  ASSERT_TRUE(VocabularyShardedEmbedding(job));
+  const ModelLayout layout = BuildModelLayout(job.model());
+  const int64_t C = job.model().d_model(), numel = layout.embedding().numel;
+  int64_t covered = 0;
+  for (int r = 0; r < 8; ++r) {
+    const ShardGeometry g = ParallelLayout::ForJob(job, r).shard();
+    EXPECT_EQ(g.embedding_row_numel, C);
+    const UnitShard shard = ShardOfUnit(layout.embedding(), g);
+    // Whole rows, consecutive ranks consecutive rows, every row once.
+    EXPECT_EQ(shard.owned.begin, covered) << "rank " << r;
+    EXPECT_EQ(shard.owned.begin % C, 0) << "rank " << r;
+    EXPECT_EQ(shard.owned.end % C, 0) << "rank " << r;
+    EXPECT_EQ(shard.shard_numel % kShardAlignmentElements, 0) << "rank " << r;
+    covered = shard.owned.end;
+    const MemoryPlan plan = PlanMemory(job, r);
+    const BufferSpec* params = Find(plan, "embedding.params");
+    ASSERT_NE(params, nullptr);
+    EXPECT_EQ(params->numel(), shard.shard_numel);
+    EXPECT_EQ(Find(plan, "gather.embedding"), nullptr) << "rank " << r;
+    EXPECT_EQ(Find(plan, "grad.full.embedding"), nullptr) << "rank " << r;
+    // The two alternating gradients are a block's: the embedding no longer sets them.
+    const BufferSpec* slot = Find(plan, "grad.full.0");
+    ASSERT_NE(slot, nullptr);
+    EXPECT_EQ(slot->numel(), PaddedUnitNumel(layout.block(0).numel, 8));
+    const BufferSpec* rows = Find(plan, "vocab.rows");
+    ASSERT_NE(rows, nullptr);
+    EXPECT_EQ(rows->numel(), int64_t{8} * 1024 * C);
+  }
+  EXPECT_EQ(covered, numel);
+
+  // Elsewhere the embedding shards flat and is gathered whole: below stage 3, untied, a shard
+  // group of one (hybrid sharding with G = 1), tensor parallelism (its embedding is already a
+  // vocabulary share), LoRA (a frozen embedding), offloaded parameters, CUDA ranks, and when
+  // the job says false.
+  zerotrain::JobSpec stage2 = Gpt2Xl(OptimizerConfig::ADAMW, 8, 2);
+  zerotrain::JobSpec untied = job;
+  untied.mutable_model()->set_tie_embeddings(false);
+  zerotrain::JobSpec replicated = job;
+  replicated.mutable_parallel()->set_shard_group_size(1);
+  zerotrain::JobSpec tensor = job;
+  tensor.mutable_parallel()->set_tensor_parallel(2);
+  zerotrain::JobSpec lora = job;
+  lora.mutable_model()->mutable_lora()->set_rank(8);
+  zerotrain::JobSpec offloaded = job;
+  offloaded.mutable_offload()->set_params(zerotrain::OffloadConfig::CPU);
+  zerotrain::JobSpec cuda = job;
+  cuda.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  zerotrain::JobSpec refused = job;
+  refused.mutable_parallel()->set_vocab_sharded_embedding(false);
+  // Unset, it splits only when that holds less: at 16 sequences a micro-batch the group's
+  // rows and their gradients (2 × 8 × 16 × 1024 elements a column) outweigh the embedding's
+  // parameters and gradient (51 281 rows × 4 bytes a column).
+  zerotrain::JobSpec big_batch = job;
+  big_batch.mutable_train()->set_micro_batch_size(16);
+  for (const zerotrain::JobSpec* other :
+       {&stage2, &untied, &replicated, &tensor, &lora, &offloaded, &cuda, &refused, &big_batch}) {
+    EXPECT_FALSE(VocabularyShardedEmbedding(*other)) << other->DebugString();
+    EXPECT_EQ(ParallelLayout::ForJob(*other, 0).shard().embedding_row_numel, 0);
+  }
+  zerotrain::JobSpec asked = big_batch;
+  asked.mutable_parallel()->set_vocab_sharded_embedding(true);
+  EXPECT_TRUE(VocabularyShardedEmbedding(asked));
 }
 
 TEST(ModelStatesTest, ShardsOfAllRanksCoverTheStateOnce) {

@@ -52,6 +52,9 @@ zerotrain::JobSpec Job(int world_size, int stage, OffloadConfig::Device optimize
   job.mutable_parallel()->set_zero_stage(stage);
   job.mutable_offload()->set_optimizer(optimizer);
   job.mutable_offload()->set_params(params);
+  // Offloaded parameters gather the tied embedding whole (VocabularyShardedEmbedding): the
+  // plans compared here all do, so their differences are the offload's alone.
+  job.mutable_parallel()->set_vocab_sharded_embedding(false);
   job.mutable_offload()->set_nvme_path("/swap");
   job.mutable_offload()->set_buffer_count(4);
   job.mutable_offload()->set_buffer_size(kRingBuffer);

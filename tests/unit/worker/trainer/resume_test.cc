@@ -554,6 +554,47 @@ TEST_F(ResumeTest, ReshardsAcrossWorldSizesAndStages) {
   EXPECT_LT(worst, 1e-4);
 }
 
+TEST_F(ResumeTest, VocabularyShardedEmbeddingReshardsAcrossShardGroups) {
+  // Stage 3 splits the tied embedding into whole rows over the shard group, so its shards
+  // (and their Adam moments) have another padding at each group size: 2 ranks → 4 ranks (other
+  // row ranges; rank 3's holds no vocabulary row) → 4 ranks with the embedding gathered whole
+  // (the flat shards), the global batch kept at 8 sequences, against 2 ranks straight through.
+  auto layout = [&](int world, bool vocab) {
+    JobSpec job = Job(world, 3, "ckpt");
+    job.mutable_train()->set_micro_batch_size(8 / world);
+    job.mutable_parallel()->set_vocab_sharded_embedding(vocab);
+    return job;
+  };
+  JobSpec straight = layout(2, true);
+  straight.mutable_checkpoint()->set_dir((dir_ / "straight").string());
+  const Outcome whole = Run(straight, 20);
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  const Outcome at10 = Run(layout(2, true), 10);
+  ASSERT_TRUE(at10.status.ok()) << at10.status;
+  // Loading copies the saved rows into the new ranges: the weights are the saved ones.
+  const Outcome loaded = Run(layout(4, true), 10, (dir_ / "ckpt").string());
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+  EXPECT_EQ(loaded.weights, at10.weights);
+  const Outcome to15 = Run(layout(4, true), 15, (dir_ / "ckpt").string());
+  ASSERT_TRUE(to15.status.ok()) << to15.status;
+  const Outcome to20 = Run(layout(4, false), 20, (dir_ / "ckpt").string());
+  ASSERT_TRUE(to20.status.ok()) << to20.status;
+  ASSERT_EQ(to15.losses.size(), 5u);
+  ASSERT_EQ(to20.losses.size(), 5u);
+  // Other group sizes sum in another order: the bounds of sharded_training_test.cc.
+  for (int s = 0; s < 5; ++s) {
+    EXPECT_NEAR(to15.losses[s], whole.losses[10 + s], 1e-5 * whole.losses[10 + s]);
+    EXPECT_NEAR(to20.losses[s], whole.losses[15 + s], 1e-5 * whole.losses[15 + s]);
+  }
+  double worst = 0;
+  for (size_t u = 0; u < whole.weights.size(); ++u) {
+    for (size_t i = 0; i < whole.weights[u].size(); ++i) {
+      worst = std::max(worst, std::abs(double{to20.weights[u][i]} - whole.weights[u][i]));
+    }
+  }
+  EXPECT_LT(worst, 1e-4);
+}
+
 TEST_F(ResumeTest, ReshardsEightBitAdamWStatesWithinOneQuantizationStep) {
   // Most of the small model in 8-bit blocks of 256 elements: shard boundaries fall on
   // multiples of 64 elements, so new blocks straddle saved ones (blocks of 64 would all line

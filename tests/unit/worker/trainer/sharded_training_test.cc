@@ -206,6 +206,9 @@ TEST_F(ShardedTrainingTest, MixedPrecisionCheckpointingAndUntiedHeadUnderStageTh
   JobSpec bf16 = Job(2, 3, 2);
   bf16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
   bf16.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+  // The embedding gathered whole (unset, bf16 would split this small one by vocabulary rows:
+  // VocabularyShardedEmbeddingMatchesOneRankAndTheGatheredOne covers that, with its bounds).
+  bf16.mutable_parallel()->set_vocab_sharded_embedding(false);
   JobSpec bf16_reference = bf16;
   bf16_reference.mutable_parallel()->set_world_size(1);
   bf16_reference.mutable_parallel()->set_zero_stage(0);
@@ -243,6 +246,8 @@ TEST_F(ShardedTrainingTest, StageThreeGradientSlotsInTheGatheredEmbeddingMatchOn
   // FULL checkpointing, each against one rank in the same precision: the bf16 bounds above.
   for (const bool bf16_grads : {false, true}) {
     JobSpec job = Job(4, 3, 2);
+    // The embedding gathered whole, as FSDP does (by default it is split by vocabulary rows).
+    job.mutable_parallel()->set_vocab_sharded_embedding(false);
     job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
     if (bf16_grads) job.mutable_precision()->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
     job.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
@@ -265,6 +270,78 @@ TEST_F(ShardedTrainingTest, StageThreeGradientSlotsInTheGatheredEmbeddingMatchOn
     }
     EXPECT_TRUE(got.unclaimed.empty()) << what;
   }
+}
+
+TEST_F(ShardedTrainingTest, VocabularyShardedEmbeddingMatchesOneRankAndTheGatheredOne) {
+  // Stage 3 splits the tied [wte; wpe] by rows over the shard group: on 4 ranks
+  // of this model (V 32 + P 16 rows of 32, 12 a rank) rank 3 owns position rows only, so its
+  // logits have no column and its lookup adds positions alone. fp32, against one rank (the
+  // fp32 bounds) and against the same job with the embedding gathered whole, then hybrid,
+  // accumulating, kept-gathered and unprefetched variants against one rank; bf16 activations
+  // and gradients (the group's rows reduce-scattered through Gloo's f32 conversion) with
+  // accumulation and FULL checkpointing, against one rank in bf16 (the bf16 bounds above).
+  JobSpec spec = Job(4, 3, 2);
+  // This small model's embedding (48 rows) is smaller than the group's token rows (4 × 32):
+  // unset, the plan would gather it whole (VocabularyShardedEmbedding); asked, it splits.
+  ASSERT_FALSE(VocabularyShardedEmbedding(ValidatedJob(spec).value()));
+  spec.mutable_parallel()->set_vocab_sharded_embedding(true);
+  const JobSpec job = ValidatedJob(spec).value();
+  ASSERT_TRUE(VocabularyShardedEmbedding(job));
+  const ModelLayout layout = BuildModelLayout(job.model());
+  const UnitShard last = ShardOfUnit(layout.embedding(), ParallelLayout::ForJob(job, 3).shard());
+  ASSERT_GE(last.owned.begin, int64_t{32} * 32) << "rank 3 owns no vocabulary row";
+  const RunResult split = Train(spec);
+  ExpectMatches(split, Train(Job(1, 0, 8)), "vocabulary-sharded, 4 ranks");
+  JobSpec gathered = spec;
+  gathered.mutable_parallel()->set_vocab_sharded_embedding(false);
+  ExpectMatches(split, Train(gathered), "vocabulary-sharded against gathered");
+  // Hybrid sharding (2 groups of 2: each group splits the rows, the replicas all-reduce the
+  // shards), accumulation (the shard sums the micro-batches in place), FSDP without resharding
+  // after forward, and no prefetch.
+  JobSpec hybrid = spec;
+  hybrid.mutable_parallel()->set_shard_group_size(2);
+  ExpectMatches(Train(hybrid), Train(Job(1, 0, 8)), "vocabulary-sharded, hybrid");
+  JobSpec accumulated = Job(2, 3, 2, /*accum=*/2);
+  accumulated.mutable_parallel()->set_vocab_sharded_embedding(true);
+  ExpectMatches(Train(accumulated), Train(Job(1, 0, 4, /*accum=*/2)),
+                "vocabulary-sharded, accumulation");
+  const RunResult two_ranks = Train(Job(1, 0, 4));
+  for (const bool keep : {false, true}) {
+    JobSpec job2 = Job(2, 3, 2);
+    job2.mutable_parallel()->set_vocab_sharded_embedding(true);
+    job2.mutable_parallel()->set_reshard_after_forward(!keep);
+    job2.mutable_parallel()->set_prefetch_units(keep ? 1 : 0);
+    ExpectMatches(Train(job2), two_ranks,
+                  keep ? "vocabulary-sharded, kept gathered" : "vocabulary-sharded, no prefetch");
+  }
+
+  JobSpec bf16 = Job(2, 3, 2, /*accum=*/2);
+  bf16.mutable_parallel()->set_vocab_sharded_embedding(true);
+  auto* precision = bf16.mutable_precision();
+  precision->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  precision->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+  precision->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  bf16.mutable_memory()->set_activation_checkpointing(zerotrain::MemoryConfig::FULL);
+  JobSpec bf16_reference = bf16;
+  bf16_reference.mutable_parallel()->set_world_size(1);
+  bf16_reference.mutable_parallel()->set_zero_stage(0);
+  bf16_reference.mutable_train()->set_micro_batch_size(4);
+  const RunResult got = Train(bf16), want = Train(bf16_reference);
+  EXPECT_LT(want.losses.back(), want.losses.front() - 0.5) << "bf16";
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-3 * want.losses[s]) << "bf16 step " << s + 1;
+  }
+  // Beyond the bf16 bounds above: the head's input gradient is summed from the ranks'
+  // vocabulary columns, each rank's partial rounded to bf16 and the sum rounded again (as
+  // tensor parallelism's row-parallel all-reduce in bf16), where one rank rounds its f32 sum
+  // once. Seen: 0.0113 (20 steps; the same model gathered whole stays under 0.01). Losing
+  // one token row of the head's input gradient a micro-batch gave 0.084 (and broke every
+  // fp32 comparison above by ~0.06 absolute): 3 % catches that.
+  EXPECT_LT(RelativeL2Diff(got.weights, want.weights), 0.03) << "bf16";
+  for (size_t r = 1; r < got.all_weights.size(); ++r) {
+    EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << "bf16 rank " << r;
+  }
+  EXPECT_TRUE(got.unclaimed.empty()) << "bf16";
 }
 
 TEST_F(ShardedTrainingTest, SplitMasterWeightsUnderEveryStageMatchOneRank) {
@@ -367,7 +444,14 @@ TEST_F(ShardedTrainingTest, BytesMovedPerStepFollowZerosAnalysis) {
   //   stage 0: ring all-reduce of every gradient         2·(N−1)/N·4Φ
   //   stage 1, 2: reduce-scatter + parameter all-gather  (N−1)/N·4P + (N−1)/N·4P
   //   stage 3: all-gather before forward and backward, reduce-scatter of gradients
-  //            (N−1)/N·4·(3P − P_embedding): the tied embedding is gathered once and kept
+  //            (N−1)/N·4·3(P − P_embedding): the tied embedding is split by vocabulary rows
+  //            (VocabularyShardedEmbedding), never gathered nor reduce-scattered; in their
+  //            place, per micro-batch of b·T = 32 rows of C = 32, four collectives of
+  //            (N−1)·b·T·C floats (the lookup's sums and the head's input gradient
+  //            reduce-scattered, the final norm's outputs and the lookup's output gradient
+  //            gathered), the token ids, positions and targets gathered ((N−1)·b·T each),
+  //            and the cross-entropy's row maxima gathered and row sums all-reduced over the
+  //            group's N·b·T rows ((N−1)·N·b·T and 2(N−1)/N·2·N·b·T floats)
   // where P is Φ with each unit padded to a multiple of 64·N (the shards' alignment), plus
   // one all-gather of 6 floats per rank (the step's loss, norm and overflow flag).
   for (int world : {2, 4}) {
@@ -381,14 +465,19 @@ TEST_F(ShardedTrainingTest, BytesMovedPerStepFollowZerosAnalysis) {
     }
     const int64_t embedding = PaddedUnitNumel(layout.embedding().numel, world);
     const double scalars = (n - 1) * 6 * 4;
+    const double bt = 2 * 16, c = 32, rows = n * bt;
+    const double vocab =
+        (n - 1) * bt * (3 * 4 + 4 * c * 4) + (n - 1) * rows * 4 + 2 * (n - 1) / n * 2 * rows * 4;
     const double expected[4] = {
         2 * (n - 1) / n * 4 * phi + scalars,
         2 * (n - 1) / n * 4 * padded + scalars,
         2 * (n - 1) / n * 4 * padded + scalars,
-        (n - 1) / n * 4 * (3 * padded - embedding) + scalars,
+        (n - 1) / n * 4 * 3 * (padded - embedding) + vocab + scalars,
     };
     for (int stage = 0; stage <= 3; ++stage) {
-      const RunResult run = Train(Job(world, stage, 2), 1);
+      JobSpec job = Job(world, stage, 2);
+      job.mutable_parallel()->set_vocab_sharded_embedding(true);
+      const RunResult run = Train(job, 1);
       for (int r = 0; r < world; ++r) {
         int64_t sent = 0;
         for (const CommStats::Entry& e : run.first_step_stats[r].by_kind) sent += e.bytes_sent;
@@ -446,7 +535,10 @@ TEST_F(ShardedTrainingTest, PlannedDataParallelBytesAreTheEnginesInBf16) {
     return -1;
   };
   for (const int stage : {0, 2, 3}) {
-    const JobSpec f32 = Job(2, stage, 2);
+    // At stage 3 the tied embedding split by vocabulary rows (VocabShardedBytesPerMicroBatch):
+    // its rows' reduce-scatters widened to f32, their gathers at the compute dtype's width.
+    JobSpec f32 = Job(2, stage, 2);
+    f32.mutable_parallel()->set_vocab_sharded_embedding(true);
     JobSpec bf16 = f32;
     auto* precision = bf16.mutable_precision();
     precision->set_param_dtype(zerotrain::PrecisionConfig::BF16);
