@@ -587,7 +587,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU
   // devices; offload.params CPU (the stage-3 shards in the pinned host pool) beside either of
   // them, and offload.params NVME (the shards swapped with the states) beside optimizer NVME —
-  // or, for a LoRA job, its frozen base swapped beside any optimizer offload.
+  // or, for a LoRA job, its frozen base swapped beside any optimizer offload, on pipeline
+  // stages and tensor-parallel ranks too (each rank swaps its own share of its own stage's
+  // base, a tensor-parallel rank's quantized share included).
   using Offload = zerotrain::OffloadConfig;
   const Offload& offload = spec.offload();
   if (offload.params() == Offload::CPU || offload.params() == Offload::NVME) {
@@ -620,16 +622,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
             "with model.lora over a quantized base from the seeded init only (a base streamed "
             "from model.init_from lands in the shards piece by piece; the store takes whole "
             "shards); use offload.params CPU");
-      }
-      if (parallel.pipeline_parallel() > 1) {
-        needs(
-            "with model.lora at parallel.pipeline_parallel 1 only (a stage's frozen base is not "
-            "swapped yet); use offload.params CPU");
-      }
-      if (parallel.tensor_parallel() > 1) {
-        needs(
-            "with model.lora at parallel.tensor_parallel 1 only (a tensor-parallel rank's share "
-            "of the frozen base is not swapped yet); use offload.params CPU");
       }
     }
   }

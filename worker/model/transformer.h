@@ -161,8 +161,10 @@ class Transformer {
   // views are empty until the sharding engine gathers the block's bytes and binds them
   // (BindQuantizedBase) for a use.
   // A shard the plan keeps in the swap store (offload.params NVME) has no view here (empty):
-  // InitializeQuantizedShard writes unit u's seeded quantized weights into `shard` (host
-  // memory of the shard's size, on its way to the store) instead.
+  // InitializeQuantizedShard writes unit u's (of layout(): a pipeline stage's own units)
+  // seeded quantized weights into `shard` (host memory of the shard's size, on its way to the
+  // store) instead: the bytes InitializeQuantizedBase keeps, a tensor-parallel rank's share
+  // of each whole weight quantized included.
   const std::vector<Tensor>& unit_quantized_shards() const { return qbase_shards_; }
   absl::Status InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
                                         const Tensor& shard);

@@ -380,21 +380,26 @@ absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std
 
 absl::Status Transformer::InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
                                                    const Tensor& shard) {
-  if (tp_.size > 1) {
-    // A share is cut from the whole weight quantized (QuantizeBaseWeight); the job validation
-    // refuses a swapped base on tensor-parallel ranks.
-    return absl::UnimplementedError(absl::StrCat(
-        "InitializeQuantizedShard: ", layout_.units[u].name,
-        ": a swapped quantized base on tensor-parallel ranks is not built"));
+  // InitializeQuantizedBase's values, bit for bit: the whole (one-rank) weight generated from
+  // the whole layout, quantized whole, and the rank's part kept — a tensor-parallel rank's
+  // share of it (QuantizeBaseWeight), then the shard group rank's bytes of the unit's
+  // quantized bytes. `u` is layout()'s (a pipeline stage's own units); the quantized
+  // buffers are by whole-model unit.
+  if (u < 0 || u >= static_cast<int>(held_units_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("InitializeQuantizedShard: unit ", u, " is not one the model holds"));
   }
-  const UnitLayout& unit = layout_.units[u];
-  for (const ParamSpec& p : unit.params) {
+  const int whole = held_units_[u];
+  const UnitLayout& whole_unit = whole_layout_.units[whole];
+  for (const ParamSpec& p : whole_unit.params) {
     if (!p.quantized) continue;
     std::vector<float> values(p.numel);
-    FillInitialMatrix(seed, unit, p, 0, p.numel, values.data());
-    ZT_RETURN_IF_ERROR(
-        QuantizeIntoShard(ctx, u, p.name, Tensor(values.data(), DType::kF32, {p.numel}), shard,
-                          /*slice=*/nullptr));
+    FillInitialMatrix(seed, whole_unit, p, 0, p.numel, values.data());
+    std::optional<TensorParallelSlice> share;
+    if (tp_.size > 1) share = SliceOf(config_, p.name, p.shape, tp_.size, tp_.rank);
+    ZT_RETURN_IF_ERROR(QuantizeIntoShard(ctx, whole, p.name,
+                                         Tensor(values.data(), DType::kF32, {p.numel}), shard,
+                                         share ? &*share : nullptr));
   }
   return absl::OkStatus();
 }
