@@ -150,6 +150,11 @@ class Transformer {
   // differ or a value is not finite.
   absl::Status QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
                                   const Tensor& values);
+  // QuantizeBaseWeight at ZeRO stage 3 into `shard` (host memory of the plan's "<unit>.qbase"
+  // size) instead of the model's own shard: a swapped base (offload.params NVME) streamed from
+  // model.init_from, staged on its way to the store. u is layout()'s.
+  absl::Status QuantizeBaseWeightIntoShard(const DeviceContext& ctx, int u, std::string_view name,
+                                           const Tensor& values, const Tensor& shard);
   // InitializeWeights' values for every quantized weight, each generated in f32 in turn and
   // quantized (the rest of the base comes from InitializeWeights, which skips these).
   absl::Status InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed);
