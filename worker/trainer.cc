@@ -674,13 +674,6 @@ absl::Status Trainer::InitializeWeights() {
   std::vector<float> values(kChunk);
   ZT_ASSIGN_OR_RETURN(ScratchTensor chunk, device_->AllocateScratchF32(kChunk));
   if (stream_quantized) {
-    if (swapped_base_) {
-      // CheckEngineSupport refuses this job; an engine reached another way says why too.
-      return absl::UnimplementedError(
-          "offload.params: NVME with model.lora trains over a quantized base from the seeded "
-          "init only (a streamed base lands in the shards piece by piece, the store takes whole "
-          "shards)");
-    }
     ZT_RETURN_IF_ERROR(StreamQuantizedBase(values, chunk.tensor));
     ZT_RETURN_IF_ERROR(InitializeAdapters());
     return InitializeSwappedAdapterStates();
@@ -879,13 +872,72 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
   const ModelLayout& read_layout = tp.size > 1 ? whole : layout;
   std::vector<std::vector<float>> whole_units(tp.size > 1 ? whole.units.size() : 0);
   for (size_t u = 0; u < whole_units.size(); ++u) whole_units[u].resize(whole.units[u].numel);
+  // offload.params NVME: the base's shards are the store's, which takes whole shards. The
+  // stream lands in host staging of a unit's shard parts (its "<unit>.params" and
+  // "<unit>.qbase" bytes, zeroed, so padding stays zero) — set-up memory beside the plan, as
+  // the weight being assembled below is, for the units whose tensors are still arriving — and
+  // each unit goes to the store whole once all its tensors arrived (a tensor-parallel rank's
+  // unquantized shares arrive at the end), as the base's first generation.
+  struct Staged {
+    std::vector<float> part[SwappedBase::kParts];  // f32 words: aligned for any dtype
+    int64_t rows_left = 0;  // of the unit's tensors, as the stream hands them over
+    bool begun = false, written = false;
+  };
+  std::vector<Staged> staged(swapped_base_ ? layout.units.size() : 0);
+  const auto part_name = [&](int u, SwappedBase::Part part) {
+    return part == SwappedBase::Part::kParams ? layout.units[u].name + ".params"
+                                              : QuantizedShardName(layout.units[u]);
+  };
+  const auto staging = [&](int u) -> absl::StatusOr<Staged*> {
+    Staged& st = staged[u];
+    if (st.written) {
+      return absl::InternalError(absl::StrCat("model.init_from: ", layout.units[u].name,
+                                              " received a tensor after it was swapped out"));
+    }
+    if (!st.begun) {
+      st.begun = true;
+      for (int p = 0; p < SwappedBase::kParts; ++p) {
+        const std::string name = part_name(u, static_cast<SwappedBase::Part>(p));
+        if (!swapped_base_->Holds(name)) continue;
+        ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas_->Spec(name));
+        st.part[p].assign(static_cast<size_t>((spec->bytes() + 3) / 4), 0.0f);
+      }
+      for (const ParamSpec& p : read_layout.units[u].params) st.rows_left += p.shape[0];
+    }
+    return &st;
+  };
+  const auto swap_out = [&](int u) -> absl::Status {
+    Staged& st = staged[u];
+    for (int p = 0; p < SwappedBase::kParts; ++p) {
+      const std::string name = part_name(u, static_cast<SwappedBase::Part>(p));
+      if (!swapped_base_->Holds(name)) continue;
+      ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas_->Spec(name));
+      ZT_RETURN_IF_ERROR(swapped_base_->WriteBuffer(name, st.part[p].data(), spec->bytes()));
+    }
+    st = Staged{.written = true};
+    return absl::OkStatus();
+  };
+  // Counts `rows` of unit u's tensors in, and swaps the unit out when they were its last.
+  const auto arrived = [&](int u, int64_t rows) -> absl::Status {
+    if (staged.empty()) return absl::OkStatus();
+    ZT_ASSIGN_OR_RETURN(Staged * st, staging(u));
+    st->rows_left -= rows;
+    if (st->rows_left > 0 || tp.size > 1) return absl::OkStatus();
+    return swap_out(u);
+  };
+  if (swapped_base_) swapped_base_->BeginRestore();
   // Elements [b, b + n) of unit u's flat buffer from `from`: the rank stores all of it at
-  // stages 0–2, its shard at stage 3 ("<unit>.params" is then the shard).
+  // stages 0–2, its shard at stage 3 ("<unit>.params" is then the shard, or its staging).
   const auto upload = [&](int u, int64_t b, const float* from, int64_t n) -> absl::Status {
     const int64_t numel = layout.units[u].numel;
     const FlatRange mine =
         stage == 3 ? ShardOfUnit(layout.units[u], engine_->geometry()).owned : FlatRange{0, numel};
-    const Tensor params = model_->unit_params()[u];
+    Tensor params = model_->unit_params()[u];
+    if (swapped_base_) {
+      ZT_ASSIGN_OR_RETURN(Staged * st, staging(u));
+      params = Tensor(st->part[static_cast<int>(SwappedBase::Part::kParams)].data(), params.dtype(),
+                      {params.numel()});
+    }
     for (int64_t lo = std::max(b, mine.begin); lo < std::min(b + n, mine.end); lo += kChunk) {
       const int64_t hi = std::min({b + n, mine.end, lo + kChunk});
       std::copy(from + (lo - b), from + (hi - b), values.begin());
@@ -915,18 +967,29 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
       }
       std::copy(piece.begin(), piece.end(), w.values.begin() + (t.row_offset + row) * cols);
       w.rows_left -= rows;
-      if (w.rows_left > 0) return absl::OkStatus();
-      const absl::Status quantized = model_->QuantizeBaseWeight(
-          ctx_, t.unit, p.name, Tensor(w.values.data(), DType::kF32, {p.numel}));
+      if (w.rows_left > 0) return arrived(t.unit, rows);
+      const Tensor weight(w.values.data(), DType::kF32, {p.numel});
+      absl::Status quantized;
+      if (swapped_base_) {
+        ZT_ASSIGN_OR_RETURN(Staged * st, staging(t.unit));
+        std::vector<float>& q = st->part[static_cast<int>(SwappedBase::Part::kQuantized)];
+        quantized = model_->QuantizeBaseWeightIntoShard(
+            ctx_, t.unit, p.name, weight,
+            Tensor(q.data(), DType::kF32, {static_cast<int64_t>(q.size())}));
+      } else {
+        quantized = model_->QuantizeBaseWeight(ctx_, t.unit, p.name, weight);
+      }
       pending.erase({t.unit, p.name});
-      return quantized;
+      ZT_RETURN_IF_ERROR(quantized);
+      return arrived(t.unit, rows);
     }
     const int64_t b = t.unit_begin() + row * cols, n = static_cast<int64_t>(piece.size());
     if (tp.size > 1) {
       std::copy(piece.begin(), piece.end(), whole_units[t.unit].begin() + b);
-      return absl::OkStatus();
+      return arrived(t.unit, rows);
     }
-    return upload(t.unit, b, piece.data(), n);
+    ZT_RETURN_IF_ERROR(upload(t.unit, b, piece.data(), n));
+    return arrived(t.unit, rows);
   };
   ZT_RETURN_IF_ERROR(StreamHuggingFace(job_.model().init_from(), job_.model(), read_layout, sink));
   // A tensor-parallel rank's shares of the unquantized tensors (pipeline stages do not stream a
@@ -941,7 +1004,19 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
     }
     ZT_RETURN_IF_ERROR(upload(static_cast<int>(u), 0, share.data(), layout.units[u].numel));
   }
-  return absl::OkStatus();
+  if (!swapped_base_) return absl::OkStatus();
+  // The units still staged (a tensor-parallel rank's, whose unquantized shares came last) go
+  // whole now; a unit the stream never reached would be zeros in the store, and is an error.
+  for (size_t u = 0; u < staged.size(); ++u) {
+    if (staged[u].written) continue;
+    if (!staged[u].begun) {
+      return absl::InternalError(absl::StrCat("model.init_from: ", job_.model().init_from(),
+                                              " streamed nothing into ", layout.units[u].name,
+                                              "'s swapped base shard"));
+    }
+    ZT_RETURN_IF_ERROR(swap_out(static_cast<int>(u)));
+  }
+  return swapped_base_->FinishRestore();
 }
 
 absl::Status Trainer::InitializeAdapters() {

@@ -587,7 +587,11 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // offload.optimizer CPU (ZeRO-Offload) and NVME (ZeRO-Infinity's optimizer offload) on CPU
   // devices; offload.params CPU (the stage-3 shards in the pinned host pool) beside either of
   // them, and offload.params NVME (the shards swapped with the states) beside optimizer NVME —
-  // or, for a LoRA job, its frozen base swapped beside any optimizer offload.
+  // or, for a LoRA job, its frozen base swapped beside any optimizer offload, on pipeline
+  // stages and tensor-parallel ranks too (each rank swaps its own share of its own stage's
+  // base, a tensor-parallel rank's quantized share included), seeded or streamed from
+  // model.init_from (a quantized one staged on the host a unit at a time, the store written
+  // whole shard by whole shard).
   using Offload = zerotrain::OffloadConfig;
   const Offload& offload = spec.offload();
   if (offload.params() == Offload::CPU || offload.params() == Offload::NVME) {
@@ -611,26 +615,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       needs(
           "with offload.optimizer NVME (the shards are swapped with the states, in their "
           "generation)");
-    }
-    if (UsesLora(spec.model()) && offload.params() == Offload::NVME) {
-      if (!spec.model().init_from().empty() &&
-          (spec.model().base_dtype() == ModelConfig::NF4 ||
-           spec.model().base_dtype() == ModelConfig::INT8)) {
-        needs(
-            "with model.lora over a quantized base from the seeded init only (a base streamed "
-            "from model.init_from lands in the shards piece by piece; the store takes whole "
-            "shards); use offload.params CPU");
-      }
-      if (parallel.pipeline_parallel() > 1) {
-        needs(
-            "with model.lora at parallel.pipeline_parallel 1 only (a stage's frozen base is not "
-            "swapped yet); use offload.params CPU");
-      }
-      if (parallel.tensor_parallel() > 1) {
-        needs(
-            "with model.lora at parallel.tensor_parallel 1 only (a tensor-parallel rank's share "
-            "of the frozen base is not swapped yet); use offload.params CPU");
-      }
     }
   }
   const bool optimizer_offload =

@@ -180,6 +180,11 @@ class Transformer {
   // differ or a value is not finite.
   absl::Status QuantizeBaseWeight(const DeviceContext& ctx, int u, std::string_view name,
                                   const Tensor& values);
+  // QuantizeBaseWeight at ZeRO stage 3 into `shard` (host memory of the plan's "<unit>.qbase"
+  // size) instead of the model's own shard: a swapped base (offload.params NVME) streamed from
+  // model.init_from, staged on its way to the store. u is layout()'s.
+  absl::Status QuantizeBaseWeightIntoShard(const DeviceContext& ctx, int u, std::string_view name,
+                                           const Tensor& values, const Tensor& shard);
   // InitializeWeights' values for every quantized weight, each generated in f32 in turn and
   // quantized (the rest of the base comes from InitializeWeights, which skips these).
   absl::Status InitializeQuantizedBase(const DeviceContext& ctx, uint64_t seed);
@@ -191,8 +196,10 @@ class Transformer {
   // views are empty until the sharding engine gathers the block's bytes and binds them
   // (BindQuantizedBase) for a use.
   // A shard the plan keeps in the swap store (offload.params NVME) has no view here (empty):
-  // InitializeQuantizedShard writes unit u's seeded quantized weights into `shard` (host
-  // memory of the shard's size, on its way to the store) instead.
+  // InitializeQuantizedShard writes unit u's (of layout(): a pipeline stage's own units)
+  // seeded quantized weights into `shard` (host memory of the shard's size, on its way to the
+  // store) instead: the bytes InitializeQuantizedBase keeps, a tensor-parallel rank's share
+  // of each whole weight quantized included.
   const std::vector<Tensor>& unit_quantized_shards() const { return qbase_shards_; }
   absl::Status InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
                                         const Tensor& shard);

@@ -336,6 +336,27 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
   return QuantizeIntoShard(ctx, u, name, values, qbase_shards_[u], slice);
 }
 
+absl::Status Transformer::QuantizeBaseWeightIntoShard(const DeviceContext& ctx, int u,
+                                                      std::string_view name, const Tensor& values,
+                                                      const Tensor& shard) {
+  if (u < 0 || u >= static_cast<int>(held_units_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeightIntoShard: unit ", u, " is not one the model holds"));
+  }
+  const int whole = held_units_[u];
+  std::optional<TensorParallelSlice> share;
+  if (tp_.size > 1) {
+    const ParamSpec* p = whole_layout_.units[whole].Find(std::string(name));
+    if (p == nullptr || !p->quantized) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("QuantizeBaseWeightIntoShard: ", layout_.units[whole].name, ".",
+                       std::string(name), " is not a quantized weight"));
+    }
+    share = SliceOf(config_, p->name, p->shape, tp_.size, tp_.rank);
+  }
+  return QuantizeIntoShard(ctx, whole, name, values, shard, share ? &*share : nullptr);
+}
+
 absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
                                             const Tensor& values, const Tensor& shard,
                                             const TensorParallelSlice* slice) {
@@ -380,21 +401,20 @@ absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std
 
 absl::Status Transformer::InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
                                                    const Tensor& shard) {
-  if (tp_.size > 1) {
-    // A share is cut from the whole weight quantized (QuantizeBaseWeight); the job validation
-    // refuses a swapped base on tensor-parallel ranks.
-    return absl::UnimplementedError(absl::StrCat(
-        "InitializeQuantizedShard: ", layout_.units[u].name,
-        ": a swapped quantized base on tensor-parallel ranks is not built"));
+  // InitializeQuantizedBase's values, bit for bit: each whole (one-rank) weight generated from
+  // the whole layout and quantized as QuantizeBaseWeight does. `u` is layout()'s (a pipeline
+  // stage's own units); the whole layout is by whole-model unit.
+  if (u < 0 || u >= static_cast<int>(held_units_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("InitializeQuantizedShard: unit ", u, " is not one the model holds"));
   }
-  const UnitLayout& unit = layout_.units[u];
-  for (const ParamSpec& p : unit.params) {
+  const UnitLayout& whole_unit = whole_layout_.units[held_units_[u]];
+  for (const ParamSpec& p : whole_unit.params) {
     if (!p.quantized) continue;
     std::vector<float> values(p.numel);
-    FillInitialMatrix(seed, unit, p, 0, p.numel, values.data());
-    ZT_RETURN_IF_ERROR(
-        QuantizeIntoShard(ctx, u, p.name, Tensor(values.data(), DType::kF32, {p.numel}), shard,
-                          /*slice=*/nullptr));
+    FillInitialMatrix(seed, whole_unit, p, 0, p.numel, values.data());
+    ZT_RETURN_IF_ERROR(QuantizeBaseWeightIntoShard(
+        ctx, u, p.name, Tensor(values.data(), DType::kF32, {p.numel}), shard));
   }
   return absl::OkStatus();
 }

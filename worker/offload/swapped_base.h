@@ -5,11 +5,11 @@
 //
 // Nothing updates a frozen base, so unlike the NVMe optimizer's states (worker/offload/
 // nvme_optimizer.h) it is written once — Initialize at the start (the seeded or imported base),
-// or a restore from a checkpoint — as one committed generation of a store key of its own, and
-// every step's gathers read that generation. The optimizer's units are the adapters (on the
-// device, the host or NVMe), so the base's extents are keyed by model unit, the rank's range of
-// the unit's flat buffer (the shard; f32 words for the quantized bytes) and the role
-// (kParameters, kQuantizedBase), under the rank's key "<owner>/rank-<r>/base".
+// a quantized base's stream, or a restore from a checkpoint — as one committed generation of a
+// store key of its own, and every step's gathers read that generation. The optimizer's units are
+// the adapters (on the device, the host or NVMe), so the base's extents are keyed by model unit,
+// the rank's range of the unit's flat buffer (the shard; f32 words for the quantized bytes) and the
+// role (kParameters, kQuantizedBase), under the rank's key "<owner>/rank-<r>/base".
 //
 // The gathers' reads go through a ring of pinned buffers of the plan's own
 // ("offload.base_ring.<k>", buffer_count × buffer_size, beside the optimizer's ring), on a copy
@@ -90,9 +90,10 @@ class SwappedBase {
   // The committed bytes of the plan's buffer `name` ("<unit>.params" / "<unit>.qbase"), valid
   // until the next call: a checkpoint's source. NotFound for a buffer it does not hold.
   absl::StatusOr<const void*> ReadBuffer(const std::string& name);
-  // Restoring from a checkpoint: BeginRestore, WriteBuffer for each restored buffer,
-  // FinishRestore commits them as the key's next generation (buffers not written keep their
-  // content).
+  // Writing a generation buffer by buffer — a checkpoint's restore, or a quantized base
+  // streamed from model.init_from, whose units complete in the stream's order: BeginRestore,
+  // WriteBuffer for each whole buffer, FinishRestore commits them as the key's next generation
+  // (buffers not written keep their content).
   void BeginRestore();
   absl::Status WriteBuffer(const std::string& name, const void* data, int64_t bytes);
   absl::Status FinishRestore();

@@ -17,8 +17,10 @@
 namespace zt {
 namespace {
 
+using testing::ExportBase;
 using testing::LoraRun;
 using testing::LoraTrainingTest;
+using testing::MakeHfBase;
 using testing::MaxAbsDiff;
 using zerotrain::JobSpec;
 using zerotrain::ModelConfig;
@@ -55,6 +57,10 @@ class LoraOffloadTrainingTest : public LoraTrainingTest {
     job.mutable_offload()->set_buffer_size(16 * kPage);
     return job;
   }
+  // `job` (a swapped base's, checkpointed into `ckpt`) saved after 2 steps and resumed to 4 is
+  // `device`'s 4 steps bit for bit.
+  void ExpectResumesAsTheDevicePath(JobSpec job, const std::filesystem::path& ckpt,
+                                    const LoraRun& device, const std::string& what);
 };
 
 void ExpectSameAdapterRun(const LoraRun& got, const LoraRun& want, const std::string& what) {
@@ -382,6 +388,253 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedResumeBitForBit) {
         // The seeded init, then the checkpoint's shards.
         EXPECT_EQ(second.base_generation[r], 2u) << what << " rank " << r;
       }
+    }
+  }
+}
+
+// `job` (with checkpoint.dir `ckpt`) saved after 2 steps and resumed to 4 is `device`'s 4 steps
+// bit for bit: losses step by step, adapters and their states, every rank's frozen base.
+void LoraOffloadTrainingTest::ExpectResumesAsTheDevicePath(JobSpec job,
+                                                           const std::filesystem::path& ckpt,
+                                                           const LoraRun& device,
+                                                           const std::string& what) {
+  job.mutable_checkpoint()->set_dir(ckpt.string());
+  job.mutable_checkpoint()->set_interval_steps(2);
+  ASSERT_EQ(Train(job, 2).losses.size(), 2u) << what;
+  TrainOptions resume;
+  resume.resume_dir = ckpt.string();
+  LoraRun second = Train(job, 4, resume);
+  ASSERT_EQ(second.losses.size(), 2u) << what;
+  EXPECT_EQ(second.losses[0], device.losses[2]) << what;
+  EXPECT_EQ(second.losses[1], device.losses[3]) << what;
+  second.losses = device.losses;  // compared step by step above
+  ExpectSameAdapterRun(second, device, what + " resumed");
+  ASSERT_EQ(second.rank_base_after.size(), device.rank_base_after.size()) << what;
+  for (size_t r = 0; r < second.rank_base_after.size(); ++r) {
+    EXPECT_TRUE(second.rank_base_after[r] == device.rank_base_after[r]) << what << " rank " << r;
+    // The start's generation (seeded or streamed), then the restore's.
+    EXPECT_EQ(second.base_generation[r], 2u) << what << " rank " << r;
+  }
+}
+
+// offload.params NVME on pipeline stages and tensor-parallel ranks: each rank swaps its own
+// share of its own stage's frozen base (its model units' "<unit>.params" shards, and the NF4 or
+// INT8 "<unit>.qbase" byte shards that a tensor-parallel rank keeps of the whole weight it
+// quantized) under its own key, and every gather reads it from the store — a pipeline stage's
+// per-use gathers (reshard_after_forward) and the ones it keeps for the step alike. PP2 × DP2
+// (both reshard_after_forward settings), TP2 × DP2 and TP2 × PP2, FP32, NF4 and INT8 bases,
+// optimizer on the device and on NVMe: the run is the same layout with the base on the device
+// (offload.params NONE) and in the pinned host pool (CPU) bit for bit — losses, adapters, every
+// adapter state, every rank's base read back from the store; each rank's plan moves exactly its
+// shards to the store and adds the base ring, its arenas are the plan; the store's stats show
+// every step's gathers read the base; and 2 + 2 steps resumed from a checkpoint are the 4 steps.
+struct SplitLayout {
+  int tp, pp, dp;
+  bool reshard_after_forward;
+  std::string Name() const {
+    return absl::StrCat("tp", tp, " x pp", pp, " x dp", dp,
+                        reshard_after_forward ? "" : " kept for the step");
+  }
+};
+
+TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedOnStagesAndTensorParallelRanksBitForBit) {
+  constexpr int64_t kRingPages = 64;
+  constexpr SplitLayout kLayouts[] = {
+      {1, 2, 2, true}, {1, 2, 2, false}, {2, 1, 2, true}, {2, 2, 1, true}};
+  for (const SplitLayout& split : kLayouts) {
+    for (const auto base : {ModelConfig::FP32, ModelConfig::NF4, ModelConfig::INT8}) {
+      const std::string name = split.Name() + " " + ModelConfig::BaseDType_Name(base);
+      const auto job_with = [&](OffloadConfig::Device params, OffloadConfig::Device optimizer) {
+        const auto family = base == ModelConfig::FP32 ? ModelConfig::GPT2 : ModelConfig::LLAMA;
+        JobSpec job = Job(split.tp * split.pp * split.dp, 3, 1, 4, family, base);
+        job.mutable_train()->set_max_steps(4);
+        job.mutable_parallel()->set_tensor_parallel(split.tp);
+        job.mutable_parallel()->set_pipeline_parallel(split.pp);
+        job.mutable_parallel()->set_pipeline_schedule(zerotrain::ParallelConfig::ONE_F_ONE_B);
+        job.mutable_parallel()->set_reshard_after_forward(split.reshard_after_forward);
+        if (base == ModelConfig::NF4 && split.tp > 1) {
+          // An NF4 share's rows and columns are whole 64-element blocks (CheckEngineSupport).
+          job.mutable_model()->set_d_model(64 * split.tp);
+          job.mutable_model()->set_d_ff(128 * split.tp);
+        }
+        std::filesystem::create_directories(dir_ / "swap");
+        job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+        job.mutable_offload()->set_buffer_count(4);
+        // A unit's parts together fit one buffer (SwappedBase::Create), the widened NF4
+        // model's included.
+        job.mutable_offload()->set_buffer_size(kRingPages * kPage);
+        job.mutable_offload()->set_optimizer(optimizer);
+        job.mutable_offload()->set_params(params);
+        return job;
+      };
+      const LoraRun device = Train(job_with(OffloadConfig::NONE, OffloadConfig::NONE), 4);
+      ASSERT_EQ(device.losses.size(), 4u) << name;
+      const LoraRun host = Train(job_with(OffloadConfig::CPU, OffloadConfig::NONE), 4);
+      ExpectSameAdapterRun(host, device, name + " params CPU");
+      const int n = split.tp * split.pp * split.dp;
+      for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::NVME}) {
+        const std::string what = name + " optimizer " + OffloadConfig::Device_Name(optimizer);
+        const JobSpec job = job_with(OffloadConfig::NVME, optimizer);
+        const LoraRun swapped = Train(job, 4);
+        ExpectSameAdapterRun(swapped, device, what);
+        ASSERT_EQ(swapped.rank_base_after.size(), static_cast<size_t>(n)) << what;
+        const JobSpec validated = ValidatedJob(job).value();
+        JobSpec plain_job = job;  // the same ring geometry, the base on the device
+        plain_job.mutable_offload()->set_params(OffloadConfig::NONE);
+        const JobSpec plain_validated = ValidatedJob(plain_job).value();
+        for (int r = 0; r < n; ++r) {
+          const std::string rank = absl::StrCat(what, " rank ", r);
+          for (const auto& [buffer, bytes] : device.rank_base_after[r]) {
+            auto it = swapped.rank_base_after[r].find(buffer);
+            EXPECT_TRUE(it != swapped.rank_base_after[r].end() && it->second == bytes)
+                << rank << ": the store's " << buffer << " is not the device path's";
+          }
+          EXPECT_EQ(swapped.rank_base_after[r].size(), device.rank_base_after[r].size()) << rank;
+          EXPECT_EQ(swapped.base_generation[r], 1u) << rank;
+          // The rank's plan: its own shards in the store (page-padded), gone from the device,
+          // and the base ring in pinned host memory; its arenas carve exactly that.
+          const MemoryPlan plan = PlanMemory(validated, r);
+          const MemoryPlan plain = PlanMemory(plain_validated, r);
+          int64_t extents = 0, device_bytes = 0, shards = 0, qbase = 0;
+          for (const BufferSpec& b : plan.buffers) {
+            if (b.name.ends_with(".params") || b.name.ends_with(".qbase")) {
+              EXPECT_EQ(b.category, MemoryCategory::kNvme) << rank << " " << b.name;
+              extents += (b.bytes() + kPage - 1) / kPage * kPage;
+              device_bytes += AlignedBytes(b.bytes());
+              ++shards;
+              qbase += b.name.ends_with(".qbase");
+            }
+          }
+          EXPECT_GT(shards, 0) << rank;
+          EXPECT_EQ(qbase > 0, base != ModelConfig::FP32) << rank;
+          EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kNvme),
+                    plain.CategoryBytes(MemoryCategory::kNvme) + extents)
+              << rank;
+          EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters),
+                    plain.CategoryBytes(MemoryCategory::kParameters) - device_bytes)
+              << rank;
+          EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
+                    plain.CategoryBytes(MemoryCategory::kPinnedHost) + 4 * kRingPages * kPage)
+              << rank;
+          for (int c = 0; c < kMemoryCategoryCount; ++c) {
+            const auto& [arena, planned] = swapped.arena_and_plan_bytes[r][c];
+            const bool in_store = static_cast<MemoryCategory>(c) == MemoryCategory::kNvme;
+            EXPECT_EQ(arena, in_store ? 0 : planned) << rank << " category " << c;
+          }
+          // Every step's gathers read the base from the store, ahead or at the gather, one read
+          // a gather: gathered per use, each of the m = 4 micro-batches gathers a block twice
+          // (forward, backward) and the embedding and the head once (nothing flows back into
+          // a frozen embedding; the head's forward and backward are one use); kept for the
+          // step, each unit once a step. A quantized base's blocks read both parts.
+          int64_t param_gathers = 0, block_gathers = 0;
+          for (const BufferSpec& b : plan.buffers) {
+            if (!b.name.ends_with(".params")) continue;
+            const bool block = b.name.starts_with("block.");
+            param_gathers += split.reshard_after_forward ? 4 * (block ? 2 : 1) : 1;
+            if (block && base != ModelConfig::FP32) {
+              block_gathers += split.reshard_after_forward ? 4 * 2 : 1;
+            }
+          }
+          const SwappedBase::Stats& stats = swapped.base_swap[r];
+          const int params = static_cast<int>(SwappedBase::Part::kParams);
+          const int quantized = static_cast<int>(SwappedBase::Part::kQuantized);
+          EXPECT_EQ(stats.reads_ahead[params] + stats.reads_at_gather[params], 4 * param_gathers)
+              << rank;
+          EXPECT_EQ(stats.reads_ahead[quantized] + stats.reads_at_gather[quantized],
+                    4 * block_gathers)
+              << rank;
+          EXPECT_GT(stats.swap_bytes_in, 0) << rank;
+        }
+      }
+      // Saved from the store (the seeded base is checkpointed), resumed into its next
+      // generation: 2 + 2 steps are the 4 steps on the device.
+      ExpectResumesAsTheDevicePath(
+          job_with(OffloadConfig::NVME, OffloadConfig::NVME),
+          dir_ / absl::StrCat("split-", &split - kLayouts, "-", ModelConfig::BaseDType_Name(base)),
+          device, name);
+    }
+  }
+}
+
+// offload.params NVME over a quantized base streamed from model.init_from (a BF16 Hugging Face
+// file): the stream lands in host staging of each unit's shard parts and the store takes each
+// unit whole once its tensors arrived (a tensor-parallel rank's at the stream's end), as the
+// base's first generation. NF4 and INT8 on DP2 and TP2 × DP2 at ZeRO 3, optimizer on the device
+// and on NVMe: the run is the same job with the base on the device (params NONE) and in the
+// pinned host pool (CPU) bit for bit, every rank's base in the store is the device path's, the
+// arenas are the plan (the staging is set-up memory, released before the first step), every
+// step's gathers read the base, and 2 + 2 steps resumed are the 4 steps (the streamed base is
+// not checkpointed: the resume streams it again and the restore keeps it).
+TEST_F(LoraOffloadTrainingTest, StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit) {
+  for (const int tp : {1, 2}) {
+    for (const auto base : {ModelConfig::NF4, ModelConfig::INT8}) {
+      const std::string name = absl::StrCat("tp", tp, " ", ModelConfig::BaseDType_Name(base));
+      const auto job_with = [&](OffloadConfig::Device params, OffloadConfig::Device optimizer) {
+        JobSpec job = Job(2 * tp, 3, 1, 2, ModelConfig::LLAMA, base);
+        job.mutable_train()->set_max_steps(4);
+        job.mutable_parallel()->set_tensor_parallel(tp);
+        if (base == ModelConfig::NF4 && tp > 1) {
+          // An NF4 share's rows and columns are whole 64-element blocks (CheckEngineSupport).
+          job.mutable_model()->set_d_model(64 * tp);
+          job.mutable_model()->set_d_ff(128 * tp);
+        }
+        std::filesystem::create_directories(dir_ / "swap");
+        job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+        job.mutable_offload()->set_buffer_count(4);
+        job.mutable_offload()->set_buffer_size(64 * kPage);
+        job.mutable_offload()->set_optimizer(optimizer);
+        job.mutable_offload()->set_params(params);
+        return job;
+      };
+      const JobSpec plain = job_with(OffloadConfig::NONE, OffloadConfig::NONE);
+      const std::string hf =
+          ExportBase(MakeHfBase(plain), (dir_ / (name + ".safetensors")).string(), DType::kBF16);
+      const auto streamed = [&](JobSpec job) {
+        job.mutable_model()->set_init_from(hf);
+        return job;
+      };
+      const LoraRun device = Train(streamed(plain), 4);
+      ASSERT_EQ(device.losses.size(), 4u) << name;
+      ExpectSameAdapterRun(Train(streamed(job_with(OffloadConfig::CPU, OffloadConfig::NONE)), 4),
+                           device, name + " params CPU");
+      for (const auto optimizer : {OffloadConfig::NONE, OffloadConfig::NVME}) {
+        const std::string what = name + " optimizer " + OffloadConfig::Device_Name(optimizer);
+        const JobSpec job = streamed(job_with(OffloadConfig::NVME, optimizer));
+        const LoraRun swapped = Train(job, 4);
+        ExpectSameAdapterRun(swapped, device, what);
+        ASSERT_EQ(swapped.rank_base_after.size(), static_cast<size_t>(2 * tp)) << what;
+        for (int r = 0; r < 2 * tp; ++r) {
+          const std::string rank = absl::StrCat(what, " rank ", r);
+          int qbase = 0;
+          for (const auto& [buffer, bytes] : device.rank_base_after[r]) {
+            auto it = swapped.rank_base_after[r].find(buffer);
+            EXPECT_TRUE(it != swapped.rank_base_after[r].end() && it->second == bytes)
+                << rank << ": the store's " << buffer << " is not the device path's";
+            qbase += buffer.ends_with(".qbase");
+          }
+          EXPECT_GT(qbase, 0) << rank;
+          EXPECT_EQ(swapped.base_generation[r], 1u) << rank;
+          for (int c = 0; c < kMemoryCategoryCount; ++c) {
+            const auto& [arena, planned] = swapped.arena_and_plan_bytes[r][c];
+            const bool in_store = static_cast<MemoryCategory>(c) == MemoryCategory::kNvme;
+            EXPECT_EQ(arena, in_store ? 0 : planned) << rank << " category " << c;
+          }
+          // Each of the 2 micro-batches gathers a block twice and the embedding and head once.
+          const ModelLayout layout = BuildModelLayout(ValidatedJob(job).value().model());
+          const int64_t blocks = static_cast<int64_t>(layout.units.size()) - 2;
+          const SwappedBase::Stats& stats = swapped.base_swap[r];
+          const int params = static_cast<int>(SwappedBase::Part::kParams);
+          const int quantized = static_cast<int>(SwappedBase::Part::kQuantized);
+          EXPECT_EQ(stats.reads_ahead[params] + stats.reads_at_gather[params],
+                    4 * 2 * (2 * blocks + 2))
+              << rank;
+          EXPECT_EQ(stats.reads_ahead[quantized] + stats.reads_at_gather[quantized],
+                    4 * 2 * 2 * blocks)
+              << rank;
+        }
+      }
+      ExpectResumesAsTheDevicePath(streamed(job_with(OffloadConfig::NVME, OffloadConfig::NVME)),
+                                   dir_ / ("streamed-" + name), device, name);
     }
   }
 }
