@@ -636,6 +636,7 @@ absl::Status ShardingEngine::AwaitUploadsAhead() {
   param_upload_s_ += done.seconds;
   if (!done.status.ok()) {
     std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+    std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
     return absl::Status(done.status.code(),
                         absl::StrCat("sharding engine: uploading the first gathers' host shards "
                                      "ahead: ", done.status.message()));
@@ -1065,6 +1066,7 @@ absl::Status ShardingEngine::EndPass() {
   absl::Status uploads = AwaitUploadsAhead();
   if (s.ok()) s = uploads;
   std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+  std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
   // The pass's gathers have all been waited for (End): every staging slot is free.
   absl::Status staged = AwaitStagedUploads();
   if (s.ok()) s = staged;
