@@ -433,6 +433,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
         }
       }
       e->upload_slot_unit_.assign(e->upload_slots_.size(), -1);
+      e->upload_slot_taken_.assign(e->upload_slots_.size(), false);
       e->staged_slot_.assign(n_units, -1);
       e->staged_.resize(n_units);
       e->prefetch_->SetUploadAhead([self](int u) { self->UploadAhead(u); });
@@ -495,6 +496,8 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
                          "'s host shard ahead of its gather: ", done.status.message()));
       }
       staged = staged_slot_[u];
+      upload_slot_taken_[staged] = true;
+      staged_slot_[u] = -1;
     }
   }
   if (HasQuantizedBase(u)) {
@@ -652,7 +655,7 @@ void ShardingEngine::UploadAhead(int u) {
   // and this upload need k + 1 slots, as many as the plan holds.
   for (size_t k = 0; k < upload_slots_.size(); ++k) {
     const int w = upload_slot_unit_[k];
-    if (w >= 0 && !staged_[w].valid() && registry_->state(w) != Residency::kGathering) {
+    if (w >= 0 && upload_slot_taken_[k] && registry_->state(w) != Residency::kGathering) {
       if (!qbase_pending_[w].empty()) {
         // A quantized base's all-gather reads the slot's twin too, and may still run: the use
         // being acquired waits for it next anyway (Acquire), so wait here, before the slot is
@@ -664,13 +667,14 @@ void ShardingEngine::UploadAhead(int u) {
         }
       }
       upload_slot_unit_[k] = -1;
-      staged_slot_[w] = -1;
+      upload_slot_taken_[k] = false;
     }
   }
+  // Its shard is already up for its next gather. (A unit whose previous gather still reads
+  // its slot — announced while an earlier use holds it — goes up into a second one.)
   if (staged_slot_[u] >= 0 || uploaded_ahead_[u] != nullptr) return;
   auto free = std::find(upload_slot_unit_.begin(), upload_slot_unit_.end(), -1);
-  // No room (a unit announced while an earlier use held it, so its gather comes later than one
-  // use on): the gather uploads the shard itself.
+  // No room: the gather uploads the shard itself.
   if (free == upload_slot_unit_.end()) return;
   // The mark on the compute thread: the copy comes after whatever was issued before it.
   absl::StatusOr<DeviceCopyEngine::IssueMark> mark = copies_->MarkIssue();
@@ -686,6 +690,7 @@ void ShardingEngine::UploadAhead(int u) {
     copies.push_back({qstaging.raw(), qbase_shards_[u].raw(), qstaging.size_bytes()});
   }
   upload_slot_unit_[slot] = u;
+  upload_slot_taken_[slot] = false;
   staged_slot_[u] = slot;
   // One upload thread at a time uses the copy engine (its contract): each waits for the one
   // started before it, so the copies run in the order the gathers will take them.
@@ -719,6 +724,7 @@ absl::Status ShardingEngine::AwaitStagedUploads() {
     staged_slot_[u] = -1;
   }
   std::fill(upload_slot_unit_.begin(), upload_slot_unit_.end(), -1);
+  std::fill(upload_slot_taken_.begin(), upload_slot_taken_.end(), false);
   last_upload_ = {};
   return first;
 }

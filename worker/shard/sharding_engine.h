@@ -446,15 +446,19 @@ class ShardingEngine {
   std::vector<const void*> qbase_uploaded_ahead_;  // the same for a quantized base's bytes
   std::future<UploadsAhead> uploads_ahead_;
   // offload.params CPU, the uploads ahead of the later gathers (PrefetchCoordinator rule 5):
-  // the plan's staging slots ("param_upload.<k>") and the unit each holds (−1: free); per model
-  // unit, its slot (−1: none) and its upload, pending until its gather takes it; and the last
-  // upload started, which the next one waits for. Last, for the destructor as above.
+  // the plan's staging slots ("param_upload.<k>"), the unit each holds (−1: free) and whether
+  // a gather has taken it (then it is free once that unit is no longer gathering); per model
+  // unit, the slot of its upload pending until a gather takes it (−1: none) and that upload (a
+  // unit may hold a second slot for its next gather while its previous gather still reads the
+  // first); and the last upload started, which the next one waits for. Last, for the
+  // destructor as above.
   std::vector<Tensor> upload_slots_;
   std::vector<Tensor> qbase_upload_slots_;  // "qbase_upload.<k>": slot k's unit's quantized bytes
   // A quantized base's all-gather that failed when UploadAhead waited for it to free its slot:
   // the next Acquire (or the pass's end) returns it.
   absl::Status qbase_wait_error_;
   std::vector<int> upload_slot_unit_;
+  std::vector<bool> upload_slot_taken_;
   std::vector<int> staged_slot_;
   std::vector<std::shared_future<UploadsAhead>> staged_;
   std::shared_future<UploadsAhead> last_upload_;
