@@ -1140,6 +1140,22 @@ std::string ProtoJson(const google::protobuf::Message& m) {
   return out;
 }
 
+// The sharding engine's counts of parameter-shard uploads so far (offload.params), which a
+// step's record takes the difference of.
+struct ParamUploads {
+  int64_t bytes = 0;
+  double seconds = 0;
+  int64_t ahead = 0;
+  int64_t at_gather = 0;
+};
+
+ParamUploads ParamUploadsOf(const ShardingEngine& engine) {
+  return {.bytes = engine.param_upload_bytes(),
+          .seconds = engine.param_upload_seconds(),
+          .ahead = engine.param_uploads_ahead(),
+          .at_gather = engine.param_uploads_at_gather()};
+}
+
 }  // namespace
 
 absl::Status Trainer::SaveCheckpoint(bool final) {
@@ -1601,6 +1617,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       swapped_base_ ? swapped_base_->stats() : SwappedBase::Stats{};
   const GradientDownloads::Stats downloads_before =
       grad_downloads_ ? grad_downloads_->stats() : GradientDownloads::Stats{};
+  const ParamUploads uploads_before = ParamUploadsOf(*engine_);
 
   ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
@@ -1755,6 +1772,13 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     r.swap_bytes_in += after.swap_bytes_in - base_before.swap_bytes_in;
     r.swap_in_s += after.swap_seconds_in - base_before.swap_seconds_in;
   }
+  // The parameter shards' uploads into the gathers (offload.params): every pass of the step
+  // has ended, so every upload it started has been waited for and counted.
+  const ParamUploads uploads_after = ParamUploadsOf(*engine_);
+  r.param_upload_bytes = uploads_after.bytes - uploads_before.bytes;
+  r.param_upload_s = uploads_after.seconds - uploads_before.seconds;
+  r.param_uploads_ahead = uploads_after.ahead - uploads_before.ahead;
+  r.param_uploads_at_gather = uploads_after.at_gather - uploads_before.at_gather;
   if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
   ++step_;
   r.step = step_;
@@ -2066,6 +2090,10 @@ absl::Status Trainer::AppendMetrics(const StepRecord& r) {
     line["swap_in_s"] = r.swap_in_s;
     line["swap_out_s"] = r.swap_out_s;
   }
+  line["param_upload_bytes"] = r.param_upload_bytes;
+  line["param_upload_s"] = r.param_upload_s;
+  line["param_uploads_ahead"] = r.param_uploads_ahead;
+  line["param_uploads_at_gather"] = r.param_uploads_at_gather;
   if (host_optimizer_ || nvme_optimizer_) {
     line["offload_bytes_to_host"] = r.offload_bytes_to_host;
     line["offload_bytes_to_device"] = r.offload_bytes_to_device;

@@ -14,7 +14,9 @@
 //    "val_loss" every eval_interval steps and after the last; + "offload_bytes_to_host",
 //    "offload_bytes_to_device", "offload_to_host_s", "offload_to_device_s",
 //    "host_optimizer_s" when the optimizer is offloaded; + "swap_bytes_in", "swap_bytes_out",
-//    "swap_in_s", "swap_out_s" when it is offloaded to NVMe)
+//    "swap_in_s", "swap_out_s" when it is offloaded to NVMe; "param_upload_bytes",
+//    "param_upload_s", "param_uploads_ahead", "param_uploads_at_gather" always, 0 unless the
+//    parameter shards live off the device, offload.params CPU or NVME)
 // and every rank its plan beside its arenas' high-water marks by category: memory.json for
 // rank 0, memory.rank<r>.json for the others. tokens_per_s counts the whole job's tokens.
 // Mixed precision: 16-bit parameters are updated from fp32 master weights by the optimizer;
@@ -165,6 +167,17 @@ struct StepRecord {
   int64_t swap_bytes_out = 0;
   double swap_in_s = 0;
   double swap_out_s = 0;
+  // offload.params CPU or NVME (stage 3): this step's host → device copies of the rank's
+  // parameter shards into the gathers' slots (ShardingEngine::param_upload_bytes), the seconds
+  // those copies took (on the upload thread when ahead, so not a part of step_ms), and how
+  // many of the step's gathers found their shard uploaded ahead (a pass's first gathers at the
+  // step's start or between micro-batches, later ones a use before their gather) vs uploaded
+  // it themselves on the compute thread (offload.params CPU; with NVME the gather uploads from
+  // the ring buffer its shard was read into, and the counts of reads ahead are the swap's).
+  int64_t param_upload_bytes = 0;
+  double param_upload_s = 0;
+  int64_t param_uploads_ahead = 0;
+  int64_t param_uploads_at_gather = 0;
   StopKind stop = StopKind::kNone;  // the stop request the ranks agreed on at this step
   // Seconds the step loop spent saving a checkpoint after this step (0 when none was due;
   // with checkpoint.async, the copy into the staging buffer), and the bytes of this rank's

@@ -12,11 +12,23 @@ enum StepPart { kCompute, kCommWait, kOptimizer, kDataWait, kNumStepParts };
 constexpr std::array<const char*, kNumStepParts> kStepPartNames = {"compute", "comm_wait",
                                                                    "optimizer", "data_wait"};
 // The directions of the host optimizer's copies, zt_offload_*_total's `direction` label:
-// device → host and host → device, and (offload.optimizer NVME) swap store → host and
-// host → swap store.
-enum OffloadDirection { kToHost, kToDevice, kSwapIn, kSwapOut, kNumOffloadDirections };
+// device → host and host → device, (offload.optimizer or params NVME) swap store → host and
+// host → swap store, and (offload.params CPU or NVME) the parameter shards' host → device
+// uploads into the gathers' slots.
+enum OffloadDirection {
+  kToHost,
+  kToDevice,
+  kSwapIn,
+  kSwapOut,
+  kParamUpload,
+  kNumOffloadDirections
+};
 constexpr std::array<const char*, kNumOffloadDirections> kOffloadDirectionNames = {
-    "to_host", "to_device", "swap_in", "swap_out"};
+    "to_host", "to_device", "swap_in", "swap_out", "param_upload"};
+// When a gather's host shard went up (offload.params CPU), zt_param_uploads_total's `when`.
+enum ParamUploadWhen { kAhead, kAtGather, kNumParamUploadWhens };
+constexpr std::array<const char*, kNumParamUploadWhens> kParamUploadWhenNames = {"ahead",
+                                                                                 "at_gather"};
 
 // From a tiny model's 5 ms step to a large offloaded model's minute.
 const prometheus::Histogram::BucketBoundaries& StepBuckets() {
@@ -70,6 +82,7 @@ struct NodeMetrics::RankSeries {
   std::array<prometheus::Counter*, kNumStepParts> step_seconds{};
   std::array<prometheus::Counter*, kNumOffloadDirections> offload_bytes{};
   std::array<prometheus::Counter*, kNumOffloadDirections> offload_seconds{};
+  std::array<prometheus::Counter*, kNumParamUploadWhens> param_uploads{};
   prometheus::Counter* host_optimizer_seconds = nullptr;
   std::array<prometheus::Gauge*, kMemoryCategoryCount> memory_plan{};
   std::array<prometheus::Gauge*, kMemoryCategoryCount> memory_measured{};
@@ -186,13 +199,20 @@ NodeMetrics::NodeMetrics(prometheus::Registry& registry)
                          .Name("zt_offload_bytes_total")
                          .Help("Bytes the host optimizer step of offloaded optimizer states "
                                "copied, by direction: to_host (gradients), to_device "
-                               "(parameters), swap_in and swap_out (states read from and "
-                               "written to the NVMe swap store)")
+                               "(parameters), swap_in and swap_out (states and parameter "
+                               "shards read from and written to the NVMe swap store), "
+                               "param_upload (offloaded parameter shards copied to the "
+                               "device for their gathers)")
                          .Register(registry)),
       offload_seconds_(prometheus::BuildCounter()
                            .Name("zt_offload_seconds_total")
-                           .Help("Seconds the host optimizer step's copies took, by direction")
+                           .Help("Seconds the offload copies took, by direction")
                            .Register(registry)),
+      param_uploads_(prometheus::BuildCounter()
+                         .Name("zt_param_uploads_total")
+                         .Help("Gathers of host parameter shards (offload.params CPU) by when "
+                               "the shard went up: ahead (off the compute thread) or at_gather")
+                         .Register(registry)),
       host_optimizer_seconds_(prometheus::BuildCounter()
                                   .Name("zt_host_optimizer_seconds_total")
                                   .Help("Seconds of the optimizer updates run on the host for "
@@ -239,6 +259,9 @@ NodeMetrics::RankSeries& NodeMetrics::SeriesOf(const RankSeriesKey& key) {
     const auto with_direction = With(labels, "direction", kOffloadDirectionNames[d]);
     s.offload_bytes[d] = &offload_bytes_.Add(with_direction);
     s.offload_seconds[d] = &offload_seconds_.Add(with_direction);
+  }
+  for (int w = 0; w < kNumParamUploadWhens; ++w) {
+    s.param_uploads[w] = &param_uploads_.Add(With(labels, "when", kParamUploadWhenNames[w]));
   }
   s.host_optimizer_seconds = &host_optimizer_seconds_.Add(labels);
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
@@ -288,12 +311,18 @@ void NodeMetrics::RecordStep(const RankSeriesKey& key, const StepRecord& step,
   for (int p = 0; p < kNumStepParts; ++p) s.step_seconds[p]->Increment(std::max(0.0, parts[p]));
   const std::array<int64_t, kNumOffloadDirections> offload_bytes = {
       step.offload_bytes_to_host, step.offload_bytes_to_device, step.swap_bytes_in,
-      step.swap_bytes_out};
+      step.swap_bytes_out, step.param_upload_bytes};
   const std::array<double, kNumOffloadDirections> offload_seconds = {
-      step.offload_to_host_s, step.offload_to_device_s, step.swap_in_s, step.swap_out_s};
+      step.offload_to_host_s, step.offload_to_device_s, step.swap_in_s, step.swap_out_s,
+      step.param_upload_s};
   for (int d = 0; d < kNumOffloadDirections; ++d) {
     s.offload_bytes[d]->Increment(static_cast<double>(std::max<int64_t>(0, offload_bytes[d])));
     s.offload_seconds[d]->Increment(std::max(0.0, offload_seconds[d]));
+  }
+  const std::array<int64_t, kNumParamUploadWhens> uploads = {step.param_uploads_ahead,
+                                                             step.param_uploads_at_gather};
+  for (int w = 0; w < kNumParamUploadWhens; ++w) {
+    s.param_uploads[w]->Increment(static_cast<double>(std::max<int64_t>(0, uploads[w])));
   }
   s.host_optimizer_seconds->Increment(std::max(0.0, step.host_optimizer_s));
   s.step_duration->Observe(step.step_ms / 1e3);
@@ -363,6 +392,7 @@ void NodeMetrics::RemoveJob(const std::string& job) {
       offload_bytes_.Remove(s.offload_bytes[d]);
       offload_seconds_.Remove(s.offload_seconds[d]);
     }
+    for (int w = 0; w < kNumParamUploadWhens; ++w) param_uploads_.Remove(s.param_uploads[w]);
     host_optimizer_seconds_.Remove(s.host_optimizer_seconds);
     for (int c = 0; c < kMemoryCategoryCount; ++c) {
       memory_bytes_.Remove(s.memory_plan[c]);

@@ -18,8 +18,14 @@
 //                                              comm_wait, optimizer, data_wait (they add up)
 //   zt_offload_bytes_total{direction}  counter  offload.optimizer CPU: bytes the host optimizer
 //                                   moved, direction "to_host" (gradients) / "to_device"
-//                                   (updated parameters)
+//                                   (updated parameters); swap_in / swap_out (offload.optimizer
+//                                   or offload.params NVME: the swap store's reads and writes);
+//                                   param_upload (offload.params CPU or NVME: the parameter
+//                                   shards copied host → device into the gathers' slots)
 //   zt_offload_seconds_total{direction} counter  seconds those copies took
+//   zt_param_uploads_total{when}    counter    offload.params CPU: the gathers whose shard went
+//                                   up "ahead" (off the compute thread, before the gather) or
+//                                   "at_gather" (on the compute thread, when it was issued)
 //   zt_host_optimizer_seconds_total counter    seconds of the host updates (inside the
 //                                              "optimizer" part of zt_step_seconds_total)
 //   (the pinned host pool's use is zt_memory_bytes{category="pinned_host"})
@@ -130,6 +136,7 @@ class NodeMetrics {
   prometheus::Family<prometheus::Counter>& step_seconds_;
   prometheus::Family<prometheus::Counter>& offload_bytes_;
   prometheus::Family<prometheus::Counter>& offload_seconds_;
+  prometheus::Family<prometheus::Counter>& param_uploads_;
   prometheus::Family<prometheus::Counter>& host_optimizer_seconds_;
 
   std::mutex mu_;

@@ -508,12 +508,15 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     }
   }
   if (stage >= 3 && job.offload().params() == zerotrain::OffloadConfig::CPU &&
-      place.pipeline_size() == 1) {
+      (place.pipeline_size() == 1 || parallel.reshard_after_forward())) {
     // offload.params CPU: the host shards of the gathers after a pass's first ones go up one
     // use before their gather is issued, while the gather buffer they belong in is still
     // another unit's; they wait here. A slot is taken when the upload starts and free once its
     // gather has been waited for: at most prefetch_units + 1 at once (the k gathers in flight
-    // and the next upload; ShardingEngine::UploadAhead).
+    // and the next upload; ShardingEngine::UploadAhead). A pipeline stage's pass is its
+    // schedule's uses (reshard_after_forward), the same rule over the stage's own units; a
+    // stage that gathers its units whole for the step (reshard_after_forward false) uploads
+    // each shard into its own "<unit>.gathered" buffer and needs none.
     int64_t largest_param_shard = 0;
     for (const UnitLayout& u : layout.units) {
       largest_param_shard = std::max(largest_param_shard, ShardOfUnit(u, geometry).shard_numel);
@@ -521,6 +524,21 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     for (int k = 0; k <= parallel.prefetch_units(); ++k) {
       add(absl::StrCat("param_upload.", k), MemoryCategory::kParameters, param_dtype,
           largest_param_shard);
+    }
+    if (ShardsQuantizedBase(job, layout)) {
+      // A LoRA job's NF4/INT8 base: each slot's unit's quantized shard ("<block>.qbase", f32
+      // words) goes up beside its parameter shard, into the slot's quantized twin.
+      int64_t largest_quantized_shard = 0;
+      for (const UnitLayout& u : layout.units) {
+        const QuantizedUnitBytes quantized = QuantizedBytesOf(layout, u);
+        if (quantized.pieces.empty()) continue;
+        largest_quantized_shard =
+            std::max(largest_quantized_shard, ShardOf(quantized.words(), geometry).shard_numel);
+      }
+      for (int k = 0; largest_quantized_shard > 0 && k <= parallel.prefetch_units(); ++k) {
+        add(absl::StrCat("qbase_upload.", k), MemoryCategory::kParameters, DType::kF32,
+            largest_quantized_shard);
+      }
     }
   }
   if (stage >= 2 && !accumulate_full) {

@@ -5,14 +5,15 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "kernels/status_macros.h"
-#include "worker/model/tensor_parallel_slice.h"
 #include "worker/model/lora_tensor_parallel.h"
+#include "worker/model/tensor_parallel_slice.h"
 #include "worker/plan/lora_plan.h"
 
 namespace zt {
@@ -35,6 +36,13 @@ absl::Status WaitAll(std::vector<CommHandle>& handles, double* waited) {
   *waited += std::chrono::duration<double>(Clock::now() - start).count();
   return first;
 }
+
+// One host → device copy of an upload ahead (offload.params CPU): a shard into its slot.
+struct Copy {
+  void* device;
+  const void* host;
+  int64_t bytes;
+};
 
 // Values travel through the f32 all-gather as raw bits: a double is two f32 slots.
 double GetDouble(const float* slots) {
@@ -123,6 +131,7 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->trainable_index_.push_back(-1);
   }
   e->uploaded_ahead_.assign(n_units, nullptr);
+  e->qbase_uploaded_ahead_.assign(n_units, nullptr);
   const char* param_suffix = layout.lora ? "" : ".params";
   const char* grad_suffix = layout.lora ? "_grads" : ".grads";
   const char* accum_suffix = layout.lora ? "_grad_accum" : ".grad_accum";
@@ -415,14 +424,20 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
         [self](int u, const Tensor& full) { return self->GatherUnit(u, full); });
-    if (e->params_on_host_ && !model->pipelined()) {
+    if (e->params_on_host_ && (!model->pipelined() || e->stage_per_use_)) {
       // The later gathers' host shards go up a use before their gather (UploadAhead), into
-      // the plan's staging slots.
+      // the plan's staging slots: a pass's, or a pipeline stage's schedule's (BeginStagePass).
       for (int k = 0; k <= parallel.prefetch_units(); ++k) {
         ZT_ASSIGN_OR_RETURN(Tensor t, arenas.Get(absl::StrCat("param_upload.", k)));
         e->upload_slots_.push_back(t);
+        if (e->qbase_on_host_) {
+          // A LoRA job's quantized base: the slot's unit's "<block>.qbase" shard beside it.
+          ZT_ASSIGN_OR_RETURN(Tensor q, arenas.Get(absl::StrCat("qbase_upload.", k)));
+          e->qbase_upload_slots_.push_back(q);
+        }
       }
       e->upload_slot_unit_.assign(e->upload_slots_.size(), -1);
+      e->upload_slot_taken_.assign(e->upload_slots_.size(), false);
       e->staged_slot_.assign(n_units, -1);
       e->staged_.resize(n_units);
       e->prefetch_->SetUploadAhead([self](int u) { self->UploadAhead(u); });
@@ -451,16 +466,56 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
   // u is a model unit (Label names trainable units).
   const UnitShard& s = param_shards_[u];
   const std::string label = absl::StrCat(model_->layout().units[u].name, " all-gather");
+  // The host shard goes up into this rank's own slot of the gather buffer, after whatever
+  // compute was issued before (the buffer's previous unit may still be read there), and the
+  // all-gather fills the other slots around it: no staging beyond the buffer the plan holds.
+  const Tensor slot = Flat(full, s.offset, s.shard_numel);
+  // offload.params CPU: where the shard (and a quantized base's bytes) went up ahead, if it
+  // did — at the pass's start into `slot` (UploadFirstGathersAhead), or into a staging slot a
+  // use before this gather (UploadAhead).
+  bool up_in_place = false;
+  int staged = -1;
+  bool quantized_at_gather = false;  // a quantized base's bytes went up here, on this thread
+  if (params_on_host_) {
+    ZT_RETURN_IF_ERROR(AwaitUploadsAhead());
+    if (uploaded_ahead_[u] == slot.raw()) {
+      // Its shard went up at the step's start or between micro-batches; the shard is final
+      // until the pass ends, which drops the mark.
+      uploaded_ahead_[u] = nullptr;
+      up_in_place = true;
+    } else if (!staged_slot_.empty() && staged_slot_[u] >= 0 && staged_[u].valid()) {
+      // Its shard went up into a staging slot while the use before this gather's issue
+      // computed (UploadAhead); the all-gather reads it there, and the slot stays taken until
+      // the gather has been waited for.
+      const UploadsAhead done = staged_[u].get();
+      staged_[u] = {};
+      param_upload_bytes_ += done.bytes;
+      param_upload_s_ += done.seconds;
+      if (!done.status.ok()) {
+        upload_slot_unit_[staged_slot_[u]] = -1;
+        staged_slot_[u] = -1;
+        return absl::Status(
+            done.status.code(),
+            absl::StrCat("sharding engine: uploading ", model_->layout().units[u].name,
+                         "'s host shard ahead of its gather: ", done.status.message()));
+      }
+      staged = staged_slot_[u];
+      upload_slot_taken_[staged] = true;
+      staged_slot_[u] = -1;
+    }
+  }
   if (HasQuantizedBase(u)) {
     // The block's quantized bytes first, into the twin of `full`; Acquire waits for it. A host
-    // shard (offload.params CPU) goes up into this rank's slot first, as the parameters' below;
-    // a swapped one (NVME) from the read of it, as the parameters' below.
+    // shard (offload.params CPU) went up ahead with the parameters' (into this rank's slot of
+    // the twin, or the staging slot's twin) or goes up now into the slot; a swapped one (NVME)
+    // from the read of it, as the parameters' below.
     const UnitShard& q = qbase_unit_shards_[u];
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(full));
     Tensor source = qbase_swapped_ ? Tensor() : Flat(qbase_shards_[u], 0, q.shard_numel);
     if (qbase_on_host_ || qbase_swapped_) {
-      const Tensor slot = Flat(twin, q.offset, q.shard_numel);
-      auto upload_quantized = [&](const void* host) { return UploadIntoSlot(slot, host); };
+      const Tensor qslot = Flat(twin, q.offset, q.shard_numel);
+      auto upload_quantized = [&](const void* host) { return UploadIntoSlot(qslot, host); };
+      source = qslot;
       if (qbase_swapped_) {
         if (!swapped_.with_quantized) {
           return absl::FailedPreconditionError(absl::StrCat(
@@ -468,10 +523,14 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
               "'s quantized base shard is swapped (offload.params NVME) and no reader was set"));
         }
         ZT_RETURN_IF_ERROR(swapped_.with_quantized(u, upload_quantized));
+      } else if (up_in_place && qbase_uploaded_ahead_[u] == qslot.raw()) {
+        qbase_uploaded_ahead_[u] = nullptr;
+      } else if (staged >= 0 && !qbase_upload_slots_.empty()) {
+        source = Flat(qbase_upload_slots_[staged], 0, q.shard_numel);
       } else {
-        ZT_RETURN_IF_ERROR(upload_quantized(source.raw()));
+        ZT_RETURN_IF_ERROR(upload_quantized(qbase_shards_[u].raw()));
+        quantized_at_gather = true;
       }
-      source = slot;
     }
     ZT_ASSIGN_OR_RETURN(
         CommHandle h,
@@ -484,41 +543,18 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
     return comms_.shard_group->AllGather(Flat(params_[u], 0, s.shard_numel),
                                          Flat(full, 0, s.padded), label);
   }
-  // The host shard goes up into this rank's own slot of the gather buffer, after whatever
-  // compute was issued before (the buffer's previous unit may still be read there), and the
-  // all-gather fills the other slots around it: no staging beyond the buffer the plan holds.
-  const Tensor slot = Flat(full, s.offset, s.shard_numel);
   auto upload = [&](const void* host) { return UploadIntoSlot(slot, host); };
   if (params_on_host_) {
-    ZT_RETURN_IF_ERROR(AwaitUploadsAhead());
-    if (uploaded_ahead_[u] == slot.raw()) {
-      // Its shard went up at the step's start or between micro-batches; the shard is final
-      // until the pass ends, which drops the mark.
-      uploaded_ahead_[u] = nullptr;
-      ++param_uploads_ahead_;
+    // A gather counts as ahead when every part of its shard went up before it.
+    ++(quantized_at_gather || (!up_in_place && staged < 0) ? param_uploads_at_gather_
+                                                           : param_uploads_ahead_);
+    if (up_in_place) {
       return comms_.shard_group->AllGather(slot, Flat(full, 0, s.padded), label);
     }
-    if (!staged_slot_.empty() && staged_slot_[u] >= 0 && staged_[u].valid()) {
-      // Its shard went up into a staging slot while the use before this gather's issue
-      // computed (UploadAhead); the all-gather reads it there, and the slot stays taken until
-      // the gather has been waited for.
-      const UploadsAhead done = staged_[u].get();
-      staged_[u] = {};
-      param_upload_bytes_ += done.bytes;
-      param_upload_s_ += done.seconds;
-      if (!done.status.ok()) {
-        upload_slot_unit_[staged_slot_[u]] = -1;
-        staged_slot_[u] = -1;
-        return absl::Status(done.status.code(),
-                            absl::StrCat("sharding engine: uploading ", model_->layout().units[u].name,
-                                         "'s host shard ahead of its gather: ",
-                                         done.status.message()));
-      }
-      ++param_uploads_ahead_;
-      return comms_.shard_group->AllGather(Flat(upload_slots_[staged_slot_[u]], 0, s.shard_numel),
+    if (staged >= 0) {
+      return comms_.shard_group->AllGather(Flat(upload_slots_[staged], 0, s.shard_numel),
                                            Flat(full, 0, s.padded), label);
     }
-    ++param_uploads_at_gather_;
   }
   if (params_swapped_) {
     if (!swapped_.with_shard) {
@@ -545,27 +581,37 @@ void ShardingEngine::ReadFirstGathersAhead() {
     for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
     return;
   }
+  std::vector<int> units;
+  for (int u = 0; u <= last; ++u) units.push_back(u);
+  UploadFirstGathersAhead(units);
+}
+
+void ShardingEngine::UploadFirstGathersAhead(const std::vector<int>& units) {
   if (!params_on_host_ || copies_ == nullptr) return;
   // Every pass ends by waiting for the uploads (EndPass), so some still pending means no pass
   // ran since they started, nor any optimizer step: they still stand for the next pass, whose
   // first gather waits for them and reports their error.
   if (uploads_ahead_.valid()) return;
   std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
-  std::vector<int> units;
-  for (int u = 0; u <= last; ++u) units.push_back(u);
+  std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
   const std::vector<Tensor> buffers = prefetch_->FirstGatherBuffers(units);
-  struct Copy {
-    void* device;
-    const void* host;
-    int64_t bytes;
-  };
   std::vector<Copy> copies;
-  for (int u = 0; u <= last; ++u) {
-    if (buffers[u].empty()) continue;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const int u = units[i];
+    if (buffers[i].empty()) continue;
     const UnitShard& s = param_shards_[u];
-    const Tensor slot = Flat(buffers[u], s.offset, s.shard_numel);
+    const Tensor slot = Flat(buffers[i], s.offset, s.shard_numel);
     copies.push_back({slot.raw(), params_[u].raw(), slot.size_bytes()});
     uploaded_ahead_[u] = slot.raw();
+    if (qbase_on_host_ && HasQuantizedBase(u)) {
+      // A quantized base's bytes go up with it, into this rank's slot of the buffer's twin.
+      absl::StatusOr<Tensor> twin = QuantizedCompanion(buffers[i]);
+      if (!twin.ok()) continue;  // the gather uploads them itself
+      const UnitShard& q = qbase_unit_shards_[u];
+      const Tensor qslot = Flat(*twin, q.offset, q.shard_numel);
+      copies.push_back({qslot.raw(), qbase_shards_[u].raw(), qslot.size_bytes()});
+      qbase_uploaded_ahead_[u] = qslot.raw();
+    }
   }
   if (copies.empty()) return;
   // The mark on the compute thread: the uploads come after whatever was issued before (the
@@ -573,6 +619,7 @@ void ShardingEngine::ReadFirstGathersAhead() {
   absl::StatusOr<DeviceCopyEngine::IssueMark> mark = copies_->MarkIssue();
   if (!mark.ok()) {
     std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+    std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
     return;
   }
   uploads_ahead_ = std::async(std::launch::async, [engine = copies_, mark = *std::move(mark),
@@ -596,6 +643,7 @@ absl::Status ShardingEngine::AwaitUploadsAhead() {
   param_upload_s_ += done.seconds;
   if (!done.status.ok()) {
     std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+    std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
     return absl::Status(done.status.code(),
                         absl::StrCat("sharding engine: uploading the first gathers' host shards "
                                      "ahead: ", done.status.message()));
@@ -604,21 +652,33 @@ absl::Status ShardingEngine::AwaitUploadsAhead() {
 }
 
 void ShardingEngine::UploadAhead(int u) {
-  if (upload_slots_.empty()) return;  // a pipeline stage: its units are gathered for the step
+  // A pipeline stage that gathers its units whole for the step (GatherStageUnits) has no slots.
+  if (upload_slots_.empty()) return;
   // A slot whose upload a gather took is free once that gather is no longer in flight: the
   // coordinator announces after waiting for the use's gather, so the k gathers still in flight
   // and this upload need k + 1 slots, as many as the plan holds.
   for (size_t k = 0; k < upload_slots_.size(); ++k) {
     const int w = upload_slot_unit_[k];
-    if (w >= 0 && !staged_[w].valid() && registry_->state(w) != Residency::kGathering) {
+    if (w >= 0 && upload_slot_taken_[k] && registry_->state(w) != Residency::kGathering) {
+      if (!qbase_pending_[w].empty()) {
+        // A quantized base's all-gather reads the slot's twin too, and may still run: the use
+        // being acquired waits for it next anyway (Acquire), so wait here, before the slot is
+        // written again; an error stays taken for that Acquire (or the pass's end) to report.
+        absl::Status waited = WaitAll(qbase_pending_[w], &waited_s_);
+        if (!waited.ok()) {
+          if (qbase_wait_error_.ok()) qbase_wait_error_ = std::move(waited);
+          continue;
+        }
+      }
       upload_slot_unit_[k] = -1;
-      staged_slot_[w] = -1;
+      upload_slot_taken_[k] = false;
     }
   }
+  // Its shard is already up for its next gather. (A unit whose previous gather still reads
+  // its slot — announced while an earlier use holds it — goes up into a second one.)
   if (staged_slot_[u] >= 0 || uploaded_ahead_[u] != nullptr) return;
   auto free = std::find(upload_slot_unit_.begin(), upload_slot_unit_.end(), -1);
-  // No room (a unit announced while an earlier use held it, so its gather comes later than one
-  // use on): the gather uploads the shard itself.
+  // No room: the gather uploads the shard itself.
   if (free == upload_slot_unit_.end()) return;
   // The mark on the compute thread: the copy comes after whatever was issued before it.
   absl::StatusOr<DeviceCopyEngine::IssueMark> mark = copies_->MarkIssue();
@@ -626,23 +686,31 @@ void ShardingEngine::UploadAhead(int u) {
   const int slot = static_cast<int>(free - upload_slot_unit_.begin());
   const UnitShard& s = param_shards_[u];
   const Tensor staging = Flat(upload_slots_[slot], 0, s.shard_numel);
+  std::vector<Copy> copies = {{staging.raw(), params_[u].raw(), staging.size_bytes()}};
+  if (qbase_on_host_ && HasQuantizedBase(u)) {
+    // A quantized base's bytes beside it, in the slot's twin (the gather reads both there).
+    const UnitShard& q = qbase_unit_shards_[u];
+    const Tensor qstaging = Flat(qbase_upload_slots_[slot], 0, q.shard_numel);
+    copies.push_back({qstaging.raw(), qbase_shards_[u].raw(), qstaging.size_bytes()});
+  }
   upload_slot_unit_[slot] = u;
+  upload_slot_taken_[slot] = false;
   staged_slot_[u] = slot;
   // One upload thread at a time uses the copy engine (its contract): each waits for the one
   // started before it, so the copies run in the order the gathers will take them.
-  staged_[u] = std::async(std::launch::async,
-                          [engine = copies_, mark = *std::move(mark), device = staging.raw(),
-                           host = static_cast<const void*>(params_[u].raw()),
-                           bytes = staging.size_bytes(), before = last_upload_] {
-                            if (before.valid()) before.wait();
-                            UploadsAhead done;
-                            const auto start = Clock::now();
-                            done.status = engine->CopyToDevice(mark, device, host, bytes);
-                            if (done.status.ok()) done.bytes = bytes;
-                            done.seconds =
-                                std::chrono::duration<double>(Clock::now() - start).count();
-                            return done;
-                          }).share();
+  staged_[u] = std::async(std::launch::async, [engine = copies_, mark = *std::move(mark),
+                                               copies = std::move(copies), before = last_upload_] {
+                 if (before.valid()) before.wait();
+                 UploadsAhead done;
+                 const auto start = Clock::now();
+                 for (const Copy& c : copies) {
+                   done.status = engine->CopyToDevice(mark, c.device, c.host, c.bytes);
+                   if (!done.status.ok()) break;
+                   done.bytes += c.bytes;
+                 }
+                 done.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+                 return done;
+               }).share();
   last_upload_ = staged_[u];
 }
 
@@ -660,6 +728,7 @@ absl::Status ShardingEngine::AwaitStagedUploads() {
     staged_slot_[u] = -1;
   }
   std::fill(upload_slot_unit_.begin(), upload_slot_unit_.end(), -1);
+  std::fill(upload_slot_taken_.begin(), upload_slot_taken_.end(), false);
   last_upload_ = {};
   return first;
 }
@@ -726,6 +795,18 @@ absl::Status ShardingEngine::BeginStagePass(const std::vector<PipelineOp>& ops, 
     }
   }
   stage_uses_ = uses;
+  // offload.params CPU: the gathers the pass's first Acquire issues together (the distinct
+  // units of its first prefetch_units + 1 uses; rule 5 never announces them) have their host
+  // shards go up now, into the buffers those gathers will take, while the stage waits for its
+  // first op's input. The shards are final until the pass ends (the optimizer runs after).
+  const int first_gathers = std::min<int>(prefetch_->prefetch() + 1, uses.size());
+  std::vector<int> first;
+  for (int i = 0; i < first_gathers; ++i) {
+    if (std::find(first.begin(), first.end(), uses[i].unit) == first.end()) {
+      first.push_back(uses[i].unit);
+    }
+  }
+  UploadFirstGathersAhead(first);
   BeginPass(std::move(uses));
   return absl::OkStatus();
 }
@@ -979,6 +1060,7 @@ absl::StatusOr<Tensor> ShardingEngine::Acquire(int u) {
   const auto start = Clock::now();
   absl::StatusOr<Tensor> p = prefetch_->Acquire(use_);
   waited_s_ += std::chrono::duration<double>(Clock::now() - start).count();
+  if (!qbase_wait_error_.ok()) return std::exchange(qbase_wait_error_, absl::OkStatus());
   if (p.ok() && HasQuantizedBase(u)) {
     ZT_RETURN_IF_ERROR(WaitAll(qbase_pending_[u], &waited_s_));
     ZT_ASSIGN_OR_RETURN(Tensor twin, QuantizedCompanion(*p));
@@ -995,6 +1077,8 @@ absl::Status ShardingEngine::FinishUse() {
 absl::Status ShardingEngine::EndPass() {
   if (stage_ < 3) return absl::OkStatus();
   absl::Status s = prefetch_->End();
+  if (s.ok()) s = qbase_wait_error_;
+  qbase_wait_error_ = absl::OkStatus();
   for (std::vector<CommHandle>& q : qbase_pending_) {
     absl::Status waited = WaitAll(q, &waited_s_);
     if (s.ok()) s = waited;
@@ -1005,6 +1089,7 @@ absl::Status ShardingEngine::EndPass() {
   absl::Status uploads = AwaitUploadsAhead();
   if (s.ok()) s = uploads;
   std::fill(uploaded_ahead_.begin(), uploaded_ahead_.end(), nullptr);
+  std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
   // The pass's gathers have all been waited for (End): every staging slot is free.
   absl::Status staged = AwaitStagedUploads();
   if (s.ok()) s = staged;

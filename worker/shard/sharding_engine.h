@@ -46,7 +46,13 @@
 // ("param_upload.<k>": the gather buffer is still another unit's then); the gather waits for
 // that upload and all-gathers from the slot, which is free again once the gather has been
 // waited for (UploadAhead). A use announced while its unit is still held, or with no slot
-// free, uploads at its gather as before.
+// free, uploads at its gather as before. A LoRA job's quantized base ("<block>.qbase") goes up
+// with its parameters' shard, in the same upload: into the twin of the gather buffer, or of
+// the staging slot ("qbase_upload.<k>"). A pipeline stage that gathers per use
+// (reshard_after_forward) does the same over its schedule's pass: its first gathers' shards go
+// up at BeginStagePass, the later ones a use ahead into the staging slots. A stage that
+// gathers its units whole for the step uploads each shard at its gather (BeginStep): nothing
+// of the step computes before those gathers for an upload to hide behind.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
@@ -290,8 +296,9 @@ class ShardingEngine {
   int64_t param_upload_bytes() const { return param_upload_bytes_; }
   double param_upload_seconds() const { return param_upload_s_; }
   // offload.params CPU: host-shard uploads a gather found already made — by
-  // ReadFirstGathersAhead (a pass's first gathers) or UploadAhead (the later ones, a use
-  // before the gather) — and those it made itself when it was issued.
+  // UploadFirstGathersAhead (a pass's first gathers) or UploadAhead (the later ones, a use
+  // before the gather) — and those it made itself when it was issued (any part of it: a LoRA
+  // job's quantized base bytes go up with the parameters' shard).
   int64_t param_uploads_ahead() const { return param_uploads_ahead_; }
   int64_t param_uploads_at_gather() const { return param_uploads_at_gather_; }
 
@@ -397,7 +404,13 @@ class ShardingEngine {
   double param_upload_s_ = 0;
   int64_t param_uploads_ahead_ = 0;
   int64_t param_uploads_at_gather_ = 0;
-  // Waits for the uploads ReadFirstGathersAhead started (if any) and adds their bytes and
+  // offload.params CPU, between passes: starts, on an upload thread, the uploads of `units`'
+  // host shards (the gathers a pass's first Acquire will issue, in that order) into this
+  // rank's slot of the buffers those gathers will take (PrefetchCoordinator::
+  // FirstGatherBuffers); the gathers find them there (uploaded_ahead_). For a non-pipelined
+  // pass through ReadFirstGathersAhead, for a pipeline stage's pass at BeginStagePass.
+  void UploadFirstGathersAhead(const std::vector<int>& units);
+  // Waits for the uploads UploadFirstGathersAhead started (if any) and adds their bytes and
   // seconds; their error. Every gather calls it first: no all-gather may write a buffer the
   // upload thread is still copying into.
   absl::Status AwaitUploadsAhead();
@@ -434,13 +447,22 @@ class ShardingEngine {
     double seconds = 0;
   };
   std::vector<const void*> uploaded_ahead_;
+  std::vector<const void*> qbase_uploaded_ahead_;  // the same for a quantized base's bytes
   std::future<UploadsAhead> uploads_ahead_;
   // offload.params CPU, the uploads ahead of the later gathers (PrefetchCoordinator rule 5):
-  // the plan's staging slots ("param_upload.<k>") and the unit each holds (−1: free); per model
-  // unit, its slot (−1: none) and its upload, pending until its gather takes it; and the last
-  // upload started, which the next one waits for. Last, for the destructor as above.
+  // the plan's staging slots ("param_upload.<k>"), the unit each holds (−1: free) and whether
+  // a gather has taken it (then it is free once that unit is no longer gathering); per model
+  // unit, the slot of its upload pending until a gather takes it (−1: none) and that upload (a
+  // unit may hold a second slot for its next gather while its previous gather still reads the
+  // first); and the last upload started, which the next one waits for. Last, for the
+  // destructor as above.
   std::vector<Tensor> upload_slots_;
+  std::vector<Tensor> qbase_upload_slots_;  // "qbase_upload.<k>": slot k's unit's quantized bytes
+  // A quantized base's all-gather that failed when UploadAhead waited for it to free its slot:
+  // the next Acquire (or the pass's end) returns it.
+  absl::Status qbase_wait_error_;
   std::vector<int> upload_slot_unit_;
+  std::vector<bool> upload_slot_taken_;
   std::vector<int> staged_slot_;
   std::vector<std::shared_future<UploadsAhead>> staged_;
   std::shared_future<UploadsAhead> last_upload_;

@@ -89,6 +89,10 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   step.swap_bytes_out = 12288;
   step.swap_in_s = 0.03125;
   step.swap_out_s = 0.015625;
+  step.param_upload_bytes = 2048;
+  step.param_upload_s = 0.00390625;
+  step.param_uploads_ahead = 7;
+  step.param_uploads_at_gather = 1;
   metrics.RecordStart(
       key, {.load_seconds = 0.25, .step = 0, .checkpoint_interval_steps = 5, .unix_time = 1000});
   metrics.RecordStep(key, step, comm, flops_per_token, peak, /*unix_time=*/1001);
@@ -146,6 +150,11 @@ TEST(NodeMetrics, RecordsStepsMemoryAndCommunicationAndRemovesAJob) {
   EXPECT_EQ(value("zt_offload_bytes_total", {{"direction", "swap_out"}}), 2 * 12288);
   EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "swap_in"}}), 2 * 0.03125);
   EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "swap_out"}}), 2 * 0.015625);
+  // offload.params' uploads of the parameter shards into the gathers, and when they went up.
+  EXPECT_EQ(value("zt_offload_bytes_total", {{"direction", "param_upload"}}), 2 * 2048);
+  EXPECT_EQ(value("zt_offload_seconds_total", {{"direction", "param_upload"}}), 2 * 0.00390625);
+  EXPECT_EQ(value("zt_param_uploads_total", {{"when", "ahead"}}), 2 * 7);
+  EXPECT_EQ(value("zt_param_uploads_total", {{"when", "at_gather"}}), 2 * 1);
   // The save after step 1 (step 2 saved nothing): its time, step and bytes.
   EXPECT_EQ(value("zt_checkpoint_save_seconds"), 0.5);
   EXPECT_EQ(value("zt_checkpoint_saved_bytes_total"), 4096);

@@ -199,9 +199,10 @@ TEST_F(LoraOffloadTrainingTest, AdapterGradientsComeDownDuringTheBackward) {
 }
 
 // offload.params CPU at ZeRO stage 3: a LoRA job's frozen base shards ("<unit>.params", and an
-// NF4 base's "<block>.qbase") live in the pinned host pool and go up into their gather buffers'
-// slots at each gather; the adapters stay on the device. With the optimizer on the device or on
-// the host or on NVMe, the run is the run without offload bit for bit, and a checkpoint of it
+// NF4 base's "<block>.qbase") live in the pinned host pool and go up ahead of each gather, both
+// parts together (into the gather buffers' slots at a pass's start, into the staging slots a use
+// before the later gathers); the adapters stay on the device. With the optimizer on the device or
+// on the host or on NVMe, the run is the run without offload bit for bit, and a checkpoint of it
 // resumes bit for bit.
 TEST_F(LoraOffloadTrainingTest, BaseShardsOnTheHostAreTheDevicePathBitForBit) {
   for (const auto base : {ModelConfig::FP32, ModelConfig::NF4}) {
@@ -234,14 +235,32 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsOnTheHostAreTheDevicePathBitForBit) {
       EXPECT_EQ(qbase > 0, base == ModelConfig::NF4) << what;
       // The device gains the staging slots the later gathers' base shards go up into ahead of
       // their gather (ShardingEngine::UploadAhead; memory_plan.cc plans prefetch_units + 1).
-      int64_t staging = 0;
+      // An NF4 base's quantized shards go up beside them, into slots of their own
+      // ("qbase_upload.<k>", as many, of the largest "<block>.qbase" shard).
+      int64_t staging = 0, param_slots = 0, qbase_slots = 0, largest_qbase = 0;
       for (const BufferSpec& b : plan.buffers) {
-        if (b.name.starts_with("param_upload.")) {
+        if (b.name.ends_with(".qbase")) largest_qbase = std::max(largest_qbase, b.numel());
+      }
+      for (const BufferSpec& b : plan.buffers) {
+        const bool quantized = b.name.starts_with("qbase_upload.");
+        if (b.name.starts_with("param_upload.") || quantized) {
           EXPECT_EQ(b.category, MemoryCategory::kParameters) << what << " " << b.name;
           staging += PlacedBytes(b);
+          ++(quantized ? qbase_slots : param_slots);
+          if (quantized) EXPECT_EQ(b.numel(), largest_qbase) << what << " " << b.name;
         }
       }
       EXPECT_GT(staging, 0) << what;
+      const int k = ValidatedJob(job).value().parallel().prefetch_units();
+      EXPECT_EQ(param_slots, k + 1) << what;
+      EXPECT_EQ(qbase_slots, base == ModelConfig::NF4 ? k + 1 : 0) << what;
+      // Every gather's shard went up ahead of it, the quantized bytes included: none on the
+      // compute thread at the gather (ShardingEngine::param_uploads_at_gather counts a gather
+      // any part of whose shard went up there).
+      EXPECT_GT(host.param_uploads_ahead, 0) << what;
+      EXPECT_EQ(host.param_uploads_at_gather, 0) << what;
+      EXPECT_GT(host.param_upload_bytes, 0) << what;
+      EXPECT_EQ(device.param_upload_bytes + device.param_uploads_ahead, 0) << what;
       EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters),
                 plain.CategoryBytes(MemoryCategory::kParameters) - shards + staging)
           << what;

@@ -59,6 +59,8 @@ struct LoraRun {
   // offload.params NVME: per rank, its swapped base's gather reads and committed generation.
   std::vector<SwappedBase::Stats> base_swap;
   std::vector<uint64_t> base_generation;
+  // Rank 0's parameter-shard uploads over the steps (StepRecord::param_upload_bytes, ...).
+  int64_t param_upload_bytes = 0, param_uploads_ahead = 0, param_uploads_at_gather = 0;
 };
 
 // Swapped shards (offload.params NVME) are read back from the store.
@@ -154,6 +156,9 @@ class LoraTrainingTest : public ::testing::Test {
             run.loss_scales.push_back(rec.loss_scale);
             run.grad_norms.push_back(rec.grad_norm);
             run.skipped = rec.skipped;
+            run.param_upload_bytes += rec.param_upload_bytes;
+            run.param_uploads_ahead += rec.param_uploads_ahead;
+            run.param_uploads_at_gather += rec.param_uploads_at_gather;
           });
           if (!ran.ok()) return ran;
           if (r == 0 && job.parallel().zero_stage() == 0) {

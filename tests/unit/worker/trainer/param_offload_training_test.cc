@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "offload/io_engine.h"
 #include "offload/swap_env.h"
 #include "tests/unit/worker/trainer/offload_runs.h"
@@ -60,14 +62,26 @@ void ExpectOneUploadPerGather(const JobSpec& job, const RunResult& run, const Ru
   ASSERT_TRUE(layout.tied_embeddings) << "the gather count assumes the tied GPT-2";
   ASSERT_TRUE(job.parallel().reshard_after_forward());
   const ShardGeometry geometry = ParallelLayout::ForJob(job, rank).shard();
-  int64_t uploads = 0, grads_down = 0;
+  int64_t uploads = 0, gathers = 0, grads_down = 0;
   const int head = static_cast<int>(layout.units.size()) - 1;
   for (int u = 0; u <= head; ++u) {
     const UnitShard s = ShardOf(layout.units[u].numel, geometry);
-    uploads += ((u == 0 || u == head) ? 1 : 2) * s.shard_numel * element;
+    const int unit_gathers = (u == 0 || u == head) ? 1 : 2;
+    uploads += unit_gathers * s.shard_numel * element;
+    gathers += unit_gathers;
     grads_down += (s.owned.end - s.owned.begin) * element;
   }
   const StepRecord& last = run.last_step[rank];
+  // The step's record reports those uploads (metrics.jsonl, zt_offload_bytes_total's
+  // param_upload) — with host shards every one made ahead of its gather (with swapped ones the
+  // reads go ahead, the swap's counts) —; the reference uploads nothing.
+  EXPECT_EQ(last.param_upload_bytes, uploads) << what << " rank " << rank;
+  const bool on_host = job.offload().params() == OffloadConfig::CPU;
+  EXPECT_EQ(last.param_uploads_ahead, on_host ? gathers : 0) << what << " rank " << rank;
+  EXPECT_EQ(last.param_uploads_at_gather, 0) << what << " rank " << rank;
+  EXPECT_GE(last.param_upload_s, 0) << what << " rank " << rank;
+  EXPECT_EQ(reference.last_step[rank].param_upload_bytes, 0) << what << " rank " << rank;
+  EXPECT_EQ(reference.last_step[rank].param_uploads_ahead, 0) << what << " rank " << rank;
   EXPECT_EQ(last.offload_bytes_to_host, grads_down) << what << ": gradients only";
   EXPECT_EQ(last.offload_bytes_to_device, 0) << what << ": nothing goes up after the update";
   const StepRecord& other = reference.last_step[rank];
@@ -399,6 +413,63 @@ TEST_F(ParamOffloadTrainingTest, ParamsCpuUploadsEveryGatherAhead) {
         }
       }
     }
+  }
+}
+
+// metrics.jsonl's step lines carry the parameter shards' uploads: with offload.params CPU
+// every line has the bytes the plan's gathers upload a step — each unit's shard (the
+// "<unit>.params" buffer of the pinned pool, whose size the plan fixed) once per gather: the
+// tied embedding and the head once a step, each block twice (forward and backward) — all of
+// them ahead; without offload every line says 0.
+TEST_F(ParamOffloadTrainingTest, ParamsCpuMetricsLinesCarryTheUploads) {
+  for (OffloadConfig::Device params : {OffloadConfig::CPU, OffloadConfig::NONE}) {
+    const std::string what = OffloadConfig::Device_Name(params);
+    const OffloadConfig::Device optimizer =
+        params == OffloadConfig::CPU ? OffloadConfig::CPU : OffloadConfig::NONE;
+    const JobSpec job =
+        ValidatedJob(Job(1, 3, OptimizerConfig::ADAMW, PrecisionConfig::BF16, optimizer, params))
+            .value();
+    ASSERT_TRUE(job.parallel().reshard_after_forward()) << what;
+    const ModelLayout layout = BuildModelLayout(job.model());
+    ASSERT_TRUE(layout.tied_embeddings) << what << ": the gather count assumes the tied GPT-2";
+    TrainOptions options;
+    options.run_dir = (dir_ / ("run-" + what)).string();
+    std::unique_ptr<Trainer> trainer = Trainer::Create(job, options).value();
+    ASSERT_TRUE(trainer->Run().ok()) << what;
+    // A gather uploads the rank's shard: the planned host buffer's elements (its bytes may be
+    // padded to the pool's alignment, its shape is the shard).
+    int64_t per_step = 0, gathers = 0;
+    const int head = static_cast<int>(layout.units.size()) - 1;
+    for (int u = 0; u <= head; ++u) {
+      const int unit_gathers = (u == 0 || u == head) ? 1 : 2;
+      const std::string name = layout.units[u].name + ".params";
+      const auto b = std::find_if(trainer->plan().buffers.begin(), trainer->plan().buffers.end(),
+                                  [&](const BufferSpec& x) { return x.name == name; });
+      ASSERT_NE(b, trainer->plan().buffers.end()) << what << " " << name;
+      EXPECT_EQ(b->category, params == OffloadConfig::CPU ? MemoryCategory::kPinnedHost
+                                                          : MemoryCategory::kParameters)
+          << what << " " << name;
+      if (params == OffloadConfig::CPU) {
+        per_step += unit_gathers * b->bytes();
+        gathers += unit_gathers;
+      }
+    }
+    std::ifstream in(dir_ / ("run-" + what) / "metrics.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      ++lines;
+      EXPECT_EQ(j.at("param_upload_bytes").get<int64_t>(), per_step) << what << ": " << line;
+      EXPECT_EQ(j.at("param_uploads_ahead").get<int64_t>(), gathers) << what << ": " << line;
+      EXPECT_EQ(j.at("param_uploads_at_gather").get<int64_t>(), 0) << what << ": " << line;
+      EXPECT_GE(j.at("param_upload_s").get<double>(), 0) << what << ": " << line;
+      if (params == OffloadConfig::NONE) {
+        EXPECT_EQ(j.at("param_upload_s").get<double>(), 0) << what << ": " << line;
+      }
+    }
+    EXPECT_EQ(lines, 4) << what;
+    if (params == OffloadConfig::CPU) EXPECT_GT(per_step, 0);
   }
 }
 

@@ -285,7 +285,49 @@ TEST_F(PipelineOffloadTrainingTest, ParameterOffloadIsTheStagesDevicePathBitForB
         for (const UnitLayout& u : mine.layout.units) own.insert(u.name + ".params");
         EXPECT_EQ(shards, own) << rank;
         EXPECT_EQ(moved, own) << rank;
-        EXPECT_EQ(off_device.DeviceBytes(), on_device.DeviceBytes() - shard_bytes) << rank;
+        // With offload.params CPU a stage that gathers per use (reshard_after_forward) gains
+        // the staging slots its later gathers' shards go up into ahead (prefetch_units + 1,
+        // ShardingEngine::UploadAhead); one that gathers its units whole for the step uploads
+        // into their own buffers.
+        int64_t staging = 0, staging_slots = 0;
+        for (const BufferSpec& b : off_device.buffers) {
+          if (!b.name.starts_with("param_upload.")) continue;
+          EXPECT_EQ(b.category, MemoryCategory::kParameters) << rank << " " << b.name;
+          staging += PlacedBytes(b);
+          ++staging_slots;
+        }
+        EXPECT_EQ(staging_slots, where == OffloadConfig::CPU && c.reshard
+                                     ? job.parallel().prefetch_units() + 1
+                                     : 0)
+            << rank;
+        EXPECT_EQ(off_device.DeviceBytes(), on_device.DeviceBytes() - shard_bytes + staging)
+            << rank;
+        // The uploads, from the steps' records: none with the shards on the device.
+        EXPECT_EQ(reference.ranks[r].param_upload_bytes, 0) << rank;
+        if (where == OffloadConfig::CPU && c.reshard) {
+          // Per use: the pass's first gathers go up at its start, the later ones a use before
+          // their gather; one announced while an earlier use of the schedule still holds its
+          // unit uploads at its gather.
+          EXPECT_GT(mine.param_uploads_ahead, mine.param_uploads_at_gather) << rank;
+          EXPECT_GT(mine.param_upload_bytes, 0) << rank;
+          // GPT-2's last stage under 1F1B (block 1 and the kept head): every gather ahead, the
+          // block's re-gather at each micro-batch boundary, announced while its backward's
+          // gather still reads the unit's staging slot, into a second slot.
+          if (!c.llama && c.schedule == zerotrain::ParallelConfig::ONE_F_ONE_B &&
+              ParallelLayout::ForJob(job, static_cast<int>(r)).coordinates().pipeline == 1) {
+            EXPECT_EQ(mine.param_uploads_at_gather, 0) << rank;
+          }
+        } else if (where == OffloadConfig::CPU) {
+          // Whole for the step: each own shard once a step, at the step's gathers (nothing
+          // computes before them that an upload could hide behind).
+          int64_t own_shards = 0;
+          for (const BufferSpec& b : off_device.buffers) {
+            if (b.name.ends_with(".params")) own_shards += b.bytes();
+          }
+          EXPECT_EQ(mine.param_upload_bytes, 6 * own_shards) << rank;
+          EXPECT_EQ(mine.param_uploads_ahead, 0) << rank;
+          EXPECT_EQ(mine.param_uploads_at_gather, 6 * static_cast<int64_t>(own.size())) << rank;
+        }
       }
     }
   }

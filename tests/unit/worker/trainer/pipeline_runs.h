@@ -44,6 +44,9 @@ struct PipelineRankRun {
   CommStats comm;
   int64_t skipped = 0;  // steps the fp16 loss scaler skipped (StepRecord::skipped), at the end
   int64_t offloaded_bytes = 0;  // offload.optimizer: to the host and out to swap, over the run
+  // offload.params: the steps' parameter-shard uploads (StepRecord::param_upload_bytes, ...),
+  // summed over the run.
+  int64_t param_upload_bytes = 0, param_uploads_ahead = 0, param_uploads_at_gather = 0;
   ModelLayout layout;                      // the stage's units (tensor-parallel shares)
   std::vector<int> held_units;             // the whole model's index of each
   int tp_rank = 0;
@@ -89,6 +92,9 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
       mine.comm_bytes.push_back(rec.comm_bytes);
       mine.bubbles.push_back(rec.pipeline_bubble);
       mine.offloaded_bytes += rec.offload_bytes_to_host + rec.swap_bytes_out;
+      mine.param_upload_bytes += rec.param_upload_bytes;
+      mine.param_uploads_ahead += rec.param_uploads_ahead;
+      mine.param_uploads_at_gather += rec.param_uploads_at_gather;
       if (rec.val_loss) mine.val_losses.push_back(*rec.val_loss);
       mine.skipped = rec.skipped;
     }));
