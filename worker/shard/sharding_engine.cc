@@ -44,6 +44,22 @@ struct Copy {
   int64_t bytes;
 };
 
+// An upload thread's work: `copies` host → device after `mark`, in order, stopping at the
+// first failure; the outcome (status, bytes, seconds) as ShardingEngine::UploadsAhead.
+template <typename Outcome>
+Outcome UploadInOrder(DeviceCopyEngine* engine, const DeviceCopyEngine::IssueMark& mark,
+                      const std::vector<Copy>& copies) {
+  Outcome done;
+  const auto start = Clock::now();
+  for (const Copy& c : copies) {
+    done.status = engine->CopyToDevice(mark, c.device, c.host, c.bytes);
+    if (!done.status.ok()) break;
+    done.bytes += c.bytes;
+  }
+  done.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return done;
+}
+
 // Values travel through the f32 all-gather as raw bits: a double is two f32 slots.
 double GetDouble(const float* slots) {
   double v;
@@ -622,18 +638,10 @@ void ShardingEngine::UploadFirstGathersAhead(const std::vector<int>& units) {
     std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
     return;
   }
-  uploads_ahead_ = std::async(std::launch::async, [engine = copies_, mark = *std::move(mark),
-                                                   copies = std::move(copies)] {
-    UploadsAhead done;
-    const auto start = Clock::now();
-    for (const Copy& c : copies) {
-      done.status = engine->CopyToDevice(mark, c.device, c.host, c.bytes);
-      if (!done.status.ok()) break;
-      done.bytes += c.bytes;
-    }
-    done.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    return done;
-  });
+  uploads_ahead_ = std::async(
+      std::launch::async, [engine = copies_, mark = *std::move(mark), copies = std::move(copies)] {
+        return UploadInOrder<UploadsAhead>(engine, mark, copies);
+      });
 }
 
 absl::Status ShardingEngine::AwaitUploadsAhead() {
@@ -701,15 +709,7 @@ void ShardingEngine::UploadAhead(int u) {
   staged_[u] = std::async(std::launch::async, [engine = copies_, mark = *std::move(mark),
                                                copies = std::move(copies), before = last_upload_] {
                  if (before.valid()) before.wait();
-                 UploadsAhead done;
-                 const auto start = Clock::now();
-                 for (const Copy& c : copies) {
-                   done.status = engine->CopyToDevice(mark, c.device, c.host, c.bytes);
-                   if (!done.status.ok()) break;
-                   done.bytes += c.bytes;
-                 }
-                 done.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-                 return done;
+                 return UploadInOrder<UploadsAhead>(engine, mark, copies);
                }).share();
   last_upload_ = staged_[u];
 }

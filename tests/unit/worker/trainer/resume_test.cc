@@ -515,6 +515,26 @@ TEST_F(ResumeTest, AFreshRunRefusesADirectoryThatHoldsCheckpoints) {
   EXPECT_THAT(again.status.message(), HasSubstr("--resume"));
 }
 
+// Steps 11–15 (`to15`) and 16–20 (`to20`) resumed at other layouts against the straight run
+// `whole`: other layouts sum the gradients in another order, so the bounds of
+// sharded_training_test.cc (losses 1e-5 relative, weights 1e-4 absolute).
+void ExpectReshardedRunFollowsStraight(const Outcome& to15, const Outcome& to20,
+                                       const Outcome& whole) {
+  ASSERT_EQ(to15.losses.size(), 5u);
+  ASSERT_EQ(to20.losses.size(), 5u);
+  for (int s = 0; s < 5; ++s) {
+    EXPECT_NEAR(to15.losses[s], whole.losses[10 + s], 1e-5 * whole.losses[10 + s]);
+    EXPECT_NEAR(to20.losses[s], whole.losses[15 + s], 1e-5 * whole.losses[15 + s]);
+  }
+  double worst = 0;
+  for (size_t u = 0; u < whole.weights.size(); ++u) {
+    for (size_t i = 0; i < whole.weights[u].size(); ++i) {
+      worst = std::max(worst, std::abs(double{to20.weights[u][i]} - whole.weights[u][i]));
+    }
+  }
+  EXPECT_LT(worst, 1e-4);
+}
+
 TEST_F(ResumeTest, ReshardsAcrossWorldSizesAndStages) {
   // 4 ranks at stage 3 → 2 ranks at stage 1 → 1 rank at stage 0, the global batch kept at 8
   // sequences, against 4 ranks at stage 3 straight through.
@@ -538,20 +558,7 @@ TEST_F(ResumeTest, ReshardsAcrossWorldSizesAndStages) {
   ASSERT_TRUE(to15.status.ok()) << to15.status;
   const Outcome to20 = Run(layout(1, 0), 20, (dir_ / "ckpt").string());
   ASSERT_TRUE(to20.status.ok()) << to20.status;
-  ASSERT_EQ(to15.losses.size(), 5u);
-  ASSERT_EQ(to20.losses.size(), 5u);
-  // Other layouts sum the gradients in another order: the bounds of sharded_training_test.cc.
-  for (int s = 0; s < 5; ++s) {
-    EXPECT_NEAR(to15.losses[s], whole.losses[10 + s], 1e-5 * whole.losses[10 + s]);
-    EXPECT_NEAR(to20.losses[s], whole.losses[15 + s], 1e-5 * whole.losses[15 + s]);
-  }
-  double worst = 0;
-  for (size_t u = 0; u < whole.weights.size(); ++u) {
-    for (size_t i = 0; i < whole.weights[u].size(); ++i) {
-      worst = std::max(worst, std::abs(double{to20.weights[u][i]} - whole.weights[u][i]));
-    }
-  }
-  EXPECT_LT(worst, 1e-4);
+  ExpectReshardedRunFollowsStraight(to15, to20, whole);
 }
 
 TEST_F(ResumeTest, VocabularyShardedEmbeddingReshardsAcrossShardGroups) {
@@ -579,20 +586,7 @@ TEST_F(ResumeTest, VocabularyShardedEmbeddingReshardsAcrossShardGroups) {
   ASSERT_TRUE(to15.status.ok()) << to15.status;
   const Outcome to20 = Run(layout(4, false), 20, (dir_ / "ckpt").string());
   ASSERT_TRUE(to20.status.ok()) << to20.status;
-  ASSERT_EQ(to15.losses.size(), 5u);
-  ASSERT_EQ(to20.losses.size(), 5u);
-  // Other group sizes sum in another order: the bounds of sharded_training_test.cc.
-  for (int s = 0; s < 5; ++s) {
-    EXPECT_NEAR(to15.losses[s], whole.losses[10 + s], 1e-5 * whole.losses[10 + s]);
-    EXPECT_NEAR(to20.losses[s], whole.losses[15 + s], 1e-5 * whole.losses[15 + s]);
-  }
-  double worst = 0;
-  for (size_t u = 0; u < whole.weights.size(); ++u) {
-    for (size_t i = 0; i < whole.weights[u].size(); ++i) {
-      worst = std::max(worst, std::abs(double{to20.weights[u][i]} - whole.weights[u][i]));
-    }
-  }
-  EXPECT_LT(worst, 1e-4);
+  ExpectReshardedRunFollowsStraight(to15, to20, whole);
 }
 
 TEST_F(ResumeTest, ReshardsEightBitAdamWStatesWithinOneQuantizationStep) {
