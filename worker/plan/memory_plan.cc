@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/linear.h"
 #include "worker/model/activation_table.h"
 #include "worker/model/lora_tensor_parallel.h"
 #include "worker/model/param_layout.h"
@@ -160,6 +161,32 @@ DType StorageDType(zerotrain::PrecisionConfig::DType d) {
     default:
       return DType::kF32;
   }
+}
+
+// The vocabulary-sharded head's GEMMs (worker/model/transformer_vocab_shard.cc): logits of a
+// chunk of the shard group's G·B·T rows over this rank's vocabulary columns, their backward
+// (the input gradient's partials, the rows' weight gradient); the last chunk may be shorter.
+// 0 on a rank without vocabulary rows (it runs no GEMM).
+int64_t VocabHeadGemmWorkspaceBytes(const zerotrain::JobSpec& job, const ShardGeometry& g,
+                                    const ModelLayout& layout, const DeviceContext& ctx,
+                                    const LinearDTypes& dtypes) {
+  const int64_t C = g.embedding_row_numel;
+  const UnitShard shard = ShardOfUnit(layout.embedding(), g);
+  const int64_t V = layout.embedding().Find("wte")->shape[0];
+  const int64_t vl = std::min(shard.owned.end / C, V) - std::min(shard.owned.begin / C, V);
+  if (vl <= 0) return 0;
+  const int64_t bt = int64_t{job.train().micro_batch_size()} * job.data().seq_len();
+  const int64_t rows = g.group_size * bt;
+  const int64_t chunk =
+      VocabShardChunkRows(LossChunkRows(bt) * V, rows, std::min(V, shard.shard_numel / C));
+  int64_t most = 0;
+  for (const int64_t m : {chunk, rows % chunk}) {
+    if (m == 0) continue;
+    absl::StatusOr<int64_t> bytes = LinearWorkspaceBytes(ctx, m, C, vl, dtypes);
+    // A shape the backend refuses counts 0: its GEMM then fails naming the backend's error.
+    if (bytes.ok()) most = std::max(most, *bytes);
+  }
+  return most;
 }
 
 zerotrain::OffloadConfig::Device OffloadDevice(zerotrain::OffloadConfig::Device d) {
@@ -623,6 +650,12 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     if (b.name == "gemm_workspace") {
       b.shape[0] = std::max(b.shape[0], LoraGemmWorkspaceBytes(layout, B * T, JobDeviceContext(job),
                                                                compute, grad_dtype));
+      if (geometry.embedding_row_numel > 0) {
+        b.shape[0] =
+            std::max(b.shape[0], VocabHeadGemmWorkspaceBytes(
+                                     job, geometry, layout, JobDeviceContext(job),
+                                     LinearDTypes::ForPrecision(compute, param_dtype, grad_dtype)));
+      }
     }
     plan.buffers.push_back(std::move(b));
   }
