@@ -83,6 +83,32 @@ TEST_F(OffloadTrainingTest, OptimizerCpuEqualsNoOffloadBitForBit) {
   }
 }
 
+// The tied embedding split by vocabulary rows at stage 3 (VocabularyShardedEmbedding, which
+// the jobs here turn off by default) under optimizer offload: its gradient shard, complete
+// where the head and the lookup make it, goes down and its parameters come up like any unit's,
+// so CPU and NVME equal the same split job without offload, bit for bit.
+TEST_F(OffloadTrainingTest, OptimizerOffloadWithTheEmbeddingSplitByVocabularyIsBitForBit) {
+  for (const OptimizerCase& o : kOptimizers) {
+    for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
+      for (const OffloadConfig::Device device : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+        const std::string what = absl::StrCat(o.name, " ", PrecisionConfig::DType_Name(dtype), " ",
+                                              OffloadConfig::Device_Name(device));
+        const auto split = [&](OffloadConfig::Device optimizer) {
+          JobSpec job = Job(2, 3, o.type, dtype, optimizer);
+          job.mutable_parallel()->set_vocab_sharded_embedding(true);
+          return job;
+        };
+        ASSERT_TRUE(VocabularyShardedEmbedding(ValidatedJob(split(device)).value())) << what;
+        const RunResult offloaded = Train(split(device), 4);
+        const RunResult plain = Train(split(OffloadConfig::NONE), 4);
+        ExpectSameRun(offloaded, plain, what);
+        ASSERT_EQ(offloaded.losses.size(), 4u) << what;
+        EXPECT_TRUE(offloaded.unclaimed.empty()) << what << ": " << offloaded.unclaimed[0];
+      }
+    }
+  }
+}
+
 TEST_F(OffloadTrainingTest, ArenasAreThePlansDeviceAndPinnedHostCategories) {
   for (PrecisionConfig::DType dtype : {PrecisionConfig::FP32, PrecisionConfig::BF16}) {
     const std::string what = PrecisionConfig::DType_Name(dtype);

@@ -32,6 +32,7 @@ struct RunResult {
   std::vector<CommStats> first_step_stats;                   // per rank, after step 1
   std::vector<std::vector<int64_t>> comm_bytes;              // per rank, sent per step
   std::vector<std::string> unclaimed;                        // plan buffers some rank never used
+  double eval_loss = 0;  // rank 0's Evaluate() after the last step, when the job has data.val
 };
 
 class ShardedTrainingTest : public ::testing::Test {
@@ -77,6 +78,11 @@ class ShardedTrainingTest : public ::testing::Test {
               result.loss_scales.push_back(rec->loss_scale);
               result.skipped = rec->skipped;
             }
+          }
+          if (job.data().val_size() > 0) {
+            absl::StatusOr<double> eval = (*t)->Evaluate();
+            if (!eval.ok()) return eval.status();
+            if (r == 0) result.eval_loss = *eval;
           }
           absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
           if (!w.ok()) return w.status();
@@ -314,6 +320,18 @@ TEST_F(ShardedTrainingTest, VocabularyShardedEmbeddingMatchesOneRankAndTheGather
     ExpectMatches(Train(job2), two_ranks,
                   keep ? "vocabulary-sharded, kept gathered" : "vocabulary-sharded, no prefetch");
   }
+
+  // Evaluation runs the split head without gradients (ShardingEngine::ForwardLoss): the
+  // validation loss after 5 steps is one rank's, within the fp32 loss bound.
+  JobSpec evaluated = spec;
+  evaluated.mutable_data()->add_val(evaluated.data().train(0));
+  evaluated.mutable_train()->set_eval_steps(2);
+  JobSpec evaluated_reference = Job(1, 0, 8);
+  *evaluated_reference.mutable_data() = evaluated.data();
+  evaluated_reference.mutable_train()->set_eval_steps(2);
+  const RunResult eval_split = Train(evaluated, 5), eval_one = Train(evaluated_reference, 5);
+  EXPECT_GT(eval_one.eval_loss, 0.0);
+  EXPECT_NEAR(eval_split.eval_loss, eval_one.eval_loss, 1e-5 * eval_one.eval_loss);
 
   JobSpec bf16 = Job(2, 3, 2, /*accum=*/2);
   bf16.mutable_parallel()->set_vocab_sharded_embedding(true);
