@@ -37,6 +37,13 @@
 namespace zt {
 namespace {
 
+// A model-side collective (tensor parallelism, the vocabulary-sharded embedding) runs to its
+// end before the model goes on: the issued operation's handle, waited for.
+absl::Status IssueAndWait(absl::StatusOr<CommHandle> h) {
+  ZT_RETURN_IF_ERROR(h.status());
+  return h->Wait();
+}
+
 // A LoRA job's frozen base shard at ZeRO stage 3: what offload.params moves for it.
 bool IsFrozenBaseShard(const std::string& name) {
   return name.ends_with(".params") || name.ends_with(".qbase");
@@ -536,10 +543,7 @@ TensorParallelGroup Trainer::TensorParallelOf(const ParallelLayout& layout, Trai
   TensorParallelGroup tp{.size = layout.tensor_size(), .rank = layout.coordinates().tensor};
   if (tp.size <= 1) return tp;
   // The communicators connect after the model binds: the collectives find them at their call.
-  auto wait = [t](absl::StatusOr<CommHandle> h) -> absl::Status {
-    ZT_RETURN_IF_ERROR(h.status());
-    return h->Wait();
-  };
+  constexpr auto wait = IssueAndWait;
   tp.all_reduce = [t, wait](const Tensor& data, const std::string& label) {
     return wait(t->comms_.tensor->AllReduce(data, ReduceOp::kSum, label));
   };
@@ -567,10 +571,7 @@ VocabShardGroup Trainer::VocabShardGroupOf(const ParallelLayout& layout, const M
                         .rows_per_rank = shard.shard_numel / g.embedding_row_numel};
   // The communicators connect after the model binds: the collectives find them at their call.
   auto comm = [t] { return t->comms_.view().shard_group; };
-  auto wait = [](absl::StatusOr<CommHandle> h) -> absl::Status {
-    ZT_RETURN_IF_ERROR(h.status());
-    return h->Wait();
-  };
+  constexpr auto wait = IssueAndWait;
   group.all_gather = [comm, wait](const Tensor& in, const Tensor& out, const std::string& label) {
     return wait(comm()->AllGather(in, out, label));
   };
