@@ -24,15 +24,16 @@
 #include "worker/checkpoint_export.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/job/data_paths.h"
+#include "worker/model/lora_tensor_parallel.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/offload/node_swap_store.h"
 #include "worker/optim/adafactor_splits.h"
 #include "worker/optim/lr_schedule.h"
-#include "worker/model/lora_tensor_parallel.h"
 #include "worker/pipeline_full_weights.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/pipeline_schedule.h"
 #include "worker/rank_state.h"
+#include "worker/shard/host_step_sums.h"
 
 namespace zt {
 namespace {
@@ -195,6 +196,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   }
   t->store_ = store;
   ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, layout, store, *t->arenas_, t->device_->comm()));
+  // offload.delayed_update: a summed Adafactor's statistics sums, which its host step issues on
+  // the delayed thread, over contexts of their own (worker/shard/host_step_sums.h); in every
+  // step, the serial ones too. Empty otherwise.
+  ZT_ASSIGN_OR_RETURN(const HostStepSums host_step_sums, ConnectHostStepSums(job, layout, store));
   ZT_ASSIGN_OR_RETURN(
       t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view(),
                                          &t->device_->copies()));
@@ -212,6 +217,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     shard_group = Optimizer::ShardGroup{
         .sum = [engine](float* data, int64_t n) { return engine->SumAcrossShardGroup(data, n); },
         .reduce_scratch = scratch};
+    if (host_step_sums.shard_group) shard_group->sum = host_step_sums.shard_group;
   }
   if (TensorParallelAdafactor(job, layout)) {
     ZT_ASSIGN_OR_RETURN(Tensor scratch, t->arenas_->Get("optimizer.reduce_scratch"));
@@ -223,6 +229,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                             "optimizer statistics all-reduce (tensor-parallel)"));
       return h.Wait();
     };
+    if (host_step_sums.tensor) shard_group->tensor_sum = host_step_sums.tensor;
     // A LoRA job steps its adapters: their shares' splits (LoraAdafactorSplits).
     shard_group->splits =
         t->model_->layout().lora
@@ -398,12 +405,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
           "offload.delayed_update trains with offload.optimizer CPU or NVME at ZeRO 1-3 only "
           "(its host step reads the gradients copied down during the backward)");
     }
-    if (LossScalingEnabled(job.precision()) || shard_group.has_value() ||
-        t->model_->layout().lora) {
+    if (LossScalingEnabled(job.precision())) {
       return absl::UnimplementedError(
-          "offload.delayed_update trains without fp16 loss scaling, sharded Adafactor or LoRA "
-          "(CheckEngineSupport says why)");
+          "offload.delayed_update trains without fp16 loss scaling (CheckEngineSupport says "
+          "why)");
     }
+    // Tensor and pipeline parallelism need nothing more: every collective of a step (the
+    // gradient norm's sums over the TP group and the stages, ReadStatistics; the tied
+    // embedding's sum between the first and last stage and the replicated KV heads' sums,
+    // in the reductions) is issued on the compute thread before DelayedHostUpdate hands the
+    // step over, and the parameters' all-gather after Finish, on the compute thread too. The
+    // host step issues only a summed Adafactor's statistics sums, over host_step_sums. LoRA:
+    // the trained units are the adapters, each with both banks and its params.host in the
+    // plan (LoraStateBuffers).
     // The host step's parameters: a host bank uploaded at the switch, unless they are swapped
     // (offload.params NVME), where the host step writes them into a generation of the store
     // that the switch commits (the gathers read the committed one until then).

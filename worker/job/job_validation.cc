@@ -640,7 +640,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   }
   // The delayed parameter update (ZeRO-Offload's DPU, docs/memory.md) trains beside
   // offload.optimizer CPU or NVME, ZeRO stages 1-3 (at 3 with offload.params NONE, CPU or NVME),
-  // AdamW, 8-bit AdamW and Adafactor, fp32 and bf16:
+  // AdamW, 8-bit AdamW and Adafactor (sharded and tensor-parallel too), fp32 and bf16, with
+  // tensor and pipeline parallelism and with model.lora (whose adapters' host gradient copies
+  // have two banks too, lora_plan.cc):
   // its host step runs on a thread of its own beside the next step's compute, so nothing it
   // does may touch what that compute uses.
   if (offload.delayed_update().enabled()) {
@@ -661,24 +663,11 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
           "step's update, which a delayed update learns of only after the next step has "
           "computed on it; use BF16 or FP32)");
     }
-    if (UsesLora(spec.model())) {
-      needs(
-          "without model.lora (the adapters' gradient host copies have one bank, so the "
-          "next step's backward would overwrite what the delayed step reads)");
-    }
-    if (parallel.tensor_parallel() > 1 || parallel.pipeline_parallel() > 1) {
-      needs(absl::StrCat("with parallel.tensor_parallel and parallel.pipeline_parallel 1 (got ",
-                         parallel.tensor_parallel(), " and ", parallel.pipeline_parallel(),
-                         "; their host steps are not wired to the delayed thread)"));
-    }
-    if (spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
-        parallel.zero_stage() >= 1 && parallel.shard_group_size() > 1) {
-      needs(absl::StrCat(
-          "with optimizer.type ADAFACTOR only when parallel.shard_group_size is 1 (got ",
-          parallel.shard_group_size(),
-          ": a sharded Adafactor sums its row statistics across the shard group inside the "
-          "host step, a collective that would interleave with the next step's)"));
-    }
+    // Tensor and pipeline parallelism train: a step's collectives (the gradient norm's sums,
+    // the tied embedding's, the parameters' all-gather) stay on the compute thread, before the
+    // host step is handed over or after it has landed. A sharded or tensor-parallel Adafactor's
+    // statistics sums, which run inside the host step, go over Gloo contexts of their own
+    // (worker/shard/host_step_sums.h), never among the next step's collectives.
   }
   // LoRA: the step loop trains the adapters at every ZeRO stage on CPU ranks (docs/lora.md).
   if (UsesLora(spec.model())) {

@@ -102,9 +102,13 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
   const int stage = job.parallel().zero_stage();
   const bool accumulate_full =
       stage >= 2 && job.train().grad_accum_steps() > 1 && !StageGradientsPerMicroBatch(job);
-  // The host step's gradients come down during the backward (offload.optimizer CPU), as
-  // PlanMemory plans them for a full unit.
-  const bool host_step = stage >= 1 && job.offload().optimizer() == zerotrain::OffloadConfig::CPU;
+  // The host step's gradients come down during the backward (offload.optimizer CPU, and NVME
+  // with the delayed update), as PlanMemory plans them for a full unit.
+  const bool delayed_update = job.offload().delayed_update().enabled();
+  const bool host_step =
+      stage >= 1 &&
+      (job.offload().optimizer() == zerotrain::OffloadConfig::CPU ||
+       (job.offload().optimizer() == zerotrain::OffloadConfig::NVME && delayed_update));
   // A model loaded from model.init_from reloads its frozen base there at every start: the
   // checkpoints leave it out (docs/lora.md, "Checkpoints").
   const bool base_reloaded = !job.model().init_from().empty();
@@ -155,6 +159,20 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
                      MemoryCategory::kPinnedHost,
                      grad,
                      {shard.shard_numel}});
+      if (delayed_update) {
+        // The delayed update (worker/optim/delayed_host_step.h), as for a full unit: a second
+        // bank the next backward copies into while the host step reads this one, and the
+        // adapters' updated shard (f32, as "<block>.lora"), uploaded once that backward has
+        // ended. The adapters are never swapped, so there is always such a bank.
+        out.push_back({u.name + ".lora.grads.host.1",
+                       MemoryCategory::kPinnedHost,
+                       grad,
+                       {shard.shard_numel}});
+        out.push_back({u.name + ".lora.params.host",
+                       MemoryCategory::kPinnedHost,
+                       DType::kF32,
+                       {shard.shard_numel}});
+      }
     }
   }
   if (largest_gathered > 0 && job.parallel().reshard_after_forward()) {

@@ -14,8 +14,8 @@
 //                INT8: each quantized base weight, LLM.int8()'s (kernels/int8_linear.h)
 //   gradients:   "<block>.lora_grads"       grad_dtype, same size; the rank's shard at stage 2
 //                "<block>.lora_grad_accum"  stage 2 with grad_accum_steps > 1, padded
-//   pinned host: "<block>.lora.grads.host"  grad_dtype, the rank's shard: offload.optimizer CPU
-//                                           copies the reduced shard here during the backward
+//   pinned host: "<block>.lora.grads.host"  grad_dtype, the rank's reduced shard, copied down
+//                in the backward; offload.delayed_update: ".grads.host.1", ".params.host" (f32)
 //   optimizer:   "<block>.lora.<state>"     as OptimizerStateFor lays the adapters out (the
 //                                           rank's range at stages ≥ 1)
 //   activations: "<block>.lora.<hf_path>"   (B·T, r) compute dtype: scale · dropout(x) · Aᵀ

@@ -1129,6 +1129,7 @@ absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx, Comm
     for (int t = static_cast<int>(shards_.size()) - 1; t >= 0; --t) {
       if (comms_.replicas == nullptr) GradientReduced(t);
     }
+    if (backward_ended_) backward_ended_();  // the stage's last backward was the schedule's
     return FinishReductions(ctx);
   }
   if (tied != nullptr) {
@@ -1162,6 +1163,8 @@ absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx, Comm
     }
     ZT_RETURN_IF_ERROR(GradientReady(u));
   }
+  // As ForwardBackward's last micro-batch: every reduction issued, none waited for.
+  if (backward_ended_) backward_ended_();
   return FinishReductions(ctx);
 }
 

@@ -268,7 +268,9 @@ class OffloadRunTest : public ::testing::Test {
             result.state[r].emplace_back(bytes, bytes + b->bytes());
             if (r == 0) result.state_names.push_back(b->name);
           }
-          absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
+          // A LoRA job's trained weights are its adapters.
+          absl::StatusOr<std::vector<std::vector<float>>> w =
+              job.model().has_lora() ? (*t)->FullAdapters() : (*t)->FullWeights();
           if (!w.ok()) return w.status();
           if (r == 0) result.weights = std::move(*w);
           unclaimed[r] = (*t)->arenas().UnclaimedBuffers();
