@@ -40,11 +40,12 @@ struct Case {
   // ZeRO-3's tied embedding split by vocabulary rows (parallel.vocab_sharded_embedding), which
   // the harness's job otherwise gathers whole.
   bool vocab_sharded = false;
+  bool nvme = false;  // offload.optimizer NVME (the states through the swap store) for CPU
   std::string Name() const {
     return absl::StrCat("tp", tp, " x pp", pp, " x dp", dp, " ZeRO ", stage, " ",
                         OptimizerConfig::Type_Name(type), " ", PrecisionConfig::DType_Name(dtype),
                         llama ? " llama" : " gpt2", lora ? " lora" : "",
-                        vocab_sharded ? " vocab-sharded" : "");
+                        vocab_sharded ? " vocab-sharded" : "", nvme ? " nvme" : "");
   }
 };
 
@@ -55,8 +56,8 @@ class DelayedUpdateParallelTest : public DelayedUpdateRunTest {
   // kAfterSteps, else the reference's device optimizer.
   JobSpec Make(const Case& c, bool delayed) {
     const int world = c.tp * c.pp * c.dp;
-    JobSpec job =
-        Job(world, c.stage, c.type, c.dtype, delayed ? OffloadConfig::CPU : OffloadConfig::NONE);
+    const OffloadConfig::Device offload = c.nvme ? OffloadConfig::NVME : OffloadConfig::CPU;
+    JobSpec job = Job(world, c.stage, c.type, c.dtype, delayed ? offload : OffloadConfig::NONE);
     job.mutable_train()->set_max_steps(kSteps);
     const int accum = c.pp > 1 ? 4 / c.dp : 1;
     job.mutable_train()->set_micro_batch_size(4 / c.dp / accum);
@@ -90,9 +91,10 @@ class DelayedUpdateParallelTest : public DelayedUpdateRunTest {
   }
 
   // The delayed plan is the serial offload plan plus, for each trainable unit the rank steps,
-  // exactly "<unit>.grads.host.1" (the gradient copies' second bank: the serial bank's dtype
-  // and size) and "<unit>.params.host" (the updated shard: the parameters' dtype, the same
-  // element count); the arenas hold the plan, category by category, and nothing unclaimed.
+  // exactly "<unit>.grads.host.1" (the gradient copies' second bank: the first bank's dtype
+  // and size), "<unit>.params.host" (the updated shard: the parameters' dtype, the same element
+  // count) and with NVME the first bank "<unit>.grads.host" too; the arenas hold the plan,
+  // category by category, and nothing unclaimed.
   void ExpectThePlansHostBuffers(const Case& c) {
     SCOPED_TRACE(c.Name());
     JobSpec serial = Make(c, true);
@@ -117,30 +119,36 @@ class DelayedUpdateParallelTest : public DelayedUpdateRunTest {
         added.insert(b.name);
         EXPECT_EQ(b.category, MemoryCategory::kPinnedHost) << "rank " << r << " " << b.name;
       }
-      for (const auto& [name, b] : serial_buffers) {
+      std::map<std::string, BufferSpec> delayed_buffers;
+      for (const BufferSpec& b : run.plans[r].buffers) delayed_buffers.emplace(b.name, b);
+      for (const auto& [name, b] : delayed_buffers) {
         if (!name.ends_with(".grads.host")) continue;
         const std::string unit = name.substr(0, name.size() - std::string(".grads.host").size());
+        // NVME's serial step stages the gradients through its ring: the first bank is the
+        // delayed update's too.
+        if (c.nvme) expected.insert(name);
         expected.insert(name + ".1");
         expected.insert(unit + ".params.host");
-        for (const BufferSpec& d : run.plans[r].buffers) {
-          if (d.name == name + ".1") {
-            EXPECT_EQ(d.dtype, b.dtype) << d.name;
-            EXPECT_EQ(d.numel(), b.numel()) << d.name;
-          }
-          if (d.name == unit + ".params.host") {
-            // The parameters' dtype: the unit's ".params" (a LoRA unit's adapters are f32).
-            auto params = serial_buffers.find(c.lora ? unit : unit + ".params");
-            ASSERT_NE(params, serial_buffers.end()) << unit;
-            EXPECT_EQ(d.dtype, params->second.dtype) << d.name;
-            EXPECT_EQ(d.numel(), b.numel()) << d.name;
-          }
+        if (auto spare = delayed_buffers.find(name + ".1"); spare != delayed_buffers.end()) {
+          EXPECT_EQ(spare->second.dtype, b.dtype) << spare->first;
+          EXPECT_EQ(spare->second.numel(), b.numel()) << spare->first;
+        }
+        if (auto host = delayed_buffers.find(unit + ".params.host");
+            host != delayed_buffers.end()) {
+          // The parameters' dtype: the unit's ".params" (a LoRA unit's adapters are f32).
+          auto params = delayed_buffers.find(c.lora ? unit : unit + ".params");
+          ASSERT_NE(params, delayed_buffers.end()) << unit;
+          EXPECT_EQ(host->second.dtype, params->second.dtype) << host->first;
+          EXPECT_EQ(host->second.numel(), b.numel()) << host->first;
         }
       }
       EXPECT_FALSE(expected.empty()) << "rank " << r << ": no host step";
       EXPECT_EQ(added, expected) << "rank " << r;
       for (int k = 0; k < kMemoryCategoryCount; ++k) {
         const auto category = static_cast<MemoryCategory>(k);
-        EXPECT_EQ(run.arena_bytes[r][k], run.plans[r].CategoryBytes(category))
+        // The nvme category is the swap store's, never an arena's.
+        EXPECT_EQ(run.arena_bytes[r][k],
+                  category == MemoryCategory::kNvme ? 0 : run.plans[r].CategoryBytes(category))
             << "rank " << r << " " << MemoryCategoryName(category);
       }
     }
@@ -182,6 +190,8 @@ TEST_F(DelayedUpdateParallelTest, LoraAdaptersEqualTheStaleReference) {
   ExpectTheStaleRecurrence({.stage = 1, .lora = true});
   ExpectTheStaleRecurrence({.stage = 3, .dtype = PrecisionConfig::BF16, .lora = true});
   ExpectTheStaleRecurrence({.stage = 2, .type = OptimizerConfig::ADAFACTOR, .lora = true});
+  // offload.optimizer NVME: the adapters' banks are planned as CPU offload's.
+  ExpectTheStaleRecurrence({.stage = 2, .lora = true, .nvme = true});
 }
 
 // ZeRO-3's tied embedding split by vocabulary rows: the lookup and the head read the rank's
@@ -211,6 +221,7 @@ TEST_F(DelayedUpdateParallelTest, ArenasAreThePlanWithTheDelayedUpdatesHostBuffe
   ExpectThePlansHostBuffers({.pp = 2, .dp = 2, .stage = 3, .dtype = PrecisionConfig::BF16});
   ExpectThePlansHostBuffers({.stage = 1, .lora = true});
   ExpectThePlansHostBuffers({.stage = 3, .dtype = PrecisionConfig::BF16, .lora = true});
+  ExpectThePlansHostBuffers({.stage = 2, .lora = true, .nvme = true});
 }
 
 }  // namespace
