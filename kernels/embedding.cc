@@ -1,5 +1,7 @@
 #include "kernels/embedding.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/embedding.h"
@@ -39,14 +41,13 @@ absl::Status CheckTables(const char* op, const DeviceContext& ctx, const Tensor&
 }
 
 // positions (B, T) i32 like tokens, on the context's device, each in [0, T) (T ≤ P): a
-// packed sequence's positions restart, never run past the row.
+// packed sequence's positions restart, never run past the row. On CUDA they are device data
+// and are not read back (that would wait for the stream): the CUDA twin poisons the output row
+// of a position outside [0, T) and its backward adds nothing for one outside [0, T)
+// (kernels/cuda/embedding.cu).
 absl::Status CheckPositions(const char* op, const DeviceContext& ctx, const Tensor& tokens,
                             const Tensor& positions, const char* pos_arg, const Tensor& pos) {
   if (positions.empty()) return absl::OkStatus();
-  if (ctx.device.kind == DeviceKind::kCuda) {
-    return absl::UnimplementedError(absl::StrCat(
-        op, ": positions (packed sequences) run on the CPU only; the CUDA embedding takes t"));
-  }
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "positions", positions, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(op, "positions", positions, DType::kI32));
   if (positions.ndim() != 2 || positions.dim(0) != tokens.dim(0) ||
@@ -58,6 +59,7 @@ absl::Status CheckPositions(const char* op, const DeviceContext& ctx, const Tens
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": positions are given but ", pos_arg, " is empty"));
   }
+  if (ctx.device.kind == DeviceKind::kCuda) return absl::OkStatus();
   const int32_t* p = positions.data<int32_t>();
   for (int64_t i = 0; i < positions.numel(); ++i) {
     if (p[i] < 0 || p[i] >= tokens.dim(1)) {
@@ -102,8 +104,11 @@ absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackward
 
 int64_t EmbeddingWorkspaceBytes(DeviceKind kind, int64_t positions, int64_t vocab) {
   if (kind != DeviceKind::kCuda) return 0;
-  // offsets (V + 1), cursors (V) and the sorted positions (B·T), all i32.
-  return (2 * vocab + 1 + positions) * static_cast<int64_t>(sizeof(int32_t));
+  // The counting sort of kernels/cuda/row_scatter.h over the vocabulary's rows, and with packed
+  // positions over the position table's first T ≤ B·T rows (the two sorts run one after the
+  // other in the same bytes): offsets (rows + 1), cursors (rows) and the sorted positions (B·T),
+  // all i32.
+  return (2 * std::max(vocab, positions) + 1 + positions) * static_cast<int64_t>(sizeof(int32_t));
 }
 
 }  // namespace zt

@@ -18,13 +18,13 @@ struct EmbeddingForwardArgs {
   Tensor wpe;     // (P, C) with P ≥ T, or empty (no learned positions)
   Tensor out;     // (B, T, C) = wte[tokens] (+ wpe[positions or t])
   // (B, T) i32 row of wpe for each token, each in [0, T), or empty for t: packed sequences
-  // restart positions at each document (DocumentPositions, kernels/packing.h). CPU only:
-  // Unimplemented on a CUDA context.
+  // restart positions at each document (DocumentPositions, kernels/packing.h).
   Tensor positions;
 };
 // Returns InvalidArgument naming the first token id outside [0, V). On CUDA the tokens are on
 // the device and are not read back (that would wait for the stream): such a position's output
-// row is NaN instead, and the backward adds nothing for it (kernels/cuda/embedding.h).
+// row is NaN instead, and the backward adds nothing for it (kernels/cuda/embedding.h); so for a
+// position outside [0, T).
 absl::Status EmbeddingForward(const DeviceContext& ctx, const EmbeddingForwardArgs& args);
 
 struct EmbeddingBackwardArgs {
@@ -43,7 +43,8 @@ absl::Status EmbeddingBackward(const DeviceContext& ctx, const EmbeddingBackward
 // `positions` = B·T token positions and a vocabulary of `vocab` rows (EmbeddingForward needs
 // none). The CUDA backward sorts the positions by token there (a counting sort: offsets and
 // cursors per vocabulary row, the sorted positions); the CPU's needs none (its sort lives in
-// per-thread heap buffers), so it is 0.
+// per-thread heap buffers), so it is 0. With positions the CUDA backward sorts them too, by
+// position, in the same bytes after the tokens' sort: the size covers max(V, B·T) rows.
 int64_t EmbeddingWorkspaceBytes(DeviceKind kind, int64_t positions, int64_t vocab);
 
 }  // namespace zt

@@ -3,20 +3,12 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/tensor_parallel.h"
+#include "kernels/cuda/tensor_parallel.h"
+#include "kernels/embedding.h"
 #include "kernels/status_macros.h"
 
 namespace zt {
 namespace {
-
-// Context, then no CUDA twin yet: the tensor-parallel engine runs CPU ranks only.
-absl::Status CheckCpu(const char* op, const DeviceContext& ctx) {
-  ZT_RETURN_IF_ERROR(internal::CheckContext(op, ctx));
-  if (ctx.device.kind == DeviceKind::kCuda) {
-    return absl::UnimplementedError(
-        absl::StrCat(op, ": no CUDA kernel yet (tensor parallelism trains CPU ranks only)"));
-  }
-  return absl::OkStatus();
-}
 
 // The row statistics (maxes, sums, losses) are f32, as the whole-model cross-entropy keeps
 // them; the data (tables, logits, rows) may be f32, bf16 or f16.
@@ -43,7 +35,7 @@ absl::Status CheckValid(const char* op, int64_t valid, const Tensor& logits) {
 // logits (N, Vl), maxes (P, N), targets (N).
 absl::Status CheckRows(const char* op, const DeviceContext& ctx, const Tensor& logits,
                        int64_t valid, const Tensor& maxes, const Tensor& targets) {
-  ZT_RETURN_IF_ERROR(CheckCpu(op, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckContext(op, ctx));
   ZT_RETURN_IF_ERROR(CheckDataMatrix(op, "logits", logits, ctx));
   ZT_RETURN_IF_ERROR(CheckValid(op, valid, logits));
   const int64_t n = logits.dim(0);
@@ -59,7 +51,7 @@ absl::Status CheckEmbedding(const char* op, const DeviceContext& ctx, const Tens
                             const char* table_arg, const Tensor& table, const char* pos_arg,
                             const Tensor& pos, const Tensor& positions, const char* rows_arg,
                             const Tensor& rows) {
-  ZT_RETURN_IF_ERROR(CheckCpu(op, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckContext(op, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, "tokens", tokens, ctx));
   ZT_RETURN_IF_ERROR(CheckDType(op, "tokens", tokens, DType::kI32));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, "tokens", tokens, 2));
@@ -85,6 +77,9 @@ absl::Status VocabShardEmbeddingForward(const DeviceContext& ctx,
   constexpr const char* kOp = "VocabShardEmbeddingForward";
   ZT_RETURN_IF_ERROR(CheckEmbedding(kOp, ctx, args.tokens, "wte", args.wte, "wpe", args.wpe,
                                     args.positions, "out", args.out));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::VocabShardEmbeddingForward(ctx, args));
+  }
   return cpu::VocabShardEmbeddingForward(ctx, args);
 }
 
@@ -93,16 +88,29 @@ absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
   constexpr const char* kOp = "VocabShardEmbeddingBackward";
   ZT_RETURN_IF_ERROR(CheckEmbedding(kOp, ctx, args.tokens, "dwte", args.dwte, "dwpe", args.dwpe,
                                     args.positions, "dout", args.dout));
+  const int64_t need =
+      VocabShardEmbeddingWorkspaceBytes(ctx.device.kind, args.tokens.numel(), args.dwte.dim(0));
+  if (ctx.workspace.bytes < need) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kOp, ": the workspace holds ", ctx.workspace.bytes, " bytes, this call needs ",
+                     need, " (VocabShardEmbeddingWorkspaceBytes)"));
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::VocabShardEmbeddingBackward(ctx, args));
+  }
   return cpu::VocabShardEmbeddingBackward(ctx, args);
 }
 
 absl::Status VocabShardRowMax(const DeviceContext& ctx, const VocabShardRowMaxArgs& args) {
   constexpr const char* kOp = "VocabShardRowMax";
-  ZT_RETURN_IF_ERROR(CheckCpu(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(CheckDataMatrix(kOp, "logits", args.logits, ctx));
   ZT_RETURN_IF_ERROR(CheckValid(kOp, args.valid, args.logits));
   ZT_RETURN_IF_ERROR(
       internal::CheckTensor(kOp, "max", args.max, ctx, DType::kF32, {args.logits.dim(0)}));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::VocabShardRowMax(ctx, args));
+  }
   return cpu::VocabShardRowMax(ctx, args);
 }
 
@@ -111,6 +119,9 @@ absl::Status VocabShardExpSum(const DeviceContext& ctx, const VocabShardExpSumAr
   ZT_RETURN_IF_ERROR(CheckRows(kOp, ctx, args.logits, args.valid, args.maxes, args.targets));
   ZT_RETURN_IF_ERROR(
       internal::CheckTensor(kOp, "sums", args.sums, ctx, DType::kF32, {args.logits.dim(0), 2}));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::VocabShardExpSum(ctx, args));
+  }
   return cpu::VocabShardExpSum(ctx, args);
 }
 
@@ -121,15 +132,27 @@ absl::Status VocabShardCrossEntropy(const DeviceContext& ctx,
   const int64_t n = args.logits.dim(0);
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "sums", args.sums, ctx, DType::kF32, {n, 2}));
   ZT_RETURN_IF_ERROR(internal::CheckTensor(kOp, "losses", args.losses, ctx, DType::kF32, {n}));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::VocabShardCrossEntropy(ctx, args));
+  }
   return cpu::VocabShardCrossEntropy(ctx, args);
 }
 
 absl::Status AddRowBias(const DeviceContext& ctx, const AddRowBiasArgs& args) {
   constexpr const char* kOp = "AddRowBias";
-  ZT_RETURN_IF_ERROR(CheckCpu(kOp, ctx));
+  ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
   ZT_RETURN_IF_ERROR(CheckDataMatrix(kOp, "out", args.out, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckFloatTensor(kOp, "bias", args.bias, ctx, {args.out.dim(1)}));
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::AddRowBias(ctx, args));
+  }
   return cpu::AddRowBias(ctx, args);
+}
+
+int64_t VocabShardEmbeddingWorkspaceBytes(DeviceKind kind, int64_t positions, int64_t vocab_rows) {
+  // The same counting sorts as the whole-table backward's: by the token's local row, then (with
+  // packed positions) by position, over at most T ≤ B·T rows.
+  return EmbeddingWorkspaceBytes(kind, positions, vocab_rows);
 }
 
 }  // namespace zt

@@ -10,7 +10,8 @@
 // each be f32, bf16 or f16, loaded to f32, computed in f32 and rounded once when stored (as
 // the whole-model embedding and cross-entropy); the row statistics (max, maxes, sums, losses)
 // are f32, so the collectives between the passes reduce them in f32.
-// CPU only: a CUDA context gets Unimplemented naming the op.
+// CPU and CUDA (kernels/cuda/tensor_parallel.h: token ids, positions and targets are device
+// data there, not read back; a negative token poisons its output row instead of failing).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +50,16 @@ struct VocabShardEmbeddingBackwardArgs {
   Tensor positions;  // (B, T) i32 or empty (t), as the forward's
 };
 // Deterministic: each row of dwte and dwpe sums its (token, position) rows in row order.
+// Scratch comes from ctx.workspace: FailedPrecondition (naming both sizes) when it holds fewer
+// bytes than VocabShardEmbeddingWorkspaceBytes says.
 absl::Status VocabShardEmbeddingBackward(const DeviceContext& ctx,
                                          const VocabShardEmbeddingBackwardArgs& args);
+
+// Scratch bytes VocabShardEmbeddingBackward needs on a device of this kind for `positions` =
+// B·T tokens and a shard of `vocab_rows` = Vl rows: 0 on the CPU; on CUDA the counting sort of
+// the whole-table backward (EmbeddingWorkspaceBytes(kind, B·T, Vl), kernels/embedding.h), no
+// more than the whole table's.
+int64_t VocabShardEmbeddingWorkspaceBytes(DeviceKind kind, int64_t positions, int64_t vocab_rows);
 
 // Pass 1 of the parallel cross-entropy: each row's maximum over this rank's `valid` columns.
 // The caller all-gathers the P maxima of every row.

@@ -1535,24 +1535,42 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
 }
 
 absl::Status Trainer::JoinTensorParallelShares(std::vector<std::vector<float>>& units) {
-  // Every TP rank's shares of a unit (equal sizes: the layout is the same on each), gathered
-  // on the host (CPU ranks only), each tensor's slice put in its place; replicated tensors
-  // come from TP rank 0. A pipeline stage's unit u is the whole model's held_units()[u]; a
-  // head stage's copy of a tied wte is left out (the embedding's wte is the model's).
+  // Every TP rank's shares of a unit (equal sizes: the layout is the same on each), gathered,
+  // each tensor's slice put in its place; replicated tensors come from TP rank 0. A pipeline
+  // stage's unit u is the whole model's held_units()[u]; a head stage's copy of a tied wte is
+  // left out (the embedding's wte is the model's).
   const int t = comms_.tensor ? comms_.tensor->size() : 1;
   const ModelLayout whole = BuildModelLayout(job_.model());
   const ModelLayout& local = model_->layout();
+  // A device the host cannot address (CUDA) has a communicator of device buffers (NCCL, or
+  // staged through the host on its copy engine): the shares go up into device scratch outside
+  // the plan (export is not the step loop), are gathered there and come back down.
+  const bool on_device = t > 1 && !device_->host_addressable();
+  ScratchTensor share_dev, all_dev;
+  if (on_device) {
+    int64_t largest = 0;
+    for (const std::vector<float>& v : units) {
+      largest = std::max(largest, static_cast<int64_t>(v.size()));
+    }
+    ZT_ASSIGN_OR_RETURN(share_dev, device_->AllocateScratchF32(largest));
+    ZT_ASSIGN_OR_RETURN(all_dev, device_->AllocateScratchF32(largest * t));
+  }
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t n = static_cast<int64_t>(units[u].size());
     const UnitLayout& whole_unit = whole.units[model_->pipelined() ? model_->held_units()[u] : u];
     std::vector<float> all;
     if (t > 1) {
       all.resize(static_cast<size_t>(n * t));
-      ZT_ASSIGN_OR_RETURN(CommHandle h,
-                          comms_.tensor->AllGather(Tensor(units[u].data(), DType::kF32, {n}),
-                                                   Tensor(all.data(), DType::kF32, {n * t}),
-                                                   local.units[u].name + " shares all-gather"));
+      Tensor in(units[u].data(), DType::kF32, {n}), out(all.data(), DType::kF32, {n * t});
+      if (on_device) {
+        in = share_dev.tensor.Slice(0, n);
+        out = all_dev.tensor.Slice(0, n * t);
+        ZT_RETURN_IF_ERROR(device_->Upload(in, units[u].data()));
+      }
+      ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.tensor->AllGather(
+                                            in, out, local.units[u].name + " shares all-gather"));
       ZT_RETURN_IF_ERROR(h.Wait());
+      if (on_device) ZT_RETURN_IF_ERROR(device_->Download(all.data(), out));
     } else {
       all = std::move(units[u]);
     }

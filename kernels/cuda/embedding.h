@@ -4,7 +4,8 @@
 //
 // The tokens live on the device, so a token outside [0, V) cannot be reported as an error
 // without waiting for the stream: the forward writes a NaN output row for it (the loss turns
-// NaN, which the step loop and the loss scaler see) and the backward adds nothing for it.
+// NaN, which the step loop and the loss scaler see) and the backward adds nothing for it. A
+// packed position outside [0, T) is treated the same way.
 #pragma once
 
 #include "absl/status/status.h"

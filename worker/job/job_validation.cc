@@ -534,8 +534,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
         "so leave reduce_dtype unset or equal to grad_dtype"));
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
-  // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU ranks,
-  // in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
+  // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU and CUDA
+  // ranks, in f32 or 16-bit mixed precision, under every ZeRO stage; pipeline parallelism on CPU
   // ranks, in f32 or 16-bit mixed precision, with the GPIPE, ONE_F_ONE_B and INTERLEAVED
   // schedules at every ZeRO stage (at 3 keeping each stage's units gathered for the step or
   // gathering them per use), each stage's units tensor-parallel when t > 1, its optimizer
@@ -576,8 +576,16 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     const auto needs = [&](const std::string& what) {
       lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " trains ", what, " so far"));
     };
-    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
-      needs("on resources.device CPU (its local ops have no CUDA kernels yet)");
+    // On CUDA the local ops are kernels/cuda/tensor_parallel.h's and the collectives go over
+    // the rank's device communicator (NCCL, or staged through the host when ranks share a GPU;
+    // tests/gpu/worker/train/tensor_parallel_gpu_test.cc). Adafactor's statistics of a split
+    // tensor are summed over the group inside the host step, whose CUDA kernel does not take a
+    // tensor-parallel part (kernels/adafactor.cc).
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA &&
+        spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
+      needs(
+          "with optimizer.type ADAFACTOR on resources.device CPU only (the CUDA Adafactor does "
+          "not sum a tensor-parallel part's statistics over the group yet)");
     }
     // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard; 16-bit
     // precision keeps f32 master weights of each share, as one rank does; Adafactor counts a

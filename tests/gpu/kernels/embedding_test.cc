@@ -1,14 +1,16 @@
 // EmbeddingForward and EmbeddingBackward on the GPU against the CPU op (kernels/embedding.h)
-// on the same inputs, with and without learned positions, f32/bf16/f16 tables and gradients:
+// on the same inputs, with and without learned positions, with packed positions (documents
+// restarting at 0, so rows of wpe repeat within and across the sort's chunks), f32/bf16/f16
+// tables and gradients:
 // GPT-2's vocabulary with scattered tokens, a 17-row vocabulary where every token repeats
 // across many of the backward sort's 256-position chunks, and a batch of one repeated token.
 // Channel counts that are and are not a multiple of the 256-thread block. The backward adds
 // (+=) to nonzero gradients.
 //
 // Both sides compute every element with the same f32 additions in the same order (the GPU's
-// backward sorts the positions by token keeping their order, then sums each gradient element
-// from its old value in position order, as the CPU does) and round once: the results must be
-// bitwise equal, so the bound is exact equality.
+// backward sorts the positions by token, and packed positions by position, keeping their
+// order, then sums each gradient element from its old value in position order, as the CPU
+// does) and round once: the results must be bitwise equal, so the bound is exact equality.
 #if ZT_HAVE_CUDA
 
 #include "kernels/embedding.h"
@@ -41,6 +43,7 @@ struct Case {
   int64_t channels;
   Tokens tokens;
   bool positions;
+  bool packed = false;  // with positions: each token's packed position instead of t
 };
 
 constexpr int64_t kB = 4, kT = 300;  // 1200 positions: five chunks of the backward's sort
@@ -55,6 +58,22 @@ std::vector<int32_t> MakeTokens(const Case& c) {
   return t;
 }
 
+// Documents of 1 to 80 tokens: positions restart at 0 at each.
+std::vector<int32_t> PackedPositions() {
+  std::mt19937 rng(11);
+  std::vector<int32_t> p(kB * kT);
+  int32_t left = 0, pos = 0;
+  for (int64_t i = 0; i < kB * kT; ++i) {
+    if (i % kT == 0 || left == 0) {
+      left = 1 + static_cast<int32_t>(rng() % 80);
+      pos = 0;
+    }
+    p[i] = pos++;
+    --left;
+  }
+  return p;
+}
+
 class EmbeddingGpuTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EmbeddingGpuTest, MatchesTheCpuOpBitForBit) {
@@ -64,6 +83,8 @@ TEST_P(EmbeddingGpuTest, MatchesTheCpuOpBitForBit) {
   const int64_t p = kT + 3;  // more positions than the sequence uses
   std::vector<int32_t> tokens = MakeTokens(c);
   const Tensor h_tokens(tokens.data(), DType::kI32, {kB, kT});
+  std::vector<int32_t> packed = PackedPositions();
+  const Tensor h_positions = c.packed ? Tensor(packed.data(), DType::kI32, {kB, kT}) : Tensor();
   testing::Stored wte(testing::RandomVector(v * ch, 1), c.dtype);
   testing::Stored wpe(testing::RandomVector(p * ch, 2), c.dtype);
   testing::Stored out(kB * kT * ch, c.dtype);
@@ -78,15 +99,19 @@ TEST_P(EmbeddingGpuTest, MatchesTheCpuOpBitForBit) {
   ASSERT_TRUE(EmbeddingForward(CpuContext(2), {.tokens = h_tokens,
                                                .wte = wte.View({v, ch}),
                                                .wpe = h_wpe,
-                                               .out = out.View({kB, kT, ch})})
+                                               .out = out.View({kB, kT, ch}),
+                                               .positions = h_positions})
                   .ok());
   ASSERT_TRUE(EmbeddingBackward(CpuContext(2), {.tokens = h_tokens,
                                                 .dout = dout.View({kB, kT, ch}),
                                                 .dwte = dwte.View({v, ch}),
-                                                .dwpe = h_dwpe})
+                                                .dwpe = h_dwpe,
+                                                .positions = h_positions})
                   .ok());
 
   testing::Stored gpu_dwte_init(dwte_init, c.dtype), gpu_dwpe_init(dwpe_init, c.dtype);
+  DeviceBuffer positions_mem;
+  const Tensor d_positions = ToDevice(h_positions, positions_mem);
   DeviceBuffer tokens_mem, wte_mem, wpe_mem, out_mem, dout_mem, dwte_mem, dwpe_mem;
   const Tensor d_tokens = ToDevice(h_tokens, tokens_mem);
   const Tensor d_out = ToDevice(out.View({kB, kT, ch}), out_mem);  // overwritten
@@ -102,10 +127,16 @@ TEST_P(EmbeddingGpuTest, MatchesTheCpuOpBitForBit) {
   DeviceBuffer workspace(EmbeddingWorkspaceBytes(DeviceKind::kCuda, kB * kT, v));
   const DeviceContext ctx = gpu_test::CudaContext(stream, workspace.AsWorkspace());
   ASSERT_TRUE(
-      EmbeddingForward(ctx, {.tokens = d_tokens, .wte = d_wte, .wpe = d_wpe, .out = d_out}).ok());
-  ASSERT_TRUE(
-      EmbeddingBackward(ctx, {.tokens = d_tokens, .dout = d_dout, .dwte = d_dwte, .dwpe = d_dwpe})
+      EmbeddingForward(
+          ctx,
+          {.tokens = d_tokens, .wte = d_wte, .wpe = d_wpe, .out = d_out, .positions = d_positions})
           .ok());
+  ASSERT_TRUE(EmbeddingBackward(ctx, {.tokens = d_tokens,
+                                      .dout = d_dout,
+                                      .dwte = d_dwte,
+                                      .dwpe = d_dwpe,
+                                      .positions = d_positions})
+                  .ok());
   ASSERT_EQ(stream.Sync(), cudaSuccess);
 
   EXPECT_EQ(ToHostFloats(d_out), HostFloats(out.View({kB, kT, ch})));
@@ -121,6 +152,10 @@ std::vector<Case> Cases() {
       cases.push_back({dtype, 17, 300, Tokens::kFewRepeated, positions});
       cases.push_back({dtype, 17, 256, Tokens::kAllTheSame, positions});
     }
+    // Packed positions: the position sort over T = 300 rows, more than the 17-row vocabulary's
+    // (the workspace covers max(V, B·T) rows), and beside GPT-2's.
+    cases.push_back({dtype, 17, 300, Tokens::kFewRepeated, true, true});
+    cases.push_back({dtype, 50304, 96, Tokens::kScattered, true, true});
   }
   return cases;
 }
@@ -131,7 +166,8 @@ INSTANTIATE_TEST_SUITE_P(All, EmbeddingGpuTest, ::testing::ValuesIn(Cases()), []
                        : c.tokens == Tokens::kFewRepeated ? "repeated"
                                                           : "one_token";
   return std::string(DTypeName(c.dtype)) + "_V" + std::to_string(c.vocab) + "_C" +
-         std::to_string(c.channels) + "_" + tokens + (c.positions ? "_wpe" : "_no_wpe");
+         std::to_string(c.channels) + "_" + tokens +
+         (c.positions ? (c.packed ? "_packed_wpe" : "_wpe") : "_no_wpe");
 });
 
 TEST(EmbeddingGpuOnlyTest, ATokenOutsideTheVocabularyGivesANaNRow) {
@@ -182,9 +218,10 @@ TEST(EmbeddingGpuArgsTest, BackwardRefusesAWorkspaceSmallerThanItsSize) {
             .dout = Tensor(dout.data(), DType::kF32, {2, 3, 4}, gpu_test::Gpu0()),
             .dwte = Tensor(dwte.data(), DType::kF32, {5, 4}, gpu_test::Gpu0())});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  // Offsets (V + 1), cursors (V) and the sorted positions (B·T), i32: (6 + 5 + 6) · 4 bytes.
-  EXPECT_EQ(EmbeddingWorkspaceBytes(DeviceKind::kCuda, 6, 5), 68);
-  EXPECT_NE(s.message().find("needs 68"), std::string_view::npos) << s;
+  // Offsets (R + 1), cursors (R) and the sorted positions (B·T), i32, for R = max(V, B·T) = 6
+  // rows (the packed positions' sort covers T ≤ B·T rows): (2·6 + 1 + 6) · 4 bytes.
+  EXPECT_EQ(EmbeddingWorkspaceBytes(DeviceKind::kCuda, 6, 5), 76);
+  EXPECT_NE(s.message().find("needs 76"), std::string_view::npos) << s;
   EXPECT_EQ(EmbeddingWorkspaceBytes(DeviceKind::kCpu, 6, 5), 0);
 }
 

@@ -1,8 +1,8 @@
 // kernels/tensor_parallel: the vocabulary-parallel cross-entropy split over P simulated ranks
 // (the collectives done here by plain sums and maxima) against a float64 softmax
 // cross-entropy and the fused one-rank op; the vocabulary-parallel embedding's shares summing
-// to the whole table's lookup and gradient; the row bias; a CUDA context refused cleanly; each
-// op on bf16 and f16 data against its f32 result.
+// to the whole table's lookup and gradient; the row bias; host tensors on a CUDA context
+// refused cleanly; each op on bf16 and f16 data against its f32 result.
 #include "kernels/tensor_parallel.h"
 
 #include <algorithm>
@@ -306,14 +306,16 @@ TEST(TensorParallelTest, RowBiasAndErrors) {
   EXPECT_EQ(bad_valid.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad_valid.message().find("valid"), std::string::npos) << bad_valid;
 
-  // No CUDA twin yet: a CUDA context is refused by name, before any pointer is read.
+  // A CUDA context (its twin: kernels/cuda/tensor_parallel.h) refuses host tensors by name,
+  // before any pointer is read.
   DeviceContext cuda = CpuContext(1);
   cuda.device.kind = DeviceKind::kCuda;
   const absl::Status on_cuda =
       VocabShardRowMax(cuda, {.logits = Tensor(logits.data(), DType::kF32, {2, 3}),
                               .valid = 3,
                               .max = Tensor(max.data(), DType::kF32, {2})});
-  EXPECT_EQ(on_cuda.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(on_cuda.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(on_cuda.message().find("logits is on cpu:0"), std::string::npos) << on_cuda;
   EXPECT_NE(on_cuda.message().find("VocabShardRowMax"), std::string::npos) << on_cuda;
 }
 

@@ -374,6 +374,8 @@ TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInF32And16Bi
       EXPECT_TRUE(CheckEngineSupport(job).ok()) << layout << ": " << CheckEngineSupport(job);
     }
   }
+  // On CUDA every optimizer but Adafactor (whose split statistics the CUDA kernel does not
+  // sum over the group) trains tensor-parallel ranks.
   JobSpec job = With(kGpt2Yaml, "world_size: 4, tensor_parallel: 2, zero_stage: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
   job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
@@ -381,8 +383,14 @@ TEST(CheckEngineSupportTest, TensorParallelTrainsUnderEveryZeroStageInF32And16Bi
   const absl::Status status = CheckEngineSupport(job);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("parallel.tensor_parallel: 2 trains on resources.device CPU (its "
-                          "local ops have no CUDA kernels yet) so far"));
+              ElementsAre("parallel.tensor_parallel: 2 trains with optimizer.type ADAFACTOR on "
+                          "resources.device CPU only (the CUDA Adafactor does not sum a "
+                          "tensor-parallel part's statistics over the group yet) so far"));
+  // AdamW (and with it SGD and 8-bit AdamW) trains tensor- and sequence-parallel CUDA ranks.
+  job.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAMW);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+  job.mutable_parallel()->set_sequence_parallel(true);
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
 }
 
 // Adafactor's statistics of split tensors are summed over the TP group; only replicated KV

@@ -1,0 +1,97 @@
+// The ranks of a GPU step-loop test job as threads of the test process (sharing the GPU; their
+// collectives staged through the host), and the comparisons of two runs' weights: shared by
+// trainer_gpu_test.cc and tensor_parallel_gpu_test.cc.
+#pragma once
+
+#if ZT_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/comm/store.h"
+#include "worker/trainer.h"
+
+namespace zt::gpu_test {
+
+struct RunResult {
+  std::vector<double> losses, grad_norms, loss_scales;
+  std::vector<int64_t> skipped;
+  std::vector<std::vector<float>> weights;                   // rank 0's FullWeights at the end
+  std::vector<std::vector<std::vector<float>>> all_weights;  // every rank's
+};
+
+inline double RelativeL2(const std::vector<std::vector<float>>& got,
+                         const std::vector<std::vector<float>>& want) {
+  double diff = 0, norm = 0;
+  EXPECT_EQ(got.size(), want.size());
+  for (size_t u = 0; u < std::min(got.size(), want.size()); ++u) {
+    EXPECT_EQ(got[u].size(), want[u].size());
+    for (size_t i = 0; i < std::min(got[u].size(), want[u].size()); ++i) {
+      const double d = static_cast<double>(got[u][i]) - want[u][i];
+      diff += d * d;
+      norm += static_cast<double>(want[u][i]) * want[u][i];
+    }
+  }
+  return std::sqrt(diff / norm);
+}
+
+inline double MaxAbsDiff(const std::vector<std::vector<float>>& a,
+                         const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (size_t u = 0; u < std::min(a.size(), b.size()); ++u) {
+    for (size_t i = 0; i < std::min(a[u].size(), b[u].size()); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(a[u][i]) - b[u][i]));
+    }
+  }
+  return worst;
+}
+
+// Every rank of `job` (threads) to `stop_after`, resuming from `resume` when set.
+inline RunResult TrainRanks(const zerotrain::JobSpec& job, int64_t stop_after,
+                            const std::string& resume = "") {
+  const int n = job.parallel().world_size();
+  InProcessStore store;
+  RunResult run;
+  run.all_weights.resize(n);
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> absl::Status {
+        TrainOptions options;
+        options.rank = r;
+        options.store = &store;
+        options.stop_after_step = stop_after;
+        options.resume_dir = resume;
+        absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
+        if (!t.ok()) return t.status();
+        absl::Status ran = (*t)->Run([&](const StepRecord& rec) {
+          if (r != 0) return;
+          run.losses.push_back(rec.loss);
+          run.grad_norms.push_back(rec.grad_norm);
+          run.loss_scales.push_back(rec.loss_scale);
+          run.skipped.push_back(rec.skipped);
+        });
+        if (!ran.ok()) return ran;
+        absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
+        if (!w.ok()) return w.status();
+        run.all_weights[r] = std::move(*w);
+        return absl::OkStatus();
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  run.weights = run.all_weights[0];
+  return run;
+}
+
+}  // namespace zt::gpu_test
+
+#endif  // ZT_HAVE_CUDA
