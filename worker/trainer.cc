@@ -37,6 +37,14 @@
 namespace zt {
 namespace {
 
+// The context of the host optimizer step (offload.optimizer CPU or NVME). A CPU rank whose
+// arenas are the host's memory steps with its own threads and scratch; any other rank — a GPU,
+// or a CPU "device" with memory of its own — steps its host buffers with the job's CPU share,
+// since its own context's ops refuse tensors that are not on its device.
+DeviceContext HostStepContext(const DeviceContext& ctx, const zerotrain::JobSpec& job) {
+  return ctx.device == Device{} ? ctx : CpuContext(job.resources().cpu_threads());
+}
+
 // A model-side collective (tensor parallelism, the vocabulary-sharded embedding) runs to its
 // end before the model goes on: the issued operation's handle, waited for.
 absl::Status IssueAndWait(absl::StatusOr<CommHandle> h) {
@@ -342,7 +350,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                               swapped.begin()->first,
                                               ", which the plan does not hold"));
     }
-    t->host_ctx_ = t->ctx_;
+    t->host_ctx_ = HostStepContext(t->ctx_, job);
   } else if (param_home == ParamHome::kSwapped) {
     // CheckEngineSupport refuses this job; an engine reached another way says why too.
     return absl::UnimplementedError(
@@ -368,10 +376,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                                .params = param_home,
                                                .gradients = t->grad_downloads_.get()}));
     t->host_optimizer_.emplace(std::move(host));
-    // A CPU rank's host threads are its own; a GPU rank's host step gets the job's CPU share.
-    t->host_ctx_ = t->ctx_.device.kind == DeviceKind::kCpu
-                       ? t->ctx_
-                       : CpuContext(job.resources().cpu_threads());
+    t->host_ctx_ = HostStepContext(t->ctx_, job);
   } else {
     if (param_home == ParamHome::kHost) {
       // CheckEngineSupport refuses this job; an engine reached another way says why too.
@@ -827,25 +832,45 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
     } else {
       std::copy(imported[u].begin() + begin, imported[u].begin() + stop, values.begin());
     }
-    const Tensor v = chunk.Slice(0, stop - begin);
-    ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
     // Swapped shards (offload.params NVME) are written into their ring buffer, on their way
-    // to the store.
+    // to the store; host shards (offload.params CPU) are the pinned pool's.
     const Tensor params = swapped_params.empty() ? model_->unit_params()[u] : swapped_params;
-    // A split master's high halves are the parameters on every rank that holds them
-    // (rounded as SplitMaster rounds, which on ties is not Cast's way).
-    ZT_RETURN_IF_ERROR(
-        split ? SplitMasterWeights(ctx_, v, params.Slice(begin - first, stop - first), Tensor())
-              : Cast(ctx_, v, params.Slice(begin - first, stop - first)));
+    // Offloaded parameters and master weights are host memory, which a device's ops do not
+    // touch: they take the host's f32 values on the host (offload refuses a split master, so
+    // both are a plain cast there, as on the device).
+    const DeviceContext host_ctx = HostStepContext(ctx_, job_);
+    const auto host_values = [&](int64_t from, int64_t to) {
+      return Tensor(values.data() + (from - begin), DType::kF32, {to - from}, Device{});
+    };
+    const Tensor v = chunk.Slice(0, stop - begin);
+    if (params.device() == ctx_.device) {
+      ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
+      // A split master's high halves are the parameters on every rank that holds them
+      // (rounded as SplitMaster rounds, which on ties is not Cast's way).
+      ZT_RETURN_IF_ERROR(
+          split ? SplitMasterWeights(ctx_, v, params.Slice(begin - first, stop - first), Tensor())
+                : Cast(ctx_, v, params.Slice(begin - first, stop - first)));
+    } else {
+      ZT_RETURN_IF_ERROR(
+          Cast(host_ctx, host_values(begin, stop), params.Slice(begin - first, stop - first)));
+    }
     // The master copy holds the rank's range (the whole unit at stage 0).
     const int64_t lo = std::max(begin, range.begin), hi = std::min(stop, range.end);
-    if (has_master && lo < hi) {
-      const Tensor mine = v.Slice(lo - begin, hi - begin);
-      const Tensor master_range = master.Slice(lo - range.begin, hi - range.begin);
-      ZT_RETURN_IF_ERROR(
-          split ? SplitMasterWeights(ctx_, mine, params.Slice(lo - first, hi - first), master_range)
-                : Cast(ctx_, mine, master_range));
+    if (!has_master || lo >= hi) continue;
+    const Tensor master_range = master.Slice(lo - range.begin, hi - range.begin);
+    if (!(master.device() == ctx_.device)) {
+      ZT_RETURN_IF_ERROR(Cast(host_ctx, host_values(lo, hi), master_range));
+      continue;
     }
+    if (!(params.device() == ctx_.device)) {
+      return absl::InternalError(
+          absl::StrCat("initializing ", model_->layout().units[u].name,
+                       ": its parameters are host memory and its master weights device memory"));
+    }
+    const Tensor mine = v.Slice(lo - begin, hi - begin);
+    ZT_RETURN_IF_ERROR(
+        split ? SplitMasterWeights(ctx_, mine, params.Slice(lo - first, hi - first), master_range)
+              : Cast(ctx_, mine, master_range));
   }
   return absl::OkStatus();
 }

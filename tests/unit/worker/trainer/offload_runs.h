@@ -48,8 +48,8 @@ struct Crossings {
 
 class CountingCopyEngine : public DeviceCopyEngine {
  public:
-  explicit CountingCopyEngine(Crossings* counts)
-      : inner_(MakeHostCopyEngine(Device{})), counts_(counts) {}
+  CountingCopyEngine(Crossings* counts, Device device)
+      : inner_(MakeHostCopyEngine(device)), counts_(counts) {}
   Device device() const override { return inner_->device(); }
   absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
     return inner_->AllocateStaging(bytes);
@@ -71,12 +71,13 @@ class CountingCopyEngine : public DeviceCopyEngine {
   Crossings* counts_;
 };
 
-// The device arenas' allocator, counting the bytes of each category it is asked for.
+// The device arenas' allocator, counting the bytes of each category it is asked for. Its
+// memory is host memory said to be on `device`.
 class CountingArenaAllocator : public ArenaAllocator {
  public:
-  explicit CountingArenaAllocator(std::vector<int64_t>* bytes)
-      : inner_(MakeHostArenaAllocator()), bytes_(bytes) {}
-  Device DeviceOf(MemoryCategory c) const override { return inner_->DeviceOf(c); }
+  CountingArenaAllocator(std::vector<int64_t>* bytes, Device device)
+      : inner_(MakeHostArenaAllocator()), bytes_(bytes), device_(device) {}
+  Device DeviceOf(MemoryCategory) const override { return device_; }
   absl::StatusOr<void*> Allocate(MemoryCategory c, int64_t bytes) override {
     (*bytes_)[static_cast<int>(c)] += bytes;
     return inner_->Allocate(c, bytes);
@@ -86,11 +87,21 @@ class CountingArenaAllocator : public ArenaAllocator {
  private:
   std::unique_ptr<ArenaAllocator> inner_;
   std::vector<int64_t>* bytes_;
+  Device device_;
 };
 
+// A CPU "device" whose memory is its own, as a GPU's is: its arenas and its context say
+// cpu:1, while the pinned host pool and every host buffer say cpu:0, and the trainer is told
+// the host cannot address it. A kernel handed memory of the other side refuses it by name
+// (kernels/arg_checks.h), so a run through it finds, on the CPU, every place a GPU rank's
+// offload would touch device memory from the host or host memory from a device op.
+constexpr Device kSeparateDeviceMemory{.kind = DeviceKind::kCpu, .index = 1};
+
 // What a rank of a CPU device built as RankDevice::Create builds it, with its crossings and
-// its device allocations counted (one of each per rank).
+// its device allocations counted (one of each per rank); with `separate_memory`, its memory is
+// kSeparateDeviceMemory's.
 struct CountedRank {
+  bool separate_memory = false;
   Crossings crossings;
   std::vector<int64_t> device_bytes = std::vector<int64_t>(kMemoryCategoryCount, 0);
   PinnedHostUse pinned;
@@ -225,12 +236,15 @@ class OffloadRunTest : public ::testing::Test {
             CountedRank* c = &(*counted)[r];
             options.make_device = [c](const JobSpec& j,
                                       int) -> absl::StatusOr<std::unique_ptr<RankDevice>> {
+              const Device device = c->separate_memory ? kSeparateDeviceMemory : Device{};
               RankDevice::Parts parts;
               parts.context = JobDeviceContext(j);
+              parts.context.device = device;
               parts.allocator = MakePinnedHostArenaAllocator(
-                  std::make_unique<CountingArenaAllocator>(&c->device_bytes),
+                  std::make_unique<CountingArenaAllocator>(&c->device_bytes, device),
                   {.pin_memory = j.offload().pin_memory(), .use = &c->pinned});
-              parts.copies = std::make_unique<CountingCopyEngine>(&c->crossings);
+              parts.copies = std::make_unique<CountingCopyEngine>(&c->crossings, device);
+              parts.host_addressable = !c->separate_memory;
               return RankDevice::FromParts(std::move(parts));
             };
           }
