@@ -194,6 +194,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     // over stages), and the gradients in flight to the previous stage (one per micro-batch
     // slot: the model's gradient scratch is reused by the next backward while they go).
     t->pipeline_scalars_.resize(int64_t{ShardingEngine::kScalarSlots} * world);
+    ZT_ASSIGN_OR_RETURN(t->pipeline_scalars_gathered_, t->arenas_->Get(kPipelineScalars));
+    ZT_ASSIGN_OR_RETURN(t->pipeline_bubble_, t->arenas_->Get(kPipelineBubble));
     ZT_ASSIGN_OR_RETURN(t->pipeline_grad_sends_, PipelineGradSendsFromPlan(*t->model_, *t->arenas_));
   }
   Store* store = options.store;
@@ -1481,7 +1483,14 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   // Parameters that are their own master and swapped (offload.params NVME, fp32): the shard
   // is read back from the store as the master would be.
   const bool params_swapped = !has_master && engine_->params_swapped();
-  if ((has_master && nvme_optimizer_) || params_swapped) {
+  // Sources in host memory (offload.optimizer CPU's master weights, offload.params CPU's f32
+  // shards) go up into that scratch too: the gather and the read-back take device memory.
+  const auto on_host = [&](const std::vector<Tensor>& ts) {
+    return !ts.empty() && !(ts.front().device() == ctx_.device);
+  };
+  const bool host_master = has_master && !nvme_optimizer_ && on_host(bound_master);
+  const bool host_params = !has_master && !params_swapped && on_host(model_->unit_params());
+  if ((has_master && nvme_optimizer_) || params_swapped || host_master || host_params) {
     int64_t largest = largest_master;
     for (const Tensor& p : model_->unit_params()) largest = std::max(largest, p.numel());
     ZT_ASSIGN_OR_RETURN(swapped, device_->AllocateScratchF32(largest));
@@ -1491,6 +1500,12 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
     const int unit = static_cast<int>(u);
     Tensor unit_master;
     if (has_master && !nvme_optimizer_) unit_master = bound_master[u];
+    if (host_master) {
+      const Tensor host = bound_master[u];
+      unit_master =
+          Tensor(swapped.tensor.raw(), host.dtype(), {host.numel()}, swapped.tensor.device());
+      if (host.numel() > 0) ZT_RETURN_IF_ERROR(device_->Upload(unit_master, host.raw()));
+    }
     if (has_master && nvme_optimizer_) {
       ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas_->Spec(MasterName(unit)));
       unit_master =
@@ -1510,6 +1525,10 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
                                                    model_->layout().units[u].name + ".params"));
         ZT_RETURN_IF_ERROR(device_->Upload(source, bytes));
       }
+    } else if (host_params) {
+      const Tensor host = model_->unit_params()[u];
+      source = Tensor(swapped.tensor.raw(), host.dtype(), {host.numel()}, swapped.tensor.device());
+      if (host.numel() > 0) ZT_RETURN_IF_ERROR(device_->Upload(source, host.raw()));
     }
     if (split) {
       const FlatRange range = engine_->ranges()[u];
@@ -1538,9 +1557,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   // stage's units on every rank.
   if (comms_.tensor || pipeline_size_ > 1) ZT_RETURN_IF_ERROR(JoinTensorParallelShares(out));
   if (pipeline_size_ > 1) {
-    ZT_RETURN_IF_ERROR(JoinPipelineStages(*comms_.pipeline, pipeline_stage_,
-                                          BuildModelLayout(job_.model()), StageOfEachUnit(job_),
-                                          model_->held_units(), out));
+    ZT_RETURN_IF_ERROR(JoinPipelineStages(
+        *comms_.pipeline, pipeline_stage_, BuildModelLayout(job_.model()), StageOfEachUnit(job_),
+        model_->held_units(), out, device_->host_addressable() ? nullptr : device_.get()));
   }
   return out;
 }
@@ -2005,14 +2024,15 @@ absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
   // Every stage's (busy, span), gathered over the pipeline group: the schedule's wall time is
   // the slowest stage's span (they start together: the previous step ended in collectives),
   // and the bubble is the share of p × that time no stage computed in.
-  float mine[2] = {static_cast<float>(timing.busy_s), static_cast<float>(timing.span_s)};
-  std::vector<float> all(2 * static_cast<size_t>(pipeline_size_));
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.pipeline->AllGather(
-                          Tensor(mine, DType::kF32, {2}),
-                          Tensor(all.data(), DType::kF32, {2 * int64_t{pipeline_size_}}),
-                          "pipeline bubble"));
+  // The rank's pair goes up into the plan's buffer, the stages' come back down after it.
+  const float mine[2] = {static_cast<float>(timing.busy_s), static_cast<float>(timing.span_s)};
+  const int64_t n = 2 * int64_t{pipeline_size_};
+  const Tensor own = pipeline_bubble_.Slice(0, 2), gathered = pipeline_bubble_.Slice(2, 2 + n);
+  ZT_RETURN_IF_ERROR(device_->Upload(own, mine));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.pipeline->AllGather(own, gathered, "pipeline bubble"));
   ZT_RETURN_IF_ERROR(h.Wait());
+  std::vector<float> all(static_cast<size_t>(n));
+  ZT_RETURN_IF_ERROR(device_->Download(all.data(), gathered));
   double busy = 0, span = 0;
   for (int s = 0; s < pipeline_size_; ++s) {
     busy += all[2 * s];
@@ -2065,18 +2085,20 @@ absl::StatusOr<StepTotals> Trainer::ReadStatistics(int stop_request, double loss
     ZT_RETURN_IF_ERROR(device_->Upload(engine_->stop_slot(), host_stop_));
   }
   ZT_RETURN_IF_ERROR(engine_->ExchangeStatistics());
-  // The step's one wait: every rank's statistics, in one read.
-  ZT_RETURN_IF_ERROR(device_->Download(host_scalars_, engine_->scalars()));
-  if (pipeline_size_ <= 1) return engine_->Totals(host_scalars_, loss_divisor);
-  // Every stage's statistics: the loss comes from the last stage (the others add none), the
-  // squared gradients of each stage's units add up, any overflow or stop request counts.
+  if (pipeline_size_ <= 1) {
+    // The step's one wait: every rank's statistics, in one read.
+    ZT_RETURN_IF_ERROR(device_->Download(host_scalars_, engine_->scalars()));
+    return engine_->Totals(host_scalars_, loss_divisor);
+  }
+  // Every stage's statistics, gathered on the device and read in one: the loss comes from the
+  // last stage (the others add none), the squared gradients of each stage's units add up, any
+  // overflow or stop request counts.
   const int64_t n = engine_->scalars().numel();
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.pipeline->AllGather(
-                          Tensor(host_scalars_, DType::kF32, {n}),
-                          Tensor(pipeline_scalars_.data(), DType::kF32, {n * pipeline_size_}),
-                          "pipeline statistics"));
+  const Tensor gathered = pipeline_scalars_gathered_.Slice(0, n * pipeline_size_);
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.pipeline->AllGather(engine_->scalars(), gathered,
+                                                               "pipeline statistics"));
   ZT_RETURN_IF_ERROR(h.Wait());
+  ZT_RETURN_IF_ERROR(device_->Download(pipeline_scalars_.data(), gathered));
   StepTotals all;
   for (int s = 0; s < pipeline_size_; ++s) {
     const StepTotals t = engine_->Totals(pipeline_scalars_.data() + s * n, loss_divisor);

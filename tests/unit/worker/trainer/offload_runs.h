@@ -18,6 +18,7 @@
 #include "offload/swap_store.h"
 #include "tests/unit/offload/offload_test_util.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/separate_memory_device.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/comm/store.h"
@@ -90,16 +91,9 @@ class CountingArenaAllocator : public ArenaAllocator {
   Device device_;
 };
 
-// A CPU "device" whose memory is its own, as a GPU's is: its arenas and its context say
-// cpu:1, while the pinned host pool and every host buffer say cpu:0, and the trainer is told
-// the host cannot address it. A kernel handed memory of the other side refuses it by name
-// (kernels/arg_checks.h), so a run through it finds, on the CPU, every place a GPU rank's
-// offload would touch device memory from the host or host memory from a device op.
-constexpr Device kSeparateDeviceMemory{.kind = DeviceKind::kCpu, .index = 1};
-
 // What a rank of a CPU device built as RankDevice::Create builds it, with its crossings and
-// its device allocations counted (one of each per rank); with `separate_memory`, its memory is
-// kSeparateDeviceMemory's.
+// its device allocations counted (one of each per rank); with `separate_memory`, a device whose
+// memory is its own (separate_memory_device.h), its communicators staged as a GPU rank's.
 struct CountedRank {
   bool separate_memory = false;
   Crossings crossings;
@@ -236,7 +230,8 @@ class OffloadRunTest : public ::testing::Test {
             CountedRank* c = &(*counted)[r];
             options.make_device = [c](const JobSpec& j,
                                       int) -> absl::StatusOr<std::unique_ptr<RankDevice>> {
-              const Device device = c->separate_memory ? kSeparateDeviceMemory : Device{};
+              const Device device =
+                  c->separate_memory ? zt::testing::kSeparateDeviceMemory : Device{};
               RankDevice::Parts parts;
               parts.context = JobDeviceContext(j);
               parts.context.device = device;
@@ -245,6 +240,12 @@ class OffloadRunTest : public ::testing::Test {
                   {.pin_memory = j.offload().pin_memory(), .use = &c->pinned});
               parts.copies = std::make_unique<CountingCopyEngine>(&c->crossings, device);
               parts.host_addressable = !c->separate_memory;
+              if (c->separate_memory) {
+                parts.comm.make_copy_engine =
+                    []() -> absl::StatusOr<std::unique_ptr<DeviceCopyEngine>> {
+                  return MakeHostCopyEngine(zt::testing::kSeparateDeviceMemory);
+                };
+              }
               return RankDevice::FromParts(std::move(parts));
             };
           }
