@@ -24,7 +24,7 @@ std::vector<int> StageOfEachUnit(const zerotrain::JobSpec& job) {
 
 absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLayout& whole,
                                 const std::vector<int>& stage_of_unit, const std::vector<int>& held,
-                                std::vector<std::vector<float>>& units) {
+                                std::vector<std::vector<float>>& units, RankDevice* device) {
   if (held.size() != units.size() || stage_of_unit.size() != whole.units.size()) {
     return absl::InternalError(absl::StrCat("JoinPipelineStages: ", units.size(),
                                             " units for ", held.size(), " held, ",
@@ -33,6 +33,12 @@ absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLa
   }
   std::vector<std::vector<float>> out(whole.units.size());
   for (size_t k = 0; k < held.size(); ++k) out[held[k]] = std::move(units[k]);
+  ScratchTensor scratch;
+  if (device != nullptr) {
+    int64_t largest = 0;
+    for (const UnitLayout& u : whole.units) largest = std::max(largest, u.numel);
+    ZT_ASSIGN_OR_RETURN(scratch, device->AllocateScratchF32(largest));
+  }
   for (size_t u = 0; u < whole.units.size(); ++u) {
     const int root = stage_of_unit[u];
     if (root < 0) return absl::InternalError(absl::StrCat("unit ", u, " is held by no stage"));
@@ -43,11 +49,16 @@ absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLa
                                               "'s ", whole.units[u].numel, " values"));
     }
     unit.resize(static_cast<size_t>(whole.units[u].numel));
+    const int64_t n = static_cast<int64_t>(unit.size());
+    Tensor data(unit.data(), DType::kF32, {n});
+    if (device != nullptr) {
+      data = scratch.tensor.Slice(0, n);
+      if (root == stage && n > 0) ZT_RETURN_IF_ERROR(device->Upload(data, unit.data()));
+    }
     ZT_ASSIGN_OR_RETURN(CommHandle h,
-                        pipeline.Broadcast(Tensor(unit.data(), DType::kF32,
-                                                  {static_cast<int64_t>(unit.size())}),
-                                           root, whole.units[u].name + " from its stage"));
+                        pipeline.Broadcast(data, root, whole.units[u].name + " from its stage"));
     ZT_RETURN_IF_ERROR(h.Wait());
+    if (device != nullptr && n > 0) ZT_RETURN_IF_ERROR(device->Download(unit.data(), data));
   }
   units = std::move(out);
   return absl::OkStatus();

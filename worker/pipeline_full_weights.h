@@ -10,6 +10,7 @@
 #include "proto/job.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/param_layout.h"
+#include "worker/train/rank_device.h"
 
 namespace zt {
 
@@ -20,9 +21,13 @@ std::vector<int> StageOfEachUnit(const zerotrain::JobSpec& job);
 // `units` holds, on entry, the rank's stage's units at the whole model's layout (unit k is the
 // whole model's unit held[k], each tensor whole and in its place); on return every unit of
 // `whole`, the same on every stage. `pipeline` is the rank's pipeline group (member s is stage
-// s), `stage` the rank's place in it. A collective over the pipeline group.
+// s), `stage` the rank's place in it. A collective over the pipeline group. `device`: the
+// rank's device when the host cannot address its memory (a GPU, whose communicators take
+// device buffers): each unit then crosses through device scratch outside the plan (export is
+// not the step loop); null, the units are broadcast from where they are.
 absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLayout& whole,
                                 const std::vector<int>& stage_of_unit, const std::vector<int>& held,
-                                std::vector<std::vector<float>>& units);
+                                std::vector<std::vector<float>>& units,
+                                RankDevice* device = nullptr);
 
 }  // namespace zt

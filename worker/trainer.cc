@@ -38,6 +38,14 @@
 namespace zt {
 namespace {
 
+// The context of the host optimizer step (offload.optimizer CPU or NVME). A CPU rank whose
+// arenas are the host's memory steps with its own threads and scratch; any other rank — a GPU,
+// or a CPU "device" with memory of its own — steps its host buffers with the job's CPU share,
+// since its own context's ops refuse tensors that are not on its device.
+DeviceContext HostStepContext(const DeviceContext& ctx, const zerotrain::JobSpec& job) {
+  return ctx.device == Device{} ? ctx : CpuContext(job.resources().cpu_threads());
+}
+
 // A model-side collective (tensor parallelism, the vocabulary-sharded embedding) runs to its
 // end before the model goes on: the issued operation's handle, waited for.
 absl::Status IssueAndWait(absl::StatusOr<CommHandle> h) {
@@ -187,6 +195,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     // over stages), and the gradients in flight to the previous stage (one per micro-batch
     // slot: the model's gradient scratch is reused by the next backward while they go).
     t->pipeline_scalars_.resize(int64_t{ShardingEngine::kScalarSlots} * world);
+    ZT_ASSIGN_OR_RETURN(t->pipeline_scalars_gathered_, t->arenas_->Get(kPipelineScalars));
+    ZT_ASSIGN_OR_RETURN(t->pipeline_bubble_, t->arenas_->Get(kPipelineBubble));
     ZT_ASSIGN_OR_RETURN(t->pipeline_grad_sends_, PipelineGradSendsFromPlan(*t->model_, *t->arenas_));
   }
   Store* store = options.store;
@@ -349,7 +359,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                               swapped.begin()->first,
                                               ", which the plan does not hold"));
     }
-    t->host_ctx_ = t->ctx_;
+    t->host_ctx_ = HostStepContext(t->ctx_, job);
   } else if (param_home == ParamHome::kSwapped) {
     // CheckEngineSupport refuses this job; an engine reached another way says why too.
     return absl::UnimplementedError(
@@ -375,10 +385,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                                .params = param_home,
                                                .gradients = t->grad_downloads_.get()}));
     t->host_optimizer_.emplace(std::move(host));
-    // A CPU rank's host threads are its own; a GPU rank's host step gets the job's CPU share.
-    t->host_ctx_ = t->ctx_.device.kind == DeviceKind::kCpu
-                       ? t->ctx_
-                       : CpuContext(job.resources().cpu_threads());
+    t->host_ctx_ = HostStepContext(t->ctx_, job);
   } else {
     if (param_home == ParamHome::kHost) {
       // CheckEngineSupport refuses this job; an engine reached another way says why too.
@@ -841,25 +848,45 @@ absl::Status Trainer::InitializeUnit(int u, const Tensor& master,
     } else {
       std::copy(imported[u].begin() + begin, imported[u].begin() + stop, values.begin());
     }
-    const Tensor v = chunk.Slice(0, stop - begin);
-    ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
     // Swapped shards (offload.params NVME) are written into their ring buffer, on their way
-    // to the store.
+    // to the store; host shards (offload.params CPU) are the pinned pool's.
     const Tensor params = swapped_params.empty() ? model_->unit_params()[u] : swapped_params;
-    // A split master's high halves are the parameters on every rank that holds them
-    // (rounded as SplitMaster rounds, which on ties is not Cast's way).
-    ZT_RETURN_IF_ERROR(
-        split ? SplitMasterWeights(ctx_, v, params.Slice(begin - first, stop - first), Tensor())
-              : Cast(ctx_, v, params.Slice(begin - first, stop - first)));
+    // Offloaded parameters and master weights are host memory, which a device's ops do not
+    // touch: they take the host's f32 values on the host (offload refuses a split master, so
+    // both are a plain cast there, as on the device).
+    const DeviceContext host_ctx = HostStepContext(ctx_, job_);
+    const auto host_values = [&](int64_t from, int64_t to) {
+      return Tensor(values.data() + (from - begin), DType::kF32, {to - from}, Device{});
+    };
+    const Tensor v = chunk.Slice(0, stop - begin);
+    if (params.device() == ctx_.device) {
+      ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
+      // A split master's high halves are the parameters on every rank that holds them
+      // (rounded as SplitMaster rounds, which on ties is not Cast's way).
+      ZT_RETURN_IF_ERROR(
+          split ? SplitMasterWeights(ctx_, v, params.Slice(begin - first, stop - first), Tensor())
+                : Cast(ctx_, v, params.Slice(begin - first, stop - first)));
+    } else {
+      ZT_RETURN_IF_ERROR(
+          Cast(host_ctx, host_values(begin, stop), params.Slice(begin - first, stop - first)));
+    }
     // The master copy holds the rank's range (the whole unit at stage 0).
     const int64_t lo = std::max(begin, range.begin), hi = std::min(stop, range.end);
-    if (has_master && lo < hi) {
-      const Tensor mine = v.Slice(lo - begin, hi - begin);
-      const Tensor master_range = master.Slice(lo - range.begin, hi - range.begin);
-      ZT_RETURN_IF_ERROR(
-          split ? SplitMasterWeights(ctx_, mine, params.Slice(lo - first, hi - first), master_range)
-                : Cast(ctx_, mine, master_range));
+    if (!has_master || lo >= hi) continue;
+    const Tensor master_range = master.Slice(lo - range.begin, hi - range.begin);
+    if (!(master.device() == ctx_.device)) {
+      ZT_RETURN_IF_ERROR(Cast(host_ctx, host_values(lo, hi), master_range));
+      continue;
     }
+    if (!(params.device() == ctx_.device)) {
+      return absl::InternalError(
+          absl::StrCat("initializing ", model_->layout().units[u].name,
+                       ": its parameters are host memory and its master weights device memory"));
+    }
+    const Tensor mine = v.Slice(lo - begin, hi - begin);
+    ZT_RETURN_IF_ERROR(
+        split ? SplitMasterWeights(ctx_, mine, params.Slice(lo - first, hi - first), master_range)
+              : Cast(ctx_, mine, master_range));
   }
   return absl::OkStatus();
 }
@@ -1470,7 +1497,14 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   // Parameters that are their own master and swapped (offload.params NVME, fp32): the shard
   // is read back from the store as the master would be.
   const bool params_swapped = !has_master && engine_->params_swapped();
-  if ((has_master && nvme_optimizer_) || params_swapped) {
+  // Sources in host memory (offload.optimizer CPU's master weights, offload.params CPU's f32
+  // shards) go up into that scratch too: the gather and the read-back take device memory.
+  const auto on_host = [&](const std::vector<Tensor>& ts) {
+    return !ts.empty() && !(ts.front().device() == ctx_.device);
+  };
+  const bool host_master = has_master && !nvme_optimizer_ && on_host(bound_master);
+  const bool host_params = !has_master && !params_swapped && on_host(model_->unit_params());
+  if ((has_master && nvme_optimizer_) || params_swapped || host_master || host_params) {
     int64_t largest = largest_master;
     for (const Tensor& p : model_->unit_params()) largest = std::max(largest, p.numel());
     ZT_ASSIGN_OR_RETURN(swapped, device_->AllocateScratchF32(largest));
@@ -1480,6 +1514,12 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
     const int unit = static_cast<int>(u);
     Tensor unit_master;
     if (has_master && !nvme_optimizer_) unit_master = bound_master[u];
+    if (host_master) {
+      const Tensor host = bound_master[u];
+      unit_master =
+          Tensor(swapped.tensor.raw(), host.dtype(), {host.numel()}, swapped.tensor.device());
+      if (host.numel() > 0) ZT_RETURN_IF_ERROR(device_->Upload(unit_master, host.raw()));
+    }
     if (has_master && nvme_optimizer_) {
       ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas_->Spec(MasterName(unit)));
       unit_master =
@@ -1499,6 +1539,10 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
                                                    model_->layout().units[u].name + ".params"));
         ZT_RETURN_IF_ERROR(device_->Upload(source, bytes));
       }
+    } else if (host_params) {
+      const Tensor host = model_->unit_params()[u];
+      source = Tensor(swapped.tensor.raw(), host.dtype(), {host.numel()}, swapped.tensor.device());
+      if (host.numel() > 0) ZT_RETURN_IF_ERROR(device_->Upload(source, host.raw()));
     }
     if (split) {
       const FlatRange range = engine_->ranges()[u];
@@ -1527,9 +1571,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullWeights() {
   // stage's units on every rank.
   if (comms_.tensor || pipeline_size_ > 1) ZT_RETURN_IF_ERROR(JoinTensorParallelShares(out));
   if (pipeline_size_ > 1) {
-    ZT_RETURN_IF_ERROR(JoinPipelineStages(*comms_.pipeline, pipeline_stage_,
-                                          BuildModelLayout(job_.model()), StageOfEachUnit(job_),
-                                          model_->held_units(), out));
+    ZT_RETURN_IF_ERROR(JoinPipelineStages(
+        *comms_.pipeline, pipeline_stage_, BuildModelLayout(job_.model()), StageOfEachUnit(job_),
+        model_->held_units(), out, device_->host_addressable() ? nullptr : device_.get()));
   }
   return out;
 }
@@ -2012,14 +2056,15 @@ absl::StatusOr<double> Trainer::PipelineBubble(const PipelineTiming& timing) {
   // Every stage's (busy, span), gathered over the pipeline group: the schedule's wall time is
   // the slowest stage's span (they start together: the previous step ended in collectives),
   // and the bubble is the share of p × that time no stage computed in.
-  float mine[2] = {static_cast<float>(timing.busy_s), static_cast<float>(timing.span_s)};
-  std::vector<float> all(2 * static_cast<size_t>(pipeline_size_));
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.pipeline->AllGather(
-                          Tensor(mine, DType::kF32, {2}),
-                          Tensor(all.data(), DType::kF32, {2 * int64_t{pipeline_size_}}),
-                          "pipeline bubble"));
+  // The rank's pair goes up into the plan's buffer, the stages' come back down after it.
+  const float mine[2] = {static_cast<float>(timing.busy_s), static_cast<float>(timing.span_s)};
+  const int64_t n = 2 * int64_t{pipeline_size_};
+  const Tensor own = pipeline_bubble_.Slice(0, 2), gathered = pipeline_bubble_.Slice(2, 2 + n);
+  ZT_RETURN_IF_ERROR(device_->Upload(own, mine));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.pipeline->AllGather(own, gathered, "pipeline bubble"));
   ZT_RETURN_IF_ERROR(h.Wait());
+  std::vector<float> all(static_cast<size_t>(n));
+  ZT_RETURN_IF_ERROR(device_->Download(all.data(), gathered));
   double busy = 0, span = 0;
   for (int s = 0; s < pipeline_size_; ++s) {
     busy += all[2 * s];
@@ -2072,18 +2117,20 @@ absl::StatusOr<StepTotals> Trainer::ReadStatistics(int stop_request, double loss
     ZT_RETURN_IF_ERROR(device_->Upload(engine_->stop_slot(), host_stop_));
   }
   ZT_RETURN_IF_ERROR(engine_->ExchangeStatistics());
-  // The step's one wait: every rank's statistics, in one read.
-  ZT_RETURN_IF_ERROR(device_->Download(host_scalars_, engine_->scalars()));
-  if (pipeline_size_ <= 1) return engine_->Totals(host_scalars_, loss_divisor);
-  // Every stage's statistics: the loss comes from the last stage (the others add none), the
-  // squared gradients of each stage's units add up, any overflow or stop request counts.
+  if (pipeline_size_ <= 1) {
+    // The step's one wait: every rank's statistics, in one read.
+    ZT_RETURN_IF_ERROR(device_->Download(host_scalars_, engine_->scalars()));
+    return engine_->Totals(host_scalars_, loss_divisor);
+  }
+  // Every stage's statistics, gathered on the device and read in one: the loss comes from the
+  // last stage (the others add none), the squared gradients of each stage's units add up, any
+  // overflow or stop request counts.
   const int64_t n = engine_->scalars().numel();
-  ZT_ASSIGN_OR_RETURN(CommHandle h,
-                      comms_.pipeline->AllGather(
-                          Tensor(host_scalars_, DType::kF32, {n}),
-                          Tensor(pipeline_scalars_.data(), DType::kF32, {n * pipeline_size_}),
-                          "pipeline statistics"));
+  const Tensor gathered = pipeline_scalars_gathered_.Slice(0, n * pipeline_size_);
+  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.pipeline->AllGather(engine_->scalars(), gathered,
+                                                               "pipeline statistics"));
   ZT_RETURN_IF_ERROR(h.Wait());
+  ZT_RETURN_IF_ERROR(device_->Download(pipeline_scalars_.data(), gathered));
   StepTotals all;
   for (int s = 0; s < pipeline_size_; ++s) {
     const StepTotals t = engine_->Totals(pipeline_scalars_.data() + s * n, loss_divisor);

@@ -420,6 +420,9 @@ class Trainer {
   bool stopped_early_ = false;
   int pipeline_size_ = 1, pipeline_stage_ = 0;
   std::vector<float> pipeline_scalars_;                  // every stage's statistics (host)
+  // The plan's kPipelineScalars and kPipelineBubble: where those statistics and the stages'
+  // (busy, span) seconds are gathered, on the device.
+  Tensor pipeline_scalars_gathered_, pipeline_bubble_;
   // Per chunk, the plan's "comm.pipeline.grad_send.<c>" ([in_flight, residual gradient]: the
   // copy each micro-batch slot sends back from); empty for the chunk holding the embedding.
   std::vector<Tensor> pipeline_grad_sends_;

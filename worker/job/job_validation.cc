@@ -607,9 +607,6 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     const auto needs = [&](const std::string& what) {
       lines.push_back(absl::StrCat("offload.params: ", params, " trains ", what, " so far"));
     };
-    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
-      needs("on resources.device CPU (a CUDA rank's gathers are not wired to its copy stream)");
-    }
     if (offload.params() == Offload::CPU && offload.optimizer() != Offload::CPU &&
         offload.optimizer() != Offload::NVME && !UsesLora(spec.model())) {
       // The update then runs where the parameters are: the host (a LoRA job's offloaded
@@ -629,11 +626,19 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       offload.optimizer() == Offload::CPU || offload.optimizer() == Offload::NVME;
   if (optimizer_offload) {
     const std::string device = Offload::Device_Name(offload.optimizer());
-    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
+    // A CUDA rank's host step moves its units through the copy engine (docs/memory.md), but a
+    // sharded Adafactor's row and column statistics are summed inside that step through the
+    // rank's communicator, which on a GPU (NCCL, or the staged one) reads device memory only.
+    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA &&
+        spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
+        parallel.zero_stage() >= 1 && parallel.shard_group_size() > 1) {
       lines.push_back(absl::StrCat(
           "offload.optimizer: ", device,
-          " trains on resources.device CPU only so far (the host step of a CUDA rank is not "
-          "wired to its copy stream yet); set it to NONE on CUDA"));
+          " with optimizer.type ADAFACTOR trains on resources.device CUDA only when "
+          "parallel.shard_group_size is 1 so far (got ",
+          parallel.shard_group_size(),
+          ": the host step sums the factored statistics across the shard group through a "
+          "communicator that reads device memory)"));
     }
     // NVME: gradients down, parameters up and at least one for a unit's states (the trainer
     // checks the exact count for the model and says it). CPU stages one buffer at most (the

@@ -586,6 +586,14 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   // (the step's statistics are gathered over both: ShardingEngine::ExchangeStatistics).
   add("comm.scalars", MemoryCategory::kCommunication, DType::kF32,
       6 * geometry.world_size * place.tensor_size());
+  if (const int pp = place.pipeline_size(); pp > 1) {
+    // Every stage's block of those (the step's totals: Trainer::ReadStatistics), and every
+    // stage's (busy, span) seconds after the rank's own (the bubble: Trainer::PipelineBubble),
+    // gathered over the pipeline group where a GPU rank's collectives read: on the device.
+    add(kPipelineScalars, MemoryCategory::kCommunication, DType::kF32,
+        6 * geometry.world_size * place.tensor_size() * pp);
+    add(kPipelineBubble, MemoryCategory::kCommunication, DType::kF32, 2 * (1 + pp));
+  }
   const ConversionBufferSizes conversion = ConversionBuffers(job, place);
   // Gloo converts 16-bit data on the host: a GPU rank's (staged) conversion buffers are pinned.
   const MemoryCategory convert_category =

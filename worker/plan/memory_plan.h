@@ -206,6 +206,9 @@ UnitShard ShardOfUnit(const UnitLayout& unit, const ShardGeometry& geometry);
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& layout);
 // The name of chunk `chunk`'s "comm.pipeline.grad_send.<c>" (above).
 std::string PipelineGradSendBuffer(int chunk);
+// A pipeline stage's gathered statistics and bubble timings (communication, f32).
+inline constexpr char kPipelineScalars[] = "comm.pipeline.scalars";
+inline constexpr char kPipelineBubble[] = "comm.pipeline.bubble";
 
 // ZeRO-3 with reshard_after_forward, a tied embedding that trains and one micro-batch a step:
 // the gathered embedding is read last by the head's loss, at the top of the backward, and the

@@ -350,6 +350,47 @@ TEST_F(CheckJobPathsTest, AnUnreadableFileIsPermissionDenied) {
 
 TEST(CheckEngineSupportTest, AcceptsTheDefaults) { EXPECT_TRUE(CheckEngineSupport(Valid()).ok()); }
 
+// Offload on CUDA ranks: the host step and the gathers move through the rank's copy engine
+// (a CudaCopyEngine's copy stream), as on a CPU rank whose memory is its own
+// (tests/unit/worker/trainer/offload_separate_memory_test.cc; on a GPU,
+// tests/gpu/worker/train/offload_gpu_test.cc).
+TEST(CheckEngineSupportTest, EveryOffloadIsAcceptedOnCudaRanks) {
+  using zerotrain::OffloadConfig;
+  const std::pair<OffloadConfig::Device, OffloadConfig::Device> offloads[] = {
+      {OffloadConfig::CPU, OffloadConfig::NONE},
+      {OffloadConfig::NVME, OffloadConfig::NONE},
+      {OffloadConfig::CPU, OffloadConfig::CPU},
+      {OffloadConfig::NVME, OffloadConfig::CPU},
+      {OffloadConfig::NVME, OffloadConfig::NVME}};
+  for (const auto& [optimizer, params] : offloads) {
+    JobSpec spec = Valid();
+    spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+    spec.mutable_parallel()->set_zero_stage(3);
+    spec.mutable_offload()->set_optimizer(optimizer);
+    spec.mutable_offload()->set_params(params);
+    spec.mutable_offload()->set_nvme_path("/tmp");
+    spec.mutable_offload()->set_buffer_count(4);
+    const absl::Status status = CheckEngineSupport(spec);
+    EXPECT_TRUE(status.ok()) << OffloadConfig::Device_Name(optimizer) << " "
+                             << OffloadConfig::Device_Name(params) << ": " << status;
+  }
+  // A sharded Adafactor's host step sums its statistics through the communicator, which on a
+  // GPU reads device memory: refused there, by name; one rank's is accepted.
+  JobSpec adafactor = Valid();
+  adafactor.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
+  adafactor.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+  adafactor.mutable_parallel()->set_zero_stage(1);
+  adafactor.mutable_offload()->set_optimizer(OffloadConfig::CPU);
+  EXPECT_TRUE(CheckEngineSupport(adafactor).ok()) << CheckEngineSupport(adafactor);
+  adafactor.mutable_parallel()->set_world_size(2);
+  adafactor.mutable_parallel()->set_shard_group_size(2);
+  EXPECT_THAT(testing::Lines(CheckEngineSupport(adafactor)),
+              ElementsAre("offload.optimizer: CPU with optimizer.type ADAFACTOR trains on "
+                          "resources.device CUDA only when parallel.shard_group_size is 1 so far "
+                          "(got 2: the host step sums the factored statistics across the shard "
+                          "group through a communicator that reads device memory)"));
+}
+
 TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
   const absl::Status status = CheckEngineSupport(testing::JobWithDefaults(testing::kFullYaml));
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
@@ -358,13 +399,8 @@ TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
                           "FP32; this engine reduces gradients in their own dtype (16-bit "
                           "reductions add in f32), so leave reduce_dtype unset or equal to "
                           "grad_dtype",
-                          "offload.params: NVME trains on resources.device CPU (a CUDA rank's "
-                          "gathers are not wired to its copy stream) so far",
                           "offload.params: NVME trains with offload.optimizer NVME (the shards "
                           "are swapped with the states, in their generation) so far",
-                          "offload.optimizer: CPU trains on resources.device CPU only so far "
-                          "(the host step of a CUDA rank is not wired to its copy stream yet); "
-                          "set it to NONE on CUDA",
                           "offload.delayed_update.enabled: true trains without FP16 in precision "
                           "(fp16's dynamic loss scaling must skip an overflowing step's update, "
                           "which a delayed update learns of only after the next step has "

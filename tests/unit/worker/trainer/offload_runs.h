@@ -18,6 +18,7 @@
 #include "offload/swap_store.h"
 #include "tests/unit/offload/offload_test_util.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
+#include "tests/unit/worker/trainer/separate_memory_device.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/comm/store.h"
@@ -48,8 +49,8 @@ struct Crossings {
 
 class CountingCopyEngine : public DeviceCopyEngine {
  public:
-  explicit CountingCopyEngine(Crossings* counts)
-      : inner_(MakeHostCopyEngine(Device{})), counts_(counts) {}
+  CountingCopyEngine(Crossings* counts, Device device)
+      : inner_(MakeHostCopyEngine(device)), counts_(counts) {}
   Device device() const override { return inner_->device(); }
   absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
     return inner_->AllocateStaging(bytes);
@@ -71,12 +72,13 @@ class CountingCopyEngine : public DeviceCopyEngine {
   Crossings* counts_;
 };
 
-// The device arenas' allocator, counting the bytes of each category it is asked for.
+// The device arenas' allocator, counting the bytes of each category it is asked for. Its
+// memory is host memory said to be on `device`.
 class CountingArenaAllocator : public ArenaAllocator {
  public:
-  explicit CountingArenaAllocator(std::vector<int64_t>* bytes)
-      : inner_(MakeHostArenaAllocator()), bytes_(bytes) {}
-  Device DeviceOf(MemoryCategory c) const override { return inner_->DeviceOf(c); }
+  CountingArenaAllocator(std::vector<int64_t>* bytes, Device device)
+      : inner_(MakeHostArenaAllocator()), bytes_(bytes), device_(device) {}
+  Device DeviceOf(MemoryCategory) const override { return device_; }
   absl::StatusOr<void*> Allocate(MemoryCategory c, int64_t bytes) override {
     (*bytes_)[static_cast<int>(c)] += bytes;
     return inner_->Allocate(c, bytes);
@@ -86,11 +88,14 @@ class CountingArenaAllocator : public ArenaAllocator {
  private:
   std::unique_ptr<ArenaAllocator> inner_;
   std::vector<int64_t>* bytes_;
+  Device device_;
 };
 
 // What a rank of a CPU device built as RankDevice::Create builds it, with its crossings and
-// its device allocations counted (one of each per rank).
+// its device allocations counted (one of each per rank); with `separate_memory`, a device whose
+// memory is its own (separate_memory_device.h), its communicators staged as a GPU rank's.
 struct CountedRank {
+  bool separate_memory = false;
   Crossings crossings;
   std::vector<int64_t> device_bytes = std::vector<int64_t>(kMemoryCategoryCount, 0);
   PinnedHostUse pinned;
@@ -225,12 +230,22 @@ class OffloadRunTest : public ::testing::Test {
             CountedRank* c = &(*counted)[r];
             options.make_device = [c](const JobSpec& j,
                                       int) -> absl::StatusOr<std::unique_ptr<RankDevice>> {
+              const Device device =
+                  c->separate_memory ? zt::testing::kSeparateDeviceMemory : Device{};
               RankDevice::Parts parts;
               parts.context = JobDeviceContext(j);
+              parts.context.device = device;
               parts.allocator = MakePinnedHostArenaAllocator(
-                  std::make_unique<CountingArenaAllocator>(&c->device_bytes),
+                  std::make_unique<CountingArenaAllocator>(&c->device_bytes, device),
                   {.pin_memory = j.offload().pin_memory(), .use = &c->pinned});
-              parts.copies = std::make_unique<CountingCopyEngine>(&c->crossings);
+              parts.copies = std::make_unique<CountingCopyEngine>(&c->crossings, device);
+              parts.host_addressable = !c->separate_memory;
+              if (c->separate_memory) {
+                parts.comm.make_copy_engine =
+                    []() -> absl::StatusOr<std::unique_ptr<DeviceCopyEngine>> {
+                  return MakeHostCopyEngine(zt::testing::kSeparateDeviceMemory);
+                };
+              }
               return RankDevice::FromParts(std::move(parts));
             };
           }

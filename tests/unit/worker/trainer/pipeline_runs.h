@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
+#include "tests/unit/worker/trainer/separate_memory_device.h"
 #include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/comm/store.h"
 #include "worker/job/job_loading.h"
@@ -58,9 +59,11 @@ struct PipelineOutcome {
   std::vector<PipelineRankRun> ranks;
 };
 
-// Every rank of `spec` to `steps` (Run(), from `resume` when set).
+// Every rank of `spec` to `steps` (Run(), from `resume` when set); with `separate_memory`,
+// on devices whose memory is their own (separate_memory_device.h).
 inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int steps,
-                                        const std::string& resume = "") {
+                                        const std::string& resume = "",
+                                        bool separate_memory = false) {
   PipelineOutcome out;
   absl::StatusOr<zerotrain::JobSpec> validated = ValidatedJob(spec);
   if (!validated.ok()) {
@@ -84,6 +87,7 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
     options.swap_store = swap->get();
     options.resume_dir = resume;
     options.stop_after_step = steps;
+    if (separate_memory) options.make_device = SeparateMemoryDevice;
     ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
     PipelineRankRun& mine = out.ranks[r];
     ZT_RETURN_IF_ERROR(t->Run([&](const StepRecord& rec) {
