@@ -20,7 +20,10 @@
 #include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/checkpoint_export.h"
 #include "worker/model/param_layout.h"
+#include "worker/model/tensor_parallel_slice.h"
+#include "worker/parallel/parallel_layout.h"
 #include "worker/plan/lora_plan.h"
+#include "worker/plan/parallel_plan.h"
 #include "worker/rank_state.h"
 
 namespace zt {
@@ -84,7 +87,9 @@ using QuantizedReader = std::function<absl::Status(const std::string& name, cons
 
 // Quantized weight p of `unit` in f32 as the job computed with it, into `values` ((numel) f32):
 // with `read` its saved buffers dequantized; without, `values` (the file's weight) quantized
-// as the job's start quantized it (StreamQuantizedBase), then dequantized.
+// as the job's start quantized it (StreamQuantizedBase), then dequantized. `layout` is the
+// saving rank's: a tensor-parallel rank's NF4 share keeps its absmax in f32
+// (ModelLayout::nf4_absmax), one rank's double-quantizes it.
 absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layout,
                                const UnitLayout& unit, const ParamSpec& p,
                                const QuantizedReader& read, const Tensor& values) {
@@ -104,24 +109,83 @@ absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layo
     }
     return Int8DequantizeWeight(ctx, {.src = w, .dst = matrix});
   }
-  const Nf4Layout l = Nf4LayoutFor(p.numel, Nf4Absmax::kDoubleQuantized);
-  std::vector<uint8_t> codes(l.code_bytes), absmax(l.blocks);
-  std::vector<float> scale(l.absmax_groups), offset(1);
-  const Nf4Tensor w{.numel = p.numel,
-                    .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
-                    .absmax = Tensor(absmax.data(), DType::kU8, {l.blocks}),
-                    .absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups}),
-                    .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
+  const bool doubled = !read || layout.nf4_absmax == Nf4Absmax::kDoubleQuantized;
+  const Nf4Layout l =
+      Nf4LayoutFor(p.numel, doubled ? Nf4Absmax::kDoubleQuantized : Nf4Absmax::kF32);
+  std::vector<uint8_t> codes(l.code_bytes);
+  std::vector<float> absmax(l.blocks), scale(l.absmax_groups), offset(1);  // f32 words
+  Nf4Tensor w{.numel = p.numel,
+              .format = doubled ? Nf4Absmax::kDoubleQuantized : Nf4Absmax::kF32,
+              .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
+              .absmax = Tensor(absmax.data(), doubled ? DType::kU8 : DType::kF32, {l.blocks})};
+  if (doubled) {
+    w.absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups});
+    w.absmax_offset = Tensor(offset.data(), DType::kF32, {1});
+  }
   if (!read) {
     ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = w}));
   } else {
     const std::string prefix = Nf4BufferPrefix(unit, p);
     ZT_RETURN_IF_ERROR(read(prefix + "codes", w.codes));
     ZT_RETURN_IF_ERROR(read(prefix + "absmax", w.absmax));
-    ZT_RETURN_IF_ERROR(read(prefix + "absmax_scale", w.absmax_scale));
-    ZT_RETURN_IF_ERROR(read(prefix + "absmax_offset", w.absmax_offset));
+    if (doubled) {
+      ZT_RETURN_IF_ERROR(read(prefix + "absmax_scale", w.absmax_scale));
+      ZT_RETURN_IF_ERROR(read(prefix + "absmax_offset", w.absmax_offset));
+    }
   }
   return Nf4Dequantize(ctx, {.src = w, .dst = values});
+}
+
+// Quantized weight `wp` of whole unit `u` (of `whole`, the saved job's one-rank layout) of a
+// seeded base saved on pipeline stages or tensor-parallel ranks below ZeRO stage 3, dequantized
+// into `out` ((wp.numel) f32): each saved rank of the unit's stage (one data-parallel replica)
+// dequantizes its share with its own layout (DequantizedWeight: a tensor-parallel NF4 share's
+// one-rank codes and f32 block absmax, an INT8 share's one-rank codes and whole-row scales; a
+// stage's whole weight at tensor_parallel 1) and the share is placed where one rank holds it
+// (PlaceSlice). Each share dequantizes to the one-rank dequantized weight's slice bit for bit
+// (Transformer::QuantizeBaseWeight), so the join is one rank's dequantized weight bit for bit.
+absl::Status JoinDequantizedShares(const zerotrain::JobSpec& saved,
+                                   const std::function<std::string(int)>& rank_file,
+                                   const UnitLayout& whole_unit, const ParamSpec& wp, float* out) {
+  const DeviceContext ctx = CpuContext(1);
+  std::vector<bool> placed(static_cast<size_t>(std::max(1, saved.parallel().tensor_parallel())),
+                           false);
+  for (int r = 0; r < saved.parallel().world_size(); ++r) {
+    const ParallelLayout place = ParallelLayout::ForJob(saved, r);
+    if (place.coordinates().data != 0) continue;  // the replicas hold the same shares
+    const ModelLayout rank_layout = RankModelLayout(saved, place);
+    const UnitLayout* local = nullptr;
+    for (const UnitLayout& unit : rank_layout.units) {
+      if (unit.name == whole_unit.name) local = &unit;
+    }
+    if (local == nullptr) continue;  // another stage's unit
+    const ParamSpec* p = local->Find(wp.name);
+    if (p == nullptr || !p->quantized) {
+      return absl::InternalError(absl::StrCat(whole_unit.name, ".", wp.name,
+                                              " is not quantized in rank ", r, "'s layout"));
+    }
+    ZT_ASSIGN_OR_RETURN(const std::unique_ptr<SafetensorsFile> file,
+                        SafetensorsFile::Open(rank_file(r)));
+    std::vector<float> share(static_cast<size_t>(p->numel));
+    ZT_RETURN_IF_ERROR(DequantizedWeight(
+        ctx, rank_layout, *local, *p,
+        [&](const std::string& name, const Tensor& dst) {
+          return ReadQuantizedBuffer(*file, name, dst);
+        },
+        Tensor(share.data(), DType::kF32, {p->numel})));
+    const int k = place.coordinates().tensor;
+    PlaceSlice(SliceOf(saved.model(), wp.name, wp.shape, place.tensor_size(), k), share.data(),
+               out);
+    placed[static_cast<size_t>(k)] = true;
+  }
+  for (size_t k = 0; k < placed.size(); ++k) {
+    if (!placed[k]) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: no saved rank holds tensor-parallel share ", k, " of ",
+                       whole_unit.name, ".", wp.name));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The f32 base a quantized (NF4 or INT8) job trained against, in the layout of its model
@@ -148,13 +212,26 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
     ZT_ASSIGN_OR_RETURN(rank0, SafetensorsFile::Open(RankFile(step_dir, 0)));
   }
   auto rank_file = [&](int r) { return RankFile(step_dir, r); };
+  // A seeded base saved on pipeline stages or tensor-parallel ranks: joined from the stages'
+  // shares (JoinDequantizedShares; the unquantized rest by ReadWholeUnitFromShares).
+  const bool staged =
+      saved.parallel().pipeline_parallel() > 1 || saved.parallel().tensor_parallel() > 1;
+  if (rank0 != nullptr && staged && ShardsQuantizedBase(saved, quantized_layout)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--merge-adapters of a seeded quantized (NF4/INT8) base saved at parallel.zero_stage 3 "
+        "with pipeline_parallel > 1 or tensor_parallel > 1 (its \"<unit>.qbase\" byte shards of "
+        "each stage's shares) is not implemented yet; export the PEFT adapters (without "
+        "--merge-adapters), or merge from a checkpoint saved below stage 3 or from one rank"));
+  }
   for (size_t u = 0; u < quantized_layout.units.size(); ++u) {
     const UnitLayout& unit = quantized_layout.units[u];
     std::vector<float> rest;
     if (rank0 != nullptr) {
       rest.resize(static_cast<size_t>(unit.numel));
-      ZT_RETURN_IF_ERROR(ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
-                                       unit.numel, rest.data()));
+      ZT_RETURN_IF_ERROR(staged ? ReadWholeUnitFromShares(saved, rank_file, static_cast<int>(u),
+                                                          "params", rest.data())
+                                : ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
+                                                unit.numel, rest.data()));
     }
     // A seeded base's quantized buffers: rank 0's whole ones below ZeRO stage 3; at stage 3
     // the block's quantized bytes, assembled from every rank's shard.
@@ -191,6 +268,10 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
       if (!p.quantized) {
         if (rank0 != nullptr)
           std::copy(rest.begin() + p.offset, rest.begin() + p.offset + p.numel, dst);
+        continue;
+      }
+      if (rank0 != nullptr && staged) {
+        ZT_RETURN_IF_ERROR(JoinDequantizedShares(saved, rank_file, unit, p, dst));
         continue;
       }
       ZT_RETURN_IF_ERROR(DequantizedWeight(ctx, quantized_layout, unit, p, read,
@@ -287,13 +368,6 @@ absl::StatusOr<LoraExportResult> ExportLoraCheckpoint(const std::string& checkpo
     }
   }
   std::vector<std::vector<float>> base;
-  if (quantized && (saved.parallel().pipeline_parallel() > 1 || shares)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "checkpoint '", ckpt->path(),
-        "': --merge-adapters of a quantized (NF4/INT8) base saved with pipeline_parallel > 1 or "
-        "tensor_parallel > 1 is not implemented yet; export the PEFT adapters (without "
-        "--merge-adapters)"));
-  }
   if (quantized) {
     ZT_ASSIGN_OR_RETURN(
         base, ReadDequantizedBase(saved, layout, merged_model, merged_layout, ckpt->path()));

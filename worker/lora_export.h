@@ -11,7 +11,10 @@
 // A quantized (NF4 or INT8) base merges as what its weights dequantize to (what the job
 // trained against): a seeded one from the checkpoint's "<unit>.nf4.*" / "<unit>.int8.*"
 // buffers, one from model.init_from by quantizing the file's values again as the job's start
-// did; the merged model is written as the same model without base_dtype.
+// did; the merged model is written as the same model without base_dtype. Saved on pipeline
+// stages or tensor-parallel ranks, a seeded quantized base is joined from the ranks' shares,
+// each dequantized with its saving rank's layout (one rank's dequantized base bit for bit);
+// Unimplemented for one saved at ZeRO stage 3 there (its byte shards of the shares).
 #pragma once
 
 #include <optional>

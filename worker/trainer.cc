@@ -58,6 +58,29 @@ bool IsFrozenBaseShard(const std::string& name) {
   return name.ends_with(".params") || name.ends_with(".qbase");
 }
 
+// The rank's unit `mine` (its stage's unit held_unit of the whole model) from the whole model's
+// units `read` (`whole`'s layout): its tensor-parallel share of every unquantized tensor (the
+// whole tensor at t = 1), a head stage's copy of the tied wte from the embedding's. Quantized
+// weights are not in the flat buffer and stay out.
+std::vector<float> RankUnitFromWhole(const zerotrain::ModelConfig& model, const UnitLayout& mine,
+                                     int held_unit, const ModelLayout& whole,
+                                     const std::vector<std::vector<float>>& read,
+                                     const TensorParallelGroup& tp) {
+  std::vector<float> share(static_cast<size_t>(mine.numel), 0.0f);
+  for (const ParamSpec& p : mine.params) {
+    if (p.quantized) continue;
+    int from = held_unit;
+    const ParamSpec* w = whole.units[from].Find(p.name);
+    if (w == nullptr) {
+      from = 0;
+      w = whole.units[0].Find("wte");
+    }
+    ExtractSlice(SliceOf(model, w->name, w->shape, tp.size, tp.rank), read[from].data() + w->offset,
+                 share.data() + p.offset);
+  }
+  return share;
+}
+
 using Clock = std::chrono::steady_clock;
 
 // What a validation micro-batch's mean loss is divided by so that the sum over the `ranks`
@@ -672,21 +695,9 @@ absl::Status Trainer::InitializeWeights() {
                            : ImportHuggingFace(model.init_from(), model, whole, units));
     // Each of the rank's units from the whole one: its tensor-parallel share of every tensor
     // (the whole tensor at t = 1), a head stage's copy of the tied wte from the embedding's.
-    const TensorParallelGroup& tp = model_->tensor_parallel();
     for (size_t local = 0; local < layout.units.size(); ++local) {
-      const UnitLayout& mine = layout.units[local];
-      std::vector<float> share(mine.numel, 0.0f);
-      for (const ParamSpec& p : mine.params) {
-        int from = held[local];
-        const ParamSpec* w = whole.units[from].Find(p.name);
-        if (w == nullptr) {
-          from = 0;
-          w = whole.units[0].Find("wte");
-        }
-        ExtractSlice(SliceOf(model, w->name, w->shape, tp.size, tp.rank),
-                     read[from].data() + w->offset, share.data() + p.offset);
-      }
-      imported.push_back(std::move(share));
+      imported.push_back(RankUnitFromWhole(model, layout.units[local], held[local], whole, read,
+                                           model_->tensor_parallel()));
     }
   }
   // The fp32 values pass through a bounded buffer, a chunk at a time, so set-up never holds
@@ -906,14 +917,26 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
   }
   const int stage = engine_->stage();
   const int64_t kChunk = static_cast<int64_t>(values.size());
-  // A tensor-parallel rank reads the whole model's tensors (`read_layout`): each quantized
-  // weight whole, to quantize as one rank does and keep its share (QuantizeBaseWeight), and
-  // the unquantized rest into whole units (`whole_units`), whose shares are uploaded at the end.
+  // A tensor-parallel rank or a pipeline stage reads the whole model's tensors (`read_layout`,
+  // whose units are the whole model's: unit held[u] is the rank's unit u): each quantized weight
+  // whole, to quantize as one rank does and keep its share (QuantizeBaseWeight), and the
+  // unquantized rest into whole units (`whole_units`), whose shares (RankUnitFromWhole) are
+  // uploaded at the end. A stage streams only its own units' tensors, and the embedding's wte
+  // when its head holds the tied copy ("lm_head.weight" of its head unit), as the f32 import does.
   const TensorParallelGroup& tp = model_->tensor_parallel();
-  const ModelLayout whole = tp.size > 1 ? BuildModelLayout(job_.model()) : ModelLayout{};
-  const ModelLayout& read_layout = tp.size > 1 ? whole : layout;
-  std::vector<std::vector<float>> whole_units(tp.size > 1 ? whole.units.size() : 0);
-  for (size_t u = 0; u < whole_units.size(); ++u) whole_units[u].resize(whole.units[u].numel);
+  const std::vector<int>& held = model_->held_units();
+  const bool by_whole = tp.size > 1 || model_->pipelined();
+  const ModelLayout whole = by_whole ? BuildModelLayout(job_.model()) : ModelLayout{};
+  const ModelLayout& read_layout = by_whole ? whole : layout;
+  std::vector<int> local_of(read_layout.units.size(), -1);
+  for (size_t l = 0; l < held.size(); ++l) local_of[held[l]] = static_cast<int>(l);
+  const bool tied_copy = layout.units.back().Find("lm_head.weight") != nullptr &&
+                         read_layout.units.back().Find("lm_head.weight") == nullptr;
+  const auto wanted = [&](int w) { return local_of[w] >= 0 || (w == 0 && tied_copy); };
+  std::vector<std::vector<float>> whole_units(by_whole ? whole.units.size() : 0);
+  for (size_t u = 0; u < whole_units.size(); ++u) {
+    if (wanted(static_cast<int>(u))) whole_units[u].resize(whole.units[u].numel);
+  }
   // offload.params NVME: the base's shards are the store's, which takes whole shards. The
   // stream lands in host staging of a unit's shard parts (its "<unit>.params" and
   // "<unit>.qbase" bytes, zeroed, so padding stays zero) — set-up memory beside the plan, as
@@ -944,7 +967,7 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
         ZT_ASSIGN_OR_RETURN(const BufferSpec* spec, arenas_->Spec(name));
         st.part[p].assign(static_cast<size_t>((spec->bytes() + 3) / 4), 0.0f);
       }
-      for (const ParamSpec& p : read_layout.units[u].params) st.rows_left += p.shape[0];
+      for (const ParamSpec& p : read_layout.units[held[u]].params) st.rows_left += p.shape[0];
     }
     return &st;
   };
@@ -964,7 +987,7 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
     if (staged.empty()) return absl::OkStatus();
     ZT_ASSIGN_OR_RETURN(Staged * st, staging(u));
     st->rows_left -= rows;
-    if (st->rows_left > 0 || tp.size > 1) return absl::OkStatus();
+    if (st->rows_left > 0 || by_whole) return absl::OkStatus();
     return swap_out(u);
   };
   if (swapped_base_) swapped_base_->BeginRestore();
@@ -998,6 +1021,12 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
   };
   std::map<std::pair<int, std::string>, Pending> pending;
   auto sink = [&](const HfTensor& t, int64_t row, absl::Span<const float> piece) -> absl::Status {
+    if (!wanted(t.unit)) {
+      return absl::InternalError(absl::StrCat("model.init_from: the stream handed over ", t.name,
+                                              ", a tensor of another pipeline stage's unit"));
+    }
+    // The rank's own unit (-1: the embedding a head stage reads its tied copy of wte from).
+    const int u = local_of[t.unit];
     const ParamSpec& p = *t.param;
     const int64_t cols = p.shape.size() < 2 ? 1 : p.numel / p.shape[0];
     const int64_t rows = static_cast<int64_t>(piece.size()) / cols;
@@ -1009,41 +1038,38 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
       }
       std::copy(piece.begin(), piece.end(), w.values.begin() + (t.row_offset + row) * cols);
       w.rows_left -= rows;
-      if (w.rows_left > 0) return arrived(t.unit, rows);
+      if (w.rows_left > 0) return arrived(u, rows);
       const Tensor weight(w.values.data(), DType::kF32, {p.numel});
       absl::Status quantized;
       if (swapped_base_) {
-        ZT_ASSIGN_OR_RETURN(Staged * st, staging(t.unit));
+        ZT_ASSIGN_OR_RETURN(Staged * st, staging(u));
         std::vector<float>& q = st->part[static_cast<int>(SwappedBase::Part::kQuantized)];
         quantized = model_->QuantizeBaseWeightIntoShard(
-            ctx_, t.unit, p.name, weight,
+            ctx_, u, p.name, weight,
             Tensor(q.data(), DType::kF32, {static_cast<int64_t>(q.size())}));
       } else {
+        // The model's own indexing is the whole model's (t.unit), its shards' the stage's.
         quantized = model_->QuantizeBaseWeight(ctx_, t.unit, p.name, weight);
       }
       pending.erase({t.unit, p.name});
       ZT_RETURN_IF_ERROR(quantized);
-      return arrived(t.unit, rows);
+      return arrived(u, rows);
     }
     const int64_t b = t.unit_begin() + row * cols, n = static_cast<int64_t>(piece.size());
-    if (tp.size > 1) {
+    if (by_whole) {
       std::copy(piece.begin(), piece.end(), whole_units[t.unit].begin() + b);
-      return arrived(t.unit, rows);
+      return u < 0 ? absl::OkStatus() : arrived(u, rows);
     }
-    ZT_RETURN_IF_ERROR(upload(t.unit, b, piece.data(), n));
-    return arrived(t.unit, rows);
+    ZT_RETURN_IF_ERROR(upload(u, b, piece.data(), n));
+    return arrived(u, rows);
   };
-  ZT_RETURN_IF_ERROR(StreamHuggingFace(job_.model().init_from(), job_.model(), read_layout, sink));
-  // A tensor-parallel rank's shares of the unquantized tensors (pipeline stages do not stream a
-  // quantized base, CheckEngineSupport; so the rank holds every unit).
-  for (size_t u = 0; u < whole_units.size(); ++u) {
-    std::vector<float> share(static_cast<size_t>(layout.units[u].numel), 0.0f);
-    for (const ParamSpec& p : layout.units[u].params) {
-      if (p.quantized) continue;
-      const ParamSpec& w = *whole.units[u].Find(p.name);
-      ExtractSlice(SliceOf(job_.model(), w.name, w.shape, tp.size, tp.rank),
-                   whole_units[u].data() + w.offset, share.data() + p.offset);
-    }
+  ZT_RETURN_IF_ERROR(StreamHuggingFace(job_.model().init_from(), job_.model(), read_layout, sink,
+                                       kHfStreamPieceElements,
+                                       [&](const HfTensor& t) { return wanted(t.unit); }));
+  // A tensor-parallel rank's or a stage's units: their shares of the unquantized tensors.
+  for (size_t u = 0; by_whole && u < layout.units.size(); ++u) {
+    const std::vector<float> share =
+        RankUnitFromWhole(job_.model(), layout.units[u], held[u], whole, whole_units, tp);
     ZT_RETURN_IF_ERROR(upload(static_cast<int>(u), 0, share.data(), layout.units[u].numel));
   }
   if (!swapped_base_) return absl::OkStatus();

@@ -545,12 +545,14 @@ absl::StatusOr<DType> HuggingFaceWeightsDType(const std::string& path, const Mod
 
 absl::Status StreamHuggingFace(const std::string& path, const ModelConfig& config,
                                const ModelLayout& layout, const HfTensorSink& sink,
-                               int64_t piece_elements) {
+                               int64_t piece_elements,
+                               const std::function<bool(const HfTensor&)>& wanted) {
   ZT_ASSIGN_OR_RETURN(const MatchedWeights matched, MatchHuggingFace(path, config, layout));
   // A piece's f32 values (a transposed GPT-2 weight whole, with its transpose).
   std::vector<float> values, transposed;
   for (size_t i = 0; i < matched.table.size(); ++i) {
     const HfTensor& t = matched.table[i];
+    if (wanted && !wanted(t)) continue;
     const SafetensorsFile& file = *matched.source[i].file;
     const SafetensorsTensorInfo& info = *matched.source[i].info;
     const absl::Span<const uint8_t> bytes = file.Bytes(info);

@@ -150,10 +150,13 @@ inline constexpr int64_t kHfStreamPieceElements = int64_t{1} << 22;
 // unit_begin() means nothing). The whole file is checked first, with ImportHuggingFace's
 // errors, before the sink sees a piece; an error from the sink stops the stream and is
 // returned with its code, prefixed with the file and the tensor's name.
-// `piece_elements` bounds a piece (whole rows, at least one).
+// `piece_elements` bounds a piece (whole rows, at least one). With `wanted` set, a tensor for
+// which it returns false is neither converted nor handed over (a pipeline stage reads its own
+// units' tensors only); the whole file is still checked.
 absl::Status StreamHuggingFace(const std::string& path, const zerotrain::ModelConfig& config,
                                const ModelLayout& layout, const HfTensorSink& sink,
-                               int64_t piece_elements = kHfStreamPieceElements);
+                               int64_t piece_elements = kHfStreamPieceElements,
+                               const std::function<bool(const HfTensor&)>& wanted = {});
 
 // Writes every unit's parameters to `path` in Hugging Face layout (GPT-2 with the
 // "transformer." prefix and no lm_head.weight when tied, as GPT2LMHeadModel saves it; Llama as

@@ -560,14 +560,17 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
       needs("on resources.device CPU");
     }
-    // model.lora: each stage trains its own blocks' adapters over its frozen base.
+    // model.lora: each stage trains its own blocks' adapters over its frozen base, seeded or
+    // from model.init_from (a quantized one streamed into the stage's own units, on the device
+    // or in the pinned host pool; into the swap store untested so far).
     if (UsesLora(spec.model()) && !spec.model().init_from().empty() &&
         (spec.model().base_dtype() == ModelConfig::NF4 ||
-         spec.model().base_dtype() == ModelConfig::INT8)) {
+         spec.model().base_dtype() == ModelConfig::INT8) &&
+        spec.offload().params() == zerotrain::OffloadConfig::NVME) {
       needs(
-          "without a quantized model.base_dtype streamed from model.init_from (the stream "
-          "quantizes into the whole model's units, not a stage's); use the seeded base or "
-          "pipeline_parallel 1");
+          "a quantized model.base_dtype streamed from model.init_from with offload.params NONE "
+          "or CPU (not NVME: swapping a stage's streamed base is not tested yet); use the seeded "
+          "base or pipeline_parallel 1");
     }
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).

@@ -507,6 +507,32 @@ TEST(HfInteropTest, StreamsPiecesThatPlaceLikeTheImport) {
   EXPECT_THAT(s.message(),
               HasSubstr(cases[1].path + ": tensor \"transformer.h.1.mlp.c_fc.weight\": "
                                         "value 3 is not finite"));
+  // With `wanted`, only the wanted tensors (a pipeline stage's units: here unit 1's) reach the
+  // sink, each whole, and the file is still checked whole first.
+  std::vector<std::string> seen, want;
+  const absl::StatusOr<std::vector<HfTensor>> table = HuggingFaceTensors(cases[1].m, layout);
+  ASSERT_TRUE(table.ok()) << table.status();
+  for (const HfTensor& t : *table) {
+    if (t.unit == 1) want.push_back(t.name);
+  }
+  ASSERT_FALSE(want.empty());
+  const auto only_unit_one = [](const HfTensor& t) { return t.unit == 1; };
+  const absl::Status filtered = StreamHuggingFace(
+      cases[1].path, cases[1].m, layout,
+      [&](const HfTensor& t, int64_t, absl::Span<const float>) {
+        if (seen.empty() || seen.back() != t.name) seen.push_back(t.name);
+        return absl::OkStatus();
+      },
+      kHfStreamPieceElements, only_unit_one);
+  ASSERT_TRUE(filtered.ok()) << filtered;
+  EXPECT_EQ(seen, want);
+  zerotrain::ModelConfig other = cases[1].m;
+  other.set_n_layer(other.n_layer() + 1);  // a block the file does not have
+  const absl::Status unchecked = StreamHuggingFace(
+      cases[1].path, other, BuildModelLayout(other),
+      [](const HfTensor&, int64_t, absl::Span<const float>) { return absl::OkStatus(); },
+      kHfStreamPieceElements, only_unit_one);
+  EXPECT_FALSE(unchecked.ok()) << "a missing tensor of an unwanted unit is still an error";
 }
 
 TEST(HfInteropTest, ModelDirectoryErrorsNameTheDirectoryOrIndex) {

@@ -278,12 +278,21 @@ TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
   spec.mutable_parallel()->set_world_size(4);
   spec.mutable_parallel()->set_zero_stage(1);
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
-  // A quantized base streamed from model.init_from fills the whole model's units: named.
-  spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
-  spec.mutable_model()->set_init_from("base.safetensors");
+  // A quantized base streamed from model.init_from into each stage's own units
+  // (LoraParallelTrainingTest.QloraStagesStreamTheirOwnUnitsAsOneRankBitForBit), NF4 and INT8.
+  for (const auto base : {ModelConfig::NF4, ModelConfig::INT8}) {
+    spec.mutable_model()->set_base_dtype(base);
+    spec.mutable_model()->set_init_from("base.safetensors");
+    EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
+  }
+  // ... but not swapped to NVMe yet: named.
+  spec.mutable_offload()->set_params(zerotrain::OffloadConfig::NVME);
+  spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
+  spec.mutable_offload()->set_nvme_path("/tmp");
   EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.pipeline_parallel: 2 trains without a quantized "
-                        "model.base_dtype streamed from model.init_from"));
+              HasSubstr("parallel.pipeline_parallel: 2 trains a quantized model.base_dtype "
+                        "streamed from model.init_from with offload.params NONE or CPU"));
+  spec.mutable_offload()->Clear();
   // ZeRO-3 stages: the base gathered for the step or per use, fp32 or NF4 (seeded).
   spec.mutable_model()->clear_init_from();
   spec.mutable_parallel()->set_zero_stage(3);
