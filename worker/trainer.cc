@@ -271,11 +271,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
             : AdafactorSplits(job.model(), t->model_->layout(), layout.tensor_size(),
                               layout.coordinates().tensor, t->model_->held_units());
   }
-  // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy).
+  // The optimizer steps the trainable buffers (a LoRA job's adapters: f32, no master copy,
+  // so nothing to round stochastically into: precision.stochastic_rounding is the base's
+  // dtype's, which nothing steps).
   zerotrain::PrecisionConfig trained_precision = job.precision();
   if (t->model_->layout().lora) {
     trained_precision.set_master_weights(false);
     trained_precision.set_split_master_weights(false);
+    trained_precision.set_stochastic_rounding(false);
   }
   const ModelLayout& trained = t->engine_->trainable_layout();
   // ZeRO-Offload's overlap: each unit's reduced gradient comes down as soon as its reduction

@@ -557,9 +557,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
                          "gradient buffers, planned only when micro-batches accumulate; at "
                          "stage 3 parallel.reshard_after_forward true reduces per micro-batch)"));
     }
-    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
-      needs("on resources.device CPU");
-    }
+    // CUDA ranks: the stages' sends, statistics and bubble timings cross in device buffers
+    // (tests/unit/worker/trainer/pipeline_separate_memory_test.cc; on a GPU,
+    // tests/gpu/worker/train/pipeline_gpu_test.cc).
     // model.lora: each stage trains its own blocks' adapters over its frozen base, seeded or
     // from model.init_from (a quantized one streamed into the stage's own units, on the device
     // or in the pinned host pool; into the swap store untested so far).

@@ -322,12 +322,9 @@ TEST(CheckEngineSupportTest, PipelineTrainsEveryScheduleAtEveryZeroStageInF32And
                      "world_size: 4, pipeline_parallel: 2, zero_stage: 3, micro_batches: 4, "
                      "pipeline_schedule: INTERLEAVED, virtual_stages: 2");
   job.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  // CUDA ranks run the stages too (their links and statistics in device buffers).
   job.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
-  const absl::Status status = CheckEngineSupport(job);
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(
-      testing::Lines(status),
-      ElementsAre("parallel.pipeline_parallel: 2 trains on resources.device CPU so far"));
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
 }
 
 // A stage accumulating into full gradient buffers (stage 2, stage 3 kept gathered) needs

@@ -71,10 +71,6 @@ class DelayedUpdateParallelTest : public DelayedUpdateRunTest {
       lora->set_rank(4);
       lora->set_alpha(8.0f);
       for (const char* module : {"c_attn", "c_proj", "c_fc"}) lora->add_target_modules(module);
-      // The adapters are f32, with no 16-bit copy to round into (the optimizer refuses
-      // stochastic rounding without one, delayed or not): bf16 is the base's and the
-      // gradients' dtype here.
-      job.mutable_precision()->set_stochastic_rounding(false);
     }
     if (c.vocab_sharded) job.mutable_parallel()->set_vocab_sharded_embedding(true);
     job.mutable_offload()->mutable_delayed_update()->set_enabled(delayed);

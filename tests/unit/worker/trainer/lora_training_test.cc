@@ -92,6 +92,25 @@ TEST_F(LoraTrainingTest, OneRankTrainsTheAdaptersAndLeavesTheBaseBitIdentical) {
   }
 }
 
+// precision.stochastic_rounding rounds f32 master weights into 16-bit parameters; a bf16 LoRA
+// job's adapters are f32 with no master, so it changes nothing of them (it failed the first
+// step before: the adapters' AdamW was asked to round into a copy they do not have).
+TEST_F(LoraTrainingTest, StochasticRoundingOfABf16JobLeavesTheF32AdaptersAsTheyAre) {
+  const auto job = [&](bool stochastic) {
+    JobSpec j = Job(1, 0, 4, 1, ModelConfig::LLAMA, ModelConfig::BF16);
+    auto* p = j.mutable_precision();
+    p->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+    p->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+    p->set_stochastic_rounding(stochastic);
+    return j;
+  };
+  const LoraRun rounded = Train(job(true), 5), nearest = Train(job(false), 5);
+  ASSERT_EQ(rounded.losses.size(), 5u);
+  EXPECT_EQ(rounded.losses, nearest.losses);
+  EXPECT_EQ(rounded.adapters, nearest.adapters);
+  EXPECT_TRUE(rounded.base_before == rounded.base_after) << "the frozen base changed";
+}
+
 TEST_F(LoraTrainingTest, TheFrozenBaseHasNoGradientNoOptimizerStateAndNoReduction) {
   for (int stage : {0, 1, 2, 3}) {
     const JobSpec job = ValidatedJob(Job(2, stage, 2, /*accum=*/2)).value();

@@ -400,7 +400,7 @@ TEST_F(PipelineTrainingTest, GradientSendsUseThePlansCommunicationBuffers) {
       std::vector<const BufferSpec*> sends;
       for (const BufferSpec& b : plan.buffers) {
         if (b.name == "grad.residual") residual = &b;
-        if (b.name.starts_with("comm.pipeline.")) sends.push_back(&b);
+        if (b.name.starts_with("comm.pipeline.grad_send.")) sends.push_back(&b);
       }
       ASSERT_NE(residual, nullptr) << what << " rank " << r;
       const std::vector<PipelineChunk> chunks = PipelineChunksOf(job, layout);

@@ -18,6 +18,7 @@
 #include "kernels/status_macros.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
+#include "tests/unit/worker/trainer/separate_memory_device.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/checkpoint/hf_interop.h"
@@ -94,8 +95,9 @@ class TensorParallelTrainingTest : public ::testing::Test {
   }
 
   // Every rank to `stop_after` steps (from `resume` when set), or Step() `steps` times.
+  // With `separate_memory`, on devices whose memory is their own (separate_memory_device.h).
   static Outcome Run(const JobSpec& spec, int steps, const std::string& resume = "",
-                     bool use_run = false) {
+                     bool use_run = false, bool separate_memory = false) {
     Outcome out;
     absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
     if (!validated.ok()) {
@@ -119,6 +121,7 @@ class TensorParallelTrainingTest : public ::testing::Test {
       options.swap_store = swap->get();
       options.resume_dir = resume;
       if (use_run) options.stop_after_step = steps;
+      if (separate_memory) options.make_device = testing::SeparateMemoryDevice;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
       if (!t.ok()) return t.status();
       RankRun& mine = out.ranks[r];
@@ -669,6 +672,39 @@ TEST_F(TensorParallelTrainingTest, CheckpointsReshardAcrossTensorParallelLayouts
 JobSpec SequenceParallel(JobSpec job) {
   job.mutable_parallel()->set_sequence_parallel(true);
   return job;
+}
+
+// The CUDA rank's path on the CPU: devices whose memory is their own (arenas on cpu:1, host
+// buffers on cpu:0, communicators staged through a copy engine), where every kernel and every
+// staged collective refuses memory of the other side. TP and SP, GQA, TP × DP at ZeRO 1 and 3
+// in bf16, accumulation with checkpointing and evaluation, and the export's join of the
+// shares train through them bit for bit as on the plain CPU device.
+TEST_F(TensorParallelTrainingTest, RanksWhoseMemoryIsTheirOwnTrainBitForBit) {
+  std::vector<std::pair<std::string, JobSpec>> cases = {
+      {"gpt2 tp2", Gpt2(2, 1, 0, 4)},
+      {"llama tp2", Llama(2, 1, 0, 4)},
+      {"tp2 x dp2 zero-1", Gpt2(2, 2, 1, 2)},
+      {"accumulated, checkpointed, evaluated", AccumulatedCheckpointedEvaluated(Gpt2(2, 1, 0, 4))}};
+  JobSpec sp = Gpt2(2, 1, 0, 4);
+  sp.mutable_parallel()->set_sequence_parallel(true);
+  cases.emplace_back("gpt2 tp2 sp", sp);
+  JobSpec bf16 = Gpt2(2, 2, 3, 2);
+  bf16.mutable_precision()->set_param_dtype(zerotrain::PrecisionConfig::BF16);
+  bf16.mutable_precision()->set_compute_dtype(zerotrain::PrecisionConfig::BF16);
+  bf16.mutable_precision()->set_grad_dtype(zerotrain::PrecisionConfig::BF16);
+  cases.emplace_back("tp2 x dp2 zero-3 bf16", bf16);
+  for (const auto& [what, job] : cases) {
+    const Outcome separate = Run(job, 4, "", /*use_run=*/true, /*separate_memory=*/true);
+    const Outcome plain = Run(job, 4, "", /*use_run=*/true);
+    ASSERT_TRUE(separate.status.ok()) << what << ": " << separate.status;
+    ASSERT_TRUE(plain.status.ok()) << what << ": " << plain.status;
+    for (size_t r = 0; r < plain.ranks.size(); ++r) {
+      EXPECT_EQ(separate.ranks[r].losses, plain.ranks[r].losses) << what << " rank " << r;
+      EXPECT_EQ(separate.ranks[r].grad_norms, plain.ranks[r].grad_norms) << what << " rank " << r;
+      EXPECT_EQ(separate.ranks[r].val_losses, plain.ranks[r].val_losses) << what << " rank " << r;
+      EXPECT_EQ(separate.ranks[r].whole, plain.ranks[r].whole) << what << " rank " << r;
+    }
+  }
 }
 
 TEST_F(TensorParallelTrainingTest, SequenceParallelOnTwoAndFourRanksMatchesOneRank) {
