@@ -231,8 +231,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   ZT_ASSIGN_OR_RETURN(t->comms_, ConnectRank(job, layout, store, *t->arenas_, t->device_->comm()));
   // offload.delayed_update: a summed Adafactor's statistics sums, which its host step issues on
   // the delayed thread, over contexts of their own (worker/shard/host_step_sums.h); in every
-  // step, the serial ones too. Empty otherwise.
-  ZT_ASSIGN_OR_RETURN(const HostStepSums host_step_sums, ConnectHostStepSums(job, layout, store));
+  // step, the serial ones too. So too for any host step of a rank whose device memory is not
+  // the host's (a GPU's communicators take device buffers; the host step's scratch is host
+  // memory). Empty otherwise.
+  ZT_ASSIGN_OR_RETURN(const HostStepSums host_step_sums,
+                      ConnectHostStepSums(job, layout, store,
+                                          /*device_memory_apart=*/!t->device_->host_addressable()));
   ZT_ASSIGN_OR_RETURN(
       t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_, t->comms_.view(),
                                          &t->device_->copies()));
@@ -244,6 +248,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
                                : t->engine_->params_on_host()   ? ParamHome::kHost
                                                                 : ParamHome::kDevice;
   std::optional<Optimizer::ShardGroup> shard_group;
+  // The rank's communicators take the device's memory: a statistics scratch elsewhere (host
+  // memory, for an offloaded host step on a GPU) is summed over the host step's own contexts.
+  const auto check_sums = [&](const Tensor& scratch, bool host_sums, const char* group) {
+    if (scratch.device() == t->ctx_.device || host_sums) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("Adafactor: its statistics scratch is on ",
+                                            DeviceName(scratch.device()), ", not the ", group,
+                                            " communicator's ", DeviceName(t->ctx_.device),
+                                            ", and no host-step sums were "
+                                            "connected for it"));
+  };
   if (ShardedAdafactor(job, layout)) {
     ShardingEngine* engine = t->engine_.get();
     ZT_ASSIGN_OR_RETURN(Tensor scratch, t->arenas_->Get("optimizer.reduce_scratch"));
@@ -251,6 +265,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
         .sum = [engine](float* data, int64_t n) { return engine->SumAcrossShardGroup(data, n); },
         .reduce_scratch = scratch};
     if (host_step_sums.shard_group) shard_group->sum = host_step_sums.shard_group;
+    ZT_RETURN_IF_ERROR(check_sums(scratch, bool(host_step_sums.shard_group), "shard group's"));
   }
   if (TensorParallelAdafactor(job, layout)) {
     ZT_ASSIGN_OR_RETURN(Tensor scratch, t->arenas_->Get("optimizer.reduce_scratch"));
@@ -263,6 +278,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
       return h.Wait();
     };
     if (host_step_sums.tensor) shard_group->tensor_sum = host_step_sums.tensor;
+    ZT_RETURN_IF_ERROR(check_sums(scratch, bool(host_step_sums.tensor), "tensor group's"));
     // A LoRA job steps its adapters: their shares' splits (LoraAdafactorSplits).
     shard_group->splits =
         t->model_->layout().lora

@@ -629,20 +629,10 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
       offload.optimizer() == Offload::CPU || offload.optimizer() == Offload::NVME;
   if (optimizer_offload) {
     const std::string device = Offload::Device_Name(offload.optimizer());
-    // A CUDA rank's host step moves its units through the copy engine (docs/memory.md), but a
-    // sharded Adafactor's row and column statistics are summed inside that step through the
-    // rank's communicator, which on a GPU (NCCL, or the staged one) reads device memory only.
-    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA &&
-        spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR &&
-        parallel.zero_stage() >= 1 && parallel.shard_group_size() > 1) {
-      lines.push_back(absl::StrCat(
-          "offload.optimizer: ", device,
-          " with optimizer.type ADAFACTOR trains on resources.device CUDA only when "
-          "parallel.shard_group_size is 1 so far (got ",
-          parallel.shard_group_size(),
-          ": the host step sums the factored statistics across the shard group through a "
-          "communicator that reads device memory)"));
-    }
+    // A CUDA rank's host step moves its units through the copy engine (docs/memory.md); a
+    // sharded Adafactor's statistics, summed inside that step in host memory, go over the host
+    // step's own Gloo contexts (worker/shard/host_step_sums.h), since the rank's communicators
+    // take device buffers only.
     // NVME: gradients down, parameters up and at least one for a unit's states (the trainer
     // checks the exact count for the model and says it). CPU stages one buffer at most (the
     // parameters up; memory_plan.cc), which offload validation's buffer_count ≥ 1 gives.

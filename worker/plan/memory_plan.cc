@@ -618,7 +618,13 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
         if (p.shape.size() == 2) scratch = std::max(scratch, p.shape[0] + p.shape[1] + 2);
       }
     }
-    add("optimizer.reduce_scratch", MemoryCategory::kCommunication, DType::kF32, scratch);
+    // Where the step runs: an offloaded optimizer's host step sums its statistics in host
+    // memory (over the host step's own contexts on a GPU rank: worker/shard/host_step_sums.h).
+    const bool host_step = job.offload().optimizer() == zerotrain::OffloadConfig::CPU ||
+                           job.offload().optimizer() == zerotrain::OffloadConfig::NVME;
+    add("optimizer.reduce_scratch",
+        host_step ? MemoryCategory::kPinnedHost : MemoryCategory::kCommunication, DType::kF32,
+        scratch);
   }
   MoveOffloadedStates(job, layout.lora, plan);
   if (!job.checkpoint().dir().empty() && (job.checkpoint().async() || OnCuda(job))) {

@@ -185,6 +185,8 @@ UnitShard ShardOfUnit(const UnitLayout& unit, const ShardGeometry& geometry);
 //   "optimizer.reduce_scratch"  sharded or tensor-parallel Adafactor (ShardedAdafactor,
 //                      TensorParallelAdafactor): the whole-tensor statistics summed across
 //                      the group, rows + cols + 2 f32 of the rank's largest matrix
+//                      (communication; pinned_host where offload.optimizer puts the step on
+//                      the host)
 // The offload tier (job.offload, DeepSpeed's ZeRO-Offload / ZeRO-Infinity) moves buffers off
 // the device, keeping their names (offloaded_from says what they hold):
 //   offload.optimizer CPU / NVME  "<u>.master" and every optimizer state of the unit

@@ -35,9 +35,15 @@ absl::StatusOr<std::function<absl::Status(float*, int64_t)>> Connect(const zerot
 }  // namespace
 
 absl::StatusOr<HostStepSums> ConnectHostStepSums(const zerotrain::JobSpec& job,
-                                                 const ParallelLayout& layout, Store* store) {
+                                                 const ParallelLayout& layout, Store* store,
+                                                 bool device_memory_apart) {
   HostStepSums sums;
-  if (!job.offload().delayed_update().enabled()) return sums;
+  using Offload = zerotrain::OffloadConfig;
+  const bool host_step =
+      job.offload().optimizer() == Offload::CPU || job.offload().optimizer() == Offload::NVME;
+  if (!job.offload().delayed_update().enabled() && !(host_step && device_memory_apart)) {
+    return sums;
+  }
   // The names follow ConnectRank's groups (worker/shard/rank_communicators.h) with
   // ".host_step" after them.
   const ShardGeometry& g = layout.shard();

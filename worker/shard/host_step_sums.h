@@ -38,11 +38,15 @@ struct HostStepSums {
   std::function<absl::Status(float* data, int64_t n)> tensor;
 };
 
-// Connects the sums `job` needs on this rank: none without offload.delayed_update or without a
-// summed Adafactor. Every rank of each group must call it at the same point of its start-up
-// (after ConnectRank); blocks until the group's peers have connected or
-// parallel.comm_timeout_s passes. `store` must outlive the result.
+// Connects the sums `job` needs on this rank: none without a summed Adafactor, or without
+// offload.delayed_update unless `device_memory_apart` — the rank's device memory is not the
+// host's (a GPU) and offload.optimizer puts the host step on the host: the rank's communicators
+// then take device buffers only (NCCL, or the staged one), and the host step's scratch is
+// host memory, so its sums go here in every step, delayed or not. Every rank of each group must
+// call it at the same point of its start-up (after ConnectRank); blocks until the group's peers
+// have connected or parallel.comm_timeout_s passes. `store` must outlive the result.
 absl::StatusOr<HostStepSums> ConnectHostStepSums(const zerotrain::JobSpec& job,
-                                                 const ParallelLayout& layout, Store* store);
+                                                 const ParallelLayout& layout, Store* store,
+                                                 bool device_memory_apart = false);
 
 }  // namespace zt

@@ -263,6 +263,29 @@ TEST_F(OffloadGpuTest, OffloadedAndDelayedGpuRunsMatchTheCpu) {
   }
 }
 
+// A sharded Adafactor's host step sums its factored statistics in host memory over the host
+// step's own contexts (worker/shard/host_step_sums.h): the GPU run against the CPU run.
+TEST_F(OffloadGpuTest, ShardedAdafactorOffloadedFromGpuRanksMatchesTheCpu) {
+  ZT_SKIP_WITHOUT_GPU();
+  for (const OffloadConfig::Device optimizer : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+    const std::string what = OffloadConfig::Device_Name(optimizer);
+    const auto job = [&](ResourceConfig::DeviceKind device) {
+      JobSpec j = Job(device, 2, 2, optimizer);
+      j.mutable_optimizer()->set_type(zerotrain::OptimizerConfig::ADAFACTOR);
+      return j;
+    };
+    const RunResult gpu = Train(job(ResourceConfig::CUDA), 10);
+    const RunResult cpu = Train(job(ResourceConfig::CPU), 10);
+    ASSERT_EQ(gpu.losses.size(), 10u) << what;
+    // The host step is the same CPU kernel on both; the GPU's forward and backward against the
+    // CPU's: trainer_gpu_test.cc's 20-step bound.
+    for (size_t s = 0; s < cpu.losses.size(); ++s) {
+      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << what << " step " << s + 1;
+    }
+    EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4) << what;
+  }
+}
+
 TEST_F(OffloadGpuTest, OffloadedCheckpointsLoadBitForBitAndTrainOn) {
   ZT_SKIP_WITHOUT_GPU();
   for (const OffloadConfig::Device params : {OffloadConfig::CPU, OffloadConfig::NVME}) {

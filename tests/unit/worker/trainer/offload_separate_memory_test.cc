@@ -79,9 +79,10 @@ TEST_F(OffloadSeparateMemoryTest, EveryOffloadTrainsThroughTheCopyEngineBitForBi
   const Config configs[] = {
       {1, 1, O::ADAMW, P::FP32, D::CPU, D::NONE},
       {2, 1, O::ADAMW_8BIT, P::BF16, D::CPU, D::NONE},
-      // One rank: a sharded Adafactor's host step sums its statistics through the rank's
-      // communicator, which a device's memory cannot serve from the host (refused on CUDA).
-      {1, 2, O::ADAFACTOR, P::FP32, D::CPU, D::NONE},
+      // A sharded Adafactor: its host step sums statistics in host memory, over the host
+      // step's own contexts (worker/shard/host_step_sums.h).
+      {2, 2, O::ADAFACTOR, P::FP32, D::CPU, D::NONE},
+      {2, 1, O::ADAFACTOR, P::BF16, D::NVME, D::NONE},
       {2, 3, O::ADAMW, P::BF16, D::CPU, D::NONE},
       {1, 2, O::ADAMW, P::FP32, D::NVME, D::NONE},
       {2, 3, O::ADAMW_8BIT, P::BF16, D::NVME, D::NONE},
