@@ -1,6 +1,6 @@
 // The ranks of a GPU step-loop test job as threads of the test process (sharing the GPU; their
 // collectives staged through the host), and the comparisons of two runs' weights: shared by
-// trainer_gpu_test.cc and tensor_parallel_gpu_test.cc.
+// the GPU step-loop tests.
 #pragma once
 
 #if ZT_HAVE_CUDA
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "offload/swap_store.h"
 #include "worker/comm/store.h"
 #include "worker/trainer.h"
 
@@ -24,6 +25,7 @@ struct RunResult {
   std::vector<int64_t> skipped;
   std::vector<std::vector<float>> weights;                   // rank 0's FullWeights at the end
   std::vector<std::vector<std::vector<float>>> all_weights;  // every rank's
+  std::vector<int64_t> offload_bytes;  // per rank, the last step's bytes to the host and back
 };
 
 inline double RelativeL2(const std::vector<std::vector<float>>& got,
@@ -52,13 +54,15 @@ inline double MaxAbsDiff(const std::vector<std::vector<float>>& a,
   return worst;
 }
 
-// Every rank of `job` (threads) to `stop_after`, resuming from `resume` when set.
+// Every rank of `job` (threads) to `stop_after`, resuming from `resume` when set; `swap`: the
+// process's swap store the ranks share (offload to NVMe), as `zt train` shares one.
 inline RunResult TrainRanks(const zerotrain::JobSpec& job, int64_t stop_after,
-                            const std::string& resume = "") {
+                            const std::string& resume = "", offload::SwapStore* swap = nullptr) {
   const int n = job.parallel().world_size();
   InProcessStore store;
   RunResult run;
   run.all_weights.resize(n);
+  run.offload_bytes.resize(n);
   std::vector<absl::Status> status(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -69,9 +73,11 @@ inline RunResult TrainRanks(const zerotrain::JobSpec& job, int64_t stop_after,
         options.store = &store;
         options.stop_after_step = stop_after;
         options.resume_dir = resume;
+        options.swap_store = swap;
         absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
         if (!t.ok()) return t.status();
         absl::Status ran = (*t)->Run([&](const StepRecord& rec) {
+          run.offload_bytes[r] = rec.offload_bytes_to_host + rec.offload_bytes_to_device;
           if (r != 0) return;
           run.losses.push_back(rec.loss);
           run.grad_norms.push_back(rec.grad_norm);

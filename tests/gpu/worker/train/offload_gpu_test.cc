@@ -20,20 +20,18 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/worker/train/gpu_train_runs.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/test_swap_store.h"
-#include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/plan/memory_plan.h"
@@ -47,26 +45,8 @@ using zerotrain::OffloadConfig;
 using zerotrain::PrecisionConfig;
 using zerotrain::ResourceConfig;
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights;  // rank 0's FullWeights at the end
-  std::vector<int64_t> offload_bytes;       // per rank, the last step's bytes down + up
-};
-
-double RelativeL2(const std::vector<std::vector<float>>& got,
-                  const std::vector<std::vector<float>>& want) {
-  double diff = 0, norm = 0;
-  EXPECT_EQ(got.size(), want.size());
-  for (size_t u = 0; u < std::min(got.size(), want.size()); ++u) {
-    EXPECT_EQ(got[u].size(), want[u].size());
-    for (size_t i = 0; i < std::min(got[u].size(), want[u].size()); ++i) {
-      const double d = static_cast<double>(got[u][i]) - want[u][i];
-      diff += d * d;
-      norm += static_cast<double>(want[u][i]) * want[u][i];
-    }
-  }
-  return std::sqrt(diff / norm);
-}
+using gpu_test::RelativeL2;
+using gpu_test::RunResult;
 
 class OffloadGpuTest : public ::testing::Test {
  protected:
@@ -132,43 +112,10 @@ class OffloadGpuTest : public ::testing::Test {
   // Every rank of `job` (threads) to `stop_after`, from `resume` when set, sharing one swap
   // store as `zt train` does.
   static RunResult Train(const JobSpec& job, int64_t stop_after, const std::string& resume = "") {
-    const int n = job.parallel().world_size();
-    InProcessStore store;
-    RunResult run;
-    run.offload_bytes.resize(n);
     absl::StatusOr<std::shared_ptr<offload::SwapStore>> swap = testing::OpenTestSwapStore(job);
     EXPECT_TRUE(swap.ok()) << swap.status();
-    if (!swap.ok()) return run;
-    std::vector<std::vector<std::vector<float>>> weights(n);
-    std::vector<absl::Status> status(n);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        status[r] = [&]() -> absl::Status {
-          TrainOptions options;
-          options.rank = r;
-          options.store = &store;
-          options.stop_after_step = stop_after;
-          options.resume_dir = resume;
-          options.swap_store = swap->get();
-          absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(job, options);
-          if (!t.ok()) return t.status();
-          absl::Status ran = (*t)->Run([&](const StepRecord& rec) {
-            run.offload_bytes[r] = rec.offload_bytes_to_host + rec.offload_bytes_to_device;
-            if (r == 0) run.losses.push_back(rec.loss);
-          });
-          if (!ran.ok()) return ran;
-          absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
-          if (!w.ok()) return w.status();
-          weights[r] = std::move(*w);
-          return absl::OkStatus();
-        }();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-    run.weights = weights[0];
-    return run;
+    if (!swap.ok()) return RunResult();
+    return gpu_test::TrainRanks(job, stop_after, resume, swap->get());
   }
 
   std::filesystem::path dir_;
