@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "offload/swap_store.h"
+#include "proto/job.pb.h"
 #include "worker/comm/store.h"
 #include "worker/trainer.h"
 
@@ -52,6 +53,30 @@ inline double MaxAbsDiff(const std::vector<std::vector<float>>& a,
     }
   }
   return worst;
+}
+
+// The GPU step-loop tests' job: a GPT-2 style model with head size 64 (the CUDA attention
+// kernels take D = 64 and 128) — 2 layers, d_model 128, 2 heads, vocabulary 32, T 32 — on
+// the token file `train_path`, AdamW at lr 3e-3 clipped at 1, one rank, two CPU threads. Each
+// test sets its batch, steps and layout on top.
+inline zerotrain::JobSpec GpuTestJob(const std::string& name, const std::string& train_path) {
+  zerotrain::JobSpec job;
+  job.set_name(name);
+  auto* m = job.mutable_model();
+  m->set_family(zerotrain::ModelConfig::GPT2);
+  m->set_n_layer(2);
+  m->set_n_head(2);
+  m->set_d_model(128);
+  m->set_vocab_size(32);
+  m->set_max_seq_len(32);
+  job.mutable_data()->add_train(train_path);
+  job.mutable_data()->set_seq_len(32);
+  job.mutable_optimizer()->set_lr(3e-3f);
+  job.mutable_optimizer()->set_grad_clip(1.0f);
+  job.mutable_resources()->set_cpu_threads(2);
+  job.mutable_parallel()->set_world_size(1);
+  job.mutable_parallel()->set_comm_timeout_s(120);
+  return job;
 }
 
 // Every rank of `job` (threads) to `stop_after`, resuming from `resume` when set; `swap`: the

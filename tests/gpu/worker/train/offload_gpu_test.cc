@@ -65,26 +65,11 @@ class OffloadGpuTest : public ::testing::Test {
   JobSpec Job(ResourceConfig::DeviceKind device, int world, int stage,
               OffloadConfig::Device optimizer, OffloadConfig::Device params = OffloadConfig::NONE,
               PrecisionConfig::DType dtype = PrecisionConfig::FP32) {
-    JobSpec job;
-    job.set_name("offload-gpu");
-    auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::GPT2);
-    m->set_n_layer(2);
-    m->set_n_head(2);
-    m->set_d_model(128);
-    m->set_vocab_size(32);
-    m->set_max_seq_len(32);
-    job.mutable_data()->add_train((dir_ / "train.bin").string());
-    job.mutable_data()->set_seq_len(32);
+    JobSpec job = gpu_test::GpuTestJob("offload-gpu", (dir_ / "train.bin").string());
     job.mutable_train()->set_micro_batch_size(4 / world);
     job.mutable_train()->set_max_steps(10);
-    job.mutable_optimizer()->set_lr(3e-3f);
-    job.mutable_optimizer()->set_grad_clip(1.0f);
-    job.mutable_resources()->set_cpu_threads(2);
-    auto* parallel = job.mutable_parallel();
-    parallel->set_world_size(world);
-    parallel->set_zero_stage(stage);
-    parallel->set_comm_timeout_s(120);
+    job.mutable_parallel()->set_world_size(world);
+    job.mutable_parallel()->set_zero_stage(stage);
     if (dtype != PrecisionConfig::FP32) {
       job.mutable_precision()->set_param_dtype(dtype);
       job.mutable_precision()->set_compute_dtype(dtype);

@@ -51,23 +51,14 @@ class PipelineGpuTest : public ::testing::Test {
   // tensor parallelism splits them, 4 layers where the interleaved schedule puts two chunks on
   // each stage), m = 4 micro-batches of one sequence a step; validated, then put on `device`.
   JobSpec Job(ResourceConfig::DeviceKind device, const Layout& l) const {
-    JobSpec job;
-    job.set_name("pp-gpu");
+    JobSpec job = gpu_test::GpuTestJob("pp-gpu", (dir_ / "train.bin").string());
     auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::GPT2);
     m->set_n_layer(l.schedule == ParallelConfig::INTERLEAVED ? 4 : 2);
     m->set_n_head(2 * l.tp);
     m->set_d_model(128 * l.tp);
-    m->set_vocab_size(32);
-    m->set_max_seq_len(32);
-    job.mutable_data()->add_train((dir_ / "train.bin").string());
-    job.mutable_data()->set_seq_len(32);
     job.mutable_train()->set_micro_batch_size(1);
     job.mutable_train()->set_grad_accum_steps(4);
     job.mutable_train()->set_max_steps(10);
-    job.mutable_optimizer()->set_lr(3e-3f);
-    job.mutable_optimizer()->set_grad_clip(1.0f);
-    job.mutable_resources()->set_cpu_threads(2);
     auto* parallel = job.mutable_parallel();
     parallel->set_world_size(l.pp * l.dp * l.tp);
     parallel->set_pipeline_parallel(l.pp);
@@ -75,7 +66,6 @@ class PipelineGpuTest : public ::testing::Test {
     parallel->set_zero_stage(l.stage);
     parallel->set_pipeline_schedule(l.schedule);
     if (l.schedule == ParallelConfig::INTERLEAVED) parallel->set_virtual_stages(2);
-    parallel->set_comm_timeout_s(120);
     JobSpec valid = ValidatedJob(job).value();
     valid.mutable_resources()->set_device(device);
     return valid;

@@ -46,26 +46,16 @@ class TensorParallelGpuTest : public ::testing::TestWithParam<bool> {
   }
 
   JobSpec Job(ResourceConfig::DeviceKind device, bool sequence_parallel) const {
-    JobSpec job;
-    job.set_name("tp-gpu");
+    JobSpec job = gpu_test::GpuTestJob("tp-gpu", (dir_ / "train.bin").string());
     auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::GPT2);
-    m->set_n_layer(2);
     m->set_n_head(4);
     m->set_d_model(256);  // head size 64
     m->set_vocab_size(sequence_parallel ? 33 : 32);
-    m->set_max_seq_len(32);
-    job.mutable_data()->add_train((dir_ / "train.bin").string());
-    job.mutable_data()->set_seq_len(32);
     job.mutable_train()->set_micro_batch_size(4);
     job.mutable_train()->set_max_steps(20);
-    job.mutable_optimizer()->set_lr(3e-3f);
-    job.mutable_optimizer()->set_grad_clip(1.0f);
-    job.mutable_resources()->set_cpu_threads(2);
     job.mutable_parallel()->set_world_size(2);
     job.mutable_parallel()->set_tensor_parallel(2);
     job.mutable_parallel()->set_sequence_parallel(sequence_parallel);
-    job.mutable_parallel()->set_comm_timeout_s(120);
     JobSpec valid = ValidatedJob(job).value();
     valid.mutable_resources()->set_device(device);
     return valid;

@@ -56,25 +56,11 @@ class TrainerGpuTest : public ::testing::Test {
   // Validated on the CPU, then put on `device`.
   JobSpec Job(ResourceConfig::DeviceKind device, int world = 1, int stage = 0, int micro_batch = 4,
               PrecisionConfig::DType dtype = PrecisionConfig::FP32) {
-    JobSpec job;
-    job.set_name("trainer-gpu");
-    auto* m = job.mutable_model();
-    m->set_family(zerotrain::ModelConfig::GPT2);
-    m->set_n_layer(2);
-    m->set_n_head(2);
-    m->set_d_model(128);
-    m->set_vocab_size(32);
-    m->set_max_seq_len(32);
-    job.mutable_data()->add_train((dir_ / "train.bin").string());
-    job.mutable_data()->set_seq_len(32);
+    JobSpec job = gpu_test::GpuTestJob("trainer-gpu", (dir_ / "train.bin").string());
     job.mutable_train()->set_micro_batch_size(micro_batch);
     job.mutable_train()->set_max_steps(20);
-    job.mutable_optimizer()->set_lr(3e-3f);
-    job.mutable_optimizer()->set_grad_clip(1.0f);
-    job.mutable_resources()->set_cpu_threads(2);
     job.mutable_parallel()->set_world_size(world);
     job.mutable_parallel()->set_zero_stage(stage);
-    job.mutable_parallel()->set_comm_timeout_s(120);
     if (dtype != PrecisionConfig::FP32) {
       job.mutable_precision()->set_param_dtype(dtype);
       job.mutable_precision()->set_compute_dtype(dtype);
