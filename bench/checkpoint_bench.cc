@@ -40,10 +40,10 @@
 
 #include "bench/bench_configs.h"
 #include "nlohmann/json.hpp"
-#include "worker/checkpoint_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace {
 

@@ -21,8 +21,8 @@
 #include "worker/data/prepare.h"
 #include "worker/data/tokenizer.h"
 #include "worker/job/job_loading.h"
-#include "worker/micro_batches.h"
-#include "worker/trainer.h"
+#include "worker/train/micro_batches.h"
+#include "worker/train/trainer.h"
 
 namespace zt::bench {
 namespace {

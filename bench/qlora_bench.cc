@@ -41,7 +41,7 @@
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace {
 

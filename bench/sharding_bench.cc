@@ -57,7 +57,7 @@
 #include "worker/comm/store.h"
 #include "worker/job/job_loading.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace {
 

@@ -43,7 +43,7 @@
 #include "kernels/linear.h"
 #include "nlohmann/json.hpp"
 #include "worker/job/job_loading.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 int main(int argc, char** argv) {
   std::string config = "tiny", gemm = "onednn";

@@ -1,16 +1,16 @@
 // `zt export CHECKPOINT [--format hf] --out DIR [--dtype fp32|bf16|fp16] [--max-shard-bytes N]`:
 // a sharded checkpoint (a checkpoint.dir's latest step, or one step directory) written out as
-// a Hugging Face model directory, streaming tensor by tensor (worker/checkpoint_export.h).
+// a Hugging Face model directory, streaming tensor by tensor (worker/checkpoint/checkpoint_export.h).
 // A LoRA job's checkpoint becomes its PEFT adapter directory, or with --merge-adapters the
-// merged model (worker/lora_export.h).
+// merged model (worker/checkpoint/lora_export.h).
 #include <cstdio>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
-#include "worker/checkpoint_export.h"
-#include "worker/lora_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
+#include "worker/checkpoint/lora_export.h"
 
 namespace zt::cli {
 

@@ -22,7 +22,7 @@
 #include "worker/model/text_generation.h"
 #include "worker/job/offload_validation.h"
 #include "worker/offload/node_swap_store.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt::cli {
 namespace {

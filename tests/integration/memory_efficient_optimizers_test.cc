@@ -10,7 +10,7 @@
 #include "worker/data/prepare.h"
 #include "worker/data/tokenizer.h"
 #include "worker/job/job_loading.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -26,7 +26,7 @@
 #include "tests/integration/zt_process.h"
 #include "worker/checkpoint/hf_interop.h"
 #include "worker/checkpoint/safetensors.h"
-#include "worker/checkpoint_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
 #include "worker/data/token_shard.h"
 #include "worker/model/param_layout.h"
 

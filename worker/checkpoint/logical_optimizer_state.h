@@ -11,7 +11,7 @@
 //     blocks (BlockQuantize; m on the signed map, v on the unsigned). A tensor under
 //     min_quantized_numel (decided on the share's size) keeps f32 moments on that side: both
 //     kinds cross. Lossy by one quantization step per value, as the ZeRO resharding's
-//     Requantize (worker/optimizer_state_reshard.h) is for a block that does not line up.
+//     Requantize (worker/checkpoint/optimizer_state_reshard.h) is for a block that does not line up.
 //   Adafactor: a TP share's factored statistics are the logical matrix's already
 //     (AdafactorArgs::Shard::logical_rows/logical_cols, worker/optim/adafactor_splits.h): in the
 //     kernel's layout (rows = outputs) a share split by rows holds its rows' R and the whole

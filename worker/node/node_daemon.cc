@@ -15,8 +15,8 @@
 #include "worker/job/offload_validation.h"
 #include "worker/node/job_inputs_check.h"
 #include "worker/node/remote_store.h"
-#include "worker/stop_request.h"
-#include "worker/trainer.h"
+#include "worker/train/stop_request.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -65,7 +65,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 

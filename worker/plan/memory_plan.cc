@@ -628,7 +628,7 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
   }
   MoveOffloadedStates(job, layout.lora, plan);
   if (!job.checkpoint().dir().empty() && (job.checkpoint().async() || OnCuda(job))) {
-    // The rank's checkpointed state (worker/rank_state.h: parameters and optimizer state),
+    // The rank's checkpointed state (worker/checkpoint/rank_state.h: parameters and optimizer state),
     // copied at the save point and written from here while training goes on (and on a GPU,
     // where the host cannot read device memory, the page-locked copy every save writes from).
     int64_t staged = 0;

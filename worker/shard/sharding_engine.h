@@ -133,7 +133,7 @@ struct StepTotals {
   double loss_sum = 0;     // Σ over ranks of each rank's loss
   double grad_sum_sq = 0;  // Σ of squared reduced gradients over the whole model (once)
   bool nonfinite = false;  // any rank saw a non-finite gradient
-  int stop_request = 0;    // the strongest stop request of any rank (worker/stop_request.h)
+  int stop_request = 0;    // the strongest stop request of any rank (worker/train/stop_request.h)
 };
 
 class ShardingEngine {

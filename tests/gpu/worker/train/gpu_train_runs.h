@@ -17,7 +17,7 @@
 #include "offload/swap_store.h"
 #include "proto/job.pb.h"
 #include "worker/comm/store.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt::gpu_test {
 

@@ -1,4 +1,4 @@
-// The step loop on a CUDA device (worker/train/rank_device.h, worker/trainer.h) against the
+// The step loop on a CUDA device (worker/train/rank_device.h, worker/train/trainer.h) against the
 // same job on the CPU: one step and 20 steps in fp32 (TF32 off), bf16 with fp32 masters, fp16
 // with dynamic loss scaling and a forced overflow; ZeRO stages 0–3 on 2 and 4 ranks sharing
 // the GPU (staged communicators, ranks are threads) against one GPU rank; checkpoints written
@@ -30,7 +30,7 @@
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

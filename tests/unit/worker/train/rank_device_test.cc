@@ -21,8 +21,8 @@
 #include "worker/job/job_loading.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/stop_request.h"
-#include "worker/trainer.h"
+#include "worker/train/stop_request.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -16,11 +16,11 @@
 #include "worker/checkpoint/safetensors.h"
 #include "worker/job/job_loading.h"
 #include "worker/job/job_validation.h"
-#include "worker/lora_export.h"
+#include "worker/checkpoint/lora_export.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -32,14 +32,14 @@
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/job/job_validation.h"
-#include "worker/lora_export.h"
+#include "worker/checkpoint/lora_export.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/plan/parallel_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt::lora_parallel_testing {
 

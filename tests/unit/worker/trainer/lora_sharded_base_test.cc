@@ -17,7 +17,7 @@
 #include "kernels/nf4.h"
 #include "tests/unit/worker/trainer/lora_training_fixture.h"
 #include "worker/job/job_validation.h"
-#include "worker/lora_export.h"
+#include "worker/checkpoint/lora_export.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"

@@ -28,7 +28,7 @@
 #include "worker/offload/node_swap_store.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt::testing {
 

@@ -31,11 +31,11 @@
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/job/job_validation.h"
-#include "worker/lora_export.h"
+#include "worker/checkpoint/lora_export.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/rank_state.h"
-#include "worker/trainer.h"
+#include "worker/checkpoint/rank_state.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -8,7 +8,7 @@
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

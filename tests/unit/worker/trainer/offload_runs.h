@@ -27,9 +27,9 @@
 #include "worker/offload/node_swap_store.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/rank_state.h"
+#include "worker/checkpoint/rank_state.h"
 #include "worker/train/pinned_host_arena.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt::offload_testing {
 

@@ -1,4 +1,4 @@
-// ZeRO-Offload training (offload.optimizer CPU, worker/trainer.h): the fp32 master weights and
+// ZeRO-Offload training (offload.optimizer CPU, worker/train/trainer.h): the fp32 master weights and
 // optimizer states live in the plan's pinned host buffers, apart from the device's arenas, and
 // the update runs on the host unit by unit through the rank's copy engine. On the CPU an
 // offloaded run is the same job without offload bit for bit — per-step losses, final weights,
@@ -32,9 +32,9 @@
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/rank_state.h"
+#include "worker/checkpoint/rank_state.h"
 #include "worker/train/pinned_host_arena.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

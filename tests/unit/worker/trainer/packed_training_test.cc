@@ -18,8 +18,8 @@
 #include "worker/data/document_index.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
-#include "worker/micro_batches.h"
-#include "worker/trainer.h"
+#include "worker/train/micro_batches.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -26,7 +26,7 @@
 #include "worker/model/param_layout.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -18,7 +18,7 @@
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/pipeline_runs.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
-#include "worker/checkpoint_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
@@ -26,7 +26,7 @@
 #include "worker/plan/memory_plan.h"
 #include "worker/plan/parallel_plan.h"
 #include "worker/plan/sharding_planner.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

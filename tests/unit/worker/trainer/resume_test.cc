@@ -28,11 +28,11 @@
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/model/param_layout.h"
-#include "worker/optimizer_state_reshard.h"
+#include "worker/checkpoint/optimizer_state_reshard.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/rank_state.h"
-#include "worker/trainer.h"
+#include "worker/checkpoint/rank_state.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

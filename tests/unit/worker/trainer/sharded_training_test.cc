@@ -15,7 +15,7 @@
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/plan/sharding_planner.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

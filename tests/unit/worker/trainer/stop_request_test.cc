@@ -1,7 +1,7 @@
-// Stop requests (worker/stop_request.h): a request raised on one rank ends every rank after
+// Stop requests (worker/train/stop_request.h): a request raised on one rank ends every rank after
 // the same step; kCheckpointThenStop saves that step first, and a resume from the save goes on
 // exactly as the run that never stopped.
-#include "worker/stop_request.h"
+#include "worker/train/stop_request.h"
 
 #include <filesystem>
 #include <thread>
@@ -14,7 +14,7 @@
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

@@ -22,7 +22,7 @@
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "tests/unit/worker/trainer/test_swap_store.h"
 #include "worker/checkpoint/hf_interop.h"
-#include "worker/checkpoint_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
 #include "worker/comm/store.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
@@ -30,7 +30,7 @@
 #include "worker/offload/node_swap_store.h"
 #include "worker/plan/parallel_plan.h"
 #include "worker/plan/sharding_planner.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace zt {
 namespace {

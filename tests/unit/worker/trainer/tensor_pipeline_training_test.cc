@@ -19,7 +19,7 @@
 #include "tests/unit/worker/trainer/pipeline_runs.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
 #include "worker/checkpoint/hf_interop.h"
-#include "worker/checkpoint_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 

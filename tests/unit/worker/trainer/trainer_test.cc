@@ -1,5 +1,5 @@
 // The step loop end to end on the CPU: gradient accumulation, determinism, learning.
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 #include <algorithm>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "worker/checkpoint_writer.h"
+#include "worker/checkpoint/checkpoint_writer.h"
 
 #include <cstring>
 #include <filesystem>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/checkpoint_directory.h"
-#include "worker/rank_state.h"
+#include "worker/checkpoint/rank_state.h"
 
 namespace zt {
 namespace {

@@ -50,9 +50,9 @@
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
 #include "proto/job.pb.h"
-#include "worker/checkpoint_writer.h"
+#include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/comm/store.h"
-#include "worker/micro_batches.h"
+#include "worker/train/micro_batches.h"
 #include "worker/model/transformer.h"
 #include "worker/offload/nvme_optimizer.h"
 #include "worker/offload/swapped_base.h"
@@ -65,7 +65,7 @@
 #include "worker/plan/memory_plan.h"
 #include "worker/shard/rank_communicators.h"
 #include "worker/shard/sharding_engine.h"
-#include "worker/stop_request.h"
+#include "worker/train/stop_request.h"
 #include "worker/train/rank_device.h"
 
 namespace zt {

@@ -1,4 +1,4 @@
-#include "worker/micro_batches.h"
+#include "worker/train/micro_batches.h"
 
 #include <algorithm>
 

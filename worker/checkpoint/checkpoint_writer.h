@@ -5,7 +5,7 @@
 // collectives:
 //   1. rank 0 begins the save (a temporary directory) and publishes "checkpoint/<step>/path"
 //      (or the reason it could not);
-//   2. every rank writes rank-NNNNN.safetensors there (worker/rank_state.h) and publishes
+//   2. every rank writes rank-NNNNN.safetensors there (worker/checkpoint/rank_state.h) and publishes
 //      "checkpoint/<step>/rank/<r>" = "ok" or the error;
 //   3. rank 0 waits for every rank, adopts their files, commits the manifest, moves `latest`
 //      and prunes to keep_last. A failure anywhere leaves the previous checkpoint as it was.
@@ -31,7 +31,7 @@
 #include "worker/comm/store.h"
 #include "worker/plan/arena.h"
 #include "worker/plan/memory_plan.h"
-#include "worker/rank_state.h"
+#include "worker/checkpoint/rank_state.h"
 
 namespace zt {
 

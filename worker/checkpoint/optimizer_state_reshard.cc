@@ -1,4 +1,4 @@
-#include "worker/optimizer_state_reshard.h"
+#include "worker/checkpoint/optimizer_state_reshard.h"
 
 #include <algorithm>
 #include <cstring>

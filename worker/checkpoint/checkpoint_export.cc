@@ -1,4 +1,4 @@
-#include "worker/checkpoint_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -20,7 +20,7 @@
 #include "worker/checkpoint/safetensors.h"
 #include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/model/param_layout.h"
-#include "worker/rank_state.h"
+#include "worker/checkpoint/rank_state.h"
 
 namespace zt {
 namespace {

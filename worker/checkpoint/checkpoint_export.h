@@ -1,4 +1,4 @@
-// `zt export`: a sharded checkpoint (worker/rank_state.h, docs/formats.md "Checkpoint
+// `zt export`: a sharded checkpoint (worker/checkpoint/rank_state.h, docs/formats.md "Checkpoint
 // directories") written out as a Hugging Face model directory (worker/checkpoint/hf_interop.h):
 //   <out>/config.json                         GPT2Config or LlamaConfig fields, torch_dtype
 //   <out>/model.safetensors                   every tensor, when they fit in max_shard_bytes

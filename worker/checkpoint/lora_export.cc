@@ -1,4 +1,4 @@
-#include "worker/lora_export.h"
+#include "worker/checkpoint/lora_export.h"
 
 #include <algorithm>
 #include <cstring>
@@ -18,13 +18,13 @@
 #include "worker/checkpoint/peft_adapter.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/checkpoint/tensor_parallel_reshard.h"
-#include "worker/checkpoint_export.h"
+#include "worker/checkpoint/checkpoint_export.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/parallel_plan.h"
-#include "worker/rank_state.h"
+#include "worker/checkpoint/rank_state.h"
 
 namespace zt {
 namespace {

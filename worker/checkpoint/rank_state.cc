@@ -1,4 +1,4 @@
-#include "worker/rank_state.h"
+#include "worker/checkpoint/rank_state.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include "kernels/status_macros.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/model/param_layout.h"
-#include "worker/optimizer_state_reshard.h"
+#include "worker/checkpoint/optimizer_state_reshard.h"
 #include "worker/plan/lora_plan.h"
 
 namespace zt {

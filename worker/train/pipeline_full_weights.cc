@@ -1,4 +1,4 @@
-#include "worker/pipeline_full_weights.h"
+#include "worker/train/pipeline_full_weights.h"
 
 #include <algorithm>
 

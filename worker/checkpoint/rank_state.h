@@ -11,7 +11,7 @@
 // where they are not sharded), so a new rank copies, from each saved rank whose range
 // overlaps its own, just the overlap, out of the memory-mapped file (the pages of the other
 // ranges are never read). Optimizer states are moved tensor by tensor by
-// worker/optimizer_state_reshard.h: fp32 moments, momentum and Adafactor's statistics bit
+// worker/checkpoint/optimizer_state_reshard.h: fp32 moments, momentum and Adafactor's statistics bit
 // for bit; 8-bit AdamW's blocks bit for bit where a new block is a saved one, requantized
 // from the saved blocks it overlaps elsewhere.
 // A LoRA job's adapters ("<unit>.lora") are whole on every rank and come from saved rank 0, and
