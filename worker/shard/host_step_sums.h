@@ -16,8 +16,10 @@
 // statistics pass and an update pass; a second context costs a few sockets and no numerics.
 //
 // The buffers summed are host memory (the host step's scratch), so plain Gloo serves every
-// device kind. Their bytes stay out of the step's comm counters: the compute thread reads
-// those while the host thread may be issuing.
+// device kind. Their bytes and seconds count in the rank's communication (`stats`, which the
+// trainer adds to its communicators'): a communicator's counters are read under its lock, so
+// the compute thread may read them while the host thread issues (a delayed sum then counts in
+// the step that reads it first).
 #pragma once
 
 #include <functional>
@@ -25,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
+#include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
 #include "worker/parallel/parallel_layout.h"
 
@@ -36,6 +39,8 @@ struct HostStepSums {
   // at a time (the one that runs the host step).
   std::function<absl::Status(float* data, int64_t n)> shard_group;
   std::function<absl::Status(float* data, int64_t n)> tensor;
+  // The two contexts' counters together (zero when neither is connected); any thread.
+  std::function<CommStats()> stats = [] { return CommStats{}; };
 };
 
 // Connects the sums `job` needs on this rank: none without a summed Adafactor, or without

@@ -192,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   ZT_ASSIGN_OR_RETURN(const HostStepSums host_step_sums,
                       ConnectHostStepSums(job, layout, store,
                                           /*device_memory_apart=*/!t->device_->host_addressable()));
+  t->host_step_comm_stats_ = host_step_sums.stats;
   ZT_ASSIGN_OR_RETURN(t->engine_, ShardingEngine::Create(job, layout, &*t->model_, *t->arenas_,
                                                          t->comms_.view(), &t->device_->copies()));
   // Where the plan keeps the parameter shards the optimizer updates (offload.params CPU: the

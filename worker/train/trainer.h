@@ -241,11 +241,12 @@ class Trainer {
   // refuses a LoRA job.
   absl::StatusOr<std::vector<std::vector<float>>> FullAdapters();
   // Bytes and seconds of this rank's collectives so far.
-  // Every communicator of the rank: the sharding engine's, the tensor-parallel groups' and the
-  // pipeline's point-to-point links.
+  // Every communicator of the rank: the sharding engine's, the tensor-parallel groups', the
+  // pipeline's point-to-point links and the host step's own statistics sums.
   CommStats comm_stats() const {
     CommStats total = engine_->stats();
     total += comms_.OutsideEngineStats();
+    total += host_step_comm_stats_();
     return total;
   }
   // Seconds this rank's compute waited for communication (what overlap did not hide).
@@ -402,6 +403,8 @@ class Trainer {
   std::unique_ptr<Store> own_store_;  // a one-rank job's, when no store was given
   Store* store_ = nullptr;            // the job's rendezvous store (options' or own_store_)
   RankCommunicators comms_;
+  // The host step's statistics sums' counters (worker/shard/host_step_sums.h).
+  std::function<CommStats()> host_step_comm_stats_ = [] { return CommStats{}; };
   std::unique_ptr<ShardingEngine> engine_;
   // offload.optimizer CPU / NVME: the reduced gradients' copies to the host during the
   // backward (after the engine and communicators whose handles its thread waits on).

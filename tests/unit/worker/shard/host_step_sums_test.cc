@@ -109,6 +109,13 @@ TEST(HostStepSumsTest, SumOverTheirGroupsBesideTheRanksOwnCollectives) {
       });
       compute.join();
       host.join();
+      // The sums count in the rank's communication (the trainer adds `stats` to its
+      // communicators'): kRounds all-reduces of 2 floats over each group of 2, a ring
+      // all-reduce sending 2·(N − 1)/N of the buffer: 8 bytes each.
+      const CommStats counted = sums->stats();
+      const CommStats::Entry& all_reduce = counted[CommKind::kAllReduce];
+      EXPECT_EQ(all_reduce.calls, 2 * kRounds) << "rank " << r;
+      EXPECT_EQ(all_reduce.bytes_sent, 2 * kRounds * 8) << "rank " << r;
     });
   }
   for (std::thread& t : ranks) t.join();

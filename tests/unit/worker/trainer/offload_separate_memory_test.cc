@@ -99,6 +99,13 @@ TEST_F(OffloadSeparateMemoryTest, EveryOffloadTrainsThroughTheCopyEngineBitForBi
     ASSERT_EQ(separate.losses.size(), 4u) << what;
     EXPECT_TRUE(separate.unclaimed.empty()) << what << ": " << separate.unclaimed[0];
     ExpectArenasArePlan(separate, what);
+    // The same collectives move the same bytes, whichever communicator carries them: a
+    // sharded Adafactor's statistics sums go over the host step's own contexts here and over
+    // the rank's communicators on the plain device, and count in the step's comm_bytes on both.
+    for (size_t r = 0; r < plain.last_step.size(); ++r) {
+      EXPECT_EQ(separate.last_step[r].comm_bytes, plain.last_step[r].comm_bytes)
+          << what << " rank " << r;
+    }
   }
 }
 
