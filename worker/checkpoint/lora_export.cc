@@ -85,6 +85,62 @@ absl::Status ReadQuantizedBuffer(const SafetensorsFile& file, const std::string&
 // Reads the saved quantized buffer `name` into `dst` (its whole size).
 using QuantizedReader = std::function<absl::Status(const std::string& name, const Tensor& dst)>;
 
+// A reader of the pieces of one unit's flat quantized bytes `bytes` (QuantizedBytesOf's
+// `pieces`, the bytes a stage-3 checkpoint shards as "<unit>.qbase"), which must outlive it.
+QuantizedReader PieceReader(const std::string& unit, const QuantizedUnitBytes& pieces,
+                            const uint8_t* bytes) {
+  return [unit, &pieces, bytes](const std::string& name, const Tensor& dst) -> absl::Status {
+    for (const QuantizedPiece& piece : pieces.pieces) {
+      if (piece.name != name || piece.bytes != dst.size_bytes()) continue;
+      std::memcpy(dst.raw(), bytes + piece.offset, static_cast<size_t>(piece.bytes));
+      return absl::OkStatus();
+    }
+    return absl::InternalError(
+        absl::StrCat(name, " is no piece of ", unit, "'s quantized bytes of its size"));
+  };
+}
+
+// The quantized bytes of `unit` (QuantizedBytesOf(layout, unit).words() f32 words into
+// `words`) that saved rank `place` holds as its tensor-parallel share of its pipeline stage,
+// joined from the "<unit>.qbase" byte shards of the members of its data-parallel group (a
+// stage-3 checkpoint shards each rank's share inside its DP group: ShardOf over the member's
+// geometry, the plan's LoraStateBuffers). The replicas of hybrid sharding write the same bytes.
+absl::Status ReadShareQuantizedBytes(const zerotrain::JobSpec& saved,
+                                     const std::function<std::string(int)>& rank_file,
+                                     const ParallelLayout& place, const ModelLayout& layout,
+                                     const UnitLayout& unit, std::vector<float>& words) {
+  const int64_t n = QuantizedBytesOf(layout, unit).words();
+  words.assign(static_cast<size_t>(n), 0.0f);
+  std::vector<bool> covered(static_cast<size_t>(n), false);
+  const std::string name = QuantizedShardName(unit);
+  for (const int r : place.DataGroup()) {
+    const UnitShard have = ShardOf(n, ParallelLayout::ForJob(saved, r).shard());
+    const int64_t end = std::min(n, have.offset + have.shard_numel);
+    if (have.offset >= end) continue;
+    ZT_ASSIGN_OR_RETURN(const std::unique_ptr<SafetensorsFile> file,
+                        SafetensorsFile::Open(rank_file(r)));
+    const SafetensorsTensorInfo* info = file->Find(name);
+    if (info == nullptr) {
+      return absl::DataLossError(absl::StrCat(file->path(), " has no tensor ", name,
+                                              " (a seeded quantized base saved at stage 3)"));
+    }
+    const absl::Span<const uint8_t> bytes = file->Bytes(*info);
+    if (static_cast<int64_t>(bytes.size()) < (end - have.offset) * 4) {
+      return absl::DataLossError(absl::StrCat(file->path(), ": ", name, " holds ", bytes.size(),
+                                              " bytes, its shard needs ", (end - have.offset) * 4));
+    }
+    std::memcpy(words.data() + have.offset, bytes.data(),
+                static_cast<size_t>((end - have.offset) * 4));
+    std::fill(covered.begin() + have.offset, covered.begin() + end, true);
+  }
+  if (std::find(covered.begin(), covered.end(), false) != covered.end()) {
+    return absl::DataLossError(absl::StrCat("checkpoint: the saved ranks of rank ", place.rank(),
+                                            "'s data-parallel group leave part of ", name,
+                                            " unsaved"));
+  }
+  return absl::OkStatus();
+}
+
 // Quantized weight p of `unit` in f32 as the job computed with it, into `values` ((numel) f32):
 // with `read` its saved buffers dequantized; without, `values` (the file's weight) quantized
 // as the job's start quantized it (StreamQuantizedBase), then dequantized. `layout` is the
@@ -137,13 +193,16 @@ absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layo
 }
 
 // Quantized weight `wp` of whole unit `u` (of `whole`, the saved job's one-rank layout) of a
-// seeded base saved on pipeline stages or tensor-parallel ranks below ZeRO stage 3, dequantized
-// into `out` ((wp.numel) f32): each saved rank of the unit's stage (one data-parallel replica)
-// dequantizes its share with its own layout (DequantizedWeight: a tensor-parallel NF4 share's
-// one-rank codes and f32 block absmax, an INT8 share's one-rank codes and whole-row scales; a
-// stage's whole weight at tensor_parallel 1) and the share is placed where one rank holds it
-// (PlaceSlice). Each share dequantizes to the one-rank dequantized weight's slice bit for bit
-// (Transformer::QuantizeBaseWeight), so the join is one rank's dequantized weight bit for bit.
+// seeded base saved on pipeline stages or tensor-parallel ranks, dequantized into `out`
+// ((wp.numel) f32): each saved rank of the unit's stage (one data-parallel replica) dequantizes
+// its share with its own layout (DequantizedWeight: a tensor-parallel NF4 share's one-rank codes
+// and f32 block absmax, an INT8 share's one-rank codes and whole-row scales; a stage's whole
+// weight at tensor_parallel 1) and the share is placed where one rank holds it (PlaceSlice).
+// Below ZeRO stage 3 the share's buffers are the rank's own "<unit>.nf4.*" / "<unit>.int8.*";
+// at stage 3 they are pieces of the share's quantized bytes, joined from the "<unit>.qbase" byte
+// shards of the rank's data-parallel group (ReadShareQuantizedBytes). Each share dequantizes to the
+// one-rank dequantized weight's slice bit for bit (Transformer::QuantizeBaseWeight), so the join is
+// one rank's dequantized weight bit for bit.
 absl::Status JoinDequantizedShares(const zerotrain::JobSpec& saved,
                                    const std::function<std::string(int)>& rank_file,
                                    const UnitLayout& whole_unit, const ParamSpec& wp, float* out) {
@@ -164,15 +223,24 @@ absl::Status JoinDequantizedShares(const zerotrain::JobSpec& saved,
       return absl::InternalError(absl::StrCat(whole_unit.name, ".", wp.name,
                                               " is not quantized in rank ", r, "'s layout"));
     }
-    ZT_ASSIGN_OR_RETURN(const std::unique_ptr<SafetensorsFile> file,
-                        SafetensorsFile::Open(rank_file(r)));
     std::vector<float> share(static_cast<size_t>(p->numel));
-    ZT_RETURN_IF_ERROR(DequantizedWeight(
-        ctx, rank_layout, *local, *p,
-        [&](const std::string& name, const Tensor& dst) {
-          return ReadQuantizedBuffer(*file, name, dst);
-        },
-        Tensor(share.data(), DType::kF32, {p->numel})));
+    std::vector<float> share_bytes;  // f32 words keep the f32 pieces aligned
+    const QuantizedUnitBytes pieces = QuantizedBytesOf(rank_layout, *local);
+    std::unique_ptr<SafetensorsFile> file;
+    QuantizedReader read;
+    if (ShardsQuantizedBase(saved, rank_layout)) {
+      // Stage 3: the share's bytes joined from its data-parallel group's "<unit>.qbase" shards.
+      ZT_RETURN_IF_ERROR(
+          ReadShareQuantizedBytes(saved, rank_file, place, rank_layout, *local, share_bytes));
+      read = PieceReader(local->name, pieces, reinterpret_cast<const uint8_t*>(share_bytes.data()));
+    } else {
+      ZT_ASSIGN_OR_RETURN(file, SafetensorsFile::Open(rank_file(r)));
+      read = [&](const std::string& name, const Tensor& dst) {
+        return ReadQuantizedBuffer(*file, name, dst);
+      };
+    }
+    ZT_RETURN_IF_ERROR(DequantizedWeight(ctx, rank_layout, *local, *p, read,
+                                         Tensor(share.data(), DType::kF32, {p->numel})));
     const int k = place.coordinates().tensor;
     PlaceSlice(SliceOf(saved.model(), wp.name, wp.shape, place.tensor_size(), k), share.data(),
                out);
@@ -216,13 +284,6 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
   // shares (JoinDequantizedShares; the unquantized rest by ReadWholeUnitFromShares).
   const bool staged =
       saved.parallel().pipeline_parallel() > 1 || saved.parallel().tensor_parallel() > 1;
-  if (rank0 != nullptr && staged && ShardsQuantizedBase(saved, quantized_layout)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--merge-adapters of a seeded quantized (NF4/INT8) base saved at parallel.zero_stage 3 "
-        "with pipeline_parallel > 1 or tensor_parallel > 1 (its \"<unit>.qbase\" byte shards of "
-        "each stage's shares) is not implemented yet; export the PEFT adapters (without "
-        "--merge-adapters), or merge from a checkpoint saved below stage 3 or from one rank"));
-  }
   for (size_t u = 0; u < quantized_layout.units.size(); ++u) {
     const UnitLayout& unit = quantized_layout.units[u];
     std::vector<float> rest;
@@ -233,26 +294,18 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadDequantizedBase(
                                 : ReadUnitRange(saved, rank_file, static_cast<int>(u), "params", 0,
                                                 unit.numel, rest.data()));
     }
-    // A seeded base's quantized buffers: rank 0's whole ones below ZeRO stage 3; at stage 3
-    // the block's quantized bytes, assembled from every rank's shard.
+    // A seeded base's quantized buffers on one stage and tensor_parallel 1: rank 0's whole ones
+    // below ZeRO stage 3; at stage 3 the block's quantized bytes, assembled from every rank's
+    // shard. (On stages or TP ranks JoinDequantizedShares reads each share's.)
     QuantizedReader read;
     std::vector<float> unit_bytes;  // f32 words keep the f32 pieces aligned
     const QuantizedUnitBytes pieces = QuantizedBytesOf(quantized_layout, unit);
-    if (rank0 != nullptr && ShardsQuantizedBase(saved, quantized_layout)) {
+    if (rank0 != nullptr && !staged && ShardsQuantizedBase(saved, quantized_layout)) {
       unit_bytes.resize(static_cast<size_t>(pieces.words()));
       ZT_RETURN_IF_ERROR(ReadQuantizedUnitBytes(saved, rank_file, quantized_layout, unit, 0,
                                                 pieces.bytes,
                                                 reinterpret_cast<uint8_t*>(unit_bytes.data())));
-      read = [&](const std::string& name, const Tensor& dst) -> absl::Status {
-        for (const QuantizedPiece& piece : pieces.pieces) {
-          if (piece.name != name || piece.bytes != dst.size_bytes()) continue;
-          std::memcpy(dst.raw(), reinterpret_cast<const uint8_t*>(unit_bytes.data()) + piece.offset,
-                      static_cast<size_t>(piece.bytes));
-          return absl::OkStatus();
-        }
-        return absl::InternalError(
-            absl::StrCat(name, " is no piece of ", unit.name, "'s quantized bytes of its size"));
-      };
+      read = PieceReader(unit.name, pieces, reinterpret_cast<const uint8_t*>(unit_bytes.data()));
     } else if (rank0 != nullptr) {
       read = [&](const std::string& name, const Tensor& dst) {
         return ReadQuantizedBuffer(*rank0, name, dst);

@@ -13,8 +13,9 @@
 // buffers, one from model.init_from by quantizing the file's values again as the job's start
 // did; the merged model is written as the same model without base_dtype. Saved on pipeline
 // stages or tensor-parallel ranks, a seeded quantized base is joined from the ranks' shares,
-// each dequantized with its saving rank's layout (one rank's dequantized base bit for bit);
-// Unimplemented for one saved at ZeRO stage 3 there (its byte shards of the shares).
+// each dequantized with its saving rank's layout (one rank's dequantized base bit for bit); at
+// ZeRO stage 3 each share's bytes are first joined from its data-parallel group's
+// "<unit>.qbase" byte shards.
 #pragma once
 
 #include <optional>
