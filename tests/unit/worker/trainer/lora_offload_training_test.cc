@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "worker/optim/gradient_downloads.h"
 #include "tests/unit/worker/trainer/lora_training_fixture.h"
+#include "worker/optim/gradient_downloads.h"
 
 namespace zt {
 namespace {
@@ -222,7 +222,8 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsOnTheHostAreTheDevicePathBitForBit) {
       // The plan: the base's shards in the pinned host pool, the adapters and the gather
       // buffers on the device; the arenas are the plan's categories (checked per category).
       const MemoryPlan plan = PlanMemory(ValidatedJob(job).value(), 0);
-      const MemoryPlan plain = PlanMemory(ValidatedJob(OffloadedJob(3, base, optimizer)).value(), 0);
+      const MemoryPlan plain =
+          PlanMemory(ValidatedJob(OffloadedJob(3, base, optimizer)).value(), 0);
       int64_t shards = 0, qbase = 0;
       for (const BufferSpec& b : plan.buffers) {
         if (b.name.ends_with(".params") || b.name.ends_with(".qbase")) {
@@ -343,7 +344,8 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedAreTheDevicePathBitForBit) {
       EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters),
                 plain.CategoryBytes(MemoryCategory::kParameters) - device_bytes)
           << what;
-      const int64_t base_ring = validated.offload().buffer_count() * validated.offload().buffer_size();
+      const int64_t base_ring =
+          validated.offload().buffer_count() * validated.offload().buffer_size();
       EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
                 plain.CategoryBytes(MemoryCategory::kPinnedHost) + base_ring)
           << what << ": the optimizer's ring as without the shards, and the base ring";
@@ -643,6 +645,93 @@ TEST_F(LoraOffloadTrainingTest, StreamedQuantizedBaseSwappedIsTheDevicePathBitFo
       }
       ExpectResumesAsTheDevicePath(streamed(job_with(OffloadConfig::NVME, OffloadConfig::NVME)),
                                    dir_ / ("streamed-" + name), device, name);
+    }
+  }
+}
+
+// The same over pipeline stages: each stage streams its own units' tensors from the file
+// (Trainer::StreamQuantizedBase), quantizes its blocks' weights as one rank does and swaps its
+// own share under its own key (SwappedBase). PP2 × DP2 and TP2 × PP2 at ZeRO 3 (the base
+// gathered per use), NF4 and INT8, the optimizer on NVMe: the run is the same layout with the
+// streamed base on the device bit for bit, every rank's base in the store is the device path's
+// (so one rank's, lora_stage_stream_test.cc), the arenas are the plan, every gather of every
+// step read the base, and 2 + 2 steps resumed (streaming again) are the 4 steps.
+TEST_F(LoraOffloadTrainingTest, StreamedQuantizedBaseSwappedOnStagesIsTheDevicePathBitForBit) {
+  constexpr SplitLayout kLayouts[] = {{1, 2, 2, true}, {2, 2, 1, true}};
+  for (const SplitLayout& split : kLayouts) {
+    for (const auto base : {ModelConfig::NF4, ModelConfig::INT8}) {
+      const std::string name = split.Name() + " " + ModelConfig::BaseDType_Name(base);
+      const int n = split.tp * split.pp * split.dp;
+      const auto job_with = [&](OffloadConfig::Device params, OffloadConfig::Device optimizer) {
+        JobSpec job = Job(n, 3, 1, 4, ModelConfig::LLAMA, base);
+        job.mutable_train()->set_max_steps(4);
+        job.mutable_parallel()->set_tensor_parallel(split.tp);
+        job.mutable_parallel()->set_pipeline_parallel(split.pp);
+        job.mutable_parallel()->set_pipeline_schedule(zerotrain::ParallelConfig::ONE_F_ONE_B);
+        job.mutable_parallel()->set_reshard_after_forward(split.reshard_after_forward);
+        if (base == ModelConfig::NF4 && split.tp > 1) {
+          // An NF4 share's rows and columns are whole 64-element blocks (CheckEngineSupport).
+          job.mutable_model()->set_d_model(64 * split.tp);
+          job.mutable_model()->set_d_ff(128 * split.tp);
+        }
+        std::filesystem::create_directories(dir_ / "swap");
+        job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+        job.mutable_offload()->set_buffer_count(4);
+        job.mutable_offload()->set_buffer_size(64 * kPage);
+        job.mutable_offload()->set_optimizer(optimizer);
+        job.mutable_offload()->set_params(params);
+        return job;
+      };
+      const JobSpec plain = job_with(OffloadConfig::NONE, OffloadConfig::NONE);
+      const std::string hf = ExportBase(
+          MakeHfBase(plain), (dir_ / ("stages-" + name + ".safetensors")).string(), DType::kBF16);
+      const auto streamed = [&](JobSpec job) {
+        job.mutable_model()->set_init_from(hf);
+        return job;
+      };
+      const LoraRun device = Train(streamed(plain), 4);
+      ASSERT_EQ(device.losses.size(), 4u) << name;
+      const JobSpec job = streamed(job_with(OffloadConfig::NVME, OffloadConfig::NVME));
+      const LoraRun swapped = Train(job, 4);
+      ExpectSameAdapterRun(swapped, device, name);
+      ASSERT_EQ(swapped.rank_base_after.size(), static_cast<size_t>(n)) << name;
+      for (int r = 0; r < n; ++r) {
+        const std::string rank = absl::StrCat(name, " rank ", r);
+        int qbase = 0;
+        for (const auto& [buffer, bytes] : device.rank_base_after[r]) {
+          auto it = swapped.rank_base_after[r].find(buffer);
+          EXPECT_TRUE(it != swapped.rank_base_after[r].end() && it->second == bytes)
+              << rank << ": the store's " << buffer << " is not the device path's";
+          qbase += buffer.ends_with(".qbase");
+        }
+        EXPECT_EQ(swapped.rank_base_after[r].size(), device.rank_base_after[r].size()) << rank;
+        EXPECT_GT(qbase, 0) << rank << ": every stage holds blocks";
+        EXPECT_EQ(swapped.base_generation[r], 1u) << rank;
+        for (int c = 0; c < kMemoryCategoryCount; ++c) {
+          const auto& [arena, planned] = swapped.arena_and_plan_bytes[r][c];
+          const bool in_store = static_cast<MemoryCategory>(c) == MemoryCategory::kNvme;
+          EXPECT_EQ(arena, in_store ? 0 : planned) << rank << " category " << c;
+        }
+        // Gathered per use: each of the 4 micro-batches gathers a block twice (forward and
+        // backward), the embedding and the head once; a block reads both parts.
+        const MemoryPlan plan = PlanMemory(ValidatedJob(job).value(), r);
+        int64_t param_gathers = 0, block_gathers = 0;
+        for (const BufferSpec& b : plan.buffers) {
+          if (!b.name.ends_with(".params")) continue;
+          const bool block = b.name.starts_with("block.");
+          param_gathers += 4 * (block ? 2 : 1);
+          if (block) block_gathers += 4 * 2;
+        }
+        const SwappedBase::Stats& stats = swapped.base_swap[r];
+        const int params = static_cast<int>(SwappedBase::Part::kParams);
+        const int quantized = static_cast<int>(SwappedBase::Part::kQuantized);
+        EXPECT_EQ(stats.reads_ahead[params] + stats.reads_at_gather[params], 4 * param_gathers)
+            << rank;
+        EXPECT_EQ(stats.reads_ahead[quantized] + stats.reads_at_gather[quantized],
+                  4 * block_gathers)
+            << rank;
+      }
+      ExpectResumesAsTheDevicePath(job, dir_ / ("streamed-stages-" + name), device, name);
     }
   }
 }
