@@ -554,6 +554,13 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedOnStagesAndTensorParallelRanksB
                     4 * block_gathers)
               << rank;
           EXPECT_GT(stats.swap_bytes_in, 0) << rank;
+          if (split.reshard_after_forward) {
+            // Gathered per use, every read is ahead: a pipeline stage's pass's first gathers at
+            // its start (ShardingEngine::BeginStagePass), off a pipeline at the step's start
+            // and between micro-batches (ReadFirstGathersAhead), the later ones by rule 4.
+            EXPECT_EQ(stats.reads_at_gather[params], 0) << rank;
+            EXPECT_EQ(stats.reads_at_gather[quantized], 0) << rank;
+          }
         }
       }
       // Saved from the store (the seeded base is checkpointed), resumed into its next
