@@ -562,7 +562,7 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     // model.lora: each stage trains its own blocks' adapters over its frozen base, seeded or
     // from model.init_from (a quantized one streamed into the stage's own units, on the device,
     // in the pinned host pool or the swap store:
-    // LoraOffloadTrainingTest.StreamedQuantizedBaseSwappedOnStagesIsTheDevicePathBitForBit).
+    // LoraOffloadTrainingTest.StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit).
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }

@@ -287,7 +287,7 @@ TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
     EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   }
   // ... swapped to NVMe too (LoraOffloadTrainingTest.
-  // StreamedQuantizedBaseSwappedOnStagesIsTheDevicePathBitForBit).
+  // StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit).
   spec.mutable_offload()->set_params(zerotrain::OffloadConfig::NVME);
   spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
   spec.mutable_offload()->set_nvme_path("/tmp");
