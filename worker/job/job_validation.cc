@@ -519,7 +519,6 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
   return absl::InvalidArgumentError(message);
 }
 
-
 // Each line below goes when its feature lands.
 absl::Status CheckEngineSupport(const JobSpec& spec) {
   std::vector<std::string> lines;
@@ -561,17 +560,9 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     // (tests/unit/worker/trainer/pipeline_separate_memory_test.cc; on a GPU,
     // tests/gpu/worker/train/pipeline_gpu_test.cc).
     // model.lora: each stage trains its own blocks' adapters over its frozen base, seeded or
-    // from model.init_from (a quantized one streamed into the stage's own units, on the device
-    // or in the pinned host pool; into the swap store untested so far).
-    if (UsesLora(spec.model()) && !spec.model().init_from().empty() &&
-        (spec.model().base_dtype() == ModelConfig::NF4 ||
-         spec.model().base_dtype() == ModelConfig::INT8) &&
-        spec.offload().params() == zerotrain::OffloadConfig::NVME) {
-      needs(
-          "a quantized model.base_dtype streamed from model.init_from with offload.params NONE "
-          "or CPU (not NVME: swapping a stage's streamed base is not tested yet); use the seeded "
-          "base or pipeline_parallel 1");
-    }
+    // from model.init_from (a quantized one streamed into the stage's own units, on the device,
+    // in the pinned host pool or the swap store:
+    // LoraOffloadTrainingTest.StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit).
     // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
     // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   }

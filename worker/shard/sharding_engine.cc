@@ -345,9 +345,10 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
   ZT_ASSIGN_OR_RETURN(e->scalars_, arenas.Get("comm.scalars"));
   if (e->params_on_host_ || e->params_swapped_) {
     if (e->stage_ != 3) {
-      return absl::InternalError(absl::StrCat("memory plan: the parameters are in host memory at "
-                                              "ZeRO stage ",
-                                              e->stage_, "; only stage 3 offloads them"));
+      return absl::InternalError(
+          absl::StrCat("memory plan: the parameters are in host memory at "
+                       "ZeRO stage ",
+                       e->stage_, "; only stage 3 offloads them"));
     }
     if (copies == nullptr) {
       return absl::InvalidArgumentError(
@@ -395,8 +396,8 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       e->qbase_on_host_ = spec->category == MemoryCategory::kPinnedHost;
       e->qbase_swapped_ = spec->category == MemoryCategory::kNvme;
       if (e->qbase_on_host_ != e->params_on_host_ || e->qbase_swapped_ != e->params_swapped_) {
-        return absl::InternalError(absl::StrCat("memory plan: ", spec->name,
-                                                " is not in the tier of the units' params"));
+        return absl::InternalError(
+            absl::StrCat("memory plan: ", spec->name, " is not in the tier of the units' params"));
       }
     }
     if (quantized) {
@@ -548,11 +549,10 @@ absl::StatusOr<CommHandle> ShardingEngine::GatherUnit(int u, const Tensor& full)
         quantized_at_gather = true;
       }
     }
-    ZT_ASSIGN_OR_RETURN(
-        CommHandle h,
-        comms_.shard_group->AllGather(
-            source, Flat(twin, 0, q.padded),
-            absl::StrCat(model_->layout().units[u].name, " quantized base all-gather")));
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        comms_.shard_group->AllGather(source, Flat(twin, 0, q.padded),
+                                                      absl::StrCat(model_->layout().units[u].name,
+                                                                   " quantized base all-gather")));
     qbase_pending_[u].push_back(std::move(h));
   }
   if (!params_on_host_ && !params_swapped_) {
@@ -654,7 +654,8 @@ absl::Status ShardingEngine::AwaitUploadsAhead() {
     std::fill(qbase_uploaded_ahead_.begin(), qbase_uploaded_ahead_.end(), nullptr);
     return absl::Status(done.status.code(),
                         absl::StrCat("sharding engine: uploading the first gathers' host shards "
-                                     "ahead: ", done.status.message()));
+                                     "ahead: ",
+                                     done.status.message()));
   }
   return absl::OkStatus();
 }
@@ -795,10 +796,13 @@ absl::Status ShardingEngine::BeginStagePass(const std::vector<PipelineOp>& ops, 
     }
   }
   stage_uses_ = uses;
-  // offload.params CPU: the gathers the pass's first Acquire issues together (the distinct
-  // units of its first prefetch_units + 1 uses; rule 5 never announces them) have their host
-  // shards go up now, into the buffers those gathers will take, while the stage waits for its
-  // first op's input. The shards are final until the pass ends (the optimizer runs after).
+  // The gathers the pass's first Acquire issues together (the distinct units of its first
+  // prefetch_units + 1 uses; rules 4 and 5 never announce them) get their shards ahead, while
+  // the stage waits for its first op's input: offload.params CPU uploads the host shards into
+  // the buffers those gathers will take, NVME queues the shards' reads (the pass's first
+  // Acquire then finds them read, as ReadFirstGathersAhead does off a pipeline). The shards
+  // are final until the pass ends (the optimizer runs after; with the delayed update the
+  // reads are the committed generation's, which the host step leaves whole).
   const int first_gathers = std::min<int>(prefetch_->prefetch() + 1, uses.size());
   std::vector<int> first;
   for (int i = 0; i < first_gathers; ++i) {
@@ -806,7 +810,21 @@ absl::Status ShardingEngine::BeginStagePass(const std::vector<PipelineOp>& ops, 
       first.push_back(uses[i].unit);
     }
   }
-  UploadFirstGathersAhead(first);
+  if (swapped_.read_ahead) {
+    // One read per gather, not per unit: a unit that one of these uses releases and the next
+    // gathers again (the last stage's block at an interleaved schedule's start) reads twice,
+    // and its gathers take the reads oldest first. A use of a unit still held gathers nothing.
+    std::vector<int> held;
+    for (int i = 0; i < first_gathers; ++i) {
+      const int u = uses[i].unit;
+      const auto it = std::find(held.begin(), held.end(), u);
+      if (it == held.end()) swapped_.read_ahead(u);
+      if (!uses[i].release_after && it == held.end()) held.push_back(u);
+      if (uses[i].release_after && it != held.end()) held.erase(it);
+    }
+  } else {
+    UploadFirstGathersAhead(first);
+  }
   BeginPass(std::move(uses));
   return absl::OkStatus();
 }
@@ -878,8 +896,9 @@ absl::Status ShardingEngine::AllReduceTied(Communicator* tied, const Tensor& gra
   const int64_t piece = TiedSumPieceElements(job_, n);
   std::vector<CommHandle> handles;
   for (int64_t begin = 0; begin < n; begin += piece) {
-    ZT_ASSIGN_OR_RETURN(CommHandle h, tied->AllReduce(grads.Slice(begin, std::min(n, begin + piece)),
-                                                      ReduceOp::kSum, "tied embedding gradient"));
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        tied->AllReduce(grads.Slice(begin, std::min(n, begin + piece)),
+                                        ReduceOp::kSum, "tied embedding gradient"));
     handles.push_back(std::move(h));
   }
   return WaitAll(handles, &waited_s_);
@@ -898,8 +917,8 @@ absl::Status ShardingEngine::SumTiedStageGradient(const DeviceContext& ctx, Comm
   const UnitLayout& unit = model_->layout().units[local];  // the stage's units
   const ParamSpec* wte = unit.Find(first ? "wte" : "lm_head.weight");
   if (wte == nullptr) {
-    return absl::InternalError(absl::StrCat("pipeline stage: ", unit.name,
-                                            " holds no copy of the tied embedding"));
+    return absl::InternalError(
+        absl::StrCat("pipeline stage: ", unit.name, " holds no copy of the tied embedding"));
   }
   const UnitShard& s = shards_[t];
   for (int slot = 0; slot < 2; ++slot) {

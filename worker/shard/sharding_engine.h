@@ -50,7 +50,8 @@
 // with its parameters' shard, in the same upload: into the twin of the gather buffer, or of
 // the staging slot ("qbase_upload.<k>"). A pipeline stage that gathers per use
 // (reshard_after_forward) does the same over its schedule's pass: its first gathers' shards go
-// up at BeginStagePass, the later ones a use ahead into the staging slots. A stage that
+// up at BeginStagePass, the later ones a use ahead into the staging slots; with swapped shards
+// (offload.params NVME) BeginStagePass queues the first gathers' reads, one a gather. A stage that
 // gathers its units whole for the step uploads each shard at its gather (BeginStep): nothing
 // of the step computes before those gathers for an upload to hide behind.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
@@ -255,8 +256,8 @@ class ShardingEngine {
   bool params_on_host() const { return params_on_host_; }
   bool params_swapped() const { return params_swapped_; }
   // Swapped shards (offload.params NVME): where a gather's shard comes from, model unit u's
-  // committed "<unit>.params" bytes (and a LoRA block's "<unit>.qbase"). Set before the first pass; a gather without it fails with
-  // FailedPrecondition.
+  // committed "<unit>.params" bytes (and a LoRA block's "<unit>.qbase"). Set before the first pass;
+  // a gather without it fails with FailedPrecondition.
   struct SwappedShards {
     // Queues the read of unit u's shard ahead of its gather (PrefetchCoordinator's rule 4),
     // best effort: with no ring buffer free, the gather reads it itself.
@@ -279,7 +280,8 @@ class ShardingEngine {
   // read. Called where the shards are final until that pass: at BeginStep (after the previous
   // step's commit) and between a step's micro-batches. With host shards (offload.params CPU)
   // it starts their uploads instead, into the slots those gathers will take. Nothing at other
-  // stages, on a pipeline stage, or with the shards on the device.
+  // stages, on a pipeline stage (BeginStagePass does it for the stage's pass), or with the
+  // shards on the device.
   void ReadFirstGathersAhead();
   // Called once the backward of a step's last micro-batch has ended, before the step waits for
   // its gradient reductions: the NVMe optimizer queues its first unit's reads there, so they

@@ -641,7 +641,11 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
     const bool eval_due = val_batches_ && train.eval_interval() > 0 &&
                           (r.step % train.eval_interval() == 0 || r.step == train.max_steps());
     if (eval_due) {
+      // The evaluation's gathers upload (and with offload.params NVME read) every shard once
+      // more: that traffic is reported in the line of the step it follows, beside the step's.
+      const OffloadCounters before = OffloadCountersNow();
       ZT_ASSIGN_OR_RETURN(double v, Evaluate());
+      AddOffloadTraffic(before, r);
       r.val_loss = v;
     }
     ZT_RETURN_IF_ERROR(AppendMetrics(r));

@@ -264,6 +264,21 @@ class Trainer {
  private:
   Trainer() = default;
   absl::Status AppendMetrics(const StepRecord& r);
+  // The offload counters a step's record reports the differences of, cumulative: the swap
+  // store's traffic (the NVMe optimizer's queue, a swapped LoRA base's) and the sharding
+  // engine's parameter-shard uploads (offload.params).
+  struct OffloadCounters {
+    NvmeOptimizer::Stats swap;
+    SwappedBase::Stats base;
+    int64_t upload_bytes = 0;
+    double upload_s = 0;
+    int64_t uploads_ahead = 0;
+    int64_t uploads_at_gather = 0;
+  };
+  OffloadCounters OffloadCountersNow() const;
+  // Adds what moved since `before` to r's swap_* and param_upload* fields: the step's own
+  // traffic (Step), and an evaluation's after it (Run).
+  void AddOffloadTraffic(const OffloadCounters& before, StepRecord& r) const;
   // <run_dir>/memory.json: the plan's bytes by category beside the arenas' high-water marks.
   absl::Status WriteMemoryReport(const std::string& path) const;
   // The model's tensor-parallel group: its collectives run on t's comms_ (connected after the

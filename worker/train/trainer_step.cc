@@ -30,23 +30,38 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The sharding engine's counts of parameter-shard uploads so far (offload.params), which a
-// step's record takes the difference of.
-struct ParamUploads {
-  int64_t bytes = 0;
-  double seconds = 0;
-  int64_t ahead = 0;
-  int64_t at_gather = 0;
-};
+}  // namespace
 
-ParamUploads ParamUploadsOf(const ShardingEngine& engine) {
-  return {.bytes = engine.param_upload_bytes(),
-          .seconds = engine.param_upload_seconds(),
-          .ahead = engine.param_uploads_ahead(),
-          .at_gather = engine.param_uploads_at_gather()};
+Trainer::OffloadCounters Trainer::OffloadCountersNow() const {
+  return {.swap = nvme_optimizer_ ? nvme_optimizer_->stats() : NvmeOptimizer::Stats{},
+          .base = swapped_base_ ? swapped_base_->stats() : SwappedBase::Stats{},
+          .upload_bytes = engine_->param_upload_bytes(),
+          .upload_s = engine_->param_upload_seconds(),
+          .uploads_ahead = engine_->param_uploads_ahead(),
+          .uploads_at_gather = engine_->param_uploads_at_gather()};
 }
 
-}  // namespace
+void Trainer::AddOffloadTraffic(const OffloadCounters& before, StepRecord& r) const {
+  if (nvme_optimizer_) {
+    const NvmeOptimizer::Stats after = nvme_optimizer_->stats();
+    r.swap_bytes_in += after.swap_bytes_in - before.swap.swap_bytes_in;
+    r.swap_bytes_out += after.swap_bytes_out - before.swap.swap_bytes_out;
+    r.swap_in_s += after.swap_seconds_in - before.swap.swap_seconds_in;
+    r.swap_out_s += after.swap_seconds_out - before.swap.swap_seconds_out;
+  }
+  if (swapped_base_) {
+    // The gathers' reads of the frozen base (written once: nothing goes out after the start).
+    const SwappedBase::Stats after = swapped_base_->stats();
+    r.swap_bytes_in += after.swap_bytes_in - before.base.swap_bytes_in;
+    r.swap_in_s += after.swap_seconds_in - before.base.swap_seconds_in;
+  }
+  // Every pass since `before` has ended, so every upload it started has been waited for and
+  // counted.
+  r.param_upload_bytes += engine_->param_upload_bytes() - before.upload_bytes;
+  r.param_upload_s += engine_->param_upload_seconds() - before.upload_s;
+  r.param_uploads_ahead += engine_->param_uploads_ahead() - before.uploads_ahead;
+  r.param_uploads_at_gather += engine_->param_uploads_at_gather() - before.uploads_at_gather;
+}
 
 bool Trainer::DelayedUpdateDrains(int64_t step, StopKind stop) const {
   const auto& train = job_.train();
@@ -101,15 +116,11 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const int64_t tokens_per_micro = model_->batch() * model_->seq_len();
   const CommStats comm_before = comm_stats();
   const double waited_before = engine_->waited_seconds();
-  // The swap of the whole step: the gathers' shard reads (offload.params NVME) as well as the
-  // optimizer's pass.
-  const NvmeOptimizer::Stats swap_before =
-      nvme_optimizer_ ? nvme_optimizer_->stats() : NvmeOptimizer::Stats{};
-  const SwappedBase::Stats base_before =
-      swapped_base_ ? swapped_base_->stats() : SwappedBase::Stats{};
+  // The swap of the whole step (the gathers' shard reads with offload.params NVME as well as
+  // the optimizer's pass) and its parameter-shard uploads (offload.params).
+  const OffloadCounters traffic_before = OffloadCountersNow();
   const GradientDownloads::Stats downloads_before =
       grad_downloads_ ? grad_downloads_->stats() : GradientDownloads::Stats{};
-  const ParamUploads uploads_before = ParamUploadsOf(*engine_);
 
   ZT_RETURN_IF_ERROR(engine_->BeginStep(ctx_));
   ZT_RETURN_IF_ERROR(engine_->BeginStatistics(ctx_));
@@ -250,26 +261,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     // The gradients' copies ran beside the backward: their seconds, outside optimizer_s.
     r.offload_to_host_s += grad_downloads_->stats().copy_seconds - downloads_before.copy_seconds;
   }
-  if (nvme_optimizer_) {
-    const NvmeOptimizer::Stats after = nvme_optimizer_->stats();
-    r.swap_bytes_in = after.swap_bytes_in - swap_before.swap_bytes_in;
-    r.swap_bytes_out = after.swap_bytes_out - swap_before.swap_bytes_out;
-    r.swap_in_s = after.swap_seconds_in - swap_before.swap_seconds_in;
-    r.swap_out_s = after.swap_seconds_out - swap_before.swap_seconds_out;
-  }
-  if (swapped_base_) {
-    // The gathers' reads of the frozen base (written once: nothing goes out in a step).
-    const SwappedBase::Stats after = swapped_base_->stats();
-    r.swap_bytes_in += after.swap_bytes_in - base_before.swap_bytes_in;
-    r.swap_in_s += after.swap_seconds_in - base_before.swap_seconds_in;
-  }
-  // The parameter shards' uploads into the gathers (offload.params): every pass of the step
-  // has ended, so every upload it started has been waited for and counted.
-  const ParamUploads uploads_after = ParamUploadsOf(*engine_);
-  r.param_upload_bytes = uploads_after.bytes - uploads_before.bytes;
-  r.param_upload_s = uploads_after.seconds - uploads_before.seconds;
-  r.param_uploads_ahead = uploads_after.ahead - uploads_before.ahead;
-  r.param_uploads_at_gather = uploads_after.at_gather - uploads_before.at_gather;
+  AddOffloadTraffic(traffic_before, r);
   if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
   ++step_;
   r.step = step_;

@@ -221,7 +221,8 @@ TEST(LoraEngineSupportTest, NamesTensorParallelismAndNvmeOffloadWithAdapters) {
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   spec.mutable_parallel()->set_world_size(2);
   spec.mutable_parallel()->set_tensor_parallel(2);
-  // Dropout draws by logical index (LoraParallelTrainingTest.TensorParallelDropoutMasksAreOneRanks).
+  // Dropout draws by logical index
+  // (LoraParallelTrainingTest.TensorParallelDropoutMasksAreOneRanks).
   spec.mutable_model()->mutable_lora()->set_dropout(0.1f);
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   spec.mutable_model()->mutable_lora()->set_dropout(0.0f);
@@ -285,13 +286,12 @@ TEST(LoraEngineSupportTest, AcceptsPipelineStages) {
     spec.mutable_model()->set_init_from("base.safetensors");
     EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   }
-  // ... but not swapped to NVMe yet: named.
+  // ... swapped to NVMe too (LoraOffloadTrainingTest.
+  // StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit).
   spec.mutable_offload()->set_params(zerotrain::OffloadConfig::NVME);
   spec.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::NVME);
   spec.mutable_offload()->set_nvme_path("/tmp");
-  EXPECT_THAT(CheckEngineSupport(spec).message(),
-              HasSubstr("parallel.pipeline_parallel: 2 trains a quantized model.base_dtype "
-                        "streamed from model.init_from with offload.params NONE or CPU"));
+  EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
   spec.mutable_offload()->Clear();
   // ZeRO-3 stages: the base gathered for the step or per use, fp32 or NF4 (seeded).
   spec.mutable_model()->clear_init_from();

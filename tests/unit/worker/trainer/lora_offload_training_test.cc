@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "worker/optim/gradient_downloads.h"
 #include "tests/unit/worker/trainer/lora_training_fixture.h"
+#include "worker/optim/gradient_downloads.h"
 
 namespace zt {
 namespace {
@@ -28,8 +28,44 @@ using zerotrain::OffloadConfig;
 
 constexpr int64_t kPage = 4096;
 
+// A LoRA job's ranks split tp × pp × dp (ZeRO 3; the base gathered per use or kept for the step).
+struct SplitLayout {
+  int tp, pp, dp;
+  bool reshard_after_forward;
+  std::string Name() const {
+    return absl::StrCat("tp", tp, " x pp", pp, " x dp", dp,
+                        reshard_after_forward ? "" : " kept for the step");
+  }
+};
+
 class LoraOffloadTrainingTest : public LoraTrainingTest {
  protected:
+  // `split`'s job (1F1B over `micro_batches` micro-batches of one sequence, 4 steps) with a
+  // `family` model and a `base` base, offload.params `params` and offload.optimizer `optimizer`,
+  // swapping into dir_/swap through 4 ring buffers of 64 pages: a unit's parts together fit one
+  // buffer (SwappedBase::Create), the widened NF4 model's included.
+  JobSpec SplitJob(const SplitLayout& split, ModelConfig::Family family,
+                   ModelConfig::BaseDType base, OffloadConfig::Device params,
+                   OffloadConfig::Device optimizer, int micro_batches = 4) {
+    JobSpec job = Job(split.tp * split.pp * split.dp, 3, 1, micro_batches, family, base);
+    job.mutable_train()->set_max_steps(4);
+    job.mutable_parallel()->set_tensor_parallel(split.tp);
+    job.mutable_parallel()->set_pipeline_parallel(split.pp);
+    job.mutable_parallel()->set_pipeline_schedule(zerotrain::ParallelConfig::ONE_F_ONE_B);
+    job.mutable_parallel()->set_reshard_after_forward(split.reshard_after_forward);
+    if (base == ModelConfig::NF4 && split.tp > 1) {
+      // An NF4 share's rows and columns are whole 64-element blocks (CheckEngineSupport).
+      job.mutable_model()->set_d_model(64 * split.tp);
+      job.mutable_model()->set_d_ff(128 * split.tp);
+    }
+    std::filesystem::create_directories(dir_ / "swap");
+    job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
+    job.mutable_offload()->set_buffer_count(4);
+    job.mutable_offload()->set_buffer_size(64 * kPage);
+    job.mutable_offload()->set_optimizer(optimizer);
+    job.mutable_offload()->set_params(params);
+    return job;
+  }
   // Job(...) with `optimizer` offload; NVME swaps into dir_/swap through 4 ring buffers of 16
   // pages (an adapter unit's states are well under one).
   JobSpec OffloadedJob(int stage, ModelConfig::BaseDType base, OffloadConfig::Device optimizer,
@@ -222,7 +258,8 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsOnTheHostAreTheDevicePathBitForBit) {
       // The plan: the base's shards in the pinned host pool, the adapters and the gather
       // buffers on the device; the arenas are the plan's categories (checked per category).
       const MemoryPlan plan = PlanMemory(ValidatedJob(job).value(), 0);
-      const MemoryPlan plain = PlanMemory(ValidatedJob(OffloadedJob(3, base, optimizer)).value(), 0);
+      const MemoryPlan plain =
+          PlanMemory(ValidatedJob(OffloadedJob(3, base, optimizer)).value(), 0);
       int64_t shards = 0, qbase = 0;
       for (const BufferSpec& b : plan.buffers) {
         if (b.name.ends_with(".params") || b.name.ends_with(".qbase")) {
@@ -343,7 +380,8 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedAreTheDevicePathBitForBit) {
       EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kParameters),
                 plain.CategoryBytes(MemoryCategory::kParameters) - device_bytes)
           << what;
-      const int64_t base_ring = validated.offload().buffer_count() * validated.offload().buffer_size();
+      const int64_t base_ring =
+          validated.offload().buffer_count() * validated.offload().buffer_size();
       EXPECT_EQ(plan.CategoryBytes(MemoryCategory::kPinnedHost),
                 plain.CategoryBytes(MemoryCategory::kPinnedHost) + base_ring)
           << what << ": the optimizer's ring as without the shards, and the base ring";
@@ -436,44 +474,45 @@ void LoraOffloadTrainingTest::ExpectResumesAsTheDevicePath(JobSpec job,
 // adapter state, every rank's base read back from the store; each rank's plan moves exactly its
 // shards to the store and adds the base ring, its arenas are the plan; the store's stats show
 // every step's gathers read the base; and 2 + 2 steps resumed from a checkpoint are the 4 steps.
-struct SplitLayout {
-  int tp, pp, dp;
-  bool reshard_after_forward;
-  std::string Name() const {
-    return absl::StrCat("tp", tp, " x pp", pp, " x dp", dp,
-                        reshard_after_forward ? "" : " kept for the step");
+// The store's reads of a rank's swapped base over a SplitJob's 4 steps (`plan`, the rank's):
+// one a gather, ahead or at it. Gathered per use (`per_use`), each of the `micro_batches` m
+// gathers a block twice (forward, backward) and the embedding and the head once (nothing flows
+// back into a frozen embedding; the head's forward and backward are one use); kept for the
+// step, each unit once a step. A `quantized` base's blocks read both parts. Per use, every
+// read is ahead: a pipeline stage's pass's first gathers at its start (ShardingEngine::
+// BeginStagePass), off a pipeline at the step's start and between micro-batches
+// (ReadFirstGathersAhead), the later ones by rule 4 (the 4 ring buffers suffice).
+void ExpectBaseReadsPerGather(const MemoryPlan& plan, const SwappedBase::Stats& stats, bool per_use,
+                              bool quantized, const std::string& rank, int micro_batches = 4) {
+  const int m = micro_batches;
+  int64_t param_gathers = 0, block_gathers = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (!b.name.ends_with(".params")) continue;
+    const bool block = b.name.starts_with("block.");
+    param_gathers += per_use ? m * (block ? 2 : 1) : 1;
+    if (block && quantized) block_gathers += per_use ? m * 2 : 1;
   }
-};
+  const int params = static_cast<int>(SwappedBase::Part::kParams);
+  const int qbase = static_cast<int>(SwappedBase::Part::kQuantized);
+  EXPECT_EQ(stats.reads_ahead[params] + stats.reads_at_gather[params], 4 * param_gathers) << rank;
+  EXPECT_EQ(stats.reads_ahead[qbase] + stats.reads_at_gather[qbase], 4 * block_gathers) << rank;
+  EXPECT_GT(stats.swap_bytes_in, 0) << rank;
+  if (per_use) {
+    EXPECT_EQ(stats.reads_at_gather[params], 0) << rank;
+    EXPECT_EQ(stats.reads_at_gather[qbase], 0) << rank;
+  }
+}
 
 TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedOnStagesAndTensorParallelRanksBitForBit) {
-  constexpr int64_t kRingPages = 64;
+  constexpr int64_t kRingPages = 64;  // SplitJob's buffer_size
   constexpr SplitLayout kLayouts[] = {
       {1, 2, 2, true}, {1, 2, 2, false}, {2, 1, 2, true}, {2, 2, 1, true}};
   for (const SplitLayout& split : kLayouts) {
     for (const auto base : {ModelConfig::FP32, ModelConfig::NF4, ModelConfig::INT8}) {
       const std::string name = split.Name() + " " + ModelConfig::BaseDType_Name(base);
+      const auto family = base == ModelConfig::FP32 ? ModelConfig::GPT2 : ModelConfig::LLAMA;
       const auto job_with = [&](OffloadConfig::Device params, OffloadConfig::Device optimizer) {
-        const auto family = base == ModelConfig::FP32 ? ModelConfig::GPT2 : ModelConfig::LLAMA;
-        JobSpec job = Job(split.tp * split.pp * split.dp, 3, 1, 4, family, base);
-        job.mutable_train()->set_max_steps(4);
-        job.mutable_parallel()->set_tensor_parallel(split.tp);
-        job.mutable_parallel()->set_pipeline_parallel(split.pp);
-        job.mutable_parallel()->set_pipeline_schedule(zerotrain::ParallelConfig::ONE_F_ONE_B);
-        job.mutable_parallel()->set_reshard_after_forward(split.reshard_after_forward);
-        if (base == ModelConfig::NF4 && split.tp > 1) {
-          // An NF4 share's rows and columns are whole 64-element blocks (CheckEngineSupport).
-          job.mutable_model()->set_d_model(64 * split.tp);
-          job.mutable_model()->set_d_ff(128 * split.tp);
-        }
-        std::filesystem::create_directories(dir_ / "swap");
-        job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
-        job.mutable_offload()->set_buffer_count(4);
-        // A unit's parts together fit one buffer (SwappedBase::Create), the widened NF4
-        // model's included.
-        job.mutable_offload()->set_buffer_size(kRingPages * kPage);
-        job.mutable_offload()->set_optimizer(optimizer);
-        job.mutable_offload()->set_params(params);
-        return job;
+        return SplitJob(split, family, base, params, optimizer);
       };
       const LoraRun device = Train(job_with(OffloadConfig::NONE, OffloadConfig::NONE), 4);
       ASSERT_EQ(device.losses.size(), 4u) << name;
@@ -529,29 +568,9 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedOnStagesAndTensorParallelRanksB
             const bool in_store = static_cast<MemoryCategory>(c) == MemoryCategory::kNvme;
             EXPECT_EQ(arena, in_store ? 0 : planned) << rank << " category " << c;
           }
-          // Every step's gathers read the base from the store, ahead or at the gather, one read
-          // a gather: gathered per use, each of the m = 4 micro-batches gathers a block twice
-          // (forward, backward) and the embedding and the head once (nothing flows back into
-          // a frozen embedding; the head's forward and backward are one use); kept for the
-          // step, each unit once a step. A quantized base's blocks read both parts.
-          int64_t param_gathers = 0, block_gathers = 0;
-          for (const BufferSpec& b : plan.buffers) {
-            if (!b.name.ends_with(".params")) continue;
-            const bool block = b.name.starts_with("block.");
-            param_gathers += split.reshard_after_forward ? 4 * (block ? 2 : 1) : 1;
-            if (block && base != ModelConfig::FP32) {
-              block_gathers += split.reshard_after_forward ? 4 * 2 : 1;
-            }
-          }
-          const SwappedBase::Stats& stats = swapped.base_swap[r];
-          const int params = static_cast<int>(SwappedBase::Part::kParams);
-          const int quantized = static_cast<int>(SwappedBase::Part::kQuantized);
-          EXPECT_EQ(stats.reads_ahead[params] + stats.reads_at_gather[params], 4 * param_gathers)
-              << rank;
-          EXPECT_EQ(stats.reads_ahead[quantized] + stats.reads_at_gather[quantized],
-                    4 * block_gathers)
-              << rank;
-          EXPECT_GT(stats.swap_bytes_in, 0) << rank;
+          // Every step's gathers read the base from the store, one read a gather.
+          ExpectBaseReadsPerGather(plan, swapped.base_swap[r], split.reshard_after_forward,
+                                   base != ModelConfig::FP32, rank);
         }
       }
       // Saved from the store (the seeded base is checkpointed), resumed into its next
@@ -567,32 +586,25 @@ TEST_F(LoraOffloadTrainingTest, BaseShardsSwappedOnStagesAndTensorParallelRanksB
 // offload.params NVME over a quantized base streamed from model.init_from (a BF16 Hugging Face
 // file): the stream lands in host staging of each unit's shard parts and the store takes each
 // unit whole once its tensors arrived (a tensor-parallel rank's at the stream's end), as the
-// base's first generation. NF4 and INT8 on DP2 and TP2 × DP2 at ZeRO 3, optimizer on the device
-// and on NVMe: the run is the same job with the base on the device (params NONE) and in the
+// base's first generation; on pipeline stages each stage streams its own units' tensors
+// (Trainer::StreamQuantizedBase), quantizes its blocks' weights as one rank does and swaps its
+// own share under its own key. NF4 and INT8 on DP2, TP2 × DP2, PP2 × DP2 and TP2 × PP2 at ZeRO 3
+// (the base gathered per use), optimizer on the device
+// and on NVMe: the run is the same layout with the base on the device (params NONE) and in the
 // pinned host pool (CPU) bit for bit, every rank's base in the store is the device path's, the
 // arenas are the plan (the staging is set-up memory, released before the first step), every
-// step's gathers read the base, and 2 + 2 steps resumed are the 4 steps (the streamed base is
+// step's gathers read the base, every read ahead of its gather, and 2 + 2 steps resumed are the
+// 4 steps (the streamed base is
 // not checkpointed: the resume streams it again and the restore keeps it).
 TEST_F(LoraOffloadTrainingTest, StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit) {
-  for (const int tp : {1, 2}) {
+  constexpr SplitLayout kLayouts[] = {
+      {1, 1, 2, true}, {2, 1, 2, true}, {1, 2, 2, true}, {2, 2, 1, true}};
+  for (const SplitLayout& split : kLayouts) {
+    const int n = split.tp * split.pp * split.dp;
     for (const auto base : {ModelConfig::NF4, ModelConfig::INT8}) {
-      const std::string name = absl::StrCat("tp", tp, " ", ModelConfig::BaseDType_Name(base));
+      const std::string name = split.Name() + " " + ModelConfig::BaseDType_Name(base);
       const auto job_with = [&](OffloadConfig::Device params, OffloadConfig::Device optimizer) {
-        JobSpec job = Job(2 * tp, 3, 1, 2, ModelConfig::LLAMA, base);
-        job.mutable_train()->set_max_steps(4);
-        job.mutable_parallel()->set_tensor_parallel(tp);
-        if (base == ModelConfig::NF4 && tp > 1) {
-          // An NF4 share's rows and columns are whole 64-element blocks (CheckEngineSupport).
-          job.mutable_model()->set_d_model(64 * tp);
-          job.mutable_model()->set_d_ff(128 * tp);
-        }
-        std::filesystem::create_directories(dir_ / "swap");
-        job.mutable_offload()->set_nvme_path((dir_ / "swap").string());
-        job.mutable_offload()->set_buffer_count(4);
-        job.mutable_offload()->set_buffer_size(64 * kPage);
-        job.mutable_offload()->set_optimizer(optimizer);
-        job.mutable_offload()->set_params(params);
-        return job;
+        return SplitJob(split, ModelConfig::LLAMA, base, params, optimizer, /*micro_batches=*/2);
       };
       const JobSpec plain = job_with(OffloadConfig::NONE, OffloadConfig::NONE);
       const std::string hf =
@@ -610,8 +622,8 @@ TEST_F(LoraOffloadTrainingTest, StreamedQuantizedBaseSwappedIsTheDevicePathBitFo
         const JobSpec job = streamed(job_with(OffloadConfig::NVME, optimizer));
         const LoraRun swapped = Train(job, 4);
         ExpectSameAdapterRun(swapped, device, what);
-        ASSERT_EQ(swapped.rank_base_after.size(), static_cast<size_t>(2 * tp)) << what;
-        for (int r = 0; r < 2 * tp; ++r) {
+        ASSERT_EQ(swapped.rank_base_after.size(), static_cast<size_t>(n)) << what;
+        for (int r = 0; r < n; ++r) {
           const std::string rank = absl::StrCat(what, " rank ", r);
           int qbase = 0;
           for (const auto& [buffer, bytes] : device.rank_base_after[r]) {
@@ -620,25 +632,17 @@ TEST_F(LoraOffloadTrainingTest, StreamedQuantizedBaseSwappedIsTheDevicePathBitFo
                 << rank << ": the store's " << buffer << " is not the device path's";
             qbase += buffer.ends_with(".qbase");
           }
-          EXPECT_GT(qbase, 0) << rank;
+          EXPECT_EQ(swapped.rank_base_after[r].size(), device.rank_base_after[r].size()) << rank;
+          EXPECT_GT(qbase, 0) << rank << ": every rank (every stage) holds blocks";
           EXPECT_EQ(swapped.base_generation[r], 1u) << rank;
           for (int c = 0; c < kMemoryCategoryCount; ++c) {
             const auto& [arena, planned] = swapped.arena_and_plan_bytes[r][c];
             const bool in_store = static_cast<MemoryCategory>(c) == MemoryCategory::kNvme;
             EXPECT_EQ(arena, in_store ? 0 : planned) << rank << " category " << c;
           }
-          // Each of the 2 micro-batches gathers a block twice and the embedding and head once.
-          const ModelLayout layout = BuildModelLayout(ValidatedJob(job).value().model());
-          const int64_t blocks = static_cast<int64_t>(layout.units.size()) - 2;
-          const SwappedBase::Stats& stats = swapped.base_swap[r];
-          const int params = static_cast<int>(SwappedBase::Part::kParams);
-          const int quantized = static_cast<int>(SwappedBase::Part::kQuantized);
-          EXPECT_EQ(stats.reads_ahead[params] + stats.reads_at_gather[params],
-                    4 * 2 * (2 * blocks + 2))
-              << rank;
-          EXPECT_EQ(stats.reads_ahead[quantized] + stats.reads_at_gather[quantized],
-                    4 * 2 * 2 * blocks)
-              << rank;
+          ExpectBaseReadsPerGather(PlanMemory(ValidatedJob(job).value(), r), swapped.base_swap[r],
+                                   /*per_use=*/true, /*quantized=*/true, rank,
+                                   /*micro_batches=*/2);
         }
       }
       ExpectResumesAsTheDevicePath(streamed(job_with(OffloadConfig::NVME, OffloadConfig::NVME)),

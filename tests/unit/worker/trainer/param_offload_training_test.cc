@@ -473,6 +473,55 @@ TEST_F(ParamOffloadTrainingTest, ParamsCpuMetricsLinesCarryTheUploads) {
   }
 }
 
+// An evaluation between steps gathers every unit again (the forward of each validation
+// micro-batch), so with offload.params it uploads (and with NVME first reads) every shard once
+// more: those bytes, seconds and counts are in the line of the step it follows, as the step's
+// own are (Trainer::Run), and so in metrics.jsonl and the node's zt_offload_* series. On 2
+// ranks, CPU and NVME, 4 steps with an evaluation of one micro-batch after step 4 (the last):
+// that step's record is the same job's without data.val plus exactly one upload of each unit's
+// shard (and with NVME one read of it from the store).
+TEST_F(ParamOffloadTrainingTest, EvaluationUploadsCountInTheStepsLine) {
+  for (OffloadConfig::Device params : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+    const std::string what = OffloadConfig::Device_Name(params);
+    const JobSpec plain = Job(2, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, params, params);
+    JobSpec evaluated = plain;
+    evaluated.mutable_data()->add_val((dir_ / "train.bin").string());
+    evaluated.mutable_train()->set_eval_interval(4);
+    evaluated.mutable_train()->set_eval_steps(1);
+    const RunResult without = Train(plain, 4);
+    const RunResult with = Train(evaluated, 4);
+    ASSERT_TRUE(without.status.ok()) << what << ": " << without.status;
+    ASSERT_TRUE(with.status.ok()) << what << ": " << with.status;
+    EXPECT_EQ(with.losses, without.losses) << what << ": evaluating changes no step";
+    const ModelLayout layout = BuildModelLayout(ValidatedJob(plain).value().model());
+    for (int r = 0; r < 2; ++r) {
+      // One forward pass: every unit gathered once (the tied embedding's use by the head is
+      // the head unit's gather).
+      int64_t shard_bytes = 0;
+      for (const auto& unit : layout.units) {
+        const std::string name = unit.name + ".params";
+        for (const BufferSpec& b : with.plans[r].buffers) {
+          if (b.name == name) shard_bytes += b.bytes();
+        }
+      }
+      ASSERT_GT(shard_bytes, 0) << what;
+      const StepRecord& a = with.last_step[r];
+      const StepRecord& b = without.last_step[r];
+      ASSERT_TRUE(a.val_loss.has_value()) << what << ": step 4 evaluates";
+      EXPECT_EQ(a.param_upload_bytes, b.param_upload_bytes + shard_bytes) << what << " rank " << r;
+      const int64_t units = static_cast<int64_t>(layout.units.size());
+      EXPECT_EQ(a.param_uploads_ahead + a.param_uploads_at_gather,
+                b.param_uploads_ahead + b.param_uploads_at_gather +
+                    (params == OffloadConfig::CPU ? units : 0))
+          << what << " rank " << r;
+      if (params == OffloadConfig::NVME) {
+        EXPECT_EQ(a.swap_bytes_in, b.swap_bytes_in + shard_bytes) << what << " rank " << r;
+        EXPECT_EQ(a.swap_bytes_out, b.swap_bytes_out) << what << ": evaluation writes nothing";
+      }
+    }
+  }
+}
+
 // The ring's room changes when a shard is read, never what is read: with one buffer free
 // beside the optimizer's two staging buffers and prefetch_units 2, the step's start queues the
 // first gather's read and finds the ring full for the next two, and a pass announces two

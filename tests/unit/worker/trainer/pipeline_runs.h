@@ -20,6 +20,7 @@
 #include "worker/job/job_loading.h"
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/offload/node_swap_store.h"
+#include "worker/offload/nvme_optimizer.h"
 #include "worker/parallel/parallel_layout.h"
 #include "worker/plan/memory_plan.h"
 #include "worker/train/trainer.h"
@@ -48,8 +49,11 @@ struct PipelineRankRun {
   // offload.params: the steps' parameter-shard uploads (StepRecord::param_upload_bytes, ...),
   // summed over the run.
   int64_t param_upload_bytes = 0, param_uploads_ahead = 0, param_uploads_at_gather = 0;
-  ModelLayout layout;                      // the stage's units (tensor-parallel shares)
-  std::vector<int> held_units;             // the whole model's index of each
+  // offload.params NVME (beside optimizer NVME): the NVMe optimizer's counts at the end, the
+  // gathers' shard reads ahead and at the gather among them.
+  NvmeOptimizer::Stats nvme;
+  ModelLayout layout;           // the stage's units (tensor-parallel shares)
+  std::vector<int> held_units;  // the whole model's index of each
   int tp_rank = 0;
 };
 
@@ -103,6 +107,7 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
       mine.skipped = rec.skipped;
     }));
     mine.comm = t->comm_stats();
+    if (t->nvme_optimizer() != nullptr) mine.nvme = t->nvme_optimizer()->stats();
     for (const Tensor& p : t->model().unit_params()) {
       // 16-bit parameters, or shards in the swap store (offload.params NVME): `whole` only.
       if (p.dtype() != DType::kF32 || p.raw() == nullptr) break;
@@ -118,8 +123,7 @@ inline PipelineOutcome RunPipelineRanks(const zerotrain::JobSpec& spec, int step
       const auto category = static_cast<MemoryCategory>(c);
       // The swap store, not an arena, holds the NVMe category (the trainer checks at its start
       // that what it swaps is the plan's, buffer by buffer).
-      const int64_t planned =
-          category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category);
+      const int64_t planned = category == MemoryCategory::kNvme ? 0 : plan.CategoryBytes(category);
       if (t->arenas().BytesInUse(category) != planned) {
         mine.off_plan.push_back(absl::StrCat(MemoryCategoryName(category), " arena ",
                                              t->arenas().BytesInUse(category), " plan ", planned));
