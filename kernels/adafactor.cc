@@ -123,9 +123,11 @@ absl::Status CheckShard(const char* op, const DeviceContext& ctx, const Adafacto
   }
   const bool tensor_split = s.logical_rows > 0 || s.logical_cols > 0;
   if (tensor_split) {
-    if (ctx.device.kind == DeviceKind::kCuda) {
-      return absl::UnimplementedError(absl::StrCat(
-          op, ": shard.logical_rows/logical_cols (a tensor-parallel part) has no CUDA kernel yet"));
+    if (ctx.device.kind == DeviceKind::kCuda &&
+        s.uncounted_rows.size() > static_cast<size_t>(cuda::kAdafactorMaxUncountedRanges)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": shard.uncounted_rows holds ", s.uncounted_rows.size(),
+          " ranges; the CUDA kernel takes at most ", cuda::kAdafactorMaxUncountedRanges));
     }
     const int64_t rows = s.logical_rows > 0 ? s.logical_rows : s.rows;
     const int64_t cols = s.logical_cols > 0 ? s.logical_cols : s.cols;

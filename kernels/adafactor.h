@@ -129,7 +129,9 @@ struct AdafactorArgs {
 // reduce_scratch is device memory: sum_across_shards(data, n) gets a device pointer whose
 // values are produced by work already enqueued on ctx.stream, and must leave the sums there in
 // stream order (an all-reduce enqueued on ctx.stream, e.g. NCCL's; or a wait for the stream, a
-// host sum and a copy back), since the op enqueues what reads them right after it returns.
+// host sum and a copy back), since the op enqueues what reads them right after it returns; so
+// does sum_row_states (a tensor-parallel part split by rows: its f32 Σ R_i in the workspace).
+// A part's uncounted_rows hold at most 8 ranges on CUDA (InvalidArgument beyond).
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args);
 
 // Scratch AdafactorUpdate takes from ctx.workspace on a device of `kind`, for a tensor of

@@ -12,6 +12,10 @@
 //   5. apply: m and the master (with its copy) per element, as ApplyOne.
 // The double sums differ from the CPU's only in their order (far below the f32 results'
 // rounding); the per-element f32 arithmetic is the CPU's expression.
+// Sharded (ZeRO) and tensor-parallel parts follow the CPU's ShardedFactoredUpdate: the row and
+// column sums and Σ param² summed over the groups through the caller's callbacks on device
+// memory, means over the logical matrix's rows and columns, a replicated KV head's rows
+// (Shard::uncounted_rows) left out of the column sums, Σ param², Σ R_i and Σ U².
 #include <cmath>
 
 #include "kernels/cuda/adafactor.h"
@@ -44,12 +48,42 @@ Scratch ScratchOf(const Workspace& w) {
   return s;
 }
 
+// A part's rows that another rank counts (AdafactorArgs::Shard::uncounted_rows), by value.
+struct UncountedRows {
+  int count = 0;
+  int64_t first[kAdafactorMaxUncountedRanges] = {};
+  int64_t last[kAdafactorMaxUncountedRanges] = {};
+
+  __device__ bool Counted(int64_t i) const {
+    for (int k = 0; k < count; ++k) {
+      if (i < first[k]) return true;
+      if (i < last[k]) return false;
+    }
+    return true;
+  }
+};
+
+UncountedRows UncountedRowsOf(const AdafactorArgs& args) {
+  UncountedRows u;
+  if (!args.shard.has_value()) return u;
+  for (const auto& [first, last] : args.shard->uncounted_rows) {
+    u.first[u.count] = first;
+    u.last[u.count] = last;
+    ++u.count;
+  }
+  return u;
+}
+
+// Element k has the whole part's index begin + k, in row (begin + k) / cols: left out when
+// that row is uncounted (cols is unused when no row is).
 template <CopyMode M>
-__global__ void ParamSquaresKernel(DeviceMaster<M> master, int64_t n, double* part) {
+__global__ void ParamSquaresKernel(DeviceMaster<M> master, int64_t n, int64_t begin, int64_t cols,
+                                   UncountedRows uncounted, double* part) {
   __shared__ double scratch[32];
   double s = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (uncounted.count > 0 && !uncounted.Counted((begin + i) / cols)) continue;
     const double p = master.Load(i);
     s += p * p;
   }
@@ -90,6 +124,29 @@ __global__ void ColStatsKernel(const G* grad, float gs, int64_t rows, int64_t co
   }
 }
 
+// One block, a part split by rows: its counted rows' Σ R_i in double, as f32 in *total (which
+// the caller then sums over the tensor-parallel group).
+__global__ void RowTotalKernel(const float* row_state, int64_t rows, UncountedRows uncounted,
+                               float* total) {
+  __shared__ double scratch[32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    if (uncounted.Counted(i)) s += row_state[i];
+  }
+  s = BlockSum(s, scratch);
+  if (threadIdx.x == 0) *total = static_cast<float>(s);
+}
+
+// Every row's factor √(mean(R) / R_i), mean(R) = *total / logical_rows (the group's Σ R_i).
+__global__ void RowFactorFromTotalKernel(const float* row_state, int64_t rows, const float* total,
+                                         int64_t logical_rows, float* row_factor) {
+  const double row_mean = static_cast<double>(*total) / static_cast<double>(logical_rows);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    row_factor[i] = static_cast<float>(sqrt(row_mean / static_cast<double>(row_state[i])));
+  }
+}
+
 // One block: mean(R) in double, then every row's factor.
 __global__ void RowFactorKernel(const float* row_state, int64_t rows, float* row_factor) {
   __shared__ double scratch[32];
@@ -105,12 +162,14 @@ __global__ void RowFactorKernel(const float* row_state, int64_t rows, float* row
 template <typename G>
 __global__ void FactoredUSquaresKernel(const G* grad, float gs, int64_t cols, int64_t n,
                                        int64_t begin, const float* row_factor,
-                                       const float* col_state, double* part) {
+                                       const float* col_state, UncountedRows uncounted,
+                                       double* part) {
   __shared__ double scratch[32];
   double s = 0;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t w = begin + k;
+    if (uncounted.count > 0 && !uncounted.Counted(w / cols)) continue;
     const float u = (ToFloat(grad[k]) * gs) * row_factor[w / cols] / sqrtf(col_state[w % cols]);
     s += static_cast<double>(u) * u;
   }
@@ -212,11 +271,12 @@ __global__ void ShardRowSumsKernel(const G* grad, float gs, int64_t cols, int64_
 template <typename G>
 __global__ void ShardColSumsKernel(const G* grad, float gs, int64_t cols, int64_t begin,
                                    int64_t end, int64_t first_row, int64_t row_end,
-                                   float* col_sum) {
+                                   UncountedRows uncounted, float* col_sum) {
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < cols;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     double acc = 0;
     for (int64_t i = first_row; i < row_end; ++i) {
+      if (!uncounted.Counted(i)) continue;
       const int64_t w = i * cols + j;
       if (w < begin || w >= end) continue;
       const float gj = ToFloat(grad[w - begin]) * gs;
@@ -279,7 +339,9 @@ void Enqueue(const DeviceContext& ctx, const AdafactorArgs& args, const Scratch&
   const float gs = args.grad_scale;
   const unsigned int sum_blocks = static_cast<unsigned int>(kAdafactorSumBlocks);
   if (args.scale_parameter) {
-    ParamSquaresKernel<M><<<sum_blocks, kThreads, 0, stream>>>(master, n, w.param_part);
+    ParamSquaresKernel<M><<<sum_blocks, kThreads, 0, stream>>>(master, n, /*begin=*/0,
+                                                               /*cols=*/1, UncountedRows{},
+                                                               w.param_part);
   }
   const int64_t cols = factored ? args.param.dim(1) : n;
   const float* state = nullptr;
@@ -295,7 +357,7 @@ void Enqueue(const DeviceContext& ctx, const AdafactorArgs& args, const Scratch&
                                                                         col_state, b2t, eps1);
     RowFactorKernel<<<1, 1024, 0, stream>>>(row_state, rows, w.row_factor);
     FactoredUSquaresKernel<G><<<sum_blocks, kThreads, 0, stream>>>(
-        grad, gs, cols, n, /*begin=*/0, w.row_factor, col_state, w.u_part);
+        grad, gs, cols, n, /*begin=*/0, w.row_factor, col_state, UncountedRows{}, w.u_part);
     state = col_state;
     row_factor = w.row_factor;
   } else {
@@ -332,7 +394,12 @@ absl::Status EnqueueSharded(const DeviceContext& ctx, const AdafactorArgs& args,
   const AdafactorArgs::Shard& sh = *args.shard;
   const bool factored = sh.rows > 0;
   const int64_t rows = sh.rows, cols = sh.cols, begin = sh.begin, end = sh.end;
-  const int64_t n = end - begin, whole = factored ? rows * cols : cols;
+  // The logical matrix's rows and columns (a tensor-parallel part is one piece of it): a
+  // row's mean of g² is over the logical columns, a column's over the logical rows.
+  const int64_t logical_rows = sh.logical_rows > 0 ? sh.logical_rows : rows;
+  const int64_t logical_cols = sh.logical_cols > 0 ? sh.logical_cols : cols;
+  const int64_t n = end - begin, whole = factored ? logical_rows * logical_cols : logical_cols;
+  const UncountedRows uncounted = UncountedRowsOf(args);
   const unsigned int sum_blocks = static_cast<unsigned int>(kAdafactorSumBlocks);
   const int64_t sums = factored ? rows + cols + 2 : 2;
   float* row_sum = args.reduce_scratch.data<float>();     // (rows)
@@ -345,7 +412,8 @@ absl::Status EnqueueSharded(const DeviceContext& ctx, const AdafactorArgs& args,
   const G* grad = n > 0 ? static_cast<const G*>(args.grad.raw()) : nullptr;
   const float gs = args.grad_scale;
   if (args.scale_parameter && n > 0) {
-    ParamSquaresKernel<M><<<sum_blocks, kThreads, 0, stream>>>(master, n, w.param_part);
+    ParamSquaresKernel<M><<<sum_blocks, kThreads, 0, stream>>>(
+        master, n, begin, factored ? cols : 1, uncounted, w.param_part);
     PartialsToFloatKernel<<<1, 1, 0, stream>>>(w.param_part, param_sq);
   }
   const Hyper h = HyperOf(args, rho, whole);
@@ -368,7 +436,7 @@ absl::Status EnqueueSharded(const DeviceContext& ctx, const AdafactorArgs& args,
     ShardRowSumsKernel<G><<<GridFor(row_end - first_row, 1), kThreads, 0, stream>>>(
         grad, gs, cols, begin, end, first_row, row_end, row_sum);
     ShardColSumsKernel<G><<<GridFor(cols, kThreads), kThreads, 0, stream>>>(
-        grad, gs, cols, begin, end, first_row, row_end, col_sum);
+        grad, gs, cols, begin, end, first_row, row_end, uncounted, col_sum);
   }
   ZT_RETURN_IF_ERROR(SumAcross(args, row_sum, rows + cols + 1, "row, column and parameter sums"));
   // An empty shard may hold no statistics; one that holds them keeps them in step.
@@ -377,16 +445,31 @@ absl::Status EnqueueSharded(const DeviceContext& ctx, const AdafactorArgs& args,
   const double b2t = beta2t, eps1 = args.eps1;
   if (row_state != nullptr) {
     StateFromSumsKernel<<<GridFor(rows, kThreads), kThreads, 0, stream>>>(
-        row_state, row_sum, rows, static_cast<double>(cols), b2t, eps1);
+        row_state, row_sum, rows, static_cast<double>(logical_cols), b2t, eps1);
   }
   if (col_state != nullptr) {
     StateFromSumsKernel<<<GridFor(cols, kThreads), kThreads, 0, stream>>>(
-        col_state, col_sum, cols, static_cast<double>(rows), b2t, eps1);
+        col_state, col_sum, cols, static_cast<double>(logical_rows), b2t, eps1);
   }
   if (n == 0) return SumAcross(args, u_sq, 1, "sum of squared updates");
-  RowFactorKernel<<<1, 1024, 0, stream>>>(row_state, rows, w.row_factor);
-  FactoredUSquaresKernel<G><<<sum_blocks, kThreads, 0, stream>>>(grad, gs, cols, n, begin,
-                                                                 w.row_factor, col_state, w.u_part);
+  if (logical_rows != rows) {
+    // The other parts' rows: the counted Σ R_i as f32 (the CPU's float), summed over the
+    // tensor-parallel group in device memory, then mean(R) over the logical rows.
+    float* total = w.scalars + 2;
+    RowTotalKernel<<<1, 1024, 0, stream>>>(row_state, rows, uncounted, total);
+    ZT_RETURN_IF_ERROR(LaunchStatus("AdafactorUpdate"));
+    absl::Status st = sh.sum_row_states(total, 1);
+    if (!st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("AdafactorUpdate: sum_row_states failed: ", st.message()));
+    }
+    RowFactorFromTotalKernel<<<GridFor(rows, kThreads), kThreads, 0, stream>>>(
+        row_state, rows, total, logical_rows, w.row_factor);
+  } else {
+    RowFactorKernel<<<1, 1024, 0, stream>>>(row_state, rows, w.row_factor);
+  }
+  FactoredUSquaresKernel<G><<<sum_blocks, kThreads, 0, stream>>>(
+      grad, gs, cols, n, begin, w.row_factor, col_state, uncounted, w.u_part);
   PartialsToFloatKernel<<<1, 1, 0, stream>>>(w.u_part, u_sq);
   ZT_RETURN_IF_ERROR(SumAcross(args, u_sq, 1, "sum of squared updates"));
   ShardedFinalizeKernel<<<1, 1, 0, stream>>>(param_sq, u_sq, h, w.scalars);

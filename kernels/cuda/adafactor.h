@@ -1,5 +1,6 @@
-// CUDA Adafactor (unsharded): the twin of kernels/cpu/adafactor.h, called by
-// kernels/adafactor.cc after it has checked the arguments and the workspace.
+// CUDA Adafactor: the twin of kernels/cpu/adafactor.h (whole tensors, ZeRO shards and
+// tensor-parallel parts), called by kernels/adafactor.cc after it has checked the arguments
+// and the workspace.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,10 @@ inline constexpr int64_t kAdafactorSumBlocks = 256;
 inline int64_t AdafactorCudaWorkspaceBytes(int64_t rows) {
   return 2 * kAdafactorSumBlocks * 8 + 16 + (rows > 0 ? rows : 0) * 4;
 }
+
+// The most Shard::uncounted_rows ranges the kernels take (by value, as kernel arguments): a
+// part holds a replicated KV head's K rows and V rows, two ranges per head it shares.
+inline constexpr int kAdafactorMaxUncountedRanges = 8;
 
 absl::Status AdafactorUpdate(const DeviceContext& ctx, const AdafactorArgs& args);
 

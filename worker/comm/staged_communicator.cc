@@ -27,10 +27,14 @@ absl::Status CheckDeviceBuffer(CommKind kind, const std::string& label, const ch
                                                    ", the staged communicator copies from ",
                                                    DeviceName(device)));
   }
+  // An all-gather and a broadcast move bytes and add nothing, so i32 data (token ids: the
+  // vocabulary-sharded embedding's) goes too, as through the host communicator.
+  const bool moves_only = kind == CommKind::kAllGather || kind == CommKind::kBroadcast;
+  if (moves_only && t.dtype() == DType::kI32) return absl::OkStatus();
   if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat(OpName(kind, label), ": ", arg,
-                                                   " has dtype ", DTypeName(t.dtype()),
-                                                   ", expected f32, bf16 or f16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpName(kind, label), ": ", arg, " has dtype ", DTypeName(t.dtype()),
+        moves_only ? ", expected f32, bf16, f16 or i32" : ", expected f32, bf16 or f16"));
   }
   return absl::OkStatus();
 }

@@ -573,14 +573,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     // On CUDA the local ops are kernels/cuda/tensor_parallel.h's and the collectives go over
     // the rank's device communicator (NCCL, or staged through the host when ranks share a GPU;
     // tests/gpu/worker/train/tensor_parallel_gpu_test.cc). Adafactor's statistics of a split
-    // tensor are summed over the group inside the host step, whose CUDA kernel does not take a
-    // tensor-parallel part (kernels/adafactor.cc).
-    if (spec.resources().device() == zerotrain::ResourceConfig::CUDA &&
-        spec.optimizer().type() == zerotrain::OptimizerConfig::ADAFACTOR) {
-      needs(
-          "with optimizer.type ADAFACTOR on resources.device CPU only (the CUDA Adafactor does "
-          "not sum a tensor-parallel part's statistics over the group yet)");
-    }
+    // tensor are summed over the group by the CUDA kernel's tensor-parallel path on device
+    // memory (kernels/cuda/adafactor.cu), or by the host step under optimizer offload.
     // Optimizer offload (CPU or NVME) steps each rank's shares like any flat shard; 16-bit
     // precision keeps f32 master weights of each share, as one rank does; Adafactor counts a
     // replicated KV head's rows once in its summed statistics (worker/optim/adafactor_splits.h).

@@ -510,8 +510,8 @@ class Transformer {
     int64_t vocab_begin = 0, position_begin = 0;
   };
   VocabRows VocabRowsOf(const Tensor& shard) const;
-  // The group's (G·B, T) positions gathered into vocab_positions_ (this micro-batch's packed
-  // positions, or 0 … T − 1), or empty for a model without learned positions.
+  // The group's (G·B, T) packed positions gathered into vocab_positions_, or empty (a model
+  // without learned positions, or unpacked rows: each row's index is its position).
   absl::StatusOr<Tensor> GatherVocabPositions();
   absl::Status VocabShardedEmbeddingForward(const DeviceContext& ctx, const Tensor& shard);
   absl::Status VocabShardedEmbeddingBackward(const DeviceContext& ctx, const Tensor& grad_shard);
@@ -520,8 +520,10 @@ class Transformer {
   VocabShardGroup vocab_;
   // (G·B, T) i32 each: the group's tokens, targets and positions (empty unless packed);
   // (G·B·T, C): its rows (embedding partial sums, then the final norm's outputs) and their
-  // gradients' partial sums; the cross-entropy's statistics and the group's losses.
+  // gradients' partial sums (f32); the cross-entropy's statistics and the group's losses;
+  // (B·T, C) f32 with 16-bit activations: the partials' sum before its one rounding.
   Tensor vocab_tokens_, vocab_targets_, vocab_positions_, vocab_rows_, vocab_row_grads_;
+  Tensor vocab_head_grad_;
   Tensor vocab_maxes_, vocab_sums_, vocab_losses_;
   // InitializeUnitRange's values of the rank's slice of tensor `whole` (of the one-rank model's
   // `whole_unit`): the whole tensor's stream, the rank's slice kept, local elements

@@ -12,7 +12,8 @@
 //   head      all-gather the final norm's outputs and the targets; logits of the owned
 //             vocabulary rows for all G·B·T rows, chunk by chunk; the parallel cross-entropy
 //             over the group; dwte += its rows' gradient (complete: every row of every rank
-//             was seen), and the (G·B·T, C) partials of dL/d(norm output) reduce-scattered.
+//             was seen), and the (G·B·T, C) f32 partials of dL/d(norm output)
+//             reduce-scattered in f32 and rounded once to the activations' dtype.
 //   backward  all-gather dL/d(embedding output); each rank adds its rows' gradient.
 // Per micro-batch and rank that is four collectives of (G − 1)·B·T·C elements and the
 // token ids, in place of gathering V·C parameters and reduce-scattering V·C gradients.
@@ -44,7 +45,6 @@ absl::Status Transformer::BindVocabShardGroup(VocabShardGroup group, const Arena
   }
   vocab_ = std::move(group);
   for (const auto& [field, name] : {std::pair{&Transformer::vocab_tokens_, "vocab.tokens"},
-                                    std::pair{&Transformer::vocab_positions_, "vocab.positions"},
                                     std::pair{&Transformer::vocab_targets_, "vocab.targets"},
                                     std::pair{&Transformer::vocab_rows_, "vocab.rows"},
                                     std::pair{&Transformer::vocab_row_grads_, "vocab.row_grads"},
@@ -53,23 +53,33 @@ absl::Status Transformer::BindVocabShardGroup(VocabShardGroup group, const Arena
                                     std::pair{&Transformer::vocab_losses_, "vocab.losses"}}) {
     ZT_ASSIGN_OR_RETURN(this->*field, work.Get(name));
   }
+  // Planned only where rows may restart (data.packing with learned positions): unpacked rows
+  // count 0 … T − 1 on every rank, which the lookup takes from each row's own index.
+  if (work.Spec("vocab.positions").ok()) {
+    ZT_ASSIGN_OR_RETURN(vocab_positions_, work.Get("vocab.positions"));
+  }
+  // 16-bit activations: the head's input-gradient partials are summed in f32 and rounded once
+  // into grad_.ln, as the one-rank head rounds its f32 GEMM once; f32 needs no copy.
+  if (work.Spec("vocab.head_grad").ok()) {
+    ZT_ASSIGN_OR_RETURN(vocab_head_grad_, work.Get("vocab.head_grad"));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Transformer::GatherVocabPositions() {
-  if (layout_.embedding().Find("wpe") == nullptr) return Tensor();  // no learned positions
+  // No learned positions, or unpacked rows (data.packing is the job's, so every rank of the
+  // group agrees): the lookup takes each row's own index 0 … T − 1, and nothing is gathered.
+  if (layout_.embedding().Find("wpe") == nullptr || positions_.empty()) return Tensor();
+  if (vocab_positions_.empty()) {
+    return absl::FailedPreconditionError(
+        "vocabulary-sharded embedding: packed positions, but the plan holds no vocab.positions");
+  }
   const int64_t G = vocab_.size, BT = B_ * T_;
   const Tensor all = vocab_positions_.Reshape({vocab_positions_.numel()}).Slice(0, G * BT);
   const Tensor mine = all.Slice(vocab_.rank * BT, (vocab_.rank + 1) * BT);
-  // Every rank sends its positions, packed or not, so the group's collectives pair up however
-  // its micro-batches were filled: unpacked rows count 0 … T − 1 (CPU ranks only: the host
-  // writes them).
-  if (positions_.empty()) {
-    int32_t* p = mine.data<int32_t>();
-    for (int64_t i = 0; i < BT; ++i) p[i] = static_cast<int32_t>(i % T_);
-  } else {
-    std::copy_n(positions_.data<int32_t>(), BT, mine.data<int32_t>());
-  }
+  // The packed positions are host memory the model reads (the trainer refuses data.packing on
+  // a device the host cannot address), as the whole-table lookup's are.
+  std::copy_n(positions_.data<int32_t>(), BT, mine.data<int32_t>());
   ZT_RETURN_IF_ERROR(vocab_.all_gather(mine, all, "vocab-sharded embedding positions"));
   return all.Reshape({G * B_, T_});
 }
@@ -120,7 +130,7 @@ absl::Status Transformer::VocabShardedEmbeddingBackward(const DeviceContext& ctx
   ZT_RETURN_IF_ERROR(vocab_.all_gather(grad_.residual.Reshape({B_ * T_ * C_}), dout,
                                        "vocab-sharded embedding backward gather"));
   // The group's tokens and positions are still the forward's: nothing gathers them between.
-  const Tensor positions = layout_.embedding().Find("wpe") == nullptr
+  const Tensor positions = layout_.embedding().Find("wpe") == nullptr || positions_.empty()
                                ? Tensor()
                                : vocab_positions_.Reshape({vocab_positions_.numel()})
                                      .Slice(0, G * B_ * T_)
@@ -188,11 +198,17 @@ absl::Status Transformer::VocabShardedHeadLoss(const DeviceContext& ctx, const T
     }
   }
   if (options.write_grad) {
-    // Each rank's partial dL/d(norm output) over its vocabulary columns, summed onto the
-    // rows' own rank: HeadBackward reads grad_.ln as without the split.
-    ZT_RETURN_IF_ERROR(vocab_.reduce_scatter(dlnf.Reshape({N * C_}),
-                                             grad_.ln.Reshape({B_ * T_ * C_}),
+    // Each rank's f32 partial dL/d(norm output) over its vocabulary columns, summed in f32
+    // onto the rows' own rank and rounded once into grad_.ln (16-bit activations), as the
+    // one-rank head rounds its GEMM's f32 sum once: HeadBackward reads grad_.ln as without the
+    // split.
+    const Tensor sum = vocab_head_grad_.empty() ? grad_.ln : vocab_head_grad_;
+    ZT_RETURN_IF_ERROR(vocab_.reduce_scatter(dlnf.Reshape({N * C_}), sum.Reshape({B_ * T_ * C_}),
                                              "vocab-sharded head reduce-scatter"));
+    if (!vocab_head_grad_.empty()) {
+      ZT_RETURN_IF_ERROR(
+          Cast(ctx, vocab_head_grad_.Reshape({B_ * T_ * C_}), grad_.ln.Reshape({B_ * T_ * C_})));
+    }
   }
   if (options.loss_sum.empty()) return absl::OkStatus();
   // Every rank computed every row's loss; it adds its own micro-batch's, as without the split.

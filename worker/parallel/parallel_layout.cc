@@ -76,17 +76,17 @@ bool VocabularyShardedEmbedding(const zerotrain::JobSpec& job) {
   const int world = std::max(1, p.world_size());
   const int g = p.shard_group_size();
   const int64_t group = g >= 1 && world % g == 0 ? g : world;
-  const bool applies =
-      p.zero_stage() == 3 && m.tie_embeddings() && std::max(1, p.tensor_parallel()) == 1 &&
-      std::max(1, p.pipeline_parallel()) == 1 && group > 1 && !m.has_lora() &&
-      job.offload().params() != zerotrain::OffloadConfig::CPU &&
-      job.offload().params() != zerotrain::OffloadConfig::NVME &&
-      job.resources().device() != zerotrain::ResourceConfig::CUDA && m.d_model() > 0;
+  const bool applies = p.zero_stage() == 3 && m.tie_embeddings() &&
+                       std::max(1, p.tensor_parallel()) == 1 &&
+                       std::max(1, p.pipeline_parallel()) == 1 && group > 1 && !m.has_lora() &&
+                       job.offload().params() != zerotrain::OffloadConfig::CPU &&
+                       job.offload().params() != zerotrain::OffloadConfig::NVME && m.d_model() > 0;
   if (!applies) return false;
   if (p.has_vocab_sharded_embedding()) return p.vocab_sharded_embedding();
   // Unset: split when that holds less. Gathered, the embedding costs its whole parameters
-  // and its whole gradient, (V + P)·C·(param + grad bytes); split, the group's rows and their
-  // gradients' partials, 2·G·B·T·C in the compute dtype (the ids and row statistics are
+  // and its whole gradient, (V + P)·C·(param + grad bytes); split, the group's rows in the
+  // compute dtype and their gradients' f32 partials, G·B·T·C·(compute + 4) bytes, and with
+  // 16-bit activations the partials' f32 sum, B·T·C·4 (the ids and row statistics are
   // smaller by a factor of C). C cancels.
   const auto& precision = job.precision();
   const int64_t rows =
@@ -94,8 +94,9 @@ bool VocabularyShardedEmbedding(const zerotrain::JobSpec& job) {
       (m.family() == zerotrain::ModelConfig::GPT2 ? int64_t{m.max_seq_len()} : int64_t{0});
   const int64_t whole =
       rows * (DTypeBytes(precision.param_dtype()) + DTypeBytes(precision.grad_dtype()));
-  const int64_t split = 2 * group * int64_t{job.train().micro_batch_size()} * job.data().seq_len() *
-                        DTypeBytes(precision.compute_dtype());
+  const int64_t tokens = int64_t{job.train().micro_batch_size()} * job.data().seq_len();
+  const int64_t compute = DTypeBytes(precision.compute_dtype());
+  const int64_t split = group * tokens * (compute + 4) + (compute == 4 ? 0 : tokens * 4);
   return whole > split;
 }
 

@@ -48,7 +48,8 @@ struct ShardGeometry {
 // (issue 18; docs/memory.md, "The tied embedding at ZeRO-3"): stage 3 with tied embeddings,
 // a shard group of 2 or more ranks, tensor and pipeline parallelism 1 (a TP rank's embedding is
 // already its vocabulary share), no LoRA (a frozen embedding has no gradient to shard),
-// offload.params NONE and CPU ranks (the vocabulary-parallel kernels are CPU-only). The
+// offload.params NONE, on CPU or CUDA ranks (the vocabulary-parallel kernels have CUDA twins,
+// kernels/cuda/tensor_parallel.h; the collectives go over the rank's device communicator). The
 // embedding then never exists whole on a rank: the lookup and the head run
 // vocabulary-parallel over the shard group.
 bool VocabularyShardedEmbedding(const zerotrain::JobSpec& job);

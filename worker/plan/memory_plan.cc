@@ -645,13 +645,21 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     // The vocabulary-sharded embedding (worker/model/transformer_vocab_shard.cc): the shard
     // group's G·B·T token ids, targets and positions, its rows (the lookup's partial sums, then
     // the final norm's outputs, then the lookup's output gradient) and their gradient's
-    // partials, and the cross-entropy's row statistics and losses for every row.
+    // partials, and the cross-entropy's row statistics and losses for every row. The
+    // partials are f32 (summed in f32 and rounded once, as the one-rank head's GEMM), and with
+    // 16-bit activations their sum has an f32 buffer of the rank's rows before its rounding.
+    // Positions are gathered only where rows restart (packed, with learned positions).
     const int64_t rows = int64_t{geometry.group_size} * B * T, C = job.model().d_model();
     add("vocab.tokens", MemoryCategory::kWorkspace, DType::kI32, rows);
     add("vocab.targets", MemoryCategory::kWorkspace, DType::kI32, rows);
-    add("vocab.positions", MemoryCategory::kWorkspace, DType::kI32, rows);
+    if (job.data().packing() && layout.embedding().Find("wpe") != nullptr) {
+      add("vocab.positions", MemoryCategory::kWorkspace, DType::kI32, rows);
+    }
     add("vocab.rows", MemoryCategory::kWorkspace, compute, rows * C);
-    add("vocab.row_grads", MemoryCategory::kWorkspace, compute, rows * C);
+    add("vocab.row_grads", MemoryCategory::kWorkspace, DType::kF32, rows * C);
+    if (compute != DType::kF32) {
+      add("vocab.head_grad", MemoryCategory::kWorkspace, DType::kF32, B * T * C);
+    }
     add("vocab.ce_maxes", MemoryCategory::kWorkspace, DType::kF32, geometry.group_size * rows);
     add("vocab.ce_sums", MemoryCategory::kWorkspace, DType::kF32, 2 * rows);
     add("vocab.losses", MemoryCategory::kWorkspace, DType::kF32, rows);
@@ -665,10 +673,11 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
       b.shape[0] = std::max(b.shape[0], LoraGemmWorkspaceBytes(layout, B * T, JobDeviceContext(job),
                                                                compute, grad_dtype));
       if (geometry.embedding_row_numel > 0) {
-        b.shape[0] =
-            std::max(b.shape[0], VocabHeadGemmWorkspaceBytes(
-                                     job, geometry, layout, JobDeviceContext(job),
-                                     LinearDTypes::ForPrecision(compute, param_dtype, grad_dtype)));
+        // The head's input-gradient partials are written in f32 (vocab.row_grads).
+        LinearDTypes head = LinearDTypes::ForPrecision(compute, param_dtype, grad_dtype);
+        head.dinp = DType::kF32;
+        b.shape[0] = std::max(b.shape[0], VocabHeadGemmWorkspaceBytes(job, geometry, layout,
+                                                                      JobDeviceContext(job), head));
       }
     }
     plan.buffers.push_back(std::move(b));

@@ -100,20 +100,25 @@ double RecomputeFraction(const zerotrain::JobSpec& job, const ForwardFlops& f,
 }
 
 // What one training micro-batch of a vocabulary-sharded embedding sends a rank
-// (worker/model/transformer_vocab_shard.cc), as Gloo counts it: the group's token ids and
-// positions gathered; the lookup's sums and the head's input-gradient partials reduce-scattered
-// ((G − 1)·B·T·C each, widened to f32); the final norm's outputs and the lookup's output
-// gradient gathered ((G − 1)·B·T·C each, in the compute dtype); the targets gathered; and per
-// pass of the head's rows, their maxima gathered and their two sums all-reduced.
+// (worker/model/transformer_vocab_shard.cc), as its communicator counts it: the group's token
+// ids and targets gathered (and packed positions, with learned ones); the lookup's sums
+// reduce-scattered ((G − 1)·B·T·C in the compute dtype: widened to f32 by Gloo, CPU ranks;
+// in the dtype by NCCL, CUDA ranks) and the head's f32 input-gradient partials
+// ((G − 1)·B·T·C·4); the final norm's outputs and the lookup's output gradient gathered
+// ((G − 1)·B·T·C each, in the compute dtype); and per pass of the head's rows, their maxima
+// gathered and their two sums all-reduced.
 int64_t VocabShardedBytesPerMicroBatch(const zerotrain::JobSpec& job, const ModelLayout& layout) {
   const ShardGeometry geometry = ParallelLayout::ForJob(job, 0).shard();
   const int64_t G = geometry.group_size;
   const int64_t BT = int64_t{job.train().micro_batch_size()} * job.data().seq_len();
   const int64_t C = job.model().d_model();
   const int64_t a = ElementBytes(job.precision().compute_dtype());
+  const int64_t reduced = job.resources().device() == zerotrain::ResourceConfig::CUDA ? a : 4;
   const int64_t V = layout.embedding().Find("wte")->shape[0];
-  const int64_t ids = layout.embedding().Find("wpe") != nullptr ? 3 : 2;  // tokens, targets
-  int64_t bytes = ids * (G - 1) * BT * 4 + 2 * (G - 1) * BT * C * 4 + 2 * (G - 1) * BT * C * a;
+  const bool positions = job.data().packing() && layout.embedding().Find("wpe") != nullptr;
+  const int64_t ids = positions ? 3 : 2;  // tokens, targets (, positions)
+  int64_t bytes =
+      ids * (G - 1) * BT * 4 + (G - 1) * BT * C * (reduced + 4) + 2 * (G - 1) * BT * C * a;
   const int64_t rows = G * BT;
   const int64_t rows_per_rank =
       ShardOfUnit(layout.embedding(), geometry).shard_numel / geometry.embedding_row_numel;

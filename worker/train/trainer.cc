@@ -226,9 +226,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
     ZT_ASSIGN_OR_RETURN(Tensor scratch, t->arenas_->Get("optimizer.reduce_scratch"));
     if (!shard_group) shard_group = Optimizer::ShardGroup{.reduce_scratch = scratch};
     Trainer* trainer = t.get();  // the communicators connect later; the sums find them then
-    shard_group->tensor_sum = [trainer](float* data, int64_t n) -> absl::Status {
+    // The statistics are the scratch's (and the kernel's workspace's, for Σ R_i): device
+    // memory, summed on the rank's device communicator.
+    const Device device = t->ctx_.device;
+    shard_group->tensor_sum = [trainer, device](float* data, int64_t n) -> absl::Status {
       ZT_ASSIGN_OR_RETURN(CommHandle h, trainer->comms_.tensor->AllReduce(
-                                            Tensor(data, DType::kF32, {n}), ReduceOp::kSum,
+                                            Tensor(data, DType::kF32, {n}, device), ReduceOp::kSum,
                                             "optimizer statistics all-reduce (tensor-parallel)"));
       return h.Wait();
     };

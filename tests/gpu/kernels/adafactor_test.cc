@@ -2,17 +2,22 @@
 // steps in a row: factored (matrix) and full (vector) second moments, relative step with
 // parameter scaling and an explicit lr without, a first moment and weight decay, gradients in
 // f32/bf16/f16 and every master storage; a sharded update by two ranks against the unsharded
-// CPU update; the workspace check.
+// CPU update; two tensor-parallel parts (split by rows with a replicated block of rows that one
+// part leaves uncounted, or by columns) against the CPU op's same two parts; the workspace
+// check.
 #if ZT_HAVE_CUDA
 
 #include "kernels/adafactor.h"
 
+#include <algorithm>
 #include <barrier>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/status_macros.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/kernels/master_twin.h"
 #include "tests/gpu/kernels/twin.h"
@@ -317,6 +322,163 @@ INSTANTIATE_TEST_SUITE_P(All, AdafactorShardGpuTest,
                                   std::to_string(info.param.rows > 0 ? info.param.rows
                                                                      : info.param.cols) +
                                   "_" + gpu_test::MasterModeName(info.param.master);
+                         });
+
+// The CPU twin of TwoRankGroup: two threads add their host sums in rank order.
+class HostTwoRankGroup {
+ public:
+  absl::Status Sum(int rank, float* data, int64_t n) {
+    host_[rank].assign(data, data + n);
+    sync_.arrive_and_wait();
+    for (int64_t i = 0; i < n; ++i) data[i] = host_[0][i] + host_[1][i];
+    sync_.arrive_and_wait();  // both have read before either rank's next call overwrites
+    return absl::OkStatus();
+  }
+
+ private:
+  std::barrier<> sync_{2};
+  std::vector<float> host_[2];
+};
+
+enum class PartSplit { kRows, kCols };
+
+// Two tensor-parallel parts of a logical 2a + k by kCols matrix, as a column-parallel weight
+// with a replicated KV head splits it (kRows: each part holds its a rows and the same k
+// shared rows after them, which part 1 leaves uncounted) or a row-parallel one (kCols: 300
+// and kCols − 300 columns). Each part steps as its rank does (AdafactorArgs::Shard's
+// logical_rows / logical_cols), the group's sums routed as worker/optim/optimizer.cc routes
+// them: the CUDA op against the CPU op on the same parts, state by state.
+class AdafactorTensorParallelGpuTest : public ::testing::TestWithParam<PartSplit> {};
+
+TEST_P(AdafactorTensorParallelGpuTest, TwoPartsMatchTheCpuOpsTwoParts) {
+  ZT_SKIP_WITHOUT_GPU();
+  const bool by_rows = GetParam() == PartSplit::kRows;
+  constexpr int64_t a = 29, k = 6, kCols = 517;
+  const int64_t logical_rows = 2 * a + k;
+  struct Part {
+    int64_t rows, cols;
+    Twin param, m, row, col;
+    std::vector<Twin> grads;
+  };
+  std::vector<Part> parts;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t rows = by_rows ? a + k : logical_rows;
+    const int64_t cols = by_rows ? kCols : (r == 0 ? 300 : kCols - 300);
+    const int64_t n = rows * cols;
+    // The shared rows (kRows) start equal and see equal gradients on both parts.
+    auto values = [&](uint64_t seed, float lo, float hi) {
+      std::vector<float> v = RandomVector(n, seed + 10 * r, lo, hi);
+      if (by_rows) {
+        const std::vector<float> shared = RandomVector(k * cols, seed + 1000, lo, hi);
+        std::copy(shared.begin(), shared.end(), v.begin() + a * cols);
+      }
+      return v;
+    };
+    Part p{.rows = rows,
+           .cols = cols,
+           .param = Twin::Floats(values(7, -1.0f, 1.0f), DType::kF32, {n}),
+           .m = Twin::Floats(std::vector<float>(n), DType::kF32, {n}),
+           .row = Twin::Floats(std::vector<float>(rows), DType::kF32, {rows}),
+           .col = Twin::Floats(std::vector<float>(cols), DType::kF32, {cols})};
+    for (int step = 1; step <= kSteps; ++step) {
+      p.grads.push_back(Twin::Floats(values(500 + step, -2.0f, 2.0f), DType::kF32, {n}));
+    }
+    parts.push_back(std::move(p));
+  }
+  const auto args_of = [&](int r, int step, bool gpu, float* scratch,
+                           std::function<absl::Status(float*, int64_t)> sum) {
+    Part& p = parts[r];
+    const int64_t rows = p.rows, cols = p.cols;
+    AdafactorArgs args{.param = gpu ? p.param.gpu() : p.param.cpu(),
+                       .grad = gpu ? p.grads[step - 1].gpu() : p.grads[step - 1].cpu(),
+                       .row_state = gpu ? p.row.gpu() : p.row.cpu(),
+                       .col_state = gpu ? p.col.gpu() : p.col.cpu(),
+                       .m = gpu ? p.m.gpu() : p.m.cpu(),
+                       .lr = 1e-2f,
+                       .beta1 = 0.9f,
+                       .relative_step = false,
+                       .scale_parameter = true,
+                       .weight_decay = 0.1f,
+                       .step = step,
+                       .grad_scale = 0.5f};
+    args.reduce_scratch =
+        Tensor(scratch, DType::kF32, {rows + cols + 2}, gpu ? gpu_test::Gpu0() : Device{});
+    args.shard =
+        AdafactorArgs::Shard{.rows = rows,
+                             .cols = cols,
+                             .begin = 0,
+                             .end = rows * cols,
+                             .sum_across_shards = [=](float* data, int64_t n) -> absl::Status {
+                               if (n != rows + cols + 1) return sum(data, n);
+                               if (by_rows)
+                                 return sum(data + rows, cols + 1);  // column sums, Σ param²
+                               ZT_RETURN_IF_ERROR(sum(data, rows));  // row sums
+                               return sum(data + rows + cols, 1);    // Σ param²
+                             },
+                             .logical_rows = by_rows ? logical_rows : 0,
+                             .logical_cols = by_rows ? 0 : kCols,
+                             .sum_row_states = sum};
+    if (by_rows && r == 1) args.shard->uncounted_rows = {{a, a + k}};
+    return args;
+  };
+  // The CPU's two parts.
+  {
+    HostTwoRankGroup group;
+    std::vector<absl::Status> results(2);
+    const auto rank = [&](int r) {
+      std::vector<float> scratch(parts[r].rows + parts[r].cols + 2);
+      for (int step = 1; step <= kSteps && results[r].ok(); ++step) {
+        results[r] = AdafactorUpdate(CpuContext(1), args_of(r, step, /*gpu=*/false, scratch.data(),
+                                                            [&, r](float* data, int64_t n) {
+                                                              return group.Sum(r, data, n);
+                                                            }));
+      }
+    };
+    std::thread other(rank, 1);
+    rank(0);
+    other.join();
+    ASSERT_TRUE(results[0].ok()) << results[0];
+    ASSERT_TRUE(results[1].ok()) << results[1];
+  }
+  // The GPU's.
+  TwoRankGroup group;
+  std::vector<absl::Status> results(2);
+  const auto rank = [&](int r) {
+    GpuStream stream;
+    DeviceBuffer workspace(AdafactorWorkspaceBytes(DeviceKind::kCuda, parts[r].rows));
+    DeviceBuffer scratch((parts[r].rows + parts[r].cols + 2) * static_cast<int64_t>(sizeof(float)));
+    for (int step = 1; step <= kSteps && results[r].ok(); ++step) {
+      results[r] = AdafactorUpdate(
+          gpu_test::CudaContext(stream, workspace.AsWorkspace()),
+          args_of(r, step, /*gpu=*/true, static_cast<float*>(scratch.data()),
+                  [&, r](float* data, int64_t n) { return group.Sum(r, stream, data, n); }));
+    }
+    if (results[r].ok() && stream.Sync() != cudaSuccess) results[r] = absl::InternalError("sync");
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  ASSERT_TRUE(results[1].ok()) << results[1];
+  // kF32Bound: the same sums in another order, as the sharded case above.
+  for (int r = 0; r < 2; ++r) {
+    Part& p = parts[r];
+    EXPECT_LT(NormalizedError(p.param.GpuFloats(), p.param.CpuFloats()), kF32Bound) << r;
+    EXPECT_LT(NormalizedError(p.m.GpuFloats(), p.m.CpuFloats()), kF32Bound) << r;
+    EXPECT_LT(NormalizedError(p.row.GpuFloats(), p.row.CpuFloats()), kF32Bound) << r;
+    EXPECT_LT(NormalizedError(p.col.GpuFloats(), p.col.CpuFloats()), kF32Bound) << r;
+  }
+  if (by_rows) {
+    // The shared rows were stepped identically on both parts.
+    const std::vector<float> p0 = parts[0].param.GpuFloats(), p1 = parts[1].param.GpuFloats();
+    EXPECT_TRUE(std::equal(p0.begin() + a * kCols, p0.end(), p1.begin() + a * kCols));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AdafactorTensorParallelGpuTest,
+                         ::testing::Values(PartSplit::kRows, PartSplit::kCols),
+                         [](const auto& info) {
+                           return std::string(info.param == PartSplit::kRows ? "rows" : "cols");
                          });
 
 }  // namespace

@@ -28,6 +28,8 @@ ncclDataType_t NcclType(DType t) {
       return ncclBfloat16;
     case DType::kF16:
       return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
     default:
       return ncclFloat32;
   }
@@ -82,10 +84,14 @@ absl::Status CheckBuffer(CommKind kind, const std::string& label, const char* ar
         OpName(kind, label), ": ", arg, " is on ", DeviceName(t.device()), ", expected ",
         DeviceName(device), "; NCCL moves buffers of this communicator's device only"));
   }
+  // An all-gather and a broadcast move bytes and add nothing, so i32 data (token ids: the
+  // vocabulary-sharded embedding's) goes too.
+  const bool moves_only = kind == CommKind::kAllGather || kind == CommKind::kBroadcast;
+  if (moves_only && t.dtype() == DType::kI32) return absl::OkStatus();
   if (!IsFloat(t.dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(OpName(kind, label), ": ", arg, " has dtype ",
-                                                   DTypeName(t.dtype()),
-                                                   ", expected f32, bf16 or f16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpName(kind, label), ": ", arg, " has dtype ", DTypeName(t.dtype()),
+        moves_only ? ", expected f32, bf16, f16 or i32" : ", expected f32, bf16 or f16"));
   }
   return absl::OkStatus();
 }
