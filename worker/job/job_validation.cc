@@ -219,19 +219,6 @@ void ValidateData(const JobSpec& spec, Violations& v) {
                        spec.model().max_seq_len()));
   }
   v.Set("data.seed", d.has_seed());
-  if (d.packing()) {
-    // The vocabulary-parallel embedding and the pipeline's stages take no document starts or
-    // positions yet.
-    const auto& p = spec.parallel();
-    if (p.has_tensor_parallel() && p.tensor_parallel() > 1) {
-      v.Add(absl::StrCat("data.packing: needs parallel.tensor_parallel 1 (got ",
-                         p.tensor_parallel(), ")"));
-    }
-    if (p.has_pipeline_parallel() && p.pipeline_parallel() > 1) {
-      v.Add(absl::StrCat("data.packing: needs parallel.pipeline_parallel 1 (got ",
-                         p.pipeline_parallel(), ")"));
-    }
-  }
 }
 
 void ValidateTrain(const JobSpec& spec, Violations& v) {

@@ -738,14 +738,17 @@ absl::Status Transformer::EmbeddingForward(const DeviceContext& ctx, const Tenso
   const UnitLayout& u = layout_.embedding();
   if (tp_.size > 1) {
     // Each rank looks up the tokens of its vocabulary rows (zero elsewhere); rank 0 adds the
-    // positions, so the group's sum is the whole table's embedding.
+    // positions (a packed batch's, restarting at each document), so the group's sum is the
+    // whole table's embedding.
     // With sequence parallelism the sum is reduce-scattered onto the rank's token rows.
     const Tensor out = RowParallelOutput(residual_[0]).Reshape({B_, T_, C_});
+    const Tensor wpe = tp_.rank == 0 ? View(u, params, "wpe") : Tensor();
     ZT_RETURN_IF_ERROR(
         VocabShardEmbeddingForward(ctx, {.tokens = tokens_,
                                          .wte = View(u, params, "wte"),
-                                         .wpe = tp_.rank == 0 ? View(u, params, "wpe") : Tensor(),
+                                         .wpe = wpe,
                                          .vocab_begin = vocab_begin_,
+                                         .positions = wpe.empty() ? Tensor() : positions_,
                                          .out = out}));
     return ReduceRowParallelOutput(residual_[0], "embedding all-reduce");
   }
@@ -1189,13 +1192,15 @@ absl::Status Transformer::EmbeddingBackward(const DeviceContext& ctx, const Tens
   if (tp_.size > 1) {
     // dL/d(embedding output) is whole on every rank (gathered from the token rows' shards with
     // sequence parallelism): each takes its vocabulary rows, and every rank the positions'
-    // (replicated) gradient.
+    // (replicated) gradient, at the forward's (packed) positions.
     ZT_ASSIGN_OR_RETURN(const Tensor dout, RowParallelOutputGrad("embedding backward gather"));
+    const Tensor dwpe = View(u, grads, "wpe");
     return VocabShardEmbeddingBackward(ctx, {.tokens = tokens_,
                                              .dout = dout.Reshape({B_, T_, C_}),
                                              .dwte = View(u, grads, "wte"),
-                                             .dwpe = View(u, grads, "wpe"),
-                                             .vocab_begin = vocab_begin_});
+                                             .dwpe = dwpe,
+                                             .vocab_begin = vocab_begin_,
+                                             .positions = dwpe.empty() ? Tensor() : positions_});
   }
   const Tensor dwpe = View(u, grads, "wpe");
   return zt::EmbeddingBackward(ctx, {.tokens = tokens_,

@@ -664,6 +664,15 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
     add("vocab.ce_sums", MemoryCategory::kWorkspace, DType::kF32, 2 * rows);
     add("vocab.losses", MemoryCategory::kWorkspace, DType::kF32, rows);
   }
+  if (job.data().packing()) {
+    // A packed micro-batch's document starts and positions (Trainer::UploadBatch), copied in
+    // through the copy engine with its tokens for the attention, RoPE and the position
+    // embedding to read on the rank's device: (B, T) i32 each, since a row holds at most T
+    // documents (each of at least one token), so the starts' S ≤ T columns fit whatever the
+    // shards' longest row.
+    add("batch.doc_starts", MemoryCategory::kWorkspace, DType::kI32, B * T);
+    add("batch.positions", MemoryCategory::kWorkspace, DType::kI32, B * T);
+  }
   for (BufferSpec& b : RankActivationTable(job, place, B, T, compute)) {
     plan.buffers.push_back(std::move(b));
   }

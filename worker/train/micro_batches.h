@@ -7,7 +7,7 @@
 // whole documents, packed (data.packing) or one a row padded, with prompt tokens, padding and
 // each document's last position ignored (target -1). A packed batch also carries its document
 // starts and the positions that restart at each document (DocumentPositions), in host memory
-// the model reads through Transformer::SetDocuments (so packing needs a CPU context).
+// (the trainer copies them up with the tokens: Trainer::UploadBatch).
 //
 // Not thread-safe: Fill writes the object's own document buffers.
 #pragma once

@@ -137,15 +137,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const zerotrain::JobSpe
   t->device_->mutable_context().workspace = {.data = gemm_workspace.raw(),
                                              .bytes = gemm_workspace.size_bytes()};
   t->ctx_ = t->device_->context();
-  if (t->train_batches_->packed() && t->ctx_.device.kind != DeviceKind::kCpu) {
-    // The document starts and positions live in host memory the model reads directly.
-    return absl::UnimplementedError(
-        "data.packing: packed documents train on the CPU backend only for now");
-  }
   // The step loop's host side, taken once: it allocates nothing per step.
   const int64_t tokens_per_micro = int64_t{B} * T;
   ZT_ASSIGN_OR_RETURN(void* tokens, t->device_->AllocateStaging(tokens_per_micro * 4));
   ZT_ASSIGN_OR_RETURN(void* targets, t->device_->AllocateStaging(tokens_per_micro * 4));
+  if (t->train_batches_->packed()) {
+    // A packed micro-batch's document starts and positions cross with its tokens into the
+    // plan's buffers on the rank's device (UploadBatch), which the model reads from there.
+    ZT_ASSIGN_OR_RETURN(t->batch_doc_starts_, t->arenas_->Get("batch.doc_starts"));
+    ZT_ASSIGN_OR_RETURN(t->batch_positions_, t->arenas_->Get("batch.positions"));
+    ZT_ASSIGN_OR_RETURN(void* starts, t->device_->AllocateStaging(tokens_per_micro * 4));
+    ZT_ASSIGN_OR_RETURN(void* positions, t->device_->AllocateStaging(tokens_per_micro * 4));
+    t->host_doc_starts_ = static_cast<int32_t*>(starts);
+    t->host_positions_ = static_cast<int32_t*>(positions);
+  }
   ZT_ASSIGN_OR_RETURN(void* stop, t->device_->AllocateStaging(4));
   ZT_ASSIGN_OR_RETURN(void* scalars, t->device_->AllocateStaging(
                                          int64_t{4} * ShardingEngine::kScalarSlots * world));

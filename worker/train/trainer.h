@@ -342,7 +342,10 @@ class Trainer {
     double busy_s = 0;  // this stage's forwards and backwards
     double span_s = 0;  // the schedule's wall time on this stage, to its last send's end
   };
-  absl::Status RunPipelineSchedule(float grad_scale, double* data_wait_s, PipelineTiming* timing);
+  // The last stage's loss gradient takes loss_scale / step_counted per counted target, every
+  // micro-batch's loss its share of the step's counted targets (Step).
+  absl::Status RunPipelineSchedule(double loss_scale, int64_t step_counted, double* data_wait_s,
+                                   PipelineTiming* timing);
   // Evaluate's part on a pipeline stage: the forwards of validation micro-batches 0..n − 1
   // (each data-parallel rank its own) through the stage's chunks, activations received from
   // the previous stage and sent to the next; the last stage adds each one's loss to the
@@ -352,8 +355,9 @@ class Trainer {
   // StepRecord::pipeline_bubble from every stage's timing (an all-gather over the pipeline).
   absl::StatusOr<double> PipelineBubble(const PipelineTiming& timing);
   // Fills host staging with `batches`' micro-batch k and uploads it into the model's tokens
-  // and targets (one copy each); a packed batch's document starts and positions go to the
-  // model as host views. Returns how many targets count (B·T unless documents mask some).
+  // and targets (one copy each); a packed batch's document starts and positions too, into the
+  // plan's batch buffers, which the model then reads (SetDocuments). Returns how many targets
+  // count (B·T unless documents mask some).
   absl::StatusOr<int64_t> UploadBatch(MicroBatches& batches, int64_t k);
   // Puts the stop request in this rank's slot, all-gathers the ranks' step statistics and
   // reads them back in one copy: the wait of the step.
@@ -399,6 +403,12 @@ class Trainer {
   // stop request, and every rank's step statistics read back.
   int32_t* host_tokens_ = nullptr;
   int32_t* host_targets_ = nullptr;
+  // data.packing: a micro-batch's document starts and positions, staged on the host (B·T i32
+  // each: the starts' B·S ≤ B·T) and the plan's device buffers they are uploaded into
+  // (batch.doc_starts, batch.positions); null and empty otherwise.
+  int32_t* host_doc_starts_ = nullptr;
+  int32_t* host_positions_ = nullptr;
+  Tensor batch_doc_starts_, batch_positions_;
   float* host_stop_ = nullptr;
   float* host_scalars_ = nullptr;
   MemoryPlan plan_;

@@ -32,8 +32,8 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
-                                          PipelineTiming* timing) {
+absl::Status Trainer::RunPipelineSchedule(double loss_scale, int64_t step_counted,
+                                          double* data_wait_s, PipelineTiming* timing) {
   Transformer& m = *model_;
   const auto schedule_start = Clock::now();
   double busy_s = 0;  // this stage's forwards and backwards
@@ -53,10 +53,8 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
     h.reset();
     return s;
   };
-  const Transformer::LossOptions options{.write_grad = true,
-                                         .grad_scale = grad_scale,
-                                         .loss_sum = engine_->loss_accumulator(),
-                                         .loss_divisor = static_cast<double>(accum)};
+  // One scale for every counted target of the step (Step), known before the first backward.
+  const float grad_scale = StepGradScale(loss_scale, step_counted);
   const int virtual_stages =
       job_.parallel().pipeline_schedule() == zerotrain::ParallelConfig::INTERLEAVED ? v : 1;
   const std::vector<PipelineOp> ops =
@@ -78,21 +76,23 @@ absl::Status Trainer::RunPipelineSchedule(float grad_scale, double* data_wait_s,
       m.SetLoraDropoutSeed(job_.train().seed() * 0x9E3779B97F4A7C15ull +
                            static_cast<uint64_t>((step_ * accum + k) * ranks + data_rank_));
     }
-    if (first || last) {
+    int64_t counted = 0;  // the last chunk's loss weighs by it (Step)
+    if (first || last || train_batches_->packed()) {
       const auto fill_start = Clock::now();
       // The model's first chunk's embedding reads the tokens in its forward and backward, the
-      // last chunk's loss the targets.
-      ZT_ASSIGN_OR_RETURN(const int64_t counted,
+      // last chunk's loss the targets; a packed micro-batch's document starts and positions
+      // are read by every chunk's attention (and RoPE), so every stage fills micro-batch k
+      // again before each of its ops — the schedule interleaves micro-batches (1F1B), and the
+      // batch is a pure function of k (DocumentSampler), so the stages agree without sending it.
+      ZT_ASSIGN_OR_RETURN(counted,
                           UploadBatch(*train_batches_, (step_ * accum + k) * ranks + data_rank_));
-      if (counted != m.batch() * m.seq_len()) {
-        // The schedule's gradient scale assumes every target counts.
-        return absl::UnimplementedError(
-            "data.train: document shards (masked prompts or padding, from zt prepare --format "
-            "jsonl) do not train with parallel.pipeline_parallel > 1 yet; use plain token shards "
-            "or pipeline_parallel 1");
-      }
       *data_wait_s += std::chrono::duration<double>(Clock::now() - fill_start).count();
     }
+    const Transformer::LossOptions options{
+        .write_grad = true,
+        .grad_scale = grad_scale,
+        .loss_sum = engine_->loss_accumulator(),
+        .loss_divisor = MicroBatchLossDivisor(step_counted, counted, ranks)};
     if (op.forward) {
       // The slot's output of an older micro-batch may still be on its way.
       ZT_RETURN_IF_ERROR(wait(activation_sends[c][slot]));
@@ -177,7 +177,8 @@ absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {
       const std::string label = absl::StrCat("evaluation chunk ", c, " micro-batch ", k);
       ZT_RETURN_IF_ERROR(m.SelectMicroBatch(c, slot));
       int64_t counted = 0;  // the last chunk's loss weighs by it (Evaluate)
-      if (m.chunk_is_first() || m.chunk_is_last()) {
+      // Every chunk of a packed micro-batch reads its document starts and positions.
+      if (m.chunk_is_first() || m.chunk_is_last() || val_batches_->packed()) {
         ZT_ASSIGN_OR_RETURN(counted, UploadBatch(*val_batches_, k * data_size_ + data_rank_));
       }
       ZT_RETURN_IF_ERROR(wait(sends[c][slot]));
@@ -187,7 +188,7 @@ absl::Status Trainer::RunPipelineEvaluation(int64_t n, int64_t total_counted) {
       }
       ZT_RETURN_IF_ERROR(m.StageForward(
           ctx_, {.loss_sum = engine_->loss_accumulator(),
-                 .loss_divisor = EvaluationLossDivisor(total_counted, counted, data_size_)}));
+                 .loss_divisor = MicroBatchLossDivisor(total_counted, counted, data_size_)}));
       if (!m.chunk_is_last()) {
         ZT_ASSIGN_OR_RETURN(sends[c][slot],
                             comms_.activations_out->Send(m.stage_output(), 1, label));

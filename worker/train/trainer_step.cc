@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -130,26 +131,22 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   double data_wait_s = 0;
   std::optional<double> pipeline_bubble;
   PipelineTiming pipeline_timing;
-  if (model_->pipelined()) {
-    // Plain shards only (validation refuses packing with pipeline parallelism): every
-    // micro-batch counts all B·T targets.
-    const float grad_scale =
-        static_cast<float>(loss_scale / static_cast<double>(ranks * accum * tokens_per_micro));
-    PipelineTiming timing;
-    ZT_RETURN_IF_ERROR(RunPipelineSchedule(grad_scale, &data_wait_s, &timing));
-    ZT_ASSIGN_OR_RETURN(pipeline_bubble, PipelineBubble(timing));
-    pipeline_timing = timing;
-  }
   // The step's loss is the mean over every target it counts, on every rank and in every
   // micro-batch: the loss of the one large batch that gradient accumulation and data
   // parallelism split, however unevenly documents (prompts masked, padding) spread the counted
-  // targets. Every rank works the total out alone from the document plan, no collective.
+  // targets. Every rank works the total out alone from the document plan, no collective: so a
+  // pipeline's stages all know it before the schedule's first backward, the last stage's loss
+  // gradient takes it, and the other stages' gradients follow from that one.
   int64_t step_counted = 0;
-  if (!model_->pipelined()) {
-    for (int64_t k = step_ * accum * ranks; k < (step_ + 1) * accum * ranks; ++k) {
-      ZT_ASSIGN_OR_RETURN(const int64_t counted, train_batches_->CountedTargets(k));
-      step_counted += counted;
-    }
+  for (int64_t k = step_ * accum * ranks; k < (step_ + 1) * accum * ranks; ++k) {
+    ZT_ASSIGN_OR_RETURN(const int64_t counted, train_batches_->CountedTargets(k));
+    step_counted += counted;
+  }
+  if (model_->pipelined()) {
+    PipelineTiming timing;
+    ZT_RETURN_IF_ERROR(RunPipelineSchedule(loss_scale, step_counted, &data_wait_s, &timing));
+    ZT_ASSIGN_OR_RETURN(pipeline_bubble, PipelineBubble(timing));
+    pipeline_timing = timing;
   }
   for (int64_t micro = 0; micro < accum && !model_->pipelined(); ++micro) {
     const int64_t global = (step_ * accum + micro) * ranks + data_rank_;
@@ -162,12 +159,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     // step_counted / (counted · ranks) weighs it by its share of the step, and the ranks' sum
     // is divided by `ranks` below. Plain shards count all B·T targets: 1 / (N·accum·B·T) and
     // accum, as always. A micro-batch with nothing counted adds nothing.
-    const float grad_scale =
-        step_counted == 0 ? 0.0f
-                          : static_cast<float>(loss_scale / static_cast<double>(step_counted));
-    const double loss_divisor =
-        counted == 0 ? 1.0
-                     : static_cast<double>(step_counted) / static_cast<double>(counted * ranks);
+    const float grad_scale = StepGradScale(loss_scale, step_counted);
+    const double loss_divisor = MicroBatchLossDivisor(step_counted, counted, ranks);
     // The adapters' dropout masks: a function of the job's seed and the global micro-batch,
     // so a resumed run draws the masks the uninterrupted one did.
     if (model_->layout().lora) {
@@ -295,7 +288,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
   const int64_t n = job_.train().eval_steps();
   // The validation loss is the mean over every target the n · ranks micro-batches count, as
   // the step's loss is (Step): a packed or padded micro-batch with few counted targets weighs
-  // by its targets, not as much as a full one (EvaluationLossDivisor). Every rank works the
+  // by its targets, not as much as a full one (MicroBatchLossDivisor). Every rank works the
   // total out alone from the document plan.
   int64_t total = 0;
   for (int64_t k = 0; k < n * ranks; ++k) {
@@ -310,7 +303,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
     ZT_ASSIGN_OR_RETURN(const int64_t counted, UploadBatch(*val_batches_, k * ranks + data_rank_));
     ZT_RETURN_IF_ERROR(
         engine_->ForwardLoss(ctx_, {.loss_sum = engine_->loss_accumulator(),
-                                    .loss_divisor = EvaluationLossDivisor(total, counted, ranks)}));
+                                    .loss_divisor = MicroBatchLossDivisor(total, counted, ranks)}));
   }
   ZT_ASSIGN_OR_RETURN(StepTotals totals, ReadStatistics(/*stop_request=*/0, /*loss_divisor=*/1.0));
   return totals.loss_sum / static_cast<double>(ranks);
@@ -318,9 +311,28 @@ absl::StatusOr<double> Trainer::Evaluate() {
 
 absl::StatusOr<int64_t> Trainer::UploadBatch(MicroBatches& batches, int64_t k) {
   ZT_ASSIGN_OR_RETURN(const int64_t counted, batches.Fill(k, host_tokens_, host_targets_));
-  model_->SetDocuments(batches.doc_starts(), batches.positions());
   ZT_RETURN_IF_ERROR(device_->Upload(model_->tokens(), host_tokens_));
   ZT_RETURN_IF_ERROR(device_->Upload(model_->targets(), host_targets_));
+  if (!batches.packed()) return counted;
+  // The loader's (B, S) starts and (B, T) positions, checked on the host as it built them
+  // (kernels/packing.h: a CUDA kernel does not read them back to check), staged and copied up.
+  // An Upload waits for the compute queued so far, so no queued kernel still reads the last
+  // micro-batch's.
+  const Tensor starts = batches.doc_starts(), positions = batches.positions();
+  if (starts.numel() > batch_doc_starts_.numel()) {
+    // Cannot happen: every document holds a token, so a row holds at most T (the plan's room).
+    return absl::InternalError(absl::StrCat("micro-batch ", k, ": ", starts.numel(),
+                                            " document starts, the plan holds ",
+                                            batch_doc_starts_.numel()));
+  }
+  const Tensor device_starts =
+      batch_doc_starts_.Slice(0, starts.numel()).Reshape({starts.dim(0), starts.dim(1)});
+  const Tensor device_positions = batch_positions_.Reshape({positions.dim(0), positions.dim(1)});
+  std::memcpy(host_doc_starts_, starts.raw(), starts.size_bytes());
+  std::memcpy(host_positions_, positions.raw(), positions.size_bytes());
+  ZT_RETURN_IF_ERROR(device_->Upload(device_starts, host_doc_starts_));
+  ZT_RETURN_IF_ERROR(device_->Upload(device_positions, host_positions_));
+  model_->SetDocuments(device_starts, device_positions);
   return counted;
 }
 

@@ -91,13 +91,6 @@ TEST(ValidateJobSpecTest, EachRuleNamesTheFieldTheValueAndTheRule) {
        "data.seq_len: 512 exceeds model.max_seq_len 64"},
       {"seq_len", [](JobSpec& s) { s.mutable_data()->set_seq_len(0); },
        "data.seq_len: must be >= 1 (got 0)"},
-      {"packing with tensor parallelism",
-       [](JobSpec& s) {
-         s.mutable_data()->set_packing(true);
-         s.mutable_parallel()->set_world_size(2);
-         s.mutable_parallel()->set_tensor_parallel(2);
-       },
-       "data.packing: needs parallel.tensor_parallel 1 (got 2)"},
       {"train files", [](JobSpec& s) { s.mutable_data()->clear_train(); },
        "data.train: at least one file is required"},
       {"empty val path", [](JobSpec& s) { s.mutable_data()->add_val(""); },

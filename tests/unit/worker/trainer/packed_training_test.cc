@@ -5,17 +5,16 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/status_macros.h"
+#include "tests/unit/worker/trainer/document_corpus.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/rank_threads.h"
 #include "worker/comm/store.h"
-#include "worker/data/document_index.h"
 #include "worker/data/token_shard.h"
 #include "worker/job/job_loading.h"
 #include "worker/train/micro_batches.h"
@@ -33,25 +32,10 @@ class PackedTrainingTest : public ::testing::Test {
   void SetUp() override { dir_ = testing::TestScratchDir("zt-packed-training-test"); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // 200 documents of 2..14 tokens (vocabulary 32), each continuing a pattern so there is
-  // something to learn, with prompts of 0..length-1 tokens. `all_prompt`: every document is
-  // prompt from end to end (nothing counted).
+  // The shared document corpus (document_corpus.h) at dir_/name.
   std::string WriteDocuments(const std::string& name, int max_length, bool all_prompt = false) {
-    std::mt19937 rng(11);
-    std::vector<int32_t> tokens;
-    DocumentIndex index;
-    for (int d = 0; d < 200; ++d) {
-      const int length = 2 + static_cast<int>(rng() % (max_length - 1));
-      const int32_t stride = 1 + static_cast<int32_t>(rng() % 5);
-      const int32_t first = static_cast<int32_t>(rng() % 32);
-      for (int i = 0; i < length; ++i) tokens.push_back((first + i * stride) % 32);
-      const auto prompt = all_prompt ? length : static_cast<int>(rng() % length);
-      index.documents.push_back({.length = static_cast<uint32_t>(length),
-                                 .prompt_length = static_cast<uint32_t>(prompt)});
-    }
     const std::string path = (dir_ / name).string();
-    EXPECT_TRUE(WriteTokenShard(path, tokens, 32).ok());
-    EXPECT_TRUE(WriteDocumentIndex(path + kDocumentIndexSuffix, index).ok());
+    testing::WriteDocumentShard(path, max_length, all_prompt);
     return path;
   }
 
