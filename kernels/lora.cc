@@ -3,13 +3,16 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/load_store.h"
+#if ZT_HAVE_CUDA
+#include "kernels/cuda/lora.h"
+#endif
 #include "kernels/status_macros.h"
 
 namespace zt {
 namespace {
 
-absl::Status CheckCpuFloat(const char* op, const char* arg, const Tensor& t,
-                           const DeviceContext& ctx) {
+absl::Status CheckFloat(const char* op, const char* arg, const Tensor& t,
+                        const DeviceContext& ctx) {
   ZT_RETURN_IF_ERROR(internal::CheckOnDevice(op, arg, t, ctx));
   return internal::CheckFloatDType(op, arg, t);
 }
@@ -19,9 +22,8 @@ absl::Status CheckColumns(const char* op, const DeviceContext& ctx, const char* 
                           const Tensor& wide, const char* part_arg, const Tensor& part,
                           int64_t col_begin) {
   ZT_RETURN_IF_ERROR(internal::CheckContext(op, ctx));
-  if (ctx.device.kind != DeviceKind::kCpu) return internal::NoCudaKernel(op);
-  ZT_RETURN_IF_ERROR(CheckCpuFloat(op, wide_arg, wide, ctx));
-  ZT_RETURN_IF_ERROR(CheckCpuFloat(op, part_arg, part, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(op, wide_arg, wide, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(op, part_arg, part, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, wide_arg, wide, 2));
   ZT_RETURN_IF_ERROR(internal::CheckRank(op, part_arg, part, 2));
   if (part.dim(0) != wide.dim(0)) {
@@ -42,6 +44,7 @@ absl::Status CheckColumns(const char* op, const DeviceContext& ctx, const char* 
 absl::Status ColumnsCopy(const DeviceContext& ctx, const ColumnsCopyArgs& args) {
   constexpr const char* kOp = "ColumnsCopy";
   ZT_RETURN_IF_ERROR(CheckColumns(kOp, ctx, "src", args.src, "dst", args.dst, args.col_begin));
+  if (ctx.device.kind == DeviceKind::kCuda) return ZT_CUDA_OP(kOp, cuda::ColumnsCopy(ctx, args));
   const int64_t M = args.src.dim(0), N = args.src.dim(1), n = args.dst.dim(1);
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t i = 0; i < M; ++i) {
@@ -56,6 +59,7 @@ absl::Status ColumnsCopy(const DeviceContext& ctx, const ColumnsCopyArgs& args) 
 absl::Status ColumnsAdd(const DeviceContext& ctx, const ColumnsAddArgs& args) {
   constexpr const char* kOp = "ColumnsAdd";
   ZT_RETURN_IF_ERROR(CheckColumns(kOp, ctx, "dst", args.dst, "src", args.src, args.col_begin));
+  if (ctx.device.kind == DeviceKind::kCuda) return ZT_CUDA_OP(kOp, cuda::ColumnsAdd(ctx, args));
   const int64_t M = args.dst.dim(0), N = args.dst.dim(1), n = args.src.dim(1);
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t i = 0; i < M; ++i) {
@@ -84,9 +88,8 @@ bool LoraDropoutKeeps(uint64_t seed, int64_t i, float p) {
 absl::Status LoraDropout(const DeviceContext& ctx, const LoraDropoutArgs& args) {
   constexpr const char* kOp = "LoraDropout";
   ZT_RETURN_IF_ERROR(internal::CheckContext(kOp, ctx));
-  if (ctx.device.kind != DeviceKind::kCpu) return internal::NoCudaKernel(kOp);
-  ZT_RETURN_IF_ERROR(CheckCpuFloat(kOp, "inp", args.inp, ctx));
-  ZT_RETURN_IF_ERROR(CheckCpuFloat(kOp, "out", args.out, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "inp", args.inp, ctx));
+  ZT_RETURN_IF_ERROR(CheckFloat(kOp, "out", args.out, ctx));
   ZT_RETURN_IF_ERROR(internal::CheckSameNumel(kOp, "out", args.out, "inp", args.inp));
   if (!(args.p >= 0.0f && args.p < 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": p is ", args.p, ", must be in [0, 1)"));
@@ -105,6 +108,9 @@ absl::Status LoraDropout(const DeviceContext& ctx, const LoraDropoutArgs& args) 
     n = width;
     row = args.logical_cols;
     col_begin = args.col_begin;
+  }
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    return ZT_CUDA_OP(kOp, cuda::LoraDropout(ctx, args, n, row, col_begin, keep_scale));
   }
 #pragma omp parallel for num_threads(ctx.num_threads) schedule(static)
   for (int64_t i = 0; i < numel; ++i) {

@@ -11,7 +11,8 @@
 // index), so the backward re-applies the same mask from the seed instead of storing it.
 //
 // Tensors may be f32, bf16 or f16 independently: loaded to f32, computed, rounded once on
-// store. CPU only: a CUDA context gets Unimplemented naming the op.
+// store. CUDA contexts run kernels/cuda/lora.h's twins, bit for bit the CPU's results (no
+// sums; the same rounding and the same mask hash).
 #pragma once
 
 #include <cstdint>

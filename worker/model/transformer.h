@@ -154,12 +154,15 @@ class Transformer {
   // PEFT's initialisation of every adapter: A (r, in) uniform in ±1/sqrt(in) (PyTorch's
   // kaiming_uniform_(a=sqrt(5))), B zero, so a fresh adapter changes nothing. Deterministic in
   // `seed`, each matrix its own stream.
-  void InitializeLora(uint64_t seed);
+  // `into`, when given, is host memory indexed and sized as unit_lora() that receives the
+  // values instead (a rank whose memory the host cannot address fills it and uploads it).
+  void InitializeLora(uint64_t seed, const std::vector<Tensor>* into = nullptr);
   // Sets the held units' adapters from the one-rank model's: `whole[u]` is unit u's adapter
   // buffer in BuildModelLayout's layout (f32, its lora_numel elements; units without adapters
   // are not read). A tensor-parallel rank keeps its shares (LoraSliceOf), so a PEFT directory
-  // read whole starts every layout where one rank starts.
-  void SetLoraFromWhole(const std::vector<std::vector<float>>& whole);
+  // read whole starts every layout where one rank starts. `into` as InitializeLora's.
+  void SetLoraFromWhole(const std::vector<std::vector<float>>& whole,
+                        const std::vector<Tensor>* into = nullptr);
   // The seed of the adapters' dropout masks for the next forward and its backward (the mask of
   // each adapter is a function of this seed, the block and the adapter); the step loop sets a
   // new one per micro-batch. Unused when model.lora.dropout is 0.
@@ -379,6 +382,8 @@ class Transformer {
   absl::Status StageBackward(const DeviceContext& ctx);
 
  private:
+  // Where InitializeLora / SetLoraFromWhole write unit u's (of layout_) adapters.
+  float* LoraTarget(int u, const std::vector<Tensor>* into) const;
   enum class Recompute : uint8_t { kNone, kFull, kSelective };
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att_lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_act;

@@ -67,7 +67,19 @@ LoraDropoutArgs Transformer::LoraDropoutOf(int block, size_t site, const Tensor&
   return args;
 }
 
-void Transformer::InitializeLora(uint64_t seed) {
+// Where unit u's adapters (u of layout_, held) are written: its buffer, or `into`'s entry for
+// it (indexed as unit_lora(): a pipeline stage's own units in held order).
+float* Transformer::LoraTarget(int u, const std::vector<Tensor>* into) const {
+  if (into == nullptr) return lora_params_[u].data<float>();
+  size_t k = static_cast<size_t>(u);
+  if (pipelined_) {
+    k = static_cast<size_t>(std::find(held_units_.begin(), held_units_.end(), u) -
+                            held_units_.begin());
+  }
+  return (*into)[k].data<float>();
+}
+
+void Transformer::InitializeLora(uint64_t seed, const std::vector<Tensor>* into) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     // A pipeline stage's own units; each matrix's stream is named by the whole model's unit
     // index, so the stages together hold the one-rank model's adapters.
@@ -79,7 +91,8 @@ void Transformer::InitializeLora(uint64_t seed) {
       // (LoraSliceOf), so the group starts as one rank does.
       const LoraSite& whole = whole_layout_.units[u].lora[k];
       std::vector<float> drawn(tp_.size > 1 ? whole.a.numel : 0);
-      float* a = tp_.size > 1 ? drawn.data() : lora_params_[u].data<float>() + site.a.offset;
+      float* const target = LoraTarget(static_cast<int>(u), into);
+      float* a = tp_.size > 1 ? drawn.data() : target + site.a.offset;
       // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain·sqrt(3 / fan_in) =
       // 1 / sqrt(fan_in).
       const double bound = 1.0 / std::sqrt(static_cast<double>(whole.in));
@@ -93,15 +106,16 @@ void Transformer::InitializeLora(uint64_t seed) {
       }
       if (tp_.size > 1) {
         ExtractSlice(LoraSliceOf(config_, whole, /*a=*/true, tp_.size, tp_.rank), drawn.data(),
-                     lora_params_[u].data<float>() + site.a.offset);
+                     target + site.a.offset);
       }
-      float* b = lora_params_[u].data<float>() + site.b.offset;
+      float* b = target + site.b.offset;
       std::fill(b, b + site.b.numel, 0.0f);
     }
   }
 }
 
-void Transformer::SetLoraFromWhole(const std::vector<std::vector<float>>& whole) {
+void Transformer::SetLoraFromWhole(const std::vector<std::vector<float>>& whole,
+                                   const std::vector<Tensor>* into) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     if (!HoldsUnit(static_cast<int>(u))) continue;
     const UnitLayout& unit = layout_.units[u];
@@ -111,7 +125,7 @@ void Transformer::SetLoraFromWhole(const std::vector<std::vector<float>>& whole)
       for (const bool a : {true, false}) {
         ExtractSlice(LoraSliceOf(config_, w, a, tp_.size, tp_.rank),
                      whole[u].data() + (a ? w.a.offset : w.b.offset),
-                     lora_params_[u].data<float>() + (a ? site.a.offset : site.b.offset));
+                     LoraTarget(static_cast<int>(u), into) + (a ? site.a.offset : site.b.offset));
       }
     }
   }

@@ -498,35 +498,60 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
 
 absl::Status Trainer::InitializeAdapters() {
   const zerotrain::ModelConfig& model = job_.model();
-  // The adapters are f32 buffers the host fills (PEFT's init, or a PEFT directory); a device
-  // whose memory the host cannot address has no LoRA kernels yet (docs/lora.md).
-  if (!device_->host_addressable()) {
-    return absl::UnimplementedError(
-        "model.lora: the adapters are initialised and run on CPU ranks only so far");
-  }
   // NF4 or INT8: the quantized weights come from the same seeded init as the rest of the base,
-  // one tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase).
+  // one tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase). The
+  // host quantizes into memory the device shares (docs/lora.md): a device whose memory the
+  // host cannot address has no quantized base yet.
+  if (model.base_dtype() == zerotrain::ModelConfig::NF4 ||
+      model.base_dtype() == zerotrain::ModelConfig::INT8) {
+    if (!device_->host_addressable()) {
+      return absl::UnimplementedError(
+          "a quantized model.base_dtype: the base is quantized on the host into memory the "
+          "device shares; this device's memory is not host-addressable");
+    }
+  }
   if (model.init_from().empty() && !swapped_base_) {  // a swapped one is written with its shards
     ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
   }
-  model_->InitializeLora(job_.train().seed());
+  // The adapters are f32 values the host computes (PEFT's init, or a PEFT directory). A device
+  // whose memory the host cannot address gets them through host staging of each unit's
+  // adapter buffer, uploaded through the rank's copy engine: set-up memory beside the plan
+  // (the adapters' f32 bytes once, freed before the first step), as the base being assembled
+  // in StreamQuantizedBase is.
+  const std::vector<Tensor>& buffers = model_->unit_lora();
+  const bool staged = !device_->host_addressable();
+  std::vector<std::vector<float>> staging;
+  std::vector<Tensor> host;
+  if (staged) {
+    for (const Tensor& b : buffers) {
+      staging.emplace_back(b.empty() ? 0 : static_cast<size_t>(b.numel()), 0.0f);
+      host.push_back(b.empty() ? Tensor()
+                               : Tensor(staging.back().data(), DType::kF32, {b.numel()}));
+    }
+  }
+  const std::vector<Tensor>* into = staged ? &host : nullptr;
+  model_->InitializeLora(job_.train().seed(), into);
   if (!model.lora().init_from().empty()) {
     if (model_->tensor_parallel().size <= 1) {
-      return ReadPeftAdapter(model, model_->layout(), model.lora().init_from(),
-                             model_->unit_lora());
+      ZT_RETURN_IF_ERROR(ReadPeftAdapter(model, model_->layout(), model.lora().init_from(),
+                                         staged ? host : buffers));
+    } else {
+      // A tensor-parallel rank reads the whole model's adapters and keeps its shares.
+      const ModelLayout whole = BuildModelLayout(model);
+      std::vector<std::vector<float>> adapters(whole.units.size());
+      std::vector<Tensor> whole_buffers;
+      for (size_t u = 0; u < whole.units.size(); ++u) {
+        adapters[u].resize(static_cast<size_t>(whole.units[u].lora_numel));
+        whole_buffers.push_back(adapters[u].empty() ? Tensor()
+                                                    : Tensor(adapters[u].data(), DType::kF32,
+                                                             {whole.units[u].lora_numel}));
+      }
+      ZT_RETURN_IF_ERROR(ReadPeftAdapter(model, whole, model.lora().init_from(), whole_buffers));
+      model_->SetLoraFromWhole(adapters, into);
     }
-    // A tensor-parallel rank reads the whole model's adapters and keeps its shares.
-    const ModelLayout whole = BuildModelLayout(model);
-    std::vector<std::vector<float>> adapters(whole.units.size());
-    std::vector<Tensor> buffers;
-    for (size_t u = 0; u < whole.units.size(); ++u) {
-      adapters[u].resize(static_cast<size_t>(whole.units[u].lora_numel));
-      buffers.push_back(adapters[u].empty()
-                            ? Tensor()
-                            : Tensor(adapters[u].data(), DType::kF32, {whole.units[u].lora_numel}));
-    }
-    ZT_RETURN_IF_ERROR(ReadPeftAdapter(model, whole, model.lora().init_from(), buffers));
-    model_->SetLoraFromWhole(adapters);
+  }
+  for (size_t u = 0; staged && u < buffers.size(); ++u) {
+    if (!buffers[u].empty()) ZT_RETURN_IF_ERROR(device_->Upload(buffers[u], staging[u].data()));
   }
   return absl::OkStatus();
 }

@@ -24,7 +24,7 @@ namespace zt::gpu_test {
 struct RunResult {
   std::vector<double> losses, grad_norms, loss_scales;
   std::vector<int64_t> skipped;
-  std::vector<std::vector<float>> weights;                   // rank 0's FullWeights at the end
+  std::vector<std::vector<float>> weights;  // rank 0's FullWeights (a LoRA job's FullAdapters)
   std::vector<std::vector<std::vector<float>>> all_weights;  // every rank's
   std::vector<int64_t> offload_bytes;  // per rank, the last step's bytes to the host and back
 };
@@ -110,7 +110,9 @@ inline RunResult TrainRanks(const zerotrain::JobSpec& job, int64_t stop_after,
           run.skipped.push_back(rec.skipped);
         });
         if (!ran.ok()) return ran;
-        absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->FullWeights();
+        // A LoRA job's trained weights are its adapters (its base is frozen).
+        absl::StatusOr<std::vector<std::vector<float>>> w =
+            job.model().has_lora() ? (*t)->FullAdapters() : (*t)->FullWeights();
         if (!w.ok()) return w.status();
         run.all_weights[r] = std::move(*w);
         return absl::OkStatus();
