@@ -2,6 +2,7 @@
 // dispatch on the device kind.
 #include "kernels/nf4.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,7 @@ const std::array<float, 16>& Nf4Levels() {
   return levels;
 }
 
-Nf4Layout Nf4LayoutFor(int64_t numel, Nf4Absmax format) {
+Nf4Layout Nf4LayoutFor(int64_t numel, Nf4Absmax format, const Nf4ShareShape& share) {
   Nf4Layout l;
   l.numel = numel;
   l.code_bytes = (numel + 1) / 2;
@@ -55,6 +56,11 @@ Nf4Layout Nf4LayoutFor(int64_t numel, Nf4Absmax format) {
   if (format == Nf4Absmax::kDoubleQuantized) {
     l.absmax_groups = NumQuantBlocks(l.blocks, kNf4AbsmaxGroup);
     l.total_bytes = l.code_bytes + l.blocks + 4 * l.absmax_groups + 4;
+  } else if (format == Nf4Absmax::kGroupIndexed) {
+    l.absmax_groups = NumQuantBlocks(
+        NumQuantBlocks(std::max<int64_t>(share.whole_numel, 1), kNf4Block), kNf4AbsmaxGroup);
+    l.rows = share.row_blocks > 0 ? l.blocks / share.row_blocks : 0;
+    l.total_bytes = l.code_bytes + l.blocks + 4 * l.absmax_groups + 4 + 4 * l.rows;
   } else {
     l.total_bytes = l.code_bytes + 4 * l.blocks;
   }
@@ -67,8 +73,21 @@ absl::Status CheckNf4Tensor(const char* op, const char* arg, const Nf4Tensor& t,
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": ", arg, ".numel is ", t.numel, ", must be at least 1"));
   }
-  const Nf4Layout l = Nf4LayoutFor(t.numel, t.format);
   const std::string name(arg);
+  if (t.format == Nf4Absmax::kGroupIndexed) {
+    const int64_t row = t.share.row_blocks * kNf4Block;
+    if (t.share.row_blocks < 1 || t.numel % row != 0 || t.share.whole_numel < t.numel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": ", arg, " (kGroupIndexed) has ", t.numel, " elements in rows of ",
+          t.share.row_blocks, " blocks out of a whole weight of ", t.share.whole_numel,
+          "; share.row_blocks must be at least 1, numel a multiple of 64 · row_blocks and at most "
+          "share.whole_numel"));
+    }
+  } else if (!t.block_base.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", arg, ".block_base must be empty; it belongs to kGroupIndexed"));
+  }
+  const Nf4Layout l = Nf4LayoutFor(t.numel, t.format, t.share);
   ZT_RETURN_IF_ERROR(CheckBuffer(op, name + ".codes", t.codes, ctx, DType::kU8, l.code_bytes));
   if (t.format == Nf4Absmax::kF32) {
     ZT_RETURN_IF_ERROR(CheckBuffer(op, name + ".absmax", t.absmax, ctx, DType::kF32, l.blocks));
@@ -83,7 +102,10 @@ absl::Status CheckNf4Tensor(const char* op, const char* arg, const Nf4Tensor& t,
   ZT_RETURN_IF_ERROR(CheckBuffer(op, name + ".absmax", t.absmax, ctx, DType::kU8, l.blocks));
   ZT_RETURN_IF_ERROR(
       CheckBuffer(op, name + ".absmax_scale", t.absmax_scale, ctx, DType::kF32, l.absmax_groups));
-  return CheckBuffer(op, name + ".absmax_offset", t.absmax_offset, ctx, DType::kF32, 1);
+  ZT_RETURN_IF_ERROR(
+      CheckBuffer(op, name + ".absmax_offset", t.absmax_offset, ctx, DType::kF32, 1));
+  if (t.format != Nf4Absmax::kGroupIndexed) return absl::OkStatus();
+  return CheckBuffer(op, name + ".block_base", t.block_base, ctx, DType::kI32, l.rows);
 }
 
 absl::Status Nf4Quantize(const DeviceContext& ctx, const Nf4QuantizeArgs& args) {
@@ -96,6 +118,12 @@ absl::Status Nf4Quantize(const DeviceContext& ctx, const Nf4QuantizeArgs& args) 
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": src ", args.src.DebugString(), " has ",
                                                    args.src.numel(), " elements, dst.numel is ",
                                                    args.dst.numel, "; they must be equal"));
+  }
+  if (args.dst.format == Nf4Absmax::kGroupIndexed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp,
+        ": dst.format kGroupIndexed is a share sliced from a whole weight's kDoubleQuantized "
+        "quantization; quantize the whole weight"));
   }
   if (ctx.device.kind == DeviceKind::kCuda) {
     return absl::UnimplementedError(

@@ -30,8 +30,13 @@ inline uint8_t Nf4NearestCode(const float* thresholds, float r) {
 // The scale A_b of block b as dequantization uses it (kernels/nf4.h).
 inline float Nf4BlockScale(const Nf4Tensor& t, int64_t b) {
   if (t.format == Nf4Absmax::kF32) return t.absmax.data<float>()[b];
+  // The group of the whole weight's block that block b is (kGroupIndexed), or of block b.
+  const int64_t whole_block =
+      t.format == Nf4Absmax::kGroupIndexed
+          ? t.block_base.data<int32_t>()[b / t.share.row_blocks] + b % t.share.row_blocks
+          : b;
   return std::fma(DynamicMapSigned()[t.absmax.data<uint8_t>()[b]],
-                  t.absmax_scale.data<float>()[b / kNf4AbsmaxGroup],
+                  t.absmax_scale.data<float>()[whole_block / kNf4AbsmaxGroup],
                   t.absmax_offset.data<float>()[0]);
 }
 

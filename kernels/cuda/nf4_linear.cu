@@ -34,23 +34,29 @@ Nf4Tables TablesOf() {
 // The device pointers of an Nf4Tensor.
 struct Nf4Ptrs {
   const uint8_t* codes;
-  const uint8_t* absmax_codes;  // kDoubleQuantized
+  const uint8_t* absmax_codes;  // kDoubleQuantized, kGroupIndexed
   const float* absmax_f32;      // kF32
   const float* scale;
   const float* offset;
+  const int32_t* block_base;  // kGroupIndexed, else null
+  int64_t row_blocks;         // kGroupIndexed
 };
 
 Nf4Ptrs PtrsOf(const Nf4Tensor& t) {
-  const bool dq = t.format == Nf4Absmax::kDoubleQuantized;
+  const bool dq = t.format != Nf4Absmax::kF32;
+  const bool indexed = t.format == Nf4Absmax::kGroupIndexed;
   return {.codes = t.codes.data<uint8_t>(),
           .absmax_codes = dq ? t.absmax.data<uint8_t>() : nullptr,
           .absmax_f32 = dq ? nullptr : t.absmax.data<float>(),
           .scale = dq ? t.absmax_scale.data<float>() : nullptr,
-          .offset = dq ? t.absmax_offset.data<float>() : nullptr};
+          .offset = dq ? t.absmax_offset.data<float>() : nullptr,
+          .block_base = indexed ? t.block_base.data<int32_t>() : nullptr,
+          .row_blocks = indexed ? t.share.row_blocks : 0};
 }
 
 // dst[r][c] (row stride ld) = element (r0 + r, c0 + c) of W viewed as (·, cols), for r < rows
-// and c < width: Nf4Levels()[code] · A_b with A_b = fma(map[k_b], s_g, μ) or the f32 absmax —
+// and c < width: Nf4Levels()[code] · A_b with A_b = fma(map[k_b], s_g, μ) (g of b's whole-weight
+// block for kGroupIndexed) or the f32 absmax —
 // the operations cpu::Nf4DequantizeTile performs, so the tiles agree bit for bit.
 __global__ void DequantizeTileKernel(Nf4Ptrs w, Nf4Tables tables, int64_t cols, int64_t r0,
                                      int64_t rows, int64_t c0, int64_t width, float* dst,
@@ -65,9 +71,13 @@ __global__ void DequantizeTileKernel(Nf4Ptrs w, Nf4Tables tables, int64_t cols, 
     const int64_t r = i / width, c = i % width;
     const int64_t e = (r0 + r) * cols + c0 + c;
     const int64_t b = e / kNf4Block;
-    const float scale = w.absmax_codes != nullptr ? fmaf(s.map[w.absmax_codes[b]],
-                                                         w.scale[b / kNf4AbsmaxGroup], w.offset[0])
-                                                  : w.absmax_f32[b];
+    // The group of the whole weight's block that b is (kGroupIndexed), or of b.
+    const int64_t whole_block =
+        w.block_base != nullptr ? w.block_base[b / w.row_blocks] + b % w.row_blocks : b;
+    const float scale =
+        w.absmax_codes != nullptr
+            ? fmaf(s.map[w.absmax_codes[b]], w.scale[whole_block / kNf4AbsmaxGroup], w.offset[0])
+            : w.absmax_f32[b];
     const uint8_t byte = w.codes[e >> 1];
     const uint8_t code = (e & 1) != 0 ? (byte & 0x0F) : (byte >> 4);
     dst[r * ld + c] = __fmul_rn(s.levels[code], scale);

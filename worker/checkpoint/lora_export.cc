@@ -144,8 +144,8 @@ absl::Status ReadShareQuantizedBytes(const zerotrain::JobSpec& saved,
 // Quantized weight p of `unit` in f32 as the job computed with it, into `values` ((numel) f32):
 // with `read` its saved buffers dequantized; without, `values` (the file's weight) quantized
 // as the job's start quantized it (StreamQuantizedBase), then dequantized. `layout` is the
-// saving rank's: a tensor-parallel rank's NF4 share keeps its absmax in f32
-// (ModelLayout::nf4_absmax), one rank's double-quantizes it.
+// saving rank's: a tensor-parallel rank's NF4 share indexes the one-rank group scales
+// (ModelLayout::nf4_absmax kGroupIndexed), one rank's double-quantizes its whole weight.
 absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layout,
                                const UnitLayout& unit, const ParamSpec& p,
                                const QuantizedReader& read, const Tensor& values) {
@@ -165,18 +165,25 @@ absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layo
     }
     return Int8DequantizeWeight(ctx, {.src = w, .dst = matrix});
   }
-  const bool doubled = !read || layout.nf4_absmax == Nf4Absmax::kDoubleQuantized;
-  const Nf4Layout l =
-      Nf4LayoutFor(p.numel, doubled ? Nf4Absmax::kDoubleQuantized : Nf4Absmax::kF32);
+  // Without `read` the weight is quantized here as one rank's start quantizes it.
+  const Nf4Absmax format = read ? layout.nf4_absmax : Nf4Absmax::kDoubleQuantized;
+  const Nf4ShareShape shape = read ? Nf4ShareShapeOf(layout, p) : Nf4ShareShape{};
+  const Nf4Layout l = Nf4LayoutFor(p.numel, format, shape);
+  const bool f32 = format == Nf4Absmax::kF32;
   std::vector<uint8_t> codes(l.code_bytes);
   std::vector<float> absmax(l.blocks), scale(l.absmax_groups), offset(1);  // f32 words
+  std::vector<int32_t> block_base(l.rows);
   Nf4Tensor w{.numel = p.numel,
-              .format = doubled ? Nf4Absmax::kDoubleQuantized : Nf4Absmax::kF32,
+              .format = format,
               .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
-              .absmax = Tensor(absmax.data(), doubled ? DType::kU8 : DType::kF32, {l.blocks})};
-  if (doubled) {
+              .absmax = Tensor(absmax.data(), f32 ? DType::kF32 : DType::kU8, {l.blocks}),
+              .share = shape};
+  if (!f32) {
     w.absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups});
     w.absmax_offset = Tensor(offset.data(), DType::kF32, {1});
+  }
+  if (format == Nf4Absmax::kGroupIndexed) {
+    w.block_base = Tensor(block_base.data(), DType::kI32, {l.rows});
   }
   if (!read) {
     ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = w}));
@@ -184,9 +191,12 @@ absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layo
     const std::string prefix = Nf4BufferPrefix(unit, p);
     ZT_RETURN_IF_ERROR(read(prefix + "codes", w.codes));
     ZT_RETURN_IF_ERROR(read(prefix + "absmax", w.absmax));
-    if (doubled) {
+    if (!f32) {
       ZT_RETURN_IF_ERROR(read(prefix + "absmax_scale", w.absmax_scale));
       ZT_RETURN_IF_ERROR(read(prefix + "absmax_offset", w.absmax_offset));
+    }
+    if (format == Nf4Absmax::kGroupIndexed) {
+      ZT_RETURN_IF_ERROR(read(prefix + "block_base", w.block_base));
     }
   }
   return Nf4Dequantize(ctx, {.src = w, .dst = values});
@@ -195,14 +205,14 @@ absl::Status DequantizedWeight(const DeviceContext& ctx, const ModelLayout& layo
 // Quantized weight `wp` of whole unit `u` (of `whole`, the saved job's one-rank layout) of a
 // seeded base saved on pipeline stages or tensor-parallel ranks, dequantized into `out`
 // ((wp.numel) f32): each saved rank of the unit's stage (one data-parallel replica) dequantizes
-// its share with its own layout (DequantizedWeight: a tensor-parallel NF4 share's one-rank codes
-// and f32 block absmax, an INT8 share's one-rank codes and whole-row scales; a stage's whole
-// weight at tensor_parallel 1) and the share is placed where one rank holds it (PlaceSlice).
-// Below ZeRO stage 3 the share's buffers are the rank's own "<unit>.nf4.*" / "<unit>.int8.*";
-// at stage 3 they are pieces of the share's quantized bytes, joined from the "<unit>.qbase" byte
-// shards of the rank's data-parallel group (ReadShareQuantizedBytes). Each share dequantizes to the
-// one-rank dequantized weight's slice bit for bit (Transformer::QuantizeBaseWeight), so the join is
-// one rank's dequantized weight bit for bit.
+// its share with its own layout (DequantizedWeight: a tensor-parallel NF4 share's one-rank codes,
+// absmax codes and the group scales they index, an INT8 share's one-rank codes and whole-row
+// scales; a stage's whole weight at tensor_parallel 1) and the share is placed where one rank holds
+// it (PlaceSlice). Below ZeRO stage 3 the share's buffers are the rank's own "<unit>.nf4.*" /
+// "<unit>.int8.*"; at stage 3 they are pieces of the share's quantized bytes, joined from the
+// "<unit>.qbase" byte shards of the rank's data-parallel group (ReadShareQuantizedBytes). Each
+// share dequantizes to the one-rank dequantized weight's slice bit for bit
+// (Transformer::QuantizeBaseWeight), so the join is one rank's dequantized weight bit for bit.
 absl::Status JoinDequantizedShares(const zerotrain::JobSpec& saved,
                                    const std::function<std::string(int)>& rank_file,
                                    const UnitLayout& whole_unit, const ParamSpec& wp, float* out) {

@@ -442,10 +442,11 @@ absl::Status ReshardTensorParallelState(const zerotrain::JobSpec& saved,
     if (m.has_lora() && (IsQuantizedBaseBuffer(b->name) || b->name.ends_with(".qbase")) &&
         (std::max(1, saved.parallel().tensor_parallel()) > 1 || place.tensor_size() > 1)) {
       // A quantized base with tensor parallelism on either side: a saved share is not this
-      // rank's (nor, at one rank, the whole weight's bytes: an NF4 share keeps f32 absmax
-      // values). The base is frozen: the rank's own, quantized at start-up from the job's seed
-      // (Transformer::QuantizeBaseWeight; one read from model.init_from is not checkpointed,
-      // reloaded_at_start), is the checkpoint's: kept when the seeds agree.
+      // rank's (nor, at one rank, the whole weight's bytes: an NF4 share keeps the one-rank
+      // group scales and its rows' block indices). The base is frozen: the rank's own, quantized at
+      // start-up from the job's seed (Transformer::QuantizeBaseWeight; one read from
+      // model.init_from is not checkpointed, reloaded_at_start), is the checkpoint's: kept when the
+      // seeds agree.
       if (saved.train().seed() != job.train().seed()) {
         return absl::FailedPreconditionError(
             absl::StrCat("resuming at another tensor-parallel layout: the quantized base ", b->name,

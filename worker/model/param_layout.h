@@ -62,6 +62,10 @@ struct ParamSpec {
   // Stored quantized outside the unit's flat buffer (a LoRA job's base_dtype NF4 or INT8: the
   // blocks' linear weights); `offset` is then -1 and the unit's numel leaves it out.
   bool quantized = false;
+  // On a tensor-parallel rank (TensorParallelModelLayout) the one-rank tensor's numel, whose
+  // share `shape` is; 0 in a one-rank layout. An NF4 share keeps the whole weight's group
+  // scales (kernels/nf4.h, kGroupIndexed).
+  int64_t whole_numel = 0;
 };
 
 // One adapted linear layer (or part of a fused one) of a block: y[:, row_begin : row_begin +
@@ -109,10 +113,11 @@ struct ModelLayout {
   BaseQuantization base_quantization = BaseQuantization::kNone;
   // base_dtype NF4: how each quantized weight keeps its block absmax values. One rank
   // double-quantizes (the paper's layout); a tensor-parallel share keeps the one-rank weight's
-  // read-back absmax per block in f32 (kF32), because the double quantization's 256-block groups
-  // run along the whole weight's flat elements and a share's blocks (a row-parallel share's
-  // columns above all) fall into other groups than its own 256-block groups would
-  // (docs/lora.md, "QLoRA on tensor-parallel ranks").
+  // 8-bit absmax code of each of its blocks, the one-rank weight's group scales and μ, and per
+  // share row the one-rank index of its first block (kGroupIndexed), because the double
+  // quantization's 256-block groups run along the whole weight's flat elements and a share's
+  // blocks (a row-parallel share's columns above all) fall into other groups than its own
+  // 256-block groups would (docs/lora.md, "QLoRA on tensor-parallel ranks").
   Nf4Absmax nf4_absmax = Nf4Absmax::kDoubleQuantized;
   // base_dtype INT8: the outlier threshold of every quantized layer (model.int8_threshold).
   float int8_threshold = 0.0f;

@@ -16,8 +16,8 @@
 #include "kernels/rope.h"
 #include "kernels/status_macros.h"
 #include "kernels/tensor_parallel.h"
-#include "worker/model/tensor_parallel_slice.h"
 #include "worker/model/lora_tensor_parallel.h"
+#include "worker/model/tensor_parallel_slice.h"
 #include "worker/plan/lora_plan.h"
 #include "worker/plan/parallel_plan.h"
 
@@ -178,10 +178,10 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
   for (int u : m.held_units_) {
     if (probe_unit < 0 && (!m.layout_.lora || !m.layout_.units[u].lora.empty())) probe_unit = u;
   }
-  const std::string grads_probe =
-      probe_unit < 0 ? std::string("grad.residual")
-      : m.layout_.lora ? m.layout_.units[probe_unit].name + ".lora_grads"
-                       : m.layout_.units[probe_unit].name + ".grads";
+  const std::string grads_probe = probe_unit < 0 ? std::string("grad.residual")
+                                  : m.layout_.lora
+                                      ? m.layout_.units[probe_unit].name + ".lora_grads"
+                                      : m.layout_.units[probe_unit].name + ".grads";
   const bool with_grads =
       (probe_unit < 0 ? work.Get(grads_probe).ok() : state.Get(grads_probe).ok()) &&
       work.Get("grad.residual").ok();
@@ -253,11 +253,15 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
         const std::string prefix = Nf4BufferPrefix(u, p);
         q.nf4.numel = p.numel;
         q.nf4.format = m.layout_.nf4_absmax;
+        q.nf4.share = Nf4ShareShapeOf(m.layout_, p);
         ZT_ASSIGN_OR_RETURN(q.nf4.codes, state.Get(prefix + "codes"));
         ZT_ASSIGN_OR_RETURN(q.nf4.absmax, state.Get(prefix + "absmax"));
-        if (q.nf4.format == Nf4Absmax::kDoubleQuantized) {
+        if (q.nf4.format != Nf4Absmax::kF32) {
           ZT_ASSIGN_OR_RETURN(q.nf4.absmax_scale, state.Get(prefix + "absmax_scale"));
           ZT_ASSIGN_OR_RETURN(q.nf4.absmax_offset, state.Get(prefix + "absmax_offset"));
+        }
+        if (q.nf4.format == Nf4Absmax::kGroupIndexed) {
+          ZT_ASSIGN_OR_RETURN(q.nf4.block_base, state.Get(prefix + "block_base"));
         }
       }
       quantized.push_back(std::move(q));
@@ -373,8 +377,7 @@ absl::StatusOr<Transformer> Transformer::BindImpl(const zerotrain::ModelConfig& 
         Tensor& t = a.*f;
         if (t.empty()) continue;
         if (!work.Get(p + BlockFieldName(f)).ok()) continue;  // shared: one micro-batch
-        ZT_ASSIGN_OR_RETURN(SlotBinding b,
-                            binding(p + BlockFieldName(f), t, chunk_of_unit(1 + i)));
+        ZT_ASSIGN_OR_RETURN(SlotBinding b, binding(p + BlockFieldName(f), t, chunk_of_unit(1 + i)));
         b.block = i;
         b.block_field = f;
         ZT_ASSIGN_OR_RETURN(t, SlotView(b, 0));
@@ -488,9 +491,9 @@ absl::StatusOr<Tensor> Transformer::SlotView(const SlotBinding& b, int slot) {
 
 absl::Status Transformer::SetStageComputeParams(const std::vector<Tensor>& units) {
   if (!pipelined_ || units.size() != held_units_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stage compute parameters: a pipeline stage of ", held_units_.size(), " units got ",
-        units.size()));
+    return absl::InvalidArgumentError(absl::StrCat("stage compute parameters: a pipeline stage of ",
+                                                   held_units_.size(), " units got ",
+                                                   units.size()));
   }
   compute_params_.assign(params_.size(), Tensor());
   for (size_t local = 0; local < units.size(); ++local) {
@@ -627,7 +630,7 @@ void Transformer::InitializeWeights(uint64_t seed, const std::vector<Tensor>& in
 void Transformer::InitializeUnitRange(uint64_t seed, int u, int64_t begin, int64_t end,
                                       float* out) const {
   const UnitLayout& unit = layout_.units[held_units_[u]];  // a stage's u: its own units
-  std::fill(out, out + (end - begin), 0.0f);                // padding past the unit's last tensor
+  std::fill(out, out + (end - begin), 0.0f);               // padding past the unit's last tensor
   for (const ParamSpec& p : unit.params) {
     if (p.quantized) continue;  // not in the flat buffer: InitializeQuantizedBase
     const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);

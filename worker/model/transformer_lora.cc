@@ -13,6 +13,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <random>
 #include <vector>
@@ -193,21 +194,34 @@ absl::Status QuantizeInt8Share(const DeviceContext& ctx, const std::string& what
 }
 
 // NF4 on a tensor-parallel rank: the whole (one-rank) weight `values` quantized as one rank
-// quantizes it (double-quantized), and the share's elements given their one-rank codes and
-// their block's one-rank absmax as it reads back, fma(map[k_b], s_g, μ) in f32 as
-// Nf4Dequantize computes it, stored in f32 (dst.format kF32, ModelLayout::nf4_absmax). So the
-// share dequantizes to the one-rank dequantized weight's slice bit for bit, provided every
-// 64-element block of the share lies in one block of the whole weight: CheckEngineSupport
-// refuses the shapes where it would not (d_model / t and d_ff / t multiples of 64); a share
-// block that straddles two is an InternalError here.
+// quantizes it (double-quantized), and the share given its elements' one-rank codes, its blocks'
+// one-rank 8-bit absmax codes, the one-rank group scales and μ, and per share row the one-rank
+// index of its first block (dst.format kGroupIndexed, ModelLayout::nf4_absmax), so each share
+// block reads its absmax back as fma(map[k_b], s_g, μ) of its one-rank block and group, and
+// the share dequantizes to the one-rank dequantized weight's slice bit for bit. That needs every
+// share row to be a run of whole one-rank blocks (the share's columns and the weight's columns
+// multiples of 64, the first column too): CheckEngineSupport refuses the shapes where it would
+// not (d_model / t and d_ff / t multiples of 64); a share row that is not is an InternalError
+// here.
 absl::Status QuantizeNf4Share(const DeviceContext& ctx, const std::string& what,
                               const Tensor& values, const TensorParallelSlice& share,
                               const Nf4Tensor& dst) {
   const int64_t n = share.global_rows * share.global_cols, lc = share.local_cols;
-  if (values.numel() != n || dst.numel != share.local_rows * lc || dst.format != Nf4Absmax::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "QuantizeBaseWeight: ", what, " takes the whole weight of ", n,
-        " elements for an f32-absmax share of ", share.local_rows * lc, ", got ", values.numel()));
+  if (values.numel() != n || dst.numel != share.local_rows * lc ||
+      dst.format != Nf4Absmax::kGroupIndexed || dst.share.whole_numel != n ||
+      dst.share.row_blocks * kNf4Block != lc) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeight: ", what, " takes the whole weight of ", n,
+                     " elements for a group-indexed share of ", share.local_rows, " rows of ", lc,
+                     " (of a whole weight of ", dst.share.whole_numel, ", rows of ",
+                     dst.share.row_blocks * kNf4Block, "), got ", values.numel()));
+  }
+  if (lc % kNf4Block != 0 || share.global_cols % kNf4Block != 0 ||
+      share.col_begin % kNf4Block != 0) {
+    return absl::InternalError(absl::StrCat(
+        "QuantizeBaseWeight: ", what, "'s share holds columns [", share.col_begin, ", ",
+        share.col_begin + lc, ") of ", share.global_cols, "; its rows must be whole ", kNf4Block,
+        "-element NF4 blocks of the whole weight (CheckEngineSupport refuses such shapes)"));
   }
   const Nf4Layout l = Nf4LayoutFor(n, Nf4Absmax::kDoubleQuantized);
   std::vector<uint8_t> codes(static_cast<size_t>(l.code_bytes)),
@@ -220,38 +234,36 @@ absl::Status QuantizeNf4Share(const DeviceContext& ctx, const std::string& what,
                         .absmax_scale = Tensor(group_scale.data(), DType::kF32, {l.absmax_groups}),
                         .absmax_offset = Tensor(offset.data(), DType::kF32, {1})};
   ZT_RETURN_IF_ERROR(Nf4Quantize(ctx, {.src = values, .dst = whole}));
-  const std::array<float, 256>& map = DynamicMapSigned();
+  if (dst.absmax_scale.numel() != l.absmax_groups || dst.absmax_offset.numel() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeight: ", what, "'s share keeps ", dst.absmax_scale.numel(),
+                     " group scales, the whole weight has ", l.absmax_groups));
+  }
+  std::memcpy(dst.absmax_scale.raw(), group_scale.data(), group_scale.size() * sizeof(float));
+  std::memcpy(dst.absmax_offset.raw(), offset.data(), sizeof(float));
   auto* out_codes = static_cast<uint8_t*>(dst.codes.raw());
-  auto* out_absmax = static_cast<float*>(dst.absmax.raw());
-  // Padding elements (none for the block linears today): the zero level with absmax 0.
+  auto* out_absmax = static_cast<uint8_t*>(dst.absmax.raw());
+  auto* out_base = static_cast<int32_t*>(dst.block_base.raw());
+  // Padding rows (none for the block linears today): the zero level of block 0's scale.
   std::fill(out_codes, out_codes + dst.codes.numel(), uint8_t{kNf4ZeroCode * 17});
-  std::fill(out_absmax, out_absmax + dst.absmax.numel(), 0.0f);
-  // The whole block each share block reads its absmax from (-1: none yet).
-  std::vector<int64_t> source(static_cast<size_t>(dst.absmax.numel()), -1);
-  const auto nibble = [](const uint8_t* packed, int64_t i) -> uint8_t {
-    return i % 2 == 0 ? packed[i / 2] >> 4 : packed[i / 2] & 0xF;
-  };
+  std::fill(out_absmax, out_absmax + dst.absmax.numel(), uint8_t{0});
+  std::fill(out_base, out_base + dst.block_base.numel(), int32_t{0});
+  const int64_t row_blocks = lc / kNf4Block;
   for (const TensorParallelSlice::Rows& run : share.rows) {
     for (int64_t i = 0; i < run.count; ++i) {
-      for (int64_t c = 0; c < lc; ++c) {
-        const int64_t local = (run.local_begin + i) * lc + c;
-        const int64_t global = (run.global_begin + i) * share.global_cols + share.col_begin + c;
-        const uint8_t code = nibble(codes.data(), global);
-        uint8_t& byte = out_codes[local / 2];
-        byte = local % 2 == 0 ? static_cast<uint8_t>((byte & 0x0F) | (code << 4))
-                              : static_cast<uint8_t>((byte & 0xF0) | code);
-        const int64_t block = local / kNf4Block, from = global / kNf4Block;
-        if (source[block] < 0) {
-          source[block] = from;
-          out_absmax[block] =
-              std::fma(map[absmax[from]], group_scale[from / kNf4AbsmaxGroup], offset[0]);
-        } else if (source[block] != from) {
-          return absl::InternalError(absl::StrCat(
-              "QuantizeBaseWeight: ", what, "'s share block ", block, " holds elements of blocks ",
-              source[block], " and ", from, " of the whole weight; the share must hold whole ",
-              kNf4Block, "-element NF4 blocks (CheckEngineSupport refuses such shapes)"));
-        }
+      const int64_t local_row = run.local_begin + i;
+      const int64_t first = (run.global_begin + i) * share.global_cols + share.col_begin;
+      // A share row starts on a block, so its codes are whole bytes of the whole weight's.
+      std::memcpy(out_codes + local_row * lc / 2, codes.data() + first / 2,
+                  static_cast<size_t>(lc / 2));
+      std::memcpy(out_absmax + local_row * row_blocks, absmax.data() + first / kNf4Block,
+                  static_cast<size_t>(row_blocks));
+      if (first / kNf4Block > std::numeric_limits<int32_t>::max()) {
+        return absl::InternalError(absl::StrCat("QuantizeBaseWeight: ", what, " has more than ",
+                                                std::numeric_limits<int32_t>::max(),
+                                                " NF4 blocks; block_base is i32"));
       }
+      out_base[local_row] = static_cast<int32_t>(first / kNf4Block);
     }
   }
   return absl::OkStatus();
@@ -307,10 +319,12 @@ std::vector<Transformer::QuantizedWeightBuffers> Transformer::QuantizedViews(int
       if (field == "absmax") q.nf4.absmax = view;
       if (field == "absmax_scale") q.nf4.absmax_scale = view;
       if (field == "absmax_offset") q.nf4.absmax_offset = view;
+      if (field == "block_base") q.nf4.block_base = view;
     }
     if (!int8) {
       q.nf4.numel = p.numel;
       q.nf4.format = layout_.nf4_absmax;
+      q.nf4.share = Nf4ShareShapeOf(layout_, p);
     }
     out.push_back(std::move(q));
   }

@@ -24,6 +24,12 @@ bool IsQuantizedBaseBuffer(const std::string& name) {
   return name.find(".nf4.") != std::string::npos || name.find(".int8.") != std::string::npos;
 }
 
+Nf4ShareShape Nf4ShareShapeOf(const ModelLayout& layout, const ParamSpec& p) {
+  if (layout.nf4_absmax != Nf4Absmax::kGroupIndexed || p.shape.size() != 2) return {};
+  return {.row_blocks = p.shape[1] / kNf4Block,
+          .whole_numel = p.whole_numel > 0 ? p.whole_numel : p.numel};
+}
+
 namespace {
 
 // Quantized weight p's buffers as they are planned below stage 3.
@@ -37,19 +43,24 @@ std::vector<BufferSpec> QuantizedBuffersOf(const ModelLayout& layout, const Unit
             prefix + "codes", MemoryCategory::kParameters, DType::kU8, {p.shape[0], p.shape[1]}},
         BufferSpec{prefix + "scales", MemoryCategory::kParameters, DType::kF32, {p.shape[0]}}};
   }
-  const Nf4Layout nf4 = Nf4LayoutFor(p.numel, layout.nf4_absmax);
+  const Nf4Layout nf4 = Nf4LayoutFor(p.numel, layout.nf4_absmax, Nf4ShareShapeOf(layout, p));
   const std::string prefix = Nf4BufferPrefix(u, p);
   if (layout.nf4_absmax == Nf4Absmax::kF32) {
-    // A tensor-parallel share: the one-rank weight's read-back absmax of each of its blocks.
     return {BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
             BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kF32, {nf4.blocks}}};
   }
-  return {
+  std::vector<BufferSpec> out = {
       BufferSpec{prefix + "codes", MemoryCategory::kParameters, DType::kU8, {nf4.code_bytes}},
       BufferSpec{prefix + "absmax", MemoryCategory::kParameters, DType::kU8, {nf4.blocks}},
       BufferSpec{
           prefix + "absmax_scale", MemoryCategory::kParameters, DType::kF32, {nf4.absmax_groups}},
       BufferSpec{prefix + "absmax_offset", MemoryCategory::kParameters, DType::kF32, {1}}};
+  if (layout.nf4_absmax == Nf4Absmax::kGroupIndexed) {
+    // A tensor-parallel share: the one-rank index of each share row's first block.
+    out.push_back(
+        BufferSpec{prefix + "block_base", MemoryCategory::kParameters, DType::kI32, {nf4.rows}});
+  }
+  return out;
 }
 
 }  // namespace
@@ -155,10 +166,8 @@ std::vector<BufferSpec> LoraStateBuffers(const zerotrain::JobSpec& job, const Mo
     if (host_step) {
       // ZeRO-Offload's overlap, as for a full unit (memory_plan.cc): the adapters' reduced
       // shard comes down here during the backward ("<trainable unit>.grads.host").
-      out.push_back({u.name + ".lora.grads.host",
-                     MemoryCategory::kPinnedHost,
-                     grad,
-                     {shard.shard_numel}});
+      out.push_back(
+          {u.name + ".lora.grads.host", MemoryCategory::kPinnedHost, grad, {shard.shard_numel}});
       if (delayed_update) {
         // The delayed update (worker/optim/delayed_host_step.h), as for a full unit: a second
         // bank the next backward copies into while the host step reads this one, and the

@@ -8,8 +8,8 @@
 //                                           padded to the shard quantum at ZeRO stages ≥ 1)
 //                "<block>.nf4.<tensor>.codes|absmax|absmax_scale|absmax_offset"  base_dtype
 //                NF4: each quantized base weight, double-quantized (kernels/nf4.h); a
-//                tensor-parallel share "codes|absmax" only, its absmax f32
-//                (ModelLayout::nf4_absmax)
+//                tensor-parallel share adds ".block_base" i32 (a share row each) and its
+//                absmax_scale is the one-rank weight's (kGroupIndexed, ModelLayout::nf4_absmax)
 //                "<block>.int8.<tensor>.codes" u8 (out, in) and ".scales" f32 (out)  base_dtype
 //                INT8: each quantized base weight, LLM.int8()'s (kernels/int8_linear.h)
 //   gradients:   "<block>.lora_grads"       grad_dtype, same size; the rank's shard at stage 2
@@ -72,6 +72,10 @@ struct QuantizedUnitBytes {
 };
 // Unit u's layout (no pieces for a unit without quantized weights).
 QuantizedUnitBytes QuantizedBytesOf(const ModelLayout& layout, const UnitLayout& u);
+// The kGroupIndexed shape of quantized weight p's NF4 share (its rows of p.shape[1] / 64 blocks,
+// out of its one-rank weight of p.whole_numel) when `layout` keeps NF4 shares so
+// (TensorParallelModelLayout); empty otherwise.
+Nf4ShareShape Nf4ShareShapeOf(const ModelLayout& layout, const ParamSpec& p);
 // "<unit>.qbase": the rank's shard of unit u's quantized bytes at stage 3.
 std::string QuantizedShardName(const UnitLayout& u);
 // Whether a stage-3 plan of `job` shards the quantized base (a LoRA job with an NF4 or INT8

@@ -153,13 +153,14 @@ std::vector<int> BalancedPartition(const std::vector<int64_t>& costs, int chunks
 ModelLayout TensorParallelModelLayout(const zerotrain::ModelConfig& model, int tensor_parallel) {
   ModelLayout layout = BuildModelLayout(model);
   if (tensor_parallel <= 1) return layout;
-  // An NF4 share holds the one-rank weight's blocks with their read-back absmax in f32
-  // (ModelLayout::nf4_absmax; Transformer::QuantizeBaseWeight builds it).
-  layout.nf4_absmax = Nf4Absmax::kF32;
+  // An NF4 share holds the one-rank weight's blocks, their 8-bit absmax codes and the one-rank
+  // group scales they index (ModelLayout::nf4_absmax; Transformer::QuantizeBaseWeight builds it).
+  layout.nf4_absmax = Nf4Absmax::kGroupIndexed;
   layout.total_numel = 0;
   for (UnitLayout& u : layout.units) {
     u.numel = 0;
     for (ParamSpec& p : u.params) {
+      p.whole_numel = p.numel;
       p.shape = LocalShape(p, model, tensor_parallel);
       p.numel = 1;
       for (int64_t s : p.shape) p.numel *= s;

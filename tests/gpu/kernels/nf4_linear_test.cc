@@ -1,5 +1,6 @@
 // Nf4LinearForward and Nf4LinearBackward on the GPU against the CPU op (kernels/nf4_linear.h):
-// the same NF4 buffers (double-quantized and f32 absmax) on both sides, f32 and bf16
+// the same NF4 buffers (double-quantized, f32 absmax, and a tensor-parallel share indexing its
+// whole weight's group scales) on both sides, f32 and bf16
 // activations, partial tiles on both axes, bias, and dinp accumulated. The dequantized tiles
 // agree bit for bit; what differs is the GEMM's summation order (cuBLASLt against oneDNN), so
 // results compare by normalized error: 1e-5 for f32 outputs (sums of K ≤ 600 products, ~1e-7
@@ -41,7 +42,10 @@ struct Case {
 
 std::string Name(const Case& c) {
   return std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n) + "_" +
-         (c.format == Nf4Absmax::kF32 ? "f32absmax" : "doublequant") + "_" + DTypeName(c.act);
+         (c.format == Nf4Absmax::kF32            ? "f32absmax"
+          : c.format == Nf4Absmax::kGroupIndexed ? "groupindexed"
+                                                 : "doublequant") +
+         "_" + DTypeName(c.act);
 }
 
 double Bound(DType out) { return out == DType::kF32 ? 1e-5 : 4e-3; }
@@ -50,14 +54,15 @@ double Bound(DType out) { return out == DType::kF32 ? 1e-5 : 4e-3; }
 struct DeviceNf4 {
   explicit DeviceNf4(Nf4Buffers& host) {
     const Nf4Tensor h = host.View();
-    t = {.numel = h.numel, .format = h.format};
+    t = {.numel = h.numel, .format = h.format, .share = h.share};
     t.codes = ToDevice(h.codes, codes);
     t.absmax = ToDevice(h.absmax, absmax);
     t.absmax_scale = ToDevice(h.absmax_scale, scale);
     t.absmax_offset = ToDevice(h.absmax_offset, offset);
+    t.block_base = ToDevice(h.block_base, block_base);
   }
   Nf4Tensor t;
-  DeviceBuffer codes, absmax, scale, offset;
+  DeviceBuffer codes, absmax, scale, offset, block_base;
 };
 
 class Nf4LinearGpuTest : public ::testing::TestWithParam<Case> {};
@@ -65,11 +70,16 @@ class Nf4LinearGpuTest : public ::testing::TestWithParam<Case> {};
 TEST_P(Nf4LinearGpuTest, ForwardAndBackwardMatchTheCpuOp) {
   ZT_SKIP_WITHOUT_GPU();
   const Case c = GetParam();
-  std::vector<float> w = RandomVector(c.n * c.k, 1, -0.1f, 0.1f);
-  Nf4Buffers q(c.n * c.k, c.format);
-  ASSERT_TRUE(Nf4Quantize(CpuContext(2),
-                          {.src = Tensor(w.data(), DType::kF32, {c.n * c.k}), .dst = q.View()})
+  // kGroupIndexed: W is the right half of the columns of a (n, 2k) weight quantized whole, its
+  // consecutive blocks in different groups of the whole weight.
+  const bool share = c.format == Nf4Absmax::kGroupIndexed;
+  const int64_t whole_cols = share ? 2 * c.k : c.k;
+  std::vector<float> w = RandomVector(c.n * whole_cols, 1, -0.1f, 0.1f);
+  Nf4Buffers whole(c.n * whole_cols, share ? Nf4Absmax::kDoubleQuantized : c.format);
+  ASSERT_TRUE(Nf4Quantize(CpuContext(2), {.src = Tensor(w.data(), DType::kF32, {c.n * whole_cols}),
+                                          .dst = whole.View()})
                   .ok());
+  Nf4Buffers q = share ? testing::Nf4ShareOf(whole, whole_cols, 0, c.n, c.k, c.k) : whole;
   Stored inp(RandomVector(c.m * c.k, 2), c.act), bias(RandomVector(c.n, 3), DType::kF32);
   Stored dout(RandomVector(c.m * c.n, 4), c.act), dinp(RandomVector(c.m * c.k, 5), c.act);
   Stored out(std::vector<float>(c.m * c.n), c.act);
@@ -117,6 +127,8 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, Nf4LinearGpuTest,
     ::testing::Values(Case{7, 600, 1100, Nf4Absmax::kDoubleQuantized, DType::kF32},
                       Case{7, 200, 300, Nf4Absmax::kF32, DType::kF32},
+                      Case{7, 512, 300, Nf4Absmax::kGroupIndexed, DType::kF32},
+                      Case{64, 256, 384, Nf4Absmax::kGroupIndexed, DType::kBF16},
                       Case{64, 256, 384, Nf4Absmax::kDoubleQuantized, DType::kBF16},
                       Case{1, 70, 129, Nf4Absmax::kDoubleQuantized, DType::kF32}),
     [](const ::testing::TestParamInfo<Case>& info) { return Name(info.param); });

@@ -6,8 +6,10 @@
 
 #include "gtest/gtest.h"
 #include "kernels/int8_linear.h"
+#include "kernels/nf4.h"
 #include "worker/model/param_layout.h"
 #include "worker/plan/memory_plan.h"
+#include "worker/plan/parallel_plan.h"
 
 namespace zt {
 namespace {
@@ -191,6 +193,56 @@ TEST(LoraPlanTest, AnNf4BaseTakesAboutHalfAByteAParameter) {
   EXPECT_GT(bits, 4.12);
   EXPECT_LT(bits, 4.2);  // QLoRA's 4.127 plus a per-tensor group and mean on small tensors
   EXPECT_GT(LoraBreakdown(plan).base_bytes, nf4_bytes);  // embeddings, norms and head besides
+}
+
+// On tensor-parallel ranks an NF4 share keeps one rank's 4-bit codes and 8-bit absmax codes
+// and indexes the one-rank group scales (kGroupIndexed): per quantized weight exactly ceil(n/2)
+// code bytes, n/64 absmax codes, the whole weight's 256-block group scales, μ and an i32 a
+// share row, where the f32 absmax of before took 4 bytes a block (4.5 bits/weight).
+TEST(LoraPlanTest, AnNf4ShareOnTensorParallelRanksIndexesTheOneRankGroupScales) {
+  zerotrain::JobSpec job = LlamaLoraJob(zerotrain::OptimizerConfig::ADAMW);
+  job.mutable_model()->set_base_dtype(zerotrain::ModelConfig::NF4);
+  job.mutable_model()->set_n_head(8);
+  job.mutable_model()->set_n_kv_head(4);
+  job.mutable_model()->set_d_model(1024);
+  job.mutable_model()->set_d_ff(4096);
+  job.mutable_parallel()->set_world_size(2);
+  job.mutable_parallel()->set_tensor_parallel(2);
+  const ModelLayout one = BuildModelLayout(job.model());
+  const ModelLayout share = TensorParallelModelLayout(job.model(), 2);
+  EXPECT_EQ(share.nf4_absmax, Nf4Absmax::kGroupIndexed);
+  const MemoryPlan plan = PlanMemory(job, 0);
+  int64_t want = 0, weights = 0, one_rank_bytes = 0, one_rank_weights = 0;
+  for (const ParamSpec& p : share.block(0).params) {
+    if (!p.quantized) continue;
+    const ParamSpec* whole = one.block(0).Find(p.name);
+    ASSERT_NE(whole, nullptr) << p.name;
+    EXPECT_EQ(p.whole_numel, whole->numel) << p.name;
+    const int64_t n = p.numel, rows = p.shape[0], groups = (whole->numel / 64 + 255) / 256;
+    want += n / 2 + n / 64 + 4 * groups + 4 + 4 * rows;
+    weights += n;
+    one_rank_bytes += Nf4LayoutFor(whole->numel, Nf4Absmax::kDoubleQuantized).total_bytes;
+    one_rank_weights += whole->numel;
+  }
+  int64_t planned = 0;
+  bool indexed = false;
+  for (const BufferSpec& b : plan.buffers) {
+    if (!b.name.starts_with("block.0.nf4.")) continue;
+    planned += b.bytes();
+    indexed = indexed || (b.name.ends_with(".block_base") && b.dtype == DType::kI32);
+  }
+  EXPECT_TRUE(indexed);
+  EXPECT_EQ(planned, want);
+  const double bits = 8.0 * static_cast<double>(planned) / static_cast<double>(weights);
+  const double one_rank_bits =
+      8.0 * static_cast<double>(one_rank_bytes) / static_cast<double>(one_rank_weights);
+  // One rank: 4.127. The share adds 32 bits a share row (rows of 512 to 2,048 weights here:
+  // 0.016–0.063) and the whole weight's group scales over half its weights (0.004): 4.158, not
+  // 4.5.
+  EXPECT_NEAR(one_rank_bits, 4.127, 0.001);
+  EXPECT_GT(bits, one_rank_bits);
+  EXPECT_LT(bits, one_rank_bits + 32.0 / 512 + 2 * 32.0 / (64 * 256) + 1e-9);
+  EXPECT_NEAR(bits, 4.158, 0.001);
 }
 
 // LLM.int8(): one byte per quantized weight plus an f32 absmax per output row, exactly, and

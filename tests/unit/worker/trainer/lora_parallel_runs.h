@@ -103,20 +103,26 @@ inline absl::StatusOr<std::vector<float>> DequantizedBase(const Bytes& base,
     return out;
   }
   const std::string prefix = Nf4BufferPrefix(unit, p);
-  const Nf4Layout l = Nf4LayoutFor(p.numel, layout.nf4_absmax);
-  const bool doubled = layout.nf4_absmax == Nf4Absmax::kDoubleQuantized;
+  const Nf4ShareShape shape = Nf4ShareShapeOf(layout, p);
+  const Nf4Layout l = Nf4LayoutFor(p.numel, layout.nf4_absmax, shape);
+  const bool f32 = layout.nf4_absmax == Nf4Absmax::kF32;
   ZT_ASSIGN_OR_RETURN(std::vector<char> codes, get(prefix + "codes"));
   ZT_ASSIGN_OR_RETURN(std::vector<char> absmax, get(prefix + "absmax"));
-  std::vector<char> scale, offset;
+  std::vector<char> scale, offset, block_base;
   Nf4Tensor t{.numel = p.numel,
               .format = layout.nf4_absmax,
               .codes = Tensor(codes.data(), DType::kU8, {l.code_bytes}),
-              .absmax = Tensor(absmax.data(), doubled ? DType::kU8 : DType::kF32, {l.blocks})};
-  if (doubled) {
+              .absmax = Tensor(absmax.data(), f32 ? DType::kF32 : DType::kU8, {l.blocks}),
+              .share = shape};
+  if (!f32) {
     ZT_ASSIGN_OR_RETURN(scale, get(prefix + "absmax_scale"));
     ZT_ASSIGN_OR_RETURN(offset, get(prefix + "absmax_offset"));
     t.absmax_scale = Tensor(scale.data(), DType::kF32, {l.absmax_groups});
     t.absmax_offset = Tensor(offset.data(), DType::kF32, {1});
+  }
+  if (layout.nf4_absmax == Nf4Absmax::kGroupIndexed) {
+    ZT_ASSIGN_OR_RETURN(block_base, get(prefix + "block_base"));
+    t.block_base = Tensor(block_base.data(), DType::kI32, {l.rows});
   }
   ZT_RETURN_IF_ERROR(Nf4Dequantize(CpuContext(1), {.src = t, .dst = dst}));
   return out;

@@ -1,8 +1,9 @@
 // `zt export --merge-adapters` of a QLoRA checkpoint saved on tensor-parallel ranks or pipeline
-// stages (worker/checkpoint/lora_export.cc): the quantized base is joined from the saved ranks' shares,
-// each dequantized with its own layout (a TP rank's NF4 share: one-rank codes and f32 block
-// absmax; INT8: one-rank codes and whole-row scales) and placed where one rank holds it. Checked
-// against one rank's dequantized base merged with the same adapters, bit for bit.
+// stages (worker/checkpoint/lora_export.cc): the quantized base is joined from the saved ranks'
+// shares, each dequantized with its own layout (a TP rank's NF4 share: one-rank codes, absmax
+// codes and the group scales they index; INT8: one-rank codes and whole-row scales) and placed
+// where one rank holds it. Checked against one rank's dequantized base merged with the same
+// adapters, bit for bit.
 #include <cstring>
 #include <filesystem>
 #include <memory>
