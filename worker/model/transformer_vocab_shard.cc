@@ -76,11 +76,11 @@ absl::StatusOr<Tensor> Transformer::GatherVocabPositions() {
   }
   const int64_t G = vocab_.size, BT = B_ * T_;
   const Tensor all = vocab_positions_.Reshape({vocab_positions_.numel()}).Slice(0, G * BT);
-  const Tensor mine = all.Slice(vocab_.rank * BT, (vocab_.rank + 1) * BT);
-  // The packed positions are host memory the model reads (the trainer refuses data.packing on
-  // a device the host cannot address), as the whole-table lookup's are.
-  std::copy_n(positions_.data<int32_t>(), BT, mine.data<int32_t>());
-  ZT_RETURN_IF_ERROR(vocab_.all_gather(mine, all, "vocab-sharded embedding positions"));
+  // Gathered straight from the micro-batch's positions, as the tokens are: on a device whose
+  // memory is its own they are the trainer's uploaded copy (batch.positions), which the host
+  // cannot read.
+  ZT_RETURN_IF_ERROR(
+      vocab_.all_gather(positions_.Reshape({BT}), all, "vocab-sharded embedding positions"));
   return all.Reshape({G * B_, T_});
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/unit/worker/trainer/document_corpus.h"
 #include "tests/unit/worker/trainer/pattern_corpus.h"
 #include "tests/unit/worker/trainer/pipeline_runs.h"
 #include "tests/unit/worker/trainer/small_sharded_job.h"
@@ -31,6 +32,7 @@ class VocabShardSeparateMemoryTest : public ::testing::Test {
   void SetUp() override {
     dir_ = testing::TestScratchDir("zt-vocab-separate-test");
     ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), testing::PatternTokens(), 32).ok());
+    testing::WriteDocumentShard((dir_ / "documents.bin").string(), 14);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -65,6 +67,12 @@ TEST_F(VocabShardSeparateMemoryTest, SplitEmbeddingTrainsThroughTheCopyEngineBit
   evaluated.mutable_train()->set_eval_steps(2);
   evaluated.mutable_train()->set_eval_interval(2);
   cases.push_back({"evaluation", evaluated});
+  // Packed documents: the lookup's positions restart at each document, gathered over the group
+  // from the micro-batch's uploaded positions (batch.positions), which the host cannot read.
+  JobSpec packed = Job(2, 2, 1, false);
+  packed.mutable_data()->set_train(0, (dir_ / "documents.bin").string());
+  packed.mutable_data()->set_packing(true);
+  cases.push_back({"packed", packed});
   for (const Case& c : cases) {
     ASSERT_TRUE(VocabularyShardedEmbedding(ValidatedJob(c.job).value())) << c.name;
     const Outcome separate = testing::RunPipelineRanks(c.job, 6, "", /*separate_memory=*/true);
