@@ -84,7 +84,9 @@ bool VocabularyShardedEmbedding(const zerotrain::JobSpec& job) {
   if (!applies) return false;
   if (p.has_vocab_sharded_embedding()) return p.vocab_sharded_embedding();
   // Unset: split when that holds less. Gathered, the embedding costs its whole parameters
-  // and its whole gradient, (V + P)·C·(param + grad bytes); split, the group's rows in the
+  // twice (the gathered copy the lookup and the head read, and its slot in the gather buffer,
+  // which then outgrows a block's; ModelStatesTest.ZeroStagesDivideAsThePaperSays counts both)
+  // and its whole gradient: (V + P)·C·(2·param + grad bytes). Split, the group's rows in the
   // compute dtype and their gradients' f32 partials, G·B·T·C·(compute + 4) bytes, and with
   // 16-bit activations the partials' f32 sum, B·T·C·4 (the ids and row statistics are
   // smaller by a factor of C). C cancels.
@@ -93,7 +95,7 @@ bool VocabularyShardedEmbedding(const zerotrain::JobSpec& job) {
       m.vocab_size() +
       (m.family() == zerotrain::ModelConfig::GPT2 ? int64_t{m.max_seq_len()} : int64_t{0});
   const int64_t whole =
-      rows * (DTypeBytes(precision.param_dtype()) + DTypeBytes(precision.grad_dtype()));
+      rows * (2 * DTypeBytes(precision.param_dtype()) + DTypeBytes(precision.grad_dtype()));
   const int64_t tokens = int64_t{job.train().micro_batch_size()} * job.data().seq_len();
   const int64_t compute = DTypeBytes(precision.compute_dtype());
   const int64_t split = group * tokens * (compute + 4) + (compute == 4 ? 0 : tokens * 4);
