@@ -69,17 +69,7 @@ TEST_F(ZtEstimateTest, GptTwoXlIsSixteenBytesPerParameterDividedByZero) {
   // Model states alone exceed this machine's 24 GiB: nothing was allocated.
   EXPECT_GT(one.at("per_rank").at("total").get<int64_t>(), int64_t{24} << 30);
 
-  // The embedding split by vocabulary rows, asked for: unset, the choice weighs the split's
-  // f32 row-gradient partials against one copy of the gathered embedding and, in fp16 here,
-  // gathers it (VocabularyShardedEmbedding).
-  const std::string split = path_ + ".split.yaml";
-  {
-    std::ifstream in(path_);
-    std::ofstream out(split);
-    out << in.rdbuf() << "parallel: {vocab_sharded_embedding: true}\n";
-  }
-  const nlohmann::json stage3 = Estimate(split + " --json --world-size 8 --zero-stage 3", &rc);
-  std::filesystem::remove(split);
+  const nlohmann::json stage3 = Estimate(path_ + " --json --world-size 8 --zero-stage 3", &rc);
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(stage3.at("world_size"), 8);
   EXPECT_EQ(stage3.at("zero_stage"), 3);
