@@ -23,7 +23,6 @@
 #include "worker/checkpoint/rank_state.h"
 #include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/model/tensor_parallel_slice.h"
-#include "worker/shard/host_step_sums.h"
 #include "worker/train/pipeline_full_weights.h"
 #include "worker/train/trainer.h"
 

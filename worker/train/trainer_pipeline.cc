@@ -21,7 +21,6 @@
 #include "worker/checkpoint/rank_state.h"
 #include "worker/checkpoint/tensor_parallel_reshard.h"
 #include "worker/plan/pipeline_schedule.h"
-#include "worker/shard/host_step_sums.h"
 #include "worker/train/trainer.h"
 #include "worker/train/trainer_support.h"
 

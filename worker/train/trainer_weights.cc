@@ -28,7 +28,6 @@
 #include "worker/model/tensor_parallel_slice.h"
 #include "worker/offload/node_swap_store.h"
 #include "worker/plan/lora_plan.h"
-#include "worker/shard/host_step_sums.h"
 #include "worker/train/pipeline_full_weights.h"
 #include "worker/train/trainer.h"
 #include "worker/train/trainer_support.h"
