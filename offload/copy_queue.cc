@@ -62,9 +62,11 @@ CopyQueue::~CopyQueue() {
   worker_.join();
 }
 
-CopyHandle CopyQueue::Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in) {
+CopyHandle CopyQueue::Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in,
+                              size_t queued_out) {
   CopyHandle handle(std::make_shared<CopyHandle::State>());
   absl::MutexLock lock(&mu_);
+  stats_.bytes_out_queued += queued_out;
   queue_.push_back(Task{.run = std::move(run), .handle = handle, .swap_in = swap_in});
   return handle;
 }
@@ -86,7 +88,7 @@ CopyHandle CopyQueue::SwapOut(const SwapKey& key, absl::Span<const std::byte> sr
         if (!s.ok()) return s;
         return n;
       },
-      /*swap_in=*/false);
+      /*swap_in=*/false, n);
 }
 
 CopyHandle CopyQueue::SwapIn(const SwapKey& key, absl::Span<std::byte> dst) {
@@ -160,6 +162,8 @@ CopyHandle CopyQueue::SwapOutPlace(std::vector<BufferExtent> extents, PinnedLeas
     }
   }
   auto held = std::make_shared<PinnedLease>(std::move(lease));
+  size_t queued = 0;
+  for (const BufferExtent& e : extents) queued += e.length;
   return Enqueue(
       [this, extents = std::move(extents), held]() -> absl::StatusOr<size_t> {
         size_t total = 0;
@@ -173,12 +177,20 @@ CopyHandle CopyQueue::SwapOutPlace(std::vector<BufferExtent> extents, PinnedLeas
         if (!s.ok()) return s;
         return total;
       },
-      /*swap_in=*/false);
+      /*swap_in=*/false, queued);
 }
 
-CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation) {
+CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation,
+                             std::vector<CopyHandle> writes) {
   return Enqueue(
-      [this, job, generation]() -> absl::StatusOr<size_t> {
+      [this, job, generation, writes = std::move(writes)]() -> absl::StatusOr<size_t> {
+        for (const CopyHandle& w : writes) {
+          // Queued before this task, so the worker has finished them: Wait returns at once.
+          if (absl::Status s = w.Wait(); !s.ok()) {
+            return absl::Status(s.code(), absl::StrCat("generation ", generation, " of ", job,
+                                                       " not committed: ", s.message()));
+          }
+        }
         absl::Status s = store_->Commit(job, generation);
         if (!s.ok()) return s;
         return size_t{0};

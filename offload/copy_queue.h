@@ -76,6 +76,9 @@ struct CopyQueueOptions {
 
 struct CopyQueueStats {
   uint64_t bytes_out = 0;  // swapped out (written to the store)
+  // Queued for swapping out, when queued: a writer that does not wait for its writes (the NVMe
+  // step's commit behind the next step's compute) counts its bytes where it queued them.
+  uint64_t bytes_out_queued = 0;
   uint64_t bytes_in = 0;   // swapped in (read from the store)
   double seconds_out = 0;  // the worker's time in store writes and commits
   double seconds_in = 0;   // ... in store reads
@@ -114,8 +117,12 @@ class CopyQueue {
   // Queues the writes of `extents` from `lease`'s buffer (taken over), which goes back to the
   // ring once they are done (or failed).
   CopyHandle SwapOutPlace(std::vector<BufferExtent> extents, PinnedLease lease);
-  // Queues SwapStore::Commit(job, generation) after everything queued before it.
-  CopyHandle Commit(const std::string& job, uint64_t generation);
+  // Queues SwapStore::Commit(job, generation) after everything queued before it. When any of
+  // `writes` (the generation's, queued before it, so done when it runs) failed, it commits
+  // nothing and fails with that error: a caller may queue the commit behind its writes and go
+  // on without waiting, and a torn generation is still never committed.
+  CopyHandle Commit(const std::string& job, uint64_t generation,
+                    std::vector<CopyHandle> writes = {});
   // Waits until everything queued so far is done; the first error among what finished since
   // the last Drain, or OK.
   absl::Status Drain();
@@ -130,7 +137,9 @@ class CopyQueue {
     bool swap_in = false;
   };
   CopyQueue(SwapStore* store, std::unique_ptr<PinnedPool> pool);
-  CopyHandle Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in);
+  // `queued_out`: the bytes a swap-out queues (CopyQueueStats::bytes_out_queued).
+  CopyHandle Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in,
+                     size_t queued_out = 0);
   void WorkerLoop();
 
   SwapStore* const store_;

@@ -169,6 +169,7 @@ NvmeOptimizer::NvmeOptimizer(Args args, std::vector<UnitSlots> units,
 }
 
 NvmeOptimizer::~NvmeOptimizer() {
+  SettleCommit().IgnoreError();  // the trainer settles it and reports its failure
   if (queue_ != nullptr) queue_->Drain().IgnoreError();
   first_ahead_.reset();
   shard_reads_.clear();
@@ -270,6 +271,24 @@ absl::Status NvmeOptimizer::CommitGeneration(std::vector<CopyHandle>& writes, ui
   return absl::OkStatus();
 }
 
+absl::Status NvmeOptimizer::SettleCommit() {
+  if (!deferred_commit_) return deferred_failure_;
+  DeferredCommit d = std::move(*deferred_commit_);
+  deferred_commit_.reset();
+  // A failed write is the first cause (the commit task refused to commit after it).
+  absl::Status failed = WaitForWrites(d.writes, d.generation, d.what);
+  if (const absl::Status commit = d.commit.Wait(); failed.ok() && !commit.ok()) {
+    failed = GenerationFailed(commit, d.generation, d.what);
+  }
+  if (!failed.ok()) {
+    queue_->Drain().IgnoreError();  // the error is the handles', taken above
+    deferred_failure_ = failed;
+    return failed;
+  }
+  committed_ = d.generation;
+  return absl::OkStatus();
+}
+
 Optimizer::UnitStateViews NvmeOptimizer::ViewsOf(const Pending& pending) const {
   const int u = pending.unit;
   Optimizer::UnitStateViews views;
@@ -301,6 +320,7 @@ Tensor NvmeOptimizer::ParamsOf(const Pending& pending, int64_t n) const {
 
 absl::Status NvmeOptimizer::Initialize(
     const std::function<absl::Status(int u, const Tensor& master, const Tensor& params)>& fill) {
+  ZT_RETURN_IF_ERROR(SettleCommit());
   Discard(first_ahead_);
   DropShardReads();
   const uint64_t generation = committed_ + 1;
@@ -326,8 +346,8 @@ absl::Status NvmeOptimizer::Initialize(
 
 absl::Status NvmeOptimizer::Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
                                  const std::vector<Tensor>& grads, float lr, float grad_scale,
-                                 uint64_t seed) {
-  return StepUnits(host_ctx, params, grads, lr, grad_scale, seed, /*on_host=*/false);
+                                 uint64_t seed, CommitTiming timing) {
+  return StepUnits(host_ctx, params, grads, lr, grad_scale, seed, /*on_host=*/false, timing);
 }
 
 absl::Status NvmeOptimizer::StepOnHost(const DeviceContext& host_ctx,
@@ -341,13 +361,18 @@ absl::Status NvmeOptimizer::StepOnHost(const DeviceContext& host_ctx,
                                             " parameter and ", host_grads.size(),
                                             " gradient buffers for ", units_.size(), " units"));
   }
-  return StepUnits(host_ctx, host_params, host_grads, lr, grad_scale, seed, /*on_host=*/true);
+  // On the host step's thread: the generation is committed there (or at the switch), never
+  // left behind the rank thread's compute.
+  return StepUnits(host_ctx, host_params, host_grads, lr, grad_scale, seed, /*on_host=*/true,
+                   CommitTiming::kBeforeReturning);
 }
 
 absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
                                       const std::vector<Tensor>& params,
-                                      const std::vector<Tensor>& grads, float lr,
-                                      float grad_scale, uint64_t seed, bool host_only) {
+                                      const std::vector<Tensor>& grads, float lr, float grad_scale,
+                                      uint64_t seed, bool host_only, CommitTiming timing) {
+  // The step reads the committed generation: a previous step's commit is settled first.
+  ZT_RETURN_IF_ERROR(SettleCommit());
   const bool own_master = !optimizer_.has_master();
   // The parameters are where the update writes them already (host shards, or swapped with
   // the states): none comes down or goes up.
@@ -474,6 +499,16 @@ absl::Status NvmeOptimizer::StepUnits(const DeviceContext& host_ctx,
     // switch (CommitHostStep), its writes done.
     ZT_RETURN_IF_ERROR(WaitForWrites(writes, write, what));
     host_step_staged_ = write;
+  } else if (timing == CommitTiming::kBehindNextCompute && !swapped && !host_only) {
+    // The next forward and backward read nothing of the store: the writes still in flight and
+    // the commit behind them finish beside them (the ring buffers the writes hold go back as
+    // each lands), and the next call that reads the store settles it.
+    offload::CopyHandle commit = queue_->Commit(job_, write, writes);
+    deferred_commit_ = DeferredCommit{.generation = write,
+                                      .what = what,
+                                      .writes = std::move(writes),
+                                      .commit = std::move(commit)};
+    std::move(drain).Cancel();
   } else {
     ZT_RETURN_IF_ERROR(CommitGeneration(writes, write, what));
   }
@@ -505,6 +540,7 @@ absl::StatusOr<const NvmeOptimizer::Slot*> NvmeOptimizer::FindSlot(const std::st
 }
 
 absl::StatusOr<const void*> NvmeOptimizer::ReadBuffer(const std::string& name) {
+  ZT_RETURN_IF_ERROR(SettleCommit());
   int u = 0;
   ZT_ASSIGN_OR_RETURN(const Slot* slot, FindSlot(name, &u));
   ZT_RETURN_IF_ERROR(queue_->Drain());
@@ -523,6 +559,8 @@ void NvmeOptimizer::Discard(std::optional<Pending>& pending) {
 
 void NvmeOptimizer::ReadFirstUnitAhead() {
   if (first_ahead_ || units_.empty()) return;
+  // The reads are of the committed generation; a failed commit is Step's to report.
+  if (!SettleCommit().ok()) return;
   first_ahead_ = Issue(0, committed_, /*wait=*/false);
 }
 
@@ -584,6 +622,9 @@ void NvmeOptimizer::DropShardReads() {
 }
 
 void NvmeOptimizer::BeginRestore() {
+  // Settled first: the restore's generation follows the committed one. A failed commit stays
+  // for FinishRestore to return.
+  SettleCommit().IgnoreError();
   Discard(first_ahead_);
   DropShardReads();
   restoring_ = committed_ + 1;
@@ -604,6 +645,7 @@ absl::Status NvmeOptimizer::WriteBuffer(const std::string& name, const void* dat
 absl::Status NvmeOptimizer::FinishRestore() {
   if (restoring_ == 0) return absl::FailedPreconditionError("nvme optimizer: no restore begun");
   const uint64_t generation = std::exchange(restoring_, 0);
+  ZT_RETURN_IF_ERROR(deferred_failure_);
   std::vector<CopyHandle> none;
   return CommitGeneration(none, generation, "writing the restored optimizer states");
 }
@@ -620,7 +662,7 @@ NvmeOptimizer::Stats NvmeOptimizer::stats() const {
   Stats s = stats_;
   const offload::CopyQueueStats q = queue_->stats();
   s.swap_bytes_in = static_cast<int64_t>(q.bytes_in);
-  s.swap_bytes_out = static_cast<int64_t>(q.bytes_out);
+  s.swap_bytes_out = static_cast<int64_t>(q.bytes_out_queued);
   s.swap_seconds_in = q.seconds_in;
   s.swap_seconds_out = q.seconds_out;
   return s;

@@ -16,6 +16,17 @@
 // generation or the new one whole, never a mix. A failed write fails the step before any
 // commit, naming the store's path and the bytes.
 //
+// The commit behind the next compute (CommitTiming::kBehindNextCompute): Step queues the
+// commit behind the generation's writes and returns, so the last units' writes, their
+// fdatasync and the index switch run on the copy queue's worker beside the next step's forward
+// and backward, which read nothing of the store (without swapped parameters). Every call that
+// reads the committed generation settles it first (SettleCommit: in practice
+// ReadFirstUnitAhead at the end of that backward, by when it is done). The queue commits
+// nothing when one of the writes failed, so a crash or a full disk still leaves the previous
+// generation whole; the failure fails the next call, naming the step whose states it lost.
+// A step's swapped-out bytes count where they are queued (Stats::swap_bytes_out), whatever
+// step their writes finish in.
+//
 // Read ahead of the step: ReadFirstUnitAhead, called once the backward has ended, queues the
 // first unit's reads (when the ring has the buffers free), so the step starts with them in
 // flight or done instead of issuing them then.
@@ -117,12 +128,22 @@ class NvmeOptimizer {
   absl::Status Initialize(
       const std::function<absl::Status(int u, const Tensor& master, const Tensor& params)>& fill);
 
+  // When Step's generation becomes the committed one (see the file comment).
+  enum class CommitTiming {
+    kBeforeReturning,    // Step waits for its writes and the commit
+    kBehindNextCompute,  // queued behind the writes; settled by the next call that reads it
+  };
   // Optimizer::Step's contract (see the file comment): params[u] and grads[u] are device views
   // whose first element is element range(u).begin of unit u. The swap's and the store's
-  // errors name the unit, the store's path and the bytes.
+  // errors name the unit, the store's path and the bytes. With swapped parameters (which the
+  // next forward reads) the commit is always made before returning.
   absl::Status Step(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
-                    const std::vector<Tensor>& grads, float lr, float grad_scale,
-                    uint64_t seed = 0);
+                    const std::vector<Tensor>& grads, float lr, float grad_scale, uint64_t seed = 0,
+                    CommitTiming timing = CommitTiming::kBeforeReturning);
+  // Waits for a commit Step left behind the next compute and makes its generation the
+  // committed one; OK when none is left. Its failure (a write or the commit, naming the step,
+  // the store's path and the bytes) is kept: every later call that reads the store returns it.
+  absl::Status SettleCommit();
 
   // ZeRO-Offload's delayed update (worker/optim/delayed_host_step.h): Step's arithmetic and
   // swap on host memory alone — `host_params` (the plan's "<unit>.params.host", the second
@@ -174,8 +195,10 @@ class NvmeOptimizer {
   std::map<std::string, int64_t> SwappedBuffers() const;
 
   // What the steps so far moved and spent, cumulative: device ↔ host copies and host updates
-  // as HostOptimizer::Stats, and the swap: bytes read from and written to the store by the
-  // copy queue and the seconds its worker spent on them (writes include the commits).
+  // as HostOptimizer::Stats, and the swap: bytes read from the store by the copy queue, bytes
+  // queued for writing to it (counted in the step that queued them, though a commit behind the
+  // next compute finishes them in that step), and the seconds its worker spent on them as they
+  // finished (writes include the commits).
   struct Stats {
     int64_t bytes_to_host = 0;
     int64_t bytes_to_device = 0;
@@ -198,7 +221,8 @@ class NvmeOptimizer {
 
   const Optimizer& optimizer() const { return optimizer_; }
   Optimizer& optimizer() { return optimizer_; }
-  // The store's committed generation of this rank's key.
+  // The store's committed generation of this rank's key (a commit left behind the next compute
+  // counts once settled).
   uint64_t generation() const { return committed_; }
   const std::string& store_path() const { return store_->path(); }
 
@@ -263,7 +287,7 @@ class NvmeOptimizer {
   // they are (no copy, no Stats).
   absl::Status StepUnits(const DeviceContext& host_ctx, const std::vector<Tensor>& params,
                          const std::vector<Tensor>& grads, float lr, float grad_scale,
-                         uint64_t seed, bool host_only);
+                         uint64_t seed, bool host_only, CommitTiming timing);
 
   Optimizer optimizer_;
   std::vector<std::string> unit_names_;
@@ -279,6 +303,16 @@ class NvmeOptimizer {
   std::unique_ptr<offload::CopyQueue> queue_;
   offload::PinnedLease grad_staging_, param_staging_;
   uint64_t committed_ = 0;
+  // A step's commit queued behind its writes and not yet waited for (CommitTiming::
+  // kBehindNextCompute), and the failure of the last one settled, kept for every later call.
+  struct DeferredCommit {
+    uint64_t generation = 0;
+    std::string what;
+    std::vector<offload::CopyHandle> writes;
+    offload::CopyHandle commit;
+  };
+  std::optional<DeferredCommit> deferred_commit_;
+  absl::Status deferred_failure_;
   // The generation a StepOnHost with swapped parameters wrote and left for CommitHostStep;
   // 0: none. Written by the host step's thread, read after it (DelayedHostStep::Finish orders
   // the two).

@@ -685,6 +685,9 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
     }
   }
   std::move(finish_save).Cancel();
+  // The loop's last step committed its NVMe generation before returning (StateReadAfterStep);
+  // settled here as well, so Run never returns with a commit in flight whatever ended the loop.
+  if (nvme_optimizer_) ZT_RETURN_IF_ERROR(nvme_optimizer_->SettleCommit());
   return checkpoint_writer_ ? SaveOutcome(checkpoint_writer_->Finish(), last_save_final_)
                             : absl::OkStatus();
 }

@@ -305,11 +305,12 @@ class Trainer {
   // checkpoint_writer.h), then applies checkpoint.on_save_error to the outcome.
   // `final`: the save at max_steps or of a stop (see SaveOutcome).
   absl::Status SaveCheckpoint(bool final);
-  // offload.delayed_update: whether step `step` (1-based) finishes its own host update before
-  // it returns, because something reads the weights after it (Run's checkpoint or evaluation,
-  // the run's last step, a stop the ranks agreed on). A function of the job, the options and
-  // the agreed stop alone, so every rank drains at the same steps.
-  bool DelayedUpdateDrains(int64_t step, StopKind stop) const;
+  // Whether something reads the weights and optimizer states after step `step` (1-based):
+  // Run's checkpoint or evaluation, the run's last step, a stop the ranks agreed on. Such a
+  // step finishes its delayed host update (offload.delayed_update) and commits its NVMe
+  // generation before it returns. A function of the job, the options and the agreed stop
+  // alone, so every rank drains at the same steps.
+  bool StateReadAfterStep(int64_t step, StopKind stop) const;
   // The delayed update at the end of a step's backward and statistics: the previous step's
   // host update is waited for and its parameters uploaded and gathered, then this step's
   // starts beside the next step's compute (and is finished at once when `drain`). Adds what

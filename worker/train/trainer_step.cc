@@ -63,7 +63,7 @@ void Trainer::AddOffloadTraffic(const OffloadCounters& before, StepRecord& r) co
   r.param_uploads_at_gather += engine_->param_uploads_at_gather() - before.uploads_at_gather;
 }
 
-bool Trainer::DelayedUpdateDrains(int64_t step, StopKind stop) const {
+bool Trainer::StateReadAfterStep(int64_t step, StopKind stop) const {
   const auto& train = job_.train();
   const auto& ckpt = job_.checkpoint();
   return step >= train.max_steps() ||
@@ -212,7 +212,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
           {.lr = r.lr,
            .grad_scale = grad_scale_step,
            .seed = rounding_seed,
-           .drain = DelayedUpdateDrains(step_ + 1, static_cast<StopKind>(totals.stop_request))},
+           .drain = StateReadAfterStep(step_ + 1, static_cast<StopKind>(totals.stop_request))},
           r));
     } else if (host_optimizer_) {
       const HostOptimizer::Stats before = host_optimizer_->stats();
@@ -227,9 +227,17 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       r.host_optimizer_s = after.seconds_update - before.seconds_update;
     } else if (nvme_optimizer_) {
       const NvmeOptimizer::Stats before = nvme_optimizer_->stats();
-      ZT_RETURN_IF_ERROR(nvme_optimizer_->Step(host_ctx_, engine_->param_views(),
-                                               engine_->grad_views(), r.lr, grad_scale_step,
-                                               rounding_seed));
+      // The generation's last writes and its commit run beside the next step's compute, unless
+      // something reads the states after this step (or a delayed update, whose host thread
+      // commits, may take the next step).
+      const bool commit_behind =
+          delayed_ == nullptr &&
+          !StateReadAfterStep(step_ + 1, static_cast<StopKind>(totals.stop_request));
+      ZT_RETURN_IF_ERROR(
+          nvme_optimizer_->Step(host_ctx_, engine_->param_views(), engine_->grad_views(), r.lr,
+                                grad_scale_step, rounding_seed,
+                                commit_behind ? NvmeOptimizer::CommitTiming::kBehindNextCompute
+                                              : NvmeOptimizer::CommitTiming::kBeforeReturning));
       const NvmeOptimizer::Stats after = nvme_optimizer_->stats();
       r.offload_bytes_to_host = after.bytes_to_host - before.bytes_to_host;
       r.offload_bytes_to_device = after.bytes_to_device - before.bytes_to_device;

@@ -92,6 +92,34 @@ TEST_F(CopyQueueTest, ErrorsReachTheHandleAndDrain) {
   EXPECT_TRUE(queue_->Drain().ok());  // the error was reported once
 }
 
+// A commit queued behind its generation's writes, the caller not waiting for them (the NVMe
+// step's commit behind the next step's compute): a failed write keeps the generation from
+// being committed, and a whole one is committed.
+TEST_F(CopyQueueTest, CommitBehindWritesCommitsNothingWhenOneFailed) {
+  std::vector<CopyHandle> writes;
+  writes.push_back(queue_->SwapOut(Key(0, 1), Pattern(5000, 0)));
+  const std::vector<std::byte> big(queue_->pool().buffer_size() + 1);
+  writes.push_back(queue_->SwapOut(Key(1, 1), big));  // refused: larger than a ring buffer
+  writes.push_back(queue_->SwapOut(Key(2, 1), Pattern(6000, 2)));
+  CopyHandle torn = queue_->Commit("job-q", 1, writes);
+  const absl::Status refused = torn.Wait();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("generation 1 of job-q not committed"));
+  EXPECT_EQ(store_->CommittedGeneration("job-q"), 0u);
+  // The refused write queued nothing; the two others are counted where they were queued.
+  EXPECT_EQ(queue_->stats().bytes_out_queued, 11000u);
+  queue_->Drain().IgnoreError();
+
+  // The staged generation, written again whole, commits.
+  std::vector<CopyHandle> whole;
+  for (int u = 0; u < 3; ++u) whole.push_back(queue_->SwapOut(Key(u, 1), Pattern(4000, u)));
+  EXPECT_EQ(queue_->stats().bytes_out_queued, 23000u) << "counted before the worker writes";
+  const absl::Status committed = queue_->Commit("job-q", 1, whole).Wait();
+  ASSERT_TRUE(committed.ok()) << committed;
+  EXPECT_EQ(store_->CommittedGeneration("job-q"), 1u);
+  EXPECT_EQ(queue_->stats().bytes_out, 23000u);
+}
+
 TEST_F(CopyQueueTest, DestructorFinishesWhatIsQueued) {
   std::vector<CopyHandle> outs;
   for (int u = 0; u < 6; ++u) outs.push_back(queue_->SwapOut(Key(u, 1), Pattern(50000, u)));

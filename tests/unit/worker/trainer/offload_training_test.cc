@@ -464,7 +464,9 @@ TEST_F(OffloadTrainingTest, NvmeFullDiskFailsTheJobAndKeepsTheCheckpoint) {
   EXPECT_THAT(message, ::testing::HasSubstr(SwapStoreDirectory(ValidatedJob(spec).value())));
   EXPECT_THAT(message, ::testing::HasSubstr(absl::StrCat(generation, " bytes")));
   EXPECT_THAT(message, ::testing::HasSubstr("step 3"));
-  EXPECT_EQ(failed.losses.size(), 2u);
+  // Step 3's commit runs behind step 4's compute (NvmeCommitRunsBehindTheNextStepsCompute): its
+  // write fails step 4 when it reads the store, naming step 3; nothing of step 3 is committed.
+  EXPECT_EQ(failed.losses.size(), 3u);
   const RunResult resumed = Train(spec, 4, spec.checkpoint().dir());
   ASSERT_TRUE(resumed.status.ok()) << resumed.status;
   ASSERT_EQ(resumed.losses.size(), 2u);
@@ -491,10 +493,14 @@ TEST_F(OffloadTrainingTest, NvmeStoreLeftByACrashIsVerifiedAndTheJobResumes) {
   env.crash_generation = 4;
   const RunResult crashed = Train(spec, 4, "", nullptr, &env);
   // The rank whose commit crashed says so (Aborted); the other finds the store stopped
-  // (FailedPrecondition) naming that crash. Either way the step fails before its commit.
+  // (FailedPrecondition) naming that crash. Either way nothing of step 3 is committed. A
+  // step-3 commit runs behind step 4's compute, and fails step 4 when it reads the store; the
+  // node's store stops at the crash, which fails the other rank's step 3 if it is still reading
+  // its states then, else its step 4: rank 0 records 2 or 3 steps.
   EXPECT_FALSE(crashed.status.ok());
   EXPECT_THAT(std::string(crashed.status.message()), ::testing::HasSubstr("simulated crash"));
-  EXPECT_EQ(crashed.losses.size(), 2u);
+  EXPECT_GE(crashed.losses.size(), 2u);
+  EXPECT_LE(crashed.losses.size(), 3u);
   // A power cut also loses what was never synced.
   env.DropUnsyncedData();
   offload::SwapOpenReport opened;
@@ -538,6 +544,35 @@ TEST_F(OffloadTrainingTest, NvmeMetricsLinesCarryTheSwap) {
   ASSERT_NE(trainer->nvme_optimizer(), nullptr);
   EXPECT_EQ(trainer->nvme_optimizer()->store_path(), SwapStoreDirectory(job));
   EXPECT_EQ(trainer->nvme_optimizer()->generation(), 5u) << "the initial states and 4 steps";
+}
+
+// The NVMe step's commit behind the next step's compute: a step after which nothing reads the
+// states queues its generation's commit behind its last writes and returns; the next step
+// settles it when it reads the store, at the end of its backward (ReadFirstUnitAhead). The
+// run's last step commits before returning. (Every NVMe test here trains through this path:
+// OptimizerNvmeEqualsNoOffloadBitForBit is the same job without offload bit for bit.)
+TEST_F(OffloadTrainingTest, NvmeCommitRunsBehindTheNextStepsCompute) {
+  JobSpec spec = Job(1, 1, OptimizerConfig::ADAMW, PrecisionConfig::BF16, OffloadConfig::NVME);
+  spec.mutable_train()->set_max_steps(4);
+  const JobSpec job = ValidatedJob(spec).value();
+  TrainOptions options;
+  options.run_dir = (dir_ / "nvme-behind").string();
+  Trainer* running = nullptr;
+  std::vector<uint64_t> at_backward_end;
+  options.on_backward_ended = [&](int64_t) {
+    at_backward_end.push_back(running->nvme_optimizer()->generation());
+  };
+  std::unique_ptr<Trainer> trainer = Trainer::Create(job, options).value();
+  running = trainer.get();
+  std::vector<uint64_t> after_step;
+  for (int s = 0; s < 4; ++s) {
+    ASSERT_TRUE(trainer->Step().ok());
+    after_step.push_back(trainer->nvme_optimizer()->generation());
+  }
+  // Generation 1 is the initial states, k + 1 step k's. Steps 1-3 return before their commit
+  // (which would make them 2, 3, 4); each backward's end finds the previous step's committed.
+  EXPECT_EQ(after_step, (std::vector<uint64_t>{1, 2, 3, 5}));
+  EXPECT_EQ(at_backward_end, (std::vector<uint64_t>{1, 2, 3, 4}));
 }
 
 // ZeRO-Offload's overlap: each unit's reduced gradient shard is queued for its copy to the host
