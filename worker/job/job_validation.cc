@@ -528,31 +528,19 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // offloaded (CPU or NVME) or not, at ZeRO 3 its parameter shards too (offload.params, with
   // the rules below); sequence parallelism with any of them.
   const zerotrain::ParallelConfig& parallel = spec.parallel();
-  if (const int pp = parallel.pipeline_parallel(); pp > 1) {
-    const auto needs = [&](const std::string& what) {
-      lines.push_back(
-          absl::StrCat("parallel.pipeline_parallel: ", pp, " trains ", what, " so far"));
-    };
-    // At stage 3 with reshard_after_forward a stage reduce-scatters each micro-batch's
-    // gradients as they end (StageGradientsPerMicroBatch): one micro-batch is a schedule too.
-    if (parallel.zero_stage() >= 2 &&
-        !(parallel.zero_stage() == 3 && parallel.reshard_after_forward()) &&
-        std::max(parallel.micro_batches(), spec.train().grad_accum_steps()) < 2) {
-      needs(absl::StrCat("at parallel.zero_stage ", parallel.zero_stage(),
-                         " with parallel.micro_batches >= 2 (the stage accumulates into full "
-                         "gradient buffers, planned only when micro-batches accumulate; at "
-                         "stage 3 parallel.reshard_after_forward true reduces per micro-batch)"));
-    }
-    // CUDA ranks: the stages' sends, statistics and bubble timings cross in device buffers
-    // (tests/unit/worker/trainer/pipeline_separate_memory_test.cc; on a GPU,
-    // tests/gpu/worker/train/pipeline_gpu_test.cc).
-    // model.lora: each stage trains its own blocks' adapters over its frozen base, seeded or
-    // from model.init_from (a quantized one streamed into the stage's own units, on the device,
-    // in the pinned host pool or the swap store:
-    // LoraOffloadTrainingTest.StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit).
-    // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
-    // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
-  }
+  // Pipeline parallelism: nothing is refused here. One micro-batch is a schedule too at every ZeRO
+  // stage: at stage 2 (or 3 keeping the units gathered) the stage reduce-scatters its one backward
+  // of each unit as it ends, as at 3 with reshard_after_forward it does each micro-batch's
+  // (StageGradientsPerMicroBatch; PipelineTrainingTest.OneMicroBatchAtZero2And3IsOneRankBitForBit).
+  // CUDA ranks: the stages' sends, statistics and bubble timings cross in device buffers
+  // (tests/unit/worker/trainer/pipeline_separate_memory_test.cc; on a GPU,
+  // tests/gpu/worker/train/pipeline_gpu_test.cc).
+  // model.lora: each stage trains its own blocks' adapters over its frozen base, seeded or
+  // from model.init_from (a quantized one streamed into the stage's own units, on the device,
+  // in the pinned host pool or the swap store:
+  // LoraOffloadTrainingTest.StreamedQuantizedBaseSwappedIsTheDevicePathBitForBit).
+  // Adafactor's factored statistics are per tensor and a stage holds its tensors whole (with
+  // t > 1, tensor parallelism's summed statistics, refused above for replicated KV heads).
   if (const int tp = parallel.tensor_parallel(); tp > 1) {
     const auto needs = [&](const std::string& what) {
       lines.push_back(absl::StrCat("parallel.tensor_parallel: ", tp, " trains ", what, " so far"));

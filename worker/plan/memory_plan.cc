@@ -413,8 +413,12 @@ bool GradientSlotsInEmbeddingGather(const zerotrain::JobSpec& job, const ModelLa
 
 bool StageGradientsPerMicroBatch(const zerotrain::JobSpec& job) {
   const auto& parallel = job.parallel();
-  return parallel.pipeline_parallel() > 1 && parallel.zero_stage() == 3 &&
-         parallel.reshard_after_forward();
+  // At stage 2 (or 3 keeping its units gathered) a stage with one micro-batch a step reduces
+  // its one backward of each unit as it ends too, as a ZeRO-2 rank off a pipeline does: there
+  // is nothing to accumulate, so no "<u>.grad_accum" to plan.
+  return parallel.pipeline_parallel() > 1 && parallel.zero_stage() >= 2 &&
+         ((parallel.zero_stage() == 3 && parallel.reshard_after_forward()) ||
+          job.train().grad_accum_steps() <= 1);
 }
 
 MemoryPlan PlanMemory(const zerotrain::JobSpec& job, int rank) {

@@ -227,7 +227,9 @@ bool GradientSlotsInEmbeddingGather(const zerotrain::JobSpec& job, const ModelLa
 // "<u>.grads" shard, which accumulates the micro-batches (ShardingEngine). So the stage plans
 // no "<u>.grad_accum": a full gradient per unit held through the schedule is what FSDP's
 // sharding of gradients exists to avoid. Without reshard_after_forward (and at stage 2) a
-// stage accumulates into "<u>.grad_accum" and reduces once after the schedule.
+// stage accumulates into "<u>.grad_accum" and reduces once after the schedule, unless a step
+// has one micro-batch: nothing accumulates then, and such a stage reduces each unit as its
+// backward ends too (true for it as well), into the "grad.full" slots.
 bool StageGradientsPerMicroBatch(const zerotrain::JobSpec& job);
 // Where slot k starts in "gather.embedding", in bytes, for slots of `slot_bytes` each.
 inline int64_t GradientSlotOffset(int k, int64_t slot_bytes) {

@@ -152,7 +152,19 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
   const bool vocab = geometry.embedding_row_numel > 0 && stage == 3;
   const int64_t vocab_padded = vocab ? ShardOfUnit(layout.embedding(), geometry).padded : 0;
   const int64_t group_share = (G - 1) * (padded - vocab_padded) / G;  // one ring pass
-  int64_t bytes = group_share * r;                   // gradient reduce-scatter
+  int64_t bytes = group_share * r;                                    // gradient reduce-scatter
+  // A pipeline stage that reduces per micro-batch (StageGradientsPerMicroBatch, at `stage`)
+  // gathers its tied unit's reduced gradient once a step to sum the wte's two copies.
+  const bool stage_reduces_per_use = job.parallel().pipeline_parallel() > 1 && stage >= 2 &&
+                                     ((stage == 3 && job.parallel().reshard_after_forward()) ||
+                                      job.train().grad_accum_steps() <= 1);
+  if (stage_reduces_per_use && job.model().tie_embeddings()) {
+    for (const UnitLayout& u : layout.units) {
+      const bool copy = u.kind == UnitKind::kEmbedding ||
+                        (u.kind == UnitKind::kHead && u.Find("lm_head.weight") != nullptr);
+      if (copy) bytes += (G - 1) * ShardOfUnit(u, geometry).padded / G * g;
+    }
+  }
   if (stage <= 2) {
     bytes += group_share * p;  // the updated parameters, gathered after the optimizer step
   } else if (job.parallel().pipeline_parallel() > 1) {
@@ -171,16 +183,8 @@ int64_t CommBytesPerStep(const zerotrain::JobSpec& job, const ModelLayout& layou
     bytes += (G - 1) * gathered / G * p;
     if (job.parallel().reshard_after_forward()) {
       // ... and reduces per use (StageGradientsPerMicroBatch): every micro-batch's gradients
-      // reduce-scattered, not the step's once; a tied wte's unit (the stage's embedding or its
-      // head) gathers its reduced gradient once to sum the wte's two copies.
+      // reduce-scattered, not the step's once (the tied unit's gather: above).
       bytes += (m - 1) * group_share * r;
-      if (job.model().tie_embeddings()) {
-        for (const UnitLayout& u : layout.units) {
-          const bool copy = u.kind == UnitKind::kEmbedding ||
-                            (u.kind == UnitKind::kHead && u.Find("lm_head.weight") != nullptr);
-          if (copy) bytes += (G - 1) * ShardOfUnit(u, geometry).padded / G * g;
-        }
-      }
     }
   } else {
     // Each micro-batch's pass (ShardingEngine::ForwardBackward) gathers every unit for its

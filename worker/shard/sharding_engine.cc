@@ -219,13 +219,14 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     // With reshard_after_forward stage 3 gathers each unit per use instead (BeginStagePass),
     // and reduces per use as FSDP does: each micro-batch's gradient of a unit goes into one of
     // the two "grad.full" slots and is reduce-scattered at once into the rank's shard, which
-    // accumulates the micro-batches (StageGradient / StageGradientDone).
+    // accumulates the micro-batches (StageGradient / StageGradientDone). So does a stage at
+    // stage 2, or 3 keeping its units gathered, with one micro-batch a step: its one backward
+    // of each unit is the step's, reduce-scattered as it ends, as a ZeRO-2 rank off a pipeline
+    // does (StageGradientsPerMicroBatch; the plan holds the slots, not "<u>.grad_accum").
     if (e->stage_ >= 2 && !e->accumulate_full_ && !e->stage_grads_per_use_) {
-      return absl::UnimplementedError(absl::StrCat(
-          "parallel.zero_stage ", e->stage_,
-          " with parallel.pipeline_parallel > 1: a pipeline stage trains at ZeRO stages 0 and 1, "
-          "2 with parallel.micro_batches > 1, and 3 (with parallel.micro_batches > 1 unless "
-          "parallel.reshard_after_forward)"));
+      return absl::InternalError(
+          absl::StrCat("sharding engine: a pipeline stage at ZeRO stage ", e->stage_,
+                       " neither accumulates its micro-batches nor reduces each one"));
     }
     // The head's copy of a tied wte is the same parameter as the first stage's: counted there.
     const UnitLayout& head = layout.units.back();
@@ -357,6 +358,19 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
     }
   }
 
+  // A stage reducing per micro-batch whose parameters do not go per use (ZeRO 2, or 3 keeping
+  // its units gathered, with one micro-batch a step): the model's gradient hooks alone; its
+  // units' parameters stay where the model has them (whole at 2, SetStageComputeParams' at 3).
+  ShardingEngine* engine = e.get();
+  auto set_stage_gradient_source = [engine, n_units] {
+    engine->local_unit_.assign(engine->job_.model().n_layer() + 2, -1);
+    for (int u = 0; u < n_units; ++u) engine->local_unit_[engine->model_->held_units()[u]] = u;
+    engine->model_->SetStageUnitSource(
+        {.gradient = [engine](const DeviceContext& ctx,
+                              int unit) { return engine->StageGradient(ctx, unit); },
+         .gradient_done = [engine](const DeviceContext& ctx,
+                                   int unit) { return engine->StageGradientDone(ctx, unit); }});
+  };
   if (e->stage_ == 3) {
     std::vector<std::string> names;
     for (const UnitLayout& u : layout.units) names.push_back(u.name);
@@ -438,6 +452,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       e->stage_gathered_ = dedicated;
       ZT_RETURN_IF_ERROR(model->SetStageComputeParams(dedicated));
     }
+    if (model->pipelined() && e->stage_grads_per_use_ && !e->stage_per_use_) {
+      set_stage_gradient_source();
+    }
     e->prefetch_ = std::make_unique<PrefetchCoordinator>(
         e->registry_.get(), std::move(pool), std::move(dedicated), parallel.prefetch_units(),
         [self](int u, const Tensor& full) { return self->GatherUnit(u, full); });
@@ -459,6 +476,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       e->staged_.resize(n_units);
       e->prefetch_->SetUploadAhead([self](int u) { self->UploadAhead(u); });
     }
+  }
+  if (model->pipelined() && e->stage_ == 2 && e->stage_grads_per_use_) {
+    set_stage_gradient_source();
   }
   return e;
 }
@@ -591,8 +611,15 @@ void ShardingEngine::SetSwappedParams(SwappedShards shards) {
 }
 
 void ShardingEngine::ReadFirstGathersAhead() {
-  if (stage_ != 3 || prefetch_ == nullptr || model_->pipelined()) return;
+  if (stage_ != 3 || prefetch_ == nullptr) return;
   const int last = std::min(prefetch_->prefetch(), static_cast<int>(params_.size()) - 1);
+  if (!stage_gathered_.empty()) {
+    // A stage gathering its units whole for the step: their first reads run while BeginStep
+    // zeroes the gradients (host shards go up at the gathers: there is nothing to stage into).
+    ReadStageUnitsAhead(last);
+    return;
+  }
+  if (model_->pipelined()) return;
   if (swapped_.read_ahead) {
     for (int u = 0; u <= last; ++u) swapped_.read_ahead(u);
     return;
@@ -738,9 +765,27 @@ std::string ShardingEngine::Label(int t, const char* what) const {
   return absl::StrCat(trainable_layout_.units[t].name, " ", what);
 }
 
+void ShardingEngine::ReadStageUnitsAhead(int last) {
+  if (!swapped_.read_ahead) return;
+  last = std::min(last, static_cast<int>(stage_gathered_.size()) - 1);
+  // The reads are taken in unit order by GatherStageUnits, each once.
+  while (stage_read_through_ < last) swapped_.read_ahead(++stage_read_through_);
+}
+
 absl::Status ShardingEngine::BeginStep(const DeviceContext& ctx) {
   ReadFirstGathersAhead();
-  ZT_RETURN_IF_ERROR(GatherStageUnits());
+  // A pipeline stage gathering its units whole gathers after the zeroing below, which its
+  // first units' reads (just queued) overlap; nothing reads the gathered units before.
+  absl::Status zeroed = ZeroStepGradients(ctx);
+  if (!zeroed.ok()) {
+    if (stage_read_through_ >= 0 && swapped_.drop_read_ahead) swapped_.drop_read_ahead();
+    stage_read_through_ = -1;
+    return zeroed;
+  }
+  return GatherStageUnits();
+}
+
+absl::Status ShardingEngine::ZeroStepGradients(const DeviceContext& ctx) {
   if (stage_ <= 1) {
     for (const Tensor& g : grads_) ZT_RETURN_IF_ERROR(Zero(ctx, g));
   } else if (accumulate_full_) {
@@ -764,11 +809,26 @@ absl::Status ShardingEngine::GatherStageUnits() {
     // initialised or loaded) all-gathered into its whole buffer for this step's schedule.
     // GatherUnit takes each shard from wherever the plan keeps it (the device, or the pinned
     // host pool / swap store with offload.params).
+    // Swapped shards (offload.params NVME) are read ahead of their gathers: the first
+    // prefetch_units + 1 units' at the step's start (ReadFirstGathersAhead) or here (a
+    // pipelined evaluation), each later one once the gather prefetch_units + 1 units before it
+    // has taken its read (and freed its ring buffer), so it runs while the gathers between
+    // upload and all-gather. A gather whose read found the ring full reads the shard itself.
+    const int ahead = prefetch_->prefetch() + 1;
+    ReadStageUnitsAhead(ahead - 1);
+    // Reads no gather took (a gather failed) are waited for and their buffers freed.
+    absl::Cleanup reads_done = [&] {
+      if (stage_read_through_ >= 0 && swapped_.drop_read_ahead) swapped_.drop_read_ahead();
+      stage_read_through_ = -1;
+    };
     std::vector<CommHandle> handles;
     for (size_t u = 0; u < stage_gathered_.size(); ++u) {
       ZT_ASSIGN_OR_RETURN(CommHandle h, GatherUnit(static_cast<int>(u), stage_gathered_[u]));
       handles.push_back(std::move(h));
+      ReadStageUnitsAhead(static_cast<int>(u) + ahead);
     }
+    std::move(reads_done).Cancel();
+    stage_read_through_ = -1;  // every read was taken
     ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
     // A quantized base's blocks: their bytes gathered beside them, bound for the step.
     for (size_t u = 0; u < stage_gathered_.size(); ++u) {

@@ -53,14 +53,20 @@
 // up at BeginStagePass, the later ones a use ahead into the staging slots; with swapped shards
 // (offload.params NVME) BeginStagePass queues the first gathers' reads, one a gather. A stage that
 // gathers its units whole for the step uploads each shard at its gather (BeginStep): nothing
-// of the step computes before those gathers for an upload to hide behind.
+// of the step computes before those gathers for an upload to hide behind. With swapped shards
+// its reads still go ahead (GatherStageUnits): the first prefetch_units + 1 units' at the
+// step's start (ReadFirstGathersAhead, while the gradients are zeroed), each later one as the
+// gather prefetch_units + 1 units before it takes its read, so it runs while those gathers
+// upload and all-gather.
 // Hybrid (G < N): the reduce-scattered shard is then all-reduced across the N/G replicas.
 // Gradient accumulation communicates only on a step's last micro-batch: before it, stages
 // 0–1 accumulate into their full gradient buffers and stages 2–3 into a full per-unit
 // "grad_accum" buffer (the memory plan reserves it only when grad_accum_steps > 1). A
 // pipeline stage at ZeRO-3 with reshard_after_forward is the exception (FSDP's rule): it
 // reduce-scatters each micro-batch's gradient of a unit as the unit's backward ends, from one
-// of two rotating full slots into the rank's shard, which accumulates.
+// of two rotating full slots into the rank's shard, which accumulates. So does a stage at
+// ZeRO 2 (or 3 keeping its units gathered) with one micro-batch a step, whose one backward of
+// a unit is the step's (StageGradientsPerMicroBatch).
 //
 // The tied embedding: the head's projection reads the embedding's weight and writes its
 // gradient, so at stage 3 the embedding stays gathered (in its own buffer) from its forward
@@ -148,15 +154,16 @@ class ShardingEngine {
       const zerotrain::JobSpec& job, const ParallelLayout& layout, Transformer* model,
       const Arenas& arenas, ShardComms comms, DeviceCopyEngine* copies = nullptr);
 
-  // Zeroes the gradients a step accumulates into (after GatherStageUnits). With swapped
-  // shards (offload.params NVME), first queues the reads of the step's first pass's first
-  // gathers (ReadFirstGathersAhead), so they run while the gradients are zeroed and the batch
-  // is uploaded.
+  // Zeroes the gradients a step accumulates into, then gathers a ZeRO-3 pipeline stage's
+  // units whole (GatherStageUnits). With swapped shards (offload.params NVME), first queues
+  // the reads of the step's first pass's first gathers (ReadFirstGathersAhead), so they run
+  // while the gradients are zeroed and the batch is uploaded.
   absl::Status BeginStep(const DeviceContext& ctx);
   // A ZeRO-3 pipeline stage: all-gathers each of its unit shards into the whole buffer its
-  // StageForward / StageBackward read (SetStageComputeParams), and waits. What BeginStep does
-  // first, and a pipelined evaluation between steps (the optimizer stepped the shards since).
-  // Nothing for any other model.
+  // StageForward / StageBackward read (SetStageComputeParams), and waits. Swapped shards
+  // (offload.params NVME) are read ahead of their gathers, prefetch_units + 1 units ahead. What
+  // BeginStep does first, and a pipelined evaluation between steps (the optimizer stepped the
+  // shards since). Nothing for any other model.
   absl::Status GatherStageUnits();
   // A ZeRO-3 pipeline stage with reshard_after_forward (FSDP's per-use gather on a stage):
   // every use of a unit by `ops` (the stage's schedule, PipelineStageOps, or an evaluation's
@@ -178,18 +185,17 @@ class ShardingEngine {
   // loss_accumulator()).
   absl::Status ForwardBackward(const DeviceContext& ctx, const Transformer::LossOptions& options,
                                bool last);
-  // A pipeline stage (model->pipelined(); at stage 2 with micro-batches that accumulate, at 3
-  // with them or with reshard_after_forward): the schedule ran the model's StageForward /
+  // A pipeline stage (model->pipelined()): the schedule ran the model's StageForward /
   // StageBackward itself, accumulating into the full gradient buffers (".grads" at stages 0–1,
-  // ".grad_accum" at 2–3); this starts every unit's reduction and waits for them, as
-  // ForwardBackward does after a step's last micro-batch (a tensor-parallel stage's replicated
-  // KV heads summed over their ranks first). At stage 3 with reshard_after_forward the
-  // schedule reduced each micro-batch already (StageGradientsPerMicroBatch): this waits for
-  // those reduce-scatters. `tied`, on the first and the last stage of a model whose embedding
-  // is tied to its head (the two stages' communicator), sums the two copies' gradients first,
-  // as Megatron's embedding group all-reduce does. The last stage's copy of a tied embedding
-  // is left out of the norm statistics (the first stage counts wte; with tensor parallelism
-  // each TP rank its shard of it).
+  // ".grad_accum" at 2–3 with micro-batches that accumulate); this starts every unit's
+  // reduction and waits for them, as ForwardBackward does after a step's last micro-batch (a
+  // tensor-parallel stage's replicated KV heads summed over their ranks first). At stage 3
+  // with reshard_after_forward, and at 2–3 with one micro-batch, the schedule reduced each
+  // micro-batch already (StageGradientsPerMicroBatch): this waits for those reduce-scatters.
+  // `tied`, on the first and the last stage of a model whose embedding is tied to its head (the two
+  // stages' communicator), sums the two copies' gradients first, as Megatron's embedding group
+  // all-reduce does. The last stage's copy of a tied embedding is left out of the norm statistics
+  // (the first stage counts wte; with tensor parallelism each TP rank its shard of it).
   absl::Status ReduceStageGradients(const DeviceContext& ctx, Communicator* tied = nullptr);
   // Forward only (evaluation), gathering units as the forward needs them; the loss as above.
   absl::Status ForwardLoss(const DeviceContext& ctx, const Transformer::LossOptions& options);
@@ -279,9 +285,11 @@ class ShardingEngine {
   // PrefetchCoordinator's rule 4 does not announce; the pass's first Acquire then finds them
   // read. Called where the shards are final until that pass: at BeginStep (after the previous
   // step's commit) and between a step's micro-batches. With host shards (offload.params CPU)
-  // it starts their uploads instead, into the slots those gathers will take. Nothing at other
-  // stages, on a pipeline stage (BeginStagePass does it for the stage's pass), or with the
-  // shards on the device.
+  // it starts their uploads instead, into the slots those gathers will take. On a pipeline
+  // stage that gathers its units whole for the step it queues the first prefetch_units + 1
+  // units' reads (GatherStageUnits queues the rest); nothing on one gathering per use
+  // (BeginStagePass does it for the stage's pass), at other stages, or with the shards on the
+  // device.
   void ReadFirstGathersAhead();
   // Called once the backward of a step's last micro-batch has ended, before the step waits for
   // its gradient reductions: the NVMe optimizer queues its first unit's reads there, so they
@@ -317,6 +325,8 @@ class ShardingEngine {
   absl::StatusOr<Tensor> GradTarget(const DeviceContext& ctx, int model_unit);
   // Model unit u's backward ended: start its reduction (last micro-batch only).
   absl::Status GradientReady(int model_unit);
+  // Zeroes the gradient buffers a step accumulates into (BeginStep).
+  absl::Status ZeroStepGradients(const DeviceContext& ctx);
   // Waits for every reduction of the step; stage 1 runs its reduce-scatters here.
   absl::Status FinishReductions(const DeviceContext& ctx);
   absl::Status ReduceAcrossReplicas(int u);          // u: a trainable unit
@@ -362,6 +372,11 @@ class ShardingEngine {
   bool slots_in_embedding_ = false;
   // A ZeRO-3 pipeline stage's "<unit>.gathered" buffers, filled by BeginStep.
   std::vector<Tensor> stage_gathered_;
+  // With swapped shards, the last of those units whose read is queued for the next
+  // GatherStageUnits (−1: none), by ReadFirstGathersAhead or by GatherStageUnits itself.
+  int stage_read_through_ = -1;
+  // Queues the reads of the stage's units up to `last` (SwappedShards::read_ahead).
+  void ReadStageUnitsAhead(int last);
   // A ZeRO-3 pipeline stage with reshard_after_forward: the current stage pass's uses, and per
   // whole-model unit its index among the stage's units (−1: not held).
   bool stage_per_use_ = false;

@@ -651,9 +651,8 @@ absl::Status Trainer::Run(const std::function<void(const StepRecord&)>& on_step)
     if (eval_due) {
       // The evaluation's gathers upload (and with offload.params NVME read) every shard once
       // more: that traffic is reported in the line of the step it follows, beside the step's.
-      const OffloadCounters before = OffloadCountersNow();
       ZT_ASSIGN_OR_RETURN(double v, Evaluate());
-      AddOffloadTraffic(before, r);
+      ReportEvaluationTraffic(r);
       r.val_loss = v;
     }
     ZT_RETURN_IF_ERROR(AppendMetrics(r));

@@ -213,7 +213,8 @@ class Trainer {
   // Validation loss: the mean over every target counted (DocumentSampler::CountedTargets) in
   // the eval_steps micro-batches of each data-parallel rank from the start of data.val, as
   // the training loss is a token-level mean over the step (each rank evaluates its share; a
-  // collective).
+  // collective). Its offload traffic (offload.params uploads and swap reads) is reported in
+  // a step's record: under Run the evaluated step's, called between steps the next step's.
   absl::StatusOr<double> Evaluate();
 
   const MemoryPlan& plan() const { return plan_; }
@@ -277,8 +278,14 @@ class Trainer {
   };
   OffloadCounters OffloadCountersNow() const;
   // Adds what moved since `before` to r's swap_* and param_upload* fields: the step's own
-  // traffic (Step), and an evaluation's after it (Run).
+  // traffic (Step), and an evaluation's (Evaluate, into evaluation_traffic_).
   void AddOffloadTraffic(const OffloadCounters& before, StepRecord& r) const;
+  // The offload traffic (the swap_* and param_upload* fields only) of evaluations that no
+  // step's record has reported yet: Evaluate adds its own here, and ReportEvaluationTraffic
+  // moves it into a record — Run's into the line of the step the evaluation follows, Step's
+  // (an Evaluate called between steps outside Run) into the next step's line.
+  StepRecord evaluation_traffic_;
+  void ReportEvaluationTraffic(StepRecord& r);
   // <run_dir>/memory.json: the plan's bytes by category beside the arenas' high-water marks.
   absl::Status WriteMemoryReport(const std::string& path) const;
   // The model's tensor-parallel group: its collectives run on t's comms_ (connected after the

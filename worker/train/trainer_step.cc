@@ -63,6 +63,19 @@ void Trainer::AddOffloadTraffic(const OffloadCounters& before, StepRecord& r) co
   r.param_uploads_at_gather += engine_->param_uploads_at_gather() - before.uploads_at_gather;
 }
 
+void Trainer::ReportEvaluationTraffic(StepRecord& r) {
+  const StepRecord& e = evaluation_traffic_;
+  r.swap_bytes_in += e.swap_bytes_in;
+  r.swap_bytes_out += e.swap_bytes_out;
+  r.swap_in_s += e.swap_in_s;
+  r.swap_out_s += e.swap_out_s;
+  r.param_upload_bytes += e.param_upload_bytes;
+  r.param_upload_s += e.param_upload_s;
+  r.param_uploads_ahead += e.param_uploads_ahead;
+  r.param_uploads_at_gather += e.param_uploads_at_gather;
+  evaluation_traffic_ = StepRecord();
+}
+
 bool Trainer::StateReadAfterStep(int64_t step, StopKind stop) const {
   const auto& train = job_.train();
   const auto& ckpt = job_.checkpoint();
@@ -262,6 +275,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     r.offload_to_host_s += grad_downloads_->stats().copy_seconds - downloads_before.copy_seconds;
   }
   AddOffloadTraffic(traffic_before, r);
+  // An evaluation called since the last record (outside Run) is reported with this step.
+  ReportEvaluationTraffic(r);
   if (loss_scaler_) r.skipped = loss_scaler_->skipped_steps();
   ++step_;
   r.step = step_;
@@ -290,6 +305,10 @@ absl::StatusOr<StepRecord> Trainer::Step() {
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (!val_batches_) return absl::FailedPreconditionError("no data.val to evaluate on");
+  // The evaluation's gathers upload (and with offload.params NVME read) every shard once more:
+  // counted for the next record (ReportEvaluationTraffic), a failed evaluation's too.
+  const OffloadCounters traffic_before = OffloadCountersNow();
+  absl::Cleanup count_traffic = [&] { AddOffloadTraffic(traffic_before, evaluation_traffic_); };
   ZT_RETURN_IF_ERROR(FinishDelayedUpdate());  // evaluate the updated weights
   const int64_t ranks = data_size_;
   const int64_t n = job_.train().eval_steps();

@@ -12,12 +12,14 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "offload/io_engine.h"
 #include "offload/swap_env.h"
@@ -347,6 +349,94 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsEachMicroBatchsFirstGathersAhead
     const NvmeOptimizer::Stats& stats = swapped.nvme_stats[r];
     EXPECT_EQ(stats.shard_reads_at_gather, 0) << r;
     EXPECT_EQ(stats.shard_reads_ahead, 3 * 2 * gathers) << r;
+  }
+}
+
+// ZeRO-3 without reshard_after_forward off a pipeline (1 rank and DP2, 1 and 2 micro-batches):
+// each pass gathers every unit once, in its forward, and keeps it to its backward, so with
+// offload.params NVME each pass reads every shard once — the first prefetch_units + 1 at the
+// step's start or between micro-batches (ReadFirstGathersAhead), the later ones announced ahead
+// of their gathers (PrefetchCoordinator rule 4): none at the gather. The run is the job with
+// the shards on the device bit for bit.
+TEST_F(ParamOffloadTrainingTest, ParamsNvmeKeptUnitsReadEveryShardAhead) {
+  for (int world : {1, 2}) {
+    for (int accum : {1, 2}) {
+      auto job = [&](OffloadConfig::Device device) {
+        JobSpec j = Job(world, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, device, device);
+        j.mutable_parallel()->set_reshard_after_forward(false);
+        j.mutable_train()->set_micro_batch_size(4 / world / accum);
+        j.mutable_train()->set_grad_accum_steps(accum);
+        return j;
+      };
+      const std::string what = absl::StrCat("world ", world, ", ", accum, " micro-batches");
+      const RunResult swapped = Train(job(OffloadConfig::NVME), 3);
+      const RunResult plain = Train(job(OffloadConfig::NONE), 3);
+      ExpectSameRun(swapped, plain, what);
+      const JobSpec validated = ValidatedJob(job(OffloadConfig::NVME)).value();
+      const int64_t n_units = BuildModelLayout(validated.model()).units.size();
+      for (int r = 0; r < world; ++r) {
+        const NvmeOptimizer::Stats& stats = swapped.nvme_stats[r];
+        EXPECT_EQ(stats.shard_reads_at_gather, 0) << what << " rank " << r;
+        EXPECT_EQ(stats.shard_reads_ahead, 3 * accum * n_units) << what << " rank " << r;
+      }
+    }
+  }
+}
+
+// Trainer::Evaluate called between steps outside Run (as tests and embedders call it) has no
+// line of its own: its uploads (and with offload.params NVME its swap reads) are reported in
+// the next step's record. One rank, CPU and NVME: step 2 after an evaluation of one
+// micro-batch is step 2 without it plus exactly one upload (and read) of each unit's shard,
+// with the same loss.
+TEST_F(ParamOffloadTrainingTest, EvaluationBetweenStepsCountsInTheNextStepsLine) {
+  for (OffloadConfig::Device params : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+    const std::string what = OffloadConfig::Device_Name(params);
+    JobSpec spec = Job(1, 3, OptimizerConfig::ADAMW, PrecisionConfig::FP32, params, params);
+    spec.mutable_data()->add_val((dir_ / "train.bin").string());
+    spec.mutable_train()->set_eval_interval(100);  // Run would never evaluate: Step alone does
+    spec.mutable_train()->set_eval_steps(1);
+    const JobSpec job = ValidatedJob(spec).value();
+    struct Second {
+      StepRecord record;
+      int64_t shard_bytes = 0;
+    };
+    auto second_step = [&](bool evaluate) -> absl::StatusOr<Second> {
+      InProcessStore store;
+      ZT_ASSIGN_OR_RETURN(std::shared_ptr<offload::SwapStore> swap,
+                          testing::OpenTestSwapStore(job));
+      TrainOptions options;
+      options.store = &store;
+      options.swap_store = swap.get();
+      ZT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(job, options));
+      ZT_RETURN_IF_ERROR(t->Step().status());
+      if (evaluate) ZT_RETURN_IF_ERROR(t->Evaluate().status());
+      Second out;
+      ZT_ASSIGN_OR_RETURN(out.record, t->Step());
+      for (const UnitLayout& unit : BuildModelLayout(job.model()).units) {
+        for (const BufferSpec& b : t->plan().buffers) {
+          if (b.name == unit.name + ".params") out.shard_bytes += b.bytes();
+        }
+      }
+      return out;
+    };
+    const absl::StatusOr<Second> with = second_step(true);
+    const absl::StatusOr<Second> without = second_step(false);
+    ASSERT_TRUE(with.ok()) << what << ": " << with.status();
+    ASSERT_TRUE(without.ok()) << what << ": " << without.status();
+    const StepRecord& a = with->record;
+    const StepRecord& b = without->record;
+    ASSERT_GT(with->shard_bytes, 0) << what;
+    EXPECT_EQ(a.loss, b.loss) << what << ": evaluating changes no step";
+    EXPECT_EQ(a.param_upload_bytes, b.param_upload_bytes + with->shard_bytes) << what;
+    const int64_t units = BuildModelLayout(job.model()).units.size();
+    EXPECT_EQ(a.param_uploads_ahead + a.param_uploads_at_gather,
+              b.param_uploads_ahead + b.param_uploads_at_gather +
+                  (params == OffloadConfig::CPU ? units : 0))
+        << what;
+    if (params == OffloadConfig::NVME) {
+      EXPECT_EQ(a.swap_bytes_in, b.swap_bytes_in + with->shard_bytes) << what;
+      EXPECT_EQ(a.swap_bytes_out, b.swap_bytes_out) << what << ": evaluation writes nothing";
+    }
   }
 }
 

@@ -336,6 +336,12 @@ TEST_F(PipelineOffloadTrainingTest, ParameterOffloadIsTheStagesDevicePathBitForB
           // gather frees its buffer as it takes the shard).
           EXPECT_EQ(mine.nvme.shard_reads_at_gather, 0) << rank;
           EXPECT_GT(mine.nvme.shard_reads_ahead, 0) << rank;
+        } else {
+          // offload.params NVME whole for the step: each own shard read once a step, ahead of
+          // its gather — the first prefetch_units + 1 at the step's start, each later one as
+          // the gather prefetch_units + 1 units before it takes its read (GatherStageUnits).
+          EXPECT_EQ(mine.nvme.shard_reads_at_gather, 0) << rank;
+          EXPECT_EQ(mine.nvme.shard_reads_ahead, 6 * static_cast<int64_t>(own.size())) << rank;
         }
       }
     }

@@ -247,26 +247,61 @@ TEST_F(PipelineReshardTest, PerUseGathersAndReductionsTrainAsTheKeptStageAndOneR
   }
 }
 
-// With one micro-batch a step (GPipe allows it) a stage that reduces per use trains too: the
-// refusal of stages 2–3 without micro-batches to accumulate is about full gradient buffers,
-// which such a stage does not have. Against one rank, to fp32 noise.
+// With one micro-batch a step (GPipe allows it) a stage trains at ZeRO 2, and at 3 per use or
+// keeping its units gathered: there is nothing to accumulate, so each unit's one backward is
+// reduce-scattered as it ends (StageGradientsPerMicroBatch), as off a pipeline; no stage holds a
+// full gradient per unit. PP2 × DP2 against one rank, to fp32 noise (ExpectSamePipelineTraining's
+// bounds: the stages sum the norm's squares and the ranks the gradients in another order). Where
+// the order of the sums is the same the runs are equal bit for bit: ZeRO 3 keeping the units
+// gathered is ZeRO 3 per use (the same gathered values, the same reductions), and untied Llama
+// at ZeRO 2 is ZeRO 1 (the same reduce-scatter of the same gradient, after the backward instead
+// of as it ends; a tied GPT-2 sums its two wte copies before ZeRO 1's reduction, after ZeRO 2's).
 TEST_F(PipelineReshardTest, OneMicroBatchTrainsAgainstOneRank) {
   for (const bool llama : {false, true}) {
-    const std::string what = llama ? "llama m = 1" : "gpt2 m = 1";
-    JobSpec job = Job(llama, 1, 2, 2, ParallelConfig::GPIPE, /*reshard=*/true);
-    job.mutable_train()->set_grad_accum_steps(1);
     JobSpec one = OneRank(llama, 2);
     one.mutable_train()->set_grad_accum_steps(1);
-    PipelineOutcome per_use = testing::RunPipelineRanks(job, 10);
-    ASSERT_TRUE(per_use.status.ok()) << what << ": " << per_use.status;
-    for (size_t r = 0; r < per_use.ranks.size(); ++r) {
-      // One reduce-scatter per unit a step.
-      EXPECT_EQ(per_use.ranks[r].comm[CommKind::kReduceScatter].calls,
-                10 * static_cast<int64_t>(per_use.ranks[r].layout.units.size()))
-          << what << ", rank " << r;
+    const PipelineOutcome reference = testing::RunPipelineRanks(one, 10);
+    auto run = [&](int stage, bool reshard) {
+      JobSpec job = Job(llama, 1, 2, 2, ParallelConfig::GPIPE, reshard);
+      job.mutable_parallel()->set_zero_stage(stage);
+      job.mutable_train()->set_grad_accum_steps(1);
+      return testing::RunPipelineRanks(job, 10);
+    };
+    struct Case {
+      int stage;
+      bool reshard;
+    };
+    std::vector<PipelineOutcome> runs;
+    for (const Case c : {Case{3, true}, Case{3, false}, Case{2, true}}) {
+      const std::string what = absl::StrCat(llama ? "llama" : "gpt2", " m = 1, zero ", c.stage,
+                                            c.reshard ? "" : " kept gathered");
+      PipelineOutcome got = run(c.stage, c.reshard);
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status;
+      for (size_t r = 0; r < got.ranks.size(); ++r) {
+        // One reduce-scatter per unit a step.
+        EXPECT_EQ(got.ranks[r].comm[CommKind::kReduceScatter].calls,
+                  10 * static_cast<int64_t>(got.ranks[r].layout.units.size()))
+            << what << ", rank " << r;
+      }
+      testing::JoinDataParallelShards(got);
+      testing::ExpectSamePipelineTraining(got, reference, what);
+      runs.push_back(std::move(got));
     }
-    testing::JoinDataParallelShards(per_use);
-    testing::ExpectSamePipelineTraining(per_use, testing::RunPipelineRanks(one, 10), what);
+    const std::string what = llama ? "llama m = 1" : "gpt2 m = 1";
+    for (size_t r = 0; r < runs[0].ranks.size(); ++r) {
+      EXPECT_EQ(runs[1].ranks[r].losses, runs[0].ranks[r].losses) << what << ", rank " << r;
+      EXPECT_EQ(runs[1].ranks[r].grad_norms, runs[0].ranks[r].grad_norms) << what << ", rank " << r;
+      EXPECT_TRUE(runs[1].ranks[r].whole == runs[0].ranks[r].whole) << what << ", rank " << r;
+    }
+    if (llama) {
+      PipelineOutcome zero1 = run(1, true);
+      ASSERT_TRUE(zero1.status.ok()) << what << ": " << zero1.status;
+      for (size_t r = 0; r < runs[2].ranks.size(); ++r) {
+        EXPECT_EQ(runs[2].ranks[r].losses, zero1.ranks[r].losses) << what << ", rank " << r;
+        EXPECT_EQ(runs[2].ranks[r].grad_norms, zero1.ranks[r].grad_norms) << what << ", rank " << r;
+        EXPECT_TRUE(runs[2].ranks[r].whole == zero1.ranks[r].whole) << what << ", rank " << r;
+      }
+    }
   }
 }
 
