@@ -531,7 +531,8 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
   // Pipeline parallelism: nothing is refused here. One micro-batch is a schedule too at every ZeRO
   // stage: at stage 2 (or 3 keeping the units gathered) the stage reduce-scatters its one backward
   // of each unit as it ends, as at 3 with reshard_after_forward it does each micro-batch's
-  // (StageGradientsPerMicroBatch; PipelineTrainingTest.OneMicroBatchAtZero2And3IsOneRankBitForBit).
+  // (StageGradientsPerMicroBatch; PipelineReshardTest.OneMicroBatchTrainsAgainstOneRank, within
+  // the fp32 reduction-order tolerance that test states).
   // CUDA ranks: the stages' sends, statistics and bubble timings cross in device buffers
   // (tests/unit/worker/trainer/pipeline_separate_memory_test.cc; on a GPU,
   // tests/gpu/worker/train/pipeline_gpu_test.cc).
