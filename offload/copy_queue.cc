@@ -52,22 +52,44 @@ absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create(SwapStore* store,
 }
 
 CopyQueue::CopyQueue(SwapStore* store, std::unique_ptr<PinnedPool> pool)
-    : store_(store), pool_(std::move(pool)), worker_([this] { WorkerLoop(); }) {}
+    : store_(store),
+      pool_(std::move(pool)),
+      read_worker_([this] { LaneLoop(/*swap_in=*/true); }),
+      write_worker_([this] { LaneLoop(/*swap_in=*/false); }) {}
 
 CopyQueue::~CopyQueue() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  worker_.join();
+  read_worker_.join();
+  write_worker_.join();
+}
+
+CopyQueue::Slot CopyQueue::SlotOf(const SwapKey& key) {
+  return Slot{key.job, key.unit, key.range_begin, key.range_end, static_cast<uint8_t>(key.role)};
 }
 
 CopyHandle CopyQueue::Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in,
-                              size_t queued_out) {
+                              std::vector<Slot> slots, size_t queued_out) {
   CopyHandle handle(std::make_shared<CopyHandle::State>());
   absl::MutexLock lock(&mu_);
   stats_.bytes_out_queued += queued_out;
-  queue_.push_back(Task{.run = std::move(run), .handle = handle, .swap_in = swap_in});
+  Task task{.run = std::move(run), .handle = handle, .swap_in = swap_in};
+  if (swap_in) {
+    // What it reads may still be on its way out: it waits for those writes, and only those.
+    for (const Slot& slot : slots) {
+      if (auto it = last_write_.find(slot); it != last_write_.end()) {
+        task.after.push_back(it->second.second);
+      }
+    }
+    read_lane_.queue.push_back(std::move(task));
+  } else {
+    task.sequence = ++next_sequence_;
+    for (const Slot& slot : slots) last_write_[slot] = {task.sequence, handle};
+    task.slots = std::move(slots);
+    write_lane_.queue.push_back(std::move(task));
+  }
   return handle;
 }
 
@@ -88,7 +110,7 @@ CopyHandle CopyQueue::SwapOut(const SwapKey& key, absl::Span<const std::byte> sr
         if (!s.ok()) return s;
         return n;
       },
-      /*swap_in=*/false, n);
+      /*swap_in=*/false, {SlotOf(key)}, n);
 }
 
 CopyHandle CopyQueue::SwapIn(const SwapKey& key, absl::Span<std::byte> dst) {
@@ -108,7 +130,7 @@ CopyHandle CopyQueue::SwapIn(const SwapKey& key, absl::Span<std::byte> dst) {
         lease->Release();
         return n;
       },
-      /*swap_in=*/true);
+      /*swap_in=*/true, {SlotOf(key)});
 }
 
 PinnedLease CopyQueue::AcquireBuffer() { return pool_->Acquire(); }
@@ -135,6 +157,8 @@ CopyHandle CopyQueue::SwapInPlace(std::vector<BufferExtent> extents, const Pinne
     }
   }
   std::byte* base = lease.data();
+  std::vector<Slot> slots;
+  for (const BufferExtent& e : extents) slots.push_back(SlotOf(e.key));
   return Enqueue(
       [this, extents = std::move(extents), base]() -> absl::StatusOr<size_t> {
         size_t total = 0;
@@ -152,7 +176,7 @@ CopyHandle CopyQueue::SwapInPlace(std::vector<BufferExtent> extents, const Pinne
         }
         return total;
       },
-      /*swap_in=*/true);
+      /*swap_in=*/true, std::move(slots));
 }
 
 CopyHandle CopyQueue::SwapOutPlace(std::vector<BufferExtent> extents, PinnedLease lease) {
@@ -163,7 +187,11 @@ CopyHandle CopyQueue::SwapOutPlace(std::vector<BufferExtent> extents, PinnedLeas
   }
   auto held = std::make_shared<PinnedLease>(std::move(lease));
   size_t queued = 0;
-  for (const BufferExtent& e : extents) queued += e.length;
+  std::vector<Slot> slots;
+  for (const BufferExtent& e : extents) {
+    queued += e.length;
+    slots.push_back(SlotOf(e.key));
+  }
   return Enqueue(
       [this, extents = std::move(extents), held]() -> absl::StatusOr<size_t> {
         size_t total = 0;
@@ -177,7 +205,7 @@ CopyHandle CopyQueue::SwapOutPlace(std::vector<BufferExtent> extents, PinnedLeas
         if (!s.ok()) return s;
         return total;
       },
-      /*swap_in=*/false, queued);
+      /*swap_in=*/false, std::move(slots), queued);
 }
 
 CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation,
@@ -185,7 +213,7 @@ CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation,
   return Enqueue(
       [this, job, generation, writes = std::move(writes)]() -> absl::StatusOr<size_t> {
         for (const CopyHandle& w : writes) {
-          // Queued before this task, so the worker has finished them: Wait returns at once.
+          // Queued before this task on its lane, so finished: Wait returns at once.
           if (absl::Status s = w.Wait(); !s.ok()) {
             return absl::Status(s.code(), absl::StrCat("generation ", generation, " of ", job,
                                                        " not committed: ", s.message()));
@@ -195,14 +223,16 @@ CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation,
         if (!s.ok()) return s;
         return size_t{0};
       },
-      /*swap_in=*/false);
+      /*swap_in=*/false, {});
 }
 
 absl::Status CopyQueue::Drain() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](CopyQueue* q)
-           ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return q->queue_.empty() && q->running_ == 0; },
+      +[](CopyQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
+        return q->read_lane_.queue.empty() && !q->read_lane_.running &&
+               q->write_lane_.queue.empty() && !q->write_lane_.running;
+      },
       this));
   return std::exchange(first_error_, absl::OkStatus());
 }
@@ -212,20 +242,26 @@ CopyQueueStats CopyQueue::stats() const {
   return stats_;
 }
 
-void CopyQueue::WorkerLoop() {
+void CopyQueue::LaneLoop(bool swap_in) {
   while (true) {
     Task task;
     {
       absl::MutexLock lock(&mu_);
+      Lane& lane = swap_in ? read_lane_ : write_lane_;
       mu_.Await(absl::Condition(
-          +[](CopyQueue* q)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return !q->queue_.empty() || q->stopping_; },
+          swap_in ? +[](CopyQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                         q->mu_) { return !q->read_lane_.queue.empty() || q->stopping_; }
+                  : +[](CopyQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                         q->mu_) { return !q->write_lane_.queue.empty() || q->stopping_; },
           this));
-      if (queue_.empty()) return;  // stopping, and everything queued is done
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = 1;
+      if (lane.queue.empty()) return;  // stopping, and everything queued is done
+      task = std::move(lane.queue.front());
+      lane.queue.pop_front();
+      lane.running = true;
     }
+    // A swap-in's slots' writes, queued before it on the write lane, which never waits for
+    // this lane: they end. Whatever they returned, the read then finds what the store holds.
+    for (const CopyHandle& write : task.after) write.Wait().IgnoreError();
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<size_t> result = task.run();
     const double seconds =
@@ -238,12 +274,16 @@ void CopyQueue::WorkerLoop() {
         first_error_ = result.status();
       }
       (task.swap_in ? stats_.seconds_in : stats_.seconds_out) += seconds;
+      for (const Slot& slot : task.slots) {
+        auto it = last_write_.find(slot);
+        if (it != last_write_.end() && it->second.first == task.sequence) last_write_.erase(it);
+      }
     }
     // Completed after the stats count it and before Drain may return, so both see it.
     task.handle.Complete(result.ok() ? absl::OkStatus() : result.status(),
                          result.ok() ? *result : 0);
     absl::MutexLock lock(&mu_);
-    running_ = 0;
+    (swap_in ? read_lane_ : write_lane_).running = false;
   }
 }
 

@@ -1,16 +1,19 @@
 // Asynchronous swap-in and swap-out between callers' memory and the swap store, through a
 // bounded ring of pinned buffers: write-behind (SwapOut returns once the bytes are in a ring
-// buffer; a worker thread writes them to the store) and read-ahead (SwapIn queued ahead of use;
-// the worker reads into a ring buffer and copies out). Each call returns a CopyHandle whose
-// Wait gives the transfer's status.
+// buffer; the write lane's thread writes them to the store) and read-ahead (SwapIn queued ahead
+// of use; the read lane's thread reads into a ring buffer and copies out). Each call returns a
+// CopyHandle whose Wait gives the transfer's status.
 //
-// Order: the worker runs transfers and commits in the order they were queued, so a Commit
-// queued after a generation's SwapOuts makes exactly those durable, and a SwapIn queued after a
-// SwapOut of the same key reads what it wrote.
+// Two lanes, each a thread running its tasks in the order they were queued, side by side (the
+// store moves a read and a write at once, SwapStore's io_lanes): the write lane runs swap-outs
+// and commits, so a Commit queued after a generation's SwapOuts makes exactly those durable;
+// the read lane runs swap-ins, and a swap-in waits only for the swap-outs queued before it of
+// the same slot (job, unit, range, role), so it reads what they wrote while other writes move.
 //
 // The ring bounds memory: a SwapOut or SwapIn takes its ring buffer on the caller's thread,
-// waiting while all `buffer_count` are taken by queued transfers (which the worker is always
-// able to finish, since it never waits for a buffer itself). A transfer must fit in one buffer:
+// waiting while all `buffer_count` are taken by queued transfers (which the lanes are always
+// able to finish, since they never wait for a buffer themselves, and the read lane waits only
+// for writes the write lane runs without waiting for reads). A transfer must fit in one buffer:
 // buffer_size is sized to the largest unit shard (DeepSpeed's buffer_size rule).
 //
 // In place: a caller that works on the bytes where they land (the optimizer step of swapped
@@ -28,9 +31,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -80,8 +86,8 @@ struct CopyQueueStats {
   // step's commit behind the next step's compute) counts its bytes where it queued them.
   uint64_t bytes_out_queued = 0;
   uint64_t bytes_in = 0;   // swapped in (read from the store)
-  double seconds_out = 0;  // the worker's time in store writes and commits
-  double seconds_in = 0;   // ... in store reads
+  double seconds_out = 0;  // the write lane's time in store writes and commits
+  double seconds_in = 0;   // the read lane's in store reads (the two overlap)
 };
 
 class CopyQueue {
@@ -131,26 +137,43 @@ class CopyQueue {
   CopyQueueStats stats() const;
 
  private:
+  // (job, unit, range_begin, range_end, role): what a swap-in waits for swap-outs of.
+  using Slot = std::tuple<std::string, uint32_t, uint64_t, uint64_t, uint8_t>;
+  static Slot SlotOf(const SwapKey& key);
   struct Task {
     std::function<absl::StatusOr<size_t>()> run;
     CopyHandle handle;
     bool swap_in = false;
+    std::vector<Slot> slots;        // a swap-out's: the slots it writes
+    uint64_t sequence = 0;          // a swap-out's place in the write lane
+    std::vector<CopyHandle> after;  // a swap-in's: the swap-outs of its slots queued before it
+  };
+  struct Lane {
+    std::deque<Task> queue;
+    bool running = false;
   };
   CopyQueue(SwapStore* store, std::unique_ptr<PinnedPool> pool);
-  // `queued_out`: the bytes a swap-out queues (CopyQueueStats::bytes_out_queued).
+  // Queues `run` on the read lane (`swap_in`) or the write lane. `slots`: the slots a swap-out
+  // writes, or a swap-in reads. `queued_out`: the bytes a swap-out queues
+  // (CopyQueueStats::bytes_out_queued).
   CopyHandle Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in,
-                     size_t queued_out = 0);
-  void WorkerLoop();
+                     std::vector<Slot> slots, size_t queued_out = 0);
+  void LaneLoop(bool swap_in);
 
   SwapStore* const store_;
   const std::unique_ptr<PinnedPool> pool_;
   mutable absl::Mutex mu_;
-  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
-  size_t running_ ABSL_GUARDED_BY(mu_) = 0;  // 1 while the worker runs a task
+  Lane read_lane_ ABSL_GUARDED_BY(mu_);
+  Lane write_lane_ ABSL_GUARDED_BY(mu_);
+  // The last swap-out queued of each slot, not yet done: (its sequence, its handle).
+  std::map<Slot, std::pair<uint64_t, CopyHandle>> last_write_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   CopyQueueStats stats_ ABSL_GUARDED_BY(mu_);
-  std::thread worker_;  // last: starts after the members it reads
+  // Last: they start after the members they read.
+  std::thread read_worker_;
+  std::thread write_worker_;
 };
 
 }  // namespace zt::offload

@@ -108,6 +108,10 @@ absl::StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(SwapStoreOptions opti
                                                    options.block_size,
                                                    " must be a positive multiple of 4096"));
   }
+  if (options.io_lanes < 1 || options.io_lanes > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': io_lanes ",
+                                                   options.io_lanes, " is outside 1..64"));
+  }
   if (options.queue_depth < 1 || options.queue_depth > 4096) {
     return absl::InvalidArgumentError(absl::StrCat("swap store '", options.path, "': queue_depth ",
                                                    options.queue_depth, " is outside 1..4096"));
@@ -130,17 +134,21 @@ absl::StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(SwapStoreOptions opti
 
 absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
   const std::string& path = options_.path;
-  ZT_ASSIGN_OR_RETURN(engine_, CreateIoEngine(options_.queue_depth, options_.warn));
-  report.io_uring = engine_->uses_io_uring();
   bounce_size_ = size_t{options_.queue_depth} * options_.block_size;
-  // mmap: page-aligned, and untouched pages cost nothing.
-  void* bounce =
-      mmap(nullptr, bounce_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (bounce == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("swap store '", path, "': cannot map ",
-                                                     bounce_size_, " bytes of staging buffers"));
+  for (uint32_t k = 0; k < options_.io_lanes; ++k) {
+    IoLane& lane = lanes_.emplace_back();
+    ZT_ASSIGN_OR_RETURN(lane.engine, CreateIoEngine(options_.queue_depth, options_.warn));
+    // mmap: page-aligned, and untouched pages cost nothing.
+    void* bounce =
+        mmap(nullptr, bounce_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (bounce == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("swap store '", path, "': cannot map ",
+                                                       bounce_size_, " bytes of staging buffers"));
+    }
+    lane.bounce = static_cast<std::byte*>(bounce);
   }
-  bounce_ = static_cast<std::byte*>(bounce);
+  lane_busy_.assign(lanes_.size(), false);
+  report.io_uring = lanes_.front().engine->uses_io_uring();
 
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
@@ -198,6 +206,7 @@ absl::Status SwapStore::OpenLocked(SwapOpenReport& report) {
     file.fd = opened.fd;
     file.direct = opened.direct;
     files_.push_back(file);
+    dirty_.push_back(false);
     if (options_.direct_io && !opened.direct) {
       report.direct_io = false;
       if (!warned_direct) {
@@ -315,7 +324,8 @@ absl::Status SwapStore::VerifyLocked() {
                         .range_end = std::get<2>(slot),
                         .role = static_cast<SwapRole>(std::get<3>(slot)),
                         .generation = job.committed};
-      ZT_RETURN_IF_ERROR(ReadExtentLocked(e, SwapKeyText(key), absl::MakeSpan(buf)));
+      // At open: no other call runs, so the first lane is free.
+      ZT_RETURN_IF_ERROR(ReadExtent(lanes_.front(), e, SwapKeyText(key), absl::MakeSpan(buf)));
     }
   }
   return absl::OkStatus();
@@ -349,7 +359,9 @@ SwapStore::~SwapStore() {
   if (opened_ && broken_.ok()) PutStateLocked(swap_format::kStateClean).IgnoreError();
   db_.reset();
   for (const File& f : files_) env_->Close(f.fd);
-  if (bounce_ != nullptr) munmap(bounce_, bounce_size_);
+  for (IoLane& lane : lanes_) {
+    if (lane.bounce != nullptr) munmap(lane.bounce, bounce_size_);
+  }
   // A store a failed commit stopped stays, as a crashed one does, for the next open to verify.
   if (options_.remove_when_closed && opened_ && broken_.ok()) RemoveFilesLocked();
   std::error_code ec;
@@ -403,6 +415,10 @@ absl::StatusOr<SwapStore::Extent> SwapStore::AllocateLocked(uint64_t length, con
 
 void SwapStore::FreeLocked(const Extent& e) {
   if (e.length == 0) return;
+  if (pins_.contains({e.file, e.offset})) {
+    freed_while_pinned_.push_back(e);  // a read is moving its bytes: reused once it ends
+    return;
+  }
   auto& free = free_[e.file];
   uint64_t begin = e.offset, len = RoundUp(e.length);
   auto next = free.lower_bound(begin);
@@ -421,8 +437,9 @@ void SwapStore::FreeLocked(const Extent& e) {
   free[begin] = len;
 }
 
-absl::Status SwapStore::WriteExtentLocked(const Extent& e, absl::Span<const std::byte> data) {
-  File& file = files_[e.file];
+absl::Status SwapStore::WriteExtent(IoLane& lane, const Extent& e,
+                                    absl::Span<const std::byte> data) {
+  const File& file = files_[e.file];
   const uint64_t padded = RoundUp(e.length);
   std::vector<IoOp> ops;
   size_t bounce_used = 0;
@@ -432,11 +449,11 @@ absl::Status SwapStore::WriteExtentLocked(const Extent& e, absl::Span<const std:
     if (pos + chunk > e.length || !Aligned(src)) {
       // The tail and unaligned callers' data go through an aligned staging block, zero-padded.
       if (bounce_used == options_.queue_depth) {
-        ZT_RETURN_IF_ERROR(env_->Run(*engine_, ops));
+        ZT_RETURN_IF_ERROR(env_->Run(*lane.engine, ops));
         ops.clear();
         bounce_used = 0;
       }
-      std::byte* slot = bounce_ + bounce_used++ * size_t{options_.block_size};
+      std::byte* slot = lane.bounce + bounce_used++ * size_t{options_.block_size};
       const size_t have = static_cast<size_t>(std::min<uint64_t>(chunk, e.length - pos));
       std::memcpy(slot, src, have);
       std::memset(slot + have, 0, chunk - have);
@@ -449,14 +466,11 @@ absl::Status SwapStore::WriteExtentLocked(const Extent& e, absl::Span<const std:
                        .offset = e.offset + pos,
                        .path = &file.path});
   }
-  file.dirty = true;
-  ZT_RETURN_IF_ERROR(env_->Run(*engine_, ops));
-  bytes_written_ += e.length;
-  return absl::OkStatus();
+  return env_->Run(*lane.engine, ops);
 }
 
-absl::Status SwapStore::ReadExtentLocked(const Extent& e, const std::string& what,
-                                         absl::Span<std::byte> out) {
+absl::Status SwapStore::ReadExtent(IoLane& lane, const Extent& e, const std::string& what,
+                                   absl::Span<std::byte> out) {
   const File& file = files_[e.file];
   const uint64_t padded = RoundUp(e.length);
   std::vector<IoOp> ops;
@@ -464,7 +478,7 @@ absl::Status SwapStore::ReadExtentLocked(const Extent& e, const std::string& wha
   std::vector<std::tuple<std::byte*, std::byte*, size_t>> copies;
   size_t bounce_used = 0;
   auto run_wave = [&]() -> absl::Status {
-    ZT_RETURN_IF_ERROR(env_->Run(*engine_, ops));
+    ZT_RETURN_IF_ERROR(env_->Run(*lane.engine, ops));
     for (const auto& [from, to, n] : copies) std::memcpy(to, from, n);
     ops.clear();
     copies.clear();
@@ -476,7 +490,7 @@ absl::Status SwapStore::ReadExtentLocked(const Extent& e, const std::string& wha
     std::byte* dst = out.data() + pos;
     if (pos + chunk > e.length || !Aligned(dst)) {
       if (bounce_used == options_.queue_depth) ZT_RETURN_IF_ERROR(run_wave());
-      std::byte* slot = bounce_ + bounce_used++ * size_t{options_.block_size};
+      std::byte* slot = lane.bounce + bounce_used++ * size_t{options_.block_size};
       copies.emplace_back(slot, dst,
                           static_cast<size_t>(std::min<uint64_t>(chunk, e.length - pos)));
       dst = slot;
@@ -489,7 +503,6 @@ absl::Status SwapStore::ReadExtentLocked(const Extent& e, const std::string& wha
                        .path = &file.path});
   }
   ZT_RETURN_IF_ERROR(run_wave());
-  bytes_read_ += e.length;
   const uint32_t crc = Crc32cExtend(0, out.data(), e.length);
   if (crc != e.crc) {
     return absl::DataLossError(
@@ -500,28 +513,81 @@ absl::Status SwapStore::ReadExtentLocked(const Extent& e, const std::string& wha
   return absl::OkStatus();
 }
 
+size_t SwapStore::AcquireLaneLocked() {
+  mu_.Await(absl::Condition(
+      +[](std::vector<bool>* busy) {
+        return std::find(busy->begin(), busy->end(), false) != busy->end();
+      },
+      &lane_busy_));
+  const size_t lane = static_cast<size_t>(std::find(lane_busy_.begin(), lane_busy_.end(), false) -
+                                          lane_busy_.begin());
+  lane_busy_[lane] = true;
+  return lane;
+}
+
+void SwapStore::ReleaseLaneLocked(size_t lane) { lane_busy_[lane] = false; }
+
+void SwapStore::PinLocked(const Extent& e) {
+  if (e.length > 0) ++pins_[{e.file, e.offset}];
+}
+
+void SwapStore::UnpinLocked(const Extent& e) {
+  if (e.length == 0) return;
+  auto it = pins_.find({e.file, e.offset});
+  if (--it->second > 0) return;
+  pins_.erase(it);
+  for (auto f = freed_while_pinned_.begin(); f != freed_while_pinned_.end(); ++f) {
+    if (f->file == e.file && f->offset == e.offset) {
+      const Extent freed = *f;
+      freed_while_pinned_.erase(f);
+      FreeLocked(freed);
+      return;
+    }
+  }
+}
+
 absl::Status SwapStore::Write(const SwapKey& key, absl::Span<const std::byte> data) {
   ZT_RETURN_IF_ERROR(CheckKey(key));
-  absl::MutexLock lock(&mu_);
-  ZT_RETURN_IF_ERROR(CheckUsableLocked());
-  JobState& job = jobs_[key.job];
-  if (key.generation <= job.committed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "write of ", SwapKeyText(key), ": the job's committed generation is ", job.committed,
-        "; a step writes a newer generation, never over the committed one"));
+  Extent e;
+  size_t lane = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    ZT_RETURN_IF_ERROR(CheckUsableLocked());
+    JobState* job = &jobs_[key.job];
+    // A commit of the job between its checks and its switch decides what its generation holds.
+    mu_.Await(absl::Condition(
+        +[](JobState* j) { return !j->committing; }, job));
+    if (key.generation <= job->committed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "write of ", SwapKeyText(key), ": the job's committed generation is ", job->committed,
+          "; a step writes a newer generation, never over the committed one"));
+    }
+    if (job->staged != 0 && job->staged != key.generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("write of ", SwapKeyText(key), ": generation ", job->staged,
+                       " is staged and not committed; commit it first"));
+    }
+    ZT_ASSIGN_OR_RETURN(e, AllocateLocked(data.size(), key));
+    job->staged = key.generation;  // claimed: another generation's write is refused meanwhile
+    ++job->writes_in_flight;
+    lane = AcquireLaneLocked();
   }
-  if (job.staged != 0 && job.staged != key.generation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("write of ", SwapKeyText(key), ": generation ", job.staged,
-                     " is staged and not committed; commit it first"));
-  }
-  ZT_ASSIGN_OR_RETURN(Extent e, AllocateLocked(data.size(), key));
   e.crc = Crc32cExtend(0, data.data(), data.size());
-  if (absl::Status s = WriteExtentLocked(e, data); !s.ok()) {
+  const absl::Status written = WriteExtent(lanes_[lane], e, data);
+  absl::MutexLock lock(&mu_);
+  ReleaseLaneLocked(lane);
+  JobState& job = jobs_[key.job];
+  --job.writes_in_flight;
+  if (!written.ok()) {
     FreeLocked(e);
-    return absl::Status(s.code(), absl::StrCat("write of ", SwapKeyText(key), ": ", s.message()));
+    if (job.staged_extents.empty() && job.writes_in_flight == 0) job.staged = 0;
+    return absl::Status(written.code(),
+                        absl::StrCat("write of ", SwapKeyText(key), ": ", written.message()));
   }
-  job.staged = key.generation;
+  // Dirty once written, not before: a commit that syncs meanwhile would clear a mark made
+  // ahead of the bytes it did not sync.
+  dirty_[e.file] = true;
+  bytes_written_ += e.length;
   const Slot slot{key.unit, key.range_begin, key.range_end, static_cast<uint8_t>(key.role)};
   auto [it, inserted] = job.staged_extents.try_emplace(slot, e);
   if (!inserted) {
@@ -531,80 +597,130 @@ absl::Status SwapStore::Write(const SwapKey& key, absl::Span<const std::byte> da
   return absl::OkStatus();
 }
 
-absl::Status SwapStore::Commit(absl::string_view job_name, uint64_t generation) {
+absl::Status SwapStore::BreakCommit(absl::string_view job, uint64_t generation,
+                                    const absl::Status& s) {
   absl::MutexLock lock(&mu_);
-  ZT_RETURN_IF_ERROR(CheckUsableLocked());
-  JobState& job = jobs_[std::string(job_name)];
-  if (generation <= job.committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("commit of job '", job_name, "' generation ", generation,
-                     ": not newer than the committed generation ", job.committed));
-  }
-  if (job.staged != 0 && job.staged != generation) {
-    return absl::FailedPreconditionError(absl::StrCat("commit of job '", job_name, "' generation ",
-                                                      generation, ": the staged generation is ",
-                                                      job.staged));
-  }
-  // From here a failure leaves the disk in a state only a reopen may judge.
-  auto broken = [&](absl::Status s) {
-    broken_ = absl::Status(s.code(), absl::StrCat("commit of job '", job_name, "' generation ",
-                                                  generation, ": ", s.message()));
-    return broken_;
-  };
-  if (auto s = env_->AtCommitStage(CommitStage::kDataWritten, job_name, generation); !s.ok()) {
-    return broken(s);
-  }
-  for (File& f : files_) {
-    if (!f.dirty) continue;
-    if (auto s = env_->SyncData(*engine_, f.fd, f.path); !s.ok()) return broken(s);
-    f.dirty = false;
-  }
-  if (auto s = env_->AtCommitStage(CommitStage::kDataDurable, job_name, generation); !s.ok()) {
-    return broken(s);
-  }
-  std::map<Slot, Extent> next = job.extents;
-  std::vector<Extent> replaced;
-  for (const auto& [slot, e] : job.staged_extents) {
-    auto [it, inserted] = next.try_emplace(slot, e);
-    if (!inserted) {
-      replaced.push_back(it->second);
-      it->second = e;
+  broken_ = absl::Status(s.code(), absl::StrCat("commit of job '", job, "' generation ", generation,
+                                                ": ", s.message()));
+  return broken_;
+}
+
+absl::Status SwapStore::Commit(absl::string_view job_name, uint64_t generation) {
+  absl::MutexLock commit(&commit_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    ZT_RETURN_IF_ERROR(CheckUsableLocked());
+    JobState* job = &jobs_[std::string(job_name)];
+    // The generation's writes still moving finish first (a caller that queued them before
+    // this commit meant them in it).
+    mu_.Await(absl::Condition(
+        +[](JobState* j) { return j->writes_in_flight == 0; }, job));
+    ZT_RETURN_IF_ERROR(CheckUsableLocked());
+    if (generation <= job->committed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("commit of job '", job_name, "' generation ", generation,
+                       ": not newer than the committed generation ", job->committed));
     }
+    if (job->staged != 0 && job->staged != generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("commit of job '", job_name, "' generation ", generation,
+                       ": the staged generation is ", job->staged));
+    }
+    job->committing = true;
   }
+  const absl::Status s = CommitDataAndIndex(job_name, generation);
+  absl::MutexLock lock(&mu_);
+  jobs_[std::string(job_name)].committing = false;
+  return s;
+}
+
+absl::Status SwapStore::CommitDataAndIndex(absl::string_view job_name, uint64_t generation) {
+  // From here a failure leaves the disk in a state only a reopen may judge.
+  if (auto s = env_->AtCommitStage(CommitStage::kDataWritten, job_name, generation); !s.ok()) {
+    return BreakCommit(job_name, generation, s);
+  }
+  // Every file written since its last sync, this job's writes among them. The marks are
+  // cleared before syncing: a write that lands meanwhile marks its file again for the next
+  // commit, and commits run one at a time, so a later one never passes a sync still running.
+  std::vector<size_t> to_sync;
+  size_t lane = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t f = 0; f < files_.size(); ++f) {
+      if (!dirty_[f]) continue;
+      to_sync.push_back(f);
+      dirty_[f] = false;
+    }
+    lane = AcquireLaneLocked();
+  }
+  absl::Status synced;
+  for (const size_t f : to_sync) {
+    synced = env_->SyncData(*lanes_[lane].engine, files_[f].fd, files_[f].path);
+    if (!synced.ok()) break;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ReleaseLaneLocked(lane);
+  }
+  if (!synced.ok()) return BreakCommit(job_name, generation, synced);
+  if (auto s = env_->AtCommitStage(CommitStage::kDataDurable, job_name, generation); !s.ok()) {
+    return BreakCommit(job_name, generation, s);
+  }
+  // The next generation's map, built under the lock (no write of the job runs: `committing`),
+  // written to the index outside it (reads go on meanwhile) and switched to under it.
+  std::map<Slot, Extent> next;
+  std::vector<Extent> replaced;
   rocksdb::WriteBatch batch;
-  SwapKey key{.job = std::string(job_name)};
-  auto set_slot = [&key](const Slot& slot) {
-    key.unit = std::get<0>(slot);
-    key.range_begin = std::get<1>(slot);
-    key.range_end = std::get<2>(slot);
-    key.role = static_cast<SwapRole>(std::get<3>(slot));
-  };
-  for (const auto& [slot, e] : job.extents) {
-    set_slot(slot);
-    key.generation = job.committed;
-    batch.Delete(swap_format::EncodeExtentKey(key));
-  }
-  for (const auto& [slot, e] : next) {
-    set_slot(slot);
-    key.generation = generation;
-    batch.Put(swap_format::EncodeExtentKey(key),
-              swap_format::EncodeExtentValue(
-                  {.file = e.file, .offset = e.offset, .length = e.length, .crc = e.crc}));
+  {
+    absl::MutexLock lock(&mu_);
+    const JobState& job = jobs_[std::string(job_name)];
+    next = job.extents;
+    for (const auto& [slot, e] : job.staged_extents) {
+      auto [it, inserted] = next.try_emplace(slot, e);
+      if (!inserted) {
+        replaced.push_back(it->second);
+        it->second = e;
+      }
+    }
+    SwapKey key{.job = std::string(job_name)};
+    auto set_slot = [&key](const Slot& slot) {
+      key.unit = std::get<0>(slot);
+      key.range_begin = std::get<1>(slot);
+      key.range_end = std::get<2>(slot);
+      key.role = static_cast<SwapRole>(std::get<3>(slot));
+    };
+    for (const auto& [slot, e] : job.extents) {
+      set_slot(slot);
+      key.generation = job.committed;
+      batch.Delete(swap_format::EncodeExtentKey(key));
+    }
+    for (const auto& [slot, e] : next) {
+      set_slot(slot);
+      key.generation = generation;
+      batch.Put(swap_format::EncodeExtentKey(key),
+                swap_format::EncodeExtentValue(
+                    {.file = e.file, .offset = e.offset, .length = e.length, .crc = e.crc}));
+    }
   }
   batch.Put(swap_format::EncodeCommittedKey(job_name), swap_format::EncodeGeneration(generation));
   rocksdb::WriteOptions sync;
   sync.sync = true;
   if (const rocksdb::Status s = db_->Write(sync, &batch); !s.ok()) {
-    return broken(
+    return BreakCommit(
+        job_name, generation,
         RocksStatus(s, "cannot write swap store index", swap_format::IndexPath(options_.path)));
   }
-  job.extents = std::move(next);
-  job.committed = generation;
-  job.staged = 0;
-  job.staged_extents.clear();
-  for (const Extent& e : replaced) FreeLocked(e);
+  {
+    absl::MutexLock lock(&mu_);
+    JobState& job = jobs_[std::string(job_name)];
+    job.extents = std::move(next);
+    job.committed = generation;
+    job.staged = 0;
+    job.staged_extents.clear();
+    for (const Extent& e : replaced) FreeLocked(e);
+  }
   if (auto s = env_->AtCommitStage(CommitStage::kIndexCommitted, job_name, generation); !s.ok()) {
-    return broken(s);
+    return BreakCommit(job_name, generation, s);
   }
   return absl::OkStatus();
 }
@@ -637,14 +753,26 @@ absl::StatusOr<size_t> SwapStore::Length(const SwapKey& key) {
 }
 
 absl::StatusOr<size_t> SwapStore::Read(const SwapKey& key, absl::Span<std::byte> out) {
-  absl::MutexLock lock(&mu_);
-  ZT_ASSIGN_OR_RETURN(const Extent* e, FindLocked(key));
-  if (out.size() < e->length) {
-    return absl::InvalidArgumentError(absl::StrCat("read of ", SwapKeyText(key), ": ", out.size(),
-                                                   " bytes given for an extent of ", e->length));
+  Extent e;
+  size_t lane = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    ZT_ASSIGN_OR_RETURN(const Extent* found, FindLocked(key));
+    e = *found;  // by value: a commit meanwhile rebuilds the maps
+    if (out.size() < e.length) {
+      return absl::InvalidArgumentError(absl::StrCat("read of ", SwapKeyText(key), ": ", out.size(),
+                                                     " bytes given for an extent of ", e.length));
+    }
+    PinLocked(e);
+    lane = AcquireLaneLocked();
   }
-  ZT_RETURN_IF_ERROR(ReadExtentLocked(*e, SwapKeyText(key), out));
-  return static_cast<size_t>(e->length);
+  const absl::Status read = ReadExtent(lanes_[lane], e, SwapKeyText(key), out);
+  absl::MutexLock lock(&mu_);
+  ReleaseLaneLocked(lane);
+  UnpinLocked(e);
+  if (!read.ok()) return read;
+  bytes_read_ += e.length;
+  return static_cast<size_t>(e.length);
 }
 
 uint64_t SwapStore::CommittedGeneration(absl::string_view job) {
@@ -665,10 +793,13 @@ absl::Status SwapStore::SetPlacement(absl::string_view job, uint32_t first_file)
 }
 
 absl::Status SwapStore::DropJob(absl::string_view job_name) {
+  absl::MutexLock commit(&commit_mu_);  // no commit of it is running
   absl::MutexLock lock(&mu_);
   ZT_RETURN_IF_ERROR(CheckUsableLocked());
   auto job = jobs_.find(job_name);
   if (job == jobs_.end()) return absl::OkStatus();
+  mu_.Await(absl::Condition(
+      +[](JobState* j) { return j->writes_in_flight == 0; }, &job->second));
   rocksdb::WriteBatch batch;
   SwapKey key{.job = std::string(job_name), .generation = job->second.committed};
   for (const auto& [slot, e] : job->second.extents) {

@@ -21,8 +21,14 @@
 // One store per node: RocksDB admits one process per database, so a second process opening the
 // same path is refused (FailedPrecondition); the node's ranks share the one store.
 //
-// Thread-safe: every method may be called from any thread; calls are serialized by one lock
-// (the I/O of one call runs queue_depth deep under it).
+// Thread-safe: every method may be called from any thread. The index and the free space are
+// kept under one lock, held only to look up, allocate and switch; the transfers themselves run
+// outside it on one of `io_lanes` lanes (each its own io_uring, queue_depth deep, and its own
+// staging blocks), so a read and a write — a copy queue's read-ahead and write-behind — move at
+// once. An extent being read is pinned: freed meanwhile (a commit replacing it, a rewrite of
+// its staged key, a dropped job), its space is reused only once the read ends. A commit waits
+// for its job's writes in flight, syncs the files and writes the index outside the lock, one
+// commit at a time.
 #pragma once
 
 #include <cstddef>
@@ -89,6 +95,10 @@ struct SwapStoreOptions {
   uint32_t file_count = 1;
   uint32_t queue_depth = 32;       // I/Os in flight per call, 1..4096
   uint32_t block_size = 1u << 20;  // bytes per I/O, a multiple of 4096
+  // Transfers that run at once, 1..64: each lane is an io_uring of queue_depth entries and
+  // queue_depth staging blocks (mapped, touched only for unaligned data). Two: a copy queue's
+  // read lane and write lane.
+  uint32_t io_lanes = 2;
   bool direct_io = true;           // O_DIRECT; buffered with a warning where refused
   RecoveryPolicy recovery = RecoveryPolicy::kVerifyOrDiscard;
   bool verify_clean_stores = false;  // verify at open even after a clean close
@@ -181,14 +191,20 @@ class SwapStore {
   struct JobState {
     uint64_t committed = 0;
     std::map<Slot, Extent> extents;  // of the committed generation
-    uint64_t staged = 0;             // 0: nothing staged
+    uint64_t staged = 0;             // 0: nothing staged (or being written)
     std::map<Slot, Extent> staged_extents;
+    int writes_in_flight = 0;  // Writes between their allocation and their staging
+    bool committing = false;   // a Commit is between its checks and its switch
   };
   struct File {
     std::string path;
     int fd = -1;
     bool direct = false;
-    bool dirty = false;  // written since its last sync
+  };
+  // One transfer's engine and its staging blocks for the unaligned parts of callers' data.
+  struct IoLane {
+    std::unique_ptr<IoEngine> engine;
+    std::byte* bounce = nullptr;  // queue_depth blocks, mmap'd
   };
 
   explicit SwapStore(SwapStoreOptions options);
@@ -202,28 +218,45 @@ class SwapStore {
   void FreeLocked(const Extent& extent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes what the store made on disk (remove_when_closed); the files must be closed.
   void RemoveFilesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteExtentLocked(const Extent& extent, absl::Span<const std::byte> data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ReadExtentLocked(const Extent& extent, const std::string& what,
-                                absl::Span<std::byte> out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The transfers, on `lane` (held by the caller), without the lock.
+  absl::Status WriteExtent(IoLane& lane, const Extent& extent, absl::Span<const std::byte> data);
+  absl::Status ReadExtent(IoLane& lane, const Extent& extent, const std::string& what,
+                          absl::Span<std::byte> out);
+  // A free lane, waiting for one; handed back with ReleaseLaneLocked.
+  size_t AcquireLaneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLaneLocked(size_t lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PinLocked(const Extent& extent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpinLocked(const Extent& extent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a failed commit: the store refuses every further call.
+  absl::Status BreakCommit(absl::string_view job, uint64_t generation, const absl::Status& s)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<const Extent*> FindLocked(const SwapKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckUsableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitDataAndIndex(absl::string_view job_name, uint64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PutStateLocked(absl::string_view state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SwapStoreOptions options_;
   SwapEnv* const env_;
   SwapOpenReport report_;
+  // One commit at a time: its syncs and index write run outside mu_ (taken after this one).
+  absl::Mutex commit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
-  std::unique_ptr<IoEngine> engine_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);
-  std::vector<File> files_ ABSL_GUARDED_BY(mu_);
+  // Both fixed once Open returned (RocksDB is thread-safe; the lanes are handed out under mu_).
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<IoLane> lanes_;
+  std::vector<bool> lane_busy_ ABSL_GUARDED_BY(mu_);
+  std::vector<File> files_;                       // fixed once Open returned
+  std::vector<bool> dirty_ ABSL_GUARDED_BY(mu_);  // per file: written since its last sync
   // Per file: free ranges, offset -> length, merged with their neighbours.
   std::vector<std::map<uint64_t, uint64_t>> free_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobState, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t, std::less<>> placement_ ABSL_GUARDED_BY(mu_);
-  // Aligned buffers for the unaligned parts of callers' data (queue_depth blocks).
-  std::byte* bounce_ ABSL_GUARDED_BY(mu_) = nullptr;
-  size_t bounce_size_ = 0;
+  size_t bounce_size_ = 0;  // bytes of each lane's staging blocks
+  // Extents being read: (file, offset) -> readers; and those freed meanwhile, freed when the
+  // last reader ends.
+  std::map<std::pair<uint32_t, uint64_t>, int> pins_ ABSL_GUARDED_BY(mu_);
+  std::vector<Extent> freed_while_pinned_ ABSL_GUARDED_BY(mu_);
   bool opened_ ABSL_GUARDED_BY(mu_) = false;  // Open finished: the store was judged sound
   // What an open that failed made on disk, deleted with the store: the swap files it created
   // (a full disk stops the preallocation part-way, and the files before it would hold the space

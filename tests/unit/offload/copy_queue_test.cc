@@ -10,6 +10,7 @@
 namespace zt::offload {
 namespace {
 
+using testing::GateEnv;
 using ::testing::HasSubstr;
 using testing::Pattern;
 using testing::TempDir;
@@ -167,6 +168,40 @@ TEST_F(CopyQueueTest, InPlaceTransfersUseTheCallersRingBuffers) {
   EXPECT_EQ(outside.Wait().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(outside.Wait().message()), HasSubstr("outside the ring buffer"));
   queue_->Drain().IgnoreError();
+}
+
+// The read lane passes the write lane: a swap-in of another slot finishes while a swap-out is
+// held at the gate, and a swap-in of the held write's slot waits for it and reads its bytes.
+TEST(CopyQueueLanesTest, ReadsPassWritesOfOtherSlotsAndWaitForTheirOwn) {
+  TempDir dir;
+  GateEnv env(IoOp::Kind::kWrite, absl::Seconds(30));
+  auto store = SwapStore::Open({.path = dir.path(),
+                                .file_size = 8 << 20,
+                                .queue_depth = 8,
+                                .block_size = 65536,
+                                .env = &env});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto queue = CopyQueue::Create(store->get(), {.buffer_count = 4, .buffer_size = 100000});
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  CopyQueue& q = **queue;
+  const std::vector<std::byte> a = Pattern(4096, 1), b = Pattern(4096, 2);
+  ASSERT_TRUE(q.SwapOut(Key(0, 1), a).Wait().ok());
+  ASSERT_TRUE(q.Commit("job-q", 1).Wait().ok());
+  env.Arm();
+  const CopyHandle write = q.SwapOut(Key(1, 2), b);
+  ASSERT_TRUE(env.WaitUntilHeld(absl::Seconds(10)));
+  std::vector<std::byte> other(4096), own(4096);
+  const CopyHandle read_other = q.SwapIn(Key(0, 1), absl::MakeSpan(other));
+  const CopyHandle read_own = q.SwapIn(Key(1, 2), absl::MakeSpan(own));
+  EXPECT_TRUE(read_other.Wait().ok());  // while the write is held
+  EXPECT_TRUE(other == a);
+  EXPECT_FALSE(write.done());
+  EXPECT_FALSE(read_own.done()) << "a swap-in ran before the swap-out of its slot";
+  env.Release();
+  EXPECT_TRUE(write.Wait().ok());
+  ASSERT_TRUE(read_own.Wait().ok());
+  EXPECT_TRUE(own == b);
+  EXPECT_TRUE(q.Drain().ok());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // copy engine once per gather and never on the optimizer's way; checkpoints resume bit for bit.
 // With NVME (beside optimizer NVME) the shards are swapped with the states: the same checks.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -642,13 +643,13 @@ TEST_F(ParamOffloadTrainingTest, ParamsNvmeReadsAtTheGatherWhenTheRingIsFull) {
 }
 
 // A swap store whose `fail_read`-th read (counting from 1) fails with EIO, as a bad sector
-// would.
+// would. Reads come from the store's read lane only, in order; the count is atomic all the same.
 class FailingReadEnv : public offload::SwapEnv {
  public:
   explicit FailingReadEnv(int fail_read) : fail_read_(fail_read) {}
   absl::Status Run(offload::IoEngine& engine, absl::Span<const offload::IoOp> ops) override {
     for (const offload::IoOp& op : ops) {
-      if (op.kind == offload::IoOp::Kind::kRead && ++reads_ == fail_read_) {
+      if (op.kind == offload::IoOp::Kind::kRead && reads_.fetch_add(1) + 1 == fail_read_) {
         return offload::IoErrnoStatus(EIO, "read", op.path != nullptr ? *op.path : "");
       }
     }
@@ -657,7 +658,7 @@ class FailingReadEnv : public offload::SwapEnv {
 
  private:
   const int fail_read_;
-  int reads_ = 0;
+  std::atomic<int> reads_ = 0;
 };
 
 // A shard read that fails fails the step, naming the store's path and the shard: the
