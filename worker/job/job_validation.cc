@@ -637,18 +637,15 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     // (worker/shard/host_step_sums.h), never among the next step's collectives.
   }
   // LoRA: the step loop trains the adapters at every ZeRO stage on CPU ranks, and on CUDA ranks
-  // over an unquantized base on one pipeline stage without tensor parallelism or offload: the
-  // adapters are initialised on the host and uploaded (docs/lora.md, "LoRA on CUDA ranks";
+  // over an FP32, BF16, FP16 or NF4 base on one pipeline stage without tensor parallelism or
+  // offload: the adapters are initialised on the host and uploaded, an NF4 base is quantized
+  // on the host into staging and uploaded (docs/lora.md, "LoRA on CUDA ranks";
   // lora_separate_memory_test.cc runs each through a device whose memory is its own).
   if (UsesLora(spec.model()) && spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
-    const ModelConfig& m = spec.model();
-    if (m.base_dtype() == ModelConfig::NF4 || m.base_dtype() == ModelConfig::INT8) {
-      // The trainer quantizes the base on the host into memory the device shares.
-      lines.push_back(absl::StrCat(
-          "resources.device: CUDA with model.lora over model.base_dtype ",
-          ModelConfig::BaseDType_Name(m.base_dtype()),
-          " — the quantized base is built on the host in memory a CUDA rank does not share, so "
-          "far; use an FP32, BF16 or FP16 base on CUDA, or CPU"));
+    if (spec.model().base_dtype() == ModelConfig::INT8) {
+      lines.push_back(
+          "resources.device: CUDA with model.lora over model.base_dtype INT8 — kernels/"
+          "int8_linear.h's layer has no CUDA kernel yet; use NF4 on CUDA, or CPU");
     }
     if (spec.parallel().tensor_parallel() > 1 || spec.parallel().pipeline_parallel() > 1) {
       lines.push_back(

@@ -78,6 +78,13 @@ absl::Status Trainer::InitializeWeights() {
                      ") streams in from a Hugging Face safetensors file or "
                      "directory only (export the checkpoint with zt export first)"));
   }
+  if (layout.base_quantization != BaseQuantization::kNone && !device_->host_addressable()) {
+    // The base is quantized on the host (the quantize ops run on the CPU only) and its bytes go
+    // up through the rank's copy engine (docs/lora.md, "QLoRA on CUDA ranks").
+    RankDevice* device = device_.get();
+    model_->SetQuantizedBaseUpload(
+        [device](const Tensor& dst, const void* host) { return device->Upload(dst, host); });
+  }
   std::vector<std::vector<float>> imported;
   if (!model.init_from().empty() && !stream_quantized) {
     const ModelLayout whole = BuildModelLayout(model);
@@ -127,7 +134,8 @@ absl::Status Trainer::InitializeWeights() {
           if (part == SwappedBase::Part::kQuantized) {
             ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
                                 arenas_->Spec(QuantizedShardName(layout.units[u])));
-            return model_->InitializeQuantizedShard(ctx_, job_.train().seed(), u,
+            return model_->InitializeQuantizedShard(HostStepContext(ctx_, job_),
+                                                    job_.train().seed(), u,
                                                     Tensor(data, spec->dtype, {spec->numel()}));
           }
           const Tensor shard = model_->unit_params()[u];
@@ -318,11 +326,9 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
         "a quantized model.base_dtype: the base streams into parameters without a master copy, but "
         "this job's optimizer keeps one");
   }
-  if (!device_->host_addressable()) {
-    return absl::UnimplementedError(
-        "a quantized model.base_dtype: the base is quantized on the host into memory the device "
-        "shares; this device's memory is not host-addressable");
-  }
+  // The quantized weights are quantized on the host, into the model's buffers or (a device the
+  // host cannot address) into host staging copied up (Transformer::SetQuantizedBaseUpload).
+  const DeviceContext host_ctx = HostStepContext(ctx_, job_);
   const int stage = engine_->stage();
   const int64_t kChunk = static_cast<int64_t>(values.size());
   // A tensor-parallel rank or a pipeline stage reads the whole model's tensors (`read_layout`,
@@ -453,11 +459,11 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
         ZT_ASSIGN_OR_RETURN(Staged * st, staging(u));
         std::vector<float>& q = st->part[static_cast<int>(SwappedBase::Part::kQuantized)];
         quantized = model_->QuantizeBaseWeightIntoShard(
-            ctx_, u, p.name, weight,
+            host_ctx, u, p.name, weight,
             Tensor(q.data(), DType::kF32, {static_cast<int64_t>(q.size())}));
       } else {
         // The model's own indexing is the whole model's (t.unit), its shards' the stage's.
-        quantized = model_->QuantizeBaseWeight(ctx_, t.unit, p.name, weight);
+        quantized = model_->QuantizeBaseWeight(host_ctx, t.unit, p.name, weight);
       }
       pending.erase({t.unit, p.name});
       ZT_RETURN_IF_ERROR(quantized);
@@ -499,18 +505,10 @@ absl::Status Trainer::InitializeAdapters() {
   const zerotrain::ModelConfig& model = job_.model();
   // NF4 or INT8: the quantized weights come from the same seeded init as the rest of the base,
   // one tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase). The
-  // host quantizes into memory the device shares (docs/lora.md): a device whose memory the
-  // host cannot address has no quantized base yet.
-  if (model.base_dtype() == zerotrain::ModelConfig::NF4 ||
-      model.base_dtype() == zerotrain::ModelConfig::INT8) {
-    if (!device_->host_addressable()) {
-      return absl::UnimplementedError(
-          "a quantized model.base_dtype: the base is quantized on the host into memory the "
-          "device shares; this device's memory is not host-addressable");
-    }
-  }
+  // host quantizes them (into host staging copied up, on a device the host cannot address).
   if (model.init_from().empty() && !swapped_base_) {  // a swapped one is written with its shards
-    ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
+    ZT_RETURN_IF_ERROR(
+        model_->InitializeQuantizedBase(HostStepContext(ctx_, job_), job_.train().seed()));
   }
   // The adapters are f32 values the host computes (PEFT's init, or a PEFT directory). A device
   // whose memory the host cannot address gets them through host staging of each unit's
