@@ -566,18 +566,28 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
   if (comms_.tensor && comms_.tensor->size() > 1) {
     // Each rank holds its shares (worker/model/lora_tensor_parallel.h): all-gathered over the
     // tensor-parallel group and each matrix's slice put in its place; replicated matrices
-    // from TP rank 0 (the same on every rank).
+    // from TP rank 0 (the same on every rank). A device the host cannot address gathers its
+    // adapters where they are, into device scratch outside the plan (export is not the step
+    // loop), and the gathered shares come down.
     const int t = comms_.tensor->size();
+    const bool on_device = !device_->host_addressable();
     const ModelLayout whole = BuildModelLayout(job_.model());
     for (size_t u = 0; u < out.size(); ++u) {
       const int64_t n = layout.units[u].lora_numel;
       if (n == 0) continue;
       std::vector<float> all(static_cast<size_t>(n * t));
-      ZT_ASSIGN_OR_RETURN(CommHandle h,
-                          comms_.tensor->AllGather(Tensor(out[u].data(), DType::kF32, {n}),
-                                                   Tensor(all.data(), DType::kF32, {n * t}),
-                                                   layout.units[u].name + " adapters all-gather"));
+      Tensor in(out[u].data(), DType::kF32, {n}), gathered(all.data(), DType::kF32, {n * t});
+      ScratchTensor scratch;
+      if (on_device) {
+        ZT_ASSIGN_OR_RETURN(scratch, device_->AllocateScratchF32(n * t));
+        in = model_->unit_lora()[u].Slice(0, n);
+        gathered = scratch.tensor;
+      }
+      ZT_ASSIGN_OR_RETURN(
+          CommHandle h,
+          comms_.tensor->AllGather(in, gathered, layout.units[u].name + " adapters all-gather"));
       ZT_RETURN_IF_ERROR(h.Wait());
+      if (on_device) ZT_RETURN_IF_ERROR(device_->Download(all.data(), gathered));
       // A pipeline stage's unit u is the whole model's held_units()[u].
       const UnitLayout& whole_unit = whole.units[model_->pipelined() ? model_->held_units()[u] : u];
       std::vector<float> joined(static_cast<size_t>(whole_unit.lora_numel), 0.0f);
@@ -600,20 +610,11 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
   // A pipeline stage holds its own blocks' adapters: each block's are broadcast over the
   // pipeline group from the stage the plan gave it, so every rank ends with the whole model's,
   // the very values that stage trained (a broadcast copies bits).
-  const ModelLayout whole = BuildModelLayout(job_.model());
-  const std::vector<int> stage_of = StageOfEachUnit(job_);
-  std::vector<std::vector<float>> joined(whole.units.size());
-  for (size_t k = 0; k < out.size(); ++k) joined[model_->held_units()[k]] = std::move(out[k]);
-  for (size_t u = 0; u < whole.units.size(); ++u) {
-    const int64_t n = whole.units[u].lora_numel;
-    if (n == 0) continue;
-    joined[u].resize(static_cast<size_t>(n));
-    ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.pipeline->Broadcast(
-                                          Tensor(joined[u].data(), DType::kF32, {n}), stage_of[u],
-                                          whole.units[u].name + " adapters from its stage"));
-    ZT_RETURN_IF_ERROR(h.Wait());
-  }
-  return joined;
+  ZT_RETURN_IF_ERROR(JoinPipelineStages(
+      *comms_.pipeline, pipeline_stage_, BuildModelLayout(job_.model()), StageOfEachUnit(job_),
+      model_->held_units(), out, device_->host_addressable() ? nullptr : device_.get(),
+      UnitValues::kAdapters));
+  return out;
 }
 
 }  // namespace zt

@@ -102,6 +102,48 @@ TEST_F(LoraGpuTest, AQuantizedBaseTrainsOnCudaRanksAsOnCpuRanks) {
   }
 }
 
+// Tensor-parallel ranks and pipeline stages on CUDA: each rank's adapter shares (a stage's
+// blocks' adapters) staged on the host and uploaded, an NF4 share quantized on the host from
+// the one-rank weight, the TP and pipeline collectives on device buffers. TP2, PP2 (1F1B, four
+// micro-batches) and TP2 × PP2 against the same layouts on CPU ranks.
+TEST_F(LoraGpuTest, TensorParallelRanksAndStagesTrainOnCudaAsOnCpu) {
+  ZT_SKIP_WITHOUT_GPU();
+  struct Layout {
+    int tp, pp;
+  };
+  for (const Layout l : {Layout{2, 1}, Layout{1, 2}, Layout{2, 2}}) {
+    const std::string what = absl::StrCat("NF4 tp", l.tp, " pp", l.pp);
+    const auto job = [&](ResourceConfig::DeviceKind device) {
+      JobSpec j = gpu_test::GpuTestJob("lora-gpu", (dir_ / "train.bin").string());
+      j.mutable_train()->set_micro_batch_size(1);
+      j.mutable_train()->set_grad_accum_steps(4);
+      j.mutable_train()->set_max_steps(20);
+      j.mutable_parallel()->set_world_size(l.tp * l.pp);
+      j.mutable_parallel()->set_tensor_parallel(l.tp);
+      j.mutable_parallel()->set_pipeline_parallel(l.pp);
+      j.mutable_model()->set_base_dtype(zerotrain::ModelConfig::NF4);
+      auto* lora = j.mutable_model()->mutable_lora();
+      lora->set_rank(8);
+      lora->set_alpha(16.0f);
+      lora->set_dropout(0.1f);
+      for (const char* module : {"c_attn", "c_proj", "c_fc"}) lora->add_target_modules(module);
+      JobSpec valid = ValidatedJob(j).value();
+      valid.mutable_resources()->set_device(device);
+      return valid;
+    };
+    const RunResult cpu = gpu_test::TrainRanks(job(ResourceConfig::CPU), 20);
+    const RunResult gpu = gpu_test::TrainRanks(job(ResourceConfig::CUDA), 20);
+    ASSERT_EQ(gpu.losses.size(), 20u) << what;
+    EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what;
+    // The same layout on both sides, so only the GPU ops' f32 sum order differs: the bound of
+    // AdaptersTrainOnCudaRanksAsOnCpuRanks.
+    for (size_t s = 0; s < 20; ++s) {
+      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << what << " step " << s + 1;
+    }
+    EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4) << what;
+  }
+}
+
 // A checkpoint of adapters and their states written from a CUDA rank (read through the host)
 // resumes on one bit for bit: the resumed run's losses and adapters are the uninterrupted
 // GPU run's (the same kernels on the same bytes in the same order).

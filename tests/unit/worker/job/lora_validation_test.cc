@@ -181,8 +181,9 @@ TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
 }
 
-// CUDA ranks train LoRA over an unquantized base (the adapters staged on the host and
-// uploaded, lora_separate_memory_test.cc); what they do not yet do is named.
+// CUDA ranks train LoRA over an unquantized or NF4 base, on tensor-parallel ranks and pipeline
+// stages too (the adapters staged on the host and uploaded, lora_separate_memory_test.cc and
+// lora_parallel_separate_memory_test.cc); what they do not yet do is named.
 TEST(LoraEngineSupportTest, CudaRanksTrainAdaptersOverAnUnquantizedBase) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
   spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
@@ -211,9 +212,13 @@ TEST(LoraEngineSupportTest, CudaRanksTrainAdaptersOverAnUnquantizedBase) {
     nf4.mutable_parallel()->set_zero_stage(stage);
     EXPECT_FALSE(names(nf4, "")) << "stage " << stage << ": " << CheckEngineSupport(nf4);
   }
-  JobSpec tp = spec;
+  // Tensor-parallel ranks and pipeline stages train their adapters on CUDA ranks too.
+  JobSpec tp = nf4;
+  tp.mutable_parallel()->set_zero_stage(1);
+  tp.mutable_parallel()->set_world_size(4);
   tp.mutable_parallel()->set_tensor_parallel(2);
-  EXPECT_TRUE(names(tp, "parallel.tensor_parallel")) << CheckEngineSupport(tp);
+  tp.mutable_parallel()->set_pipeline_parallel(2);
+  EXPECT_FALSE(names(tp, "")) << CheckEngineSupport(tp);
   JobSpec offloaded = spec;
   offloaded.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
   EXPECT_TRUE(names(offloaded, "offload.optimizer")) << CheckEngineSupport(offloaded);
