@@ -80,7 +80,7 @@ absl::Status Trainer::InitializeWeights() {
   }
   if (layout.base_quantization != BaseQuantization::kNone && !device_->host_addressable()) {
     // The base is quantized on the host (the quantize ops run on the CPU only) and its bytes go
-    // up through the rank's copy engine (docs/lora.md, "QLoRA on CUDA ranks").
+    // up through the rank's copy engine (docs/lora.md, "LoRA on CUDA ranks").
     RankDevice* device = device_.get();
     model_->SetQuantizedBaseUpload(
         [device](const Tensor& dst, const void* host) { return device->Upload(dst, host); });
@@ -420,9 +420,15 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
     for (int64_t lo = std::max(b, mine.begin); lo < std::min(b + n, mine.end); lo += kChunk) {
       const int64_t hi = std::min({b + n, mine.end, lo + kChunk});
       std::copy(from + (lo - b), from + (hi - b), values.begin());
+      const Tensor into = params.Slice(lo - mine.begin, hi - mine.begin);
+      if (swapped_base_) {
+        // Host staging on its way to the store: cast on the host, whatever the device.
+        ZT_RETURN_IF_ERROR(Cast(host_ctx, Tensor(values.data(), DType::kF32, {hi - lo}), into));
+        continue;
+      }
       const Tensor v = chunk.Slice(0, hi - lo);
       ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
-      ZT_RETURN_IF_ERROR(Cast(ctx_, v, params.Slice(lo - mine.begin, hi - mine.begin)));
+      ZT_RETURN_IF_ERROR(Cast(ctx_, v, into));
     }
     return absl::OkStatus();
   };

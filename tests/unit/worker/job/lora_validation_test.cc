@@ -219,9 +219,12 @@ TEST(LoraEngineSupportTest, CudaRanksTrainAdaptersOverAnUnquantizedBase) {
   tp.mutable_parallel()->set_tensor_parallel(2);
   tp.mutable_parallel()->set_pipeline_parallel(2);
   EXPECT_FALSE(names(tp, "")) << CheckEngineSupport(tp);
-  JobSpec offloaded = spec;
+  // The adapters' states and the base's shards offloaded, on CUDA ranks too.
+  JobSpec offloaded = nf4;
+  offloaded.mutable_parallel()->set_zero_stage(3);
   offloaded.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
-  EXPECT_TRUE(names(offloaded, "offload.optimizer")) << CheckEngineSupport(offloaded);
+  offloaded.mutable_offload()->set_params(zerotrain::OffloadConfig::CPU);
+  EXPECT_FALSE(names(offloaded, "")) << CheckEngineSupport(offloaded);
 }
 
 // The threshold is filled in for an INT8 base only (the paper's 6.0), kept when given.
