@@ -637,30 +637,18 @@ absl::Status CheckEngineSupport(const JobSpec& spec) {
     // (worker/shard/host_step_sums.h), never among the next step's collectives.
   }
   // LoRA: the step loop trains the adapters at every ZeRO stage on CPU ranks, and on CUDA ranks
-  // over an unquantized base on one pipeline stage without tensor parallelism or offload: the
-  // adapters are initialised on the host and uploaded (docs/lora.md, "LoRA on CUDA ranks";
-  // lora_separate_memory_test.cc runs each through a device whose memory is its own).
+  // over an FP32, BF16, FP16 or NF4 base, on pipeline stages and tensor-parallel ranks, with
+  // the adapters' states and the base's shards offloaded: the adapters (a stage's, a rank's
+  // shares) are initialised on the host and uploaded, an NF4 base is quantized on the host into
+  // staging and uploaded (docs/lora.md, "LoRA on CUDA ranks"; lora_separate_memory_test.cc,
+  // lora_parallel_separate_memory_test.cc and LoraOffloadTrainingTest.
+  // OffloadOnRanksOfTheirOwnMemoryIsThePlainRunBitForBit run each through a device whose memory
+  // is its own).
   if (UsesLora(spec.model()) && spec.resources().device() == zerotrain::ResourceConfig::CUDA) {
-    const ModelConfig& m = spec.model();
-    if (m.base_dtype() == ModelConfig::NF4 || m.base_dtype() == ModelConfig::INT8) {
-      // The trainer quantizes the base on the host into memory the device shares.
-      lines.push_back(absl::StrCat(
-          "resources.device: CUDA with model.lora over model.base_dtype ",
-          ModelConfig::BaseDType_Name(m.base_dtype()),
-          " — the quantized base is built on the host in memory a CUDA rank does not share, so "
-          "far; use an FP32, BF16 or FP16 base on CUDA, or CPU"));
-    }
-    if (spec.parallel().tensor_parallel() > 1 || spec.parallel().pipeline_parallel() > 1) {
+    if (spec.model().base_dtype() == ModelConfig::INT8) {
       lines.push_back(
-          "resources.device: CUDA with model.lora trains without parallel.tensor_parallel and "
-          "parallel.pipeline_parallel so far (their adapter shares are not yet run on ranks "
-          "whose memory is their own); use CPU");
-    }
-    if (spec.offload().optimizer() != Offload::NONE || spec.offload().params() != Offload::NONE) {
-      lines.push_back(
-          "resources.device: CUDA with model.lora trains without offload.optimizer and "
-          "offload.params so far (the adapters' offloaded states are not yet run on ranks whose "
-          "memory is their own); use CPU");
+          "resources.device: CUDA with model.lora over model.base_dtype INT8 — kernels/"
+          "int8_linear.h's layer has no CUDA kernel yet; use NF4 on CUDA, or CPU");
     }
   }
   if (UsesLora(spec.model())) {

@@ -207,6 +207,15 @@ class Transformer {
   absl::Status InitializeQuantizedShard(const DeviceContext& ctx, uint64_t seed, int u,
                                         const Tensor& shard);
   void SetQuantizedShardRank(int group_rank) { qbase_rank_ = group_rank; }
+  // A device whose memory the host cannot address (a CUDA rank): the base is still quantized on
+  // the host (the quantize ops run on the CPU only), into host staging of one weight's
+  // quantized bytes, and each of its buffers — or, at stage 3, the bytes of it inside the
+  // rank's "<unit>.qbase" shard — is copied up with `upload` (dst device memory, from
+  // dst.size_bytes() host bytes). QuantizeBaseWeight and InitializeQuantizedBase then take the
+  // host's context. Unset: they quantize straight into the model's buffers, which the host
+  // shares.
+  using HostUpload = std::function<absl::Status(const Tensor& dst, const void* host)>;
+  void SetQuantizedBaseUpload(HostUpload upload) { upload_ = std::move(upload); }
   // Points unit u's quantized weights at `gathered`, the unit's whole quantized bytes (at
   // least QuantizedBytesOf(...).bytes), which must stay valid while they are used.
   absl::Status BindQuantizedBase(int u, const Tensor& gathered);
@@ -562,12 +571,27 @@ class Transformer {
   std::vector<QuantizedWeightBuffers> QuantizedViews(int u, uint8_t* base, int64_t base_offset,
                                                      Device device) const;
   std::vector<Tensor> qbase_shards_;  // per unit, stage 3: "<unit>.qbase"
-  // QuantizeBaseWeight at stage 3, into `shard` (the rank's bytes of unit u's quantized bytes);
-  // `slice`: a tensor-parallel rank's share of the whole weight `values`, else null.
+  // One quantized weight in host memory: its pieces, bytes [lo, hi) of its unit's quantized
+  // bytes (QuantizedBytesOf), held as f32 words so every piece is aligned.
+  struct StagedQuantizedWeight {
+    std::vector<float> words;
+    int64_t lo = 0, hi = 0;
+    QuantizedWeightBuffers views;  // into `words`, on the host
+    const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(words.data()); }
+  };
+  // Quantizes `values` (host f32, ctx the host's) into staging laid out as unit u's quantized
+  // bytes are; `slice`: a tensor-parallel rank's share of the whole weight `values`, else null.
+  absl::StatusOr<StagedQuantizedWeight> QuantizeIntoStaging(const DeviceContext& ctx, int u,
+                                                            std::string_view name,
+                                                            const Tensor& values,
+                                                            const TensorParallelSlice* slice) const;
+  // QuantizeBaseWeight at stage 3, into `shard` (the rank's bytes of unit u's quantized bytes):
+  // copied up with `upload` when given (the shard is device memory), else written in place.
   absl::Status QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
                                  const Tensor& values, const Tensor& shard,
-                                 const TensorParallelSlice* slice);
+                                 const TensorParallelSlice* slice, const HostUpload* upload);
   int qbase_rank_ = 0;
+  HostUpload upload_;
   LoraScratch lora_;
   uint64_t lora_seed_ = 0;
   std::vector<Tensor> residual_;  // L + 1 of (B·T, C)

@@ -357,11 +357,41 @@ absl::Status Transformer::QuantizeBaseWeight(const DeviceContext& ctx, int u, st
     share = SliceOf(config_, whole->name, whole->shape, tp_.size, tp_.rank);
   }
   const TensorParallelSlice* slice = share ? &*share : nullptr;
-  if (qbase_shards_.empty() || qbase_shards_[u].empty()) {
+  if (!qbase_shards_.empty() && !qbase_shards_[u].empty()) {
+    return QuantizeIntoShard(ctx, u, name, values, qbase_shards_[u], slice,
+                             upload_ ? &upload_ : nullptr);
+  }
+  if (!upload_) {
     return QuantizeInto(ctx, what, values, QuantizedWeight(u, name), Int8QuantizedWeight(u, name),
                         slice);
   }
-  return QuantizeIntoShard(ctx, u, name, values, qbase_shards_[u], slice);
+  // The device's buffers of this weight get the host staging's, piece by piece.
+  const QuantizedWeightBuffers* device = nullptr;
+  for (const QuantizedWeightBuffers& q : quantized_[u]) {
+    if (q.name == name) device = &q;
+  }
+  if (device == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeBaseWeight: ", what, " is not a quantized weight"));
+  }
+  ZT_ASSIGN_OR_RETURN(const StagedQuantizedWeight staged,
+                      QuantizeIntoStaging(ctx, u, name, values, slice));
+  const auto pieces = [](const QuantizedWeightBuffers& q) {
+    return std::array<const Tensor*, 7>{
+        &q.nf4.codes,      &q.nf4.absmax, &q.nf4.absmax_scale, &q.nf4.absmax_offset,
+        &q.nf4.block_base, &q.int8.codes, &q.int8.scales};
+  };
+  const auto to = pieces(*device), from = pieces(staged.views);
+  for (size_t k = 0; k < to.size(); ++k) {
+    if (to[k]->empty()) continue;
+    if (to[k]->size_bytes() != from[k]->size_bytes()) {
+      return absl::InternalError(absl::StrCat("QuantizeBaseWeight: ", what, "'s device piece ", k,
+                                              " holds ", to[k]->size_bytes(),
+                                              " bytes, its host staging ", from[k]->size_bytes()));
+    }
+    ZT_RETURN_IF_ERROR(upload_(*to[k], from[k]->raw()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Transformer::QuantizeBaseWeightIntoShard(const DeviceContext& ctx, int u,
@@ -382,15 +412,15 @@ absl::Status Transformer::QuantizeBaseWeightIntoShard(const DeviceContext& ctx, 
     }
     share = SliceOf(config_, p->name, p->shape, tp_.size, tp_.rank);
   }
-  return QuantizeIntoShard(ctx, whole, name, values, shard, share ? &*share : nullptr);
+  // `shard` is host staging on its way to the swap store: written in place.
+  return QuantizeIntoShard(ctx, whole, name, values, shard, share ? &*share : nullptr,
+                           /*upload=*/nullptr);
 }
 
-absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
-                                            const Tensor& values, const Tensor& shard,
-                                            const TensorParallelSlice* slice) {
+absl::StatusOr<Transformer::StagedQuantizedWeight> Transformer::QuantizeIntoStaging(
+    const DeviceContext& ctx, int u, std::string_view name, const Tensor& values,
+    const TensorParallelSlice* slice) const {
   const std::string what = absl::StrCat(layout_.units[u].name, ".", std::string(name));
-  // Stage 3: the weight's pieces are bytes [lo, hi) of the unit's quantized bytes; quantize
-  // into scratch of that size and keep the part inside this rank's shard.
   const UnitLayout& unit = layout_.units[u];
   const QuantizedUnitBytes bytes = QuantizedBytesOf(layout_, unit);
   const ParamSpec* p = unit.Find(std::string(name));
@@ -398,32 +428,44 @@ absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std
     return absl::InvalidArgumentError(
         absl::StrCat("QuantizeBaseWeight: ", what, " is not a quantized weight"));
   }
-  const std::string prefix = layout_.base_quantization == BaseQuantization::kInt8
-                                 ? Int8BufferPrefix(unit, *p)
-                                 : Nf4BufferPrefix(unit, *p);
-  int64_t lo = bytes.bytes, hi = 0;
+  const bool int8 = layout_.base_quantization == BaseQuantization::kInt8;
+  const std::string prefix = int8 ? Int8BufferPrefix(unit, *p) : Nf4BufferPrefix(unit, *p);
+  StagedQuantizedWeight staged{.lo = bytes.bytes, .hi = 0};
   for (const QuantizedPiece& piece : bytes.pieces) {
     if (!piece.name.starts_with(prefix)) continue;
-    lo = std::min(lo, piece.offset);
-    hi = std::max(hi, piece.offset + piece.bytes);
+    staged.lo = std::min(staged.lo, piece.offset);
+    staged.hi = std::max(staged.hi, piece.offset + piece.bytes);
   }
-  // f32 words keep the scratch aligned for the f32 pieces (every offset is 64-byte aligned).
-  std::vector<float> scratch((hi - lo + 3) / 4);
-  auto* base = reinterpret_cast<uint8_t*>(scratch.data());
-  std::vector<QuantizedWeightBuffers> views = QuantizedViews(u, base, lo, values.device());
-  for (const QuantizedWeightBuffers& q : views) {
+  // Every piece's offset is 64-byte aligned, so f32 words keep each f32 piece aligned.
+  staged.words.resize(static_cast<size_t>((staged.hi - staged.lo + 3) / 4));
+  auto* base = reinterpret_cast<uint8_t*>(staged.words.data());
+  for (QuantizedWeightBuffers& q : QuantizedViews(u, base, staged.lo, values.device())) {
     if (q.name != name) continue;
-    const bool int8 = layout_.base_quantization == BaseQuantization::kInt8;
     ZT_RETURN_IF_ERROR(
         QuantizeInto(ctx, what, values, int8 ? nullptr : &q.nf4, int8 ? &q.int8 : nullptr, slice));
+    staged.views = std::move(q);
   }
+  return staged;
+}
+
+absl::Status Transformer::QuantizeIntoShard(const DeviceContext& ctx, int u, std::string_view name,
+                                            const Tensor& values, const Tensor& shard,
+                                            const TensorParallelSlice* slice,
+                                            const HostUpload* upload) {
+  // Stage 3: the weight's pieces are bytes [lo, hi) of the unit's quantized bytes; quantize
+  // into staging of that size and keep the part inside this rank's shard.
+  ZT_ASSIGN_OR_RETURN(const StagedQuantizedWeight staged,
+                      QuantizeIntoStaging(ctx, u, name, values, slice));
   const int64_t shard_begin = static_cast<int64_t>(qbase_rank_) * shard.size_bytes();
-  const int64_t from = std::max(lo, shard_begin);
-  const int64_t to = std::min(hi, shard_begin + shard.size_bytes());
-  if (from < to) {
-    std::memcpy(static_cast<uint8_t*>(shard.raw()) + (from - shard_begin), base + (from - lo),
-                static_cast<size_t>(to - from));
+  const int64_t from = std::max(staged.lo, shard_begin);
+  const int64_t to = std::min(staged.hi, shard_begin + shard.size_bytes());
+  if (from >= to) return absl::OkStatus();
+  uint8_t* dst = static_cast<uint8_t*>(shard.raw()) + (from - shard_begin);
+  const uint8_t* src = staged.bytes() + (from - staged.lo);
+  if (upload != nullptr) {
+    return (*upload)(Tensor(dst, DType::kU8, {to - from}, shard.device()), src);
   }
+  std::memcpy(dst, src, static_cast<size_t>(to - from));
   return absl::OkStatus();
 }
 

@@ -24,7 +24,10 @@ std::vector<int> StageOfEachUnit(const zerotrain::JobSpec& job) {
 
 absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLayout& whole,
                                 const std::vector<int>& stage_of_unit, const std::vector<int>& held,
-                                std::vector<std::vector<float>>& units, RankDevice* device) {
+                                std::vector<std::vector<float>>& units, RankDevice* device,
+                                UnitValues values) {
+  const bool adapters = values == UnitValues::kAdapters;
+  const auto size_of = [&](const UnitLayout& u) { return adapters ? u.lora_numel : u.numel; };
   if (held.size() != units.size() || stage_of_unit.size() != whole.units.size()) {
     return absl::InternalError(absl::StrCat("JoinPipelineStages: ", units.size(),
                                             " units for ", held.size(), " held, ",
@@ -36,29 +39,32 @@ absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLa
   ScratchTensor scratch;
   if (device != nullptr) {
     int64_t largest = 0;
-    for (const UnitLayout& u : whole.units) largest = std::max(largest, u.numel);
+    for (const UnitLayout& u : whole.units) largest = std::max(largest, size_of(u));
     ZT_ASSIGN_OR_RETURN(scratch, device->AllocateScratchF32(largest));
   }
   for (size_t u = 0; u < whole.units.size(); ++u) {
     const int root = stage_of_unit[u];
     if (root < 0) return absl::InternalError(absl::StrCat("unit ", u, " is held by no stage"));
     std::vector<float>& unit = out[u];
-    if (root == stage && unit.size() != static_cast<size_t>(whole.units[u].numel)) {
+    const int64_t n = size_of(whole.units[u]);
+    if (root == stage && unit.size() != static_cast<size_t>(n)) {
       return absl::InternalError(absl::StrCat("JoinPipelineStages: stage ", stage, " holds ",
-                                              unit.size(), " of unit ", whole.units[u].name,
-                                              "'s ", whole.units[u].numel, " values"));
+                                              unit.size(), " of unit ", whole.units[u].name, "'s ",
+                                              n, " values"));
     }
-    unit.resize(static_cast<size_t>(whole.units[u].numel));
-    const int64_t n = static_cast<int64_t>(unit.size());
+    if (n == 0) continue;  // a unit without adapters: nothing to send, on every stage alike
+    unit.resize(static_cast<size_t>(n));
     Tensor data(unit.data(), DType::kF32, {n});
     if (device != nullptr) {
       data = scratch.tensor.Slice(0, n);
-      if (root == stage && n > 0) ZT_RETURN_IF_ERROR(device->Upload(data, unit.data()));
+      if (root == stage) ZT_RETURN_IF_ERROR(device->Upload(data, unit.data()));
     }
-    ZT_ASSIGN_OR_RETURN(CommHandle h,
-                        pipeline.Broadcast(data, root, whole.units[u].name + " from its stage"));
+    ZT_ASSIGN_OR_RETURN(CommHandle h, pipeline.Broadcast(data, root,
+                                                         whole.units[u].name +
+                                                             (adapters ? " adapters from its stage"
+                                                                       : " from its stage")));
     ZT_RETURN_IF_ERROR(h.Wait());
-    if (device != nullptr && n > 0) ZT_RETURN_IF_ERROR(device->Download(unit.data(), data));
+    if (device != nullptr) ZT_RETURN_IF_ERROR(device->Download(unit.data(), data));
   }
   units = std::move(out);
   return absl::OkStatus();

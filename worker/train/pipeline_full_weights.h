@@ -18,6 +18,10 @@ namespace zt {
 // with pipeline_parallel > 1: the plan's chunks of every stage.
 std::vector<int> StageOfEachUnit(const zerotrain::JobSpec& job);
 
+// What of each unit JoinPipelineStages joins: its parameters (UnitLayout::numel values) or its
+// LoRA adapters (lora_numel; units without adapters are skipped and come back empty).
+enum class UnitValues { kParams, kAdapters };
+
 // `units` holds, on entry, the rank's stage's units at the whole model's layout (unit k is the
 // whole model's unit held[k], each tensor whole and in its place); on return every unit of
 // `whole`, the same on every stage. `pipeline` is the rank's pipeline group (member s is stage
@@ -28,6 +32,7 @@ std::vector<int> StageOfEachUnit(const zerotrain::JobSpec& job);
 absl::Status JoinPipelineStages(Communicator& pipeline, int stage, const ModelLayout& whole,
                                 const std::vector<int>& stage_of_unit, const std::vector<int>& held,
                                 std::vector<std::vector<float>>& units,
-                                RankDevice* device = nullptr);
+                                RankDevice* device = nullptr,
+                                UnitValues values = UnitValues::kParams);
 
 }  // namespace zt

@@ -78,6 +78,13 @@ absl::Status Trainer::InitializeWeights() {
                      ") streams in from a Hugging Face safetensors file or "
                      "directory only (export the checkpoint with zt export first)"));
   }
+  if (layout.base_quantization != BaseQuantization::kNone && !device_->host_addressable()) {
+    // The base is quantized on the host (the quantize ops run on the CPU only) and its bytes go
+    // up through the rank's copy engine (docs/lora.md, "LoRA on CUDA ranks").
+    RankDevice* device = device_.get();
+    model_->SetQuantizedBaseUpload(
+        [device](const Tensor& dst, const void* host) { return device->Upload(dst, host); });
+  }
   std::vector<std::vector<float>> imported;
   if (!model.init_from().empty() && !stream_quantized) {
     const ModelLayout whole = BuildModelLayout(model);
@@ -127,7 +134,8 @@ absl::Status Trainer::InitializeWeights() {
           if (part == SwappedBase::Part::kQuantized) {
             ZT_ASSIGN_OR_RETURN(const BufferSpec* spec,
                                 arenas_->Spec(QuantizedShardName(layout.units[u])));
-            return model_->InitializeQuantizedShard(ctx_, job_.train().seed(), u,
+            return model_->InitializeQuantizedShard(HostStepContext(ctx_, job_),
+                                                    job_.train().seed(), u,
                                                     Tensor(data, spec->dtype, {spec->numel()}));
           }
           const Tensor shard = model_->unit_params()[u];
@@ -318,11 +326,9 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
         "a quantized model.base_dtype: the base streams into parameters without a master copy, but "
         "this job's optimizer keeps one");
   }
-  if (!device_->host_addressable()) {
-    return absl::UnimplementedError(
-        "a quantized model.base_dtype: the base is quantized on the host into memory the device "
-        "shares; this device's memory is not host-addressable");
-  }
+  // The quantized weights are quantized on the host, into the model's buffers or (a device the
+  // host cannot address) into host staging copied up (Transformer::SetQuantizedBaseUpload).
+  const DeviceContext host_ctx = HostStepContext(ctx_, job_);
   const int stage = engine_->stage();
   const int64_t kChunk = static_cast<int64_t>(values.size());
   // A tensor-parallel rank or a pipeline stage reads the whole model's tensors (`read_layout`,
@@ -414,9 +420,15 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
     for (int64_t lo = std::max(b, mine.begin); lo < std::min(b + n, mine.end); lo += kChunk) {
       const int64_t hi = std::min({b + n, mine.end, lo + kChunk});
       std::copy(from + (lo - b), from + (hi - b), values.begin());
+      const Tensor into = params.Slice(lo - mine.begin, hi - mine.begin);
+      if (swapped_base_) {
+        // Host staging on its way to the store: cast on the host, whatever the device.
+        ZT_RETURN_IF_ERROR(Cast(host_ctx, Tensor(values.data(), DType::kF32, {hi - lo}), into));
+        continue;
+      }
       const Tensor v = chunk.Slice(0, hi - lo);
       ZT_RETURN_IF_ERROR(device_->Upload(v, values.data()));
-      ZT_RETURN_IF_ERROR(Cast(ctx_, v, params.Slice(lo - mine.begin, hi - mine.begin)));
+      ZT_RETURN_IF_ERROR(Cast(ctx_, v, into));
     }
     return absl::OkStatus();
   };
@@ -453,11 +465,11 @@ absl::Status Trainer::StreamQuantizedBase(std::vector<float>& values, const Tens
         ZT_ASSIGN_OR_RETURN(Staged * st, staging(u));
         std::vector<float>& q = st->part[static_cast<int>(SwappedBase::Part::kQuantized)];
         quantized = model_->QuantizeBaseWeightIntoShard(
-            ctx_, u, p.name, weight,
+            host_ctx, u, p.name, weight,
             Tensor(q.data(), DType::kF32, {static_cast<int64_t>(q.size())}));
       } else {
         // The model's own indexing is the whole model's (t.unit), its shards' the stage's.
-        quantized = model_->QuantizeBaseWeight(ctx_, t.unit, p.name, weight);
+        quantized = model_->QuantizeBaseWeight(host_ctx, t.unit, p.name, weight);
       }
       pending.erase({t.unit, p.name});
       ZT_RETURN_IF_ERROR(quantized);
@@ -499,18 +511,10 @@ absl::Status Trainer::InitializeAdapters() {
   const zerotrain::ModelConfig& model = job_.model();
   // NF4 or INT8: the quantized weights come from the same seeded init as the rest of the base,
   // one tensor at a time, unless model.init_from streamed them in (StreamQuantizedBase). The
-  // host quantizes into memory the device shares (docs/lora.md): a device whose memory the
-  // host cannot address has no quantized base yet.
-  if (model.base_dtype() == zerotrain::ModelConfig::NF4 ||
-      model.base_dtype() == zerotrain::ModelConfig::INT8) {
-    if (!device_->host_addressable()) {
-      return absl::UnimplementedError(
-          "a quantized model.base_dtype: the base is quantized on the host into memory the "
-          "device shares; this device's memory is not host-addressable");
-    }
-  }
+  // host quantizes them (into host staging copied up, on a device the host cannot address).
   if (model.init_from().empty() && !swapped_base_) {  // a swapped one is written with its shards
-    ZT_RETURN_IF_ERROR(model_->InitializeQuantizedBase(ctx_, job_.train().seed()));
+    ZT_RETURN_IF_ERROR(
+        model_->InitializeQuantizedBase(HostStepContext(ctx_, job_), job_.train().seed()));
   }
   // The adapters are f32 values the host computes (PEFT's init, or a PEFT directory). A device
   // whose memory the host cannot address gets them through host staging of each unit's
@@ -568,18 +572,28 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
   if (comms_.tensor && comms_.tensor->size() > 1) {
     // Each rank holds its shares (worker/model/lora_tensor_parallel.h): all-gathered over the
     // tensor-parallel group and each matrix's slice put in its place; replicated matrices
-    // from TP rank 0 (the same on every rank).
+    // from TP rank 0 (the same on every rank). A device the host cannot address gathers its
+    // adapters where they are, into device scratch outside the plan (export is not the step
+    // loop), and the gathered shares come down.
     const int t = comms_.tensor->size();
+    const bool on_device = !device_->host_addressable();
     const ModelLayout whole = BuildModelLayout(job_.model());
     for (size_t u = 0; u < out.size(); ++u) {
       const int64_t n = layout.units[u].lora_numel;
       if (n == 0) continue;
       std::vector<float> all(static_cast<size_t>(n * t));
-      ZT_ASSIGN_OR_RETURN(CommHandle h,
-                          comms_.tensor->AllGather(Tensor(out[u].data(), DType::kF32, {n}),
-                                                   Tensor(all.data(), DType::kF32, {n * t}),
-                                                   layout.units[u].name + " adapters all-gather"));
+      Tensor in(out[u].data(), DType::kF32, {n}), gathered(all.data(), DType::kF32, {n * t});
+      ScratchTensor scratch;
+      if (on_device) {
+        ZT_ASSIGN_OR_RETURN(scratch, device_->AllocateScratchF32(n * t));
+        in = model_->unit_lora()[u].Slice(0, n);
+        gathered = scratch.tensor;
+      }
+      ZT_ASSIGN_OR_RETURN(
+          CommHandle h,
+          comms_.tensor->AllGather(in, gathered, layout.units[u].name + " adapters all-gather"));
       ZT_RETURN_IF_ERROR(h.Wait());
+      if (on_device) ZT_RETURN_IF_ERROR(device_->Download(all.data(), gathered));
       // A pipeline stage's unit u is the whole model's held_units()[u].
       const UnitLayout& whole_unit = whole.units[model_->pipelined() ? model_->held_units()[u] : u];
       std::vector<float> joined(static_cast<size_t>(whole_unit.lora_numel), 0.0f);
@@ -602,20 +616,11 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::FullAdapters() {
   // A pipeline stage holds its own blocks' adapters: each block's are broadcast over the
   // pipeline group from the stage the plan gave it, so every rank ends with the whole model's,
   // the very values that stage trained (a broadcast copies bits).
-  const ModelLayout whole = BuildModelLayout(job_.model());
-  const std::vector<int> stage_of = StageOfEachUnit(job_);
-  std::vector<std::vector<float>> joined(whole.units.size());
-  for (size_t k = 0; k < out.size(); ++k) joined[model_->held_units()[k]] = std::move(out[k]);
-  for (size_t u = 0; u < whole.units.size(); ++u) {
-    const int64_t n = whole.units[u].lora_numel;
-    if (n == 0) continue;
-    joined[u].resize(static_cast<size_t>(n));
-    ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.pipeline->Broadcast(
-                                          Tensor(joined[u].data(), DType::kF32, {n}), stage_of[u],
-                                          whole.units[u].name + " adapters from its stage"));
-    ZT_RETURN_IF_ERROR(h.Wait());
-  }
-  return joined;
+  ZT_RETURN_IF_ERROR(JoinPipelineStages(
+      *comms_.pipeline, pipeline_stage_, BuildModelLayout(job_.model()), StageOfEachUnit(job_),
+      model_->held_units(), out, device_->host_addressable() ? nullptr : device_.get(),
+      UnitValues::kAdapters));
+  return out;
 }
 
 }  // namespace zt

@@ -159,24 +159,11 @@ TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
   spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
   spec.mutable_model()->set_base_dtype(ModelConfig::NF4);
   spec.mutable_model()->set_init_from("hf-model");
-  const absl::Status status = CheckEngineSupport(spec);
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  const std::vector<std::string> lines = testing::Lines(status);
-  // Each LoRA line names its field and what is missing; other lines (offload on CUDA) may
-  // come before them.
-  auto has = [&](const std::string& start, const std::string& what) {
-    for (const std::string& line : lines) {
-      if (line.starts_with(start) && line.find(what) != std::string::npos) return true;
-    }
-    return false;
-  };
-  // A quantized base is still built on the host (docs/lora.md, "LoRA on CUDA ranks").
-  EXPECT_TRUE(
-      has("resources.device: CUDA with model.lora over model.base_dtype NF4", "quantized base"))
-      << status;
-  // An NF4 base from model.init_from streams in now (Trainer::StreamQuantizedBase).
-  for (const std::string& line : lines) {
+  // An NF4 base, seeded or from model.init_from, is quantized on the host and uploaded
+  // (docs/lora.md, "LoRA on CUDA ranks"): no line names it or the adapters.
+  for (const std::string& line : testing::Lines(CheckEngineSupport(spec))) {
     EXPECT_FALSE(line.starts_with("model.base_dtype: NF4")) << line;
+    EXPECT_FALSE(absl::StrContains(line, "model.lora")) << line;
   }
   spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CPU);
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
@@ -194,8 +181,9 @@ TEST(LoraEngineSupportTest, NamesEachPartThatDoesNotRunYet) {
   EXPECT_TRUE(CheckEngineSupport(spec).ok()) << CheckEngineSupport(spec);
 }
 
-// CUDA ranks train LoRA over an unquantized base (the adapters staged on the host and
-// uploaded, lora_separate_memory_test.cc); what they do not yet do is named.
+// CUDA ranks train LoRA over an unquantized or NF4 base, on tensor-parallel ranks and pipeline
+// stages too (the adapters staged on the host and uploaded, lora_separate_memory_test.cc and
+// lora_parallel_separate_memory_test.cc); what they do not yet do is named.
 TEST(LoraEngineSupportTest, CudaRanksTrainAdaptersOverAnUnquantizedBase) {
   JobSpec spec = testing::JobWithDefaults(kLlamaLora);
   spec.mutable_resources()->set_device(zerotrain::ResourceConfig::CUDA);
@@ -217,12 +205,26 @@ TEST(LoraEngineSupportTest, CudaRanksTrainAdaptersOverAnUnquantizedBase) {
   JobSpec int8 = spec;
   int8.mutable_model()->set_base_dtype(ModelConfig::INT8);
   EXPECT_TRUE(names(int8, "model.base_dtype INT8")) << CheckEngineSupport(int8);
-  JobSpec tp = spec;
+  // QLoRA: an NF4 base at every stage (quantized on the host and uploaded).
+  JobSpec nf4 = spec;
+  nf4.mutable_model()->set_base_dtype(ModelConfig::NF4);
+  for (const int stage : {0, 1, 2, 3}) {
+    nf4.mutable_parallel()->set_zero_stage(stage);
+    EXPECT_FALSE(names(nf4, "")) << "stage " << stage << ": " << CheckEngineSupport(nf4);
+  }
+  // Tensor-parallel ranks and pipeline stages train their adapters on CUDA ranks too.
+  JobSpec tp = nf4;
+  tp.mutable_parallel()->set_zero_stage(1);
+  tp.mutable_parallel()->set_world_size(4);
   tp.mutable_parallel()->set_tensor_parallel(2);
-  EXPECT_TRUE(names(tp, "parallel.tensor_parallel")) << CheckEngineSupport(tp);
-  JobSpec offloaded = spec;
+  tp.mutable_parallel()->set_pipeline_parallel(2);
+  EXPECT_FALSE(names(tp, "")) << CheckEngineSupport(tp);
+  // The adapters' states and the base's shards offloaded, on CUDA ranks too.
+  JobSpec offloaded = nf4;
+  offloaded.mutable_parallel()->set_zero_stage(3);
   offloaded.mutable_offload()->set_optimizer(zerotrain::OffloadConfig::CPU);
-  EXPECT_TRUE(names(offloaded, "offload.optimizer")) << CheckEngineSupport(offloaded);
+  offloaded.mutable_offload()->set_params(zerotrain::OffloadConfig::CPU);
+  EXPECT_FALSE(names(offloaded, "")) << CheckEngineSupport(offloaded);
 }
 
 // The threshold is filled in for an INT8 base only (the paper's 6.0), kept when given.

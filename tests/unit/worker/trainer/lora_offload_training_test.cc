@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/trainer/lora_training_fixture.h"
+#include "tests/unit/worker/trainer/separate_memory_device.h"
 #include "worker/optim/gradient_downloads.h"
 
 namespace zt {
@@ -647,6 +648,57 @@ TEST_F(LoraOffloadTrainingTest, StreamedQuantizedBaseSwappedIsTheDevicePathBitFo
       }
       ExpectResumesAsTheDevicePath(streamed(job_with(OffloadConfig::NVME, OffloadConfig::NVME)),
                                    dir_ / ("streamed-" + name), device, name);
+    }
+  }
+}
+
+// The same offloaded runs on ranks whose memory the host cannot address
+// (separate_memory_device.h: what CUDA ranks are, less the streams): the adapters' states in
+// the pinned host pool or the store, moved by the rank's copy engine; at ZeRO 3 the frozen
+// base's shards (an NF4 or INT8 base quantized on the host) in the pinned pool or the store,
+// uploaded ahead of each gather; on stages and tensor-parallel ranks; streamed from a Hugging
+// Face file. Each is the plain CPU rank's run bit for bit: losses, adapters, their states and
+// every rank's frozen base.
+TEST_F(LoraOffloadTrainingTest, OffloadOnRanksOfTheirOwnMemoryIsThePlainRunBitForBit) {
+  TrainOptions separate;
+  separate.make_device = testing::SeparateMemoryDevice;
+  struct Case {
+    std::string what;
+    JobSpec job;
+  };
+  std::vector<Case> cases;
+  for (const auto optimizer : {OffloadConfig::CPU, OffloadConfig::NVME}) {
+    const std::string opt = OffloadConfig::Device_Name(optimizer);
+    cases.push_back(
+        {"fp32 zero-1 optimizer " + opt, OffloadedJob(1, ModelConfig::FP32, optimizer)});
+    cases.push_back({"nf4 zero-3 optimizer " + opt, OffloadedJob(3, ModelConfig::NF4, optimizer)});
+  }
+  for (const auto base : {ModelConfig::NF4, ModelConfig::INT8}) {
+    const std::string name = ModelConfig::BaseDType_Name(base);
+    JobSpec pinned = OffloadedJob(3, base, OffloadConfig::CPU);
+    pinned.mutable_offload()->set_params(OffloadConfig::CPU);
+    cases.push_back({name + " params CPU optimizer CPU", pinned});
+    cases.push_back(
+        {name + " params NVME optimizer NVME", SwappedBaseJob(base, OffloadConfig::NVME)});
+  }
+  JobSpec streamed = SwappedBaseJob(ModelConfig::NF4, OffloadConfig::NONE);
+  streamed.mutable_model()->set_init_from(
+      ExportBase(MakeHfBase(streamed), (dir_ / "base.safetensors").string(), DType::kBF16));
+  cases.push_back({"nf4 from a file, params NVME", streamed});
+  cases.push_back({"tp2 x pp2 nf4 params NVME optimizer CPU",
+                   SplitJob({2, 2, 1, true}, ModelConfig::LLAMA, ModelConfig::NF4,
+                            OffloadConfig::NVME, OffloadConfig::CPU)});
+  cases.push_back({"pp2 x dp2 int8 params CPU optimizer NVME, kept for the step",
+                   SplitJob({1, 2, 2, false}, ModelConfig::LLAMA, ModelConfig::INT8,
+                            OffloadConfig::CPU, OffloadConfig::NVME)});
+  for (const Case& c : cases) {
+    const LoraRun plain = Train(c.job, 4);
+    ASSERT_EQ(plain.losses.size(), 4u) << c.what;
+    const LoraRun own = Train(c.job, 4, separate);
+    ExpectSameAdapterRun(own, plain, c.what);
+    ASSERT_EQ(own.rank_base_after.size(), plain.rank_base_after.size()) << c.what;
+    for (size_t r = 0; r < plain.rank_base_after.size(); ++r) {
+      EXPECT_TRUE(own.rank_base_after[r] == plain.rank_base_after[r]) << c.what << " rank " << r;
     }
   }
 }

@@ -128,8 +128,10 @@ inline absl::StatusOr<std::vector<float>> DequantizedBase(const Bytes& base,
   return out;
 }
 
-// Every rank to `steps` (from the checkpoint in `resume` when set).
-inline Outcome RunAll(const JobSpec& spec, int steps, const std::string& resume = "") {
+// Every rank to `steps` (from the checkpoint in `resume` when set); `base`: the ranks' other
+// options (make_device: ranks of their own memory).
+inline Outcome RunAll(const JobSpec& spec, int steps, const std::string& resume = "",
+                      const TrainOptions& base = {}) {
   Outcome out;
   absl::StatusOr<JobSpec> validated = ValidatedJob(spec);
   if (!validated.ok()) {
@@ -146,7 +148,7 @@ inline Outcome RunAll(const JobSpec& spec, int steps, const std::string& resume 
   InProcessStore store;
   out.ranks.resize(n);
   out.status = testing::RunRankThreads(n, [&](int r) -> absl::Status {
-    TrainOptions options;
+    TrainOptions options = base;
     options.rank = r;
     options.store = &store;
     options.stop_after_step = steps;
