@@ -31,6 +31,22 @@ using gpu_test::RunResult;
 using zerotrain::JobSpec;
 using zerotrain::ResourceConfig;
 
+// `gpu` and `cpu`: the same 20-step job on CUDA and on CPU ranks. The adapters learn on the
+// GPU, and with TF32 off every GPU op is its CPU twin up to the order of its f32 sums (~1e-7
+// relative per op; the LoRA ops themselves are bitwise, tests/gpu/kernels/lora_test.cc, and so
+// is the dropout mask). Over 20 Adam steps that noise grows as in trainer_gpu_test.cc's full
+// fine-tuning (~1e-6); 1e-4 relative on the losses and on the adapters' L2 is 100× that, and
+// well below one wrong update (lr 3e-3 against adapters of ~1e-1).
+void ExpectGpuRunIsCpuRun(const RunResult& gpu, const RunResult& cpu, const std::string& what) {
+  ASSERT_EQ(gpu.losses.size(), 20u) << what;
+  ASSERT_EQ(cpu.losses.size(), 20u) << what;
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what << ": the adapters learn on the GPU";
+  for (size_t s = 0; s < 20; ++s) {
+    EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << what << " step " << s + 1;
+  }
+  EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4) << what;
+}
+
 class LoraGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -69,17 +85,7 @@ TEST_F(LoraGpuTest, AdaptersTrainOnCudaRanksAsOnCpuRanks) {
     const std::string what = absl::StrCat("world ", world, " stage ", stage);
     const RunResult cpu = gpu_test::TrainRanks(Job(ResourceConfig::CPU, world, stage), 20);
     const RunResult gpu = gpu_test::TrainRanks(Job(ResourceConfig::CUDA, world, stage), 20);
-    ASSERT_EQ(gpu.losses.size(), 20u) << what;
-    EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what << ": the adapters learn on the GPU";
-    // TF32 off: every GPU op is its CPU twin up to the order of its f32 sums (~1e-7 relative
-    // per op; the LoRA ops themselves are bitwise, tests/gpu/kernels/lora_test.cc, and so is
-    // the dropout mask). Over 20 Adam steps that noise grows as in trainer_gpu_test.cc's
-    // full fine-tuning (~1e-6); 1e-4 relative on the losses and on the adapters' L2 is 100×
-    // that, and well below one wrong update (lr 3e-3 against adapters of ~1e-1).
-    for (size_t s = 0; s < 20; ++s) {
-      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << what << " step " << s + 1;
-    }
-    EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4) << what;
+    ExpectGpuRunIsCpuRun(gpu, cpu, what);
   }
 }
 
@@ -93,14 +99,8 @@ TEST_F(LoraGpuTest, AQuantizedBaseTrainsOnCudaRanksAsOnCpuRanks) {
     const auto nf4 = zerotrain::ModelConfig::NF4;
     const RunResult cpu = gpu_test::TrainRanks(Job(ResourceConfig::CPU, world, stage, nf4), 20);
     const RunResult gpu = gpu_test::TrainRanks(Job(ResourceConfig::CUDA, world, stage, nf4), 20);
-    ASSERT_EQ(gpu.losses.size(), 20u) << what;
-    EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what << ": the adapters learn on the GPU";
-    // The dequantized weight is the CPU's bit for bit, so the difference is the f32 sums'
-    // order only, as in AdaptersTrainOnCudaRanksAsOnCpuRanks: the same 1e-4 relative bound.
-    for (size_t s = 0; s < 20; ++s) {
-      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << what << " step " << s + 1;
-    }
-    EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4) << what;
+    // The dequantized weight is the CPU's bit for bit: only the f32 sums' order differs.
+    ExpectGpuRunIsCpuRun(gpu, cpu, what);
   }
 }
 
@@ -135,14 +135,7 @@ TEST_F(LoraGpuTest, TensorParallelRanksAndStagesTrainOnCudaAsOnCpu) {
     };
     const RunResult cpu = gpu_test::TrainRanks(job(ResourceConfig::CPU), 20);
     const RunResult gpu = gpu_test::TrainRanks(job(ResourceConfig::CUDA), 20);
-    ASSERT_EQ(gpu.losses.size(), 20u) << what;
-    EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what;
-    // The same layout on both sides, so only the GPU ops' f32 sum order differs: the bound of
-    // AdaptersTrainOnCudaRanksAsOnCpuRanks.
-    for (size_t s = 0; s < 20; ++s) {
-      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << what << " step " << s + 1;
-    }
-    EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4) << what;
+    ExpectGpuRunIsCpuRun(gpu, cpu, what);  // the same layout on both sides
   }
 }
 
@@ -177,14 +170,7 @@ TEST_F(LoraGpuTest, OffloadedAdaptersAndBaseTrainOnCudaAsOnCpu) {
     };
     const RunResult cpu = train(job(ResourceConfig::CPU));
     const RunResult gpu = train(job(ResourceConfig::CUDA));
-    ASSERT_EQ(gpu.losses.size(), 20u) << what;
-    EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what;
-    // The host step is the same CPU kernel on both sides; the forward and backward differ in
-    // their f32 sums' order only: AdaptersTrainOnCudaRanksAsOnCpuRanks's bound.
-    for (size_t s = 0; s < 20; ++s) {
-      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4 * cpu.losses[s]) << what << " step " << s + 1;
-    }
-    EXPECT_LT(RelativeL2(gpu.weights, cpu.weights), 1e-4) << what;
+    ExpectGpuRunIsCpuRun(gpu, cpu, what);  // the host step is the same CPU kernel on both
   }
 }
 

@@ -9,6 +9,7 @@
 // uploaded the same way (docs/lora.md).
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,15 @@ class LoraSeparateMemoryTest : public LoraTrainingTest {
     }
     return job;
   }
+  // `job` (4 steps) checkpointed into `ckpt` after 2 steps on ranks of their own memory and
+  // resumed there to 4: step for step, and at the end, the plain run that never stopped.
+  void ExpectResumesAsThePlainRun(JobSpec job, const std::filesystem::path& ckpt,
+                                  const std::string& what);
+  // `job` (4 steps) on plain CPU ranks and on ranks of their own memory: the same run bit for
+  // bit, every plan buffer used, the adapters trained (B starts at zero: a run that never
+  // uploaded them, or never downloaded them, would not match the plain one, nor move).
+  // Returns {plain, separate} for further checks.
+  std::pair<LoraRun, LoraRun> ExpectSeparateIsPlain(const JobSpec& job, const std::string& what);
 };
 
 void ExpectSameRun(const LoraRun& got, const LoraRun& want, const std::string& what) {
@@ -61,6 +71,41 @@ void ExpectSameRun(const LoraRun& got, const LoraRun& want, const std::string& w
     EXPECT_FALSE(want.adapter_states[r].empty()) << what << " rank " << r;
     EXPECT_EQ(got.adapter_states[r], want.adapter_states[r]) << what << " rank " << r;
   }
+}
+
+void LoraSeparateMemoryTest::ExpectResumesAsThePlainRun(JobSpec job,
+                                                        const std::filesystem::path& ckpt,
+                                                        const std::string& what) {
+  const LoraRun straight = Train(job, 4);
+  job.mutable_checkpoint()->set_dir(ckpt.string());
+  job.mutable_checkpoint()->set_interval_steps(2);
+  // A device's state is written from the plan's page-locked staging (on CUDA always; here the
+  // plan is a CPU job's, which holds it for asynchronous saves).
+  job.mutable_checkpoint()->set_async(true);
+  const LoraRun first = Train(job, 2, Separate());
+  ASSERT_EQ(first.losses.size(), 2u) << what;
+  TrainOptions resume;
+  resume.resume_dir = ckpt.string();
+  LoraRun second = Train(job, 4, Separate(resume));
+  ASSERT_EQ(second.losses.size(), 2u) << what;
+  ASSERT_EQ(straight.losses.size(), 4u) << what;
+  EXPECT_EQ(first.losses[0], straight.losses[0]) << what;
+  EXPECT_EQ(first.losses[1], straight.losses[1]) << what;
+  EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
+  EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
+  second.losses = straight.losses;  // compared step by step above
+  ExpectSameRun(second, straight, what);
+}
+
+std::pair<LoraRun, LoraRun> LoraSeparateMemoryTest::ExpectSeparateIsPlain(const JobSpec& job,
+                                                                          const std::string& what) {
+  LoraRun plain = Train(job, 4);
+  LoraRun separate = Train(job, 4, Separate());
+  EXPECT_EQ(plain.losses.size(), 4u) << what;
+  ExpectSameRun(separate, plain, what);
+  EXPECT_TRUE(separate.unclaimed.empty()) << what;
+  if (!plain.losses.empty()) EXPECT_NE(plain.losses.front(), plain.losses.back()) << what;
+  return {std::move(plain), std::move(separate)};
 }
 
 struct Config {
@@ -80,15 +125,7 @@ constexpr Config kConfigs[] = {
 TEST_F(LoraSeparateMemoryTest, AdaptersTrainThroughTheCopyEngineBitForBit) {
   for (const Config& c : kConfigs) {
     const std::string what = Name(c);
-    const JobSpec job = BaseJob(c.world, c.stage, c.base);
-    const LoraRun plain = Train(job, 4);
-    const LoraRun separate = Train(job, 4, Separate());
-    ASSERT_EQ(plain.losses.size(), 4u) << what;
-    ExpectSameRun(separate, plain, what);
-    EXPECT_TRUE(separate.unclaimed.empty()) << what;
-    // The adapters trained (B starts at zero): a run that never uploaded them, or never
-    // downloaded them, would not match the plain one above, nor move.
-    EXPECT_NE(plain.losses.front(), plain.losses.back()) << what;
+    ExpectSeparateIsPlain(BaseJob(c.world, c.stage, c.base), what);
   }
 }
 
@@ -97,27 +134,9 @@ TEST_F(LoraSeparateMemoryTest, AdaptersTrainThroughTheCopyEngineBitForBit) {
 TEST_F(LoraSeparateMemoryTest, AdapterCheckpointsResumeThroughTheCopyEngine) {
   for (const Config& c : {kConfigs[0], kConfigs[2], kConfigs[4]}) {
     const std::string what = Name(c);
-    const LoraRun straight = Train(BaseJob(c.world, c.stage, c.base), 4);
-    JobSpec job = BaseJob(c.world, c.stage, c.base);
-    const std::filesystem::path ckpt =
-        dir_ / absl::StrCat("ckpt-", c.world, "-", c.stage, "-", c.base);
-    job.mutable_checkpoint()->set_dir(ckpt.string());
-    job.mutable_checkpoint()->set_interval_steps(2);
-    // A device's state is written from the plan's page-locked staging (on CUDA always; here the
-    // plan is a CPU job's, which holds it for asynchronous saves).
-    job.mutable_checkpoint()->set_async(true);
-    const LoraRun first = Train(job, 2, Separate());
-    ASSERT_EQ(first.losses.size(), 2u) << what;
-    TrainOptions resume;
-    resume.resume_dir = ckpt.string();
-    LoraRun second = Train(job, 4, Separate(resume));
-    ASSERT_EQ(second.losses.size(), 2u) << what;
-    EXPECT_EQ(first.losses[0], straight.losses[0]) << what;
-    EXPECT_EQ(first.losses[1], straight.losses[1]) << what;
-    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
-    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
-    second.losses = straight.losses;  // compared step by step above
-    ExpectSameRun(second, straight, what);
+    ExpectResumesAsThePlainRun(BaseJob(c.world, c.stage, c.base),
+                               dir_ / absl::StrCat("ckpt-", c.world, "-", c.stage, "-", c.base),
+                               what);
   }
 }
 
@@ -183,12 +202,7 @@ TEST_F(LoraSeparateMemoryTest, AQuantizedBaseIsStagedOnTheHostAndUploadedBitForB
               .string(),
           DType::kBF16));
     }
-    const LoraRun plain = Train(job, 4);
-    const LoraRun separate = Train(job, 4, Separate());
-    ASSERT_EQ(plain.losses.size(), 4u) << what;
-    ExpectSameRun(separate, plain, what);
-    EXPECT_TRUE(separate.unclaimed.empty()) << what;
-    EXPECT_NE(plain.losses.front(), plain.losses.back()) << what;
+    const auto [plain, separate] = ExpectSeparateIsPlain(job, what);
     // The base the device trained over (read back through the host), every rank's: a piece
     // never uploaded, or uploaded into the wrong bytes of a shard, differs here.
     ASSERT_EQ(separate.rank_base_after.size(), plain.rank_base_after.size()) << what;
@@ -210,23 +224,7 @@ TEST_F(LoraSeparateMemoryTest, AQuantizedBaseResumesThroughTheCopyEngine) {
     const std::string what = ModelConfig::BaseDType_Name(base);
     JobSpec job = Job(2, 3, 2, 1, ModelConfig::LLAMA, base);
     job.mutable_train()->set_max_steps(4);
-    const LoraRun straight = Train(job, 4);
-    const std::filesystem::path ckpt = dir_ / absl::StrCat("ckpt-", what);
-    job.mutable_checkpoint()->set_dir(ckpt.string());
-    job.mutable_checkpoint()->set_interval_steps(2);
-    job.mutable_checkpoint()->set_async(true);  // see AdapterCheckpointsResumeThroughTheCopyEngine
-    const LoraRun first = Train(job, 2, Separate());
-    ASSERT_EQ(first.losses.size(), 2u) << what;
-    TrainOptions resume;
-    resume.resume_dir = ckpt.string();
-    LoraRun second = Train(job, 4, Separate(resume));
-    ASSERT_EQ(second.losses.size(), 2u) << what;
-    EXPECT_EQ(first.losses[0], straight.losses[0]) << what;
-    EXPECT_EQ(first.losses[1], straight.losses[1]) << what;
-    EXPECT_EQ(second.losses[0], straight.losses[2]) << what;
-    EXPECT_EQ(second.losses[1], straight.losses[3]) << what;
-    second.losses = straight.losses;  // compared step by step above
-    ExpectSameRun(second, straight, what);
+    ExpectResumesAsThePlainRun(job, dir_ / absl::StrCat("ckpt-", what), what);
   }
 }
 
