@@ -510,14 +510,18 @@ absl::Status CheckJobPaths(const JobSpec& spec) {
 absl::Status CheckEngineSupport(const JobSpec& spec) {
   std::vector<std::string> lines;
   const auto& precision = spec.precision();
-  if (spec.parallel().world_size() > 1 && precision.reduce_dtype() != precision.grad_dtype()) {
+  // The data-parallel reductions convert gradients into reduce_dtype and back
+  // (ShardingEngine::ReduceGradients). An fp16 reduction needs the loss scaler (it keeps
+  // gradients inside fp16's range and skips the step a sum overflows), which runs only when a
+  // dtype of the forward/backward is FP16.
+  using P = zerotrain::PrecisionConfig;
+  if (spec.parallel().world_size() > 1 && precision.reduce_dtype() == P::FP16 &&
+      precision.param_dtype() != P::FP16 && precision.compute_dtype() != P::FP16 &&
+      precision.grad_dtype() != P::FP16) {
     lines.push_back(absl::StrCat(
-        "precision.reduce_dtype: ",
-        zerotrain::PrecisionConfig::DType_Name(precision.reduce_dtype()),
-        " differs from precision.grad_dtype ",
-        zerotrain::PrecisionConfig::DType_Name(precision.grad_dtype()),
-        "; this engine reduces gradients in their own dtype (16-bit reductions add in f32), "
-        "so leave reduce_dtype unset or equal to grad_dtype"));
+        "precision.reduce_dtype: FP16 needs loss scaling, which runs only when param_dtype, "
+        "compute_dtype or grad_dtype is FP16 (grad_dtype is ",
+        P::DType_Name(precision.grad_dtype()), "); reduce in BF16 or FP32, or train in FP16"));
   }
   // Validation, zt estimate and the planner accept tensor, pipeline and sequence parallelism
   // (issue 18); the step loop trains tensor parallelism (docs/parallelism.md) on CPU and CUDA

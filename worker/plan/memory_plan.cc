@@ -163,6 +163,14 @@ DType StorageDType(zerotrain::PrecisionConfig::DType d) {
   }
 }
 
+// The dtype the gradients' data-parallel collectives carry: reduce_dtype, unset meaning
+// grad_dtype (job_defaults.cc sets it so; a plan of an undefaulted job reads the same).
+DType ReduceDType(const zerotrain::PrecisionConfig& p) {
+  return p.reduce_dtype() == zerotrain::PrecisionConfig::DTYPE_UNSPECIFIED
+             ? StorageDType(p.grad_dtype())
+             : StorageDType(p.reduce_dtype());
+}
+
 // The vocabulary-sharded head's GEMMs (worker/model/transformer_vocab_shard.cc): logits of a
 // chunk of the shard group's G·B·T rows over this rank's vocabulary columns, their backward
 // (the input gradient's partials, the rows' weight gradient); the last chunk may be shorter.
@@ -351,8 +359,13 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
     sizes.gradients = int64_t{g.group_size} * job.train().micro_batch_size() *
                       job.data().seq_len() * job.model().d_model();
   }
-  if (StorageDType(job.precision().grad_dtype()) == DType::kF32) return sizes;
-  if (const int p = layout.pipeline_size(); p > 1 && job.model().tie_embeddings()) {
+  const int64_t vocab_rows = sizes.gradients;
+  const bool grad_16bit = StorageDType(job.precision().grad_dtype()) != DType::kF32;
+  // The gradients' collectives carry reduce_dtype (GradientReduceElements), the tied sum
+  // grad_dtype.
+  const bool reduce_16bit = ReduceDType(job.precision()) != DType::kF32;
+  if (!grad_16bit && !reduce_16bit) return sizes;
+  if (const int p = layout.pipeline_size(); grad_16bit && p > 1 && job.model().tie_embeddings()) {
     const int s = layout.coordinates().pipeline;
     if (s == 0 || s == p - 1) {
       const ModelLayout local = RankModelLayout(job, layout);
@@ -381,7 +394,36 @@ ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
     }
     if (stage > 0 && g.groups() > 1) sizes.replicas = std::max(sizes.replicas, shard.shard_numel);
   }
+  if (!reduce_16bit) {  // the gradients reduce in f32 (converted by the engine): Gloo widens none
+    sizes.gradients = vocab_rows;
+    sizes.replicas = 0;
+  }
   return sizes;
+}
+
+int64_t GradientReduceElements(const zerotrain::JobSpec& job, const ParallelLayout& layout) {
+  const DType grad = StorageDType(job.precision().grad_dtype());
+  if (ReduceDType(job.precision()) == grad) return 0;
+  const ShardGeometry& g = layout.shard();
+  const int stage = job.parallel().zero_stage();
+  const bool reduced = (stage == 0 ? g.world_size : g.group_size) > 1;
+  const bool across = stage > 0 && g.groups() > 1;
+  const int64_t bucket = job.parallel().bucket_bytes() / DTypeSize(grad);
+  int64_t elements = 0;
+  for (const UnitLayout& u : RankModelLayout(job, layout).units) {
+    const int64_t numel = u.trainable_numel();
+    if (numel == 0) continue;
+    const UnitShard shard = u.trainable() ? ShardOfUnit(u, g) : ShardOf(numel, g);
+    // A vocabulary-sharded embedding's shard is complete where it is made: only the replica
+    // groups sum it.
+    const bool vocab = u.kind == UnitKind::kEmbedding && g.embedding_row_numel > 0;
+    if (reduced && !vocab) {
+      elements = std::max(elements, stage > 0 ? shard.padded + shard.shard_numel
+                                              : (bucket > 0 ? std::min(bucket, numel) : numel));
+    }
+    if (across) elements = std::max(elements, shard.shard_numel);
+  }
+  return elements;
 }
 
 bool TensorParallelAdafactor(const zerotrain::JobSpec& job, const ParallelLayout& layout) {
@@ -581,6 +623,9 @@ MemoryPlan PlanMemory(const zerotrain::JobSpec& job, const ParallelLayout& place
       add("grad.full.embedding", MemoryCategory::kGradients, grad_dtype,
           ShardOfUnit(layout.embedding(), geometry).padded);
     }
+  }
+  if (const int64_t reduce = GradientReduceElements(job, place); reduce > 0) {
+    add("grad.reduce", MemoryCategory::kCommunication, ReduceDType(precision), reduce);
   }
   if (stage == 1) {
     add("grad.shard.0", MemoryCategory::kCommunication, grad_dtype, largest_shard);

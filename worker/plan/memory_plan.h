@@ -268,6 +268,15 @@ struct ConversionBufferSizes {
 ConversionBufferSizes ConversionBuffers(const zerotrain::JobSpec& job,
                                         const ParallelLayout& layout);
 
+// Elements of "grad.reduce" (communication, in precision.reduce_dtype): the buffer a rank's
+// data-parallel gradient reductions go through when reduce_dtype differs from grad_dtype
+// (ShardingEngine converts into it, reduces, converts back). One reduction's worth, of the
+// largest: an all-reduce bucket at ZeRO 0 (parallel.bucket_bytes in grad_dtype, or the unit),
+// a unit's padded gradient and its shard at 1–3 (the reduce-scatter's input and output), a
+// shard across the replica groups (hybrid sharding). 0 when the dtypes match or no reduction
+// has more than one rank (a group of one reduces nothing, so converts nothing).
+int64_t GradientReduceElements(const zerotrain::JobSpec& job, const ParallelLayout& layout);
+
 // Elements of the tied wte's gradient (`numel` on this rank) that one all-reduce of a
 // pipeline's tied communicator sums. With 16-bit gradients at most parallel.bucket_bytes'
 // worth: Gloo widens each piece to f32 in the "comm.convert.tied" buffers, so the piece sizes

@@ -343,6 +343,9 @@ absl::StatusOr<std::unique_ptr<ShardingEngine>> ShardingEngine::Create(
       e->grad_shard_.push_back(t);
     }
   }
+  if (GradientReduceElements(job, place) > 0) {
+    ZT_ASSIGN_OR_RETURN(e->reduce_buffer_, arenas.Get("grad.reduce"));
+  }
   ZT_ASSIGN_OR_RETURN(e->scalars_, arenas.Get("comm.scalars"));
   if (e->params_on_host_ || e->params_swapped_) {
     if (e->stage_ != 3) {
@@ -944,11 +947,43 @@ absl::Status ShardingEngine::StageGradientDone(const DeviceContext& ctx, int who
   ZT_RETURN_IF_ERROR(WaitAll(pending_[t], &waited_s_));
   ZT_RETURN_IF_ERROR(
       AddInPlace(ctx, Flat(g, s.offset, s.shard_numel), Flat(grads_[t], 0, s.shard_numel)));
-  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.shard_group->ReduceScatter(
-                                        Flat(g, 0, s.padded), Flat(grads_[t], 0, s.shard_numel),
-                                        ReduceOp::kSum, Label(t, "reduce-scatter")));
-  pending_[t].push_back(std::move(h));
-  return absl::OkStatus();
+  return ReduceGradients(ctx, comms_.shard_group, Flat(g, 0, s.padded),
+                         Flat(grads_[t], 0, s.shard_numel), Label(t, "reduce-scatter"),
+                         &pending_[t]);
+}
+
+absl::Status ShardingEngine::ReduceGradients(const DeviceContext& ctx, Communicator* comm,
+                                             const Tensor& input, const Tensor& output,
+                                             const std::string& label,
+                                             std::vector<CommHandle>* pending) {
+  const bool all_reduce = output.empty();
+  // A group of one reduces nothing: nothing to convert (and the plan sized no buffer for it).
+  if (reduce_buffer_.empty() || comm->size() == 1) {
+    ZT_ASSIGN_OR_RETURN(CommHandle h,
+                        all_reduce ? comm->AllReduce(input, ReduceOp::kSum, label)
+                                   : comm->ReduceScatter(input, output, ReduceOp::kSum, label));
+    pending->push_back(std::move(h));
+    return absl::OkStatus();
+  }
+  const int64_t n = input.numel();
+  const int64_t m = all_reduce ? 0 : output.numel();
+  if (n + m > reduce_buffer_.numel()) {
+    return absl::InternalError(absl::StrCat("memory plan: grad.reduce holds ",
+                                            reduce_buffer_.numel(), " elements, too few for ",
+                                            label, "'s ", n + m));
+  }
+  // The reduce-scatter's output is a second range: its input is scratch it must not alias.
+  const Tensor in = Flat(reduce_buffer_, 0, n);
+  const Tensor out = all_reduce ? in : Flat(reduce_buffer_, n, m);
+  ZT_RETURN_IF_ERROR(Cast(ctx, input, in));
+  ZT_ASSIGN_OR_RETURN(CommHandle h, all_reduce
+                                        ? comm->AllReduce(in, ReduceOp::kSum, label)
+                                        : comm->ReduceScatter(in, out, ReduceOp::kSum, label));
+  std::vector<CommHandle> handles = {std::move(h)};
+  ZT_RETURN_IF_ERROR(WaitAll(handles, &waited_s_));
+  // An inf/nan (an fp16 overflow) survives both casts, and a sum beyond grad_dtype's range
+  // becomes inf here: the step's finiteness check still sees it and skips the step.
+  return Cast(ctx, out, all_reduce ? input : output);
 }
 
 absl::Status ShardingEngine::AllReduceTied(Communicator* tied, const Tensor& grads) {
@@ -1038,7 +1073,7 @@ absl::StatusOr<Tensor> ShardingEngine::GradTarget(const DeviceContext& ctx, int 
   return target;
 }
 
-absl::Status ShardingEngine::GradientReady(int model_unit) {
+absl::Status ShardingEngine::GradientReady(const DeviceContext& ctx, int model_unit) {
   const int u = trainable_index_[model_unit];
   if (u < 0) return absl::OkStatus();
   const UnitShard& s = shards_[u];
@@ -1052,33 +1087,28 @@ absl::Status ShardingEngine::GradientReady(int model_unit) {
     const int64_t n = g.numel();
     const int64_t piece = bucket_elements_ > 0 ? bucket_elements_ : n;
     for (int64_t begin = 0; begin < n; begin += piece) {
-      ZT_ASSIGN_OR_RETURN(CommHandle h,
-                          comms_.world->AllReduce(Flat(g, begin, std::min(piece, n - begin)),
-                                                  ReduceOp::kSum, Label(u, "all-reduce")));
-      pending_[u].push_back(std::move(h));
+      ZT_RETURN_IF_ERROR(ReduceGradients(ctx, comms_.world,
+                                         Flat(g, begin, std::min(piece, n - begin)), Tensor(),
+                                         Label(u, "all-reduce"), &pending_[u]));
     }
   } else if (stage_ >= 2) {
     const Tensor source = accumulate_full_ ? grad_accum_[u] : unit_grad_target_[u];
-    ZT_ASSIGN_OR_RETURN(CommHandle h,
-                        comms_.shard_group->ReduceScatter(
-                            Flat(source, 0, s.padded), Flat(grads_[u], 0, s.shard_numel),
-                            ReduceOp::kSum, Label(u, "reduce-scatter")));
-    pending_[u].push_back(std::move(h));
+    ZT_RETURN_IF_ERROR(ReduceGradients(ctx, comms_.shard_group, Flat(source, 0, s.padded),
+                                       Flat(grads_[u], 0, s.shard_numel),
+                                       Label(u, "reduce-scatter"), &pending_[u]));
   }
   // The shard is final once these finish, unless stage 1 or the replicas reduce it further.
   if (stage_ == 0 || (stage_ >= 2 && comms_.replicas == nullptr)) GradientReduced(u);
   return absl::OkStatus();
 }
 
-absl::Status ShardingEngine::ReduceAcrossReplicas(int u) {
+absl::Status ShardingEngine::ReduceAcrossReplicas(const DeviceContext& ctx, int u) {
   if (comms_.replicas == nullptr) return absl::OkStatus();
   const UnitShard& s = shards_[u];
   const Tensor shard =
       stage_ == 1 ? Flat(grads_[u], s.offset, s.shard_numel) : Flat(grads_[u], 0, s.shard_numel);
-  ZT_ASSIGN_OR_RETURN(CommHandle h, comms_.replicas->AllReduce(shard, ReduceOp::kSum,
-                                                               Label(u, "replica all-reduce")));
-  pending_[u].push_back(std::move(h));
-  return absl::OkStatus();
+  return ReduceGradients(ctx, comms_.replicas, shard, Tensor(), Label(u, "replica all-reduce"),
+                         &pending_[u]);
 }
 
 absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
@@ -1096,7 +1126,7 @@ absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
       ZT_RETURN_IF_ERROR(Cast(ctx, Flat(grad_shard_[slot], 0, s.shard_numel),
                               Flat(grads_[u], s.offset, s.shard_numel)));
       in_flight[slot] = -1;
-      ZT_RETURN_IF_ERROR(ReduceAcrossReplicas(u));
+      ZT_RETURN_IF_ERROR(ReduceAcrossReplicas(ctx, u));
       GradientReduced(u);
       return absl::OkStatus();
     };
@@ -1104,11 +1134,9 @@ absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
       const int slot = k % 2;
       ZT_RETURN_IF_ERROR(complete(slot));
       const UnitShard& s = shards_[u];
-      ZT_ASSIGN_OR_RETURN(
-          CommHandle h, comms_.shard_group->ReduceScatter(
-                            Flat(grads_[u], 0, s.padded), Flat(grad_shard_[slot], 0, s.shard_numel),
-                            ReduceOp::kSum, Label(u, "reduce-scatter")));
-      pending_[u].push_back(std::move(h));
+      ZT_RETURN_IF_ERROR(ReduceGradients(ctx, comms_.shard_group, Flat(grads_[u], 0, s.padded),
+                                         Flat(grad_shard_[slot], 0, s.shard_numel),
+                                         Label(u, "reduce-scatter"), &pending_[u]));
       in_flight[slot] = u;
     }
     for (int slot = 0; slot < 2; ++slot) ZT_RETURN_IF_ERROR(complete(slot));
@@ -1116,7 +1144,7 @@ absl::Status ShardingEngine::FinishReductions(const DeviceContext& ctx) {
     // Each shard is complete in its group once its reduce-scatter ends; then across groups.
     for (int u = n_units - 1; u >= 0; --u) {
       ZT_RETURN_IF_ERROR(WaitAll(pending_[u], &waited_s_));
-      ZT_RETURN_IF_ERROR(ReduceAcrossReplicas(u));
+      ZT_RETURN_IF_ERROR(ReduceAcrossReplicas(ctx, u));
       if (comms_.replicas != nullptr) GradientReduced(u);
     }
   }
@@ -1240,7 +1268,7 @@ absl::Status ShardingEngine::ReduceStageGradients(const DeviceContext& ctx, Comm
       ZT_RETURN_IF_ERROR(model_->ReduceSequenceParallelNormGrads(
           whole, accumulate_full_ ? grad_accum_[t] : grads_[t]));
     }
-    ZT_RETURN_IF_ERROR(GradientReady(u));
+    ZT_RETURN_IF_ERROR(GradientReady(ctx, u));
   }
   // As ForwardBackward's last micro-batch: every reduction issued, none waited for.
   if (backward_ended_) backward_ended_();
@@ -1294,7 +1322,7 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
   ZT_RETURN_IF_ERROR(m.HeadBackward(ctx, head_params, head_grads));
   ZT_RETURN_IF_ERROR(FinishUse());
   if (last) ZT_RETURN_IF_ERROR(m.ReduceSequenceParallelNormGrads(head, head_grads));
-  if (last) ZT_RETURN_IF_ERROR(GradientReady(head));
+  if (last) ZT_RETURN_IF_ERROR(GradientReady(ctx, head));
   for (int i = L - 1; i >= 0; --i) {
     ZT_ASSIGN_OR_RETURN(Tensor p, Acquire(1 + i));
     ZT_ASSIGN_OR_RETURN(Tensor g, GradTarget(ctx, 1 + i));
@@ -1302,13 +1330,13 @@ absl::Status ShardingEngine::ForwardBackward(const DeviceContext& ctx,
     ZT_RETURN_IF_ERROR(FinishUse());
     if (last) ZT_RETURN_IF_ERROR(m.ReduceReplicatedKvGrads(i, g));
     if (last) ZT_RETURN_IF_ERROR(m.ReduceSequenceParallelNormGrads(1 + i, g));
-    if (last) ZT_RETURN_IF_ERROR(GradientReady(1 + i));
+    if (last) ZT_RETURN_IF_ERROR(GradientReady(ctx, 1 + i));
   }
   if (!tied_) {
     ZT_ASSIGN_OR_RETURN(embedding_grads, GradTarget(ctx, 0));
   }
   ZT_RETURN_IF_ERROR(m.EmbeddingBackward(ctx, embedding_grads));
-  if (last) ZT_RETURN_IF_ERROR(GradientReady(0));
+  if (last) ZT_RETURN_IF_ERROR(GradientReady(ctx, 0));
   std::move(end_pass).Cancel();
   ZT_RETURN_IF_ERROR(EndPass());
   // The next micro-batch's pass reads the same shards: its first ones come in now.

@@ -324,12 +324,20 @@ class ShardingEngine {
   // trainable buffer's; an empty tensor for a frozen unit without one).
   absl::StatusOr<Tensor> GradTarget(const DeviceContext& ctx, int model_unit);
   // Model unit u's backward ended: start its reduction (last micro-batch only).
-  absl::Status GradientReady(int model_unit);
+  absl::Status GradientReady(const DeviceContext& ctx, int model_unit);
   // Zeroes the gradient buffers a step accumulates into (BeginStep).
   absl::Status ZeroStepGradients(const DeviceContext& ctx);
   // Waits for every reduction of the step; stage 1 runs its reduce-scatters here.
   absl::Status FinishReductions(const DeviceContext& ctx);
-  absl::Status ReduceAcrossReplicas(int u);          // u: a trainable unit
+  absl::Status ReduceAcrossReplicas(const DeviceContext& ctx, int u);  // u: a trainable unit
+  // One data-parallel reduction of gradients over `comm`: an all-reduce of `input` in place
+  // when `output` is empty, else a reduce-scatter of `input` into `output`. In grad_dtype it
+  // is queued on `pending`. With precision.reduce_dtype ≠ grad_dtype (reduce_buffer_ planned)
+  // it runs through reduce_buffer_ instead: converted, reduced, waited for and converted back
+  // before returning, so the caller sees the same completed result in grad_dtype.
+  absl::Status ReduceGradients(const DeviceContext& ctx, Communicator* comm, const Tensor& input,
+                               const Tensor& output, const std::string& label,
+                               std::vector<CommHandle>* pending);
   std::string Label(int u, const char* what) const;  // u: a trainable unit
   // A pass over the units (stage 3: the uses the prefetch coordinator walks; other stages
   // hold every unit whole and these only hand out its buffer).
@@ -396,6 +404,7 @@ class ShardingEngine {
   // `tied`, in TiedSumPieceElements pieces (the plan's conversion buffers hold one piece).
   absl::Status AllReduceTied(Communicator* tied, const Tensor& grads);
   std::vector<Tensor> grad_shard_;  // "grad.shard.0/1" (stage 1)
+  Tensor reduce_buffer_;            // "grad.reduce" (reduce_dtype ≠ grad_dtype), else empty
   Tensor scalars_;                  // "comm.scalars"
   std::vector<FlatRange> ranges_;
   std::vector<Tensor> param_views_, grad_views_, norm_views_;

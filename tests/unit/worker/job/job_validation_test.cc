@@ -379,15 +379,33 @@ TEST(CheckEngineSupportTest, EveryOffloadIsAcceptedOnCudaRanks) {
   EXPECT_TRUE(CheckEngineSupport(adafactor).ok()) << CheckEngineSupport(adafactor);
 }
 
+// Gradients reduce in reduce_dtype on any number of ranks (ShardingEngine::ReduceGradients);
+// fp16 reductions only where the loss scaler runs.
+TEST(CheckEngineSupportTest, ReduceDtypeDiffersFromGradDtypeExceptUnscaledFp16) {
+  using P = zerotrain::PrecisionConfig;
+  JobSpec job = Valid();
+  job.mutable_parallel()->set_world_size(2);
+  for (const auto [grad, reduce] :
+       {std::pair{P::FP32, P::BF16}, std::pair{P::BF16, P::FP32}, std::pair{P::FP16, P::FP32}}) {
+    job.mutable_precision()->set_grad_dtype(grad);
+    job.mutable_precision()->set_reduce_dtype(reduce);
+    EXPECT_TRUE(CheckEngineSupport(job).ok()) << P::DType_Name(grad) << CheckEngineSupport(job);
+  }
+  job.mutable_precision()->set_grad_dtype(P::FP32);
+  job.mutable_precision()->set_reduce_dtype(P::FP16);
+  EXPECT_THAT(testing::Lines(CheckEngineSupport(job)),
+              ElementsAre("precision.reduce_dtype: FP16 needs loss scaling, which runs only when "
+                          "param_dtype, compute_dtype or grad_dtype is FP16 (grad_dtype is FP32); "
+                          "reduce in BF16 or FP32, or train in FP16"));
+  job.mutable_precision()->set_compute_dtype(P::FP16);  // the loss scaler runs
+  EXPECT_TRUE(CheckEngineSupport(job).ok()) << CheckEngineSupport(job);
+}
+
 TEST(CheckEngineSupportTest, ListsEveryUnsupportedFeature) {
   const absl::Status status = CheckEngineSupport(testing::JobWithDefaults(testing::kFullYaml));
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(testing::Lines(status),
-              ElementsAre("precision.reduce_dtype: BF16 differs from precision.grad_dtype "
-                          "FP32; this engine reduces gradients in their own dtype (16-bit "
-                          "reductions add in f32), so leave reduce_dtype unset or equal to "
-                          "grad_dtype",
-                          "offload.params: NVME trains with offload.optimizer NVME (the shards "
+              ElementsAre("offload.params: NVME trains with offload.optimizer NVME (the shards "
                           "are swapped with the states, in their generation) so far",
                           "offload.delayed_update.enabled: true trains without FP16 in precision "
                           "(fp16's dynamic loss scaling must skip an overflowing step's update, "

@@ -184,5 +184,56 @@ TEST(MemoryPlanTest, ACudaJobPinsWhatTheHostTouches) {
   EXPECT_EQ(JobDeviceContext(job).device.kind, DeviceKind::kCuda);
 }
 
+// precision.reduce_dtype ≠ grad_dtype: one "grad.reduce" buffer in reduce_dtype, exactly one
+// reduction's worth (ShardingEngine::ReduceGradients converts into it), and Gloo's f32
+// conversion buffers only where the collectives then carry 16-bit data.
+TEST(MemoryPlanTest, ReduceDtypeConversionBufferHoldsOneReduction) {
+  using P = zerotrain::PrecisionConfig;
+  for (int stage = 0; stage <= 2; ++stage) {
+    SCOPED_TRACE(stage);
+    zerotrain::JobSpec job = SmallJob(zerotrain::ModelConfig::GPT2, 1);
+    job.mutable_parallel()->set_world_size(2);
+    job.mutable_parallel()->set_zero_stage(stage);
+    job.mutable_parallel()->set_bucket_bytes(4096);  // 1024 f32 elements an all-reduce
+    job.mutable_precision()->set_grad_dtype(P::FP32);
+    job.mutable_precision()->set_reduce_dtype(P::FP32);
+    EXPECT_EQ(FindBuffer(PlanMemory(job, 0), "grad.reduce"), nullptr) << "dtypes match";
+    job.mutable_precision()->set_reduce_dtype(P::BF16);
+    const MemoryPlan plan = PlanMemory(job, 0);
+    const BufferSpec* reduce = FindBuffer(plan, "grad.reduce");
+    ASSERT_NE(reduce, nullptr);
+    EXPECT_EQ(reduce->dtype, DType::kBF16);
+    EXPECT_EQ(reduce->category, MemoryCategory::kCommunication);
+    // ZeRO 0: one bucket (every unit is larger); 1–2: the largest unit's padded gradient (the
+    // reduce-scatter's input) and its shard (the output), a block here, as padded for 2 ranks.
+    const ParallelLayout place = ParallelLayout::ForJob(job, 0);
+    UnitShard largest;
+    for (const UnitLayout& u : BuildModelLayout(job.model()).units) {
+      const UnitShard s = ShardOfUnit(u, place.shard());
+      if (s.padded > largest.padded) largest = s;
+    }
+    ASSERT_GT(largest.padded, 2048);
+    EXPECT_EQ(largest.shard_numel * 2, largest.padded);
+    const int64_t rs = largest.padded + largest.shard_numel;
+    EXPECT_EQ(reduce->numel(), stage == 0 ? 1024 : rs);
+    // Gloo widens the bf16 collectives to f32: a bucket or a padded unit.
+    const BufferSpec* convert = FindBuffer(plan, "comm.convert.gradients.0");
+    ASSERT_NE(convert, nullptr);
+    EXPECT_EQ(convert->numel(), stage == 0 ? 1024 : largest.padded);
+    // bf16 gradients reduced in fp32: the conversion is the engine's, Gloo converts nothing.
+    job.mutable_precision()->set_grad_dtype(P::BF16);
+    job.mutable_precision()->set_reduce_dtype(P::FP32);
+    const MemoryPlan wide = PlanMemory(job, 0);
+    ASSERT_NE(FindBuffer(wide, "grad.reduce"), nullptr);
+    EXPECT_EQ(FindBuffer(wide, "grad.reduce")->dtype, DType::kF32);
+    EXPECT_EQ(FindBuffer(wide, "grad.reduce")->numel(),
+              stage == 0 ? 2048 : rs);  // bf16 buckets of 4096 bytes
+    EXPECT_EQ(FindBuffer(wide, "comm.convert.gradients.0"), nullptr);
+    // One rank reduces nothing: no conversion.
+    job.mutable_parallel()->set_world_size(1);
+    EXPECT_EQ(FindBuffer(PlanMemory(job, 0), "grad.reduce"), nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace zt

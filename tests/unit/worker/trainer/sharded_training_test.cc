@@ -185,6 +185,93 @@ TEST_F(ShardedTrainingTest, HybridShardingMatchesOneRank) {
   }
 }
 
+// precision.reduce_dtype ≠ grad_dtype (ShardingEngine::ReduceGradients). bf16 gradients
+// reduced in fp32: each rank's gradient widened (exactly), summed in f32, rounded to bf16
+// once. Gloo's bf16 collectives compute exactly that (they add in f32 and round once), so at
+// every stage and hybrid the run is bit for bit the bf16-reduced one — a wrong range, a
+// missed conversion or a result read before its collective ends breaks the equality. The wire
+// carries f32 both ways on Gloo (its 16-bit reductions move f32: the bytes per step are
+// equal); NCCL moves bf16 for the bf16 reduction and twice that for this one.
+TEST_F(ShardedTrainingTest, Bf16GradientsReducedInFp32AreTheFp32SumRoundedOnce) {
+  using P = zerotrain::PrecisionConfig;
+  for (int stage = 0; stage <= 4; ++stage) {
+    JobSpec job = stage < 4 ? Job(2, stage, 2) : Job(4, 2, 2);
+    if (stage == 4) job.mutable_parallel()->set_shard_group_size(2);  // hybrid, ZeRO 2
+    const std::string what = stage < 4 ? "stage " + std::to_string(stage) : "hybrid";
+    job.mutable_precision()->set_grad_dtype(P::BF16);
+    JobSpec wide = job;
+    wide.mutable_precision()->set_reduce_dtype(P::FP32);
+    const RunResult got = Train(wide, 8), plain = Train(job, 8);
+    EXPECT_EQ(got.losses, plain.losses) << what;
+    EXPECT_EQ(MaxAbsDiff(got.weights, plain.weights), 0.0) << what;
+    for (size_t r = 1; r < got.all_weights.size(); ++r) {
+      EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << what << " rank " << r;
+    }
+    EXPECT_EQ(got.comm_bytes, plain.comm_bytes) << what;
+    EXPECT_TRUE(got.unclaimed.empty()) << what;
+  }
+}
+
+// fp32 gradients reduced in bf16 (DeepSpeed's communication_data_type, to halve NCCL's
+// bytes): each rank's gradient rounded to bf16 (2^-9 relative), summed, rounded again. Against
+// one rank in fp32: losses within 1e-3 relative and the weights within 1% relative L2 — the
+// bf16 bounds of MixedPrecisionCheckpointingAndUntiedHeadUnderStageThree (gradients off by
+// ~2^-8 relative move Adam's normalised update by as much; a wrong shard or a lost reduction
+// moves whole weights by lr). The rounding happens (the run differs from the fp32-reduced
+// one), and on Gloo the bytes are the fp32 run's (its wire is f32).
+TEST_F(ShardedTrainingTest, Fp32GradientsReducedInBf16MatchOneRankToBf16Precision) {
+  using P = zerotrain::PrecisionConfig;
+  const RunResult reference = Train(Job(1, 0, 4)), reference8 = Train(Job(1, 0, 8));
+  for (int stage = 0; stage <= 4; ++stage) {
+    JobSpec plain = stage < 4 ? Job(2, stage, 2) : Job(4, 2, 2);
+    if (stage == 4) plain.mutable_parallel()->set_shard_group_size(2);  // hybrid, ZeRO 2
+    const std::string what = stage < 4 ? "stage " + std::to_string(stage) : "hybrid";
+    const RunResult& want = stage < 4 ? reference : reference8;
+    JobSpec job = plain;
+    job.mutable_precision()->set_reduce_dtype(P::BF16);
+    const RunResult got = Train(job), fp32 = Train(plain);
+    ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+    for (size_t s = 0; s < want.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], want.losses[s], 1e-3 * want.losses[s])
+          << what << " step " << s + 1;
+    }
+    EXPECT_LT(RelativeL2Diff(got.weights, want.weights), 0.01) << what;
+    EXPECT_GT(MaxAbsDiff(got.weights, fp32.weights), 0.0) << what << ": no bf16 rounding";
+    for (size_t r = 1; r < got.all_weights.size(); ++r) {
+      EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << what << " rank " << r;
+    }
+    EXPECT_EQ(got.comm_bytes, fp32.comm_bytes) << what;
+    EXPECT_TRUE(got.unclaimed.empty()) << what;
+  }
+}
+
+// fp16 loss scaling through a converting reduction: fp16 gradients reduced in fp32 (an inf
+// survives the widening; a sum past fp16's range turns inf when narrowed back) and fp32
+// gradients reduced in fp16 under fp16 compute (scaled gradients past 65504 turn inf when
+// narrowed for the wire). A scale of 2^40 overflows for certain: the scaler must skip and
+// back off step by step, then train, every rank agreeing.
+TEST_F(ShardedTrainingTest, Fp16ReductionsThatConvertStillSkipOverflowingSteps) {
+  using P = zerotrain::PrecisionConfig;
+  for (const auto [grad, reduce] : {std::pair{P::FP16, P::FP32}, std::pair{P::FP32, P::FP16}}) {
+    const std::string what = P::DType_Name(grad) + " reduced in " + P::DType_Name(reduce);
+    JobSpec job = Job(2, 2, 2);
+    job.mutable_train()->set_max_steps(40);
+    job.mutable_precision()->set_param_dtype(P::FP16);
+    job.mutable_precision()->set_compute_dtype(P::FP16);
+    job.mutable_precision()->set_grad_dtype(grad);
+    job.mutable_precision()->set_reduce_dtype(reduce);
+    job.mutable_precision()->mutable_loss_scale()->set_initial_power(40);
+    job.mutable_precision()->mutable_loss_scale()->set_hysteresis(1);
+    const RunResult got = Train(job, 40);
+    EXPECT_GT(got.skipped, 5) << what;
+    EXPECT_LT(got.loss_scales.back(), std::ldexp(1.0, 40)) << what;
+    EXPECT_LT(got.losses.back(), 0.85 * got.losses.front()) << what;
+    for (size_t r = 1; r < got.all_weights.size(); ++r) {
+      EXPECT_EQ(MaxAbsDiff(got.all_weights[r], got.weights), 0.0) << what << " rank " << r;
+    }
+  }
+}
+
 TEST_F(ShardedTrainingTest, AccumulationAndStageThreeOptionsMatchOneRank) {
   // Gradient accumulation (communicating on the last micro-batch only), FSDP without
   // resharding after forward, and prefetch depths 0 and 2.
