@@ -71,12 +71,15 @@ CopyQueue::Slot CopyQueue::SlotOf(const SwapKey& key) {
 }
 
 CopyHandle CopyQueue::Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in,
-                              std::vector<Slot> slots, size_t queued_out) {
+                              std::vector<Slot> slots, size_t queued_out, bool after_reads) {
   CopyHandle handle(std::make_shared<CopyHandle::State>());
   absl::MutexLock lock(&mu_);
   stats_.bytes_out_queued += queued_out;
   Task task{.run = std::move(run), .handle = handle, .swap_in = swap_in};
+  std::erase_if(reads_queued_, [](const CopyHandle& read) { return read.done(); });
+  if (after_reads) task.after = reads_queued_;
   if (swap_in) {
+    reads_queued_.push_back(handle);
     // What it reads may still be on its way out: it waits for those writes, and only those.
     for (const Slot& slot : slots) {
       if (auto it = last_write_.find(slot); it != last_write_.end()) {
@@ -223,7 +226,7 @@ CopyHandle CopyQueue::Commit(const std::string& job, uint64_t generation,
         if (!s.ok()) return s;
         return size_t{0};
       },
-      /*swap_in=*/false, {});
+      /*swap_in=*/false, {}, /*queued_out=*/0, /*after_reads=*/true);
 }
 
 absl::Status CopyQueue::Drain() {
@@ -259,9 +262,10 @@ void CopyQueue::LaneLoop(bool swap_in) {
       lane.queue.pop_front();
       lane.running = true;
     }
-    // A swap-in's slots' writes, queued before it on the write lane, which never waits for
-    // this lane: they end. Whatever they returned, the read then finds what the store holds.
-    for (const CopyHandle& write : task.after) write.Wait().IgnoreError();
+    // A swap-in's slots' writes, queued before it on the write lane; a commit's reads, queued
+    // before it on the read lane. Neither waits for what was queued after it, so they end;
+    // whatever they returned, the task then finds what the store holds.
+    for (const CopyHandle& earlier : task.after) earlier.Wait().IgnoreError();
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<size_t> result = task.run();
     const double seconds =

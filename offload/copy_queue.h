@@ -9,6 +9,8 @@
 // and commits, so a Commit queued after a generation's SwapOuts makes exactly those durable;
 // the read lane runs swap-ins, and a swap-in waits only for the swap-outs queued before it of
 // the same slot (job, unit, range, role), so it reads what they wrote while other writes move.
+// A commit waits for the swap-ins queued before it, so they read the generations the store
+// held when they were queued (a commit drops the generation it replaces).
 //
 // The ring bounds memory: a SwapOut or SwapIn takes its ring buffer on the caller's thread,
 // waiting while all `buffer_count` are taken by queued transfers (which the lanes are always
@@ -123,7 +125,8 @@ class CopyQueue {
   // Queues the writes of `extents` from `lease`'s buffer (taken over), which goes back to the
   // ring once they are done (or failed).
   CopyHandle SwapOutPlace(std::vector<BufferExtent> extents, PinnedLease lease);
-  // Queues SwapStore::Commit(job, generation) after everything queued before it. When any of
+  // Queues SwapStore::Commit(job, generation) after everything queued before it, swap-ins
+  // included. When any of
   // `writes` (the generation's, queued before it, so done when it runs) failed, it commits
   // nothing and fails with that error: a caller may queue the commit behind its writes and go
   // on without waiting, and a torn generation is still never committed.
@@ -146,7 +149,9 @@ class CopyQueue {
     bool swap_in = false;
     std::vector<Slot> slots;        // a swap-out's: the slots it writes
     uint64_t sequence = 0;          // a swap-out's place in the write lane
-    std::vector<CopyHandle> after;  // a swap-in's: the swap-outs of its slots queued before it
+    // What it waits for first: a swap-in's, the swap-outs of its slots queued before it; a
+    // commit's, the swap-ins queued before it.
+    std::vector<CopyHandle> after;
   };
   struct Lane {
     std::deque<Task> queue;
@@ -156,8 +161,9 @@ class CopyQueue {
   // Queues `run` on the read lane (`swap_in`) or the write lane. `slots`: the slots a swap-out
   // writes, or a swap-in reads. `queued_out`: the bytes a swap-out queues
   // (CopyQueueStats::bytes_out_queued).
+  // `after_reads`: a commit, which waits for the swap-ins queued before it.
   CopyHandle Enqueue(std::function<absl::StatusOr<size_t>()> run, bool swap_in,
-                     std::vector<Slot> slots, size_t queued_out = 0);
+                     std::vector<Slot> slots, size_t queued_out = 0, bool after_reads = false);
   void LaneLoop(bool swap_in);
 
   SwapStore* const store_;
@@ -168,6 +174,8 @@ class CopyQueue {
   // The last swap-out queued of each slot, not yet done: (its sequence, its handle).
   std::map<Slot, std::pair<uint64_t, CopyHandle>> last_write_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  // The swap-ins queued and maybe not done (the done ones are dropped as new ones come).
+  std::vector<CopyHandle> reads_queued_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   CopyQueueStats stats_ ABSL_GUARDED_BY(mu_);

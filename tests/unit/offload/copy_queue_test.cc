@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/offload/offload_test_util.h"
@@ -201,6 +202,45 @@ TEST(CopyQueueLanesTest, ReadsPassWritesOfOtherSlotsAndWaitForTheirOwn) {
   EXPECT_TRUE(write.Wait().ok());
   ASSERT_TRUE(read_own.Wait().ok());
   EXPECT_TRUE(own == b);
+  EXPECT_TRUE(q.Drain().ok());
+}
+
+// A commit waits for the swap-ins queued before it: a read still waiting in the read lane when
+// the next generation's commit is queued reads the generation it asked for (the commit would
+// drop it: NotFound). The first read is held at the gate, the second waits behind it.
+TEST(CopyQueueLanesTest, ACommitWaitsForTheReadsQueuedBeforeIt) {
+  TempDir dir;
+  GateEnv env(IoOp::Kind::kRead, absl::Seconds(30));
+  auto store = SwapStore::Open({.path = dir.path(),
+                                .file_size = 8 << 20,
+                                .queue_depth = 8,
+                                .block_size = 65536,
+                                .env = &env});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto queue = CopyQueue::Create(store->get(), {.buffer_count = 4, .buffer_size = 100000});
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  CopyQueue& q = **queue;
+  const std::vector<std::byte> a = Pattern(4096, 1), b = Pattern(4096, 2);
+  ASSERT_TRUE(q.SwapOut(Key(0, 1), a).Wait().ok());
+  ASSERT_TRUE(q.SwapOut(Key(1, 1), b).Wait().ok());
+  ASSERT_TRUE(q.Commit("job-q", 1).Wait().ok());
+  env.Arm();
+  std::vector<std::byte> got_a(4096), got_b(4096);
+  const CopyHandle read_a = q.SwapIn(Key(0, 1), absl::MakeSpan(got_a));
+  ASSERT_TRUE(env.WaitUntilHeld(absl::Seconds(10)));
+  const CopyHandle read_b = q.SwapIn(Key(1, 1), absl::MakeSpan(got_b));
+  const CopyHandle write = q.SwapOut(Key(1, 2), Pattern(4096, 3));
+  const CopyHandle commit = q.Commit("job-q", 2, {write});
+  EXPECT_TRUE(write.Wait().ok());  // the write lane moves on to the commit, which waits
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(commit.done()) << "the commit ran before the reads queued ahead of it";
+  env.Release();
+  ASSERT_TRUE(read_a.Wait().ok());
+  ASSERT_TRUE(read_b.Wait().ok()) << read_b.Wait();
+  EXPECT_TRUE(got_a == a);
+  EXPECT_TRUE(got_b == b);
+  EXPECT_TRUE(commit.Wait().ok());
+  EXPECT_EQ((*store)->CommittedGeneration("job-q"), 2u);
   EXPECT_TRUE(q.Drain().ok());
 }
 
