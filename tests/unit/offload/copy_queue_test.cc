@@ -1,6 +1,7 @@
 #include "offload/copy_queue.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -171,20 +172,35 @@ TEST_F(CopyQueueTest, InPlaceTransfersUseTheCallersRingBuffers) {
   queue_->Drain().IgnoreError();
 }
 
+// A store whose transfers of one kind wait at a gate (GateEnv), and a queue on it.
+struct GatedQueue {
+  explicit GatedQueue(IoOp::Kind held) : env(held, absl::Seconds(30)) {}
+  absl::Status Open() {
+    auto opened = SwapStore::Open({.path = dir.path(),
+                                   .file_size = 8 << 20,
+                                   .queue_depth = 8,
+                                   .block_size = 65536,
+                                   .env = &env});
+    if (!opened.ok()) return opened.status();
+    store = std::move(*opened);
+    auto created = CopyQueue::Create(store.get(), {.buffer_count = 4, .buffer_size = 100000});
+    if (!created.ok()) return created.status();
+    queue = std::move(*created);
+    return absl::OkStatus();
+  }
+  TempDir dir;
+  GateEnv env;
+  std::unique_ptr<SwapStore> store;
+  std::unique_ptr<CopyQueue> queue;  // last: destroyed first
+};
+
 // The read lane passes the write lane: a swap-in of another slot finishes while a swap-out is
 // held at the gate, and a swap-in of the held write's slot waits for it and reads its bytes.
 TEST(CopyQueueLanesTest, ReadsPassWritesOfOtherSlotsAndWaitForTheirOwn) {
-  TempDir dir;
-  GateEnv env(IoOp::Kind::kWrite, absl::Seconds(30));
-  auto store = SwapStore::Open({.path = dir.path(),
-                                .file_size = 8 << 20,
-                                .queue_depth = 8,
-                                .block_size = 65536,
-                                .env = &env});
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto queue = CopyQueue::Create(store->get(), {.buffer_count = 4, .buffer_size = 100000});
-  ASSERT_TRUE(queue.ok()) << queue.status();
-  CopyQueue& q = **queue;
+  GatedQueue gated(IoOp::Kind::kWrite);
+  ASSERT_TRUE(gated.Open().ok());
+  CopyQueue& q = *gated.queue;
+  GateEnv& env = gated.env;
   const std::vector<std::byte> a = Pattern(4096, 1), b = Pattern(4096, 2);
   ASSERT_TRUE(q.SwapOut(Key(0, 1), a).Wait().ok());
   ASSERT_TRUE(q.Commit("job-q", 1).Wait().ok());
@@ -209,17 +225,10 @@ TEST(CopyQueueLanesTest, ReadsPassWritesOfOtherSlotsAndWaitForTheirOwn) {
 // the next generation's commit is queued reads the generation it asked for (the commit would
 // drop it: NotFound). The first read is held at the gate, the second waits behind it.
 TEST(CopyQueueLanesTest, ACommitWaitsForTheReadsQueuedBeforeIt) {
-  TempDir dir;
-  GateEnv env(IoOp::Kind::kRead, absl::Seconds(30));
-  auto store = SwapStore::Open({.path = dir.path(),
-                                .file_size = 8 << 20,
-                                .queue_depth = 8,
-                                .block_size = 65536,
-                                .env = &env});
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto queue = CopyQueue::Create(store->get(), {.buffer_count = 4, .buffer_size = 100000});
-  ASSERT_TRUE(queue.ok()) << queue.status();
-  CopyQueue& q = **queue;
+  GatedQueue gated(IoOp::Kind::kRead);
+  ASSERT_TRUE(gated.Open().ok());
+  CopyQueue& q = *gated.queue;
+  GateEnv& env = gated.env;
   const std::vector<std::byte> a = Pattern(4096, 1), b = Pattern(4096, 2);
   ASSERT_TRUE(q.SwapOut(Key(0, 1), a).Wait().ok());
   ASSERT_TRUE(q.SwapOut(Key(1, 1), b).Wait().ok());
@@ -240,7 +249,7 @@ TEST(CopyQueueLanesTest, ACommitWaitsForTheReadsQueuedBeforeIt) {
   EXPECT_TRUE(got_a == a);
   EXPECT_TRUE(got_b == b);
   EXPECT_TRUE(commit.Wait().ok());
-  EXPECT_EQ((*store)->CommittedGeneration("job-q"), 2u);
+  EXPECT_EQ(gated.store->CommittedGeneration("job-q"), 2u);
   EXPECT_TRUE(q.Drain().ok());
 }
 
